@@ -1,0 +1,34 @@
+#pragma once
+/// @file
+/// CRC-32C (Castagnoli), the checksum of the wire envelope. It detects every single-bit error and
+/// every burst of up to 32 bits.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace gradcomp {
+
+namespace detail {
+inline constexpr std::array<std::uint32_t, 256> crc32c_table = [] {
+  std::array<std::uint32_t, 256> table{};
+  for (std::uint32_t byte = 0; byte < 256; ++byte) {
+    std::uint32_t crc = byte;
+    for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
+    table[byte] = crc;
+  }
+  return table;
+}();
+}  // namespace detail
+
+/// CRC-32C of `bytes` (reflected polynomial 0x82F63B78, initial and final XOR 0xFFFFFFFF);
+/// CRC-32C("123456789") = 0xE3069283.
+[[nodiscard]] constexpr std::uint32_t crc32c(std::span<const std::byte> bytes) noexcept {
+  std::uint32_t crc = 0xFFFFFFFFu;
+  for (const std::byte b : bytes)
+    crc = (crc >> 8) ^ detail::crc32c_table[(crc ^ static_cast<std::uint32_t>(b)) & 0xFFu];
+  return crc ^ 0xFFFFFFFFu;
+}
+
+}  // namespace gradcomp

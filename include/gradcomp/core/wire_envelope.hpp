@@ -1,0 +1,226 @@
+#pragma once
+/// @file
+/// The versioned envelope in front of every encoding (docs/wire-format.md documents every byte):
+/// writing it, parsing it from untrusted bytes, and validating it against what a decoder expects.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+
+#include <gradcomp/core/config.hpp>
+#include <gradcomp/core/crc32c.hpp>
+#include <gradcomp/core/error.hpp>
+
+namespace gradcomp {
+
+/// Identifies the codec that wrote a message. Values are part of the wire format: never renumber.
+enum class codec_id : std::uint16_t {
+  topk = 1,       ///< Exact top-k sparsification.
+  random_k = 2,   ///< Random-k sparsification (indices implied by the key).
+  threshold = 3,  ///< Sampled-threshold (DGC-style) sparsification.
+};
+
+/// Element type of the values a message carries. Values are part of the wire format.
+enum class value_dtype : std::uint8_t {
+  float32 = 1,  ///< IEEE-754 binary32.
+  float64 = 2,  ///< IEEE-754 binary64.
+};
+
+/// The `value_dtype` of a C++ value type.
+template <class T>
+inline constexpr value_dtype dtype_of = sizeof(T) == 4 ? value_dtype::float32 : value_dtype::float64;
+
+/// Size in bytes of one value of a dtype (0 for an unknown dtype).
+[[nodiscard]] constexpr std::size_t dtype_size(value_dtype d) noexcept {
+  switch (d) {
+    case value_dtype::float32: return 4;
+    case value_dtype::float64: return 8;
+  }
+  return 0;
+}
+
+/// Step and tensor a message belongs to; together with a codec's seed they key its randomness.
+struct message_key {
+  std::uint64_t step = 0;       ///< Training step.
+  std::uint32_t tensor_id = 0;  ///< Tensor or bucket within the step.
+
+  friend constexpr bool operator==(const message_key&, const message_key&) = default;
+};
+
+/// Flag bits of the envelope.
+enum envelope_flags : std::uint16_t {
+  flag_payload_checksum = 1u << 0,  ///< `payload_crc` holds the CRC-32C of the payload.
+  known_flags = flag_payload_checksum,
+};
+
+/// Decoded contents of a message's envelope.
+struct envelope {
+  codec_id codec{};              ///< Which codec wrote the message.
+  value_dtype dtype{};           ///< Value type of the payload.
+  std::uint8_t layout = 0;       ///< Codec-specific payload variant (e.g. index coding).
+  std::uint16_t flags = 0;       ///< `envelope_flags`.
+  message_key key{};             ///< Step and tensor id.
+  std::uint64_t elements = 0;    ///< Element count n of the dense tensor.
+  std::uint64_t payload_bytes = 0;  ///< Bytes after the envelope.
+  std::uint64_t params_hash = 0;    ///< Hash of the codec's parameters and seed.
+  std::uint32_t payload_crc = 0;    ///< CRC-32C of the payload when flagged, else 0.
+
+  /// Size of the envelope on the wire.
+  static constexpr std::size_t size = 56;
+  /// "GCMP" as a little-endian word.
+  static constexpr std::uint32_t magic = 0x504D4347u;
+  /// The format version this build writes and reads.
+  static constexpr std::uint16_t version = 1;
+};
+
+namespace detail {
+template <class U>
+void store_le(std::byte* at, U value) noexcept {
+  std::memcpy(at, &value, sizeof value);
+}
+template <class U>
+[[nodiscard]] U load_le(const std::byte* at) noexcept {
+  U value;
+  std::memcpy(&value, at, sizeof value);
+  return value;
+}
+}  // namespace detail
+
+/// Writes `e` (with a fresh header CRC) into the first `envelope::size` bytes of `out`.
+/// @throws error `buffer_too_small` when `out` is shorter than the envelope.
+inline void write_envelope(const envelope& e, std::span<std::byte> out) {
+  detail::require(out.size() >= envelope::size, errc::buffer_too_small, "output cannot hold the envelope");
+  std::byte* p = out.data();
+  detail::store_le<std::uint32_t>(p + 0, envelope::magic);
+  detail::store_le<std::uint16_t>(p + 4, envelope::version);
+  detail::store_le<std::uint16_t>(p + 6, static_cast<std::uint16_t>(e.codec));
+  detail::store_le<std::uint8_t>(p + 8, static_cast<std::uint8_t>(e.dtype));
+  detail::store_le<std::uint8_t>(p + 9, e.layout);
+  detail::store_le<std::uint16_t>(p + 10, e.flags);
+  detail::store_le<std::uint32_t>(p + 12, e.key.tensor_id);
+  detail::store_le<std::uint64_t>(p + 16, e.elements);
+  detail::store_le<std::uint64_t>(p + 24, e.payload_bytes);
+  detail::store_le<std::uint64_t>(p + 32, e.params_hash);
+  detail::store_le<std::uint64_t>(p + 40, e.key.step);
+  detail::store_le<std::uint32_t>(p + 48, e.payload_crc);
+  detail::store_le<std::uint32_t>(p + 52, crc32c({p, 52}));
+}
+
+/// Reads and checks the envelope of an untrusted message of exactly `message.size()` bytes:
+/// length, magic, version, header CRC, known flags and dtype, declared payload length, and the
+/// payload CRC when flagged. Reads nothing outside `message`.
+/// @throws error `truncated`, `trailing_bytes`, `bad_magic`, `unsupported_version`,
+///         `header_checksum`, `malformed_payload` (unknown flag or dtype), `payload_checksum`.
+[[nodiscard]] inline envelope parse_envelope(std::span<const std::byte> message) {
+  detail::require(message.size() >= envelope::size, errc::truncated,
+                  "message of " + std::to_string(message.size()) + " bytes is shorter than the 56-byte envelope");
+  const std::byte* p = message.data();
+  detail::require(detail::load_le<std::uint32_t>(p) == envelope::magic, errc::bad_magic,
+                  "message does not start with \"GCMP\"");
+  const auto version = detail::load_le<std::uint16_t>(p + 4);
+  detail::require(version == envelope::version, errc::unsupported_version,
+                  "format version " + std::to_string(version) + ", this build reads version 1");
+  detail::require(detail::load_le<std::uint32_t>(p + 52) == crc32c({p, 52}), errc::header_checksum,
+                  "envelope CRC-32C does not match its contents");
+  envelope e;
+  e.codec = static_cast<codec_id>(detail::load_le<std::uint16_t>(p + 6));
+  e.dtype = static_cast<value_dtype>(detail::load_le<std::uint8_t>(p + 8));
+  e.layout = detail::load_le<std::uint8_t>(p + 9);
+  e.flags = detail::load_le<std::uint16_t>(p + 10);
+  e.key.tensor_id = detail::load_le<std::uint32_t>(p + 12);
+  e.elements = detail::load_le<std::uint64_t>(p + 16);
+  e.payload_bytes = detail::load_le<std::uint64_t>(p + 24);
+  e.params_hash = detail::load_le<std::uint64_t>(p + 32);
+  e.key.step = detail::load_le<std::uint64_t>(p + 40);
+  e.payload_crc = detail::load_le<std::uint32_t>(p + 48);
+  detail::require((e.flags & ~known_flags) == 0, errc::malformed_payload,
+                  "unknown envelope flags " + std::to_string(e.flags));
+  detail::require(dtype_size(e.dtype) != 0, errc::malformed_payload,
+                  "unknown value dtype " + std::to_string(static_cast<unsigned>(e.dtype)));
+  const std::size_t available = message.size() - envelope::size;
+  detail::require(e.payload_bytes <= available, errc::truncated,
+                  "envelope declares " + std::to_string(e.payload_bytes) + " payload bytes, message holds " +
+                      std::to_string(available));
+  detail::require(e.payload_bytes == available, errc::trailing_bytes,
+                  std::to_string(available - e.payload_bytes) + " bytes follow the declared payload");
+  if ((e.flags & flag_payload_checksum) != 0)
+    detail::require(crc32c(message.subspan(envelope::size)) == e.payload_crc, errc::payload_checksum,
+                    "payload CRC-32C does not match");
+  else
+    detail::require(e.payload_crc == 0, errc::malformed_payload, "payload CRC present without its flag");
+  return e;
+}
+
+/// Encoder-side choices about the message that do not change its meaning.
+struct wire_options {
+  bool payload_checksum = false;  ///< Add a CRC-32C of the payload (costs one extra read of it).
+
+  friend constexpr bool operator==(const wire_options&, const wire_options&) = default;
+};
+
+/// What a decoder accepts. Limits are checked before any output is touched.
+struct decode_limits {
+  std::uint64_t max_elements = UINT64_MAX;  ///< Largest element count the caller accepts.
+  bool require_checksum = false;            ///< Reject messages without a payload CRC.
+};
+
+/// What a decoder expects of an envelope.
+struct envelope_expectation {
+  codec_id codec{};              ///< The decoder's codec.
+  value_dtype dtype{};           ///< The decoder's value type.
+  std::uint64_t elements = 0;    ///< The caller's dense buffer size.
+  std::uint64_t params_hash = 0; ///< The decoder's parameter hash.
+};
+
+/// Checks a parsed envelope against a decoder's expectation and the caller's limits.
+/// @throws error `codec_mismatch`, `dtype_mismatch`, `too_large`, `size_mismatch`,
+///         `parameter_mismatch`, `payload_checksum` (missing when required).
+inline void validate_envelope(const envelope& e, const envelope_expectation& want, const decode_limits& limits) {
+  detail::require(e.codec == want.codec, errc::codec_mismatch,
+                  "message written by codec " + std::to_string(static_cast<unsigned>(e.codec)) + ", decoder is codec " +
+                      std::to_string(static_cast<unsigned>(want.codec)));
+  detail::require(e.dtype == want.dtype, errc::dtype_mismatch, "message value type differs from the decoder's");
+  detail::require(e.elements <= limits.max_elements, errc::too_large,
+                  "message has " + std::to_string(e.elements) + " elements, the cap is " +
+                      std::to_string(limits.max_elements));
+  detail::require(e.elements == want.elements, errc::size_mismatch,
+                  "message has " + std::to_string(e.elements) + " elements, the output has " +
+                      std::to_string(want.elements));
+  detail::require(e.params_hash == want.params_hash, errc::parameter_mismatch,
+                  "codec parameters (hash) differ between encoder and decoder");
+  detail::require(!limits.require_checksum || (e.flags & flag_payload_checksum) != 0, errc::payload_checksum,
+                  "a payload checksum is required and the message has none");
+}
+
+/// Payload bytes of a message whose envelope has been parsed.
+[[nodiscard]] inline std::span<const std::byte> payload_of(std::span<const std::byte> message) noexcept {
+  return message.subspan(envelope::size);
+}
+
+/// Hash of a codec's parameters (FNV-1a, 64 bit, over the little-endian bytes of each field in
+/// the order added). Decoders compare it so that differently configured ranks fail loudly.
+class params_hasher {
+ public:
+  /// Adds a field.
+  template <class U>
+  constexpr params_hasher& add(U value) noexcept {
+    std::uint64_t bits = 0;
+    if constexpr (sizeof(U) == 8) bits = std::bit_cast<std::uint64_t>(value);
+    else if constexpr (sizeof(U) == 4) bits = std::bit_cast<std::uint32_t>(value);
+    else bits = static_cast<std::uint64_t>(value);
+    for (std::size_t b = 0; b < sizeof(U); ++b) {
+      state_ ^= (bits >> (8 * b)) & 0xFFu;
+      state_ *= 0x100000001B3ull;
+    }
+    return *this;
+  }
+  /// The hash so far.
+  [[nodiscard]] constexpr std::uint64_t value() const noexcept { return state_; }
+
+ private:
+  std::uint64_t state_ = 0xCBF29CE484222325ull;
+};
+
+}  // namespace gradcomp

@@ -1,0 +1,117 @@
+#pragma once
+/// @file
+/// Radix selection of the k-th largest magnitude key (CPU): histogram the key's top bits, find the
+/// bucket that holds the k-th key, and descend into that bucket only. Used by exact top-k and by
+/// the threshold sparsifier's exact refinement.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include <gradcomp/core/float_bits.hpp>
+
+namespace gradcomp::cpu {
+
+/// Bits resolved per radix pass.
+inline constexpr int radix_digit_bits = 11;
+/// Buckets per radix pass.
+inline constexpr std::size_t radix_buckets = std::size_t{1} << radix_digit_bits;
+
+/// Result of a selection: take every element whose key is above `key`, and the first `ties`
+/// elements (lowest index first) whose key equals `key`.
+template <class K>
+struct kth_key {
+  K key = 0;               ///< Key of the k-th largest element.
+  std::uint64_t ties = 0;  ///< How many elements equal to `key` are taken (≥ 1 when k ≥ 1).
+};
+
+/// Bucket of a histogram (scanned from the top) that holds the `rank`-th largest key (rank ≥ 1),
+/// and how many keys lie in higher buckets.
+struct bucket_choice {
+  std::size_t bucket = 0;    ///< Bucket holding the rank-th largest key.
+  std::uint64_t above = 0;   ///< Keys in buckets above it.
+};
+
+/// Finds the bucket of the `rank`-th largest key in `histogram`; `rank` must not exceed its total.
+[[nodiscard]] inline bucket_choice choose_bucket(std::span<const std::uint64_t> histogram, std::uint64_t rank) noexcept {
+  std::uint64_t above = 0;
+  for (std::size_t b = histogram.size(); b-- > 0;) {
+    if (above + histogram[b] >= rank) return {b, above};
+    above += histogram[b];
+  }
+  return {0, above};
+}
+
+/// Selects the `rank`-th largest key (rank ≥ 1) among the keys whose top `known_bits` bits equal
+/// `prefix`, resolving `radix_digit_bits` per pass over `for_each_key`, which must call its argument
+/// once per key, in the same order every time. `key_bits` is the key width (31 for float, 63 for
+/// double); `histogram` needs `radix_buckets` entries.
+template <class K, class ForEachKey>
+[[nodiscard]] kth_key<K> select_kth_largest(ForEachKey&& for_each_key, int key_bits, std::uint64_t rank, K prefix,
+                                            int known_bits, std::span<std::uint64_t> histogram) {
+  while (known_bits < key_bits) {
+    const int digit_bits = key_bits - known_bits < radix_digit_bits ? key_bits - known_bits : radix_digit_bits;
+    const int shift = key_bits - known_bits - digit_bits;
+    const K digit_mask = (K{1} << digit_bits) - 1;
+    for (std::size_t b = 0; b < (std::size_t{1} << digit_bits); ++b) histogram[b] = 0;
+    for_each_key([&](K key) {
+      if ((key >> (shift + digit_bits)) == prefix) ++histogram[static_cast<std::size_t>((key >> shift) & digit_mask)];
+    });
+    const bucket_choice choice = choose_bucket(histogram.first(std::size_t{1} << digit_bits), rank);
+    rank -= choice.above;
+    prefix = static_cast<K>((prefix << digit_bits) | choice.bucket);
+    known_bits += digit_bits;
+  }
+  return {prefix, rank};
+}
+
+/// Number of 32-bit counters `magnitude_histogram` needs as scratch.
+inline constexpr std::size_t histogram_scratch_counters = 4 * radix_buckets;
+
+/// Histogram of the top `radix_digit_bits` of the magnitude keys of `values` (one pass, four
+/// interleaved sub-histograms in `scratch` so that repeated buckets do not serialise on one counter).
+template <gradient_value T>
+void magnitude_histogram(std::span<const T> values, std::span<std::uint64_t> histogram,
+                         std::span<std::uint32_t> scratch) {
+  constexpr int shift = float_traits<T>::magnitude_bits - radix_digit_bits;
+  // Sub-histograms count in 32 bits; fold them into the 64-bit totals before they could overflow.
+  constexpr std::size_t chunk = std::size_t{1} << 30;
+  std::uint32_t* const h0 = scratch.first(histogram_scratch_counters).data();
+  std::uint32_t* const h1 = h0 + radix_buckets;
+  std::uint32_t* const h2 = h1 + radix_buckets;
+  std::uint32_t* const h3 = h2 + radix_buckets;
+  for (std::size_t b = 0; b < radix_buckets; ++b) histogram[b] = 0;
+  for (std::size_t begin = 0; begin < values.size(); begin += chunk) {
+    const std::size_t end = values.size() - begin < chunk ? values.size() : begin + chunk;
+    for (std::size_t c = 0; c < histogram_scratch_counters; ++c) h0[c] = 0;
+    std::size_t i = begin;
+    for (; i + 4 <= end; i += 4) {
+      ++h0[magnitude_key(values[i]) >> shift];
+      ++h1[magnitude_key(values[i + 1]) >> shift];
+      ++h2[magnitude_key(values[i + 2]) >> shift];
+      ++h3[magnitude_key(values[i + 3]) >> shift];
+    }
+    for (; i < end; ++i) ++h0[magnitude_key(values[i]) >> shift];
+    for (std::size_t b = 0; b < radix_buckets; ++b) histogram[b] += std::uint64_t{h0[b]} + h1[b] + h2[b] + h3[b];
+  }
+}
+
+/// Calls `f(i)` for every index whose magnitude key is at least `threshold`, in ascending order.
+/// Blocks of 16 values with no such element are skipped with one branch-free test.
+template <gradient_value T, class F>
+void for_each_at_least(std::span<const T> values, typename float_traits<T>::bits_type threshold, F&& f) {
+  constexpr std::size_t block = 16;
+  const std::size_t n = values.size();
+  std::size_t i = 0;
+  for (; i + block <= n; i += block) {
+    bool any = false;
+    for (std::size_t j = 0; j < block; ++j) any |= magnitude_key(values[i + j]) >= threshold;
+    if (!any) continue;
+    for (std::size_t j = 0; j < block; ++j)
+      if (magnitude_key(values[i + j]) >= threshold) f(i + j);
+  }
+  for (; i < n; ++i)
+    if (magnitude_key(values[i]) >= threshold) f(i);
+}
+
+}  // namespace gradcomp::cpu

@@ -1,0 +1,138 @@
+#pragma once
+/// @file
+/// CPU reference of the sampled-threshold sparsifier: sample, select τ among the sample, one
+/// selection pass into an index list, optional exact refinement, then the sparse message.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+
+#include <gradcomp/core/backend.hpp>
+#include <gradcomp/core/cpu_executor.hpp>
+#include <gradcomp/core/error.hpp>
+#include <gradcomp/core/philox.hpp>
+#include <gradcomp/core/workspace.hpp>
+#include <gradcomp/cpu/radix_select.hpp>
+#include <gradcomp/cpu/sparse_coding.hpp>
+#include <gradcomp/sparsify/threshold.hpp>
+
+namespace gradcomp {
+
+/// Threshold sparsification on the CPU.
+template <gradient_value T>
+struct backend<threshold_sparsifier<T>, cpu_executor> {
+  using key_type = typename float_traits<T>::bits_type;
+
+  template <class Index>
+  struct scratch {
+    std::span<key_type> sample;
+    std::span<Index> kept;
+    std::span<std::uint64_t> histogram;
+  };
+
+  template <class Index>
+  static scratch<Index> carve(workspace_arena& arena, const threshold_sparsifier<T>& codec, std::uint64_t n) {
+    scratch<Index> s;
+    s.sample = arena.take<key_type>(static_cast<std::size_t>(codec.sample_count(n)));
+    s.kept = arena.take<Index>(static_cast<std::size_t>(n));
+    s.histogram = arena.take<std::uint64_t>(cpu::radix_buckets);
+    return s;
+  }
+
+  static std::size_t workspace_bytes(const threshold_sparsifier<T>& codec, const cpu_executor&, std::uint64_t n) {
+    workspace_arena arena = workspace_arena::measure();
+    if (n <= (std::uint64_t{1} << 32)) carve<std::uint32_t>(arena, codec, n);
+    else carve<std::uint64_t>(arena, codec, n);
+    return arena.bytes_needed();
+  }
+
+  static threshold_report<T> encode(const threshold_sparsifier<T>& codec, const cpu_executor&,
+                                    std::span<const T> grad, std::span<std::byte> out, std::span<std::byte> ws,
+                                    message_key key) {
+    if (grad.size() <= (std::uint64_t{1} << 32)) return encode_indexed<std::uint32_t>(codec, grad, out, ws, key);
+    return encode_indexed<std::uint64_t>(codec, grad, out, ws, key);
+  }
+
+  static void decode(const threshold_sparsifier<T>& codec, const cpu_executor&, std::span<const std::byte> message,
+                     std::span<T> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
+    cpu::decode_sparse_message<T>(message, {codec_id::threshold, dtype_of<T>, out.size(), codec.params_hash()}, limits,
+                                  out, accumulate);
+  }
+
+ private:
+  /// τ as a magnitude key: the m-th largest sampled key, m ≈ density · samples.
+  static key_type estimate_threshold(const threshold_sparsifier<T>& codec, std::span<const T> grad,
+                                     std::uint64_t k, std::span<key_type> sample, message_key key) {
+    const std::uint64_t n = grad.size();
+    const std::uint64_t s = sample.size();
+    if (s == n) {
+      for (std::uint64_t j = 0; j < n; ++j) sample[j] = magnitude_key(grad[j]);
+    } else {
+      const random_stream stream{codec.params().seed, key.step, key.tensor_id, random_purpose::threshold_sample};
+      for (std::uint64_t j = 0; j < s; j += 2) {
+        const philox_block words = stream.block(j / 2);
+        sample[j] = magnitude_key(grad[scale_to_range(words.word[0] | std::uint64_t{words.word[1]} << 32, n)]);
+        if (j + 1 < s)
+          sample[j + 1] = magnitude_key(grad[scale_to_range(words.word[2] | std::uint64_t{words.word[3]} << 32, n)]);
+      }
+    }
+    const std::uint64_t above = sparsity{static_cast<double>(k) / static_cast<double>(n), 0}.count(s);
+    const auto nth = sample.begin() + static_cast<std::ptrdiff_t>(above - 1);
+    std::nth_element(sample.begin(), nth, sample.end(), std::greater<key_type>{});
+    // Never keep exact zeros; never let a non-finite τ hide a non-finite value.
+    return std::clamp<key_type>(*nth, 1, float_traits<T>::infinity_key);
+  }
+
+  template <class Index>
+  static threshold_report<T> encode_indexed(const threshold_sparsifier<T>& codec, std::span<const T> grad,
+                                            std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
+    const std::uint64_t n = grad.size();
+    const std::uint64_t k = codec.k(n);
+    const envelope header{codec_id::threshold, dtype_of<T>, 0, 0, key, n, 0, codec.params_hash(), 0};
+    const bool checksum = codec.wire().payload_checksum;
+    if (n == 0) return {cpu::write_sparse_message<T>(header, 0, checksum, out, [](auto&) {}), 0, 0, T{0}, 0.0};
+
+    workspace_arena arena(ws);
+    const scratch<Index> s = carve<Index>(arena, codec, n);
+    const key_type tau = estimate_threshold(codec, grad, k, s.sample, key);
+
+    const T* const g = grad.data();
+    Index* const kept = s.kept.data();
+    std::uint64_t count = 0;
+    cpu::for_each_at_least<T>(grad, tau, [&](std::size_t i) { kept[count++] = static_cast<Index>(i); });
+
+    std::uint64_t non_finite = 0;
+    for (std::uint64_t j = 0; j < count; ++j) non_finite += is_finite(g[kept[j]]) ? 0u : 1u;
+    detail::require(non_finite == 0, errc::non_finite_input,
+                    std::to_string(non_finite) + " of " + std::to_string(n) + " gradient values are NaN or Inf");
+
+    if (codec.params().refine && static_cast<double>(count) > std::ceil(1.3 * static_cast<double>(k))) {
+      const cpu::kth_key<key_type> kth = cpu::select_kth_largest<key_type>(
+          [&](auto&& visit) {
+            for (std::uint64_t j = 0; j < count; ++j) visit(magnitude_key(g[kept[j]]));
+          },
+          float_traits<T>::magnitude_bits, k, key_type{0}, 0, s.histogram);
+      std::uint64_t ties = kth.ties;
+      std::uint64_t kept_count = 0;
+      for (std::uint64_t j = 0; j < count; ++j) {
+        const key_type kj = magnitude_key(g[kept[j]]);
+        if (kj > kth.key || (kj == kth.key && ties > 0)) {
+          if (kj == kth.key) --ties;
+          kept[kept_count++] = kept[j];
+        }
+      }
+      count = kept_count;
+    }
+
+    const std::size_t bytes = cpu::write_sparse_message<T>(header, count, checksum, out, [&](auto& sink) {
+      for (std::uint64_t j = 0; j < count; ++j) sink.push(kept[j], g[kept[j]]);
+    });
+    return {bytes, count, k, from_bits<T>(tau), static_cast<double>(count) / static_cast<double>(n)};
+  }
+};
+
+}  // namespace gradcomp

@@ -1,0 +1,24 @@
+#pragma once
+/// @file
+/// Umbrella header: everything gradcomp offers to host code. Never pulls in CUDA headers.
+
+#include <gradcomp/version.hpp>
+
+#include <gradcomp/core/backend.hpp>
+#include <gradcomp/core/bit_packing.hpp>
+#include <gradcomp/core/concepts.hpp>
+#include <gradcomp/core/config.hpp>
+#include <gradcomp/core/cpu_executor.hpp>
+#include <gradcomp/core/crc32c.hpp>
+#include <gradcomp/core/error.hpp>
+#include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/philox.hpp>
+#include <gradcomp/core/random_permutation.hpp>
+#include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/core/workspace.hpp>
+
+#include <gradcomp/sparsify/randomk.hpp>
+#include <gradcomp/sparsify/sparse_format.hpp>
+#include <gradcomp/sparsify/sparsity.hpp>
+#include <gradcomp/sparsify/threshold.hpp>
+#include <gradcomp/sparsify/topk.hpp>

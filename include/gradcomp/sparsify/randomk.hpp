@@ -1,0 +1,115 @@
+#pragma once
+/// @file
+/// Random-k sparsification.
+///
+/// The kept indices are π(0), …, π(k−1) for the keyed permutation π of core/random_permutation.hpp,
+/// keyed by (seed, step, tensor id). Every rank with the same key keeps the same indices, so only
+/// the values travel (payload: k values in draw order j, no indices) and encodings of several ranks
+/// can be summed value by value: the codec is homomorphic. Decoding scales by n/k (unbiased
+/// estimate of the gradient) unless `scaled` is off. A selected NaN or ±Inf is rejected with
+/// `errc::non_finite_input`; values that are not selected are not inspected.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include <gradcomp/core/backend.hpp>
+#include <gradcomp/core/concepts.hpp>
+#include <gradcomp/core/cpu_executor.hpp>
+#include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/random_permutation.hpp>
+#include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/sparsify/sparsity.hpp>
+
+namespace gradcomp {
+
+/// Parameters of random-k.
+struct randomk_params {
+  sparsity amount{};        ///< How many elements are kept.
+  std::uint64_t seed = 0;   ///< Shared by all ranks; keys the index choice with step and tensor id.
+  bool scaled = true;       ///< Decode as value·n/k (unbiased) rather than the raw value.
+
+  friend constexpr bool operator==(const randomk_params&, const randomk_params&) = default;
+};
+
+/// Random-k sparsifier for `float` or `double` gradients.
+template <gradient_value T = float>
+class randomk_sparsifier {
+ public:
+  using value_type = T;                              ///< Element type of the gradient.
+  static constexpr codec_id id = codec_id::random_k; ///< Wire identifier.
+  static constexpr bool is_homomorphic = true;       ///< Same indices on every rank: values add.
+
+  /// @throws error `invalid_argument` for a density outside (0, 1].
+  explicit randomk_sparsifier(randomk_params params = {}, wire_options wire = {}) : params_(params), wire_(wire) {
+    params_.amount.validate();
+  }
+
+  /// Elements kept of an n-element tensor.
+  [[nodiscard]] std::uint64_t k(std::uint64_t n) const noexcept { return params_.amount.count(n); }
+  /// The parameters.
+  [[nodiscard]] const randomk_params& params() const noexcept { return params_; }
+  /// Wire options used by `encode`.
+  [[nodiscard]] const wire_options& wire() const noexcept { return wire_; }
+  /// The permutation whose first k images are the kept indices of tensor `key` (n ≥ 1).
+  [[nodiscard]] random_permutation permutation(std::uint64_t n, message_key key) const noexcept {
+    return random_permutation(n, random_stream{params_.seed, key.step, key.tensor_id, random_purpose::random_k});
+  }
+
+  /// Exact size of every message for n elements.
+  [[nodiscard]] std::size_t max_encoded_bytes(std::uint64_t n) const noexcept {
+    return static_cast<std::size_t>(envelope::size + k(n) * sizeof(T));
+  }
+  /// Hash of the parameters, carried in every message and checked by decoders.
+  [[nodiscard]] std::uint64_t params_hash() const noexcept {
+    return params_hasher{}
+        .add(id)
+        .add(dtype_of<T>)
+        .add(params_.amount.density)
+        .add(params_.amount.k)
+        .add(params_.seed)
+        .add(params_.scaled)
+        .value();
+  }
+
+  /// Workspace bytes on executor `e` for n elements.
+  template <executor E>
+  [[nodiscard]] std::size_t workspace_bytes(const E& e, std::uint64_t n) const {
+    return backend<randomk_sparsifier, E>::workspace_bytes(*this, e, n);
+  }
+  /// Encodes the k selected values of `grad` into `out`. @returns bytes written.
+  /// @throws error `non_finite_input`, `buffer_too_small`.
+  template <executor E>
+  std::size_t encode(const E& e, std::span<const T> grad, std::span<std::byte> out, std::span<std::byte> ws,
+                     message_key key = {}) const {
+    return backend<randomk_sparsifier, E>::encode(*this, e, grad, out, ws, key);
+  }
+  /// Decodes `message` into `out`. Validates first; on error `out` is untouched.
+  template <executor E>
+  void decode(const E& e, std::span<const std::byte> message, std::span<T> out, std::span<std::byte> ws,
+              decode_limits limits = {}) const {
+    backend<randomk_sparsifier, E>::decode(*this, e, message, out, ws, limits, false);
+  }
+  /// Adds the decoded `message` into `acc`. Validates first; on error `acc` is untouched.
+  template <executor E>
+  void decode_accumulate(const E& e, std::span<const std::byte> message, std::span<T> acc, std::span<std::byte> ws,
+                         decode_limits limits = {}) const {
+    backend<randomk_sparsifier, E>::decode(*this, e, message, acc, ws, limits, true);
+  }
+  /// Turns message `acc` into the encoding of the sum of `acc` and `other` (same n, step, tensor
+  /// and parameters), as a SUM collective over the value section would.
+  /// @throws error on a malformed message, `step_mismatch` when the keys differ, or
+  ///         `non_finite_input` when the sum overflows; `acc` is untouched then.
+  template <executor E>
+  void accumulate_encoded(const E& e, std::span<std::byte> acc, std::span<const std::byte> other) const {
+    backend<randomk_sparsifier, E>::accumulate_encoded(*this, e, acc, other);
+  }
+
+ private:
+  randomk_params params_;
+  wire_options wire_;
+};
+
+}  // namespace gradcomp
+
+#include <gradcomp/cpu/randomk.hpp>

@@ -1,0 +1,93 @@
+#pragma once
+/// @file
+/// Exact top-k sparsification by magnitude.
+///
+/// Keeps the k elements of largest |x| (ties go to the lower index) and sends them as a sparse
+/// payload (sparsify/sparse_format.hpp) with ascending indices. Selection is a radix select on the
+/// magnitude key, never a full sort. Policy for special values: ±0 and subnormals are ordered by
+/// magnitude like any other value (the sign is kept); a gradient holding NaN or ±Inf is rejected
+/// with `errc::non_finite_input` before anything is written.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include <gradcomp/core/backend.hpp>
+#include <gradcomp/core/concepts.hpp>
+#include <gradcomp/core/cpu_executor.hpp>
+#include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/sparsify/sparse_format.hpp>
+#include <gradcomp/sparsify/sparsity.hpp>
+
+namespace gradcomp {
+
+/// Exact top-k sparsifier for `float` or `double` gradients.
+template <gradient_value T = float>
+class topk_sparsifier {
+ public:
+  using value_type = T;                            ///< Element type of the gradient.
+  static constexpr codec_id id = codec_id::topk;   ///< Wire identifier.
+  static constexpr bool is_homomorphic = false;    ///< Index sets differ between ranks.
+
+  /// A sparsifier keeping `amount` of each tensor.
+  /// @throws error `invalid_argument` for a density outside (0, 1].
+  explicit topk_sparsifier(sparsity amount = {}, wire_options wire = {}) : amount_(amount), wire_(wire) {
+    amount_.validate();
+  }
+
+  /// Elements kept of an n-element tensor.
+  [[nodiscard]] std::uint64_t k(std::uint64_t n) const noexcept { return amount_.count(n); }
+  /// The current amount.
+  [[nodiscard]] const sparsity& amount() const noexcept { return amount_; }
+  /// Changes the amount between steps (e.g. on a controller's advice).
+  void set_amount(sparsity amount) {
+    amount.validate();
+    amount_ = amount;
+  }
+  /// Wire options used by `encode`.
+  [[nodiscard]] const wire_options& wire() const noexcept { return wire_; }
+
+  /// Largest message `encode` writes for n elements.
+  [[nodiscard]] std::size_t max_encoded_bytes(std::uint64_t n) const noexcept {
+    return static_cast<std::size_t>(envelope::size + max_sparse_payload_bytes(n, sizeof(T)));
+  }
+  /// Hash of the parameters, carried in every message and checked by decoders.
+  [[nodiscard]] std::uint64_t params_hash() const noexcept {
+    return params_hasher{}.add(id).add(dtype_of<T>).add(amount_.density).add(amount_.k).value();
+  }
+
+  /// Workspace bytes `encode`/`decode` need on executor `e` for n elements.
+  template <executor E>
+  [[nodiscard]] std::size_t workspace_bytes(const E& e, std::uint64_t n) const {
+    return backend<topk_sparsifier, E>::workspace_bytes(*this, e, n);
+  }
+  /// Encodes `grad` into `out` (at least `max_encoded_bytes(n)` bytes).
+  /// @returns bytes written. @throws error `non_finite_input`, `buffer_too_small`, `workspace_too_small`.
+  template <executor E>
+  std::size_t encode(const E& e, std::span<const T> grad, std::span<std::byte> out, std::span<std::byte> ws,
+                     message_key key = {}) const {
+    return backend<topk_sparsifier, E>::encode(*this, e, grad, out, ws, key);
+  }
+  /// Decodes `message` into `out` (zeros except the kept elements). Validates first; on error
+  /// `out` is untouched. @throws error naming what is wrong with the message.
+  template <executor E>
+  void decode(const E& e, std::span<const std::byte> message, std::span<T> out, std::span<std::byte> ws,
+              decode_limits limits = {}) const {
+    backend<topk_sparsifier, E>::decode(*this, e, message, out, ws, limits, false);
+  }
+  /// Adds the decoded `message` into `acc`. Validates first; on error `acc` is untouched.
+  template <executor E>
+  void decode_accumulate(const E& e, std::span<const std::byte> message, std::span<T> acc, std::span<std::byte> ws,
+                         decode_limits limits = {}) const {
+    backend<topk_sparsifier, E>::decode(*this, e, message, acc, ws, limits, true);
+  }
+
+ private:
+  sparsity amount_;
+  wire_options wire_;
+};
+
+}  // namespace gradcomp
+
+#include <gradcomp/cpu/topk.hpp>

@@ -1,0 +1,74 @@
+#pragma once
+// The fixed messages pinned by golden files in tests/golden/: inputs are closed-form so the
+// decoded values are known without running any codec.
+#include <gradcomp/gradcomp.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "support/codec_io.hpp"
+
+namespace gradcomp::test {
+
+/// x_i = sin(0.37·i)·(1 + i mod 5), computed in double and rounded to T.
+template <class T>
+std::vector<T> golden_input(std::size_t n) {
+  std::vector<T> x(n);
+  for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<T>(std::sin(0.37 * static_cast<double>(i)) * static_cast<double>(1 + i % 5));
+  return x;
+}
+
+/// One pinned message: a file name, how to produce it, and the decoder to read it back.
+struct golden_case {
+  std::string file;
+  std::vector<std::byte> (*encode)();
+  std::size_t elements;
+};
+
+inline const std::vector<golden_case>& golden_cases() {
+  static const std::vector<golden_case> cases = {
+      {"topk_f32_list32.bin",
+       [] { return encode_bytes(topk_sparsifier<float>(sparsity{.k = 10}), golden_input<float>(1000), {.step = 1, .tensor_id = 2}); },
+       1000},
+      {"topk_f64_bitmap.bin",
+       [] { return encode_bytes(topk_sparsifier<double>(sparsity{.k = 40}), golden_input<double>(64), {.step = 5}); },
+       64},
+      {"topk_f32_checksum.bin",
+       [] {
+         return encode_bytes(topk_sparsifier<float>(sparsity{.k = 5}, wire_options{.payload_checksum = true}),
+                             golden_input<float>(100), {.step = 2});
+       },
+       100},
+      {"threshold_f32.bin",
+       [] {
+         return encode_bytes(threshold_sparsifier<float>({.target = {.density = 0.02}, .seed = 1}), golden_input<float>(5000),
+                             {.step = 3, .tensor_id = 4});
+       },
+       5000},
+      {"randomk_f32.bin",
+       [] {
+         return encode_bytes(randomk_sparsifier<float>({.amount = {.density = 0.05}, .seed = 42}), golden_input<float>(1000),
+                             {.step = 7, .tensor_id = 1});
+       },
+       1000},
+  };
+  return cases;
+}
+
+inline std::filesystem::path golden_path(const std::string& file) { return std::filesystem::path(GRADCOMP_GOLDEN_DIR) / file; }
+
+inline std::vector<std::byte> read_golden(const std::string& file) {
+  std::ifstream in(golden_path(file), std::ios::binary);
+  const std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> bytes(chars.size());
+  for (std::size_t i = 0; i < chars.size(); ++i) bytes[i] = static_cast<std::byte>(chars[i]);
+  return bytes;
+}
+
+}  // namespace gradcomp::test

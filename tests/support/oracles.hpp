@@ -1,0 +1,43 @@
+#pragma once
+// Naive dense oracles, written independently of the code under test (full sorts, plain loops).
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <vector>
+
+namespace gradcomp::test {
+
+/// Indices of the k largest |x|, ties to the lower index, in ascending order: a full std::sort.
+template <class T>
+std::vector<std::size_t> topk_indices_oracle(std::span<const T> x, std::size_t k) {
+  std::vector<std::size_t> order(x.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    const T fa = std::fabs(x[a]), fb = std::fabs(x[b]);
+    return fa != fb ? fa > fb : a < b;
+  });
+  order.resize(std::min(k, x.size()));
+  std::sort(order.begin(), order.end());
+  return order;
+}
+
+/// Dense vector holding x at `indices` and +0 elsewhere.
+template <class T>
+std::vector<T> dense_at(std::span<const T> x, const std::vector<std::size_t>& indices) {
+  std::vector<T> dense(x.size(), T{0});
+  for (const std::size_t i : indices) dense[i] = x[i];
+  return dense;
+}
+
+/// Expected size of an index-carrying sparse message, from the layout documentation.
+inline std::size_t sparse_message_size_oracle(std::uint64_t n, std::uint64_t k, std::size_t value_size) {
+  const auto pad8 = [](std::uint64_t b) { return (b + 7) / 8 * 8; };
+  const std::uint64_t list = pad8(k * (n <= (std::uint64_t{1} << 32) ? 4 : 8));
+  const std::uint64_t bitmap = pad8((n + 7) / 8);
+  return static_cast<std::size_t>(56 + 8 + std::min(list, bitmap) + k * value_size);
+}
+
+}  // namespace gradcomp::test

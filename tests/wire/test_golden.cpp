@@ -1,0 +1,73 @@
+// Golden wire files: today's encoders must reproduce them byte for byte, and they must decode to
+// values known from the closed-form inputs. Set GRADCOMP_UPDATE_GOLDEN=1 to rewrite the files
+// after a deliberate format change (and say so in the commit).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <span>
+#include <vector>
+
+#include "support/data.hpp"
+#include "support/golden_cases.hpp"
+#include "support/oracles.hpp"
+
+using namespace gradcomp;
+using namespace gradcomp::test;
+
+TEST_CASE("encoders reproduce the golden wire files byte for byte") {
+  const bool update = std::getenv("GRADCOMP_UPDATE_GOLDEN") != nullptr;
+  for (const golden_case& c : golden_cases()) {
+    CAPTURE(c.file);
+    const std::vector<std::byte> bytes = c.encode();
+    if (update) {
+      std::ofstream out(golden_path(c.file), std::ios::binary);
+      out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+      MESSAGE("rewrote ", c.file);
+    }
+    CHECK(read_golden(c.file) == bytes);
+  }
+}
+
+TEST_CASE("golden top-k files decode to the largest magnitudes of the known input") {
+  const std::vector<float> x32 = golden_input<float>(1000);
+  CHECK(bitwise_equal(decode_values(topk_sparsifier<float>(sparsity{.k = 10}), read_golden("topk_f32_list32.bin"), 1000),
+                      dense_at<float>(x32, topk_indices_oracle<float>(x32, 10))));
+  const std::vector<double> x64 = golden_input<double>(64);
+  CHECK(bitwise_equal(decode_values(topk_sparsifier<double>(sparsity{.k = 40}), read_golden("topk_f64_bitmap.bin"), 64),
+                      dense_at<double>(x64, topk_indices_oracle<double>(x64, 40))));
+  const std::vector<float> x100 = golden_input<float>(100);
+  CHECK(bitwise_equal(decode_values(topk_sparsifier<float>(sparsity{.k = 5}, wire_options{.payload_checksum = true}),
+                                    read_golden("topk_f32_checksum.bin"), 100, {.require_checksum = true}),
+                      dense_at<float>(x100, topk_indices_oracle<float>(x100, 5))));
+}
+
+TEST_CASE("golden threshold and random-k files decode to entries of the known input") {
+  const std::vector<float> x = golden_input<float>(5000);
+  const std::vector<float> t = decode_values(threshold_sparsifier<float>({.target = {.density = 0.02}, .seed = 1}),
+                                             read_golden("threshold_f32.bin"), 5000);
+  std::size_t kept = 0;
+  bool entries_of_x = true;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (t[i] != 0.0f) ++kept;
+    entries_of_x = entries_of_x && (t[i] == 0.0f || t[i] == x[i]);
+  }
+  CHECK(entries_of_x);
+  CHECK(kept >= 80);   // target 100 (2% of 5000)
+  CHECK(kept <= 125);
+
+  const std::vector<float> y = golden_input<float>(1000);
+  const std::vector<float> r = decode_values(randomk_sparsifier<float>({.amount = {.density = 0.05}, .seed = 42}),
+                                             read_golden("randomk_f32.bin"), 1000);
+  std::size_t selected = 0;
+  bool scaled_entries = true;
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    if (r[i] == 0.0f) continue;
+    ++selected;
+    scaled_entries = scaled_entries && r[i] == y[i] * 20.0f;  // n/k = 1000/50
+  }
+  CHECK(scaled_entries);
+  CHECK(selected == 50);
+}

@@ -1,0 +1,116 @@
+// Hostile bytes: every truncation and every single-bit flip of each golden message, appended
+// bytes, seeded garbage and the caller's caps give a named error or a valid tensor, never a crash,
+// and never touch the output on error. Run under the asan preset too.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "support/golden_cases.hpp"
+
+using namespace gradcomp;
+using namespace gradcomp::test;
+
+namespace {
+
+enum class outcome { rejected, decoded };
+
+// Decodes `message` with the decoder that matches the golden file, into an output pre-filled with
+// a sentinel; checks that a rejection leaves the sentinel and a success yields finite values.
+outcome try_decode(const std::string& file, std::span<const std::byte> message, std::size_t n,
+                   decode_limits limits = {}) {
+  const cpu_executor cpu;
+  const auto run = [&](const auto& codec) {
+    using T = typename std::decay_t<decltype(codec)>::value_type;
+    std::vector<T> out(n, T{7});
+    std::vector<std::byte> ws(codec.workspace_bytes(cpu, n));
+    try {
+      codec.decode(cpu, message, std::span<T>(out), ws, limits);
+    } catch (const error&) {
+      bool untouched = true;
+      for (const T v : out) untouched = untouched && v == T{7};
+      CHECK(untouched);
+      return outcome::rejected;
+    }
+    bool finite = true;
+    for (const T v : out) finite = finite && is_finite(v);
+    CHECK(finite);
+    return outcome::decoded;
+  };
+  if (file == "topk_f32_list32.bin") return run(topk_sparsifier<float>(sparsity{.k = 10}));
+  if (file == "topk_f64_bitmap.bin") return run(topk_sparsifier<double>(sparsity{.k = 40}));
+  if (file == "topk_f32_checksum.bin")
+    return run(topk_sparsifier<float>(sparsity{.k = 5}, wire_options{.payload_checksum = true}));
+  if (file == "threshold_f32.bin") return run(threshold_sparsifier<float>({.target = {.density = 0.02}, .seed = 1}));
+  return run(randomk_sparsifier<float>({.amount = {.density = 0.05}, .seed = 42}));
+}
+
+}  // namespace
+
+TEST_CASE("every truncation of a valid message is rejected and leaves the output untouched") {
+  for (const golden_case& c : golden_cases()) {
+    CAPTURE(c.file);
+    const std::vector<std::byte> message = read_golden(c.file);
+    REQUIRE(try_decode(c.file, message, c.elements) == outcome::decoded);
+    for (std::size_t length = 0; length < message.size(); ++length) {
+      CAPTURE(length);
+      // A copy of exactly `length` bytes, so ASan sees any read past the end.
+      const std::vector<std::byte> prefix(message.begin(), message.begin() + static_cast<std::ptrdiff_t>(length));
+      CHECK(try_decode(c.file, prefix, c.elements) == outcome::rejected);
+    }
+    std::vector<std::byte> longer = message;
+    longer.push_back(std::byte{0});
+    CHECK(try_decode(c.file, longer, c.elements) == outcome::rejected);
+  }
+}
+
+TEST_CASE("every single-bit flip gives a named error or a valid tensor; envelope flips are always caught") {
+  for (const golden_case& c : golden_cases()) {
+    CAPTURE(c.file);
+    const std::vector<std::byte> message = read_golden(c.file);
+    const bool checksummed = c.file == "topk_f32_checksum.bin";
+    std::size_t envelope_escapes = 0, payload_rejections = 0;
+    for (std::size_t bit = 0; bit < message.size() * 8; ++bit) {
+      std::vector<std::byte> flipped = message;
+      flipped[bit / 8] ^= static_cast<std::byte>(1u << (bit % 8));
+      const outcome result = try_decode(c.file, flipped, c.elements);
+      if (bit < envelope::size * 8) envelope_escapes += result == outcome::decoded ? 1u : 0u;
+      else payload_rejections += result == outcome::rejected ? 1u : 0u;
+      if (checksummed) CHECK(result == outcome::rejected);
+    }
+    CHECK(envelope_escapes == 0);
+    MESSAGE(c.file, ": ", payload_rejections, " of ", (message.size() - envelope::size) * 8,
+            " payload bit flips rejected (the rest decode to another valid tensor)");
+  }
+}
+
+TEST_CASE("seeded garbage and garbage behind a valid envelope are rejected") {
+  std::mt19937_64 engine(2024);
+  for (const golden_case& c : golden_cases()) {
+    CAPTURE(c.file);
+    const std::vector<std::byte> message = read_golden(c.file);
+    for (int trial = 0; trial < 200; ++trial) {
+      std::vector<std::byte> garbage(engine() % (message.size() * 2));
+      for (std::byte& b : garbage) b = static_cast<std::byte>(engine());
+      CHECK(try_decode(c.file, garbage, c.elements) == outcome::rejected);
+      // Keep the valid envelope but scramble the payload: a named error or a valid tensor.
+      std::vector<std::byte> scrambled = message;
+      for (std::size_t i = envelope::size; i < scrambled.size(); ++i)
+        if (engine() % 8 == 0) scrambled[i] = static_cast<std::byte>(engine());
+      try_decode(c.file, scrambled, c.elements);
+    }
+  }
+}
+
+TEST_CASE("decoders enforce the caller's element cap and buffer size before writing") {
+  for (const golden_case& c : golden_cases()) {
+    CAPTURE(c.file);
+    const std::vector<std::byte> message = read_golden(c.file);
+    CHECK(try_decode(c.file, message, c.elements, {.max_elements = c.elements - 1}) == outcome::rejected);
+    CHECK(try_decode(c.file, message, c.elements, {.max_elements = c.elements}) == outcome::decoded);
+    CHECK(try_decode(c.file, message, c.elements + 1) == outcome::rejected);
+    CHECK(try_decode(c.file, message, c.elements - 1) == outcome::rejected);
+  }
+}
