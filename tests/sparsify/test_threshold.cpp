@@ -39,7 +39,7 @@ encoded<T> encode_with_report(const threshold_sparsifier<T>& codec, const std::v
   return result;
 }
 
-// τ as documented: the m-th largest |sample| with m = ceil(k·s/n) clamped to [1, s], where sample
+// τ as documented: the m-th largest |sample| with m = ⌈k·s/n⌉ (integer) clamped to [1, s], where sample
 // j is x[floor(r_j · n / 2^64)] for the 64-bit word r_j = words (2j, 2j+1) of the threshold_sample
 // stream, or all of x when s = n. Then clamped to at least the smallest positive value.
 template <class T>
@@ -54,13 +54,13 @@ T documented_threshold(const std::vector<T>& x, std::uint64_t k, std::uint64_t s
       continue;
     }
     const std::uint64_t r = stream.word(2 * j) | std::uint64_t{stream.word(2 * j + 1)} << 32;
-    __extension__ using wide = unsigned __int128;
-    sample.push_back(std::fabs(x[static_cast<std::uint64_t>((wide{r} * n) >> 64)]));
+    __extension__ using wide128 = unsigned __int128;
+    sample.push_back(std::fabs(x[static_cast<std::uint64_t>((wide128{r} * n) >> 64)]));
   }
   std::sort(sample.begin(), sample.end(), std::greater<T>{});
-  const double m = std::clamp(std::ceil(static_cast<double>(k) * static_cast<double>(s) / static_cast<double>(n)),
-                              1.0, static_cast<double>(s));
-  return std::max(sample[static_cast<std::size_t>(m) - 1], std::numeric_limits<T>::denorm_min());
+  __extension__ using wide = unsigned __int128;
+  const auto m = std::clamp<std::uint64_t>(static_cast<std::uint64_t>((wide{k} * s + n - 1) / n), 1, s);
+  return std::max(sample[m - 1], std::numeric_limits<T>::denorm_min());
 }
 
 }  // namespace
@@ -123,6 +123,20 @@ TEST_CASE("threshold refinement keeps the exact top-k when more than 1.3k surviv
   CHECK(e.report.kept == codec.k(x.size()));
   const std::vector<float> expected = dense_at<float>(x, topk_indices_oracle<float>(x, codec.k(x.size())));
   CHECK(bitwise_equal(decode_values(codec, e.message, x.size()), expected));
+}
+
+TEST_CASE("threshold keeps exactly k of a small fully-sampled tensor with distinct magnitudes") {
+  // With every element sampled, τ is the exact k-th largest magnitude: no rounding may add one.
+  for (std::size_t n = 1; n <= 300; ++n) {
+    std::vector<float> x(n);
+    for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<float>((i * 331) % n + 1) * ((i % 2) != 0 ? -1.0f : 1.0f);
+    for (std::uint64_t k = 1; k <= n; k += 1 + n / 7) {
+      const threshold_sparsifier<float> codec({.target = {.k = k}, .refine = false});
+      CAPTURE(n);
+      CAPTURE(k);
+      CHECK(encode_with_report(codec, x, {}).report.kept == k);
+    }
+  }
 }
 
 TEST_CASE("threshold never keeps exact zeros") {

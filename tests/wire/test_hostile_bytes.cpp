@@ -66,7 +66,7 @@ TEST_CASE("every truncation of a valid message is rejected and leaves the output
   }
 }
 
-TEST_CASE("every single-bit flip gives a named error or a valid tensor; envelope flips are always caught") {
+TEST_CASE("every single-bit flip gives a named error or a valid tensor, and envelope flips are always caught") {
   for (const golden_case& c : golden_cases()) {
     CAPTURE(c.file);
     const std::vector<std::byte> message = read_golden(c.file);

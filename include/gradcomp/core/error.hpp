@@ -7,6 +7,8 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
+#include <utility>
 
 namespace gradcomp {
 
@@ -29,6 +31,7 @@ enum class errc : std::uint8_t {
   malformed_payload = 15,    ///< The payload contradicts its own layout (bad index, count, padding).
   non_finite_input = 16,     ///< The gradient holds NaN or Inf where the codec cannot carry them.
   step_mismatch = 17,        ///< Messages to be combined belong to different steps or tensors.
+  malformed_envelope = 18,   ///< The envelope holds an unknown flag or dtype, or a stray payload CRC.
 };
 
 /// Human-readable name of an error condition.
@@ -51,6 +54,7 @@ enum class errc : std::uint8_t {
     case errc::malformed_payload: return "malformed_payload";
     case errc::non_finite_input: return "non_finite_input";
     case errc::step_mismatch: return "step_mismatch";
+    case errc::malformed_envelope: return "malformed_envelope";
   }
   return "unknown";
 }
@@ -87,9 +91,19 @@ class error : public std::runtime_error {
 };
 
 namespace detail {
-/// Throws `error(code, detail)` unless `condition` holds.
-inline void require(bool condition, errc code, std::string_view detail) {
-  if (!condition) throw error(code, std::string(detail));
+/// Throws `error(code, detail)`; `detail` is a string or a callable returning one.
+template <class Detail>
+[[noreturn]] void fail(errc code, Detail&& detail) {
+  if constexpr (std::is_invocable_v<Detail>) throw error(code, std::string(detail()));
+  else throw error(code, std::string(detail));
+}
+
+/// Throws `error(code, detail)` unless `condition` holds. `detail` is a string, or a callable
+/// returning one, which is only called on failure, so checks in loops never allocate.
+template <class Detail>
+inline void require(bool condition, errc code, Detail&& detail) {
+  if (!condition) [[unlikely]]
+    fail(code, std::forward<Detail>(detail));
 }
 }  // namespace detail
 

@@ -52,12 +52,12 @@ enum class random_purpose : std::uint8_t {
 
 /// A keyed stream of 32-bit random words: word `i` of the stream for (seed, step, tensor, purpose)
 /// is word `i % 4` of `philox4x32_10(counter, key)` with
-/// key = (seed low 32 bits, seed high 32 bits) and
+/// key = (seed low 32 bits, seed high 32 bits XOR step high 32 bits) and
 /// counter = (block low 32 bits, block bits 32..55 | purpose << 24, step low 32 bits, tensor id),
-/// where block = i / 4. Streams support 2^58 words; steps repeat after 2^32.
+/// where block = i / 4. Streams support 2^58 words; for one seed every 64-bit step is distinct.
 struct random_stream {
   std::uint64_t seed = 0;                                  ///< Shared by all ranks of a job.
-  std::uint64_t step = 0;                                  ///< Training step (low 32 bits are used).
+  std::uint64_t step = 0;                                  ///< Training step.
   std::uint32_t tensor_id = 0;                             ///< Which tensor or bucket.
   random_purpose purpose = random_purpose::stochastic_rounding;  ///< Separates uses of one key.
 
@@ -67,7 +67,8 @@ struct random_stream {
                                 (static_cast<std::uint32_t>(block >> 32) & 0x00ffffffu) |
                                     (std::uint32_t{static_cast<std::uint8_t>(purpose)} << 24),
                                 static_cast<std::uint32_t>(step), tensor_id}};
-    return philox4x32_10(counter, static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
+    return philox4x32_10(counter, static_cast<std::uint32_t>(seed),
+                         static_cast<std::uint32_t>(seed >> 32) ^ static_cast<std::uint32_t>(step >> 32));
   }
 
   /// Word `i` of the stream.

@@ -1,7 +1,7 @@
 #pragma once
 /// @file
 /// A keyed pseudorandom permutation of [0, n): a balanced Feistel network on the smallest
-/// even-width power of two that covers n, with cycle walking back into [0, n). Every position is
+/// even-width power of two that covers n (at least 2^8), with cycle walking back into [0, n). Every position is
 /// computed on its own, so random-k draws k distinct indices in parallel on any backend, and the
 /// ranks that share a key draw the same ones.
 
@@ -23,7 +23,9 @@ class random_permutation {
   GRADCOMP_HOST_DEVICE random_permutation(std::uint64_t n, const random_stream& stream) noexcept : n_(n) {
     int width = 0;  // bits of n − 1 (std::bit_width is not callable from device code)
     for (std::uint64_t rest = n - 1; rest != 0; rest >>= 1) ++width;
-    half_bits_ = width < 2 ? 1 : (width + 1) / 2;
+    // Halves of at least 4 bits: on smaller domains six rounds of this round function leave the
+    // cycle-walked permutation measurably non-uniform (a 1–2 bit half gave 8% cell bias at n = 5).
+    half_bits_ = width < 8 ? 4 : (width + 1) / 2;
     half_mask_ = half_bits_ >= 32 ? 0xFFFFFFFFull : (std::uint64_t{1} << half_bits_) - 1;
     const philox_block first = stream.block(0);
     const philox_block second = stream.block(1);
@@ -63,8 +65,8 @@ class random_permutation {
   }
 
   std::uint64_t n_;
-  int half_bits_ = 1;
-  std::uint64_t half_mask_ = 1;
+  int half_bits_ = 4;
+  std::uint64_t half_mask_ = 15;
   std::uint32_t round_keys_[rounds] = {};
 };
 

@@ -112,16 +112,17 @@ inline void write_envelope(const envelope& e, std::span<std::byte> out) {
 /// length, magic, version, header CRC, known flags and dtype, declared payload length, and the
 /// payload CRC when flagged. Reads nothing outside `message`.
 /// @throws error `truncated`, `trailing_bytes`, `bad_magic`, `unsupported_version`,
-///         `header_checksum`, `malformed_payload` (unknown flag or dtype), `payload_checksum`.
+///         `header_checksum`, `malformed_envelope` (unknown flag or dtype, stray payload CRC),
+///         `payload_checksum`.
 [[nodiscard]] inline envelope parse_envelope(std::span<const std::byte> message) {
   detail::require(message.size() >= envelope::size, errc::truncated,
-                  "message of " + std::to_string(message.size()) + " bytes is shorter than the 56-byte envelope");
+                  [&] { return "message of " + std::to_string(message.size()) + " bytes is shorter than the 56-byte envelope"; });
   const std::byte* p = message.data();
   detail::require(detail::load_le<std::uint32_t>(p) == envelope::magic, errc::bad_magic,
                   "message does not start with \"GCMP\"");
   const auto version = detail::load_le<std::uint16_t>(p + 4);
   detail::require(version == envelope::version, errc::unsupported_version,
-                  "format version " + std::to_string(version) + ", this build reads version 1");
+                  [&] { return "format version " + std::to_string(version) + ", this build reads version 1"; });
   detail::require(detail::load_le<std::uint32_t>(p + 52) == crc32c({p, 52}), errc::header_checksum,
                   "envelope CRC-32C does not match its contents");
   envelope e;
@@ -135,21 +136,21 @@ inline void write_envelope(const envelope& e, std::span<std::byte> out) {
   e.params_hash = detail::load_le<std::uint64_t>(p + 32);
   e.key.step = detail::load_le<std::uint64_t>(p + 40);
   e.payload_crc = detail::load_le<std::uint32_t>(p + 48);
-  detail::require((e.flags & ~known_flags) == 0, errc::malformed_payload,
-                  "unknown envelope flags " + std::to_string(e.flags));
-  detail::require(dtype_size(e.dtype) != 0, errc::malformed_payload,
-                  "unknown value dtype " + std::to_string(static_cast<unsigned>(e.dtype)));
+  detail::require((e.flags & ~known_flags) == 0, errc::malformed_envelope,
+                  [&] { return "unknown envelope flags " + std::to_string(e.flags); });
+  detail::require(dtype_size(e.dtype) != 0, errc::malformed_envelope,
+                  [&] { return "unknown value dtype " + std::to_string(static_cast<unsigned>(e.dtype)); });
   const std::size_t available = message.size() - envelope::size;
   detail::require(e.payload_bytes <= available, errc::truncated,
-                  "envelope declares " + std::to_string(e.payload_bytes) + " payload bytes, message holds " +
-                      std::to_string(available));
+                  [&] { return "envelope declares " + std::to_string(e.payload_bytes) + " payload bytes, message holds " +
+                      std::to_string(available); });
   detail::require(e.payload_bytes == available, errc::trailing_bytes,
-                  std::to_string(available - e.payload_bytes) + " bytes follow the declared payload");
+                  [&] { return std::to_string(available - e.payload_bytes) + " bytes follow the declared payload"; });
   if ((e.flags & flag_payload_checksum) != 0)
     detail::require(crc32c(message.subspan(envelope::size)) == e.payload_crc, errc::payload_checksum,
                     "payload CRC-32C does not match");
   else
-    detail::require(e.payload_crc == 0, errc::malformed_payload, "payload CRC present without its flag");
+    detail::require(e.payload_crc == 0, errc::malformed_envelope, "payload CRC present without its flag");
   return e;
 }
 
@@ -179,15 +180,15 @@ struct envelope_expectation {
 ///         `parameter_mismatch`, `payload_checksum` (missing when required).
 inline void validate_envelope(const envelope& e, const envelope_expectation& want, const decode_limits& limits) {
   detail::require(e.codec == want.codec, errc::codec_mismatch,
-                  "message written by codec " + std::to_string(static_cast<unsigned>(e.codec)) + ", decoder is codec " +
-                      std::to_string(static_cast<unsigned>(want.codec)));
+                  [&] { return "message written by codec " + std::to_string(static_cast<unsigned>(e.codec)) + ", decoder is codec " +
+                      std::to_string(static_cast<unsigned>(want.codec)); });
   detail::require(e.dtype == want.dtype, errc::dtype_mismatch, "message value type differs from the decoder's");
   detail::require(e.elements <= limits.max_elements, errc::too_large,
-                  "message has " + std::to_string(e.elements) + " elements, the cap is " +
-                      std::to_string(limits.max_elements));
+                  [&] { return "message has " + std::to_string(e.elements) + " elements, the cap is " +
+                      std::to_string(limits.max_elements); });
   detail::require(e.elements == want.elements, errc::size_mismatch,
-                  "message has " + std::to_string(e.elements) + " elements, the output has " +
-                      std::to_string(want.elements));
+                  [&] { return "message has " + std::to_string(e.elements) + " elements, the output has " +
+                      std::to_string(want.elements); });
   detail::require(e.params_hash == want.params_hash, errc::parameter_mismatch,
                   "codec parameters (hash) differ between encoder and decoder");
   detail::require(!limits.require_checksum || (e.flags & flag_payload_checksum) != 0, errc::payload_checksum,

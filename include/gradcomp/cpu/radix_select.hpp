@@ -4,9 +4,16 @@
 /// bucket that holds the k-th key, and descend into that bucket only. Used by exact top-k and by
 /// the threshold sparsifier's exact refinement.
 
+#include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include <gradcomp/core/float_bits.hpp>
 
@@ -96,22 +103,46 @@ void magnitude_histogram(std::span<const T> values, std::span<std::uint64_t> his
   }
 }
 
+/// Bit j of the result is set when |values[j]|'s key is at least `threshold`, for j < 16.
+template <gradient_value T>
+[[nodiscard]] inline std::uint32_t at_least_mask16(const T* values, typename float_traits<T>::bits_type threshold) noexcept {
+#if defined(__SSE2__)
+  if constexpr (std::is_same_v<T, float>) {
+    // Keys have no sign bit, so a signed 32-bit comparison orders them; four lanes at a time.
+    const __m128i limit = _mm_set1_epi32(static_cast<int>(threshold) - 1);
+    const __m128i magnitude = _mm_set1_epi32(0x7fffffff);
+    std::uint32_t mask = 0;
+    for (int q = 0; q < 4; ++q) {
+      const __m128i bits = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(values + 4 * q)), magnitude);
+      mask |= static_cast<std::uint32_t>(_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(bits, limit)))) << (4 * q);
+    }
+    return mask;
+  }
+#endif
+  std::uint32_t mask = 0;
+  for (std::uint32_t j = 0; j < 16; ++j) mask |= std::uint32_t{magnitude_key(values[j]) >= threshold} << j;
+  return mask;
+}
+
 /// Calls `f(i)` for every index whose magnitude key is at least `threshold`, in ascending order.
-/// Blocks of 16 values with no such element are skipped with one branch-free test.
+/// Works on blocks of 16 values: a mask of the block's hits, then one call per set bit, so sparse
+/// hits cost no branch mispredictions per element.
 template <gradient_value T, class F>
 void for_each_at_least(std::span<const T> values, typename float_traits<T>::bits_type threshold, F&& f) {
   constexpr std::size_t block = 16;
   const std::size_t n = values.size();
+  const T* const v = values.data();
   std::size_t i = 0;
   for (; i + block <= n; i += block) {
-    bool any = false;
-    for (std::size_t j = 0; j < block; ++j) any |= magnitude_key(values[i + j]) >= threshold;
-    if (!any) continue;
-    for (std::size_t j = 0; j < block; ++j)
-      if (magnitude_key(values[i + j]) >= threshold) f(i + j);
+    for (std::uint32_t mask = at_least_mask16(v + i, threshold); mask != 0; mask &= mask - 1)
+      f(i + static_cast<std::size_t>(std::countr_zero(mask)));
   }
-  for (; i < n; ++i)
-    if (magnitude_key(values[i]) >= threshold) f(i);
+  if (i == n) return;
+  T tail[block] = {};  // the last partial block, zero-padded; padding lanes are masked off
+  std::copy(v + i, v + n, tail);
+  const std::uint32_t valid = (std::uint32_t{1} << (n - i)) - 1;
+  for (std::uint32_t mask = at_least_mask16(tail, threshold) & valid; mask != 0; mask &= mask - 1)
+    f(i + static_cast<std::size_t>(std::countr_zero(mask)));
 }
 
 }  // namespace gradcomp::cpu

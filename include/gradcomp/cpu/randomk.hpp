@@ -31,15 +31,17 @@ struct backend<randomk_sparsifier<T>, cpu_executor> {
     const std::uint64_t k = codec.k(n);
     const std::size_t size = codec.max_encoded_bytes(n);
     detail::require(out.size() >= size, errc::buffer_too_small,
-                    "output of " + std::to_string(out.size()) + " bytes cannot hold the " + std::to_string(size) +
-                        "-byte message");
+                    [&] { return "output of " + std::to_string(out.size()) + " bytes cannot hold the " + std::to_string(size) +
+                        "-byte message"; });
     std::byte* const values = out.data() + envelope::size;
     if (k > 0) {
       const random_permutation pick = codec.permutation(n, key);
       for (std::uint64_t j = 0; j < k; ++j) {
         const std::uint64_t i = pick(j);
+        // Zero the envelope first, so an earlier message in `out` cannot pass for this one.
+        if (!is_finite(grad[i])) std::memset(out.data(), 0, envelope::size);
         detail::require(is_finite(grad[i]), errc::non_finite_input,
-                        "gradient value " + std::to_string(i) + " is NaN or Inf");
+                        [&] { return "gradient value " + std::to_string(i) + " is NaN or Inf"; });
         std::memcpy(values + j * sizeof(T), &grad[i], sizeof(T));
       }
     }
@@ -56,7 +58,7 @@ struct backend<randomk_sparsifier<T>, cpu_executor> {
     const T scale = k == 0 || !codec.params().scaled ? T{1} : static_cast<T>(static_cast<double>(n) / static_cast<double>(k));
     for (std::uint64_t j = 0; j < k; ++j)
       detail::require(is_finite(value_at(values, j) * scale), errc::malformed_payload,
-                      "value at position " + std::to_string(j) + " is non-finite or overflows when scaled");
+                      [&] { return "value at position " + std::to_string(j) + " is non-finite or overflows when scaled"; });
     if (!accumulate) std::fill(out.begin(), out.end(), T{0});
     if (k == 0) return;
     const random_permutation pick = codec.permutation(n, e.key);
@@ -79,7 +81,7 @@ struct backend<randomk_sparsifier<T>, cpu_executor> {
     const std::byte* const add = other.data() + envelope::size;
     for (std::uint64_t j = 0; j < k; ++j)
       detail::require(is_finite(value_at(sum, j) + value_at(add, j)), errc::non_finite_input,
-                      "sum overflows at position " + std::to_string(j));
+                      [&] { return "sum overflows at position " + std::to_string(j); });
     for (std::uint64_t j = 0; j < k; ++j) {
       const T v = value_at(sum, j) + value_at(add, j);
       std::memcpy(sum + j * sizeof(T), &v, sizeof v);
@@ -111,8 +113,8 @@ struct backend<randomk_sparsifier<T>, cpu_executor> {
     detail::require(e.layout == 0, errc::malformed_payload, "random-k messages have layout 0");
     const std::uint64_t k = codec.k(e.elements);
     detail::require(k <= e.payload_bytes / sizeof(T) && e.payload_bytes == k * sizeof(T), errc::malformed_payload,
-                    "payload of " + std::to_string(e.payload_bytes) + " bytes does not hold k = " +
-                        std::to_string(codec.k(e.elements)) + " values");
+                    [&] { return "payload of " + std::to_string(e.payload_bytes) + " bytes does not hold k = " +
+                        std::to_string(codec.k(e.elements)) + " values"; });
     return e;
   }
 };

@@ -58,8 +58,8 @@ std::size_t write_sparse_message(envelope header, std::uint64_t k, bool payload_
   const index_coding coding = choose_index_coding(n, k);
   const std::uint64_t payload = sparse_payload_bytes(coding, n, k, sizeof(T));
   detail::require(out.size() >= envelope::size + payload, errc::buffer_too_small,
-                  "output of " + std::to_string(out.size()) + " bytes cannot hold a " +
-                      std::to_string(envelope::size + payload) + "-byte message; see max_encoded_bytes(n)");
+                  [&] { return "output of " + std::to_string(out.size()) + " bytes cannot hold a " +
+                      std::to_string(envelope::size + payload) + "-byte message; see max_encoded_bytes(n)"; });
   std::byte* const body = out.data() + envelope::size;
   const std::uint64_t section = index_section_bytes(coding, n, k);
   detail::store_le(body, k);

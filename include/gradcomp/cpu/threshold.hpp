@@ -4,10 +4,8 @@
 /// selection pass into an index list, optional exact refinement, then the sparse message.
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <span>
 #include <string>
 
@@ -64,27 +62,39 @@ struct backend<threshold_sparsifier<T>, cpu_executor> {
   }
 
  private:
-  /// τ as a magnitude key: the m-th largest sampled key, m ≈ density · samples.
+  /// τ as a magnitude key: the m-th largest sampled key, m = ⌈k·s/n⌉ (at least 1).
   static key_type estimate_threshold(const threshold_sparsifier<T>& codec, std::span<const T> grad,
-                                     std::uint64_t k, std::span<key_type> sample, message_key key) {
+                                     std::uint64_t k, std::span<key_type> sample, std::span<std::uint64_t> histogram,
+                                     message_key key) {
     const std::uint64_t n = grad.size();
     const std::uint64_t s = sample.size();
     if (s == n) {
       for (std::uint64_t j = 0; j < n; ++j) sample[j] = magnitude_key(grad[j]);
     } else {
+      // Sample j reads x[⌊r·n/2^64⌋] for the 64-bit word r = stream words (2j, 2j+1). Positions are
+      // drawn a chunk ahead of the loads so that the cache misses overlap.
       const random_stream stream{codec.params().seed, key.step, key.tensor_id, random_purpose::threshold_sample};
-      for (std::uint64_t j = 0; j < s; j += 2) {
-        const philox_block words = stream.block(j / 2);
-        sample[j] = magnitude_key(grad[scale_to_range(words.word[0] | std::uint64_t{words.word[1]} << 32, n)]);
-        if (j + 1 < s)
-          sample[j + 1] = magnitude_key(grad[scale_to_range(words.word[2] | std::uint64_t{words.word[3]} << 32, n)]);
+      constexpr std::uint64_t chunk = 256;
+      std::uint64_t position[chunk];
+      for (std::uint64_t begin = 0; begin < s; begin += chunk) {
+        const std::uint64_t end = std::min(s, begin + chunk);
+        for (std::uint64_t j = begin; j < end; j += 2) {
+          const philox_block words = stream.block(j / 2);
+          position[j - begin] = scale_to_range(words.word[0] | std::uint64_t{words.word[1]} << 32, n);
+          position[j - begin + 1] = scale_to_range(words.word[2] | std::uint64_t{words.word[3]} << 32, n);
+        }
+        for (std::uint64_t j = begin; j < end; ++j) sample[j] = magnitude_key(grad[position[j - begin]]);
       }
     }
-    const std::uint64_t above = sparsity{static_cast<double>(k) / static_cast<double>(n), 0}.count(s);
-    const auto nth = sample.begin() + static_cast<std::ptrdiff_t>(above - 1);
-    std::nth_element(sample.begin(), nth, sample.end(), std::greater<key_type>{});
-    // Never keep exact zeros; never let a non-finite τ hide a non-finite value.
-    return std::clamp<key_type>(*nth, 1, float_traits<T>::infinity_key);
+    // m = ⌈k·s/n⌉ sampled keys lie at or above τ, in exact integer arithmetic.
+    __extension__ using wide = unsigned __int128;
+    const auto m = static_cast<std::uint64_t>((wide{k} * s + n - 1) / n);
+    const cpu::kth_key<key_type> kth = cpu::select_kth_largest<key_type>(
+        [&](auto&& visit) {
+          for (const key_type sampled : sample) visit(sampled);
+        },
+        float_traits<T>::magnitude_bits, std::clamp<std::uint64_t>(m, 1, s), key_type{0}, 0, histogram);
+    return std::clamp<key_type>(kth.key, 1, float_traits<T>::infinity_key);
   }
 
   template <class Index>
@@ -98,19 +108,21 @@ struct backend<threshold_sparsifier<T>, cpu_executor> {
 
     workspace_arena arena(ws);
     const scratch<Index> s = carve<Index>(arena, codec, n);
-    const key_type tau = estimate_threshold(codec, grad, k, s.sample, key);
+    const key_type tau = estimate_threshold(codec, grad, k, s.sample, s.histogram, key);
 
     const T* const g = grad.data();
     Index* const kept = s.kept.data();
     std::uint64_t count = 0;
-    cpu::for_each_at_least<T>(grad, tau, [&](std::size_t i) { kept[count++] = static_cast<Index>(i); });
-
     std::uint64_t non_finite = 0;
-    for (std::uint64_t j = 0; j < count; ++j) non_finite += is_finite(g[kept[j]]) ? 0u : 1u;
+    cpu::for_each_at_least<T>(grad, tau, [&](std::size_t i) {
+      kept[count++] = static_cast<Index>(i);
+      non_finite += is_finite(g[i]) ? 0u : 1u;
+    });
     detail::require(non_finite == 0, errc::non_finite_input,
-                    std::to_string(non_finite) + " of " + std::to_string(n) + " gradient values are NaN or Inf");
+                    [&] { return std::to_string(non_finite) + " of " + std::to_string(n) + " gradient values are NaN or Inf"; });
 
-    if (codec.params().refine && static_cast<double>(count) > std::ceil(1.3 * static_cast<double>(k))) {
+    __extension__ using wide = unsigned __int128;
+    if (codec.params().refine && wide{count} * 10 > wide{k} * 13) {
       const cpu::kth_key<key_type> kth = cpu::select_kth_largest<key_type>(
           [&](auto&& visit) {
             for (std::uint64_t j = 0; j < count; ++j) visit(magnitude_key(g[kept[j]]));

@@ -62,14 +62,10 @@ class randomk_sparsifier {
   }
   /// Hash of the parameters, carried in every message and checked by decoders.
   [[nodiscard]] std::uint64_t params_hash() const noexcept {
-    return params_hasher{}
-        .add(id)
-        .add(dtype_of<T>)
-        .add(params_.amount.density)
-        .add(params_.amount.k)
-        .add(params_.seed)
-        .add(params_.scaled)
-        .value();
+    params_hasher hasher;
+    hasher.add(id).add(dtype_of<T>);
+    params_.amount.hash_into(hasher);
+    return hasher.add(params_.seed).add(params_.scaled).value();
   }
 
   /// Workspace bytes on executor `e` for n elements.

@@ -116,18 +116,18 @@ template <gradient_value T>
   using detail::require;
   const auto coding = static_cast<index_coding>(e.layout);
   require(coding == index_coding::list32 || coding == index_coding::list64 || coding == index_coding::bitmap,
-          errc::malformed_payload, "unknown index coding " + std::to_string(e.layout));
+          errc::malformed_payload, [&] { return "unknown index coding " + std::to_string(e.layout); });
   require(payload.size() >= 8, errc::malformed_payload, "sparse payload shorter than its count field");
   const auto k = detail::load_le<std::uint64_t>(payload.data());
   const std::uint64_t n = e.elements;
-  require(k <= n, errc::malformed_payload, "kept count " + std::to_string(k) + " exceeds n = " + std::to_string(n));
+  require(k <= n, errc::malformed_payload, [&] { return "kept count " + std::to_string(k) + " exceeds n = " + std::to_string(n); });
   // Bound k and n by the bytes present before multiplying, so no size computation can overflow.
   const std::uint64_t room = payload.size() - 8;
   require(k <= room / sizeof(T), errc::malformed_payload, "kept count does not fit the payload");
   require(coding != index_coding::bitmap || n / 8 <= room, errc::malformed_payload,
           "bitmap does not fit the payload");
   require(sparse_payload_bytes(coding, n, k, sizeof(T)) == payload.size(), errc::malformed_payload,
-          "payload of " + std::to_string(payload.size()) + " bytes does not match k = " + std::to_string(k));
+          [&] { return "payload of " + std::to_string(payload.size()) + " bytes does not match k = " + std::to_string(k); });
   sparse_view<T> view{coding, n, k, payload.data() + 8, payload.data() + 8 + index_section_bytes(coding, n, k)};
 
   const std::byte* section_end = view.values;
@@ -136,7 +136,7 @@ template <gradient_value T>
     const std::uint64_t bytes = n / 8 + (n % 8 != 0 ? 1 : 0);
     std::uint64_t count = 0;
     for (std::uint64_t b = 0; b < bytes; ++b) count += static_cast<std::uint64_t>(std::popcount(std::to_integer<unsigned>(view.indices[b])));
-    require(count == k, errc::malformed_payload, "bitmap marks " + std::to_string(count) + " elements, k = " + std::to_string(k));
+    require(count == k, errc::malformed_payload, [&] { return "bitmap marks " + std::to_string(count) + " elements, k = " + std::to_string(k); });
     if (n % 8 != 0)
       require((std::to_integer<unsigned>(view.indices[bytes - 1]) >> (n % 8)) == 0, errc::malformed_payload,
               "bitmap marks elements beyond n");
@@ -148,8 +148,8 @@ template <gradient_value T>
       const std::uint64_t index = width == 4 ? detail::load_le<std::uint32_t>(view.indices + 4 * j)
                                              : detail::load_le<std::uint64_t>(view.indices + 8 * j);
       require(index >= next_allowed && index < n, errc::malformed_payload,
-              "index " + std::to_string(index) + " at position " + std::to_string(j) +
-                  " is out of range or not ascending");
+              [&] { return "index " + std::to_string(index) + " at position " + std::to_string(j) +
+                  " is out of range or not ascending"; });
       next_allowed = index + 1;
     }
     padding = view.indices + width * k;
@@ -157,7 +157,7 @@ template <gradient_value T>
   for (const std::byte* p = padding; p < section_end; ++p)
     require(*p == std::byte{0}, errc::malformed_payload, "non-zero padding in the index section");
   for (std::uint64_t j = 0; j < k; ++j)
-    require(is_finite(view.value(j)), errc::malformed_payload, "non-finite value at position " + std::to_string(j));
+    require(is_finite(view.value(j)), errc::malformed_payload, [&] { return "non-finite value at position " + std::to_string(j); });
   return view;
 }
 

@@ -30,7 +30,15 @@ struct sparsity {
   /// Throws `invalid_argument` unless `k > 0` or `density` lies in (0, 1].
   void validate() const {
     detail::require(k > 0 || (density > 0.0 && density <= 1.0), errc::invalid_argument,
-                    "density must lie in (0, 1] when k is 0, got " + std::to_string(density));
+                    [&] { return "density must lie in (0, 1] when k is 0, got " + std::to_string(density); });
+  }
+
+  /// Adds the amount to a parameter hash: k when it is set, else the density, so that ranks
+  /// asking for the same count agree however they spelled it.
+  template <class Hasher>
+  constexpr void hash_into(Hasher& hasher) const noexcept {
+    if (k > 0) hasher.add(std::uint8_t{1}).add(k);
+    else hasher.add(std::uint8_t{0}).add(density);
   }
 
   friend constexpr bool operator==(const sparsity&, const sparsity&) = default;

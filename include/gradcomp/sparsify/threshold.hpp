@@ -5,7 +5,7 @@
 /// A Philox-keyed sample of |x| (a fraction `sample_fraction` of n, at least `min_samples`)
 /// gives the threshold τ as the sample's (1 − density)-quantile; one pass then keeps every
 /// element with |x| ≥ τ (exact zeros are never kept). When `refine` is on and more than 1.3·k
-/// elements survive, the exact top-k among the survivors is kept instead (DGC's second stage).
+/// elements survive (10·survivors > 13·k), the exact top-k among the survivors is kept instead (DGC's second stage).
 /// The achieved density is reported. The payload is the sparse layout of
 /// sparsify/sparse_format.hpp, so decoding is identical to top-k's. A gradient holding NaN or
 /// ±Inf is rejected with `errc::non_finite_input` (non-finite magnitudes always exceed τ, so the
@@ -39,7 +39,7 @@ struct threshold_params {
   void validate() const {
     target.validate();
     detail::require(sample_fraction > 0.0 && sample_fraction <= 1.0, errc::invalid_argument,
-                    "sample_fraction must lie in (0, 1], got " + std::to_string(sample_fraction));
+                    [&] { return "sample_fraction must lie in (0, 1], got " + std::to_string(sample_fraction); });
     detail::require(min_samples >= 1, errc::invalid_argument, "min_samples must be at least 1");
   }
 
@@ -92,12 +92,10 @@ class threshold_sparsifier {
   }
   /// Hash of the parameters, carried in every message and checked by decoders.
   [[nodiscard]] std::uint64_t params_hash() const noexcept {
-    return params_hasher{}
-        .add(id)
-        .add(dtype_of<T>)
-        .add(params_.target.density)
-        .add(params_.target.k)
-        .add(params_.sample_fraction)
+    params_hasher hasher;
+    hasher.add(id).add(dtype_of<T>);
+    params_.target.hash_into(hasher);
+    return hasher.add(params_.sample_fraction)
         .add(params_.min_samples)
         .add(params_.refine)
         .add(params_.seed)

@@ -54,7 +54,10 @@ class topk_sparsifier {
   }
   /// Hash of the parameters, carried in every message and checked by decoders.
   [[nodiscard]] std::uint64_t params_hash() const noexcept {
-    return params_hasher{}.add(id).add(dtype_of<T>).add(amount_.density).add(amount_.k).value();
+    params_hasher hasher;
+    hasher.add(id).add(dtype_of<T>);
+    amount_.hash_into(hasher);
+    return hasher.value();
   }
 
   /// Workspace bytes `encode`/`decode` need on executor `e` for n elements.

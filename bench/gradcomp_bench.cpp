@@ -1,0 +1,610 @@
+/// @file
+/// gradcomp-bench: single-thread CPU throughput of gradcomp's codecs, measured against a memcpy of
+/// the same gradient in the same run.
+///
+/// For each size n (default 2^24 and 2^26) a float32 gradient is drawn from N(0, σ = 1e-3) with a
+/// fixed seed. Every operation runs `--warmup` untimed and `--reps` timed times on buffers that are
+/// allocated and pre-touched once, outside timing; best and median wall times (steady_clock) are
+/// reported. Records are named `<codec>[_<variant>]/<operation>`:
+///
+///   memcpy/copy          std::memcpy of the n·4 gradient bytes into a dense buffer
+///   nth_element/select   std::nth_element on a copy of |x| (the copy is timed), same k as top-k
+///   topk/encode          exact top-k, density 1%; baseline nth_element/select
+///   topk/decode          decode into a dense buffer (zero fill + scatter)
+///   randomk/encode       random-k, density 1%
+///   randomk/decode
+///   threshold/encode     sampled threshold, target density 1% (achieved density recorded)
+///   threshold/decode
+///
+/// gradient_gbps = n·4 bytes / median seconds (1 GB = 1e9 bytes); copy_gbps is memcpy's figure
+/// for the same n (bytes copied per second, not read + write); ratio_to_copy is their quotient.
+
+#include <gradcomp/gradcomp.hpp>
+
+#include <fmt/core.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <new>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+constexpr double target_density = 0.01;               // k = 1% of n for every sparsifier
+constexpr double gradient_stddev = 1e-3;               // N(0, σ = 1e-3)
+constexpr std::uint64_t gradient_seed = 0x9E3779B97F4A7C15ull;
+constexpr std::uint64_t quick_n = std::uint64_t{1} << 20;
+constexpr std::uint64_t topk_target_n = std::uint64_t{1} << 24;
+constexpr double topk_speedup_target = 3.0;
+constexpr double ratio_to_copy_target = 0.5;
+constexpr double density_low = 0.8;
+constexpr double density_high = 1.25;
+
+constexpr std::string_view usage_text = R"(usage: gradcomp-bench [options]
+
+Times gradcomp's CPU codecs (single thread) on a float32 gradient drawn from N(0, sigma=1e-3)
+with a fixed seed, next to a memcpy of the same gradient and, for exact top-k, std::nth_element.
+Every sparsifier keeps 1% of the elements.
+
+options:
+  --n N         run only n = N elements (decimal, or 2^K); default: 2^24 and 2^26
+  --quick       run only n = 2^20 (smoke test)
+  --reps N      timed runs per operation (default 7); best and median are reported
+  --warmup N    untimed runs before the timed ones (default 2)
+  --json FILE   also write the records as a JSON array to FILE
+  --help        print this text and exit
+
+Targets are printed as PASS/FAIL lines after the table; they are informational and do not
+change the exit status (0 unless the run itself fails).
+)";
+
+// ---- command line -----------------------------------------------------------------------------
+
+struct options {
+  std::vector<std::uint64_t> sizes{std::uint64_t{1} << 24, std::uint64_t{1} << 26};
+  int warmup = 2;
+  int reps = 7;
+  std::string json;
+  bool help = false;
+};
+
+struct usage_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+std::uint64_t parse_unsigned(std::string_view text, std::string_view what) {
+  std::uint64_t value = 0;
+  const char* const end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec != std::errc{} || ptr != end || text.empty())
+    throw usage_error(fmt::format("{}: '{}' is not a non-negative integer", what, text));
+  return value;
+}
+
+/// A size: decimal, or 2^K.
+std::uint64_t parse_size(std::string_view text) {
+  std::uint64_t n = 0;
+  if (text.starts_with("2^")) {
+    const std::uint64_t exponent = parse_unsigned(text.substr(2), "--n");
+    if (exponent > 40) throw usage_error(fmt::format("--n: 2^{} is too large", exponent));
+    n = std::uint64_t{1} << exponent;
+  } else {
+    n = parse_unsigned(text, "--n");
+  }
+  if (n < 100) throw usage_error(fmt::format("--n: {} is too small (at least 100 elements)", n));
+  if (n > (std::uint64_t{1} << 32)) throw usage_error(fmt::format("--n: {} is too large (at most 2^32)", n));
+  return n;
+}
+
+int parse_count(std::string_view text, std::string_view what, int low) {
+  const std::uint64_t value = parse_unsigned(text, what);
+  if (value < static_cast<std::uint64_t>(low) || value > 100000)
+    throw usage_error(fmt::format("{}: {} is out of range [{}, 100000]", what, value, low));
+  return static_cast<int>(value);
+}
+
+options parse_options(int argc, char** argv) {
+  options opt;
+  const std::vector<std::string_view> args(argv + 1, argv + argc);
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    std::string_view arg = args[i];
+    std::optional<std::string_view> inline_value;
+    if (const std::size_t eq = arg.find('='); arg.starts_with("--") && eq != std::string_view::npos) {
+      inline_value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+    }
+    const auto value = [&]() -> std::string_view {
+      if (inline_value) return *inline_value;
+      if (i + 1 >= args.size()) throw usage_error(fmt::format("{} needs a value", arg));
+      return args[++i];
+    };
+    const auto no_value = [&] {
+      if (inline_value) throw usage_error(fmt::format("{} takes no value", arg));
+    };
+    if (arg == "--help" || arg == "-h") {
+      no_value();
+      opt.help = true;
+    } else if (arg == "--quick") {
+      no_value();
+      opt.sizes = {quick_n};
+    } else if (arg == "--n") {
+      opt.sizes = {parse_size(value())};
+    } else if (arg == "--reps") {
+      opt.reps = parse_count(value(), "--reps", 1);
+    } else if (arg == "--warmup") {
+      opt.warmup = parse_count(value(), "--warmup", 0);
+    } else if (arg == "--json") {
+      opt.json = std::string(value());
+      if (opt.json.empty()) throw usage_error("--json needs a file name");
+    } else {
+      throw usage_error(fmt::format("unknown argument '{}'", arg));
+    }
+  }
+  return opt;
+}
+
+// ---- buffers, gradient, checksum --------------------------------------------------------------
+
+/// A 64-byte aligned array, zero-filled (so every page is touched) when it is made.
+template <class T>
+class buffer {
+ public:
+  explicit buffer(std::size_t count) : count_(count) {
+    if (count_ == 0) return;
+    data_ = static_cast<T*>(::operator new(count_ * sizeof(T), std::align_val_t{alignment}));
+    std::memset(static_cast<void*>(data_), 0, count_ * sizeof(T));
+  }
+  ~buffer() {
+    if (data_ != nullptr) ::operator delete(static_cast<void*>(data_), std::align_val_t{alignment});
+  }
+  buffer(const buffer&) = delete;
+  buffer& operator=(const buffer&) = delete;
+
+  [[nodiscard]] T* data() noexcept { return data_; }
+  [[nodiscard]] const T* data() const noexcept { return data_; }
+  [[nodiscard]] std::size_t size() const noexcept { return count_; }
+  [[nodiscard]] std::span<T> span() noexcept { return {data_, count_}; }
+  [[nodiscard]] std::span<const T> span() const noexcept { return {data_, count_}; }
+
+ private:
+  static constexpr std::size_t alignment = 64;
+  std::size_t count_ = 0;
+  T* data_ = nullptr;
+};
+
+std::uint64_t splitmix64(std::uint64_t& state) noexcept {
+  std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/// N(0, stddev) by Box–Muller on splitmix64: the same values on every platform for a seed.
+void fill_gradient(std::span<float> gradient, std::uint64_t seed, double stddev) {
+  constexpr double two_pi = 6.283185307179586477;
+  constexpr double unit = 0x1.0p-53;
+  std::uint64_t state = seed;
+  for (std::size_t i = 0; i < gradient.size(); i += 2) {
+    const double u1 = (static_cast<double>(splitmix64(state) >> 11) + 1.0) * unit;  // (0, 1]
+    const double u2 = static_cast<double>(splitmix64(state) >> 11) * unit;          // [0, 1)
+    const double r = stddev * std::sqrt(-2.0 * std::log(u1));
+    gradient[i] = static_cast<float>(r * std::cos(two_pi * u2));
+    if (i + 1 < gradient.size()) gradient[i + 1] = static_cast<float>(r * std::sin(two_pi * u2));
+  }
+}
+
+/// FNV-1a over observed outputs, printed at the end so no timed work can be discarded.
+class checksum {
+ public:
+  void add(std::uint64_t v) noexcept {
+    for (int b = 0; b < 8; ++b) {
+      hash_ ^= (v >> (8 * b)) & 0xFFu;
+      hash_ *= 0x100000001B3ull;
+    }
+  }
+  void add(float v) noexcept {
+    std::uint32_t bits = 0;
+    std::memcpy(&bits, &v, sizeof bits);
+    add(std::uint64_t{bits});
+  }
+  /// 64 strided elements of a dense buffer.
+  void add_sample(std::span<const float> dense) noexcept {
+    if (dense.empty()) return;
+    const std::size_t stride = std::max<std::size_t>(1, dense.size() / 64);
+    for (std::size_t i = 0; i < dense.size(); i += stride) add(dense[i]);
+  }
+  /// Size, first and last bytes of an encoded message.
+  void add_message(std::span<const std::byte> message) noexcept {
+    add(std::uint64_t{message.size()});
+    if (message.empty()) return;
+    add(std::uint64_t{std::to_integer<std::uint8_t>(message.front())});
+    add(std::uint64_t{std::to_integer<std::uint8_t>(message.back())});
+  }
+  [[nodiscard]] std::uint64_t value() const noexcept { return hash_; }
+
+ private:
+  std::uint64_t hash_ = 0xCBF29CE484222325ull;
+};
+
+// ---- timing -----------------------------------------------------------------------------------
+
+struct timing {
+  double best = 0.0;    ///< Fastest timed run, seconds.
+  double median = 0.0;  ///< Median timed run, seconds.
+};
+
+/// Runs `run` warmup + reps times, timing the last reps; `observe` runs after each, untimed.
+template <class Run, class Observe>
+timing measure(const options& opt, Run&& run, Observe&& observe) {
+  for (int i = 0; i < opt.warmup; ++i) {
+    run();
+    observe();
+  }
+  std::vector<double> seconds;
+  seconds.reserve(static_cast<std::size_t>(opt.reps));
+  for (int i = 0; i < opt.reps; ++i) {
+    const clock_type::time_point start = clock_type::now();
+    run();
+    const clock_type::time_point stop = clock_type::now();
+    seconds.push_back(std::chrono::duration<double>(stop - start).count());
+    observe();
+  }
+  std::sort(seconds.begin(), seconds.end());
+  const std::size_t mid = seconds.size() / 2;
+  const double median = seconds.size() % 2 == 1 ? seconds[mid] : 0.5 * (seconds[mid - 1] + seconds[mid]);
+  return {seconds.front(), median};
+}
+
+// ---- records ----------------------------------------------------------------------------------
+
+struct record {
+  std::string name;
+  std::uint64_t n = 0;
+  timing time;
+  double copy_median = 0.0;                 ///< memcpy/copy median at the same n, seconds.
+  double compression_ratio = 1.0;           ///< Dense bytes / encoded bytes; 1 for baselines.
+  std::string baseline;                     ///< Name of the baseline record, or empty.
+  std::optional<double> speedup;            ///< Baseline median / this median.
+  std::optional<double> achieved_density;   ///< Threshold only: kept / n.
+
+  [[nodiscard]] double dense_bytes() const noexcept { return static_cast<double>(n) * sizeof(float); }
+  [[nodiscard]] double gradient_gbps() const noexcept { return dense_bytes() / time.median / 1e9; }
+  [[nodiscard]] double copy_gbps() const noexcept { return dense_bytes() / copy_median / 1e9; }
+  [[nodiscard]] double ratio_to_copy() const noexcept { return gradient_gbps() / copy_gbps(); }
+};
+
+const record* find_record(const std::vector<record>& records, std::string_view name, std::uint64_t n) {
+  for (const record& r : records)
+    if (r.name == name && r.n == n) return &r;
+  return nullptr;
+}
+
+std::size_t count_nonzero(std::span<const float> dense, float& smallest_magnitude) {
+  std::size_t count = 0;
+  float smallest = std::numeric_limits<float>::infinity();
+  for (const float v : dense) {
+    if (v != 0.0f) {
+      ++count;
+      smallest = std::min(smallest, std::fabs(v));
+    }
+  }
+  smallest_magnitude = smallest;
+  return count;
+}
+
+void require_check(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error("self-check failed: " + what);
+}
+
+/// Measures every operation at one size and appends its records.
+void run_size(std::uint64_t n, const options& opt, std::vector<record>& records, checksum& sum) {
+  using namespace gradcomp;
+  const cpu_executor cpu;
+  const topk_sparsifier<float> topk(sparsity{.density = target_density});
+  const randomk_sparsifier<float> randomk(randomk_params{.amount = sparsity{.density = target_density}, .seed = 1});
+  const threshold_sparsifier<float> threshold(threshold_params{.target = sparsity{.density = target_density}});
+  const message_key key{.step = 1, .tensor_id = 0};
+
+  const auto size = static_cast<std::size_t>(n);
+  const auto k = static_cast<std::size_t>(topk.k(n));
+  const std::size_t message_bytes =
+      std::max({topk.max_encoded_bytes(n), randomk.max_encoded_bytes(n), threshold.max_encoded_bytes(n)});
+  const std::size_t workspace_bytes = std::max(
+      {topk.workspace_bytes(cpu, n), randomk.workspace_bytes(cpu, n), threshold.workspace_bytes(cpu, n), std::size_t{1}});
+
+  fmt::print(stderr, "gradcomp-bench: n = {}, k = {}: allocating and filling buffers\n", n, k);
+  std::fflush(stderr);
+  buffer<float> gradient_buffer(size);
+  buffer<float> dense_buffer(size);
+  buffer<float> magnitude_buffer(size);
+  buffer<std::byte> message_buffer(message_bytes);
+  buffer<std::byte> workspace_buffer(workspace_bytes);
+  fill_gradient(gradient_buffer.span(), gradient_seed, gradient_stddev);
+
+  const std::span<const float> gradient = gradient_buffer.span();
+  const std::span<float> dense = dense_buffer.span();
+  const std::span<std::byte> out = message_buffer.span();
+  const std::span<std::byte> ws = workspace_buffer.span();
+  const double dense_bytes = static_cast<double>(n) * sizeof(float);
+  const auto message = [&](std::size_t bytes) { return std::span<const std::byte>(out.data(), bytes); };
+
+  const std::size_t first = records.size();
+  const auto add = [&](std::string name, timing t, double compression_ratio) -> record& {
+    record r;
+    r.name = std::move(name);
+    r.n = n;
+    r.time = t;
+    r.compression_ratio = compression_ratio;
+    records.push_back(std::move(r));
+    return records.back();
+  };
+
+  // memcpy of the same gradient buffer: the reference every throughput is compared with.
+  fmt::print(stderr, "gradcomp-bench: n = {}: memcpy/copy, nth_element/select\n", n);
+  std::fflush(stderr);
+  const timing copy = measure(
+      opt, [&] { std::memcpy(dense.data(), gradient.data(), size * sizeof(float)); },
+      [&] { sum.add_sample(dense); });
+  add("memcpy/copy", copy, 1.0);
+
+  // Baseline of exact top-k: copy |x| into a preallocated buffer, then std::nth_element (both timed).
+  float* const magnitudes = magnitude_buffer.data();
+  const timing select = measure(
+      opt,
+      [&] {
+        std::transform(gradient.begin(), gradient.end(), magnitudes, [](float v) { return std::fabs(v); });
+        std::nth_element(magnitudes, magnitudes + (k - 1), magnitudes + size, std::greater<float>{});
+      },
+      [&] { sum.add(magnitudes[k - 1]); });
+  const float kth_magnitude = magnitudes[k - 1];
+  add("nth_element/select", select, 1.0);
+
+  // Exact top-k.
+  fmt::print(stderr, "gradcomp-bench: n = {}: topk\n", n);
+  std::fflush(stderr);
+  std::size_t topk_bytes = 0;
+  const timing topk_encode = measure(
+      opt, [&] { topk_bytes = topk.encode(cpu, gradient, out, ws, key); }, [&] { sum.add_message(message(topk_bytes)); });
+  {
+    record& r = add("topk/encode", topk_encode, dense_bytes / static_cast<double>(topk_bytes));
+    r.baseline = "nth_element/select";
+    r.speedup = select.median / topk_encode.median;
+  }
+  const timing topk_decode = measure(
+      opt, [&] { topk.decode(cpu, message(topk_bytes), dense, ws); }, [&] { sum.add_sample(dense); });
+  add("topk/decode", topk_decode, dense_bytes / static_cast<double>(topk_bytes));
+  {
+    float smallest = 0.0f;
+    const std::size_t kept = count_nonzero(dense, smallest);
+    require_check(kept == k, fmt::format("topk kept {} elements, expected {}", kept, k));
+    require_check(smallest == kth_magnitude, fmt::format("topk's smallest kept magnitude {} differs from "
+                                                         "nth_element's k-th largest {}",
+                                                         smallest, kth_magnitude));
+  }
+
+  // Random-k.
+  fmt::print(stderr, "gradcomp-bench: n = {}: randomk\n", n);
+  std::fflush(stderr);
+  std::size_t randomk_bytes = 0;
+  const timing randomk_encode = measure(
+      opt, [&] { randomk_bytes = randomk.encode(cpu, gradient, out, ws, key); },
+      [&] { sum.add_message(message(randomk_bytes)); });
+  add("randomk/encode", randomk_encode, dense_bytes / static_cast<double>(randomk_bytes));
+  const timing randomk_decode = measure(
+      opt, [&] { randomk.decode(cpu, message(randomk_bytes), dense, ws); }, [&] { sum.add_sample(dense); });
+  add("randomk/decode", randomk_decode, dense_bytes / static_cast<double>(randomk_bytes));
+  {
+    float smallest = 0.0f;
+    const std::size_t kept = count_nonzero(dense, smallest);
+    require_check(kept == static_cast<std::size_t>(randomk.k(n)),
+                  fmt::format("randomk decoded {} non-zeros, expected {}", kept, randomk.k(n)));
+  }
+
+  // Sampled threshold. The sample is keyed by the fixed message key, so every run keeps the same
+  // elements; the achieved density recorded is the last run's.
+  fmt::print(stderr, "gradcomp-bench: n = {}: threshold\n", n);
+  std::fflush(stderr);
+  threshold_report<float> report{};
+  const timing threshold_encode = measure(
+      opt, [&] { report = threshold.encode_with_report(cpu, gradient, out, ws, key); },
+      [&] {
+        sum.add_message(message(report.bytes));
+        sum.add(report.kept);
+      });
+  {
+    record& r = add("threshold/encode", threshold_encode, dense_bytes / static_cast<double>(report.bytes));
+    r.achieved_density = report.density;
+  }
+  const timing threshold_decode = measure(
+      opt, [&] { threshold.decode(cpu, message(report.bytes), dense, ws); }, [&] { sum.add_sample(dense); });
+  {
+    record& r = add("threshold/decode", threshold_decode, dense_bytes / static_cast<double>(report.bytes));
+    r.achieved_density = report.density;
+  }
+  {
+    float smallest = 0.0f;
+    const std::size_t kept = count_nonzero(dense, smallest);
+    require_check(kept == report.kept,
+                  fmt::format("threshold decoded {} non-zeros, report says {}", kept, report.kept));
+  }
+
+  for (std::size_t i = first; i < records.size(); ++i) records[i].copy_median = copy.median;
+}
+
+// ---- output -----------------------------------------------------------------------------------
+
+std::string optional_text(const std::optional<double>& v, std::string_view spec) {
+  return v ? fmt::format(fmt::runtime(spec), *v) : std::string("-");
+}
+
+void print_table(const std::vector<record>& records) {
+  constexpr std::string_view row = "{:<20} {:<7} {:>10} {:>10} {:>10} {:>9} {:>9} {:>8} {:>9} {:<19} {:>8} {:>9}\n";
+  fmt::print(fmt::runtime(row), "name", "backend", "n", "best ms", "median ms", "grad GB/s", "copy GB/s",
+             "x copy", "compress", "baseline", "speedup", "density");
+  fmt::print("{}\n", std::string(20 + 7 + 10 + 10 + 10 + 9 + 9 + 8 + 9 + 19 + 8 + 9 + 11, '-'));
+  std::uint64_t last_n = 0;
+  for (const record& r : records) {
+    if (last_n != 0 && r.n != last_n) fmt::print("\n");
+    last_n = r.n;
+    fmt::print(fmt::runtime(row), r.name, gradcomp::cpu_executor::name, r.n, fmt::format("{:.3f}", r.time.best * 1e3),
+               fmt::format("{:.3f}", r.time.median * 1e3), fmt::format("{:.2f}", r.gradient_gbps()),
+               fmt::format("{:.2f}", r.copy_gbps()), fmt::format("{:.3f}", r.ratio_to_copy()),
+               fmt::format("{:.1f}", r.compression_ratio), r.baseline.empty() ? std::string("-") : r.baseline,
+               optional_text(r.speedup, "{:.2f}"), optional_text(r.achieved_density, "{:.5f}"));
+  }
+}
+
+void print_targets(const std::vector<record>& records, const std::vector<std::uint64_t>& sizes) {
+  const auto line = [](bool pass, const std::string& text) {
+    fmt::print("{}  {}\n", pass ? "PASS" : "FAIL", text);
+  };
+  fmt::print("\ntargets (informational; the exit status does not depend on them):\n");
+  for (const std::uint64_t n : sizes) {
+    if (const record* r = find_record(records, "topk/encode", n); r != nullptr && r->speedup) {
+      line(*r->speedup >= topk_speedup_target,
+           fmt::format("topk/encode n={}{}: speedup_vs_baseline {:.2f} >= {} (exact top-k, k = 1%, vs nth_element)",
+                       n, n == topk_target_n ? "" : " (target set for n=2^24)", *r->speedup, topk_speedup_target));
+    }
+    if (const record* r = find_record(records, "threshold/encode", n); r != nullptr) {
+      line(r->ratio_to_copy() >= ratio_to_copy_target,
+           fmt::format("threshold/encode n={}: ratio_to_copy {:.3f} >= {}", n, r->ratio_to_copy(),
+                       ratio_to_copy_target));
+      const double density = r->achieved_density.value_or(0.0);
+      line(density >= density_low * target_density && density <= density_high * target_density,
+           fmt::format("threshold/encode n={}: achieved_density {:.5f} within [{:.4f}, {:.4f}] (target {})", n, density,
+                       density_low * target_density, density_high * target_density, target_density));
+    }
+    for (const record& r : records) {
+      if (r.n != n || !r.name.ends_with("/decode")) continue;
+      line(r.ratio_to_copy() >= ratio_to_copy_target,
+           fmt::format("{} n={}: ratio_to_copy {:.3f} >= {}", r.name, n, r.ratio_to_copy(), ratio_to_copy_target));
+    }
+  }
+}
+
+void append_json_string(std::string& s, std::string_view text) {
+  s += '"';
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      s += '\\';
+      s += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      fmt::format_to(std::back_inserter(s), "\\u{:04x}", static_cast<unsigned>(static_cast<unsigned char>(c)));
+    } else {
+      s += c;
+    }
+  }
+  s += '"';
+}
+
+/// Shortest round-trip decimal form; null for a value JSON cannot hold.
+void append_json_number(std::string& s, std::optional<double> v) {
+  if (v && std::isfinite(*v)) fmt::format_to(std::back_inserter(s), "{}", *v);
+  else s += "null";
+}
+
+std::string to_json(const std::vector<record>& records) {
+  std::string s = "[\n";
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    const record& r = records[i];
+    s += "  {\"name\": ";
+    append_json_string(s, r.name);
+    s += ", \"backend\": ";
+    append_json_string(s, gradcomp::cpu_executor::name);
+    fmt::format_to(std::back_inserter(s), ", \"n\": {}", r.n);
+    s += ", \"seconds_best\": ";
+    append_json_number(s, r.time.best);
+    s += ", \"seconds_median\": ";
+    append_json_number(s, r.time.median);
+    s += ", \"gradient_gbps\": ";
+    append_json_number(s, r.gradient_gbps());
+    s += ", \"copy_gbps\": ";
+    append_json_number(s, r.copy_gbps());
+    s += ", \"ratio_to_copy\": ";
+    append_json_number(s, r.ratio_to_copy());
+    s += ", \"compression_ratio\": ";
+    append_json_number(s, r.compression_ratio);
+    s += ", \"baseline\": ";
+    append_json_string(s, r.baseline);
+    s += ", \"speedup_vs_baseline\": ";
+    append_json_number(s, r.speedup);
+    if (r.achieved_density) {
+      s += ", \"achieved_density\": ";
+      append_json_number(s, r.achieved_density);
+    }
+    s += i + 1 < records.size() ? "},\n" : "}\n";
+  }
+  s += "]\n";
+  return s;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::FILE* const file = std::fopen(path.c_str(), "wb");
+  if (file == nullptr) throw std::runtime_error("cannot open '" + path + "' for writing");
+  const bool written = std::fwrite(text.data(), 1, text.size(), file) == text.size();
+  const bool closed = std::fclose(file) == 0;
+  if (!written || !closed) throw std::runtime_error("cannot write '" + path + "'");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options opt;
+  try {
+    opt = parse_options(argc, argv);
+  } catch (const usage_error& e) {
+    fmt::print(stderr, "gradcomp-bench: {}\n(run gradcomp-bench --help for the options)\n", e.what());
+    return 2;
+  }
+  if (opt.help) {
+    fmt::print("{}", usage_text);
+    return 0;
+  }
+
+  try {
+    if (!opt.json.empty()) {  // fail before a long run, not after it
+      std::FILE* const probe = std::fopen(opt.json.c_str(), "ab");
+      if (probe == nullptr) throw std::runtime_error("cannot open '" + opt.json + "' for writing");
+      std::fclose(probe);
+    }
+    std::vector<record> records;
+    checksum sum;
+    for (const std::uint64_t n : opt.sizes) run_size(n, opt, records, sum);
+
+    fmt::print("gradcomp-bench: single thread, float32 ~ N(0, sigma={}), seed {:#x}, density {}, {} warm-up + {} timed "
+               "runs; GB/s = 1e9 bytes of gradient (n*4) per second at the median time\n\n",
+               gradient_stddev, gradient_seed, target_density, opt.warmup, opt.reps);
+    print_table(records);
+    print_targets(records, opt.sizes);
+    fmt::print("\nchecksum {:016x}\n", sum.value());
+
+    if (!opt.json.empty()) {
+      write_file(opt.json, to_json(records));
+      fmt::print("wrote {} records to {}\n", records.size(), opt.json);
+    }
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "gradcomp-bench: error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
