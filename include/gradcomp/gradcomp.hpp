@@ -5,6 +5,7 @@
 #include <gradcomp/version.hpp>
 
 #include <gradcomp/core/backend.hpp>
+#include <gradcomp/core/codec_interface.hpp>
 #include <gradcomp/core/bit_packing.hpp>
 #include <gradcomp/core/concepts.hpp>
 #include <gradcomp/core/config.hpp>

@@ -14,26 +14,15 @@
 #include <gradcomp/core/bit_packing.hpp>
 #include <gradcomp/core/error.hpp>
 
+#include "support/errors.hpp"
+
 namespace {
+
+using gradcomp::test::named;
+using gradcomp::test::thrown_by;
 
 using gradcomp::errc;
 
-// "errc N (name)" of the gradcomp::error that f throws, or what happened instead.
-template <class F>
-std::string thrown_by(F&& f) {
-  try {
-    f();
-  } catch (const gradcomp::error& e) {
-    return "errc " + std::to_string(static_cast<int>(e.code())) + " (" + std::string(gradcomp::to_string(e.code())) + ")";
-  } catch (const std::exception& e) {
-    return std::string("foreign exception: ") + e.what();
-  }
-  return "no exception";
-}
-
-std::string named(errc e) {
-  return "errc " + std::to_string(static_cast<int>(e)) + " (" + std::string(gradcomp::to_string(e)) + ")";
-}
 
 // Bit-at-a-time packer following the header's layout description: bit t of code j is bit
 // (j*b + t) of the byte stream, bit k of the stream being bit k%8 of byte k/8.

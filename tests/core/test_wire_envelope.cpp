@@ -18,28 +18,18 @@
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 
+#include "support/errors.hpp"
+
 namespace {
+
+using gradcomp::test::named;
+using gradcomp::test::thrown_by;
 
 using gradcomp::codec_id;
 using gradcomp::envelope;
 using gradcomp::errc;
 using gradcomp::value_dtype;
 
-template <class F>
-std::string thrown_by(F&& f) {
-  try {
-    f();
-  } catch (const gradcomp::error& e) {
-    return "errc " + std::to_string(static_cast<int>(e.code())) + " (" + std::string(gradcomp::to_string(e.code())) + ")";
-  } catch (const std::exception& e) {
-    return std::string("foreign exception: ") + e.what();
-  }
-  return "no exception";
-}
-
-std::string named(errc e) {
-  return "errc " + std::to_string(static_cast<int>(e)) + " (" + std::string(gradcomp::to_string(e)) + ")";
-}
 
 // Bit-at-a-time CRC-32C (reflected polynomial 0x82F63B78), independent of gradcomp's table.
 std::uint32_t reference_crc32c(const std::byte* data, std::size_t size) {

@@ -13,26 +13,16 @@
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/workspace.hpp>
 
+#include "support/errors.hpp"
+
 namespace {
+
+using gradcomp::test::named;
+using gradcomp::test::thrown_by;
 
 using gradcomp::errc;
 using gradcomp::workspace_arena;
 
-template <class F>
-std::string thrown_by(F&& f) {
-  try {
-    f();
-  } catch (const gradcomp::error& e) {
-    return "errc " + std::to_string(static_cast<int>(e.code())) + " (" + std::string(gradcomp::to_string(e.code())) + ")";
-  } catch (const std::exception& e) {
-    return std::string("foreign exception: ") + e.what();
-  }
-  return "no exception";
-}
-
-std::string named(errc e) {
-  return "errc " + std::to_string(static_cast<int>(e)) + " (" + std::string(gradcomp::to_string(e)) + ")";
-}
 
 std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
 

@@ -124,6 +124,39 @@ template <gradient_value T>
   return mask;
 }
 
+/// Extra entries `collect_at_least` may write past the last index it reports.
+inline constexpr std::size_t collect_slack = 2;
+
+/// Writes, in ascending order, every index whose magnitude key is at least `threshold` into
+/// `indices` (room for the hits plus `collect_slack`) and returns how many there are. The first two
+/// hits of each block of 16 are written without branches (at 1% density almost no block has
+/// more), so sparse hits cost no mispredictions.
+template <gradient_value T, class Index>
+[[nodiscard]] std::size_t collect_at_least(std::span<const T> values, typename float_traits<T>::bits_type threshold,
+                                           Index* indices) {
+  constexpr std::size_t block = 16;
+  const std::size_t n = values.size();
+  const T* const v = values.data();
+  std::size_t count = 0;
+  const auto take = [&](std::size_t base, std::uint32_t mask) {
+    for (int slot = 0; slot < 2; ++slot) {
+      indices[count] = static_cast<Index>(base + static_cast<std::size_t>(std::countr_zero(mask | 0x10000u)));
+      count += mask != 0 ? 1u : 0u;
+      mask &= mask - 1;
+    }
+    for (; mask != 0; mask &= mask - 1) [[unlikely]]
+      indices[count++] = static_cast<Index>(base + static_cast<std::size_t>(std::countr_zero(mask)));
+  };
+  std::size_t i = 0;
+  for (; i + block <= n; i += block) take(i, at_least_mask16(v + i, threshold));
+  if (i < n) {
+    T tail[block] = {};  // the last partial block, zero-padded; padding lanes are masked off
+    std::copy(v + i, v + n, tail);
+    take(i, at_least_mask16(tail, threshold) & ((std::uint32_t{1} << (n - i)) - 1));
+  }
+  return count;
+}
+
 /// Calls `f(i)` for every index whose magnitude key is at least `threshold`, in ascending order.
 /// Works on blocks of 16 values: a mask of the block's hits, then one call per set bit, so sparse
 /// hits cost no branch mispredictions per element.

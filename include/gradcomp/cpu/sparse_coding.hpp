@@ -48,7 +48,8 @@ class sparse_sink {
 
 /// Writes a complete sparse message of `k` elements of an `n`-element tensor into `out`: the
 /// envelope from `header` (its size fields and CRCs are filled in), then the payload, whose
-/// elements `fill(sink)` pushes in ascending index order, exactly `k` of them.
+/// elements `fill(sink)` pushes in ascending index order, exactly `k` of them. If `fill` throws,
+/// `out` holds no valid message (its envelope bytes are zero).
 /// @returns the message size in bytes.
 /// @throws error `buffer_too_small` when `out` cannot hold the message.
 template <gradient_value T, class Fill>
@@ -60,6 +61,8 @@ std::size_t write_sparse_message(envelope header, std::uint64_t k, bool payload_
   detail::require(out.size() >= envelope::size + payload, errc::buffer_too_small,
                   [&] { return "output of " + std::to_string(out.size()) + " bytes cannot hold a " +
                       std::to_string(envelope::size + payload) + "-byte message; see max_encoded_bytes(n)"; });
+  // Until the envelope is written last, no earlier message in `out` may pass for this one.
+  std::memset(out.data(), 0, envelope::size);
   std::byte* const body = out.data() + envelope::size;
   const std::uint64_t section = index_section_bytes(coding, n, k);
   detail::store_le(body, k);

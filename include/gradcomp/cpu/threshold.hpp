@@ -36,7 +36,7 @@ struct backend<threshold_sparsifier<T>, cpu_executor> {
   static scratch<Index> carve(workspace_arena& arena, const threshold_sparsifier<T>& codec, std::uint64_t n) {
     scratch<Index> s;
     s.sample = arena.take<key_type>(static_cast<std::size_t>(codec.sample_count(n)));
-    s.kept = arena.take<Index>(static_cast<std::size_t>(n));
+    s.kept = arena.take<Index>(static_cast<std::size_t>(n) + cpu::collect_slack);
     s.histogram = arena.take<std::uint64_t>(cpu::radix_buckets);
     return s;
   }
@@ -48,7 +48,7 @@ struct backend<threshold_sparsifier<T>, cpu_executor> {
     return arena.bytes_needed();
   }
 
-  static threshold_report<T> encode(const threshold_sparsifier<T>& codec, const cpu_executor&,
+  static threshold_report<T> encode_with_report(const threshold_sparsifier<T>& codec, const cpu_executor&,
                                     std::span<const T> grad, std::span<std::byte> out, std::span<std::byte> ws,
                                     message_key key) {
     if (grad.size() <= (std::uint64_t{1} << 32)) return encode_indexed<std::uint32_t>(codec, grad, out, ws, key);
@@ -112,14 +112,7 @@ struct backend<threshold_sparsifier<T>, cpu_executor> {
 
     const T* const g = grad.data();
     Index* const kept = s.kept.data();
-    std::uint64_t count = 0;
-    std::uint64_t non_finite = 0;
-    cpu::for_each_at_least<T>(grad, tau, [&](std::size_t i) {
-      kept[count++] = static_cast<Index>(i);
-      non_finite += is_finite(g[i]) ? 0u : 1u;
-    });
-    detail::require(non_finite == 0, errc::non_finite_input,
-                    [&] { return std::to_string(non_finite) + " of " + std::to_string(n) + " gradient values are NaN or Inf"; });
+    std::uint64_t count = cpu::collect_at_least<T>(grad, tau, kept);
 
     __extension__ using wide = unsigned __int128;
     if (codec.params().refine && wide{count} * 10 > wide{k} * 13) {
@@ -140,8 +133,19 @@ struct backend<threshold_sparsifier<T>, cpu_executor> {
       count = kept_count;
     }
 
+    // Non-finite magnitudes are at least τ (which is clamped to Inf's key), so every one of them is
+    // in the kept list (refinement keeps the largest keys) and is caught while the message is written.
     const std::size_t bytes = cpu::write_sparse_message<T>(header, count, checksum, out, [&](auto& sink) {
-      for (std::uint64_t j = 0; j < count; ++j) sink.push(kept[j], g[kept[j]]);
+      constexpr std::uint64_t ahead = 16;  // prefetch distance of the gather (5% of the encode)
+      for (std::uint64_t j = 0; j < count; ++j) {
+#if defined(__GNUC__)
+        if (j + ahead < count) __builtin_prefetch(g + kept[j + ahead]);
+#endif
+        const T v = g[kept[j]];
+        detail::require(is_finite(v), errc::non_finite_input,
+                        [&] { return "gradient value " + std::to_string(kept[j]) + " is NaN or Inf"; });
+        sink.push(kept[j], v);
+      }
     });
     return {bytes, count, k, from_bits<T>(tau), static_cast<double>(count) / static_cast<double>(n)};
   }

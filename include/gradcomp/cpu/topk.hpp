@@ -47,7 +47,7 @@ struct backend<topk_sparsifier<T>, cpu_executor> {
     scratch<Index> s;
     s.histogram = arena.take<std::uint64_t>(cpu::radix_buckets);
     s.sub_histograms = arena.take<std::uint32_t>(cpu::histogram_scratch_counters);
-    s.list = arena.take<Index>(static_cast<std::size_t>(list_capacity(n)));
+    s.list = arena.take<Index>(static_cast<std::size_t>(list_capacity(n)) + cpu::collect_slack);
     return s;
   }
 
@@ -95,11 +95,9 @@ struct backend<topk_sparsifier<T>, cpu_executor> {
     const auto bucket = static_cast<key_type>(choice.bucket);
     const T* const g = grad.data();
 
-    if (choice.above + s.histogram[choice.bucket] <= s.list.size()) {
+    if (choice.above + s.histogram[choice.bucket] <= list_capacity(n)) {
       Index* const list = s.list.data();
-      std::size_t count = 0;
-      cpu::for_each_at_least<T>(grad, static_cast<key_type>(bucket << first_shift),
-                                [&](std::size_t i) { list[count++] = static_cast<Index>(i); });
+      const std::size_t count = cpu::collect_at_least<T>(grad, static_cast<key_type>(bucket << first_shift), list);
       const cpu::kth_key<key_type> kth = cpu::select_kth_largest<key_type>(
           [&](auto&& visit) {
             for (std::size_t j = 0; j < count; ++j) visit(magnitude_key(g[list[j]]));

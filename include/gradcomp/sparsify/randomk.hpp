@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <span>
 
-#include <gradcomp/core/backend.hpp>
+#include <gradcomp/core/codec_interface.hpp>
 #include <gradcomp/core/concepts.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/float_bits.hpp>
@@ -34,7 +34,7 @@ struct randomk_params {
 
 /// Random-k sparsifier for `float` or `double` gradients.
 template <gradient_value T = float>
-class randomk_sparsifier {
+class randomk_sparsifier : public codec_interface<randomk_sparsifier<T>, T> {
  public:
   using value_type = T;                              ///< Element type of the gradient.
   static constexpr codec_id id = codec_id::random_k; ///< Wire identifier.
@@ -68,30 +68,6 @@ class randomk_sparsifier {
     return hasher.add(params_.seed).add(params_.scaled).value();
   }
 
-  /// Workspace bytes on executor `e` for n elements.
-  template <executor E>
-  [[nodiscard]] std::size_t workspace_bytes(const E& e, std::uint64_t n) const {
-    return backend<randomk_sparsifier, E>::workspace_bytes(*this, e, n);
-  }
-  /// Encodes the k selected values of `grad` into `out`. @returns bytes written.
-  /// @throws error `non_finite_input`, `buffer_too_small`.
-  template <executor E>
-  std::size_t encode(const E& e, std::span<const T> grad, std::span<std::byte> out, std::span<std::byte> ws,
-                     message_key key = {}) const {
-    return backend<randomk_sparsifier, E>::encode(*this, e, grad, out, ws, key);
-  }
-  /// Decodes `message` into `out`. Validates first; on error `out` is untouched.
-  template <executor E>
-  void decode(const E& e, std::span<const std::byte> message, std::span<T> out, std::span<std::byte> ws,
-              decode_limits limits = {}) const {
-    backend<randomk_sparsifier, E>::decode(*this, e, message, out, ws, limits, false);
-  }
-  /// Adds the decoded `message` into `acc`. Validates first; on error `acc` is untouched.
-  template <executor E>
-  void decode_accumulate(const E& e, std::span<const std::byte> message, std::span<T> acc, std::span<std::byte> ws,
-                         decode_limits limits = {}) const {
-    backend<randomk_sparsifier, E>::decode(*this, e, message, acc, ws, limits, true);
-  }
   /// Turns message `acc` into the encoding of the sum of `acc` and `other` (same n, step, tensor
   /// and parameters), as a SUM collective over the value section would.
   /// @throws error on a malformed message, `step_mismatch` when the keys differ, or

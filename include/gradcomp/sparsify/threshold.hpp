@@ -17,7 +17,7 @@
 #include <span>
 #include <string>
 
-#include <gradcomp/core/backend.hpp>
+#include <gradcomp/core/codec_interface.hpp>
 #include <gradcomp/core/concepts.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/float_bits.hpp>
@@ -58,7 +58,7 @@ struct threshold_report {
 
 /// Sampled-threshold sparsifier for `float` or `double` gradients.
 template <gradient_value T = float>
-class threshold_sparsifier {
+class threshold_sparsifier : public codec_interface<threshold_sparsifier<T>, T> {
  public:
   using value_type = T;                               ///< Element type of the gradient.
   static constexpr codec_id id = codec_id::threshold; ///< Wire identifier.
@@ -102,35 +102,18 @@ class threshold_sparsifier {
         .value();
   }
 
-  /// Workspace bytes on executor `e` for n elements.
-  template <executor E>
-  [[nodiscard]] std::size_t workspace_bytes(const E& e, std::uint64_t n) const {
-    return backend<threshold_sparsifier, E>::workspace_bytes(*this, e, n);
-  }
   /// Encodes `grad` and reports what was kept.
   /// @throws error `non_finite_input`, `buffer_too_small`, `workspace_too_small`.
   template <executor E>
   threshold_report<T> encode_with_report(const E& e, std::span<const T> grad, std::span<std::byte> out,
                                          std::span<std::byte> ws, message_key key = {}) const {
-    return backend<threshold_sparsifier, E>::encode(*this, e, grad, out, ws, key);
+    return backend<threshold_sparsifier, E>::encode_with_report(*this, e, grad, out, ws, key);
   }
-  /// Encodes `grad` into `out`. @returns bytes written.
+  /// Encodes `grad` into `out` (the report discarded). @returns bytes written.
   template <executor E>
   std::size_t encode(const E& e, std::span<const T> grad, std::span<std::byte> out, std::span<std::byte> ws,
                      message_key key = {}) const {
     return encode_with_report(e, grad, out, ws, key).bytes;
-  }
-  /// Decodes `message` into `out`. Validates first; on error `out` is untouched.
-  template <executor E>
-  void decode(const E& e, std::span<const std::byte> message, std::span<T> out, std::span<std::byte> ws,
-              decode_limits limits = {}) const {
-    backend<threshold_sparsifier, E>::decode(*this, e, message, out, ws, limits, false);
-  }
-  /// Adds the decoded `message` into `acc`. Validates first; on error `acc` is untouched.
-  template <executor E>
-  void decode_accumulate(const E& e, std::span<const std::byte> message, std::span<T> acc, std::span<std::byte> ws,
-                         decode_limits limits = {}) const {
-    backend<threshold_sparsifier, E>::decode(*this, e, message, acc, ws, limits, true);
   }
 
  private:

@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <span>
 
-#include <gradcomp/core/backend.hpp>
+#include <gradcomp/core/codec_interface.hpp>
 #include <gradcomp/core/concepts.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/float_bits.hpp>
@@ -24,7 +24,7 @@ namespace gradcomp {
 
 /// Exact top-k sparsifier for `float` or `double` gradients.
 template <gradient_value T = float>
-class topk_sparsifier {
+class topk_sparsifier : public codec_interface<topk_sparsifier<T>, T> {
  public:
   using value_type = T;                            ///< Element type of the gradient.
   static constexpr codec_id id = codec_id::topk;   ///< Wire identifier.
@@ -60,31 +60,6 @@ class topk_sparsifier {
     return hasher.value();
   }
 
-  /// Workspace bytes `encode`/`decode` need on executor `e` for n elements.
-  template <executor E>
-  [[nodiscard]] std::size_t workspace_bytes(const E& e, std::uint64_t n) const {
-    return backend<topk_sparsifier, E>::workspace_bytes(*this, e, n);
-  }
-  /// Encodes `grad` into `out` (at least `max_encoded_bytes(n)` bytes).
-  /// @returns bytes written. @throws error `non_finite_input`, `buffer_too_small`, `workspace_too_small`.
-  template <executor E>
-  std::size_t encode(const E& e, std::span<const T> grad, std::span<std::byte> out, std::span<std::byte> ws,
-                     message_key key = {}) const {
-    return backend<topk_sparsifier, E>::encode(*this, e, grad, out, ws, key);
-  }
-  /// Decodes `message` into `out` (zeros except the kept elements). Validates first; on error
-  /// `out` is untouched. @throws error naming what is wrong with the message.
-  template <executor E>
-  void decode(const E& e, std::span<const std::byte> message, std::span<T> out, std::span<std::byte> ws,
-              decode_limits limits = {}) const {
-    backend<topk_sparsifier, E>::decode(*this, e, message, out, ws, limits, false);
-  }
-  /// Adds the decoded `message` into `acc`. Validates first; on error `acc` is untouched.
-  template <executor E>
-  void decode_accumulate(const E& e, std::span<const std::byte> message, std::span<T> acc, std::span<std::byte> ws,
-                         decode_limits limits = {}) const {
-    backend<topk_sparsifier, E>::decode(*this, e, message, acc, ws, limits, true);
-  }
 
  private:
   sparsity amount_;
