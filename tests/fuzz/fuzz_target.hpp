@@ -1,0 +1,63 @@
+#pragma once
+// Shared by the fuzz targets: turning fuzzer bytes into a message, and decoding into buffers
+// whose size the message itself asks for (bounded by a cap, as a real receiver would do).
+#include <gradcomp/gradcomp.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace gradcomp::fuzz {
+
+/// Largest element count a fuzzed decoder accepts (the caller's cap).
+inline constexpr std::uint64_t max_elements = std::uint64_t{1} << 20;
+
+/// The message a fuzz input stands for. The first byte chooses the mode: even = the remaining
+/// bytes as they are; odd = the same bytes with the envelope's parameter hash replaced by
+/// `params_hash` and its CRC recomputed, so the fuzzer can reach the payload and size checks
+/// behind the header checksum.
+inline std::vector<std::byte> message_from(const std::uint8_t* data, std::size_t size, std::uint64_t params_hash) {
+  if (size == 0) return {};
+  std::vector<std::byte> message(size - 1);
+  for (std::size_t i = 1; i < size; ++i) message[i - 1] = static_cast<std::byte>(data[i]);
+  if ((data[0] & 1u) != 0 && message.size() >= envelope::size) {
+    detail::store_le<std::uint64_t>(message.data() + 32, params_hash);
+    detail::store_le<std::uint32_t>(message.data() + 52, crc32c({message.data(), 52}));
+  }
+  return message;
+}
+
+/// Element count a receiver would size its buffer from: the envelope's, if it parses and fits the cap.
+inline std::size_t declared_elements(std::span<const std::byte> message) {
+  try {
+    const envelope e = parse_envelope(message);
+    return e.elements <= max_elements ? static_cast<std::size_t>(e.elements) : 0;
+  } catch (const error&) {
+    return 0;
+  }
+}
+
+/// Runs decode and decode_accumulate of `codec` on `message`; any gradcomp::error is an accepted
+/// outcome, anything else (a crash, a sanitizer report, a foreign exception) is a finding.
+template <class Codec>
+void decode_both(const Codec& codec, std::span<const std::byte> message) {
+  using T = typename Codec::value_type;
+  const cpu_executor cpu;
+  const std::size_t n = declared_elements(message);
+  std::vector<T> out(n);
+  std::vector<std::byte> ws(codec.workspace_bytes(cpu, n));
+  const decode_limits limits{.max_elements = max_elements};
+  try {
+    codec.decode(cpu, message, std::span<T>(out), ws, limits);
+    for (const T v : out)
+      if (!is_finite(v)) __builtin_trap();  // a decoder must never produce NaN or Inf
+  } catch (const error&) {
+  }
+  try {
+    codec.decode_accumulate(cpu, message, std::span<T>(out), ws, limits);
+  } catch (const error&) {
+  }
+}
+
+}  // namespace gradcomp::fuzz
