@@ -322,14 +322,19 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
   const topk_sparsifier<float> topk(sparsity{.density = target_density});
   const randomk_sparsifier<float> randomk(randomk_params{.amount = sparsity{.density = target_density}, .seed = 1});
   const threshold_sparsifier<float> threshold(threshold_params{.target = sparsity{.density = target_density}});
+  const uniform_quantizer<float> uniform8({.bits = 8});
+  const uniform_quantizer<float> uniform8_sr({.bits = 8, .round = rounding::stochastic, .seed = 1});
+  const uniform_quantizer<float> uniform4({.bits = 4});
+  const error_feedback<topk_sparsifier<float>> ef_topk(topk);
   const message_key key{.step = 1, .tensor_id = 0};
 
   const auto size = static_cast<std::size_t>(n);
   const auto k = static_cast<std::size_t>(topk.k(n));
   const std::size_t message_bytes =
       std::max({topk.max_encoded_bytes(n), randomk.max_encoded_bytes(n), threshold.max_encoded_bytes(n)});
-  const std::size_t workspace_bytes = std::max(
-      {topk.workspace_bytes(cpu, n), randomk.workspace_bytes(cpu, n), threshold.workspace_bytes(cpu, n), std::size_t{1}});
+  const std::size_t workspace_bytes =
+      std::max({topk.workspace_bytes(cpu, n), randomk.workspace_bytes(cpu, n), threshold.workspace_bytes(cpu, n),
+                ef_topk.workspace_bytes(cpu, n), std::size_t{1}});
 
   fmt::print(stderr, "gradcomp-bench: n = {}, k = {}: allocating and filling buffers\n", n, k);
   std::fflush(stderr);
@@ -446,6 +451,32 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
     require_check(kept == report.kept,
                   fmt::format("threshold decoded {} non-zeros, report says {}", kept, report.kept));
   }
+
+  // Uniform quantization: 8-bit round-to-nearest and stochastic, 4-bit round-to-nearest.
+  fmt::print(stderr, "gradcomp-bench: n = {}: uniform\n", n);
+  std::fflush(stderr);
+  const auto quantizer_records = [&](const uniform_quantizer<float>& q, const std::string& name, bool with_decode) {
+    std::size_t bytes = 0;
+    const timing encode = measure(
+        opt, [&] { bytes = q.encode(cpu, gradient, out, ws, key); }, [&] { sum.add_message(message(bytes)); });
+    add(name + "/encode", encode, dense_bytes / static_cast<double>(bytes));
+    if (!with_decode) return;
+    const timing decode = measure(opt, [&] { q.decode(cpu, message(bytes), dense, ws); }, [&] { sum.add_sample(dense); });
+    add(name + "/decode", decode, dense_bytes / static_cast<double>(bytes));
+  };
+  quantizer_records(uniform8, "uniform8_rtn", true);
+  quantizer_records(uniform8_sr, "uniform8_sr", false);
+  quantizer_records(uniform4, "uniform4_rtn", true);
+
+  // Error feedback around top-k (the generic wrapper: add residual, encode, decode, subtract).
+  fmt::print(stderr, "gradcomp-bench: n = {}: ef_topk\n", n);
+  std::fflush(stderr);
+  auto ef_state = ef_topk.make_state(cpu, n);
+  std::size_t ef_bytes = 0;
+  const timing ef_encode = measure(
+      opt, [&] { ef_bytes = ef_topk.encode(cpu, gradient, ef_state, out, ws, key); },
+      [&] { sum.add_message(message(ef_bytes)); });
+  add("ef_topk/encode", ef_encode, dense_bytes / static_cast<double>(ef_bytes));
 
   for (std::size_t i = first; i < records.size(); ++i) records[i].copy_median = copy.median;
 }

@@ -23,3 +23,7 @@
 #include <gradcomp/sparsify/sparsity.hpp>
 #include <gradcomp/sparsify/threshold.hpp>
 #include <gradcomp/sparsify/topk.hpp>
+
+#include <gradcomp/feedback/error_feedback.hpp>
+#include <gradcomp/quantize/uniform.hpp>
+#include <gradcomp/quantize/uniform_math.hpp>

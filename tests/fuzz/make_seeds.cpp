@@ -54,6 +54,9 @@ int main(int argc, char** argv) {
     write_seeds(root / "topk", "bitmap_f64_n" + size, topk_sparsifier<double>(sparsity{.k = 40}), xd);
     write_seeds(root / "threshold", "n" + size, threshold_sparsifier<float>({.target = {.density = 0.02}, .seed = 1}), x);
     write_seeds(root / "randomk", "n" + size, randomk_sparsifier<float>({.amount = {.density = 0.05}, .seed = 42}), x);
+    write_seeds(root / "uniform", "u8_n" + size, uniform_quantizer<float>({.bits = 8, .block = 32}), x);
+    write_seeds(root / "uniform", "u4_sr_f64_n" + size,
+                uniform_quantizer<double>({.bits = 4, .block = 16, .round = rounding::stochastic, .seed = 9}), xd);
     write_seeds(root / "envelope", "randomk_n" + size, randomk_sparsifier<float>({.amount = {.density = 0.05}, .seed = 42}), x);
   }
   return 0;

@@ -21,6 +21,10 @@ int main(int argc, char** argv) {
   };
   for (int a = 1; a < argc; ++a) {
     const std::filesystem::path path(argv[a]);
+    if (!std::filesystem::exists(path)) {
+      std::fprintf(stderr, "no such corpus: %s\n", argv[a]);
+      return 1;
+    }
     if (std::filesystem::is_directory(path)) {
       for (const auto& entry : std::filesystem::directory_iterator(path))
         if (entry.is_regular_file()) replay(entry.path());

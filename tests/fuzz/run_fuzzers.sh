@@ -7,9 +7,8 @@ build_dir=$1
 seconds=$2
 source_dir=$(cd "$(dirname "$0")" && pwd)
 scratch=$(mktemp -d)
-trap 'rm -rf "$scratch"' EXIT
 status=0
-for target in envelope topk threshold randomk; do
+for target in envelope topk threshold randomk uniform; do
   mkdir -p "$scratch/$target"
   cp "$source_dir/corpus/$target/"* "$scratch/$target/"
   log="$scratch/$target.log"
@@ -24,4 +23,9 @@ for target in envelope topk threshold randomk; do
   runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo 0)
   echo "fuzz_$target: $result, $runs executions in ${seconds} s"
 done
+if [ $status -eq 0 ]; then
+  rm -rf "$scratch"
+else
+  echo "crash artifacts and logs kept in $scratch"
+fi
 exit $status

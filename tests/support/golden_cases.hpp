@@ -51,6 +51,15 @@ inline const std::vector<golden_case>& golden_cases() {
                              {.step = 3, .tensor_id = 4});
        },
        5000},
+      {"uniform8_f32.bin",
+       [] { return encode_bytes(uniform_quantizer<float>({.bits = 8, .block = 32}), golden_input<float>(100), {.step = 4}); },
+       100},
+      {"uniform4_sr_f64.bin",
+       [] {
+         return encode_bytes(uniform_quantizer<double>({.bits = 4, .block = 16, .round = rounding::stochastic, .seed = 9}),
+                             golden_input<double>(50), {.step = 6, .tensor_id = 2});
+       },
+       50},
       {"randomk_f32.bin",
        [] {
          return encode_bytes(randomk_sparsifier<float>({.amount = {.density = 0.05}, .seed = 42}), golden_input<float>(1000),

@@ -71,3 +71,19 @@ TEST_CASE("golden threshold and random-k files decode to entries of the known in
   CHECK(scaled_entries);
   CHECK(selected == 50);
 }
+
+TEST_CASE("golden uniform files decode within half a step of the known input") {
+  const std::vector<float> x = golden_input<float>(100);
+  const std::vector<float> q8 = decode_values(uniform_quantizer<float>({.bits = 8, .block = 32}), read_golden("uniform8_f32.bin"), 100);
+  const std::vector<double> y = golden_input<double>(50);
+  const std::vector<double> q4 = decode_values(
+      uniform_quantizer<double>({.bits = 4, .block = 16, .round = rounding::stochastic, .seed = 9}),
+      read_golden("uniform4_sr_f64.bin"), 50);
+  // |x| ≤ 5, so the 8-bit step is at most 5/127 and RTN errs by half of it; stochastic rounding
+  // errs by less than a whole 4-bit step of at most 5/7.
+  bool close8 = true, close4 = true;
+  for (std::size_t i = 0; i < x.size(); ++i) close8 = close8 && std::fabs(x[i] - q8[i]) <= 0.5f * 5.0f / 127.0f * 1.0001f;
+  for (std::size_t i = 0; i < y.size(); ++i) close4 = close4 && std::fabs(y[i] - q4[i]) < 5.0 / 7.0;
+  CHECK(close8);
+  CHECK(close4);
+}

@@ -105,7 +105,8 @@ std::vector<T> make(input kind) {
 }
 
 // What a codec does with an input: encode error, decode error, or a tensor whose every element
-// is +0, -0 or an input value (times the codec's decode scale), never NaN or Inf.
+// is +0, -0 or an input value (times the codec's decode scale), never NaN or Inf. Scale 0 stands
+// for a quantizer: finite values, exact +0 everywhere for an all-zero input.
 enum class outcome { encode_rejected, decode_rejected, decoded };
 
 struct result {
@@ -132,8 +133,14 @@ result run(const Codec& codec, const std::vector<T>& x, double scale) {
     return {outcome::decode_rejected, decode_error};
   }
   bool valid = true;
+  bool all_zero = true;
+  for (const T v : x) all_zero = all_zero && v == T{0};
   for (std::size_t i = 0; i < x.size(); ++i) {
     const T v = out[i];
+    if (scale == 0.0) {  // a quantizer: any finite value, and exact +0 for an all-zero input
+      valid = valid && !nonfinite_bits(v) && (!all_zero || same_bits(v, T{0}));
+      continue;
+    }
     const T expected = static_cast<T>(x[i] * static_cast<T>(scale));
     valid = valid && !nonfinite_bits(v) && (same_bits(v, T{0}) || same_bits(v, expected) || same_bits(v, -T{0}));
   }
@@ -160,6 +167,15 @@ void check_matrix() {
     const result h = run(threshold, x, 1.0);
     CHECK(h.what == sparse_expected);
     if (non_finite) CHECK(h.error == named(errc::non_finite_input));
+
+    // Uniform quantizers code every value: non-finite input is rejected at encode; everything else
+    // decodes finitely (zero blocks to exact zeros, checked by run()).
+    for (const int bits : {1, 4, 8}) {
+      const result u = run(uniform_quantizer<T>({.bits = bits, .block = 16}), x, 0.0);
+      CAPTURE(bits);
+      CHECK(u.what == (non_finite ? outcome::encode_rejected : outcome::decoded));
+      if (non_finite) CHECK(u.error == named(errc::non_finite_input));
+    }
 
     // Random-k rejects a non-finite value only if it selects it; with 25% of 64 kept, all-NaN is
     // always selected. Scaled by n/k = 4, the largest finite values would overflow: the decoder

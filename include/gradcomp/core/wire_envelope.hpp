@@ -20,6 +20,7 @@ enum class codec_id : std::uint16_t {
   topk = 1,       ///< Exact top-k sparsification.
   random_k = 2,   ///< Random-k sparsification (indices implied by the key).
   threshold = 3,  ///< Sampled-threshold (DGC-style) sparsification.
+  uniform = 16,   ///< Uniform b-bit quantization with one scale per block.
 };
 
 /// Element type of the values a message carries. Values are part of the wire format.

@@ -1,0 +1,139 @@
+#pragma once
+// The training demo's view of a gradient codec: one type-erased `compressor` per worker (wrappers
+// such as error feedback keep per-worker state), built from a `codec_entry`.
+//
+// `make_entry(name, codec)` turns any gradcomp codec into an entry. It handles both shapes:
+//   stateless:  codec.encode(cpu, grad, out, ws, key)
+//   stateful:   state = codec.make_state(cpu, n);  codec.encode(cpu, grad, state, out, ws, key)
+// (detected by whether `codec.make_state(cpu, n)` compiles); in both cases the receiver calls
+// codec.decode_accumulate(cpu, message, acc, ws), and the buffers are sized with
+// codec.max_encoded_bytes(n) and codec.workspace_bytes(cpu, n).
+#include <gradcomp/gradcomp.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace train {
+
+/// One worker's gradient compressor. `compress` may update per-worker state (error feedback);
+/// `decompress_accumulate` adds a decoded message (from any worker) into `acc`.
+class compressor {
+ public:
+  compressor() = default;
+  compressor(const compressor&) = delete;
+  compressor& operator=(const compressor&) = delete;
+  virtual ~compressor() = default;
+
+  /// Largest message `compress` writes for an n-element gradient.
+  [[nodiscard]] virtual std::size_t max_bytes(std::size_t n) const = 0;
+  /// Writes the message for `grad` into `out` (at least max_bytes(grad.size()) bytes); returns its size.
+  virtual std::size_t compress(std::span<const float> grad, std::span<std::byte> out, std::uint64_t step) = 0;
+  /// acc += decode(message).
+  virtual void decompress_accumulate(std::span<const std::byte> message, std::span<float> acc) = 0;
+};
+
+/// A row of the demo: a name and a factory called once per worker with the gradient size n.
+struct codec_entry {
+  std::string name;
+  std::function<std::unique_ptr<compressor>(std::size_t n)> make;
+};
+
+// ---- dense: the uncompressed baseline (raw float32 bytes, as an all-gather would send them) ----
+
+class dense_compressor final : public compressor {
+ public:
+  explicit dense_compressor(std::size_t n) : scratch_(n) {}
+  [[nodiscard]] std::size_t max_bytes(std::size_t n) const override { return n * sizeof(float); }
+  std::size_t compress(std::span<const float> grad, std::span<std::byte> out, std::uint64_t) override {
+    const std::size_t bytes = grad.size_bytes();
+    if (out.size() < bytes) throw gradcomp::error(gradcomp::errc::buffer_too_small, "dense: output too small");
+    std::memcpy(out.data(), grad.data(), bytes);
+    return bytes;
+  }
+  void decompress_accumulate(std::span<const std::byte> message, std::span<float> acc) override {
+    if (message.size() != acc.size_bytes() || scratch_.size() < acc.size())
+      throw gradcomp::error(gradcomp::errc::size_mismatch, "dense: message size does not match the gradient");
+    std::memcpy(scratch_.data(), message.data(), message.size());
+    for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += scratch_[i];
+  }
+
+ private:
+  std::vector<float> scratch_;
+};
+
+inline codec_entry dense_entry(std::string name = "dense") {
+  return {std::move(name), [](std::size_t n) -> std::unique_ptr<compressor> {
+            return std::make_unique<dense_compressor>(n);
+          }};
+}
+
+// ---- any gradcomp codec ------------------------------------------------------------------------
+
+/// True for codecs that keep per-worker state (error feedback, LoCo, ...).
+template <class Codec>
+concept stateful_codec = requires(const Codec& c, const gradcomp::cpu_executor& e, std::uint64_t n) {
+  c.make_state(e, n);
+};
+
+namespace detail {
+struct no_state {};
+template <class Codec>
+struct state_of {
+  using type = no_state;
+};
+template <stateful_codec Codec>
+struct state_of<Codec> {
+  using type = decltype(std::declval<const Codec&>().make_state(std::declval<const gradcomp::cpu_executor&>(),
+                                                                std::uint64_t{}));
+};
+}  // namespace detail
+
+/// Adapts a gradcomp codec (stateless or stateful) on the CPU executor. Tensor id 0: the whole
+/// model's gradient is one bucket; the training step is the message key's step.
+template <class Codec>
+class gradcomp_compressor final : public compressor {
+ public:
+  gradcomp_compressor(Codec codec, std::size_t n)
+      : codec_(std::move(codec)), state_(make_state(codec_, n)), workspace_(codec_.workspace_bytes(cpu_, n)) {}
+
+  [[nodiscard]] std::size_t max_bytes(std::size_t n) const override { return codec_.max_encoded_bytes(n); }
+
+  std::size_t compress(std::span<const float> grad, std::span<std::byte> out, std::uint64_t step) override {
+    const gradcomp::message_key key{.step = step, .tensor_id = 0};
+    if constexpr (stateful_codec<Codec>) return codec_.encode(cpu_, grad, state_, out, std::span(workspace_), key);
+    else return codec_.encode(cpu_, grad, out, std::span(workspace_), key);
+  }
+
+  void decompress_accumulate(std::span<const std::byte> message, std::span<float> acc) override {
+    codec_.decode_accumulate(cpu_, message, acc, std::span(workspace_));
+  }
+
+ private:
+  using state_type = typename detail::state_of<Codec>::type;
+  static state_type make_state(const Codec& codec, std::size_t n) {
+    if constexpr (stateful_codec<Codec>) return codec.make_state(gradcomp::cpu_executor{}, n);
+    else return {};
+  }
+
+  gradcomp::cpu_executor cpu_;
+  Codec codec_;
+  [[no_unique_address]] state_type state_;
+  std::vector<std::byte> workspace_;
+};
+
+/// An entry for a gradcomp codec; every worker gets its own copy of `codec` (and its own state).
+template <class Codec>
+codec_entry make_entry(std::string name, Codec codec) {
+  return {std::move(name), [codec = std::move(codec)](std::size_t n) -> std::unique_ptr<compressor> {
+            return std::make_unique<gradcomp_compressor<Codec>>(codec, n);
+          }};
+}
+
+}  // namespace train

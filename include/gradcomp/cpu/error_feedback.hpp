@@ -1,0 +1,157 @@
+#pragma once
+/// @file
+/// CPU reference of error feedback. One pass forms a = g + e in the workspace and checks it; the
+/// inner codec encodes a and decodes its own message into the workspace; a last pass stores
+/// e = a − decoded. The state is written only by that last pass, after everything that can fail.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <gradcomp/core/backend.hpp>
+#include <gradcomp/core/cpu_executor.hpp>
+#include <gradcomp/core/crc32c.hpp>
+#include <gradcomp/core/error.hpp>
+#include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/core/workspace.hpp>
+#include <gradcomp/feedback/error_feedback.hpp>
+
+namespace gradcomp {
+
+/// Error feedback on the CPU.
+template <class Codec>
+struct backend<error_feedback<Codec>, cpu_executor> {
+  using T = typename Codec::value_type;
+  using ef_type = error_feedback<Codec>;
+  using state_type = error_feedback_state<T>;
+  using format = error_feedback_saved_format;
+
+  struct scratch {
+    std::span<T> compensated;   ///< a = g + e.
+    std::span<T> decoded;       ///< The inner codec's decoding of its message of a.
+    std::span<std::byte> inner; ///< The inner codec's workspace.
+  };
+
+  static scratch carve(workspace_arena& arena, const ef_type& ef, const cpu_executor& e, std::uint64_t n) {
+    scratch s;
+    s.compensated = arena.take<T>(static_cast<std::size_t>(n));
+    s.decoded = arena.take<T>(static_cast<std::size_t>(n));
+    s.inner = arena.take<std::byte>(ef.inner().workspace_bytes(e, n));
+    return s;
+  }
+
+  static std::size_t workspace_bytes(const ef_type& ef, const cpu_executor& e, std::uint64_t n) {
+    workspace_arena arena = workspace_arena::measure();
+    carve(arena, ef, e, n);
+    return arena.bytes_needed();
+  }
+
+  static state_type make_state(const ef_type&, const cpu_executor&, std::uint64_t n) {
+    return state_type{std::vector<T>(static_cast<std::size_t>(n), T{0}), 0};
+  }
+
+  static std::size_t encode(const ef_type& ef, const cpu_executor& e, std::span<const T> grad, state_type& state,
+                            std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
+    const std::size_t n = grad.size();
+    detail::require(state.residual.size() == n, errc::size_mismatch, [&] {
+      return "gradient has " + std::to_string(n) + " elements, the state " + std::to_string(state.residual.size());
+    });
+    workspace_arena arena(ws);
+    const scratch s = carve(arena, ef, e, n);
+    const T* const g = grad.data();
+    T* const residual = state.residual.data();
+    T* const a = s.compensated.data();
+    // NaN or ±Inf in g makes a NaN or ±Inf too, so testing a alone also catches an overflow of g + e.
+    std::size_t non_finite = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      a[i] = g[i] + residual[i];
+      non_finite += static_cast<std::size_t>(!is_finite(a[i]));
+    }
+    detail::require(non_finite == 0, errc::non_finite_input, [&] {
+      return std::to_string(non_finite) + " of " + std::to_string(n) +
+             " values of gradient + residual are NaN or Inf; the state is unchanged";
+    });
+
+    const std::size_t bytes = ef.inner().encode(e, std::span<const T>(s.compensated), out, s.inner, key);
+    ef.inner().decode(e, std::span<const std::byte>(out.first(bytes)), s.decoded, s.inner);
+    const T* const decoded = s.decoded.data();
+    for (std::size_t i = 0; i < n; ++i) residual[i] = a[i] - decoded[i];
+    ++state.steps;
+    return bytes;
+  }
+
+  static std::size_t save_state(const ef_type& ef, const cpu_executor&, const state_type& state,
+                                std::span<std::byte> bytes) {
+    const std::uint64_t n = state.residual.size();
+    const std::size_t size = ef_type::saved_state_bytes(n);
+    detail::require(bytes.size() >= size, errc::buffer_too_small, [&] {
+      return "buffer of " + std::to_string(bytes.size()) + " bytes cannot hold the " + std::to_string(size) +
+             "-byte saved state";
+    });
+    std::byte* const p = bytes.data();
+    detail::store_le<std::uint32_t>(p + 0, format::magic);
+    detail::store_le<std::uint16_t>(p + 4, format::version);
+    detail::store_le<std::uint16_t>(p + 6, static_cast<std::uint16_t>(Codec::id));
+    detail::store_le<std::uint8_t>(p + 8, static_cast<std::uint8_t>(dtype_of<T>));
+    detail::store_le<std::uint64_t>(p + 9, n);
+    detail::store_le<std::uint64_t>(p + 17, state.steps);
+    detail::store_le<std::uint64_t>(p + 25, ef.params_hash());
+    detail::store_le<std::uint32_t>(p + format::header_crc_offset, crc32c({p, format::header_crc_offset}));
+    const std::span<const std::byte> values = std::as_bytes(std::span<const T>(state.residual));
+    std::byte* const values_at = p + format::header_bytes;
+    std::ranges::copy(values, values_at);
+    detail::store_le<std::uint32_t>(values_at + values.size(), crc32c(values));
+    return size;
+  }
+
+  static void load_state(const ef_type& ef, const cpu_executor&, std::span<const std::byte> bytes,
+                         state_type& state) {
+    detail::require(bytes.size() >= format::header_bytes, errc::truncated, [&] {
+      return "saved state of " + std::to_string(bytes.size()) + " bytes is shorter than its " +
+             std::to_string(format::header_bytes) + "-byte header";
+    });
+    const std::byte* const p = bytes.data();
+    detail::require(detail::load_le<std::uint32_t>(p) == format::magic, errc::bad_magic,
+                    "saved state does not start with \"GCEF\"");
+    const auto version = detail::load_le<std::uint16_t>(p + 4);
+    detail::require(version == format::version, errc::unsupported_version, [&] {
+      return "saved-state version " + std::to_string(version) + ", this build reads version 1";
+    });
+    detail::require(detail::load_le<std::uint32_t>(p + format::header_crc_offset) ==
+                        crc32c({p, format::header_crc_offset}),
+                    errc::header_checksum, "saved-state header CRC-32C does not match its contents");
+    const auto codec = detail::load_le<std::uint16_t>(p + 6);
+    detail::require(codec == static_cast<std::uint16_t>(Codec::id), errc::codec_mismatch, [&] {
+      return "state saved around codec " + std::to_string(codec) + ", this one wraps codec " +
+             std::to_string(static_cast<unsigned>(Codec::id));
+    });
+    detail::require(detail::load_le<std::uint8_t>(p + 8) == static_cast<std::uint8_t>(dtype_of<T>),
+                    errc::dtype_mismatch, "saved state's value type differs from the codec's");
+    const auto n = detail::load_le<std::uint64_t>(p + 9);
+    detail::require(n == state.residual.size(), errc::size_mismatch, [&] {
+      return "saved state has " + std::to_string(n) + " elements, the state " + std::to_string(state.residual.size());
+    });
+    detail::require(detail::load_le<std::uint64_t>(p + 25) == ef.params_hash(), errc::parameter_mismatch,
+                    "codec parameters (hash) differ between the saved state and this codec");
+    const std::size_t size = ef_type::saved_state_bytes(n);
+    detail::require(bytes.size() >= size, errc::truncated, [&] {
+      return "saved state of " + std::to_string(bytes.size()) + " bytes, its header declares " + std::to_string(size);
+    });
+    detail::require(bytes.size() == size, errc::trailing_bytes, [&] {
+      return std::to_string(bytes.size() - size) + " bytes follow the saved state";
+    });
+    const std::span<const std::byte> values = bytes.subspan(format::header_bytes, bytes.size() - format::header_bytes -
+                                                                                      format::checksum_bytes);
+    detail::require(detail::load_le<std::uint32_t>(values.data() + values.size()) == crc32c(values),
+                    errc::payload_checksum, "saved residual CRC-32C does not match");
+
+    std::ranges::copy(values, std::as_writable_bytes(std::span<T>(state.residual)).begin());
+    state.steps = detail::load_le<std::uint64_t>(p + 17);
+  }
+};
+
+}  // namespace gradcomp

@@ -1,0 +1,227 @@
+#pragma once
+/// @file
+/// CPU reference of the uniform quantizer: per block, one pass for the maximum magnitude (which
+/// also finds NaN and Inf), then codes computed 256 at a time and packed whole bytes at a time.
+/// 8-bit round-to-nearest float chunks take an SSE2 path (with a scalar twin) that computes the
+/// same codes as the arithmetic of quantize/uniform_math.hpp.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+
+#include <gradcomp/core/backend.hpp>
+#include <gradcomp/core/bit_packing.hpp>
+#include <gradcomp/core/cpu_executor.hpp>
+#include <gradcomp/core/crc32c.hpp>
+#include <gradcomp/core/error.hpp>
+#include <gradcomp/core/philox.hpp>
+#include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/quantize/uniform.hpp>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+namespace gradcomp {
+
+/// Uniform quantization on the CPU.
+template <gradient_value T>
+struct backend<uniform_quantizer<T>, cpu_executor> {
+  using key_type = typename float_traits<T>::bits_type;
+
+  static std::size_t workspace_bytes(const uniform_quantizer<T>&, const cpu_executor&, std::uint64_t) noexcept {
+    return 0;
+  }
+
+  static std::size_t encode(const uniform_quantizer<T>& codec, const cpu_executor&, std::span<const T> grad,
+                            std::span<std::byte> out, std::span<std::byte>, message_key key) {
+    const std::uint64_t n = grad.size();
+    const std::size_t size = codec.max_encoded_bytes(n);
+    detail::require(out.size() >= size, errc::buffer_too_small, [&] {
+      return "output of " + std::to_string(out.size()) + " bytes cannot hold the " + std::to_string(size) +
+             "-byte message";
+    });
+    // Until the envelope is written last, no earlier message in `out` may pass for this one.
+    std::memset(out.data(), 0, envelope::size);
+    const int bits = codec.bits();
+    const std::uint64_t block = codec.params().block;
+    std::byte* const scales = out.data() + envelope::size;
+    auto* const codes = reinterpret_cast<std::uint8_t*>(scales + codec.block_count(n) * sizeof(T));
+    if (bits != 8) std::memset(codes, 0, static_cast<std::size_t>(packed_bytes(n, bits)));
+    const random_stream stream{codec.params().seed, key.step, key.tensor_id, random_purpose::stochastic_rounding};
+
+    const rounding mode = codec.params().round;
+    const auto levels = static_cast<T>(uniform_levels(bits));
+    std::uint8_t chunk_codes[chunk];
+    T uniforms[chunk];
+    for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
+      const std::uint64_t end = std::min(n, begin + block);
+      const T m = block_max(grad.data() + begin, grad.data() + end);
+      const T s = uniform_step(m, bits);
+      std::memcpy(scales + j * sizeof(T), &s, sizeof s);
+      const T inv = m > T{0} ? levels / m : T{0};
+      const bool multiply = m > T{0} && is_finite(inv);
+      for (std::uint64_t first = begin; first < end; first += chunk) {
+        const std::uint64_t count = std::min<std::uint64_t>(chunk, end - first);
+        if constexpr (std::is_same_v<T, float>) {
+          if (bits == 8 && mode == rounding::nearest_even && multiply && count == chunk) {
+            encode8_rtn(grad.data() + first, chunk, inv, codes + first);
+            continue;
+          }
+        }
+        if (mode == rounding::stochastic) fill_uniforms(stream, first, count, uniforms);
+        for (std::uint64_t c = 0; c < count; ++c) {
+          const T h = grad[first + c];
+          const T t = s == T{0} ? T{0} : (multiply ? h * inv : h / s);
+          chunk_codes[c] = uniform_code(uniform_level(t, bits, mode, mode == rounding::stochastic ? uniforms[c] : T{0}), bits);
+        }
+        store_codes(chunk_codes, count, first, bits, codes);
+      }
+    }
+
+    const std::span<const std::byte> payload(scales, size - envelope::size);
+    const bool checksum = codec.wire().payload_checksum;
+    write_envelope({codec_id::uniform, dtype_of<T>, 0, static_cast<std::uint16_t>(checksum ? flag_payload_checksum : 0),
+                    key, n, payload.size(), codec.params_hash(), checksum ? crc32c(payload) : 0},
+                   out);
+    return size;
+  }
+
+  static void decode(const uniform_quantizer<T>& codec, const cpu_executor&, std::span<const std::byte> message,
+                     std::span<T> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
+    const envelope e = parse_envelope(message);
+    validate_envelope(e, {codec_id::uniform, dtype_of<T>, out.size(), codec.params_hash()}, limits);
+    const int bits = codec.bits();
+    const std::uint64_t n = e.elements;
+    detail::require(e.layout == 0, errc::malformed_payload, "uniform messages have layout 0");
+    detail::require(n <= e.payload_bytes * 8 / static_cast<std::uint64_t>(bits) &&
+                        e.payload_bytes == codec.payload_bytes(n),
+                    errc::malformed_payload, [&] {
+                      return "payload of " + std::to_string(e.payload_bytes) + " bytes does not hold " +
+                             std::to_string(n) + " elements";
+                    });
+    const std::byte* const scales = message.data() + envelope::size;
+    const auto* const codes = reinterpret_cast<const std::uint8_t*>(scales + codec.block_count(n) * sizeof(T));
+    const auto levels = static_cast<T>(uniform_levels(bits));
+    for (std::uint64_t j = 0; j < codec.block_count(n); ++j) {
+      const T s = scale_at(scales, j);
+      detail::require((to_bits(s) >> (sizeof(T) * 8 - 1)) == 0 && is_finite(s * levels), errc::malformed_payload,
+                      [&] { return "scale of block " + std::to_string(j) + " is negative or too large"; });
+    }
+    validate_codes(codes, n, bits);
+
+    const std::uint64_t block = codec.params().block;
+    T* const dense = out.data();
+    for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
+      const std::uint64_t end = std::min(n, begin + block);
+      const T s = scale_at(scales, j);
+      if (bits == 8) {
+        if (accumulate)
+          for (std::uint64_t i = begin; i < end; ++i) dense[i] += static_cast<T>(int{codes[i]} - 127) * s;
+        else
+          for (std::uint64_t i = begin; i < end; ++i) dense[i] = static_cast<T>(int{codes[i]} - 127) * s;
+      } else {
+        for (std::uint64_t i = begin; i < end; ++i) {
+          const T v = static_cast<T>(uniform_code_level(packed_code(codes, i, bits), bits)) * s;
+          dense[i] = accumulate ? dense[i] + v : v;
+        }
+      }
+    }
+  }
+
+ private:
+  /// Values processed together within a block: codes and uniforms are staged in arrays this long.
+  static constexpr std::uint64_t chunk = 256;
+
+  /// Stochastic-rounding uniforms of elements [first, first + count): word i of the stream.
+  static void fill_uniforms(const random_stream& stream, std::uint64_t first, std::uint64_t count, T* uniforms) {
+    for (std::uint64_t i = first; i < first + count;) {
+      const philox_block words = stream.block(i / 4);
+      for (std::uint64_t w = i % 4; w < 4 && i < first + count; ++w, ++i)
+        uniforms[i - first] = static_cast<T>(words.word[w] >> 8) * static_cast<T>(1.0 / 16777216.0);
+    }
+  }
+
+  /// Writes `count` codes of `bits` bits for elements starting at `first` into the packed array
+  /// (zeroed beforehand when bits < 8). Whole bytes at once when the run starts on a byte boundary.
+  static void store_codes(const std::uint8_t* chunk_codes, std::uint64_t count, std::uint64_t first, int bits,
+                          std::uint8_t* codes) {
+    if (bits == 8) {
+      std::memcpy(codes + first, chunk_codes, static_cast<std::size_t>(count));
+      return;
+    }
+    const auto per_byte = static_cast<std::uint64_t>(8 / bits);
+    std::uint64_t c = 0;
+    if (first % per_byte == 0) {
+      for (; c + per_byte <= count; c += per_byte)
+        codes[(first + c) / per_byte] = pack_byte(chunk_codes + c, static_cast<int>(per_byte), bits);
+    }
+    for (; c < count; ++c) {
+      const std::uint64_t bit = (first + c) * static_cast<std::uint64_t>(bits);
+      codes[bit / 8] |= static_cast<std::uint8_t>(chunk_codes[c] << (bit % 8));
+    }
+  }
+
+  [[nodiscard]] static T scale_at(const std::byte* scales, std::uint64_t j) noexcept {
+    T s;
+    std::memcpy(&s, scales + j * sizeof(T), sizeof s);
+    return s;
+  }
+
+  /// max |x| over [first, last); throws `non_finite_input` on NaN or Inf.
+  [[nodiscard]] static T block_max(const T* first, const T* last) {
+    key_type largest = 0;
+    for (const T* p = first; p != last; ++p) largest = std::max(largest, magnitude_key(*p));
+    detail::require(largest < float_traits<T>::infinity_key, errc::non_finite_input, [&] {
+      return "gradient value " + std::to_string(static_cast<std::size_t>(std::find_if(first, last, [](T v) {
+                                                   return !is_finite(v);
+                                                 }) - first)) +
+             " of a block is NaN or Inf";
+    });
+    return from_bits<T>(largest);
+  }
+
+  /// Every code at most 2L (for b ≥ 2) and the padding bits of the last byte zero.
+  static void validate_codes(const std::uint8_t* codes, std::uint64_t n, int bits) {
+    if (bits > 1) {
+      const auto top = static_cast<std::uint8_t>(2 * uniform_levels(bits));
+      bool valid = true;
+      if (bits == 8) {
+        for (std::uint64_t i = 0; i < n; ++i) valid &= codes[i] <= top;
+      } else {
+        for (std::uint64_t i = 0; i < n; ++i) valid &= packed_code(codes, i, bits) <= top;
+      }
+      detail::require(valid, errc::malformed_payload, "a code exceeds the largest level");
+    }
+    const std::uint64_t used_bits = n * static_cast<std::uint64_t>(bits);
+    if (used_bits % 8 != 0)
+      detail::require((codes[used_bits / 8] >> (used_bits % 8)) == 0, errc::malformed_payload,
+                      "non-zero padding bits after the last code");
+  }
+
+  /// 8-bit round-to-nearest codes of x[0, count) (count a multiple of 16) with t = x·inv, 16
+  /// values at a time; cvtps2dq rounds half to even exactly as round_half_even does.
+  static void encode8_rtn(const float* x, std::uint64_t count, float inv, std::uint8_t* codes) {
+#if defined(__SSE2__)
+    const __m128 scale = _mm_set1_ps(inv);
+    const __m128i offset = _mm_set1_epi8(127);
+    for (std::uint64_t i = 0; i < count; i += 16) {
+      const __m128i q0 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i), scale));
+      const __m128i q1 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i + 4), scale));
+      const __m128i q2 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i + 8), scale));
+      const __m128i q3 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i + 12), scale));
+      // |t| ≤ 127·(1 + 2^-23) rounds into [−127, 127]: the saturating packs are exact here.
+      const __m128i q = _mm_packs_epi16(_mm_packs_epi32(q0, q1), _mm_packs_epi32(q2, q3));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm_add_epi8(q, offset));
+    }
+#else
+    for (std::uint64_t i = 0; i < count; ++i)
+      codes[i] = uniform_code(uniform_level(x[i] * inv, 8, rounding::nearest_even, 0.0f), 8);
+#endif
+  }
+};
+
+}  // namespace gradcomp

@@ -1,0 +1,448 @@
+// Error feedback around the sparsifiers: the EF invariant against sums accumulated by the test,
+// the top-k residual against a full-sort oracle, failed steps leaving the state bit-identical, and
+// the saved state (its documented layout, bit-identical continuation, every load error).
+#include <gradcomp/feedback/error_feedback.hpp>
+#include <gradcomp/sparsify/randomk.hpp>
+#include <gradcomp/sparsify/threshold.hpp>
+#include <gradcomp/sparsify/topk.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "support/codec_io.hpp"
+#include "support/data.hpp"
+#include "support/errors.hpp"
+#include "support/oracles.hpp"
+
+using namespace gradcomp;
+using namespace gradcomp::test;
+
+static_assert(stateful<error_feedback<topk_sparsifier<float>>, cpu_executor>);
+static_assert(stateful<error_feedback<randomk_sparsifier<double>>, cpu_executor>);
+static_assert(stateful<error_feedback<threshold_sparsifier<float>>, cpu_executor>);
+static_assert(codec<error_feedback<topk_sparsifier<float>>>);
+static_assert(error_feedback<threshold_sparsifier<double>>::id == codec_id::threshold);
+
+namespace {
+
+/// One EF step with buffers sized as the wrapper asks; returns exactly the bytes written.
+template <class Codec, class T>
+std::vector<std::byte> ef_step(const error_feedback<Codec>& ef, const std::vector<T>& grad,
+                               error_feedback_state<T>& state, message_key key = {}) {
+  const cpu_executor cpu;
+  std::vector<std::byte> out(ef.max_encoded_bytes(grad.size()));
+  std::vector<std::byte> ws(ef.workspace_bytes(cpu, grad.size()));
+  out.resize(ef.encode(cpu, std::span<const T>(grad), state, out, ws, key));
+  return out;
+}
+
+/// The object representation of a state: residual bytes, then the step counter.
+template <class T>
+std::vector<std::byte> bits_of(const error_feedback_state<T>& state) {
+  const auto residual = std::as_bytes(std::span<const T>(state.residual));
+  const auto steps = std::as_bytes(std::span<const std::uint64_t>(&state.steps, 1));
+  std::vector<std::byte> bits(residual.begin(), residual.end());
+  bits.insert(bits.end(), steps.begin(), steps.end());
+  return bits;
+}
+
+/// The saved bytes of a state.
+template <class Codec, class T>
+std::vector<std::byte> saved(const error_feedback<Codec>& ef, const error_feedback_state<T>& state) {
+  std::vector<std::byte> bytes(ef.saved_state_bytes(state.residual.size()));
+  CHECK(ef.save_state(cpu_executor{}, state, bytes) == bytes.size());
+  return bytes;
+}
+
+/// The gradient of step t: N(0, 1e-3) values, a fresh draw each step.
+template <class T>
+std::vector<T> gradient(std::size_t n, std::uint64_t t) {
+  return make_input<T>(input_kind::normal, n, 9000 + t);
+}
+
+message_key key_of(std::uint64_t t) { return {.step = t, .tensor_id = 3}; }
+
+// Checks Σ_t d_t + e_T = Σ_t g_t element by element over `steps` steps, where d_t is the test's own
+// decoding of message t with the inner codec.
+//
+// Bound. With T's unit roundoff u = eps_T/2, a step computes a_t = fl(g_t + e_t) and
+// e_{t+1} = fl(a_t − d_t), so e_{t+1} = g_t + e_t − d_t + ε_t with |ε_t| ≤ u·(|a_t| + |e_{t+1}|).
+// Telescoping from e_0 = 0 gives Σ_t d_t + e_T − Σ_t g_t = Σ_t ε_t, at most u·Σ_t (|a_t| + |e_{t+1}|).
+// The test forms the left side in double by recursive summation of 2·steps + 1 terms, which adds at
+// most (2·steps + 1)·u_d·Σ|terms|; the bound below takes twice that, eps_d = 2·u_d, to cover the
+// γ_m = m·u_d/(1 − m·u_d) denominator. For top-k and threshold d_t is 0 or exactly a_t, so
+// e_{t+1} is exact and only the rounding of a_t contributes; random-k scales by n/k, so a_t − d_t
+// rounds too.
+template <class Codec>
+void check_invariant(const Codec& inner, std::size_t n, std::uint64_t steps) {
+  using T = typename Codec::value_type;
+  const error_feedback<Codec> ef(inner);
+  const cpu_executor cpu;
+  auto state = ef.make_state(cpu, n);
+  std::vector<double> sum_decoded(n, 0.0), sum_grad(n, 0.0), sum_abs_terms(n, 0.0), ef_rounding(n, 0.0);
+  for (std::uint64_t t = 0; t < steps; ++t) {
+    const std::vector<T> g = gradient<T>(n, t);
+    const std::vector<T> residual_before = state.residual;
+    const std::vector<std::byte> message = ef_step(ef, g, state, key_of(t));
+    const std::vector<T> d = decode_values(inner, message, n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const T a = g[i] + residual_before[i];
+      sum_decoded[i] += static_cast<double>(d[i]);
+      sum_grad[i] += static_cast<double>(g[i]);
+      sum_abs_terms[i] += std::fabs(static_cast<double>(d[i])) + std::fabs(static_cast<double>(g[i]));
+      ef_rounding[i] += std::fabs(static_cast<double>(a)) + std::fabs(static_cast<double>(state.residual[i]));
+    }
+  }
+  CHECK(state.steps == steps);
+
+  const double u = std::numeric_limits<T>::epsilon() / 2;
+  const double eps_d = std::numeric_limits<double>::epsilon();
+  const auto terms = static_cast<double>(2 * steps + 1);
+  std::size_t violations = 0;
+  double worst_bound = 0.0, largest_residual = 0.0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double e = static_cast<double>(state.residual[i]);
+    const double bound = u * ef_rounding[i] + terms * eps_d * (sum_abs_terms[i] + std::fabs(e));
+    const double gap = std::fabs(sum_decoded[i] + e - sum_grad[i]);
+    if (!(gap <= bound)) {
+      if (violations == 0) {
+        CAPTURE(i);
+        CAPTURE(gap);
+        CAPTURE(bound);
+        CHECK(gap <= bound);
+      }
+      ++violations;
+    }
+    worst_bound = std::max(worst_bound, bound);
+    largest_residual = std::max(largest_residual, std::fabs(e));
+  }
+  CHECK(violations == 0);
+  // The bound has teeth: a wrapper that dropped the residual would miss by about |e_T|.
+  CHECK(worst_bound < 1e-3 * largest_residual);
+}
+
+template <class T>
+void check_invariant_for_all_codecs(std::size_t n) {
+  constexpr std::uint64_t steps = 50;
+  SUBCASE("top-k 1%") { check_invariant(topk_sparsifier<T>(sparsity{.density = 0.01}), n, steps); }
+  SUBCASE("random-k 5%, unscaled") {
+    check_invariant(randomk_sparsifier<T>({.amount = {.density = 0.05}, .seed = 11, .scaled = false}), n, steps);
+  }
+  // Decoding as value·n/k makes a_t − d_t round. The residual of a sent element becomes −19·a_t, so
+  // it grows over the steps (EF with an unbiased scaled codec does); the invariant still holds.
+  SUBCASE("random-k 5%, scaled by n/k") {
+    check_invariant(randomk_sparsifier<T>({.amount = {.density = 0.05}, .seed = 11}), n, steps);
+  }
+  SUBCASE("threshold 1%") {
+    check_invariant(threshold_sparsifier<T>({.target = {.density = 0.01}, .seed = 5}), n, steps);
+  }
+}
+
+// Runs 10 steps straight, and again with the state saved after 5 and restored into a fresh state;
+// both runs must write the same bytes and end in the same state.
+template <class Codec>
+void check_continuation(const Codec& inner, std::size_t n) {
+  using T = typename Codec::value_type;
+  const error_feedback<Codec> ef(inner);
+  const cpu_executor cpu;
+  std::vector<std::vector<std::byte>> straight_messages;
+  auto straight = ef.make_state(cpu, n);
+  for (std::uint64_t t = 0; t < 10; ++t) straight_messages.push_back(ef_step(ef, gradient<T>(n, t), straight, key_of(t)));
+
+  auto first_half = ef.make_state(cpu, n);
+  for (std::uint64_t t = 0; t < 5; ++t) ef_step(ef, gradient<T>(n, t), first_half, key_of(t));
+  const std::vector<std::byte> checkpoint = saved(ef, first_half);
+  auto resumed = ef.make_state(cpu, n);
+  ef.load_state(cpu, checkpoint, resumed);
+  CHECK(bits_of(resumed) == bits_of(first_half));
+  for (std::uint64_t t = 5; t < 10; ++t) {
+    CAPTURE(t);
+    CHECK(ef_step(ef, gradient<T>(n, t), resumed, key_of(t)) == straight_messages[t]);
+  }
+  CHECK(resumed.steps == 10);
+  CHECK(bits_of(resumed) == bits_of(straight));
+}
+
+// Steps a few times, then checks that NaN and ±Inf at `index` of the gradient are rejected with the
+// state bit-identical and the output untouched, so the inner codec never ran.
+template <class Codec>
+void check_non_finite_gradient(const error_feedback<Codec>& ef, std::size_t n, std::size_t index) {
+  using T = typename Codec::value_type;
+  const cpu_executor cpu;
+  auto state = ef.make_state(cpu, n);
+  for (std::uint64_t t = 0; t < 3; ++t) ef_step(ef, gradient<T>(n, t), state, key_of(t));
+  const std::vector<std::byte> before = bits_of(state);
+  std::vector<std::byte> ws(ef.workspace_bytes(cpu, n));
+  const T specials[] = {std::numeric_limits<T>::quiet_NaN(), -std::numeric_limits<T>::quiet_NaN(),
+                        std::numeric_limits<T>::infinity(), -std::numeric_limits<T>::infinity()};
+  for (const T special : specials) {
+    CAPTURE(special);
+    std::vector<T> g = gradient<T>(n, 3);
+    g[index] = special;
+    std::vector<std::byte> out(ef.max_encoded_bytes(n), std::byte{0xAB});
+    CHECK(thrown_by([&] { ef.encode(cpu, std::span<const T>(g), state, out, ws, key_of(3)); }) ==
+          named(errc::non_finite_input));
+    CHECK(bits_of(state) == before);
+    CHECK(std::all_of(out.begin(), out.end(), [](std::byte b) { return b == std::byte{0xAB}; }));
+  }
+}
+
+// A small saved state whose residual is not zero: n = 5 floats, top-k keeping 2, after 2 steps.
+const error_feedback<topk_sparsifier<float>> small_ef(topk_sparsifier<float>(sparsity{.k = 2}));
+constexpr std::size_t small_n = 5;
+
+error_feedback_state<float> small_state() {
+  auto state = small_ef.make_state(cpu_executor{}, small_n);
+  ef_step(small_ef, std::vector<float>{0.5f, -2.0f, 0.25f, 3.0f, -0.125f}, state);
+  ef_step(small_ef, std::vector<float>{1.0f, 0.75f, -1.5f, 0.5f, 2.0f}, state);
+  return state;
+}
+
+/// A state with recognisable contents, the target of loads that must fail.
+template <class T>
+error_feedback_state<T> sentinel_state(std::size_t n) {
+  return {std::vector<T>(n, T{7}), 42};
+}
+
+template <class U>
+U read_at(const std::vector<std::byte>& bytes, std::size_t offset) {
+  U value;
+  std::memcpy(&value, bytes.data() + offset, sizeof value);
+  return value;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("error feedback keeps sum of decoded messages plus residual equal to sum of gradients", T, float,
+                   double) {
+  check_invariant_for_all_codecs<T>(std::is_same_v<T, float> ? 10007 : 1000);
+}
+
+TEST_CASE_TEMPLATE("error feedback with top-k leaves exactly the unsent values after one step", T, float, double) {
+  const std::size_t n = std::is_same_v<T, float> ? 10007 : 1000;
+  const error_feedback<topk_sparsifier<T>> ef(topk_sparsifier<T>(sparsity{.density = 0.01}));
+  for (const input_kind kind : {input_kind::normal, input_kind::ties}) {
+    CAPTURE(name(kind));
+    const std::vector<T> g = make_input<T>(kind, n, 77);
+    auto state = ef.make_state(cpu_executor{}, n);
+    const std::vector<std::byte> message = ef_step(ef, g, state);
+
+    const std::vector<std::size_t> kept = topk_indices_oracle<T>(g, ef.inner().k(n));
+    std::vector<T> unsent = g;
+    for (const std::size_t i : kept) unsent[i] = T{0};
+    CHECK(bitwise_equal(state.residual, unsent));
+    CHECK(bitwise_equal(decode_values(ef.inner(), message, n), dense_at<T>(g, kept)));
+    CHECK(state.steps == 1);
+  }
+}
+
+TEST_CASE("error feedback messages are the inner codec's") {
+  const topk_sparsifier<float> inner(sparsity{.density = 0.05});
+  const error_feedback<topk_sparsifier<float>> ef(inner);
+  const cpu_executor cpu;
+  const std::size_t n = 1000;
+  CHECK(ef.max_encoded_bytes(n) == inner.max_encoded_bytes(n));
+  CHECK(ef.params_hash() == inner.params_hash());
+  CHECK(ef.workspace_bytes(cpu, n) >= inner.workspace_bytes(cpu, n) + 2 * n * sizeof(float));
+
+  const std::vector<float> g = gradient<float>(n, 1);
+  auto state = ef.make_state(cpu, n);
+  const std::vector<std::byte> message = ef_step(ef, g, state);
+  CHECK(message == encode_bytes(inner, g));
+
+  std::vector<std::byte> ws(ef.workspace_bytes(cpu, n));
+  std::vector<float> decoded(n, 1.0f), accumulated(n, 1.0f);
+  ef.decode(cpu, message, std::span<float>(decoded), ws);
+  ef.decode_accumulate(cpu, message, std::span<float>(accumulated), ws);
+  const std::vector<float> expected = decode_values(inner, message, n);
+  CHECK(bitwise_equal(decoded, expected));
+  bool sums = true;
+  for (std::size_t i = 0; i < n; ++i) sums = sums && accumulated[i] == 1.0f + expected[i];
+  CHECK(sums);
+}
+
+TEST_CASE_TEMPLATE("error feedback rejects NaN and Inf before the codec runs and keeps the state", T, float, double) {
+  const std::size_t n = 1000;
+  const error_feedback<topk_sparsifier<T>> ef(topk_sparsifier<T>(sparsity{.k = 10}));
+  const cpu_executor cpu;
+
+  SUBCASE("in the gradient") {
+    check_non_finite_gradient(ef, n, 123);
+    // Random-k does not inspect the values it does not send, so only the wrapper's check can reject
+    // one at an unsent index: π(k) is the first index not sent.
+    const randomk_sparsifier<T> randomk({.amount = {.k = 10}, .seed = 11});
+    const auto unsent = static_cast<std::size_t>(randomk.permutation(n, key_of(3))(10));
+    check_non_finite_gradient(error_feedback<randomk_sparsifier<T>>(randomk), n, unsent);
+  }
+
+  SUBCASE("in gradient + residual, which overflows") {
+    const T big = std::numeric_limits<T>::max();
+    std::vector<T> g = gradient<T>(n, 0);
+    for (std::size_t i = 0; i < 10; ++i) g[i] = big * static_cast<T>(0.9);  // the 10 kept values
+    g[500] = big * T{0.75};  // unsent, so carried in the residual
+    auto state = ef.make_state(cpu, n);
+    ef_step(ef, g, state);
+    REQUIRE(state.residual[500] == big * T{0.75});
+    const std::vector<std::byte> before = bits_of(state);
+    std::vector<T> next = gradient<T>(n, 1);
+    next[500] = big * T{0.75};  // finite, but 1.5·max once the residual is added
+    CHECK(thrown_by([&] { ef_step(ef, next, state); }) == named(errc::non_finite_input));
+    CHECK(bits_of(state) == before);
+  }
+}
+
+TEST_CASE("error feedback keeps the state when a buffer is too small or the sizes differ") {
+  const std::size_t n = 1000;
+  const error_feedback<topk_sparsifier<float>> ef(topk_sparsifier<float>(sparsity{.density = 0.01}));
+  const cpu_executor cpu;
+  auto state = ef.make_state(cpu, n);
+  for (std::uint64_t t = 0; t < 3; ++t) ef_step(ef, gradient<float>(n, t), state);
+  const std::vector<std::byte> before = bits_of(state);
+  const std::vector<float> g = gradient<float>(n, 3);
+  std::vector<std::byte> out(ef.max_encoded_bytes(n));
+  std::vector<std::byte> ws(ef.workspace_bytes(cpu, n));
+
+  std::vector<std::byte> small_out(100);
+  CHECK(thrown_by([&] { ef.encode(cpu, std::span<const float>(g), state, small_out, ws); }) ==
+        named(errc::buffer_too_small));
+  CHECK(bits_of(state) == before);
+
+  std::vector<std::byte> small_ws(100);
+  CHECK(thrown_by([&] { ef.encode(cpu, std::span<const float>(g), state, out, small_ws); }) ==
+        named(errc::workspace_too_small));
+  CHECK(bits_of(state) == before);
+
+  const std::vector<float> longer = gradient<float>(n + 1, 3);
+  CHECK(thrown_by([&] { ef.encode(cpu, std::span<const float>(longer), state, out, ws); }) ==
+        named(errc::size_mismatch));
+  CHECK(thrown_by([&] { ef.encode(cpu, std::span<const float>(g).first(n - 1), state, out, ws); }) ==
+        named(errc::size_mismatch));
+  CHECK(bits_of(state) == before);
+}
+
+TEST_CASE("error feedback resumes bit-identically from a saved state") {
+  SUBCASE("top-k float") { check_continuation(topk_sparsifier<float>(sparsity{.density = 0.01}), 10007); }
+  SUBCASE("random-k double") {
+    check_continuation(randomk_sparsifier<double>({.amount = {.density = 0.05}, .seed = 11}), 1000);
+  }
+  SUBCASE("threshold float") {
+    check_continuation(threshold_sparsifier<float>({.target = {.density = 0.01}, .seed = 5}), 10007);
+  }
+}
+
+TEST_CASE("error feedback saves its state in the documented layout") {
+  const auto state = small_state();
+  const std::vector<std::byte> bytes = saved(small_ef, state);
+  REQUIRE(bytes.size() == 37 + small_n * sizeof(float) + 4);
+  CHECK(std::memcmp(bytes.data(), "GCEF", 4) == 0);
+  CHECK(read_at<std::uint16_t>(bytes, 4) == 1);
+  CHECK(read_at<std::uint16_t>(bytes, 6) == static_cast<std::uint16_t>(codec_id::topk));
+  CHECK(read_at<std::uint8_t>(bytes, 8) == static_cast<std::uint8_t>(value_dtype::float32));
+  CHECK(read_at<std::uint64_t>(bytes, 9) == small_n);
+  CHECK(read_at<std::uint64_t>(bytes, 17) == 2);
+  CHECK(read_at<std::uint64_t>(bytes, 25) == small_ef.params_hash());
+  CHECK(read_at<std::uint32_t>(bytes, 33) == crc32c(std::span(bytes).first(33)));
+  std::vector<float> values(small_n);
+  for (std::size_t i = 0; i < small_n; ++i) values[i] = read_at<float>(bytes, 37 + 4 * i);
+  CHECK(bitwise_equal(values, state.residual));
+  CHECK(read_at<std::uint32_t>(bytes, 57) == crc32c(std::span(bytes).subspan(37, 20)));
+
+  std::vector<std::byte> short_buffer(bytes.size() - 1);
+  CHECK(thrown_by([&] { small_ef.save_state(cpu_executor{}, state, short_buffer); }) ==
+        named(errc::buffer_too_small));
+}
+
+TEST_CASE("error feedback rejects damaged or mismatched saved states and keeps the target state") {
+  const cpu_executor cpu;
+  const std::vector<std::byte> good = saved(small_ef, small_state());
+  auto target = sentinel_state<float>(small_n);
+  const std::vector<std::byte> untouched = bits_of(target);
+  const auto load = [&](const auto& ef, const std::vector<std::byte>& bytes, auto& state) {
+    return thrown_by([&] { ef.load_state(cpu, bytes, state); });
+  };
+
+  SUBCASE("every truncation, and one byte too many") {
+    for (std::size_t length = 0; length < good.size(); ++length) {
+      CAPTURE(length);
+      const std::vector<std::byte> prefix(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(length));
+      CHECK(load(small_ef, prefix, target) == named(errc::truncated));
+    }
+    std::vector<std::byte> longer = good;
+    longer.push_back(std::byte{0});
+    CHECK(load(small_ef, longer, target) == named(errc::trailing_bytes));
+  }
+
+  SUBCASE("every single-bit flip") {
+    for (std::size_t bit = 0; bit < good.size() * 8; ++bit) {
+      const std::size_t byte = bit / 8;
+      const errc expected = byte < 4    ? errc::bad_magic
+                            : byte < 6  ? errc::unsupported_version
+                            : byte < 37 ? errc::header_checksum
+                                        : errc::payload_checksum;
+      std::vector<std::byte> flipped = good;
+      flipped[byte] ^= std::byte{static_cast<unsigned char>(1u << (bit % 8))};
+      const std::string outcome = load(small_ef, flipped, target);
+      if (outcome != named(expected)) {
+        CAPTURE(bit);
+        CHECK(outcome == named(expected));
+      }
+    }
+  }
+
+  SUBCASE("another element count, codec, value type or parameters") {
+    auto shorter = sentinel_state<float>(small_n - 1);
+    auto longer = sentinel_state<float>(small_n + 1);
+    CHECK(load(small_ef, good, shorter) == named(errc::size_mismatch));
+    CHECK(load(small_ef, good, longer) == named(errc::size_mismatch));
+    CHECK(bits_of(shorter) == bits_of(sentinel_state<float>(small_n - 1)));
+    CHECK(bits_of(longer) == bits_of(sentinel_state<float>(small_n + 1)));
+
+    const error_feedback<randomk_sparsifier<float>> other_codec(randomk_sparsifier<float>({.amount = {.k = 2}}));
+    CHECK(load(other_codec, good, target) == named(errc::codec_mismatch));
+
+    const error_feedback<topk_sparsifier<double>> other_dtype(topk_sparsifier<double>(sparsity{.k = 2}));
+    auto double_target = sentinel_state<double>(small_n);
+    CHECK(load(other_dtype, good, double_target) == named(errc::dtype_mismatch));
+    CHECK(bits_of(double_target) == bits_of(sentinel_state<double>(small_n)));
+
+    const error_feedback<topk_sparsifier<float>> other_params(topk_sparsifier<float>(sparsity{.k = 3}));
+    CHECK(load(other_params, good, target) == named(errc::parameter_mismatch));
+  }
+
+  SUBCASE("a huge element count behind a valid header CRC") {
+    std::vector<std::byte> huge = good;
+    const std::uint64_t n = std::numeric_limits<std::uint64_t>::max();
+    std::memcpy(huge.data() + 9, &n, sizeof n);
+    const std::uint32_t crc = crc32c(std::span(huge).first(33));
+    std::memcpy(huge.data() + 33, &crc, sizeof crc);
+    CHECK(load(small_ef, huge, target) == named(errc::size_mismatch));
+  }
+
+  CHECK(bits_of(target) == untouched);
+  small_ef.load_state(cpu, good, target);
+  CHECK(bits_of(target) == bits_of(small_state()));
+}
+
+TEST_CASE("error feedback steps, saves and restores an empty tensor") {
+  const error_feedback<topk_sparsifier<double>> ef(topk_sparsifier<double>(sparsity{.density = 0.01}));
+  const cpu_executor cpu;
+  auto state = ef.make_state(cpu, 0);
+  const std::vector<std::byte> message = ef_step(ef, std::vector<double>{}, state);
+  CHECK(decode_values(ef.inner(), message, 0).empty());
+  CHECK(state.steps == 1);
+  const std::vector<std::byte> bytes = saved(ef, state);
+  CHECK(bytes.size() == 37 + 4);
+  auto restored = sentinel_state<double>(0);
+  ef.load_state(cpu, bytes, restored);
+  CHECK(restored.steps == 1);
+}
