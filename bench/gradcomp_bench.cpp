@@ -326,6 +326,7 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
   const uniform_quantizer<float> uniform8_sr({.bits = 8, .round = rounding::stochastic, .seed = 1});
   const uniform_quantizer<float> uniform4({.bits = 4});
   const error_feedback<topk_sparsifier<float>> ef_topk(topk);
+  const loco<uniform_quantizer<float>> loco4(uniform4);
   const message_key key{.step = 1, .tensor_id = 0};
 
   const auto size = static_cast<std::size_t>(n);
@@ -334,7 +335,7 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
       std::max({topk.max_encoded_bytes(n), randomk.max_encoded_bytes(n), threshold.max_encoded_bytes(n)});
   const std::size_t workspace_bytes =
       std::max({topk.workspace_bytes(cpu, n), randomk.workspace_bytes(cpu, n), threshold.workspace_bytes(cpu, n),
-                ef_topk.workspace_bytes(cpu, n), std::size_t{1}});
+                ef_topk.workspace_bytes(cpu, n), loco4.workspace_bytes(cpu, n), std::size_t{1}});
 
   fmt::print(stderr, "gradcomp-bench: n = {}, k = {}: allocating and filling buffers\n", n, k);
   std::fflush(stderr);
@@ -477,6 +478,17 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
       opt, [&] { ef_bytes = ef_topk.encode(cpu, gradient, ef_state, out, ws, key); },
       [&] { sum.add_message(message(ef_bytes)); });
   add("ef_topk/encode", ef_encode, dense_bytes / static_cast<double>(ef_bytes));
+
+  // LoCo around 4-bit uniform quantization (8-bit compensation state, about 1 byte per element).
+  fmt::print(stderr, "gradcomp-bench: n = {}: loco_uniform4 (state {:.4f} bytes per element)\n", n,
+             loco4.state_bytes_per_element(n));
+  std::fflush(stderr);
+  auto loco_state = loco4.make_state(cpu, n);
+  std::size_t loco_bytes = 0;
+  const timing loco_encode = measure(
+      opt, [&] { loco_bytes = loco4.encode(cpu, gradient, loco_state, out, ws, key); },
+      [&] { sum.add_message(message(loco_bytes)); });
+  add("loco_uniform4/encode", loco_encode, dense_bytes / static_cast<double>(loco_bytes));
 
   for (std::size_t i = first; i < records.size(); ++i) records[i].copy_median = copy.median;
 }

@@ -44,6 +44,11 @@ std::vector<train::codec_entry> demo_codecs() {
                         error_feedback(randomk_sparsifier<float>({.amount = one_percent, .seed = 7, .scaled = false}))),
       train::make_entry("threshold 1% + EF", error_feedback(threshold_sparsifier<float>({.target = one_percent}))),
       train::make_entry("uniform 4-bit", uniform_quantizer<float>({.bits = 4})),
+      train::make_entry("uniform 4-bit + LoCo", loco(uniform_quantizer<float>({.bits = 4}))),
+      train::make_entry("uniform 2-bit", uniform_quantizer<float>({.bits = 2})),
+      train::make_entry("uniform 2-bit + LoCo", loco(uniform_quantizer<float>({.bits = 2}))),
+      train::make_entry("sign + EF", error_feedback(sign_quantizer<float>())),
+      train::make_entry("QSGD 7 levels", qsgd_quantizer<float>({.levels = 7, .seed = 5})),
       train::make_entry("uniform 4-bit SR + EF",
                         error_feedback(uniform_quantizer<float>({.bits = 4, .round = rounding::stochastic, .seed = 3}))),
   };

@@ -25,5 +25,10 @@
 #include <gradcomp/sparsify/topk.hpp>
 
 #include <gradcomp/feedback/error_feedback.hpp>
+#include <gradcomp/feedback/loco.hpp>
+#include <gradcomp/quantize/qsgd.hpp>
+#include <gradcomp/quantize/qsgd_math.hpp>
+#include <gradcomp/quantize/sign.hpp>
+#include <gradcomp/quantize/sign_math.hpp>
 #include <gradcomp/quantize/uniform.hpp>
 #include <gradcomp/quantize/uniform_math.hpp>

@@ -157,7 +157,7 @@ void check_matrix() {
   const randomk_sparsifier<T> randomk_raw({.amount = {.density = 0.25}, .seed = 3, .scaled = false});
   for (const input kind : {input::empty, input::single, input::all_zero, input::all_negative_zero, input::subnormals,
                            input::largest_finite, input::all_nan, input::one_inf, input::one_negative_inf}) {
-    CAPTURE(name(kind));
+    CAPTURE(std::string(name(kind)));
     const std::vector<T> x = make<T>(kind);
     const bool non_finite = kind == input::all_nan || kind == input::one_inf || kind == input::one_negative_inf;
     const outcome sparse_expected = non_finite ? outcome::encode_rejected : outcome::decoded;
@@ -176,6 +176,15 @@ void check_matrix() {
       CHECK(u.what == (non_finite ? outcome::encode_rejected : outcome::decoded));
       if (non_finite) CHECK(u.error == named(errc::non_finite_input));
     }
+
+    const result sign = run(sign_quantizer<T>({.block = 16}), x, 0.0);
+    CHECK(sign.what == (non_finite ? outcome::encode_rejected : outcome::decoded));
+    if (non_finite) CHECK(sign.error == named(errc::non_finite_input));
+    // QSGD also rejects a bucket whose L2 norm overflows the value type (16 × the largest value).
+    const result qsgd = run(qsgd_quantizer<T>({.levels = 7, .bucket = 16, .seed = 1}), x, 0.0);
+    const bool norm_overflows = non_finite || kind == input::largest_finite;
+    CHECK(qsgd.what == (norm_overflows ? outcome::encode_rejected : outcome::decoded));
+    if (norm_overflows) CHECK(qsgd.error == named(errc::non_finite_input));
 
     // Random-k rejects a non-finite value only if it selects it; with 25% of 64 kept, all-NaN is
     // always selected. Scaled by n/k = 4, the largest finite values would overflow: the decoder

@@ -21,6 +21,8 @@ enum class codec_id : std::uint16_t {
   random_k = 2,   ///< Random-k sparsification (indices implied by the key).
   threshold = 3,  ///< Sampled-threshold (DGC-style) sparsification.
   uniform = 16,   ///< Uniform b-bit quantization with one scale per block.
+  qsgd = 17,      ///< QSGD: s levels of |x|/‖x‖ per bucket, stochastic and unbiased.
+  sign = 18,      ///< Sign (EF-signSGD / 1-bit): one bit per value, mean magnitude per block.
 };
 
 /// Element type of the values a message carries. Values are part of the wire format.

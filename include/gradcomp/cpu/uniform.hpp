@@ -118,16 +118,11 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
     for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
       const std::uint64_t end = std::min(n, begin + block);
       const T s = scale_at(scales, j);
-      if (bits == 8) {
-        if (accumulate)
-          for (std::uint64_t i = begin; i < end; ++i) dense[i] += static_cast<T>(int{codes[i]} - 127) * s;
-        else
-          for (std::uint64_t i = begin; i < end; ++i) dense[i] = static_cast<T>(int{codes[i]} - 127) * s;
-      } else {
-        for (std::uint64_t i = begin; i < end; ++i) {
-          const T v = static_cast<T>(uniform_code_level(packed_code(codes, i, bits), bits)) * s;
-          dense[i] = accumulate ? dense[i] + v : v;
-        }
+      switch (bits) {
+        case 1: decode_block<1>(codes, begin, end, s, dense, accumulate); break;
+        case 2: decode_block<2>(codes, begin, end, s, dense, accumulate); break;
+        case 4: decode_block<4>(codes, begin, end, s, dense, accumulate); break;
+        default: decode_block<8>(codes, begin, end, s, dense, accumulate); break;
       }
     }
   }
@@ -184,22 +179,43 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
     return from_bits<T>(largest);
   }
 
-  /// Every code at most 2L (for b ≥ 2) and the padding bits of the last byte zero.
+  /// Every code at most 2L (for b ≥ 2) and the padding bits of the last byte zero. With 2L = 2^b − 2
+  /// the only code too large is all ones, which a byte-wise bit test finds for every width.
   static void validate_codes(const std::uint8_t* codes, std::uint64_t n, int bits) {
-    if (bits > 1) {
-      const auto top = static_cast<std::uint8_t>(2 * uniform_levels(bits));
-      bool valid = true;
-      if (bits == 8) {
-        for (std::uint64_t i = 0; i < n; ++i) valid &= codes[i] <= top;
-      } else {
-        for (std::uint64_t i = 0; i < n; ++i) valid &= packed_code(codes, i, bits) <= top;
-      }
-      detail::require(valid, errc::malformed_payload, "a code exceeds the largest level");
-    }
     const std::uint64_t used_bits = n * static_cast<std::uint64_t>(bits);
+    const std::uint64_t bytes = used_bits / 8 + (used_bits % 8 != 0 ? 1 : 0);
+    if (bits > 1) {
+      unsigned all_ones = 0;
+      for (std::uint64_t b = 0; b < bytes; ++b) {
+        unsigned x = codes[b];
+        if (bits == 2) x &= x >> 1;  // bit 2k set: field k is 0b11
+        if (bits == 4) {
+          x &= x >> 2;
+          x &= x >> 1;
+        }
+        if (bits == 8) x = x == 0xFFu ? 1u : 0u;
+        all_ones |= x & (bits == 2 ? 0x55u : bits == 4 ? 0x11u : 0x01u);
+      }
+      detail::require(all_ones == 0, errc::malformed_payload, "a code exceeds the largest level");
+    }
     if (used_bits % 8 != 0)
       detail::require((codes[used_bits / 8] >> (used_bits % 8)) == 0, errc::malformed_payload,
                       "non-zero padding bits after the last code");
+  }
+
+  /// Decodes elements [begin, end) of step s, with the code width a compile-time constant.
+  template <int Bits>
+  static void decode_block(const std::uint8_t* codes, std::uint64_t begin, std::uint64_t end, T s, T* dense,
+                           bool accumulate) {
+    constexpr auto mask = static_cast<unsigned>((1 << Bits) - 1);
+    const auto level = [codes](std::uint64_t i) {
+      const unsigned code = (unsigned{codes[i * Bits / 8]} >> (i * Bits % 8)) & mask;
+      return static_cast<T>(Bits == 1 ? 2 * static_cast<int>(code) - 1 : static_cast<int>(code) - uniform_levels(Bits));
+    };
+    if (accumulate)
+      for (std::uint64_t i = begin; i < end; ++i) dense[i] += level(i) * s;
+    else
+      for (std::uint64_t i = begin; i < end; ++i) dense[i] = level(i) * s;
   }
 
   /// 8-bit round-to-nearest codes of x[0, count) (count a multiple of 16) with t = x·inv, 16

@@ -1,0 +1,249 @@
+#pragma once
+/// @file
+/// CPU reference of LoCo, scalar. One pass forms h = g + dequant8(e) in the workspace and checks
+/// it; the inner codec encodes h and decodes its own message into the workspace; a pass turns that
+/// decoding into the new unquantized error β·dequant8(e) + (1 − β)·(h − ĥ) in place and checks it;
+/// a last pass quantizes it group by group into the state. The state is written only by that last
+/// pass, after everything that can fail. A reset due at this step is applied by reading the old
+/// error as zero, so a failed step leaves it undone.
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <gradcomp/core/backend.hpp>
+#include <gradcomp/core/cpu_executor.hpp>
+#include <gradcomp/core/crc32c.hpp>
+#include <gradcomp/core/error.hpp>
+#include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/core/workspace.hpp>
+#include <gradcomp/feedback/loco.hpp>
+#include <gradcomp/quantize/uniform_math.hpp>
+
+namespace gradcomp {
+
+/// LoCo on the CPU.
+template <class Codec>
+struct backend<loco<Codec>, cpu_executor> {
+  using T = typename Codec::value_type;
+  using loco_type = loco<Codec>;
+  using state_type = loco_state<T>;
+  using format = loco_saved_format;
+
+  /// Bits of the stored error.
+  static constexpr int error_bits = 8;
+
+  struct scratch {
+    std::span<T> compensated;    ///< h = g + dequant8(e).
+    std::span<T> decoded;        ///< ĥ, then the new error before quantization.
+    std::span<std::byte> inner;  ///< The inner codec's workspace.
+  };
+
+  static scratch carve(workspace_arena& arena, const loco_type& lc, const cpu_executor& e, std::uint64_t n) {
+    scratch s;
+    s.compensated = arena.take<T>(static_cast<std::size_t>(n));
+    s.decoded = arena.take<T>(static_cast<std::size_t>(n));
+    s.inner = arena.take<std::byte>(lc.inner().workspace_bytes(e, n));
+    return s;
+  }
+
+  static std::size_t workspace_bytes(const loco_type& lc, const cpu_executor& e, std::uint64_t n) {
+    workspace_arena arena = workspace_arena::measure();
+    carve(arena, lc, e, n);
+    return arena.bytes_needed();
+  }
+
+  static state_type make_state(const loco_type& lc, const cpu_executor&, std::uint64_t n) {
+    return state_type{std::vector<std::int8_t>(static_cast<std::size_t>(n), std::int8_t{0}),
+                      std::vector<T>(static_cast<std::size_t>(lc.group_count(n)), T{0}), 0, 0};
+  }
+
+  static std::size_t encode(const loco_type& lc, const cpu_executor& e, std::span<const T> grad, state_type& state,
+                            std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
+    const std::size_t n = grad.size();
+    check_shape(lc, state, n, "gradient");
+    workspace_arena arena(ws);
+    const scratch s = carve(arena, lc, e, n);
+    const std::size_t group = lc.params().error_group;
+    const bool reset = state.steps >= lc.params().reset_period;
+    const T* const g = grad.data();
+    const std::int8_t* const codes = state.codes.data();
+    const T* const scales = state.scales.data();
+    T* const h = s.compensated.data();
+
+    // NaN or ±Inf in g makes h NaN or ±Inf too, so testing h alone also catches an overflow of g + e.
+    std::size_t non_finite = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      h[i] = g[i] + (reset ? T{0} : dequant(codes[i], scales[i / group]));
+      non_finite += static_cast<std::size_t>(!is_finite(h[i]));
+    }
+    detail::require(non_finite == 0, errc::non_finite_input, [&] {
+      return std::to_string(non_finite) + " of " + std::to_string(n) +
+             " values of gradient + error are NaN or Inf; the state is unchanged";
+    });
+
+    const std::size_t bytes = lc.inner().encode(e, std::span<const T>(s.compensated), out, s.inner, key);
+    lc.inner().decode(e, std::span<const std::byte>(out.first(bytes)), s.decoded, s.inner);
+
+    // v = β·dequant8(e) + (1 − β)·(h − ĥ), written over ĥ.
+    const auto beta = static_cast<T>(lc.params().beta);
+    const T keep = T{1} - beta;
+    T* const v = s.decoded.data();
+    for (std::size_t i = 0; i < n; ++i) {
+      const T old = reset ? T{0} : dequant(codes[i], scales[i / group]);
+      v[i] = beta * old + keep * (h[i] - v[i]);
+      non_finite += static_cast<std::size_t>(!is_finite(v[i]));
+    }
+    detail::require(non_finite == 0, errc::non_finite_input, [&] {
+      return std::to_string(non_finite) + " of " + std::to_string(n) +
+             " values of the new compensation error are NaN or Inf; the state is unchanged";
+    });
+
+    // quant8, group by group, straight into the state.
+    std::int8_t* const new_codes = state.codes.data();
+    T* const new_scales = state.scales.data();
+    for (std::size_t begin = 0, j = 0; begin < n; begin += group, ++j) {
+      const std::size_t end = std::min(n, begin + group);
+      typename float_traits<T>::bits_type largest = 0;
+      for (std::size_t i = begin; i < end; ++i) largest = std::max(largest, magnitude_key(v[i]));
+      const T step = uniform_step(from_bits<T>(largest), error_bits);
+      new_scales[j] = step;
+      for (std::size_t i = begin; i < end; ++i)
+        new_codes[i] = step == T{0} ? std::int8_t{0}
+                                    : static_cast<std::int8_t>(
+                                          uniform_level(v[i] / step, error_bits, rounding::nearest_even, T{0}));
+    }
+    state.steps = reset ? 1 : state.steps + 1;
+    ++state.total_steps;
+    return bytes;
+  }
+
+  static std::size_t save_state(const loco_type& lc, const cpu_executor&, const state_type& state,
+                                std::span<std::byte> bytes) {
+    const std::uint64_t n = state.codes.size();
+    check_shape(lc, state, static_cast<std::size_t>(n), "state");
+    const std::size_t size = lc.saved_state_bytes(n);
+    detail::require(bytes.size() >= size, errc::buffer_too_small, [&] {
+      return "buffer of " + std::to_string(bytes.size()) + " bytes cannot hold the " + std::to_string(size) +
+             "-byte saved state";
+    });
+    std::byte* const p = bytes.data();
+    detail::store_le<std::uint32_t>(p + 0, format::magic);
+    detail::store_le<std::uint16_t>(p + 4, format::version);
+    detail::store_le<std::uint16_t>(p + 6, static_cast<std::uint16_t>(Codec::id));
+    detail::store_le<std::uint8_t>(p + 8, static_cast<std::uint8_t>(dtype_of<T>));
+    detail::store_le<std::uint64_t>(p + 9, n);
+    detail::store_le<std::uint64_t>(p + 17, state.steps);
+    detail::store_le<std::uint64_t>(p + 25, state.total_steps);
+    detail::store_le<std::uint64_t>(p + 33, lc.params_hash());
+    detail::store_le<std::uint32_t>(p + 41, std::bit_cast<std::uint32_t>(lc.params().beta));
+    detail::store_le<std::uint32_t>(p + 45, lc.params().reset_period);
+    detail::store_le<std::uint32_t>(p + 49, lc.params().error_group);
+    detail::store_le<std::uint32_t>(p + format::header_crc_offset, crc32c({p, format::header_crc_offset}));
+    const std::span<const std::byte> codes = std::as_bytes(std::span<const std::int8_t>(state.codes));
+    const std::span<const std::byte> scales = std::as_bytes(std::span<const T>(state.scales));
+    std::byte* const payload = p + format::header_bytes;
+    std::ranges::copy(codes, payload);
+    std::ranges::copy(scales, payload + codes.size());
+    const std::size_t payload_size = codes.size() + scales.size();
+    detail::store_le<std::uint32_t>(payload + payload_size, crc32c({payload, payload_size}));
+    return size;
+  }
+
+  static void load_state(const loco_type& lc, const cpu_executor&, std::span<const std::byte> bytes,
+                         state_type& state) {
+    detail::require(bytes.size() >= format::header_bytes, errc::truncated, [&] {
+      return "saved state of " + std::to_string(bytes.size()) + " bytes is shorter than its " +
+             std::to_string(format::header_bytes) + "-byte header";
+    });
+    const std::byte* const p = bytes.data();
+    detail::require(detail::load_le<std::uint32_t>(p) == format::magic, errc::bad_magic,
+                    "saved state does not start with \"GCLC\"");
+    const auto version = detail::load_le<std::uint16_t>(p + 4);
+    detail::require(version == format::version, errc::unsupported_version, [&] {
+      return "saved-state version " + std::to_string(version) + ", this build reads version 1";
+    });
+    detail::require(detail::load_le<std::uint32_t>(p + format::header_crc_offset) ==
+                        crc32c({p, format::header_crc_offset}),
+                    errc::header_checksum, "saved-state header CRC-32C does not match its contents");
+    const auto codec = detail::load_le<std::uint16_t>(p + 6);
+    detail::require(codec == static_cast<std::uint16_t>(Codec::id), errc::codec_mismatch, [&] {
+      return "state saved around codec " + std::to_string(codec) + ", this one wraps codec " +
+             std::to_string(static_cast<unsigned>(Codec::id));
+    });
+    detail::require(detail::load_le<std::uint8_t>(p + 8) == static_cast<std::uint8_t>(dtype_of<T>),
+                    errc::dtype_mismatch, "saved state's value type differs from the codec's");
+    const auto n = detail::load_le<std::uint64_t>(p + 9);
+    detail::require(n == state.codes.size(), errc::size_mismatch, [&] {
+      return "saved state has " + std::to_string(n) + " elements, the state " + std::to_string(state.codes.size());
+    });
+    detail::require(detail::load_le<std::uint64_t>(p + 33) == lc.params_hash(), errc::parameter_mismatch,
+                    "inner codec parameters (hash) differ between the saved state and this codec");
+    const loco_params saved{std::bit_cast<float>(detail::load_le<std::uint32_t>(p + 41)),
+                            detail::load_le<std::uint32_t>(p + 45), detail::load_le<std::uint32_t>(p + 49)};
+    detail::require(std::bit_cast<std::uint32_t>(saved.beta) == std::bit_cast<std::uint32_t>(lc.params().beta) &&
+                        saved.reset_period == lc.params().reset_period &&
+                        saved.error_group == lc.params().error_group,
+                    errc::parameter_mismatch, [&] {
+                      return "state saved with beta " + std::to_string(saved.beta) + ", reset_period " +
+                             std::to_string(saved.reset_period) + ", error_group " +
+                             std::to_string(saved.error_group) + "; this wrapper has beta " +
+                             std::to_string(lc.params().beta) + ", reset_period " +
+                             std::to_string(lc.params().reset_period) + ", error_group " +
+                             std::to_string(lc.params().error_group);
+                    });
+    check_shape(lc, state, static_cast<std::size_t>(n), "saved state");
+    const std::size_t size = lc.saved_state_bytes(n);
+    detail::require(bytes.size() >= size, errc::truncated, [&] {
+      return "saved state of " + std::to_string(bytes.size()) + " bytes, its header declares " + std::to_string(size);
+    });
+    detail::require(bytes.size() == size, errc::trailing_bytes, [&] {
+      return std::to_string(bytes.size() - size) + " bytes follow the saved state";
+    });
+    const std::size_t code_bytes = static_cast<std::size_t>(n);
+    const std::size_t scale_bytes = state.scales.size() * sizeof(T);
+    const std::span<const std::byte> payload = bytes.subspan(format::header_bytes, code_bytes + scale_bytes);
+    detail::require(detail::load_le<std::uint32_t>(payload.data() + payload.size()) == crc32c(payload),
+                    errc::payload_checksum, "saved error CRC-32C does not match");
+    bool valid = true;
+    for (std::size_t i = 0; i < code_bytes; ++i)
+      valid &= static_cast<std::int8_t>(std::to_integer<std::uint8_t>(payload[i])) != std::int8_t{-128};
+    detail::require(valid, errc::malformed_payload, "a saved error code is -128, outside [-127, 127]");
+    const std::span<const std::byte> scales = payload.subspan(code_bytes);
+    for (std::size_t j = 0; j < state.scales.size(); ++j) {
+      T scale;
+      std::ranges::copy(scales.subspan(j * sizeof(T), sizeof(T)), reinterpret_cast<std::byte*>(&scale));
+      valid &= (to_bits(scale) >> (sizeof(T) * 8 - 1)) == 0 && is_finite(scale * T{127});
+    }
+    detail::require(valid, errc::malformed_payload, "a saved error scale is negative, NaN, Inf or too large");
+
+    std::ranges::copy(payload.first(code_bytes), std::as_writable_bytes(std::span<std::int8_t>(state.codes)).begin());
+    std::ranges::copy(scales, std::as_writable_bytes(std::span<T>(state.scales)).begin());
+    state.steps = detail::load_le<std::uint64_t>(p + 17);
+    state.total_steps = detail::load_le<std::uint64_t>(p + 25);
+  }
+
+ private:
+  /// dequant8 of one element.
+  [[nodiscard]] static T dequant(std::int8_t code, T scale) noexcept { return static_cast<T>(code) * scale; }
+
+  /// The state holds n codes and ⌈n/G⌉ scales; `size_mismatch` otherwise.
+  static void check_shape(const loco_type& lc, const state_type& state, std::size_t n, const char* what) {
+    detail::require(state.codes.size() == n, errc::size_mismatch, [&] {
+      return std::string(what) + " has " + std::to_string(n) + " elements, the state " +
+             std::to_string(state.codes.size());
+    });
+    detail::require(state.scales.size() == lc.group_count(n), errc::size_mismatch, [&] {
+      return "state holds " + std::to_string(state.scales.size()) + " error scales, " + std::to_string(n) +
+             " elements in groups of " + std::to_string(lc.params().error_group) + " need " +
+             std::to_string(lc.group_count(n));
+    });
+  }
+};
+
+}  // namespace gradcomp

@@ -1,0 +1,155 @@
+#pragma once
+/// @file
+/// CPU reference of the QSGD quantizer: per bucket, one pass for the maximum magnitude (which also
+/// finds NaN and Inf), one for the norm in the documented order, one for the codes.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+
+#include <gradcomp/core/backend.hpp>
+#include <gradcomp/core/bit_packing.hpp>
+#include <gradcomp/core/cpu_executor.hpp>
+#include <gradcomp/core/crc32c.hpp>
+#include <gradcomp/core/error.hpp>
+#include <gradcomp/core/philox.hpp>
+#include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/quantize/qsgd.hpp>
+
+namespace gradcomp {
+
+/// QSGD quantization on the CPU.
+template <gradient_value T>
+struct backend<qsgd_quantizer<T>, cpu_executor> {
+  using key_type = typename float_traits<T>::bits_type;
+
+  static std::size_t workspace_bytes(const qsgd_quantizer<T>&, const cpu_executor&, std::uint64_t) noexcept {
+    return 0;
+  }
+
+  static std::size_t encode(const qsgd_quantizer<T>& codec, const cpu_executor&, std::span<const T> grad,
+                            std::span<std::byte> out, std::span<std::byte>, message_key key) {
+    const std::uint64_t n = grad.size();
+    const std::size_t size = codec.max_encoded_bytes(n);
+    detail::require(out.size() >= size, errc::buffer_too_small, [&] {
+      return "output of " + std::to_string(out.size()) + " bytes cannot hold the " + std::to_string(size) +
+             "-byte message";
+    });
+    // Until the envelope is written last, no earlier message in `out` may pass for this one.
+    std::memset(out.data(), 0, envelope::size);
+    const int bits = codec.bits();
+    const std::uint32_t levels = codec.levels();
+    const std::uint64_t bucket = codec.params().bucket;
+    std::byte* const norms = out.data() + envelope::size;
+    auto* const codes = reinterpret_cast<std::uint8_t*>(norms + codec.bucket_count(n) * sizeof(T));
+    std::memset(codes, 0, static_cast<std::size_t>(packed_bytes(n, bits)));
+    const random_stream stream{codec.params().seed, key.step, key.tensor_id, random_purpose::stochastic_rounding};
+
+    for (std::uint64_t begin = 0, j = 0; begin < n; begin += bucket, ++j) {
+      const std::uint64_t end = std::min(n, begin + bucket);
+      const T m = bucket_max(grad.data() + begin, grad.data() + end);
+      T norm{};
+      detail::require(qsgd_bucket_norm(grad.data() + begin, end - begin, m, norm), errc::non_finite_input,
+                      [&] { return "the L2 norm of bucket " + std::to_string(j) + " overflows the value type"; });
+      std::memcpy(norms + j * sizeof(T), &norm, sizeof norm);
+      if (norm == T{0}) continue;  // a zero bucket keeps its codes 0
+      philox_block words{};
+      std::uint64_t cached = UINT64_MAX;
+      for (std::uint64_t i = begin; i < end; ++i) {
+        if (i / 4 != cached) {
+          cached = i / 4;
+          words = stream.block(cached);
+        }
+        const T u = static_cast<T>(words.word[i % 4] >> 8) * static_cast<T>(1.0 / 16777216.0);
+        const T x = grad[i];
+        const int level = qsgd_level(from_bits<T>(magnitude_key(x)), norm, levels, u);
+        const std::uint64_t bit = i * static_cast<std::uint64_t>(bits);
+        codes[bit / 8] = static_cast<std::uint8_t>(codes[bit / 8] | (qsgd_code(level, sign_bit_of(x), bits) << (bit % 8)));
+      }
+    }
+
+    const std::span<const std::byte> payload(norms, size - envelope::size);
+    const bool checksum = codec.wire().payload_checksum;
+    write_envelope({codec_id::qsgd, dtype_of<T>, 0, static_cast<std::uint16_t>(checksum ? flag_payload_checksum : 0),
+                    key, n, payload.size(), codec.params_hash(), checksum ? crc32c(payload) : 0},
+                   out);
+    return size;
+  }
+
+  static void decode(const qsgd_quantizer<T>& codec, const cpu_executor&, std::span<const std::byte> message,
+                     std::span<T> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
+    const envelope e = parse_envelope(message);
+    validate_envelope(e, {codec_id::qsgd, dtype_of<T>, out.size(), codec.params_hash()}, limits);
+    const int bits = codec.bits();
+    const std::uint32_t levels = codec.levels();
+    const std::uint64_t n = e.elements;
+    detail::require(e.layout == 0, errc::malformed_payload, "QSGD messages have layout 0");
+    detail::require(n <= e.payload_bytes * 8 / static_cast<std::uint64_t>(bits) &&
+                        e.payload_bytes == codec.payload_bytes(n),
+                    errc::malformed_payload, [&] {
+                      return "payload of " + std::to_string(e.payload_bytes) + " bytes does not hold " +
+                             std::to_string(n) + " elements";
+                    });
+    const std::byte* const norms = message.data() + envelope::size;
+    const auto* const codes = reinterpret_cast<const std::uint8_t*>(norms + codec.bucket_count(n) * sizeof(T));
+    const std::uint64_t bucket = codec.params().bucket;
+    const auto top = static_cast<int>(levels);
+    for (std::uint64_t begin = 0, j = 0; begin < n; begin += bucket, ++j) {
+      const std::uint64_t end = std::min(n, begin + bucket);
+      const T norm = norm_at(norms, j);
+      detail::require(sign_bit_of(norm) == 0 && is_finite(norm), errc::malformed_payload,
+                      [&] { return "norm of bucket " + std::to_string(j) + " is negative or not finite"; });
+      bool valid = true;
+      if (norm == T{0}) {
+        for (std::uint64_t i = begin; i < end; ++i) valid &= packed_code(codes, i, bits) == 0;
+      } else {
+        for (std::uint64_t i = begin; i < end; ++i) {
+          const std::uint8_t c = packed_code(codes, i, bits);
+          const int level = qsgd_code_level(c, bits);
+          valid &= level <= top && (level != 0 || c == 0);
+        }
+      }
+      detail::require(valid, errc::malformed_payload, [&] {
+        return "bucket " + std::to_string(j) + " holds a level above s, a signed zero level, or a code under norm 0";
+      });
+    }
+    const std::uint64_t used_bits = n * static_cast<std::uint64_t>(bits);
+    if (used_bits % 8 != 0)
+      detail::require((codes[used_bits / 8] >> (used_bits % 8)) == 0, errc::malformed_payload,
+                      "non-zero padding bits after the last code");
+
+    T* const dense = out.data();
+    for (std::uint64_t begin = 0, j = 0; begin < n; begin += bucket, ++j) {
+      const std::uint64_t end = std::min(n, begin + bucket);
+      const T norm = norm_at(norms, j);
+      for (std::uint64_t i = begin; i < end; ++i) {
+        const T v = qsgd_decoded(packed_code(codes, i, bits), norm, levels, bits);
+        dense[i] = accumulate ? dense[i] + v : v;
+      }
+    }
+  }
+
+ private:
+  [[nodiscard]] static T norm_at(const std::byte* norms, std::uint64_t j) noexcept {
+    T s;
+    std::memcpy(&s, norms + j * sizeof(T), sizeof s);
+    return s;
+  }
+
+  /// max |x| over [first, last); throws `non_finite_input` on NaN or Inf.
+  [[nodiscard]] static T bucket_max(const T* first, const T* last) {
+    key_type largest = 0;
+    for (const T* p = first; p != last; ++p) largest = std::max(largest, magnitude_key(*p));
+    detail::require(largest < float_traits<T>::infinity_key, errc::non_finite_input, [&] {
+      return "gradient value " +
+             std::to_string(static_cast<std::size_t>(std::find_if(first, last, [](T v) { return !is_finite(v); }) - first)) +
+             " of a bucket is NaN or Inf";
+    });
+    return from_bits<T>(largest);
+  }
+};
+
+}  // namespace gradcomp

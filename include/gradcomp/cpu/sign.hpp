@@ -1,0 +1,124 @@
+#pragma once
+/// @file
+/// CPU reference of the sign quantizer: per block, one pass for the maximum magnitude (which also
+/// finds NaN and Inf), one for the mean magnitude in the documented order, one for the sign bits.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+
+#include <gradcomp/core/backend.hpp>
+#include <gradcomp/core/bit_packing.hpp>
+#include <gradcomp/core/cpu_executor.hpp>
+#include <gradcomp/core/crc32c.hpp>
+#include <gradcomp/core/error.hpp>
+#include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/quantize/sign.hpp>
+
+namespace gradcomp {
+
+/// Sign quantization on the CPU.
+template <gradient_value T>
+struct backend<sign_quantizer<T>, cpu_executor> {
+  using key_type = typename float_traits<T>::bits_type;
+
+  static std::size_t workspace_bytes(const sign_quantizer<T>&, const cpu_executor&, std::uint64_t) noexcept {
+    return 0;
+  }
+
+  static std::size_t encode(const sign_quantizer<T>& codec, const cpu_executor&, std::span<const T> grad,
+                            std::span<std::byte> out, std::span<std::byte>, message_key key) {
+    const std::uint64_t n = grad.size();
+    const std::size_t size = codec.max_encoded_bytes(n);
+    detail::require(out.size() >= size, errc::buffer_too_small, [&] {
+      return "output of " + std::to_string(out.size()) + " bytes cannot hold the " + std::to_string(size) +
+             "-byte message";
+    });
+    // Until the envelope is written last, no earlier message in `out` may pass for this one.
+    std::memset(out.data(), 0, envelope::size);
+    const std::uint64_t block = codec.params().block;
+    std::byte* const scales = out.data() + envelope::size;
+    auto* const bits = reinterpret_cast<std::uint8_t*>(scales + codec.block_count(n) * sizeof(T));
+    std::memset(bits, 0, static_cast<std::size_t>(packed_bytes(n, 1)));
+
+    for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
+      const std::uint64_t end = std::min(n, begin + block);
+      const T m = block_max(grad.data() + begin, grad.data() + end);
+      const T s = sign_block_scale(grad.data() + begin, end - begin, m);
+      std::memcpy(scales + j * sizeof(T), &s, sizeof s);
+      if (s == T{0}) continue;  // a zero-scale block keeps its bits 0
+      for (std::uint64_t i = begin; i < end; ++i)
+        bits[i / 8] = static_cast<std::uint8_t>(bits[i / 8] | (sign_bit_of(grad[i]) << (i % 8)));
+    }
+
+    const std::span<const std::byte> payload(scales, size - envelope::size);
+    const bool checksum = codec.wire().payload_checksum;
+    write_envelope({codec_id::sign, dtype_of<T>, 0, static_cast<std::uint16_t>(checksum ? flag_payload_checksum : 0),
+                    key, n, payload.size(), codec.params_hash(), checksum ? crc32c(payload) : 0},
+                   out);
+    return size;
+  }
+
+  static void decode(const sign_quantizer<T>& codec, const cpu_executor&, std::span<const std::byte> message,
+                     std::span<T> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
+    const envelope e = parse_envelope(message);
+    validate_envelope(e, {codec_id::sign, dtype_of<T>, out.size(), codec.params_hash()}, limits);
+    const std::uint64_t n = e.elements;
+    detail::require(e.layout == 0, errc::malformed_payload, "sign messages have layout 0");
+    detail::require(n <= e.payload_bytes * 8 && e.payload_bytes == codec.payload_bytes(n), errc::malformed_payload, [&] {
+      return "payload of " + std::to_string(e.payload_bytes) + " bytes does not hold " + std::to_string(n) +
+             " elements";
+    });
+    const std::byte* const scales = message.data() + envelope::size;
+    const auto* const bits = reinterpret_cast<const std::uint8_t*>(scales + codec.block_count(n) * sizeof(T));
+    const std::uint64_t block = codec.params().block;
+    for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
+      const T s = scale_at(scales, j);
+      detail::require(sign_bit_of(s) == 0 && is_finite(s), errc::malformed_payload,
+                      [&] { return "scale of block " + std::to_string(j) + " is negative or not finite"; });
+      if (s == T{0}) {
+        bool clear = true;
+        for (std::uint64_t i = begin; i < std::min(n, begin + block); ++i) clear &= packed_code(bits, i, 1) == 0;
+        detail::require(clear, errc::malformed_payload,
+                        [&] { return "block " + std::to_string(j) + " has scale 0 but a set sign bit"; });
+      }
+    }
+    if (n % 8 != 0)
+      detail::require((bits[n / 8] >> (n % 8)) == 0, errc::malformed_payload,
+                      "non-zero padding bits after the last sign bit");
+
+    T* const dense = out.data();
+    for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
+      const std::uint64_t end = std::min(n, begin + block);
+      const T s = scale_at(scales, j);
+      for (std::uint64_t i = begin; i < end; ++i) {
+        const T v = sign_decoded(packed_code(bits, i, 1), s);
+        dense[i] = accumulate ? dense[i] + v : v;
+      }
+    }
+  }
+
+ private:
+  [[nodiscard]] static T scale_at(const std::byte* scales, std::uint64_t j) noexcept {
+    T s;
+    std::memcpy(&s, scales + j * sizeof(T), sizeof s);
+    return s;
+  }
+
+  /// max |x| over [first, last); throws `non_finite_input` on NaN or Inf.
+  [[nodiscard]] static T block_max(const T* first, const T* last) {
+    key_type largest = 0;
+    for (const T* p = first; p != last; ++p) largest = std::max(largest, magnitude_key(*p));
+    detail::require(largest < float_traits<T>::infinity_key, errc::non_finite_input, [&] {
+      return "gradient value " +
+             std::to_string(static_cast<std::size_t>(std::find_if(first, last, [](T v) { return !is_finite(v); }) - first)) +
+             " of a block is NaN or Inf";
+    });
+    return from_bits<T>(largest);
+  }
+};
+
+}  // namespace gradcomp

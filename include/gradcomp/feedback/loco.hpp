@@ -1,0 +1,211 @@
+#pragma once
+/// @file
+/// LoCo (Xie et al. 2024): low-bit communication with a moving average of compensation errors,
+/// around any codec (ALGORITHMS.md §3).
+///
+/// State: the compensation error e, stored 8-bit (one int8 code per element and one scale per
+/// group of `error_group` elements, about one byte per element), and the step count t since the
+/// last reset. One step, with β = `beta` and T = `reset_period`:
+///
+///     if t ≥ T: e ← 0, t ← 0
+///     h = g + dequant8(e);   q = C(h) (the inner codec's message);   ĥ = D(q)
+///     e ← quant8( β·dequant8(e) + (1 − β)·(h − ĥ) );   t ← t + 1;   send q
+///
+/// β weighs the old error (the reference's convention, DeepSpeed `err_beta`). quant8 is the
+/// symmetric 8-bit arithmetic of quantize/uniform_math.hpp: per group, s = max|v| / 127
+/// (`uniform_step`), code = clamp(round_half_even(v / s), −127, 127) (`uniform_level`), s = 0 and
+/// codes 0 for a group of zeros; dequant8 is code·s. The messages are the inner codec's own
+/// (same codec id, envelope and parameter hash), so any rank decodes them with the inner codec.
+///
+/// Summed over steps, (1 − β)·Σ_t (D(q_t) − g_t) = −(e_T − e_0) up to the 8-bit rounding of e, so
+/// the decoded messages track the gradients within a bounded error, like error feedback.
+///
+/// Special values: a step whose gradient, compensated gradient h (g + e may overflow) or new error
+/// holds NaN or ±Inf is rejected with `errc::non_finite_input`. A failed step, whatever the
+/// reason, leaves the state (e, t, total) bit-identical; a reset due at that step is not done.
+///
+/// Saved state (`save_state`, `load_state`; integers little-endian, no padding; G = error_group,
+/// m = ⌈n/G⌉):
+///
+/// | Offset | Size | Field |
+/// |---:|---:|---|
+/// | 0 | 4 | magic "GCLC" |
+/// | 4 | 2 | format version (1) |
+/// | 6 | 2 | inner `codec_id` |
+/// | 8 | 1 | `value_dtype` |
+/// | 9 | 8 | element count n |
+/// | 17 | 8 | steps since the last reset t |
+/// | 25 | 8 | steps taken in all |
+/// | 33 | 8 | inner `params_hash()` |
+/// | 41 | 4 | β (float32) |
+/// | 45 | 4 | reset period T |
+/// | 49 | 4 | error group G |
+/// | 53 | 4 | CRC-32C of bytes 0..52 |
+/// | 57 | n | error codes (int8) |
+/// | 57 + n | m·sizeof(T) | error scales (value type) |
+/// | 57 + n + m·sizeof(T) | 4 | CRC-32C of the codes and scales |
+///
+/// `load_state` checks, in this order, and throws the named `errc` before touching the state:
+/// length of the header (`truncated`), magic (`bad_magic`), version (`unsupported_version`),
+/// header CRC (`header_checksum`), codec (`codec_mismatch`), dtype (`dtype_mismatch`), n against
+/// the state's size (`size_mismatch`), inner parameter hash and β, T, G (`parameter_mismatch`),
+/// the state's scale count (`size_mismatch`), total length (`truncated`, `trailing_bytes`), payload
+/// CRC (`payload_checksum`), codes in [−127, 127] and scales finite and ≥ 0 (`malformed_payload`).
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gradcomp/core/backend.hpp>
+#include <gradcomp/core/concepts.hpp>
+#include <gradcomp/core/error.hpp>
+#include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/wire_envelope.hpp>
+
+namespace gradcomp {
+
+/// Parameters of LoCo (defaults: the reference's).
+struct loco_params {
+  float beta = 0.8f;                 ///< Weight of the old error in the moving average, in [0, 1).
+  std::uint32_t reset_period = 1024; ///< The error is zeroed before the step once t reaches this (≥ 1).
+  std::uint32_t error_group = 256;   ///< Elements per scale of the stored 8-bit error (≥ 1).
+
+  /// Throws `invalid_argument` for β outside [0, 1) (NaN included), a zero period or group.
+  void validate() const {
+    detail::require(beta >= 0.0f && beta < 1.0f, errc::invalid_argument,
+                    [&] { return "beta must lie in [0, 1), got " + std::to_string(beta); });
+    detail::require(reset_period >= 1, errc::invalid_argument, "reset_period must be at least 1");
+    detail::require(error_group >= 1, errc::invalid_argument, "error_group must hold at least one value");
+  }
+
+  friend constexpr bool operator==(const loco_params&, const loco_params&) = default;
+};
+
+/// State of LoCo for one tensor, in host memory: the 8-bit compensation error and step counters.
+template <gradient_value T>
+struct loco_state {
+  std::vector<std::int8_t> codes;  ///< Error codes in [−127, 127], one per element.
+  std::vector<T> scales;           ///< Error scales, one per group of `error_group` elements.
+  std::uint64_t steps = 0;         ///< Steps since the last reset (t).
+  std::uint64_t total_steps = 0;   ///< Steps completed in all.
+};
+
+/// Layout constants of a saved LoCo state (see the table in this file's comment).
+struct loco_saved_format {
+  static constexpr std::uint32_t magic = 0x434C4347u;   ///< "GCLC" as a little-endian word.
+  static constexpr std::uint16_t version = 1;           ///< The version this build writes and reads.
+  static constexpr std::size_t header_crc_offset = 53;  ///< Where the header CRC lies; it covers bytes before.
+  static constexpr std::size_t header_bytes = 57;       ///< Header size, its CRC included.
+  static constexpr std::size_t checksum_bytes = 4;      ///< Size of the trailing CRC of codes and scales.
+};
+
+/// LoCo around `Codec`: encodes the gradient plus the stored compensation error, and folds what
+/// the codec dropped into that error as a moving average.
+template <class Codec>
+class loco {
+  static_assert(codec<Codec>, "loco<Codec> wraps a gradcomp codec: Codec must model gradcomp::codec");
+
+ public:
+  using value_type = typename Codec::value_type;  ///< Element type of the gradient.
+  using state_type = loco_state<value_type>;      ///< The 8-bit error and step counters.
+  static constexpr codec_id id = Codec::id;       ///< Messages are the inner codec's.
+
+  /// LoCo around `inner`. @throws error `invalid_argument` for invalid parameters.
+  explicit loco(Codec inner = Codec{}, loco_params params = {}) : inner_(std::move(inner)), params_(params) {
+    params_.validate();
+  }
+
+  /// The wrapped codec; it decodes this wrapper's messages.
+  [[nodiscard]] const Codec& inner() const noexcept { return inner_; }
+  /// The parameters.
+  [[nodiscard]] const loco_params& params() const noexcept { return params_; }
+
+  /// Number of error groups (and scales) of an n-element tensor.
+  [[nodiscard]] std::uint64_t group_count(std::uint64_t n) const noexcept {
+    return n / params_.error_group + (n % params_.error_group != 0 ? 1 : 0);
+  }
+  /// Bytes of state per element: (n + ⌈n/G⌉·sizeof(T)) / n, 0 for n = 0.
+  [[nodiscard]] double state_bytes_per_element(std::uint64_t n) const noexcept {
+    if (n == 0) return 0.0;
+    return static_cast<double>(n + group_count(n) * sizeof(value_type)) / static_cast<double>(n);
+  }
+
+  /// Largest message `encode` writes for n elements: the inner codec's bound.
+  [[nodiscard]] std::size_t max_encoded_bytes(std::uint64_t n) const noexcept { return inner_.max_encoded_bytes(n); }
+  /// The inner codec's parameter hash, carried in every message and in the saved state.
+  [[nodiscard]] std::uint64_t params_hash() const noexcept { return inner_.params_hash(); }
+
+  /// Workspace bytes that `encode` and `decode` need on executor `e` for n elements: the
+  /// compensated gradient and its decoded message, plus the inner codec's workspace.
+  template <executor E>
+  [[nodiscard]] std::size_t workspace_bytes(const E& e, std::uint64_t n) const {
+    return backend<loco, E>::workspace_bytes(*this, e, n);
+  }
+
+  /// A fresh state for n elements: zero error (codes and scales 0), zero steps.
+  template <executor E>
+  [[nodiscard]] state_type make_state(const E& e, std::uint64_t n) const {
+    return backend<loco, E>::make_state(*this, e, n);
+  }
+
+  /// One LoCo step (this file's comment): encodes h = `grad` + dequant8(e) into `out` (at least
+  /// `max_encoded_bytes(n)` bytes) with the inner codec and updates e and the counters. `ws` holds
+  /// at least `workspace_bytes(e, n)` bytes. On error the state is unchanged.
+  /// @returns bytes written.
+  /// @throws error `size_mismatch` (grad and state differ in size), `non_finite_input` (NaN or ±Inf
+  ///         in grad, in h or in the new error), `workspace_too_small`, or whatever the inner codec throws.
+  template <executor E>
+  std::size_t encode(const E& e, std::span<const value_type> grad, state_type& state, std::span<std::byte> out,
+                     std::span<std::byte> ws, message_key key = {}) const {
+    return backend<loco, E>::encode(*this, e, grad, state, out, ws, key);
+  }
+
+  /// Decodes a message (the inner codec's) into `out`; on error `out` is untouched.
+  /// @throws error naming what is wrong with the message.
+  template <executor E>
+  void decode(const E& e, std::span<const std::byte> message, std::span<value_type> out, std::span<std::byte> ws,
+              decode_limits limits = {}) const {
+    inner_.decode(e, message, out, ws, limits);
+  }
+
+  /// Adds a decoded message (the inner codec's) into `acc`; on error `acc` is untouched.
+  /// @throws error naming what is wrong with the message.
+  template <executor E>
+  void decode_accumulate(const E& e, std::span<const std::byte> message, std::span<value_type> acc,
+                         std::span<std::byte> ws, decode_limits limits = {}) const {
+    inner_.decode_accumulate(e, message, acc, ws, limits);
+  }
+
+  /// Size of a saved state of n elements.
+  [[nodiscard]] std::size_t saved_state_bytes(std::uint64_t n) const noexcept {
+    return loco_saved_format::header_bytes + static_cast<std::size_t>(n + group_count(n) * sizeof(value_type)) +
+           loco_saved_format::checksum_bytes;
+  }
+
+  /// Writes `state` into `bytes` (at least `saved_state_bytes(n)` of them) in the format above.
+  /// @returns bytes written. @throws error `buffer_too_small`, `size_mismatch` (scales and codes
+  ///          do not fit this wrapper's group).
+  template <executor E>
+  std::size_t save_state(const E& e, const state_type& state, std::span<std::byte> bytes) const {
+    return backend<loco, E>::save_state(*this, e, state, bytes);
+  }
+
+  /// Restores `state` (made by `make_state` for the saved n) from exactly the bytes `save_state`
+  /// wrote. Everything is validated first; on error `state` is untouched.
+  /// @throws error in the order of this file's comment.
+  template <executor E>
+  void load_state(const E& e, std::span<const std::byte> bytes, state_type& state) const {
+    backend<loco, E>::load_state(*this, e, bytes, state);
+  }
+
+ private:
+  Codec inner_;
+  loco_params params_;
+};
+
+}  // namespace gradcomp
+
+#include <gradcomp/cpu/loco.hpp>

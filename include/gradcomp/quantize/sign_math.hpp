@@ -1,0 +1,96 @@
+#pragma once
+/// @file
+/// The per-block and per-value arithmetic of the sign quantizer, shared by the CPU reference and a
+/// CUDA backend so that both produce the same bytes. Conventions (block of c values x_0 … x_{c−1},
+/// m = max|x_i|):
+///
+///     float:  acc = Σ |x_i| in double, left to right in index order (exact terms, rounded sums)
+///             scale = float(min(acc / c, m))           (division and min in double)
+///     double: E = ilogb(m) (m > 0; scale = 0 when m = 0)
+///             acc = Σ ldexp(|x_i|, −E) in double, left to right in index order
+///             scale = min(ldexp(acc / c, E), m)
+///     bit of x = IEEE sign bit of x (1 for negative values and for −0); a block whose scale is 0
+///     stores bit 0 for every value
+///     decoded value: +0 when scale = 0, else −scale for bit 1 and +scale for bit 0
+///
+/// The reduction order is part of the format: a parallel backend must reproduce the sequential
+/// left-to-right sum (for instance by one thread per block). The double path scales by 2^−E so that
+/// the sum can neither overflow (every term is below 2, c < 2^32) nor lose subnormal inputs; the
+/// power-of-two scaling is exact, so on ordinary inputs it equals the plain sum. The clamp to m
+/// keeps the rounded mean within the block's magnitudes (and finite).
+
+#include <cstdint>
+
+#include <gradcomp/core/config.hpp>
+#include <gradcomp/core/float_bits.hpp>
+
+#if !defined(__CUDA_ARCH__)
+#include <cmath>
+#endif
+
+namespace gradcomp {
+
+namespace detail {
+/// x·2^e, exactly unless the result over- or underflows.
+GRADCOMP_HOST_DEVICE inline double scale_by_pow2(double x, int e) noexcept {
+#if defined(__CUDA_ARCH__)
+  return ::ldexp(x, e);
+#else
+  return std::ldexp(x, e);
+#endif
+}
+
+/// Unbiased binary exponent of a finite x > 0 (subnormals included).
+GRADCOMP_HOST_DEVICE inline int binary_exponent(double x) noexcept {
+#if defined(__CUDA_ARCH__)
+  return ::ilogb(x);
+#else
+  return std::ilogb(x);
+#endif
+}
+
+/// Correctly rounded square root.
+GRADCOMP_HOST_DEVICE inline double square_root(double x) noexcept {
+#if defined(__CUDA_ARCH__)
+  return ::sqrt(x);
+#else
+  return std::sqrt(x);
+#endif
+}
+}  // namespace detail
+
+/// IEEE sign bit of a value: 1 for negative values and −0, 0 otherwise (NaN never reaches here).
+template <gradient_value T>
+GRADCOMP_HOST_DEVICE inline std::uint8_t sign_bit_of(T value) noexcept {
+  return static_cast<std::uint8_t>(to_bits(value) >> (sizeof(T) * 8 - 1));
+}
+
+/// Scale of a block of `count` ≥ 1 finite values whose largest magnitude is `max_abs`: their mean
+/// magnitude, summed in the documented order (this file's comment).
+template <gradient_value T>
+GRADCOMP_HOST_DEVICE inline T sign_block_scale(const T* x, std::uint64_t count, T max_abs) noexcept {
+  if (!(max_abs > T{0})) return T{0};
+  if constexpr (sizeof(T) == 4) {
+    double acc = 0.0;
+    for (std::uint64_t i = 0; i < count; ++i) acc += static_cast<double>(from_bits<T>(magnitude_key(x[i])));
+    double mean = acc / static_cast<double>(count);
+    const auto m = static_cast<double>(max_abs);
+    mean = mean < m ? mean : m;
+    return static_cast<T>(mean);
+  } else {
+    const int e = detail::binary_exponent(max_abs);
+    double acc = 0.0;
+    for (std::uint64_t i = 0; i < count; ++i) acc += detail::scale_by_pow2(from_bits<T>(magnitude_key(x[i])), -e);
+    const double mean = detail::scale_by_pow2(acc / static_cast<double>(count), e);
+    return mean < max_abs ? mean : max_abs;
+  }
+}
+
+/// Decoded value of a bit under a block scale: +0 for a zero scale, else ±scale.
+template <gradient_value T>
+GRADCOMP_HOST_DEVICE inline T sign_decoded(std::uint8_t bit, T scale) noexcept {
+  if (scale == T{0}) return T{0};
+  return bit != 0 ? -scale : scale;
+}
+
+}  // namespace gradcomp
