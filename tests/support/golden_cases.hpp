@@ -54,6 +54,12 @@ inline const std::vector<golden_case>& golden_cases() {
       {"uniform8_f32.bin",
        [] { return encode_bytes(uniform_quantizer<float>({.bits = 8, .block = 32}), golden_input<float>(100), {.step = 4}); },
        100},
+      {"uniform8_sr_f32.bin",
+       [] {
+         return encode_bytes(uniform_quantizer<float>({.bits = 8, .block = 64, .round = rounding::stochastic, .seed = 11}),
+                             golden_input<float>(300), {.step = 8, .tensor_id = 5});
+       },
+       300},
       {"uniform4_sr_f64.bin",
        [] {
          return encode_bytes(uniform_quantizer<double>({.bits = 4, .block = 16, .round = rounding::stochastic, .seed = 9}),

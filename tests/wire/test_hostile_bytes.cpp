@@ -52,6 +52,8 @@ outcome try_decode(const std::string& file, std::span<const std::byte> message, 
     return run(topk_sparsifier<float>(sparsity{.k = 5}, wire_options{.payload_checksum = true}));
   if (file == "threshold_f32.bin") return run(threshold_sparsifier<float>({.target = {.density = 0.02}, .seed = 1}));
   if (file == "uniform8_f32.bin") return run(uniform_quantizer<float>({.bits = 8, .block = 32}));
+  if (file == "uniform8_sr_f32.bin")
+    return run(uniform_quantizer<float>({.bits = 8, .block = 64, .round = rounding::stochastic, .seed = 11}));
   if (file == "uniform4_sr_f64.bin")
     return run(uniform_quantizer<double>({.bits = 4, .block = 16, .round = rounding::stochastic, .seed = 9}));
   return run(randomk_sparsifier<float>({.amount = {.density = 0.05}, .seed = 42}));
