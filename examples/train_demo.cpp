@@ -48,6 +48,8 @@ std::vector<train::codec_entry> demo_codecs() {
       train::make_entry("uniform 2-bit", uniform_quantizer<float>({.bits = 2})),
       train::make_entry("uniform 2-bit + LoCo", loco(uniform_quantizer<float>({.bits = 2}))),
       train::make_entry("sign + EF", error_feedback(sign_quantizer<float>())),
+      train::make_entry("top-k 1% + 8-bit values + EF",
+                        error_feedback(pipeline(topk_sparsifier<float>(one_percent), uniform_quantizer<float>({.bits = 8})))),
       train::make_entry("QSGD 7 levels", qsgd_quantizer<float>({.levels = 7, .seed = 5})),
       train::make_entry("uniform 4-bit SR + EF",
                         error_feedback(uniform_quantizer<float>({.bits = 4, .round = rounding::stochastic, .seed = 3}))),

@@ -26,6 +26,8 @@
 
 #include <gradcomp/feedback/error_feedback.hpp>
 #include <gradcomp/feedback/loco.hpp>
+#include <gradcomp/pipeline.hpp>
+
 #include <gradcomp/quantize/qsgd.hpp>
 #include <gradcomp/quantize/qsgd_math.hpp>
 #include <gradcomp/quantize/sign.hpp>

@@ -66,6 +66,12 @@ inline const std::vector<golden_case>& golden_cases() {
                              golden_input<double>(50), {.step = 6, .tensor_id = 2});
        },
        50},
+      {"pipeline_topk_u8_f32.bin",
+       [] {
+         return encode_bytes(pipeline(topk_sparsifier<float>(sparsity{.k = 30}), uniform_quantizer<float>({.bits = 8, .block = 16})),
+                             golden_input<float>(1000), {.step = 2});
+       },
+       1000},
       {"randomk_f32.bin",
        [] {
          return encode_bytes(randomk_sparsifier<float>({.amount = {.density = 0.05}, .seed = 42}), golden_input<float>(1000),

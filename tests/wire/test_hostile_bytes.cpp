@@ -51,6 +51,8 @@ outcome try_decode(const std::string& file, std::span<const std::byte> message, 
   if (file == "topk_f32_checksum.bin")
     return run(topk_sparsifier<float>(sparsity{.k = 5}, wire_options{.payload_checksum = true}));
   if (file == "threshold_f32.bin") return run(threshold_sparsifier<float>({.target = {.density = 0.02}, .seed = 1}));
+  if (file == "pipeline_topk_u8_f32.bin")
+    return run(pipeline(topk_sparsifier<float>(sparsity{.k = 30}), uniform_quantizer<float>({.bits = 8, .block = 16})));
   if (file == "uniform8_f32.bin") return run(uniform_quantizer<float>({.bits = 8, .block = 32}));
   if (file == "uniform8_sr_f32.bin")
     return run(uniform_quantizer<float>({.bits = 8, .block = 64, .round = rounding::stochastic, .seed = 11}));

@@ -177,6 +177,8 @@ void check_matrix() {
       if (non_finite) CHECK(u.error == named(errc::non_finite_input));
     }
 
+    const result composed = run(pipeline(topk_sparsifier<T>(sparsity{.density = 0.25}), uniform_quantizer<T>({.bits = 8})), x, 0.0);
+    CHECK(composed.what == (non_finite ? outcome::encode_rejected : outcome::decoded));
     const result sign = run(sign_quantizer<T>({.block = 16}), x, 0.0);
     CHECK(sign.what == (non_finite ? outcome::encode_rejected : outcome::decoded));
     if (non_finite) CHECK(sign.error == named(errc::non_finite_input));

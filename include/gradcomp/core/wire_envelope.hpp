@@ -23,6 +23,7 @@ enum class codec_id : std::uint16_t {
   uniform = 16,   ///< Uniform b-bit quantization with one scale per block.
   qsgd = 17,      ///< QSGD: s levels of |x|/‖x‖ per bucket, stochastic and unbiased.
   sign = 18,      ///< Sign (EF-signSGD / 1-bit): one bit per value, mean magnitude per block.
+  pipeline = 64,  ///< A sparsifier's indices with its kept values encoded by a quantizer.
 };
 
 /// Element type of the values a message carries. Values are part of the wire format.

@@ -19,6 +19,7 @@
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/philox.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/cpu/philox_simd.hpp>
 #include <gradcomp/quantize/uniform.hpp>
 
 #if defined(__SSE2__)
@@ -57,6 +58,7 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
     const auto levels = static_cast<T>(uniform_levels(bits));
     std::uint8_t chunk_codes[chunk];
     T uniforms[chunk];
+    std::uint32_t random_words[chunk + 8];
     for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
       const std::uint64_t end = std::min(n, begin + block);
       const T m = block_max(grad.data() + begin, grad.data() + end);
@@ -67,12 +69,27 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
       for (std::uint64_t first = begin; first < end; first += chunk) {
         const std::uint64_t count = std::min<std::uint64_t>(chunk, end - first);
         if constexpr (std::is_same_v<T, float>) {
-          if (bits == 8 && mode == rounding::nearest_even && multiply && count == chunk) {
-            encode8_rtn(grad.data() + first, chunk, inv, codes + first);
-            continue;
+          if (multiply && count % 16 == 0) {
+            if (bits == 8 && mode == rounding::nearest_even) {
+              encode8_rtn(grad.data() + first, count, inv, codes + first);
+              continue;
+            }
+            if (bits == 4 && mode == rounding::nearest_even && first % 2 == 0) {
+              encode4_rtn(grad.data() + first, count, inv, codes + first / 2);
+              continue;
+            }
+            if (bits == 8 && mode == rounding::stochastic) {
+              const std::uint32_t* const words = stream_words(stream, first, count, random_words);
+              encode8_sr(grad.data() + first, count, inv, words, codes + first);
+              continue;
+            }
           }
         }
-        if (mode == rounding::stochastic) fill_uniforms(stream, first, count, uniforms);
+        if (mode == rounding::stochastic) {
+          const std::uint32_t* const words = stream_words(stream, first, count, random_words);
+          for (std::uint64_t c = 0; c < count; ++c)
+            uniforms[c] = static_cast<T>(words[c] >> 8) * static_cast<T>(1.0 / 16777216.0);
+        }
         for (std::uint64_t c = 0; c < count; ++c) {
           const T h = grad[first + c];
           const T t = s == T{0} ? T{0} : (multiply ? h * inv : h / s);
@@ -131,13 +148,14 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
   /// Values processed together within a block: codes and uniforms are staged in arrays this long.
   static constexpr std::uint64_t chunk = 256;
 
-  /// Stochastic-rounding uniforms of elements [first, first + count): word i of the stream.
-  static void fill_uniforms(const random_stream& stream, std::uint64_t first, std::uint64_t count, T* uniforms) {
-    for (std::uint64_t i = first; i < first + count;) {
-      const philox_block words = stream.block(i / 4);
-      for (std::uint64_t w = i % 4; w < 4 && i < first + count; ++w, ++i)
-        uniforms[i - first] = static_cast<T>(words.word[w] >> 8) * static_cast<T>(1.0 / 16777216.0);
-    }
+  /// Stream words of elements [first, first + count) (count ≤ chunk), computed whole blocks at a
+  /// time into `buffer` (chunk + 8 words); returns where word `first` lies in it.
+  static const std::uint32_t* stream_words(const random_stream& stream, std::uint64_t first, std::uint64_t count,
+                                           std::uint32_t* buffer) noexcept {
+    const std::uint64_t first_block = first / 4;
+    const std::uint64_t end_block = (first + count + 3) / 4;
+    detail::philox_stream_words(stream, first_block, end_block - first_block, buffer);
+    return buffer + first % 4;
   }
 
   /// Writes `count` codes of `bits` bits for elements starting at `first` into the packed array
@@ -169,7 +187,27 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
   /// max |x| over [first, last); throws `non_finite_input` on NaN or Inf.
   [[nodiscard]] static T block_max(const T* first, const T* last) {
     key_type largest = 0;
-    for (const T* p = first; p != last; ++p) largest = std::max(largest, magnitude_key(*p));
+    const T* p = first;
+#if defined(__SSE2__)
+    if constexpr (std::is_same_v<T, float>) {
+      // Magnitude keys are below 2^31, so the signed 32-bit comparison orders them as unsigned.
+      const __m128i mask = _mm_set1_epi32(0x7fffffff);
+      __m128i acc0 = _mm_setzero_si128(), acc1 = _mm_setzero_si128();
+      for (; last - p >= 8; p += 8) {
+        const __m128i k0 = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), mask);
+        const __m128i k1 = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 4)), mask);
+        const __m128i g0 = _mm_cmpgt_epi32(k0, acc0);
+        const __m128i g1 = _mm_cmpgt_epi32(k1, acc1);
+        acc0 = _mm_or_si128(_mm_and_si128(g0, k0), _mm_andnot_si128(g0, acc0));
+        acc1 = _mm_or_si128(_mm_and_si128(g1, k1), _mm_andnot_si128(g1, acc1));
+      }
+      alignas(16) std::uint32_t lanes[8];
+      _mm_store_si128(reinterpret_cast<__m128i*>(lanes), acc0);
+      _mm_store_si128(reinterpret_cast<__m128i*>(lanes + 4), acc1);
+      for (const std::uint32_t k : lanes) largest = std::max(largest, k);
+    }
+#endif
+    for (; p != last; ++p) largest = std::max(largest, magnitude_key(*p));
     detail::require(largest < float_traits<T>::infinity_key, errc::non_finite_input, [&] {
       return "gradient value " + std::to_string(static_cast<std::size_t>(std::find_if(first, last, [](T v) {
                                                    return !is_finite(v);
@@ -186,7 +224,22 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
     const std::uint64_t bytes = used_bits / 8 + (used_bits % 8 != 0 ? 1 : 0);
     if (bits > 1) {
       unsigned all_ones = 0;
-      for (std::uint64_t b = 0; b < bytes; ++b) {
+      std::uint64_t b = 0;
+#if defined(__SSE2__)
+      if (bits == 8 || bits == 4) {
+        // A byte (8 bits) or either nibble (4 bits) all ones.
+        const __m128i low = _mm_set1_epi8(static_cast<char>(bits == 8 ? 0xff : 0x0f));
+        const __m128i high = _mm_set1_epi8(static_cast<char>(bits == 8 ? 0xff : 0xf0));
+        __m128i found = _mm_setzero_si128();
+        for (; b + 16 <= bytes; b += 16) {
+          const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + b));
+          found = _mm_or_si128(found, _mm_cmpeq_epi8(_mm_and_si128(v, low), low));
+          found = _mm_or_si128(found, _mm_cmpeq_epi8(_mm_and_si128(v, high), high));
+        }
+        all_ones = _mm_movemask_epi8(found) != 0 ? 1u : 0u;
+      }
+#endif
+      for (; b < bytes; ++b) {
         unsigned x = codes[b];
         if (bits == 2) x &= x >> 1;  // bit 2k set: field k is 0b11
         if (bits == 4) {
@@ -212,6 +265,41 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
       const unsigned code = (unsigned{codes[i * Bits / 8]} >> (i * Bits % 8)) & mask;
       return static_cast<T>(Bits == 1 ? 2 * static_cast<int>(code) - 1 : static_cast<int>(code) - uniform_levels(Bits));
     };
+#if defined(__SSE2__)
+    if constexpr (std::is_same_v<T, float> && (Bits == 8 || Bits == 4)) {
+      // Whole 16-value groups from the first byte boundary on; the scalar loops do the rest.
+      std::uint64_t i = begin;
+      if constexpr (Bits == 4) {
+        if (i % 2 != 0 && i < end) {
+          dense[i] = accumulate ? dense[i] + level(i) * s : level(i) * s;
+          ++i;
+        }
+      }
+      const __m128 step = _mm_set1_ps(s);
+      const __m128i offset = _mm_set1_epi32(uniform_levels(Bits));
+      const __m128i zero = _mm_setzero_si128();
+      for (; end - i >= 16; i += 16) {
+        __m128i v;  // 16 codes, one per byte
+        if constexpr (Bits == 8) {
+          v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
+        } else {
+          const __m128i packed = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i / 2));
+          const __m128i nibble = _mm_set1_epi8(0x0f);
+          v = _mm_unpacklo_epi8(_mm_and_si128(packed, nibble), _mm_and_si128(_mm_srli_epi16(packed, 4), nibble));
+        }
+        const __m128i lo = _mm_unpacklo_epi8(v, zero);
+        const __m128i hi = _mm_unpackhi_epi8(v, zero);
+        const __m128i q[4] = {_mm_unpacklo_epi16(lo, zero), _mm_unpackhi_epi16(lo, zero), _mm_unpacklo_epi16(hi, zero),
+                              _mm_unpackhi_epi16(hi, zero)};
+        for (int k = 0; k < 4; ++k) {
+          __m128 value = _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(q[k], offset)), step);
+          if (accumulate) value = _mm_add_ps(_mm_loadu_ps(dense + i + 4 * k), value);
+          _mm_storeu_ps(dense + i + 4 * k, value);
+        }
+      }
+      begin = i;
+    }
+#endif
     if (accumulate)
       for (std::uint64_t i = begin; i < end; ++i) dense[i] += level(i) * s;
     else
@@ -236,6 +324,68 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
 #else
     for (std::uint64_t i = 0; i < count; ++i)
       codes[i] = uniform_code(uniform_level(x[i] * inv, 8, rounding::nearest_even, 0.0f), 8);
+#endif
+  }
+
+  /// 4-bit round-to-nearest codes of x[0, count) (count a multiple of 16) with t = x·inv, packed
+  /// two to a byte (the even element in the low nibble) into packed[0, count / 2).
+  static void encode4_rtn(const float* x, std::uint64_t count, float inv, std::uint8_t* packed) {
+#if defined(__SSE2__)
+    const __m128 scale = _mm_set1_ps(inv);
+    const __m128i top = _mm_set1_epi16(7);
+    const __m128i bottom = _mm_set1_epi16(-7);
+    const __m128i offset = _mm_set1_epi8(7);
+    const __m128i low_byte = _mm_set1_epi16(0x00ff);
+    for (std::uint64_t i = 0; i < count; i += 16) {
+      const __m128i q0 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i), scale));
+      const __m128i q1 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i + 4), scale));
+      const __m128i q2 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i + 8), scale));
+      const __m128i q3 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i + 12), scale));
+      const __m128i a = _mm_max_epi16(_mm_min_epi16(_mm_packs_epi32(q0, q1), top), bottom);
+      const __m128i b = _mm_max_epi16(_mm_min_epi16(_mm_packs_epi32(q2, q3), top), bottom);
+      const __m128i c = _mm_add_epi8(_mm_packs_epi16(a, b), offset);  // 16 codes in [0, 14]
+      // Each 16-bit lane holds an even code (low byte) and the next odd one (high byte).
+      const __m128i pairs = _mm_and_si128(_mm_or_si128(c, _mm_srli_epi16(c, 4)), low_byte);
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(packed + i / 2), _mm_packus_epi16(pairs, pairs));
+    }
+#else
+    for (std::uint64_t i = 0; i < count; i += 2) {
+      const unsigned even = uniform_code(uniform_level(x[i] * inv, 4, rounding::nearest_even, 0.0f), 4);
+      const unsigned odd = uniform_code(uniform_level(x[i + 1] * inv, 4, rounding::nearest_even, 0.0f), 4);
+      packed[i / 2] = static_cast<std::uint8_t>(even | odd << 4);
+    }
+#endif
+  }
+
+  /// 8-bit stochastic-rounding codes of x[0, count) (count a multiple of 16) with t = x·inv and
+  /// u from words[0, count): q = ⌊t + u⌋ by truncation and correction, as floor_to_int does.
+  static void encode8_sr(const float* x, std::uint64_t count, float inv, const std::uint32_t* words,
+                         std::uint8_t* codes) {
+#if defined(__SSE2__)
+    const __m128 scale = _mm_set1_ps(inv);
+    const __m128 unit = _mm_set1_ps(1.0f / 16777216.0f);
+    const __m128i top = _mm_set1_epi16(127);
+    const __m128i bottom = _mm_set1_epi16(-127);
+    const __m128i offset = _mm_set1_epi8(127);
+    for (std::uint64_t i = 0; i < count; i += 16) {
+      __m128i q[4];
+      for (int k = 0; k < 4; ++k) {
+        const __m128i w = _mm_loadu_si128(reinterpret_cast<const __m128i*>(words + i + 4 * k));
+        const __m128 u = _mm_mul_ps(_mm_cvtepi32_ps(_mm_srli_epi32(w, 8)), unit);
+        const __m128 y = _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(x + i + 4 * k), scale), u);
+        const __m128i truncated = _mm_cvttps_epi32(y);
+        // Subtract one where the truncation lies above y (all-ones mask = −1).
+        q[k] = _mm_add_epi32(truncated, _mm_castps_si128(_mm_cmpgt_ps(_mm_cvtepi32_ps(truncated), y)));
+      }
+      const __m128i a = _mm_max_epi16(_mm_min_epi16(_mm_packs_epi32(q[0], q[1]), top), bottom);
+      const __m128i b = _mm_max_epi16(_mm_min_epi16(_mm_packs_epi32(q[2], q[3]), top), bottom);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm_add_epi8(_mm_packs_epi16(a, b), offset));
+    }
+#else
+    for (std::uint64_t i = 0; i < count; ++i) {
+      const float u = static_cast<float>(words[i] >> 8) * (1.0f / 16777216.0f);
+      codes[i] = uniform_code(uniform_level(x[i] * inv, 8, rounding::stochastic, u), 8);
+    }
 #endif
   }
 };

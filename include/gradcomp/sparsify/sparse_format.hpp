@@ -64,14 +64,48 @@ namespace detail {
   return sparse_payload_bytes(choose_index_coding(n, n), n, n, value_size);
 }
 
-/// A validated sparse payload: every index is below n and strictly ascending, the counts agree,
-/// padding is zero and every value is finite.
+/// The validated count field and index section at the start of a sparse payload: every index is
+/// below n and strictly ascending, the counts agree and the padding is zero.
+struct sparse_indices {
+  index_coding coding{};               ///< How indices are stored.
+  std::uint64_t elements = 0;          ///< n.
+  std::uint64_t kept = 0;              ///< k.
+  const std::byte* indices = nullptr;  ///< Start of the index section.
+
+  /// Bytes of the count field and the index section (where what follows begins).
+  [[nodiscard]] std::uint64_t bytes() const noexcept { return 8 + index_section_bytes(coding, elements, kept); }
+
+  /// Calls `f(j, index)` for each kept element j in ascending index order.
+  template <class F>
+  void for_each(F&& f) const {
+    switch (coding) {
+      case index_coding::list32:
+        for (std::uint64_t j = 0; j < kept; ++j) f(j, std::uint64_t{detail::load_le<std::uint32_t>(indices + 4 * j)});
+        break;
+      case index_coding::list64:
+        for (std::uint64_t j = 0; j < kept; ++j) f(j, detail::load_le<std::uint64_t>(indices + 8 * j));
+        break;
+      case index_coding::bitmap: {
+        std::uint64_t j = 0;
+        const std::uint64_t bytes = elements / 8 + (elements % 8 != 0 ? 1 : 0);
+        for (std::uint64_t base = 0; base < bytes; base += 8) {
+          std::uint64_t word = 0;
+          std::memcpy(&word, indices + base, 8);  // the section is padded to 8 bytes
+          while (word != 0) {
+            f(j++, base * 8 + static_cast<std::uint64_t>(std::countr_zero(word)));
+            word &= word - 1;
+          }
+        }
+        break;
+      }
+    }
+  }
+};
+
+/// A validated sparse payload: its indices, and k finite values in ascending index order.
 template <gradient_value T>
 struct sparse_view {
-  index_coding coding{};          ///< How indices are stored.
-  std::uint64_t elements = 0;     ///< n.
-  std::uint64_t kept = 0;         ///< k.
-  const std::byte* indices = nullptr;  ///< Start of the index section.
+  sparse_indices index;                ///< The kept positions.
   const std::byte* values = nullptr;   ///< Start of the k values.
 
   /// Value j (unaligned-safe).
@@ -84,35 +118,16 @@ struct sparse_view {
   /// Calls `f(index, value)` for each kept element in ascending index order.
   template <class F>
   void for_each(F&& f) const {
-    switch (coding) {
-      case index_coding::list32:
-        for (std::uint64_t j = 0; j < kept; ++j) f(std::uint64_t{detail::load_le<std::uint32_t>(indices + 4 * j)}, value(j));
-        break;
-      case index_coding::list64:
-        for (std::uint64_t j = 0; j < kept; ++j) f(detail::load_le<std::uint64_t>(indices + 8 * j), value(j));
-        break;
-      case index_coding::bitmap: {
-        std::uint64_t j = 0;
-        const std::uint64_t bytes = elements / 8 + (elements % 8 != 0 ? 1 : 0);
-        for (std::uint64_t base = 0; base < bytes; base += 8) {
-          std::uint64_t word = 0;
-          std::memcpy(&word, indices + base, 8);  // the section is padded to 8 bytes
-          while (word != 0) {
-            f(base * 8 + static_cast<std::uint64_t>(std::countr_zero(word)), value(j++));
-            word &= word - 1;
-          }
-        }
-        break;
-      }
-    }
+    index.for_each([&](std::uint64_t j, std::uint64_t i) { f(i, value(j)); });
   }
 };
 
-/// Validates the payload of a sparse message with envelope `e` and returns a view of it.
-/// Checks sizes before reading, so no byte outside `payload` is touched.
+/// Validates the count field and index section at the start of `payload` (envelope `e`), where
+/// each kept element needs at least `bytes_per_kept` more bytes after the section (0: no bound). Checks sizes
+/// before reading, so no byte outside `payload` is touched.
 /// @throws error `malformed_payload` on any inconsistency.
-template <gradient_value T>
-[[nodiscard]] sparse_view<T> parse_sparse_payload(const envelope& e, std::span<const std::byte> payload) {
+[[nodiscard]] inline sparse_indices parse_sparse_indices(const envelope& e, std::span<const std::byte> payload,
+                                                         std::uint64_t bytes_per_kept) {
   using detail::require;
   const auto coding = static_cast<index_coding>(e.layout);
   require(coding == index_coding::list32 || coding == index_coding::list64 || coding == index_coding::bitmap,
@@ -123,14 +138,14 @@ template <gradient_value T>
   require(k <= n, errc::malformed_payload, [&] { return "kept count " + std::to_string(k) + " exceeds n = " + std::to_string(n); });
   // Bound k and n by the bytes present before multiplying, so no size computation can overflow.
   const std::uint64_t room = payload.size() - 8;
-  require(k <= room / sizeof(T), errc::malformed_payload, "kept count does not fit the payload");
-  require(coding != index_coding::bitmap || n / 8 <= room, errc::malformed_payload,
-          "bitmap does not fit the payload");
-  require(sparse_payload_bytes(coding, n, k, sizeof(T)) == payload.size(), errc::malformed_payload,
-          [&] { return "payload of " + std::to_string(payload.size()) + " bytes does not match k = " + std::to_string(k); });
-  sparse_view<T> view{coding, n, k, payload.data() + 8, payload.data() + 8 + index_section_bytes(coding, n, k)};
+  require(coding == index_coding::bitmap ? n / 8 <= room : k <= room / 4, errc::malformed_payload,
+          "index section does not fit the payload");
+  require(bytes_per_kept == 0 || k <= room / bytes_per_kept, errc::malformed_payload,
+          "kept count does not fit the payload");
+  const sparse_indices view{coding, n, k, payload.data() + 8};
+  require(view.bytes() <= payload.size(), errc::malformed_payload, "index section does not fit the payload");
 
-  const std::byte* section_end = view.values;
+  const std::byte* const section_end = payload.data() + view.bytes();
   const std::byte* padding = nullptr;
   if (coding == index_coding::bitmap) {
     const std::uint64_t bytes = n / 8 + (n % 8 != 0 ? 1 : 0);
@@ -156,8 +171,21 @@ template <gradient_value T>
   }
   for (const std::byte* p = padding; p < section_end; ++p)
     require(*p == std::byte{0}, errc::malformed_payload, "non-zero padding in the index section");
-  for (std::uint64_t j = 0; j < k; ++j)
-    require(is_finite(view.value(j)), errc::malformed_payload, [&] { return "non-finite value at position " + std::to_string(j); });
+  return view;
+}
+
+/// Validates the payload of a sparse message with envelope `e` (indices, then exactly k finite
+/// values) and returns a view of it. @throws error `malformed_payload` on any inconsistency.
+template <gradient_value T>
+[[nodiscard]] sparse_view<T> parse_sparse_payload(const envelope& e, std::span<const std::byte> payload) {
+  const sparse_indices index = parse_sparse_indices(e, payload, sizeof(T));
+  detail::require(index.bytes() + index.kept * sizeof(T) == payload.size(), errc::malformed_payload, [&] {
+    return "payload of " + std::to_string(payload.size()) + " bytes does not match k = " + std::to_string(index.kept);
+  });
+  const sparse_view<T> view{index, payload.data() + index.bytes()};
+  for (std::uint64_t j = 0; j < index.kept; ++j)
+    detail::require(is_finite(view.value(j)), errc::malformed_payload,
+                    [&] { return "non-finite value at position " + std::to_string(j); });
   return view;
 }
 

@@ -1,0 +1,97 @@
+#pragma once
+/// @file
+/// CPU pipeline: run the sparsifier into the workspace, copy its index section into the message,
+/// gather the kept values, and let the quantizer encode them behind it. Decoding validates the
+/// indices, decodes the nested quantizer message into the workspace, and scatters.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+
+#include <gradcomp/core/backend.hpp>
+#include <gradcomp/core/cpu_executor.hpp>
+#include <gradcomp/core/crc32c.hpp>
+#include <gradcomp/core/error.hpp>
+#include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/core/workspace.hpp>
+#include <gradcomp/pipeline.hpp>
+#include <gradcomp/sparsify/sparse_format.hpp>
+
+namespace gradcomp {
+
+/// A sparsifier followed by a quantizer, on the CPU.
+template <class S, class Q>
+struct backend<pipeline<S, Q>, cpu_executor> {
+  using T = typename S::value_type;
+
+  struct scratch {
+    std::span<std::byte> sparse;    ///< The sparsifier's message.
+    std::span<std::byte> stage;     ///< Workspace of whichever stage runs.
+    std::span<T> values;            ///< Kept values, contiguous.
+  };
+
+  static scratch carve(workspace_arena& arena, const pipeline<S, Q>& codec, const cpu_executor& e, std::uint64_t n) {
+    scratch s;
+    s.sparse = arena.take<std::byte>(codec.sparsify_stage().max_encoded_bytes(n));
+    s.stage = arena.take<std::byte>(std::max(codec.sparsify_stage().workspace_bytes(e, n), codec.quantize_stage().workspace_bytes(e, n)));
+    s.values = arena.take<T>(static_cast<std::size_t>(n));
+    return s;
+  }
+
+  static std::size_t workspace_bytes(const pipeline<S, Q>& codec, const cpu_executor& e, std::uint64_t n) {
+    workspace_arena arena = workspace_arena::measure();
+    carve(arena, codec, e, n);
+    return arena.bytes_needed();
+  }
+
+  static std::size_t encode(const pipeline<S, Q>& codec, const cpu_executor& e, std::span<const T> grad,
+                            std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
+    workspace_arena arena(ws);
+    const scratch s = carve(arena, codec, e, grad.size());
+    const std::size_t sparse_bytes = codec.sparsify_stage().encode(e, grad, s.sparse, s.stage, key);
+    const std::span<const std::byte> sparse_message(s.sparse.data(), sparse_bytes);
+    const envelope inner = parse_envelope(sparse_message);
+    const sparse_view<T> view = parse_sparse_payload<T>(inner, payload_of(sparse_message));
+    const std::uint64_t k = view.index.kept;
+    for (std::uint64_t j = 0; j < k; ++j) s.values[j] = view.value(j);
+
+    const std::uint64_t head = view.index.bytes();  // count field and index section
+    detail::require(out.size() >= envelope::size + head, errc::buffer_too_small, "output cannot hold the indices");
+    // Until the envelope is written last, no earlier message in `out` may pass for this one.
+    std::memset(out.data(), 0, envelope::size);
+    std::memcpy(out.data() + envelope::size, payload_of(sparse_message).data(), static_cast<std::size_t>(head));
+    const std::size_t values_bytes = codec.quantize_stage().encode(
+        e, std::span<const T>(s.values.data(), static_cast<std::size_t>(k)),
+        out.subspan(static_cast<std::size_t>(envelope::size + head)), s.stage, key);
+
+    const std::span<const std::byte> payload(out.data() + envelope::size, static_cast<std::size_t>(head) + values_bytes);
+    const bool checksum = inner.flags != 0;
+    write_envelope({codec_id::pipeline, dtype_of<T>, inner.layout, static_cast<std::uint16_t>(checksum ? flag_payload_checksum : 0),
+                    key, grad.size(), payload.size(), codec.params_hash(), checksum ? crc32c(payload) : 0},
+                   out);
+    return envelope::size + payload.size();
+  }
+
+  static void decode(const pipeline<S, Q>& codec, const cpu_executor& e, std::span<const std::byte> message,
+                     std::span<T> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
+    const envelope env = parse_envelope(message);
+    validate_envelope(env, {codec_id::pipeline, dtype_of<T>, out.size(), codec.params_hash()}, limits);
+    const std::span<const std::byte> payload = payload_of(message);
+    const sparse_indices index = parse_sparse_indices(env, payload, 0);
+    workspace_arena arena(ws);
+    const scratch s = carve(arena, codec, e, out.size());
+    const std::span<T> values(s.values.data(), static_cast<std::size_t>(index.kept));
+    // The nested message must hold exactly k values: its own decoder checks that and everything else.
+    codec.quantize_stage().decode(e, payload.subspan(static_cast<std::size_t>(index.bytes())), values, s.stage,
+                                  {.max_elements = index.kept});
+    if (!accumulate) std::fill(out.begin(), out.end(), T{0});
+    T* const dense = out.data();
+    if (accumulate) index.for_each([&](std::uint64_t j, std::uint64_t i) { dense[i] += values[j]; });
+    else index.for_each([&](std::uint64_t j, std::uint64_t i) { dense[i] = values[j]; });
+  }
+};
+
+}  // namespace gradcomp
