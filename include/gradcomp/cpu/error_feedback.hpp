@@ -14,6 +14,7 @@
 #include <gradcomp/core/backend.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/crc32c.hpp>
+#include <gradcomp/core/saved_state.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
@@ -88,66 +89,27 @@ struct backend<error_feedback<Codec>, cpu_executor> {
                                 std::span<std::byte> bytes) {
     const std::uint64_t n = state.residual.size();
     const std::size_t size = ef_type::saved_state_bytes(n);
-    detail::require(bytes.size() >= size, errc::buffer_too_small, [&] {
-      return "buffer of " + std::to_string(bytes.size()) + " bytes cannot hold the " + std::to_string(size) +
-             "-byte saved state";
-    });
+    detail::require_state_room(bytes, size);
     std::byte* const p = bytes.data();
-    detail::store_le<std::uint32_t>(p + 0, format::magic);
-    detail::store_le<std::uint16_t>(p + 4, format::version);
-    detail::store_le<std::uint16_t>(p + 6, static_cast<std::uint16_t>(Codec::id));
-    detail::store_le<std::uint8_t>(p + 8, static_cast<std::uint8_t>(dtype_of<T>));
-    detail::store_le<std::uint64_t>(p + 9, n);
+    detail::write_state_head<format>(p, Codec::id, dtype_of<T>, n);
     detail::store_le<std::uint64_t>(p + 17, state.steps);
     detail::store_le<std::uint64_t>(p + 25, ef.params_hash());
-    detail::store_le<std::uint32_t>(p + format::header_crc_offset, crc32c({p, format::header_crc_offset}));
     const std::span<const std::byte> values = std::as_bytes(std::span<const T>(state.residual));
-    std::byte* const values_at = p + format::header_bytes;
-    std::ranges::copy(values, values_at);
-    detail::store_le<std::uint32_t>(values_at + values.size(), crc32c(values));
+    std::ranges::copy(values, p + format::header_bytes);
+    detail::seal_state<format>(p, values.size());
     return size;
   }
 
   static void load_state(const ef_type& ef, const cpu_executor&, std::span<const std::byte> bytes,
                          state_type& state) {
-    detail::require(bytes.size() >= format::header_bytes, errc::truncated, [&] {
-      return "saved state of " + std::to_string(bytes.size()) + " bytes is shorter than its " +
-             std::to_string(format::header_bytes) + "-byte header";
-    });
-    const std::byte* const p = bytes.data();
-    detail::require(detail::load_le<std::uint32_t>(p) == format::magic, errc::bad_magic,
-                    "saved state does not start with \"GCEF\"");
-    const auto version = detail::load_le<std::uint16_t>(p + 4);
-    detail::require(version == format::version, errc::unsupported_version, [&] {
-      return "saved-state version " + std::to_string(version) + ", this build reads version 1";
-    });
-    detail::require(detail::load_le<std::uint32_t>(p + format::header_crc_offset) ==
-                        crc32c({p, format::header_crc_offset}),
-                    errc::header_checksum, "saved-state header CRC-32C does not match its contents");
-    const auto codec = detail::load_le<std::uint16_t>(p + 6);
-    detail::require(codec == static_cast<std::uint16_t>(Codec::id), errc::codec_mismatch, [&] {
-      return "state saved around codec " + std::to_string(codec) + ", this one wraps codec " +
-             std::to_string(static_cast<unsigned>(Codec::id));
-    });
-    detail::require(detail::load_le<std::uint8_t>(p + 8) == static_cast<std::uint8_t>(dtype_of<T>),
-                    errc::dtype_mismatch, "saved state's value type differs from the codec's");
-    const auto n = detail::load_le<std::uint64_t>(p + 9);
+    const std::uint64_t n = detail::check_state_head<format>(bytes, Codec::id, dtype_of<T>, "GCEF");
     detail::require(n == state.residual.size(), errc::size_mismatch, [&] {
       return "saved state has " + std::to_string(n) + " elements, the state " + std::to_string(state.residual.size());
     });
+    const std::byte* const p = bytes.data();
     detail::require(detail::load_le<std::uint64_t>(p + 25) == ef.params_hash(), errc::parameter_mismatch,
                     "codec parameters (hash) differ between the saved state and this codec");
-    const std::size_t size = ef_type::saved_state_bytes(n);
-    detail::require(bytes.size() >= size, errc::truncated, [&] {
-      return "saved state of " + std::to_string(bytes.size()) + " bytes, its header declares " + std::to_string(size);
-    });
-    detail::require(bytes.size() == size, errc::trailing_bytes, [&] {
-      return std::to_string(bytes.size() - size) + " bytes follow the saved state";
-    });
-    const std::span<const std::byte> values = bytes.subspan(format::header_bytes, bytes.size() - format::header_bytes -
-                                                                                      format::checksum_bytes);
-    detail::require(detail::load_le<std::uint32_t>(values.data() + values.size()) == crc32c(values),
-                    errc::payload_checksum, "saved residual CRC-32C does not match");
+    const std::span<const std::byte> values = detail::check_state_body<format>(bytes, static_cast<std::size_t>(n) * sizeof(T));
 
     std::ranges::copy(values, std::as_writable_bytes(std::span<T>(state.residual)).begin());
     state.steps = detail::load_le<std::uint64_t>(p + 17);

@@ -11,6 +11,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include <gradcomp/core/backend.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/crc32c.hpp>
+#include <gradcomp/core/saved_state.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
@@ -99,6 +101,8 @@ struct backend<loco<Codec>, cpu_executor> {
       v[i] = beta * old + keep * (h[i] - v[i]);
       non_finite += static_cast<std::size_t>(!is_finite(v[i]));
     }
+    // The inner message is already in `out`; do not leave it passing for a sent step.
+    if (non_finite != 0) std::memset(out.data(), 0, envelope::size);
     detail::require(non_finite == 0, errc::non_finite_input, [&] {
       return std::to_string(non_finite) + " of " + std::to_string(n) +
              " values of the new compensation error are NaN or Inf; the state is unchanged";
@@ -128,57 +132,28 @@ struct backend<loco<Codec>, cpu_executor> {
     const std::uint64_t n = state.codes.size();
     check_shape(lc, state, static_cast<std::size_t>(n), "state");
     const std::size_t size = lc.saved_state_bytes(n);
-    detail::require(bytes.size() >= size, errc::buffer_too_small, [&] {
-      return "buffer of " + std::to_string(bytes.size()) + " bytes cannot hold the " + std::to_string(size) +
-             "-byte saved state";
-    });
+    detail::require_state_room(bytes, size);
     std::byte* const p = bytes.data();
-    detail::store_le<std::uint32_t>(p + 0, format::magic);
-    detail::store_le<std::uint16_t>(p + 4, format::version);
-    detail::store_le<std::uint16_t>(p + 6, static_cast<std::uint16_t>(Codec::id));
-    detail::store_le<std::uint8_t>(p + 8, static_cast<std::uint8_t>(dtype_of<T>));
-    detail::store_le<std::uint64_t>(p + 9, n);
+    detail::write_state_head<format>(p, Codec::id, dtype_of<T>, n);
     detail::store_le<std::uint64_t>(p + 17, state.steps);
     detail::store_le<std::uint64_t>(p + 25, state.total_steps);
     detail::store_le<std::uint64_t>(p + 33, lc.params_hash());
     detail::store_le<std::uint32_t>(p + 41, std::bit_cast<std::uint32_t>(lc.params().beta));
     detail::store_le<std::uint32_t>(p + 45, lc.params().reset_period);
     detail::store_le<std::uint32_t>(p + 49, lc.params().error_group);
-    detail::store_le<std::uint32_t>(p + format::header_crc_offset, crc32c({p, format::header_crc_offset}));
     const std::span<const std::byte> codes = std::as_bytes(std::span<const std::int8_t>(state.codes));
     const std::span<const std::byte> scales = std::as_bytes(std::span<const T>(state.scales));
     std::byte* const payload = p + format::header_bytes;
     std::ranges::copy(codes, payload);
     std::ranges::copy(scales, payload + codes.size());
-    const std::size_t payload_size = codes.size() + scales.size();
-    detail::store_le<std::uint32_t>(payload + payload_size, crc32c({payload, payload_size}));
+    detail::seal_state<format>(p, codes.size() + scales.size());
     return size;
   }
 
   static void load_state(const loco_type& lc, const cpu_executor&, std::span<const std::byte> bytes,
                          state_type& state) {
-    detail::require(bytes.size() >= format::header_bytes, errc::truncated, [&] {
-      return "saved state of " + std::to_string(bytes.size()) + " bytes is shorter than its " +
-             std::to_string(format::header_bytes) + "-byte header";
-    });
+    const std::uint64_t n = detail::check_state_head<format>(bytes, Codec::id, dtype_of<T>, "GCLC");
     const std::byte* const p = bytes.data();
-    detail::require(detail::load_le<std::uint32_t>(p) == format::magic, errc::bad_magic,
-                    "saved state does not start with \"GCLC\"");
-    const auto version = detail::load_le<std::uint16_t>(p + 4);
-    detail::require(version == format::version, errc::unsupported_version, [&] {
-      return "saved-state version " + std::to_string(version) + ", this build reads version 1";
-    });
-    detail::require(detail::load_le<std::uint32_t>(p + format::header_crc_offset) ==
-                        crc32c({p, format::header_crc_offset}),
-                    errc::header_checksum, "saved-state header CRC-32C does not match its contents");
-    const auto codec = detail::load_le<std::uint16_t>(p + 6);
-    detail::require(codec == static_cast<std::uint16_t>(Codec::id), errc::codec_mismatch, [&] {
-      return "state saved around codec " + std::to_string(codec) + ", this one wraps codec " +
-             std::to_string(static_cast<unsigned>(Codec::id));
-    });
-    detail::require(detail::load_le<std::uint8_t>(p + 8) == static_cast<std::uint8_t>(dtype_of<T>),
-                    errc::dtype_mismatch, "saved state's value type differs from the codec's");
-    const auto n = detail::load_le<std::uint64_t>(p + 9);
     detail::require(n == state.codes.size(), errc::size_mismatch, [&] {
       return "saved state has " + std::to_string(n) + " elements, the state " + std::to_string(state.codes.size());
     });
@@ -198,18 +173,9 @@ struct backend<loco<Codec>, cpu_executor> {
                              std::to_string(lc.params().error_group);
                     });
     check_shape(lc, state, static_cast<std::size_t>(n), "saved state");
-    const std::size_t size = lc.saved_state_bytes(n);
-    detail::require(bytes.size() >= size, errc::truncated, [&] {
-      return "saved state of " + std::to_string(bytes.size()) + " bytes, its header declares " + std::to_string(size);
-    });
-    detail::require(bytes.size() == size, errc::trailing_bytes, [&] {
-      return std::to_string(bytes.size() - size) + " bytes follow the saved state";
-    });
     const std::size_t code_bytes = static_cast<std::size_t>(n);
-    const std::size_t scale_bytes = state.scales.size() * sizeof(T);
-    const std::span<const std::byte> payload = bytes.subspan(format::header_bytes, code_bytes + scale_bytes);
-    detail::require(detail::load_le<std::uint32_t>(payload.data() + payload.size()) == crc32c(payload),
-                    errc::payload_checksum, "saved error CRC-32C does not match");
+    const std::span<const std::byte> payload =
+        detail::check_state_body<format>(bytes, code_bytes + state.scales.size() * sizeof(T));
     bool valid = true;
     for (std::size_t i = 0; i < code_bytes; ++i)
       valid &= static_cast<std::int8_t>(std::to_integer<std::uint8_t>(payload[i])) != std::int8_t{-128};

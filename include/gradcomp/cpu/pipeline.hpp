@@ -13,10 +13,10 @@
 
 #include <gradcomp/core/backend.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
-#include <gradcomp/core/crc32c.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
+#include <gradcomp/cpu/message.hpp>
 #include <gradcomp/pipeline.hpp>
 #include <gradcomp/sparsify/sparse_format.hpp>
 
@@ -59,21 +59,18 @@ struct backend<pipeline<S, Q>, cpu_executor> {
     for (std::uint64_t j = 0; j < k; ++j) s.values[j] = view.value(j);
 
     const std::uint64_t head = view.index.bytes();  // count field and index section
-    detail::require(out.size() >= envelope::size + head, errc::buffer_too_small, "output cannot hold the indices");
-    // Until the envelope is written last, no earlier message in `out` may pass for this one.
-    std::memset(out.data(), 0, envelope::size);
+    cpu::begin_message(out, static_cast<std::size_t>(envelope::size + head));
     std::memcpy(out.data() + envelope::size, payload_of(sparse_message).data(), static_cast<std::size_t>(head));
     const std::size_t values_bytes = codec.quantize_stage().encode(
         e, std::span<const T>(s.values.data(), static_cast<std::size_t>(k)),
         out.subspan(static_cast<std::size_t>(envelope::size + head)), s.stage, key);
 
-    const std::span<const std::byte> payload(out.data() + envelope::size, static_cast<std::size_t>(head) + values_bytes);
-    const bool checksum = inner.flags != 0;
-    write_envelope({codec_id::pipeline, dtype_of<T>, inner.layout, static_cast<std::uint16_t>(checksum ? flag_payload_checksum : 0),
-                    key, grad.size(), payload.size(), codec.params_hash(), checksum ? crc32c(payload) : 0},
-                   out);
-    return envelope::size + payload.size();
+    const std::uint64_t payload_bytes = head + values_bytes;
+    cpu::seal_message(out, {codec_id::pipeline, dtype_of<T>, inner.layout, 0, key, grad.size(), payload_bytes, codec.params_hash(), 0},
+                      inner.flags != 0);
+    return static_cast<std::size_t>(envelope::size + payload_bytes);
   }
+
 
   static void decode(const pipeline<S, Q>& codec, const cpu_executor& e, std::span<const std::byte> message,
                      std::span<T> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
@@ -84,9 +81,13 @@ struct backend<pipeline<S, Q>, cpu_executor> {
     workspace_arena arena(ws);
     const scratch s = carve(arena, codec, e, out.size());
     const std::span<T> values(s.values.data(), static_cast<std::size_t>(index.kept));
-    // The nested message must hold exactly k values: its own decoder checks that and everything else.
-    codec.quantize_stage().decode(e, payload.subspan(static_cast<std::size_t>(index.bytes())), values, s.stage,
-                                  {.max_elements = index.kept});
+    // The nested message must belong to the same step and tensor and hold exactly k values; its own
+    // decoder checks the rest.
+    const std::span<const std::byte> nested = payload.subspan(static_cast<std::size_t>(index.bytes()));
+    detail::require(parse_envelope(nested).key == env.key, errc::step_mismatch,
+                    "the nested quantizer message belongs to another step or tensor");
+    codec.quantize_stage().decode(e, nested, values, s.stage,
+                                  {.max_elements = index.kept, .require_checksum = limits.require_checksum});
     if (!accumulate) std::fill(out.begin(), out.end(), T{0});
     T* const dense = out.data();
     if (accumulate) index.for_each([&](std::uint64_t j, std::uint64_t i) { dense[i] += values[j]; });

@@ -17,6 +17,7 @@
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/philox.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/cpu/message.hpp>
 #include <gradcomp/quantize/qsgd.hpp>
 
 namespace gradcomp {
@@ -24,8 +25,6 @@ namespace gradcomp {
 /// QSGD quantization on the CPU.
 template <gradient_value T>
 struct backend<qsgd_quantizer<T>, cpu_executor> {
-  using key_type = typename float_traits<T>::bits_type;
-
   static std::size_t workspace_bytes(const qsgd_quantizer<T>&, const cpu_executor&, std::uint64_t) noexcept {
     return 0;
   }
@@ -34,12 +33,7 @@ struct backend<qsgd_quantizer<T>, cpu_executor> {
                             std::span<std::byte> out, std::span<std::byte>, message_key key) {
     const std::uint64_t n = grad.size();
     const std::size_t size = codec.max_encoded_bytes(n);
-    detail::require(out.size() >= size, errc::buffer_too_small, [&] {
-      return "output of " + std::to_string(out.size()) + " bytes cannot hold the " + std::to_string(size) +
-             "-byte message";
-    });
-    // Until the envelope is written last, no earlier message in `out` may pass for this one.
-    std::memset(out.data(), 0, envelope::size);
+    cpu::begin_message(out, size);
     const int bits = codec.bits();
     const std::uint32_t levels = codec.levels();
     const std::uint64_t bucket = codec.params().bucket;
@@ -50,7 +44,7 @@ struct backend<qsgd_quantizer<T>, cpu_executor> {
 
     for (std::uint64_t begin = 0, j = 0; begin < n; begin += bucket, ++j) {
       const std::uint64_t end = std::min(n, begin + bucket);
-      const T m = bucket_max(grad.data() + begin, grad.data() + end);
+      const T m = cpu::max_magnitude(grad.data() + begin, grad.data() + end);
       T norm{};
       detail::require(qsgd_bucket_norm(grad.data() + begin, end - begin, m, norm), errc::non_finite_input,
                       [&] { return "the L2 norm of bucket " + std::to_string(j) + " overflows the value type"; });
@@ -71,11 +65,8 @@ struct backend<qsgd_quantizer<T>, cpu_executor> {
       }
     }
 
-    const std::span<const std::byte> payload(norms, size - envelope::size);
-    const bool checksum = codec.wire().payload_checksum;
-    write_envelope({codec_id::qsgd, dtype_of<T>, 0, static_cast<std::uint16_t>(checksum ? flag_payload_checksum : 0),
-                    key, n, payload.size(), codec.params_hash(), checksum ? crc32c(payload) : 0},
-                   out);
+    cpu::seal_message(out, {codec_id::qsgd, dtype_of<T>, 0, 0, key, n, size - envelope::size, codec.params_hash(), 0},
+                      codec.wire().payload_checksum);
     return size;
   }
 
@@ -139,17 +130,7 @@ struct backend<qsgd_quantizer<T>, cpu_executor> {
     return s;
   }
 
-  /// max |x| over [first, last); throws `non_finite_input` on NaN or Inf.
-  [[nodiscard]] static T bucket_max(const T* first, const T* last) {
-    key_type largest = 0;
-    for (const T* p = first; p != last; ++p) largest = std::max(largest, magnitude_key(*p));
-    detail::require(largest < float_traits<T>::infinity_key, errc::non_finite_input, [&] {
-      return "gradient value " +
-             std::to_string(static_cast<std::size_t>(std::find_if(first, last, [](T v) { return !is_finite(v); }) - first)) +
-             " of a bucket is NaN or Inf";
-    });
-    return from_bits<T>(largest);
-  }
+
 };
 
 }  // namespace gradcomp

@@ -14,6 +14,7 @@
 #include <gradcomp/core/crc32c.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/cpu/message.hpp>
 #include <gradcomp/sparsify/randomk.hpp>
 
 namespace gradcomp {
@@ -30,16 +31,12 @@ struct backend<randomk_sparsifier<T>, cpu_executor> {
     const std::uint64_t n = grad.size();
     const std::uint64_t k = codec.k(n);
     const std::size_t size = codec.max_encoded_bytes(n);
-    detail::require(out.size() >= size, errc::buffer_too_small,
-                    [&] { return "output of " + std::to_string(out.size()) + " bytes cannot hold the " + std::to_string(size) +
-                        "-byte message"; });
+    cpu::begin_message(out, size);
     std::byte* const values = out.data() + envelope::size;
     if (k > 0) {
       const random_permutation pick = codec.permutation(n, key);
       for (std::uint64_t j = 0; j < k; ++j) {
         const std::uint64_t i = pick(j);
-        // Zero the envelope first, so an earlier message in `out` cannot pass for this one.
-        if (!is_finite(grad[i])) std::memset(out.data(), 0, envelope::size);
         detail::require(is_finite(grad[i]), errc::non_finite_input,
                         [&] { return "gradient value " + std::to_string(i) + " is NaN or Inf"; });
         std::memcpy(values + j * sizeof(T), &grad[i], sizeof(T));
@@ -98,12 +95,10 @@ struct backend<randomk_sparsifier<T>, cpu_executor> {
 
   /// Writes the envelope of a message whose values are already in place.
   static void seal(const randomk_sparsifier<T>& codec, std::span<std::byte> message, std::uint64_t n, message_key key) {
-    const std::span<const std::byte> payload = std::span<const std::byte>(message).subspan(envelope::size);
-    const bool checksum = codec.wire().payload_checksum;
-    write_envelope({codec_id::random_k, dtype_of<T>, 0, static_cast<std::uint16_t>(checksum ? flag_payload_checksum : 0),
-                    key, n, payload.size(), codec.params_hash(), checksum ? crc32c(payload) : 0},
-                   message);
+    cpu::seal_message(message, {codec_id::random_k, dtype_of<T>, 0, 0, key, n, message.size() - envelope::size, codec.params_hash(), 0},
+                      codec.wire().payload_checksum);
   }
+
 
   /// Parses and validates a random-k message for an `elements`-element buffer.
   static envelope parse_checked(const randomk_sparsifier<T>& codec, std::span<const std::byte> message,

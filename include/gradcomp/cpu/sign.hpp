@@ -16,6 +16,7 @@
 #include <gradcomp/core/crc32c.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/cpu/message.hpp>
 #include <gradcomp/quantize/sign.hpp>
 
 namespace gradcomp {
@@ -23,8 +24,6 @@ namespace gradcomp {
 /// Sign quantization on the CPU.
 template <gradient_value T>
 struct backend<sign_quantizer<T>, cpu_executor> {
-  using key_type = typename float_traits<T>::bits_type;
-
   static std::size_t workspace_bytes(const sign_quantizer<T>&, const cpu_executor&, std::uint64_t) noexcept {
     return 0;
   }
@@ -33,12 +32,7 @@ struct backend<sign_quantizer<T>, cpu_executor> {
                             std::span<std::byte> out, std::span<std::byte>, message_key key) {
     const std::uint64_t n = grad.size();
     const std::size_t size = codec.max_encoded_bytes(n);
-    detail::require(out.size() >= size, errc::buffer_too_small, [&] {
-      return "output of " + std::to_string(out.size()) + " bytes cannot hold the " + std::to_string(size) +
-             "-byte message";
-    });
-    // Until the envelope is written last, no earlier message in `out` may pass for this one.
-    std::memset(out.data(), 0, envelope::size);
+    cpu::begin_message(out, size);
     const std::uint64_t block = codec.params().block;
     std::byte* const scales = out.data() + envelope::size;
     auto* const bits = reinterpret_cast<std::uint8_t*>(scales + codec.block_count(n) * sizeof(T));
@@ -46,7 +40,7 @@ struct backend<sign_quantizer<T>, cpu_executor> {
 
     for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
       const std::uint64_t end = std::min(n, begin + block);
-      const T m = block_max(grad.data() + begin, grad.data() + end);
+      const T m = cpu::max_magnitude(grad.data() + begin, grad.data() + end);
       const T s = sign_block_scale(grad.data() + begin, end - begin, m);
       std::memcpy(scales + j * sizeof(T), &s, sizeof s);
       if (s == T{0}) continue;  // a zero-scale block keeps its bits 0
@@ -54,11 +48,8 @@ struct backend<sign_quantizer<T>, cpu_executor> {
         bits[i / 8] = static_cast<std::uint8_t>(bits[i / 8] | (sign_bit_of(grad[i]) << (i % 8)));
     }
 
-    const std::span<const std::byte> payload(scales, size - envelope::size);
-    const bool checksum = codec.wire().payload_checksum;
-    write_envelope({codec_id::sign, dtype_of<T>, 0, static_cast<std::uint16_t>(checksum ? flag_payload_checksum : 0),
-                    key, n, payload.size(), codec.params_hash(), checksum ? crc32c(payload) : 0},
-                   out);
+    cpu::seal_message(out, {codec_id::sign, dtype_of<T>, 0, 0, key, n, size - envelope::size, codec.params_hash(), 0},
+                      codec.wire().payload_checksum);
     return size;
   }
 
@@ -108,17 +99,7 @@ struct backend<sign_quantizer<T>, cpu_executor> {
     return s;
   }
 
-  /// max |x| over [first, last); throws `non_finite_input` on NaN or Inf.
-  [[nodiscard]] static T block_max(const T* first, const T* last) {
-    key_type largest = 0;
-    for (const T* p = first; p != last; ++p) largest = std::max(largest, magnitude_key(*p));
-    detail::require(largest < float_traits<T>::infinity_key, errc::non_finite_input, [&] {
-      return "gradient value " +
-             std::to_string(static_cast<std::size_t>(std::find_if(first, last, [](T v) { return !is_finite(v); }) - first)) +
-             " of a block is NaN or Inf";
-    });
-    return from_bits<T>(largest);
-  }
+
 };
 
 }  // namespace gradcomp

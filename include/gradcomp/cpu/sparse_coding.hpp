@@ -13,6 +13,7 @@
 #include <gradcomp/core/crc32c.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/cpu/message.hpp>
 #include <gradcomp/sparsify/sparse_format.hpp>
 
 namespace gradcomp::cpu {
@@ -58,11 +59,7 @@ std::size_t write_sparse_message(envelope header, std::uint64_t k, bool payload_
   const std::uint64_t n = header.elements;
   const index_coding coding = choose_index_coding(n, k);
   const std::uint64_t payload = sparse_payload_bytes(coding, n, k, sizeof(T));
-  detail::require(out.size() >= envelope::size + payload, errc::buffer_too_small,
-                  [&] { return "output of " + std::to_string(out.size()) + " bytes cannot hold a " +
-                      std::to_string(envelope::size + payload) + "-byte message; see max_encoded_bytes(n)"; });
-  // Until the envelope is written last, no earlier message in `out` may pass for this one.
-  std::memset(out.data(), 0, envelope::size);
+  begin_message(out, static_cast<std::size_t>(envelope::size + payload));
   std::byte* const body = out.data() + envelope::size;
   const std::uint64_t section = index_section_bytes(coding, n, k);
   detail::store_le(body, k);
@@ -95,9 +92,7 @@ std::size_t write_sparse_message(envelope header, std::uint64_t k, bool payload_
   detail::require(written == k, errc::invalid_argument, "sparse writer received a different count than announced");
   header.layout = static_cast<std::uint8_t>(coding);
   header.payload_bytes = payload;
-  header.flags = payload_checksum ? flag_payload_checksum : 0;
-  header.payload_crc = payload_checksum ? crc32c({body, static_cast<std::size_t>(payload)}) : 0;
-  write_envelope(header, out);
+  seal_message(out, header, payload_checksum);
   return static_cast<std::size_t>(envelope::size + payload);
 }
 

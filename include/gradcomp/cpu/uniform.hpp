@@ -19,6 +19,7 @@
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/philox.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/cpu/message.hpp>
 #include <gradcomp/cpu/philox_simd.hpp>
 #include <gradcomp/quantize/uniform.hpp>
 
@@ -31,8 +32,6 @@ namespace gradcomp {
 /// Uniform quantization on the CPU.
 template <gradient_value T>
 struct backend<uniform_quantizer<T>, cpu_executor> {
-  using key_type = typename float_traits<T>::bits_type;
-
   static std::size_t workspace_bytes(const uniform_quantizer<T>&, const cpu_executor&, std::uint64_t) noexcept {
     return 0;
   }
@@ -41,12 +40,7 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
                             std::span<std::byte> out, std::span<std::byte>, message_key key) {
     const std::uint64_t n = grad.size();
     const std::size_t size = codec.max_encoded_bytes(n);
-    detail::require(out.size() >= size, errc::buffer_too_small, [&] {
-      return "output of " + std::to_string(out.size()) + " bytes cannot hold the " + std::to_string(size) +
-             "-byte message";
-    });
-    // Until the envelope is written last, no earlier message in `out` may pass for this one.
-    std::memset(out.data(), 0, envelope::size);
+    cpu::begin_message(out, size);
     const int bits = codec.bits();
     const std::uint64_t block = codec.params().block;
     std::byte* const scales = out.data() + envelope::size;
@@ -61,7 +55,7 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
     std::uint32_t random_words[chunk + 8];
     for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
       const std::uint64_t end = std::min(n, begin + block);
-      const T m = block_max(grad.data() + begin, grad.data() + end);
+      const T m = cpu::max_magnitude(grad.data() + begin, grad.data() + end);
       const T s = uniform_step(m, bits);
       std::memcpy(scales + j * sizeof(T), &s, sizeof s);
       const T inv = m > T{0} ? levels / m : T{0};
@@ -99,11 +93,8 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
       }
     }
 
-    const std::span<const std::byte> payload(scales, size - envelope::size);
-    const bool checksum = codec.wire().payload_checksum;
-    write_envelope({codec_id::uniform, dtype_of<T>, 0, static_cast<std::uint16_t>(checksum ? flag_payload_checksum : 0),
-                    key, n, payload.size(), codec.params_hash(), checksum ? crc32c(payload) : 0},
-                   out);
+    cpu::seal_message(out, {codec_id::uniform, dtype_of<T>, 0, 0, key, n, size - envelope::size, codec.params_hash(), 0},
+                      codec.wire().payload_checksum);
     return size;
   }
 
@@ -182,39 +173,6 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
     T s;
     std::memcpy(&s, scales + j * sizeof(T), sizeof s);
     return s;
-  }
-
-  /// max |x| over [first, last); throws `non_finite_input` on NaN or Inf.
-  [[nodiscard]] static T block_max(const T* first, const T* last) {
-    key_type largest = 0;
-    const T* p = first;
-#if defined(__SSE2__)
-    if constexpr (std::is_same_v<T, float>) {
-      // Magnitude keys are below 2^31, so the signed 32-bit comparison orders them as unsigned.
-      const __m128i mask = _mm_set1_epi32(0x7fffffff);
-      __m128i acc0 = _mm_setzero_si128(), acc1 = _mm_setzero_si128();
-      for (; last - p >= 8; p += 8) {
-        const __m128i k0 = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), mask);
-        const __m128i k1 = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 4)), mask);
-        const __m128i g0 = _mm_cmpgt_epi32(k0, acc0);
-        const __m128i g1 = _mm_cmpgt_epi32(k1, acc1);
-        acc0 = _mm_or_si128(_mm_and_si128(g0, k0), _mm_andnot_si128(g0, acc0));
-        acc1 = _mm_or_si128(_mm_and_si128(g1, k1), _mm_andnot_si128(g1, acc1));
-      }
-      alignas(16) std::uint32_t lanes[8];
-      _mm_store_si128(reinterpret_cast<__m128i*>(lanes), acc0);
-      _mm_store_si128(reinterpret_cast<__m128i*>(lanes + 4), acc1);
-      for (const std::uint32_t k : lanes) largest = std::max(largest, k);
-    }
-#endif
-    for (; p != last; ++p) largest = std::max(largest, magnitude_key(*p));
-    detail::require(largest < float_traits<T>::infinity_key, errc::non_finite_input, [&] {
-      return "gradient value " + std::to_string(static_cast<std::size_t>(std::find_if(first, last, [](T v) {
-                                                   return !is_finite(v);
-                                                 }) - first)) +
-             " of a block is NaN or Inf";
-    });
-    return from_bits<T>(largest);
   }
 
   /// Every code at most 2L (for b ≥ 2) and the padding bits of the last byte zero. With 2L = 2^b − 2
