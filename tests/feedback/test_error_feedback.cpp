@@ -21,6 +21,7 @@
 
 #include "support/codec_io.hpp"
 #include "support/data.hpp"
+#include "support/ef_invariant.hpp"
 #include "support/errors.hpp"
 #include "support/oracles.hpp"
 
@@ -72,79 +73,20 @@ std::vector<T> gradient(std::size_t n, std::uint64_t t) {
 
 message_key key_of(std::uint64_t t) { return {.step = t, .tensor_id = 3}; }
 
-// Checks Σ_t d_t + e_T = Σ_t g_t element by element over `steps` steps, where d_t is the test's own
-// decoding of message t with the inner codec.
-//
-// Bound. With T's unit roundoff u = eps_T/2, a step computes a_t = fl(g_t + e_t) and
-// e_{t+1} = fl(a_t − d_t), so e_{t+1} = g_t + e_t − d_t + ε_t with |ε_t| ≤ u·(|a_t| + |e_{t+1}|).
-// Telescoping from e_0 = 0 gives Σ_t d_t + e_T − Σ_t g_t = Σ_t ε_t, at most u·Σ_t (|a_t| + |e_{t+1}|).
-// The test forms the left side in double by recursive summation of 2·steps + 1 terms, which adds at
-// most (2·steps + 1)·u_d·Σ|terms|; the bound below takes twice that, eps_d = 2·u_d, to cover the
-// γ_m = m·u_d/(1 − m·u_d) denominator. For top-k and threshold d_t is 0 or exactly a_t, so
-// e_{t+1} is exact and only the rounding of a_t contributes; random-k scales by n/k, so a_t − d_t
-// rounds too.
-template <class Codec>
-void check_invariant(const Codec& inner, std::size_t n, std::uint64_t steps) {
-  using T = typename Codec::value_type;
-  const error_feedback<Codec> ef(inner);
-  const cpu_executor cpu;
-  auto state = ef.make_state(cpu, n);
-  std::vector<double> sum_decoded(n, 0.0), sum_grad(n, 0.0), sum_abs_terms(n, 0.0), ef_rounding(n, 0.0);
-  for (std::uint64_t t = 0; t < steps; ++t) {
-    const std::vector<T> g = gradient<T>(n, t);
-    const std::vector<T> residual_before = state.residual;
-    const std::vector<std::byte> message = ef_step(ef, g, state, key_of(t));
-    const std::vector<T> d = decode_values(inner, message, n);
-    for (std::size_t i = 0; i < n; ++i) {
-      const T a = g[i] + residual_before[i];
-      sum_decoded[i] += static_cast<double>(d[i]);
-      sum_grad[i] += static_cast<double>(g[i]);
-      sum_abs_terms[i] += std::fabs(static_cast<double>(d[i])) + std::fabs(static_cast<double>(g[i]));
-      ef_rounding[i] += std::fabs(static_cast<double>(a)) + std::fabs(static_cast<double>(state.residual[i]));
-    }
-  }
-  CHECK(state.steps == steps);
-
-  const double u = std::numeric_limits<T>::epsilon() / 2;
-  const double eps_d = std::numeric_limits<double>::epsilon();
-  const auto terms = static_cast<double>(2 * steps + 1);
-  std::size_t violations = 0;
-  double worst_bound = 0.0, largest_residual = 0.0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const double e = static_cast<double>(state.residual[i]);
-    const double bound = u * ef_rounding[i] + terms * eps_d * (sum_abs_terms[i] + std::fabs(e));
-    const double gap = std::fabs(sum_decoded[i] + e - sum_grad[i]);
-    if (!(gap <= bound)) {
-      if (violations == 0) {
-        CAPTURE(i);
-        CAPTURE(gap);
-        CAPTURE(bound);
-        CHECK(gap <= bound);
-      }
-      ++violations;
-    }
-    worst_bound = std::max(worst_bound, bound);
-    largest_residual = std::max(largest_residual, std::fabs(e));
-  }
-  CHECK(violations == 0);
-  // The bound has teeth: a wrapper that dropped the residual would miss by about |e_T|.
-  CHECK(worst_bound < 1e-3 * largest_residual);
-}
-
 template <class T>
 void check_invariant_for_all_codecs(std::size_t n) {
   constexpr std::uint64_t steps = 50;
-  SUBCASE("top-k 1%") { check_invariant(topk_sparsifier<T>(sparsity{.density = 0.01}), n, steps); }
+  SUBCASE("top-k 1%") { check_ef_invariant(topk_sparsifier<T>(sparsity{.density = 0.01}), n, steps, 9000, 3); }
   SUBCASE("random-k 5%, unscaled") {
-    check_invariant(randomk_sparsifier<T>({.amount = {.density = 0.05}, .seed = 11, .scaled = false}), n, steps);
+    check_ef_invariant(randomk_sparsifier<T>({.amount = {.density = 0.05}, .seed = 11, .scaled = false}), n, steps, 9000, 3);
   }
   // Decoding as value·n/k makes a_t − d_t round. The residual of a sent element becomes −19·a_t, so
   // it grows over the steps (EF with an unbiased scaled codec does); the invariant still holds.
   SUBCASE("random-k 5%, scaled by n/k") {
-    check_invariant(randomk_sparsifier<T>({.amount = {.density = 0.05}, .seed = 11}), n, steps);
+    check_ef_invariant(randomk_sparsifier<T>({.amount = {.density = 0.05}, .seed = 11}), n, steps, 9000, 3);
   }
   SUBCASE("threshold 1%") {
-    check_invariant(threshold_sparsifier<T>({.target = {.density = 0.01}, .seed = 5}), n, steps);
+    check_ef_invariant(threshold_sparsifier<T>({.target = {.density = 0.01}, .seed = 5}), n, steps, 9000, 3);
   }
 }
 

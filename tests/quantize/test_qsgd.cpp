@@ -25,6 +25,7 @@
 #include "support/codec_io.hpp"
 #include "support/data.hpp"
 #include "support/errors.hpp"
+#include "support/golden_io.hpp"
 
 using namespace gradcomp;
 using namespace gradcomp::test;
@@ -135,22 +136,6 @@ void check_message(const std::vector<T>& x, unsigned s, std::uint32_t bucket, st
   CHECK(grid_ok);
   CHECK(values_ok);
   CHECK(zeros_exact);
-}
-
-std::filesystem::path golden_file(const std::string& name) { return std::filesystem::path(GRADCOMP_GOLDEN_DIR) / name; }
-
-// Rewrites the file when GRADCOMP_UPDATE_GOLDEN is set, then returns its bytes.
-std::vector<std::byte> golden_bytes(const std::string& name, const std::vector<std::byte>& fresh) {
-  if (std::getenv("GRADCOMP_UPDATE_GOLDEN") != nullptr) {
-    std::ofstream out(golden_file(name), std::ios::binary);
-    out.write(reinterpret_cast<const char*>(fresh.data()), static_cast<std::streamsize>(fresh.size()));
-    MESSAGE("rewrote ", name);
-  }
-  std::ifstream in(golden_file(name), std::ios::binary);
-  const std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::byte> bytes(chars.size());
-  for (std::size_t i = 0; i < chars.size(); ++i) bytes[i] = static_cast<std::byte>(chars[i]);
-  return bytes;
 }
 
 // x_i = sin(0.37·i)·(1 + i mod 5), with the elements 32..47 zero.

@@ -22,7 +22,9 @@
 
 #include "support/codec_io.hpp"
 #include "support/data.hpp"
+#include "support/ef_invariant.hpp"
 #include "support/errors.hpp"
+#include "support/golden_io.hpp"
 
 using namespace gradcomp;
 using namespace gradcomp::test;
@@ -103,22 +105,6 @@ void check_against_oracle(const std::vector<T>& x, std::uint32_t block) {
   CHECK(mean_close);
   CHECK(bits_ok);
   CHECK(values_ok);
-}
-
-std::filesystem::path golden_file(const std::string& name) { return std::filesystem::path(GRADCOMP_GOLDEN_DIR) / name; }
-
-// Rewrites the file when GRADCOMP_UPDATE_GOLDEN is set, then returns its bytes.
-std::vector<std::byte> golden_bytes(const std::string& name, const std::vector<std::byte>& fresh) {
-  if (std::getenv("GRADCOMP_UPDATE_GOLDEN") != nullptr) {
-    std::ofstream out(golden_file(name), std::ios::binary);
-    out.write(reinterpret_cast<const char*>(fresh.data()), static_cast<std::streamsize>(fresh.size()));
-    MESSAGE("rewrote ", name);
-  }
-  std::ifstream in(golden_file(name), std::ios::binary);
-  const std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::byte> bytes(chars.size());
-  for (std::size_t i = 0; i < chars.size(); ++i) bytes[i] = static_cast<std::byte>(chars[i]);
-  return bytes;
 }
 
 // x_i = sin(0.37·i)·(1 + i mod 5) with every 7th value −0 and the block of elements 32..47 zero.
@@ -203,45 +189,7 @@ TEST_CASE_TEMPLATE("sign rejects NaN and Inf and leaves no valid message", T, fl
 // magnitude, so the telescoped gap is at most u·Σ_t (|a_t| + |e_{t+1}|); forming the sums in
 // double by recursive summation of 2·steps + 1 terms adds at most (2·steps + 1)·eps_d·Σ|terms|.
 TEST_CASE_TEMPLATE("sign under error feedback keeps the invariant over 20 steps", T, float, double) {
-  const std::size_t n = 1000;
-  const std::uint64_t steps = 20;
-  const sign_quantizer<T> inner({.block = 64});
-  const error_feedback<sign_quantizer<T>> ef(inner);
-  const cpu_executor cpu;
-  auto state = ef.make_state(cpu, n);
-  std::vector<double> sum_decoded(n, 0.0), sum_grad(n, 0.0), sum_abs_terms(n, 0.0), ef_rounding(n, 0.0);
-  for (std::uint64_t t = 0; t < steps; ++t) {
-    const std::vector<T> g = make_input<T>(input_kind::normal, n, 500 + t);
-    const std::vector<T> residual_before = state.residual;
-    std::vector<std::byte> message(ef.max_encoded_bytes(n));
-    std::vector<std::byte> ws(ef.workspace_bytes(cpu, n));
-    message.resize(ef.encode(cpu, std::span<const T>(g), state, message, ws, {.step = t, .tensor_id = 1}));
-    const std::vector<T> d = decode_values(inner, message, n);
-    for (std::size_t i = 0; i < n; ++i) {
-      const T a = g[i] + residual_before[i];
-      sum_decoded[i] += static_cast<double>(d[i]);
-      sum_grad[i] += static_cast<double>(g[i]);
-      sum_abs_terms[i] += std::fabs(static_cast<double>(d[i])) + std::fabs(static_cast<double>(g[i]));
-      ef_rounding[i] += std::fabs(static_cast<double>(a)) + std::fabs(static_cast<double>(state.residual[i]));
-    }
-  }
-  CHECK(state.steps == steps);
-  const double u = std::numeric_limits<T>::epsilon() / 2;
-  const double eps_d = std::numeric_limits<double>::epsilon();
-  const auto terms = static_cast<double>(2 * steps + 1);
-  std::size_t violations = 0;
-  double worst_bound = 0.0, largest_residual = 0.0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const double e = static_cast<double>(state.residual[i]);
-    const double bound = u * ef_rounding[i] + terms * eps_d * (sum_abs_terms[i] + std::fabs(e));
-    const double gap = std::fabs(sum_decoded[i] + e - sum_grad[i]);
-    if (!(gap <= bound)) ++violations;
-    worst_bound = std::max(worst_bound, bound);
-    largest_residual = std::max(largest_residual, std::fabs(e));
-  }
-  CHECK(violations == 0);
-  // The bound has teeth: dropping the residual would miss by about |e_T|.
-  CHECK(worst_bound < 1e-3 * largest_residual);
+  check_ef_invariant(sign_quantizer<T>({.block = 64}), 1000, 20, 500, 1);
 }
 
 TEST_CASE("sign decoders reject bad scales, stray bits, padding, layouts and other parameters") {

@@ -6,13 +6,11 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
 #include "support/codec_io.hpp"
+#include "support/golden_io.hpp"
 
 namespace gradcomp::test {
 
@@ -80,16 +78,6 @@ inline const std::vector<golden_case>& golden_cases() {
        1000},
   };
   return cases;
-}
-
-inline std::filesystem::path golden_path(const std::string& file) { return std::filesystem::path(GRADCOMP_GOLDEN_DIR) / file; }
-
-inline std::vector<std::byte> read_golden(const std::string& file) {
-  std::ifstream in(golden_path(file), std::ios::binary);
-  const std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::byte> bytes(chars.size());
-  for (std::size_t i = 0; i < chars.size(); ++i) bytes[i] = static_cast<std::byte>(chars[i]);
-  return bytes;
 }
 
 }  // namespace gradcomp::test

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include <gradcomp/core/backend.hpp>
+#include <gradcomp/feedback/feedback_interface.hpp>
 #include <gradcomp/core/concepts.hpp>
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
@@ -63,93 +64,26 @@ struct error_feedback_saved_format {
 };
 
 /// Error feedback around `Codec`: encodes the gradient plus the carried residual, and carries what
-/// the codec dropped into the next step.
+/// the codec dropped into the next step. Entry points: see feedback/feedback_interface.hpp;
+/// `encode` sends C(g + e) and sets e ← g + e − D(C(g + e)), and throws `non_finite_input` for
+/// NaN or ±Inf in g or g + e with the state unchanged.
 template <class Codec>
-class error_feedback {
-  static_assert(codec<Codec>, "error_feedback<Codec> wraps a gradcomp codec: Codec must model gradcomp::codec");
+class error_feedback
+    : public feedback_interface<error_feedback<Codec>, Codec, error_feedback_state<typename Codec::value_type>> {
+  using base = feedback_interface<error_feedback<Codec>, Codec, error_feedback_state<typename Codec::value_type>>;
 
  public:
-  using value_type = typename Codec::value_type;          ///< Element type of the gradient.
-  using state_type = error_feedback_state<value_type>;    ///< The residual and step counter.
-  static constexpr codec_id id = Codec::id;               ///< Messages are the inner codec's.
+  using typename base::value_type;
 
   /// Error feedback around `inner`.
-  explicit error_feedback(Codec inner = Codec{}) : inner_(std::move(inner)) {}
+  explicit error_feedback(Codec inner = Codec{}) : base(std::move(inner)) {}
 
-  /// The wrapped codec; it decodes this wrapper's messages.
-  [[nodiscard]] const Codec& inner() const noexcept { return inner_; }
-
-  /// Largest message `encode` writes for n elements: the inner codec's bound.
-  [[nodiscard]] std::size_t max_encoded_bytes(std::uint64_t n) const noexcept { return inner_.max_encoded_bytes(n); }
-  /// The inner codec's parameter hash, carried in every message and in the saved state.
-  [[nodiscard]] std::uint64_t params_hash() const noexcept { return inner_.params_hash(); }
-
-  /// Workspace bytes that `encode` and `decode` need on executor `e` for n elements: the
-  /// compensated gradient and its decoded message, plus the inner codec's workspace.
-  template <executor E>
-  [[nodiscard]] std::size_t workspace_bytes(const E& e, std::uint64_t n) const {
-    return backend<error_feedback, E>::workspace_bytes(*this, e, n);
-  }
-
-  /// A fresh state for n elements: zero residual, zero steps.
-  template <executor E>
-  [[nodiscard]] state_type make_state(const E& e, std::uint64_t n) const {
-    return backend<error_feedback, E>::make_state(*this, e, n);
-  }
-
-  /// One EF step: encodes a = `grad` + residual into `out` (at least `max_encoded_bytes(n)` bytes)
-  /// with the inner codec, then sets the residual to a − decode(message) and counts the step.
-  /// `ws` holds at least `workspace_bytes(e, n)` bytes. On error the state is unchanged.
-  /// @returns bytes written.
-  /// @throws error `size_mismatch` (grad and state differ in size), `non_finite_input` (NaN or ±Inf
-  ///         in grad or in grad + residual), `workspace_too_small`, or whatever the inner codec throws.
-  template <executor E>
-  std::size_t encode(const E& e, std::span<const value_type> grad, state_type& state, std::span<std::byte> out,
-                     std::span<std::byte> ws, message_key key = {}) const {
-    return backend<error_feedback, E>::encode(*this, e, grad, state, out, ws, key);
-  }
-
-  /// Decodes a message (the inner codec's) into `out`; on error `out` is untouched.
-  /// @throws error naming what is wrong with the message.
-  template <executor E>
-  void decode(const E& e, std::span<const std::byte> message, std::span<value_type> out, std::span<std::byte> ws,
-              decode_limits limits = {}) const {
-    inner_.decode(e, message, out, ws, limits);
-  }
-
-  /// Adds a decoded message (the inner codec's) into `acc`; on error `acc` is untouched.
-  /// @throws error naming what is wrong with the message.
-  template <executor E>
-  void decode_accumulate(const E& e, std::span<const std::byte> message, std::span<value_type> acc,
-                         std::span<std::byte> ws, decode_limits limits = {}) const {
-    inner_.decode_accumulate(e, message, acc, ws, limits);
-  }
-
-  /// Size of a saved state of n elements.
+  /// Size of a saved state of n elements (format in this file's comment; `load_state` checks it in
+  /// the order given there).
   [[nodiscard]] static constexpr std::size_t saved_state_bytes(std::uint64_t n) noexcept {
     return error_feedback_saved_format::header_bytes + static_cast<std::size_t>(n) * sizeof(value_type) +
            error_feedback_saved_format::checksum_bytes;
   }
-
-  /// Writes `state` into `bytes` (at least `saved_state_bytes(n)` of them) in the format above.
-  /// @returns bytes written. @throws error `buffer_too_small`.
-  template <executor E>
-  std::size_t save_state(const E& e, const state_type& state, std::span<std::byte> bytes) const {
-    return backend<error_feedback, E>::save_state(*this, e, state, bytes);
-  }
-
-  /// Restores `state` (made by `make_state` for the saved n) from exactly the bytes `save_state`
-  /// wrote. Everything is validated first; on error `state` is untouched.
-  /// @throws error `truncated`, `trailing_bytes`, `bad_magic`, `unsupported_version`,
-  ///         `header_checksum`, `codec_mismatch`, `dtype_mismatch`, `size_mismatch`,
-  ///         `parameter_mismatch`, `payload_checksum`, in the order of this file's comment.
-  template <executor E>
-  void load_state(const E& e, std::span<const std::byte> bytes, state_type& state) const {
-    backend<error_feedback, E>::load_state(*this, e, bytes, state);
-  }
-
- private:
-  Codec inner_;
 };
 
 }  // namespace gradcomp

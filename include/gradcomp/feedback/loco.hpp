@@ -60,6 +60,7 @@
 #include <vector>
 
 #include <gradcomp/core/backend.hpp>
+#include <gradcomp/feedback/feedback_interface.hpp>
 #include <gradcomp/core/concepts.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
@@ -105,24 +106,18 @@ struct loco_saved_format {
 /// LoCo around `Codec`: encodes the gradient plus the stored compensation error, and folds what
 /// the codec dropped into that error as a moving average.
 template <class Codec>
-class loco {
-  static_assert(codec<Codec>, "loco<Codec> wraps a gradcomp codec: Codec must model gradcomp::codec");
+class loco : public feedback_interface<loco<Codec>, Codec, loco_state<typename Codec::value_type>> {
+  using base = feedback_interface<loco<Codec>, Codec, loco_state<typename Codec::value_type>>;
 
  public:
-  using value_type = typename Codec::value_type;  ///< Element type of the gradient.
-  using state_type = loco_state<value_type>;      ///< The 8-bit error and step counters.
-  static constexpr codec_id id = Codec::id;       ///< Messages are the inner codec's.
+  using typename base::value_type;
 
   /// LoCo around `inner`. @throws error `invalid_argument` for invalid parameters.
-  explicit loco(Codec inner = Codec{}, loco_params params = {}) : inner_(std::move(inner)), params_(params) {
+  explicit loco(Codec inner = Codec{}, loco_params params = {}) : base(std::move(inner)), params_(params) {
     params_.validate();
   }
-
-  /// The wrapped codec; it decodes this wrapper's messages.
-  [[nodiscard]] const Codec& inner() const noexcept { return inner_; }
   /// The parameters.
   [[nodiscard]] const loco_params& params() const noexcept { return params_; }
-
   /// Number of error groups (and scales) of an n-element tensor.
   [[nodiscard]] std::uint64_t group_count(std::uint64_t n) const noexcept {
     return n / params_.error_group + (n % params_.error_group != 0 ? 1 : 0);
@@ -132,77 +127,14 @@ class loco {
     if (n == 0) return 0.0;
     return static_cast<double>(n + group_count(n) * sizeof(value_type)) / static_cast<double>(n);
   }
-
-  /// Largest message `encode` writes for n elements: the inner codec's bound.
-  [[nodiscard]] std::size_t max_encoded_bytes(std::uint64_t n) const noexcept { return inner_.max_encoded_bytes(n); }
-  /// The inner codec's parameter hash, carried in every message and in the saved state.
-  [[nodiscard]] std::uint64_t params_hash() const noexcept { return inner_.params_hash(); }
-
-  /// Workspace bytes that `encode` and `decode` need on executor `e` for n elements: the
-  /// compensated gradient and its decoded message, plus the inner codec's workspace.
-  template <executor E>
-  [[nodiscard]] std::size_t workspace_bytes(const E& e, std::uint64_t n) const {
-    return backend<loco, E>::workspace_bytes(*this, e, n);
-  }
-
-  /// A fresh state for n elements: zero error (codes and scales 0), zero steps.
-  template <executor E>
-  [[nodiscard]] state_type make_state(const E& e, std::uint64_t n) const {
-    return backend<loco, E>::make_state(*this, e, n);
-  }
-
-  /// One LoCo step (this file's comment): encodes h = `grad` + dequant8(e) into `out` (at least
-  /// `max_encoded_bytes(n)` bytes) with the inner codec and updates e and the counters. `ws` holds
-  /// at least `workspace_bytes(e, n)` bytes. On error the state is unchanged.
-  /// @returns bytes written.
-  /// @throws error `size_mismatch` (grad and state differ in size), `non_finite_input` (NaN or ±Inf
-  ///         in grad, in h or in the new error), `workspace_too_small`, or whatever the inner codec throws.
-  template <executor E>
-  std::size_t encode(const E& e, std::span<const value_type> grad, state_type& state, std::span<std::byte> out,
-                     std::span<std::byte> ws, message_key key = {}) const {
-    return backend<loco, E>::encode(*this, e, grad, state, out, ws, key);
-  }
-
-  /// Decodes a message (the inner codec's) into `out`; on error `out` is untouched.
-  /// @throws error naming what is wrong with the message.
-  template <executor E>
-  void decode(const E& e, std::span<const std::byte> message, std::span<value_type> out, std::span<std::byte> ws,
-              decode_limits limits = {}) const {
-    inner_.decode(e, message, out, ws, limits);
-  }
-
-  /// Adds a decoded message (the inner codec's) into `acc`; on error `acc` is untouched.
-  /// @throws error naming what is wrong with the message.
-  template <executor E>
-  void decode_accumulate(const E& e, std::span<const std::byte> message, std::span<value_type> acc,
-                         std::span<std::byte> ws, decode_limits limits = {}) const {
-    inner_.decode_accumulate(e, message, acc, ws, limits);
-  }
-
-  /// Size of a saved state of n elements.
+  /// Size of a saved state of n elements (format in this file's comment; `load_state` checks it in
+  /// the order given there).
   [[nodiscard]] std::size_t saved_state_bytes(std::uint64_t n) const noexcept {
     return loco_saved_format::header_bytes + static_cast<std::size_t>(n + group_count(n) * sizeof(value_type)) +
            loco_saved_format::checksum_bytes;
   }
 
-  /// Writes `state` into `bytes` (at least `saved_state_bytes(n)` of them) in the format above.
-  /// @returns bytes written. @throws error `buffer_too_small`, `size_mismatch` (scales and codes
-  ///          do not fit this wrapper's group).
-  template <executor E>
-  std::size_t save_state(const E& e, const state_type& state, std::span<std::byte> bytes) const {
-    return backend<loco, E>::save_state(*this, e, state, bytes);
-  }
-
-  /// Restores `state` (made by `make_state` for the saved n) from exactly the bytes `save_state`
-  /// wrote. Everything is validated first; on error `state` is untouched.
-  /// @throws error in the order of this file's comment.
-  template <executor E>
-  void load_state(const E& e, std::span<const std::byte> bytes, state_type& state) const {
-    backend<loco, E>::load_state(*this, e, bytes, state);
-  }
-
  private:
-  Codec inner_;
   loco_params params_;
 };
 

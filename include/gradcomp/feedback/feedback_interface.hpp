@@ -1,0 +1,88 @@
+#pragma once
+/// @file
+/// What every stateful wrapper of a codec shares (error feedback, LoCo), written once: it holds
+/// the inner codec, sends the inner codec's messages (so decoding forwards to it), and forwards
+/// the stateful entry points to `backend<Wrapper, Executor>`.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <utility>
+
+#include <gradcomp/core/backend.hpp>
+#include <gradcomp/core/concepts.hpp>
+#include <gradcomp/core/wire_envelope.hpp>
+
+namespace gradcomp {
+
+/// Base of a stateful wrapper `Wrapper` of `Codec` with state `State` (CRTP).
+template <class Wrapper, class Codec, class State>
+class feedback_interface {
+  static_assert(codec<Codec>, "a feedback wrapper wraps a gradcomp codec: Codec must model gradcomp::codec");
+
+ public:
+  using value_type = typename Codec::value_type;  ///< Element type of the gradient.
+  using state_type = State;                       ///< State carried across steps.
+  static constexpr codec_id id = Codec::id;       ///< Messages are the inner codec's.
+
+  /// The wrapped codec.
+  [[nodiscard]] const Codec& inner() const noexcept { return inner_; }
+  /// Largest message for n elements (the inner codec's).
+  [[nodiscard]] std::size_t max_encoded_bytes(std::uint64_t n) const noexcept { return inner_.max_encoded_bytes(n); }
+  /// The inner codec's parameter hash, carried in every message and in the saved state.
+  [[nodiscard]] std::uint64_t params_hash() const noexcept { return inner_.params_hash(); }
+
+  /// Workspace bytes that `encode` and `decode` need on executor `e` for n elements.
+  template <executor E>
+  [[nodiscard]] std::size_t workspace_bytes(const E& e, std::uint64_t n) const {
+    return backend<Wrapper, E>::workspace_bytes(self(), e, n);
+  }
+  /// A fresh state for n elements.
+  template <executor E>
+  [[nodiscard]] state_type make_state(const E& e, std::uint64_t n) const {
+    return backend<Wrapper, E>::make_state(self(), e, n);
+  }
+  /// One step: encodes `grad` with the carried state into `out` (at least `max_encoded_bytes(n)`
+  /// bytes) and updates the state; `ws` holds at least `workspace_bytes(e, n)` bytes. On error the
+  /// state is unchanged. @returns bytes written.
+  /// @throws error `size_mismatch`, `non_finite_input`, `workspace_too_small`, or the inner codec's.
+  template <executor E>
+  std::size_t encode(const E& e, std::span<const value_type> grad, state_type& state, std::span<std::byte> out,
+                     std::span<std::byte> ws, message_key key = {}) const {
+    return backend<Wrapper, E>::encode(self(), e, grad, state, out, ws, key);
+  }
+  /// Decodes a message (the inner codec's) into `out`; on error `out` is untouched.
+  template <executor E>
+  void decode(const E& e, std::span<const std::byte> message, std::span<value_type> out, std::span<std::byte> ws,
+              decode_limits limits = {}) const {
+    inner_.decode(e, message, out, ws, limits);
+  }
+  /// Adds a decoded message (the inner codec's) into `acc`; on error `acc` is untouched.
+  template <executor E>
+  void decode_accumulate(const E& e, std::span<const std::byte> message, std::span<value_type> acc,
+                         std::span<std::byte> ws, decode_limits limits = {}) const {
+    inner_.decode_accumulate(e, message, acc, ws, limits);
+  }
+  /// Writes `state` into `bytes` (at least the wrapper's `saved_state_bytes(n)`). @returns bytes written.
+  /// @throws error `buffer_too_small`.
+  template <executor E>
+  std::size_t save_state(const E& e, const state_type& state, std::span<std::byte> bytes) const {
+    return backend<Wrapper, E>::save_state(self(), e, state, bytes);
+  }
+  /// Restores `state` from saved bytes, checking everything before touching it.
+  /// @throws error naming what is wrong with the bytes; `state` is unchanged then.
+  template <executor E>
+  void load_state(const E& e, std::span<const std::byte> bytes, state_type& state) const {
+    backend<Wrapper, E>::load_state(self(), e, bytes, state);
+  }
+
+ protected:
+  /// A wrapper around `inner`.
+  explicit feedback_interface(Codec inner) : inner_(std::move(inner)) {}
+
+ private:
+  [[nodiscard]] const Wrapper& self() const noexcept { return static_cast<const Wrapper&>(*this); }
+  Codec inner_;
+};
+
+}  // namespace gradcomp
