@@ -264,6 +264,17 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
       for (std::uint64_t i = begin; i < end; ++i) dense[i] = level(i) * s;
   }
 
+#if defined(__SSE2__)
+  /// Levels rne(x[j]·scale) of 16 values, four per register; cvtps2dq rounds half to even exactly
+  /// as round_half_even does.
+  static void round_scaled16(const float* x, __m128 scale, __m128i& q0, __m128i& q1, __m128i& q2, __m128i& q3) {
+    q0 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x), scale));
+    q1 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + 4), scale));
+    q2 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + 8), scale));
+    q3 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + 12), scale));
+  }
+#endif
+
   /// 8-bit round-to-nearest codes of x[0, count) (count a multiple of 16) with t = x·inv, 16
   /// values at a time; cvtps2dq rounds half to even exactly as round_half_even does.
   static void encode8_rtn(const float* x, std::uint64_t count, float inv, std::uint8_t* codes) {
@@ -271,10 +282,8 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
     const __m128 scale = _mm_set1_ps(inv);
     const __m128i offset = _mm_set1_epi8(127);
     for (std::uint64_t i = 0; i < count; i += 16) {
-      const __m128i q0 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i), scale));
-      const __m128i q1 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i + 4), scale));
-      const __m128i q2 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i + 8), scale));
-      const __m128i q3 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i + 12), scale));
+      __m128i q0, q1, q2, q3;
+      round_scaled16(x + i, scale, q0, q1, q2, q3);
       // |t| ≤ 127·(1 + 2^-23) rounds into [−127, 127]: the saturating packs are exact here.
       const __m128i q = _mm_packs_epi16(_mm_packs_epi32(q0, q1), _mm_packs_epi32(q2, q3));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm_add_epi8(q, offset));
@@ -295,10 +304,8 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
     const __m128i offset = _mm_set1_epi8(7);
     const __m128i low_byte = _mm_set1_epi16(0x00ff);
     for (std::uint64_t i = 0; i < count; i += 16) {
-      const __m128i q0 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i), scale));
-      const __m128i q1 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i + 4), scale));
-      const __m128i q2 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i + 8), scale));
-      const __m128i q3 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i + 12), scale));
+      __m128i q0, q1, q2, q3;
+      round_scaled16(x + i, scale, q0, q1, q2, q3);
       const __m128i a = _mm_max_epi16(_mm_min_epi16(_mm_packs_epi32(q0, q1), top), bottom);
       const __m128i b = _mm_max_epi16(_mm_min_epi16(_mm_packs_epi32(q2, q3), top), bottom);
       const __m128i c = _mm_add_epi8(_mm_packs_epi16(a, b), offset);  // 16 codes in [0, 14]
