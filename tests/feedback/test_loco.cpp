@@ -134,9 +134,9 @@ struct loco_oracle {
 };
 
 template <class T>
-void check_against_oracle(const uq<T>& inner, loco_params params, std::size_t n, std::uint64_t steps) {
+void check_against_oracle(const uq<T>& inner, loco_params params, std::size_t n, std::uint64_t steps,
+                          const cpu_executor& cpu = {}) {
   const loco<uq<T>> lc(inner, params);
-  const cpu_executor cpu;
   auto state = lc.make_state(cpu, n);
   loco_oracle<T> oracle(inner, params.beta, params.reset_period, params.error_group, n);
   std::size_t differing_messages = 0;
@@ -209,6 +209,19 @@ TEST_CASE_TEMPLATE("LoCo matches a literal transcription of its update rule bit 
                          {.beta = 0.5f, .reset_period = 7, .error_group = 100}, 5050, 30);
   }
   SUBCASE("beta 0, groups of 1") { check_against_oracle(uq<T>({.bits = 4}), {.beta = 0.0f, .error_group = 1}, 777, 5); }
+  // Groups equal to the quantizer's blocks take the fused one-pass path for float; a partial last
+  // block whose length is not a multiple of 32 and resets exercise its scalar tails.
+  const uq<T> sr8({.bits = 8, .block = 64, .round = rounding::stochastic, .seed = 4});
+  const loco_params fused{.beta = 0.8f, .reset_period = 7, .error_group = 64};
+  SUBCASE("fused layout: 8-bit stochastic, groups = blocks of 64, resets, n = 4099") {
+    check_against_oracle(sr8, fused, 4099, 20);
+  }
+  SUBCASE("fused layout on the baseline kernels with streamed stores") {
+    check_against_oracle(sr8, fused, 4099, 20, cpu_executor{.max_simd = cpu_simd::baseline, .streaming_store_bytes = 0});
+  }
+  SUBCASE("fused layout: 4-bit round to nearest, groups = blocks of 256, streamed stores") {
+    check_against_oracle(uq<T>({.bits = 4}), {}, 70001, 6, cpu_executor{.streaming_store_bytes = 0});
+  }
 }
 
 TEST_CASE("LoCo zeroes the error at the step where t reaches reset_period") {

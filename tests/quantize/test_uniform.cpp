@@ -223,3 +223,75 @@ TEST_CASE("uniform decode_accumulate adds exactly the decoded values") {
   for (std::size_t i = 0; i < x.size(); ++i) sums = sums && acc[i] == 0.25 + decoded[i];
   CHECK(sums);
 }
+
+TEST_CASE("stochastic rounding codes follow the documented arithmetic, 16-bit uniforms from Philox halves") {
+  // u_i = (16-bit half i mod 2 of word ⌊i/2⌋ of the stream, low half first) · 2^-16; q = ⌊t + u⌋.
+  for (const int bits : {1, 2, 4, 8}) {
+    for (const std::uint32_t block : {32u, 100u, 256u}) {
+      const std::size_t n = 3001;
+      const std::vector<float> x = make_input<float>(input_kind::normal, n, 12);
+      const uniform_quantizer<float> q({.bits = bits, .block = block, .round = rounding::stochastic, .seed = 99});
+      const message_key key{.step = 0x100000003ull, .tensor_id = 5};
+      const std::vector<std::byte> m = encode_bytes(q, x, key);
+      const parsed<float> p = parse<float>(m, n, bits, block);
+      const random_stream stream{99, key.step, key.tensor_id, random_purpose::stochastic_rounding};
+      const int L = levels_of(bits);
+      bool codes_ok = true;
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::size_t j = i / block;
+        float max_abs = 0;
+        for (std::size_t k = j * block; k < std::min(n, (j + 1) * block); ++k) max_abs = std::max(max_abs, std::fabs(x[k]));
+        const float u = static_cast<float>((stream.word(i / 2) >> (16 * (i % 2))) & 0xffffu) / 65536.0f;
+        const float t = x[i] * (static_cast<float>(L) / max_abs);
+        int level = 0;
+        if (bits == 1) level = u < (t + 1.0f) * 0.5f ? 1 : -1;
+        else level = std::max(-L, std::min(L, static_cast<int>(std::floor(t + u))));
+        const unsigned code = bits == 1 ? static_cast<unsigned>((level + 1) / 2) : static_cast<unsigned>(level + L);
+        codes_ok = codes_ok && p.codes[i] == code;
+      }
+      CAPTURE(bits);
+      CAPTURE(block);
+      CHECK(codes_ok);
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("every cpu_executor setting writes the same bytes and decodes the same values", T, float, double) {
+  // Kernel choice (AVX2 or baseline) and streamed stores change speed only.
+  const cpu_executor settings[] = {{}, {.max_simd = cpu_simd::baseline, .streaming_store_bytes = SIZE_MAX},
+                                   {.streaming_store_bytes = 0}, {.max_simd = cpu_simd::baseline, .streaming_store_bytes = 0}};
+  for (const int bits : {1, 2, 4, 8}) {
+    for (const rounding round : {rounding::nearest_even, rounding::stochastic}) {
+      for (const std::uint32_t block : {32u, 100u, 256u, 4096u, 8192u}) {
+        for (const std::size_t n : {std::size_t{0}, std::size_t{31}, std::size_t{1000}, std::size_t{3 * 4096 + 17}}) {
+          const uniform_quantizer<T> q({.bits = bits, .block = block, .round = round, .seed = 3});
+          std::vector<T> x = make_input<T>(input_kind::normal, n, 40 + n);
+          if (n > 100) std::fill(x.begin() + 40, x.begin() + 90, T{0});  // an all-zero stretch
+          const message_key key{.step = 2, .tensor_id = 1};
+          std::vector<std::byte> reference;
+          std::vector<T> decoded, accumulated;
+          for (const cpu_executor& exec : settings) {
+            std::vector<std::byte> m(q.max_encoded_bytes(n));
+            m.resize(q.encode(exec, std::span<const T>(x), std::span(m), {}, key));
+            std::vector<T> out(n, T{-1}), acc(n, T{0.5});
+            q.decode(exec, std::span<const std::byte>(m), std::span(out), {});
+            q.decode_accumulate(exec, std::span<const std::byte>(m), std::span(acc), {});
+            if (reference.empty() && decoded.empty()) {
+              reference = m;
+              decoded = out;
+              accumulated = acc;
+              continue;
+            }
+            CAPTURE(bits);
+            CAPTURE(block);
+            CAPTURE(n);
+            CAPTURE(static_cast<int>(round));
+            CHECK(m == reference);
+            CHECK(bitwise_equal(out, decoded));
+            CHECK(bitwise_equal(acc, accumulated));
+          }
+        }
+      }
+    }
+  }
+}

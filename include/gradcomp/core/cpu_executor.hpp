@@ -2,16 +2,59 @@
 /// @file
 /// The host executor: codecs given a `cpu_executor` run their CPU reference implementation on the
 /// calling thread, in memory the caller owns.
+///
+/// Kernels are compiled for the target's baseline (SSE2 on x86-64) and, with GCC or Clang on x86,
+/// also for AVX2, chosen at run time when the CPU has it. Every choice writes the same bytes: the
+/// wider kernels are twins of the baseline ones, not approximations.
 
+#include <cstddef>
+#include <cstdint>
 #include <string_view>
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(__CUDACC__) && !defined(GRADCOMP_NO_AVX2)
+/// Defined when the AVX2 kernels are compiled (x86, GCC or Clang, not disabled with GRADCOMP_NO_AVX2).
+#  define GRADCOMP_HAVE_AVX2 1
+/// Compiles the function it marks for AVX2; callers must check `cpu_has_avx2()` first.
+#  define GRADCOMP_TARGET_AVX2 __attribute__((target("avx2")))
+#endif
 
 namespace gradcomp {
 
-/// Runs codecs on the calling CPU thread. Stateless and cheap to copy; two instances behave
-/// identically (same inputs and keys give the same bytes).
+/// Widest instruction set a `cpu_executor`'s kernels may use.
+enum class cpu_simd : std::uint8_t {
+  baseline = 0,  ///< What the compiler targets (SSE2 on x86-64), plus scalar code.
+  avx2 = 1,      ///< AVX2 where the CPU has it (the default).
+};
+
+/// Whether this CPU executes AVX2 and gradcomp's AVX2 kernels are compiled in.
+[[nodiscard]] inline bool cpu_has_avx2() noexcept {
+#if defined(GRADCOMP_HAVE_AVX2)
+  static const bool has = __builtin_cpu_supports("avx2") != 0;
+  return has;
+#else
+  return false;
+#endif
+}
+
+/// Runs codecs on the calling CPU thread. Cheap to copy; every setting gives the same bytes for the
+/// same inputs and keys, only the speed differs.
 struct cpu_executor {
   /// Backend name used in benchmark records and messages.
   static constexpr std::string_view name = "cpu";
+
+  /// Widest instruction set kernels may use (lower it to compare kernels or rule one out).
+  cpu_simd max_simd = cpu_simd::avx2;
+  /// Outputs (encoded codes, decoded tensors) of at least this many bytes are written with
+  /// non-temporal stores, which skip reading the destination into the cache first. Large outputs
+  /// would not stay cached anyway; smaller ones are written normally so a consumer that reads
+  /// them next finds them in cache. `SIZE_MAX` never streams.
+  std::size_t streaming_store_bytes = std::size_t{8} << 20;
+
+  /// Whether kernels run their AVX2 twins.
+  [[nodiscard]] bool avx2() const noexcept { return max_simd >= cpu_simd::avx2 && cpu_has_avx2(); }
+  /// Whether an output of `bytes` bytes is written with non-temporal stores.
+  [[nodiscard]] bool streams(std::uint64_t bytes) const noexcept { return bytes >= streaming_store_bytes; }
 };
 
 }  // namespace gradcomp

@@ -63,12 +63,23 @@ struct random_stream {
 
   /// The four words of block `block` (words 4·block .. 4·block+3).
   [[nodiscard]] GRADCOMP_HOST_DEVICE constexpr philox_block block(std::uint64_t block) const noexcept {
-    const philox_block counter{{static_cast<std::uint32_t>(block),
-                                (static_cast<std::uint32_t>(block >> 32) & 0x00ffffffu) |
-                                    (std::uint32_t{static_cast<std::uint8_t>(purpose)} << 24),
-                                static_cast<std::uint32_t>(step), tensor_id}};
-    return philox4x32_10(counter, static_cast<std::uint32_t>(seed),
-                         static_cast<std::uint32_t>(seed >> 32) ^ static_cast<std::uint32_t>(step >> 32));
+    const philox_block counter{{static_cast<std::uint32_t>(block), counter1(block), static_cast<std::uint32_t>(step),
+                                tensor_id}};
+    return philox4x32_10(counter, key0(), key1());
+  }
+
+  /// Counter word 1 of block `block`: its bits 32..55 and the purpose in the top byte.
+  [[nodiscard]] GRADCOMP_HOST_DEVICE constexpr std::uint32_t counter1(std::uint64_t block) const noexcept {
+    return (static_cast<std::uint32_t>(block >> 32) & 0x00ffffffu) |
+           (std::uint32_t{static_cast<std::uint8_t>(purpose)} << 24);
+  }
+  /// Key word 0: the low half of the seed.
+  [[nodiscard]] GRADCOMP_HOST_DEVICE constexpr std::uint32_t key0() const noexcept {
+    return static_cast<std::uint32_t>(seed);
+  }
+  /// Key word 1: the high half of the seed XOR the high half of the step.
+  [[nodiscard]] GRADCOMP_HOST_DEVICE constexpr std::uint32_t key1() const noexcept {
+    return static_cast<std::uint32_t>(seed >> 32) ^ static_cast<std::uint32_t>(step >> 32);
   }
 
   /// Word `i` of the stream.

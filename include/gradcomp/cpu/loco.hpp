@@ -12,11 +12,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <gradcomp/core/backend.hpp>
+#include <gradcomp/core/bit_packing.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/crc32c.hpp>
 #include <gradcomp/core/saved_state.hpp>
@@ -24,6 +27,10 @@
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
+#include <gradcomp/cpu/loco_kernels.hpp>
+#include <gradcomp/cpu/message.hpp>
+#include <gradcomp/cpu/uniform.hpp>
+#include <gradcomp/cpu/uniform_block_encoder.hpp>
 #include <gradcomp/feedback/loco.hpp>
 #include <gradcomp/quantize/uniform_math.hpp>
 
@@ -44,6 +51,7 @@ struct backend<loco<Codec>, cpu_executor> {
     std::span<T> compensated;    ///< h = g + dequant8(e).
     std::span<T> decoded;        ///< ĥ, then the new error before quantization.
     std::span<std::byte> inner;  ///< The inner codec's workspace.
+    std::span<std::int8_t> zero_codes;  ///< One error group of zero codes (the fused path's reset).
   };
 
   static scratch carve(workspace_arena& arena, const loco_type& lc, const cpu_executor& e, std::uint64_t n) {
@@ -51,6 +59,7 @@ struct backend<loco<Codec>, cpu_executor> {
     s.compensated = arena.take<T>(static_cast<std::size_t>(n));
     s.decoded = arena.take<T>(static_cast<std::size_t>(n));
     s.inner = arena.take<std::byte>(lc.inner().workspace_bytes(e, n));
+    s.zero_codes = arena.take<std::int8_t>(lc.params().error_group);
     return s;
   }
 
@@ -71,6 +80,11 @@ struct backend<loco<Codec>, cpu_executor> {
     check_shape(lc, state, n, "gradient");
     workspace_arena arena(ws);
     const scratch s = carve(arena, lc, e, n);
+    if constexpr (fusable) {
+      if (lc.params().error_group == lc.inner().params().block && cpu::uniform_block_encoder::handles(lc.inner().params()) &&
+          fused_is_finite(lc, e, grad, state))
+        return encode_fused(lc, e, grad, state, out, s, key);
+    }
     const std::size_t group = lc.params().error_group;
     const bool reset = state.steps >= lc.params().reset_period;
     const T* const g = grad.data();
@@ -195,6 +209,83 @@ struct backend<loco<Codec>, cpu_executor> {
   }
 
  private:
+  /// Whether the fused path exists: LoCo around the float32 uniform quantizer.
+  static constexpr bool fusable = std::is_same_v<Codec, uniform_quantizer<float>>;
+
+  /// Checks g for NaN/±Inf (`non_finite_input`, nothing written) and whether g and the old error
+  /// are small enough (below FLT_MAX/16) that no later step of the fused path can overflow; when
+  /// they are not, the reference path runs (and decides).
+  static bool fused_is_finite(const loco_type& lc, const cpu_executor& e, std::span<const T> grad,
+                              const state_type& state) {
+    constexpr T limit = std::numeric_limits<T>::max() / T{16};
+    const T g = cpu::max_magnitude(grad.data(), grad.data() + grad.size(), e.avx2());
+    T scale = 0;
+    if (state.steps < lc.params().reset_period)
+      for (const T v : state.scales) scale = std::max(scale, v);
+    return g <= limit && scale <= limit / T{127};
+  }
+
+  /// One step in one pass over the blocks (error groups equal the quantizer's blocks): h, the
+  /// inner message's block, ĥ, the new error and its codes are computed block by block in the
+  /// workspace, and the block's error written back. fused_is_finite has ruled out every failure,
+  /// so the state is written as the pass goes; every value equals the reference path's.
+  static std::size_t encode_fused(const loco_type& lc, const cpu_executor& e, std::span<const T> grad,
+                                  state_type& state, std::span<std::byte> out, const scratch& s, message_key key) {
+    const std::uint64_t n = grad.size();
+    const uniform_quantizer<float>& inner = lc.inner();
+    const std::size_t size = inner.max_encoded_bytes(n);
+    cpu::begin_message(out, size);
+    const std::uint64_t block = inner.params().block;
+    const int bits = inner.bits();
+    const bool avx2 = e.avx2();
+    const bool reset = state.steps >= lc.params().reset_period;
+    const float beta = lc.params().beta;
+    const float keep = 1.0f - beta;
+    float* const h = s.compensated.data();
+    float* const v = s.decoded.data();
+    // After a reset the old error reads as +0, as the reference path's T{0} does.
+    std::int8_t* const zeros = s.zero_codes.data();
+    if (reset) std::ranges::fill(s.zero_codes, std::int8_t{0});
+    std::byte* const scales = out.data() + envelope::size;
+    auto* const codes = reinterpret_cast<std::uint8_t*>(scales + inner.block_count(n) * sizeof(float));
+    constexpr std::uint64_t ahead = cpu::prefetch_distance / sizeof(float);
+    cpu::uniform_block_encoder encoder(inner.params(), e, n, key, scales, codes);
+    const float* const g = grad.data();
+    for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
+      const std::uint64_t count = std::min(block, n - begin);
+      const std::uint64_t whole = count / cpu::kernel_width * cpu::kernel_width;
+      cpu::prefetch(g + std::min(n, begin + ahead), g + std::min(n, begin + count + ahead));
+      std::int8_t* const error = state.codes.data() + begin;
+      const std::int8_t* const old = reset ? zeros : error;
+      const float old_scale = reset ? 0.0f : state.scales[j];
+      cpu::loco_compensate(g + begin, old, old_scale, whole, h, avx2);
+      for (std::uint64_t i = whole; i < count; ++i) h[i] = g[begin + i] + dequant(old[i], old_scale);
+      const float step = encoder.next(h, count);
+      if (bits == 8) cpu::decode_codes<8>(encoder.codes(), whole, step, v, false, false, avx2);
+      else cpu::decode_codes<4>(encoder.codes(), whole, step, v, false, false, avx2);
+      for (std::uint64_t i = whole; i < count; ++i)
+        v[i] = static_cast<float>(uniform_code_level(packed_code(encoder.codes(), i, bits), bits)) * step;
+      cpu::loco_blend(h, old, old_scale, beta, keep, whole, v, avx2);
+      for (std::uint64_t i = whole; i < count; ++i) v[i] = beta * dequant(old[i], old_scale) + keep * (h[i] - v[i]);
+      const float error_step = uniform_step(cpu::max_magnitude(v, v + count, avx2), error_bits);
+      state.scales[j] = error_step;
+      if (error_step == 0.0f) {
+        std::memset(error, 0, static_cast<std::size_t>(count));
+        continue;
+      }
+      cpu::loco_quantize_error(v, error_step, whole, error, avx2);
+      for (std::uint64_t i = whole; i < count; ++i)
+        error[i] = static_cast<std::int8_t>(uniform_level(v[i] / error_step, error_bits, rounding::nearest_even, 0.0f));
+    }
+    encoder.finish();
+    cpu::seal_message(out, {codec_id::uniform, value_dtype::float32, 0, 0, key, n, size - envelope::size,
+                            inner.params_hash(), 0},
+                      inner.wire().payload_checksum);
+    state.steps = reset ? 1 : state.steps + 1;
+    ++state.total_steps;
+    return size;
+  }
+
   /// dequant8 of one element.
   [[nodiscard]] static T dequant(std::int8_t code, T scale) noexcept { return static_cast<T>(code) * scale; }
 

@@ -1,8 +1,8 @@
 #pragma once
 /// @file
 /// Pieces every fixed-layout CPU encoder shares: checking the output and zeroing its envelope
-/// before the payload is written, sealing the envelope last, and the per-block maximum magnitude
-/// (which is also where NaN and Inf are found).
+/// before the payload is written, sealing the envelope last, prefetching the blocks ahead, and the
+/// per-block maximum magnitude (which is also where NaN and Inf are found).
 
 #include <algorithm>
 #include <cstddef>
@@ -16,9 +16,10 @@
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/cpu/uniform_kernels.hpp>
 
 #if defined(__SSE2__)
-#include <emmintrin.h>
+#include <xmmintrin.h>
 #endif
 
 namespace gradcomp::cpu {
@@ -34,6 +35,21 @@ inline void begin_message(std::span<std::byte> out, std::size_t size) {
   std::memset(out.data(), 0, envelope::size);
 }
 
+/// Asks the cache to start loading the bytes of [from, to), one 64-byte line at a time; a hint
+/// that changes no result.
+inline void prefetch(const void* from, const void* to) noexcept {
+#if defined(__SSE2__)
+  for (auto* p = static_cast<const char*>(from); p < static_cast<const char*>(to); p += 64) _mm_prefetch(p, _MM_HINT_T0);
+#else
+  (void)from;
+  (void)to;
+#endif
+}
+
+/// How far ahead of the block being encoded its successors are prefetched, in bytes: far enough
+/// for the loads to arrive before they are needed, near enough to stay in L1/L2.
+inline constexpr std::size_t prefetch_distance = 32768;
+
 /// Writes the envelope `e` of a message whose payload (`e.payload_bytes` bytes after the
 /// envelope) is in place, with a payload CRC when `checksum` is set.
 inline void seal_message(std::span<std::byte> out, envelope e, bool checksum) {
@@ -43,31 +59,18 @@ inline void seal_message(std::span<std::byte> out, envelope e, bool checksum) {
   write_envelope(e, out);
 }
 
-/// max |x| over [first, last) (SSE2 for float); throws `non_finite_input` on NaN or Inf.
+/// max |x| over [first, last) (vectorised for float, with AVX2 when `avx2`); throws
+/// `non_finite_input` on NaN or Inf.
 template <gradient_value T>
-[[nodiscard]] T max_magnitude(const T* first, const T* last) {
+[[nodiscard]] T max_magnitude(const T* first, const T* last, bool avx2 = false) {
   using key_type = typename float_traits<T>::bits_type;
   key_type largest = 0;
   const T* p = first;
-#if defined(__SSE2__)
   if constexpr (std::is_same_v<T, float>) {
-    // Magnitude keys are below 2^31, so the signed 32-bit comparison orders them as unsigned.
-    const __m128i mask = _mm_set1_epi32(0x7fffffff);
-    __m128i acc0 = _mm_setzero_si128(), acc1 = _mm_setzero_si128();
-    for (; last - p >= 8; p += 8) {
-      const __m128i k0 = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), mask);
-      const __m128i k1 = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 4)), mask);
-      const __m128i g0 = _mm_cmpgt_epi32(k0, acc0);
-      const __m128i g1 = _mm_cmpgt_epi32(k1, acc1);
-      acc0 = _mm_or_si128(_mm_and_si128(g0, k0), _mm_andnot_si128(g0, acc0));
-      acc1 = _mm_or_si128(_mm_and_si128(g1, k1), _mm_andnot_si128(g1, acc1));
-    }
-    alignas(16) std::uint32_t lanes[8];
-    _mm_store_si128(reinterpret_cast<__m128i*>(lanes), acc0);
-    _mm_store_si128(reinterpret_cast<__m128i*>(lanes + 4), acc1);
-    for (const std::uint32_t k : lanes) largest = std::max(largest, k);
+    const auto whole = static_cast<std::uint64_t>(last - first) / kernel_width * kernel_width;
+    largest = max_magnitude_key32(first, whole, avx2);
+    p += whole;
   }
-#endif
   for (; p != last; ++p) largest = std::max(largest, magnitude_key(*p));
   detail::require(largest < float_traits<T>::infinity_key, errc::non_finite_input, [&] {
     return "gradient value " + std::to_string(static_cast<std::size_t>(std::find_if(first, last, [](T v) {

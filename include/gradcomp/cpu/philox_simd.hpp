@@ -1,8 +1,8 @@
 #pragma once
 /// @file
 /// Many consecutive blocks of a random_stream at once on the CPU: the words are exactly those of
-/// random_stream::block (philox4x32_10), computed with SSE2 for eight counters at a time where
-/// available, with a scalar twin otherwise.
+/// random_stream::block (philox4x32_10), computed with SSE2 for eight counters at a time or AVX2
+/// for sixteen where available, with a scalar twin otherwise.
 ///
 /// SSE2 layout: each vector holds two counters, one per 64-bit slot, with the 32-bit word in the
 /// low half of the slot. _mm_mul_epu32 multiplies exactly those low halves into the full 64-bit
@@ -14,70 +14,164 @@
 
 #include <gradcomp/core/philox.hpp>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
+#include <gradcomp/core/cpu_executor.hpp>
+
+#if defined(__SSE2__) || defined(GRADCOMP_HAVE_AVX2)
+#include <immintrin.h>
 #endif
 
 namespace gradcomp::detail {
 
-/// Writes the 4·count words of blocks [first_block, first_block + count) of `stream` to `words`
-/// (word 4k + w is word w of block first_block + k).
-inline void philox_stream_words(const random_stream& stream, std::uint64_t first_block, std::uint64_t count,
-                                std::uint32_t* words) noexcept {
-  std::uint64_t k = 0;
 #if defined(__SSE2__)
-  constexpr int groups = 4;  // vectors of two counters processed together (eight blocks)
-  const auto key0 = static_cast<std::uint32_t>(stream.seed);
-  const auto key1 = static_cast<std::uint32_t>(stream.seed >> 32) ^ static_cast<std::uint32_t>(stream.step >> 32);
-  __m128i round_key0[10];
-  __m128i round_key1[10];
-  for (int r = 0; r < 10; ++r) {
-    round_key0[r] = _mm_set1_epi32(static_cast<int>(key0 + static_cast<std::uint32_t>(r) * 0x9E3779B9u));
-    round_key1[r] = _mm_set1_epi32(static_cast<int>(key1 + static_cast<std::uint32_t>(r) * 0xBB67AE85u));
+/// The four counter words of two (SSE2) blocks, one per 64-bit slot.
+struct philox_lanes_sse2 {
+  __m128i c0, c1, c2, c3;
+};
+
+/// One Philox round of two blocks with round keys k0, k1.
+inline void philox_round(philox_lanes_sse2& x, __m128i k0, __m128i k1) noexcept {
+  const __m128i product0 = _mm_mul_epu32(x.c0, _mm_set1_epi32(static_cast<int>(0xD2511F53u)));  // hi0:lo0
+  const __m128i product1 = _mm_mul_epu32(x.c2, _mm_set1_epi32(static_cast<int>(0xCD9E8D57u)));  // hi1:lo1
+  x.c0 = _mm_xor_si128(_mm_xor_si128(_mm_shuffle_epi32(product1, 0xF5), x.c1), k0);
+  x.c2 = _mm_xor_si128(_mm_xor_si128(_mm_shuffle_epi32(product0, 0xF5), x.c3), k1);
+  x.c1 = product1;
+  x.c3 = product0;
+}
+
+/// Stores the words of the two blocks: slot 0 first, then slot 1.
+inline void philox_store(const philox_lanes_sse2& x, std::uint32_t* out) noexcept {
+  const __m128i w01 = _mm_unpacklo_epi32(x.c0, x.c1);   // b0.w0 b0.w1 x x
+  const __m128i w01h = _mm_unpackhi_epi32(x.c0, x.c1);  // b1.w0 b1.w1 x x
+  const __m128i w23 = _mm_unpacklo_epi32(x.c2, x.c3);
+  const __m128i w23h = _mm_unpackhi_epi32(x.c2, x.c3);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_unpacklo_epi64(w01, w23));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 4), _mm_unpacklo_epi64(w01h, w23h));
+}
+
+/// Blocks [first, first + count), count a multiple of 4, whose counters share word 1.
+inline void philox_blocks_sse2(const random_stream& stream, std::uint64_t first, std::uint64_t count,
+                               std::uint32_t* words) noexcept {
+  const __m128i c1 = _mm_set1_epi32(static_cast<int>(stream.counter1(first)));
+  const __m128i c2 = _mm_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(stream.step)));
+  const __m128i c3 = _mm_set1_epi32(static_cast<int>(stream.tensor_id));
+  const __m128i slots = _mm_set_epi32(0, 1, 0, 0);
+  for (std::uint64_t k = 0; k < count; k += 4) {
+    const __m128i base = _mm_add_epi32(_mm_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(first + k))), slots);
+    philox_lanes_sse2 a{base, c1, c2, c3};
+    philox_lanes_sse2 b{_mm_add_epi32(base, _mm_set_epi32(0, 2, 0, 2)), c1, c2, c3};
+    std::uint32_t k0 = stream.key0(), k1 = stream.key1();
+    for (int r = 0; r < 10; ++r, k0 += 0x9E3779B9u, k1 += 0xBB67AE85u) {
+      const __m128i key0 = _mm_set1_epi32(static_cast<int>(k0));
+      const __m128i key1 = _mm_set1_epi32(static_cast<int>(k1));
+      philox_round(a, key0, key1);
+      philox_round(b, key0, key1);
+    }
+    philox_store(a, words + 4 * k);
+    philox_store(b, words + 4 * k + 8);
   }
-  const __m128i multiplier0 = _mm_set1_epi32(static_cast<int>(0xD2511F53u));
-  const __m128i multiplier1 = _mm_set1_epi32(static_cast<int>(0xCD9E8D57u));
-  const auto purpose = std::uint32_t{static_cast<std::uint8_t>(stream.purpose)} << 24;
-  const __m128i c2_init = _mm_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(stream.step)));
-  const __m128i c3_init = _mm_set1_epi32(static_cast<int>(stream.tensor_id));
-  for (; k + 2 * groups <= count; k += 2 * groups) {
-    __m128i c0[groups], c1[groups], c2[groups], c3[groups];
-    for (int g = 0; g < groups; ++g) {
-      const std::uint64_t b0 = first_block + k + 2 * static_cast<std::uint64_t>(g);
-      const std::uint64_t b1 = b0 + 1;
-      c0[g] = _mm_set_epi32(0, static_cast<int>(static_cast<std::uint32_t>(b1)), 0,
-                            static_cast<int>(static_cast<std::uint32_t>(b0)));
-      c1[g] = _mm_set_epi32(0, static_cast<int>((static_cast<std::uint32_t>(b1 >> 32) & 0x00ffffffu) | purpose), 0,
-                            static_cast<int>((static_cast<std::uint32_t>(b0 >> 32) & 0x00ffffffu) | purpose));
-      c2[g] = c2_init;
-      c3[g] = c3_init;
+}
+#endif
+
+#if defined(GRADCOMP_HAVE_AVX2)
+/// The four counter words of four (AVX2) blocks, one per 64-bit slot.
+struct philox_lanes_avx2 {
+  __m256i c0, c1, c2, c3;
+};
+
+/// One Philox round of four blocks with round keys k0, k1.
+GRADCOMP_TARGET_AVX2 inline void philox_round(philox_lanes_avx2& x, __m256i k0, __m256i k1) noexcept {
+  const __m256i product0 = _mm256_mul_epu32(x.c0, _mm256_set1_epi32(static_cast<int>(0xD2511F53u)));
+  const __m256i product1 = _mm256_mul_epu32(x.c2, _mm256_set1_epi32(static_cast<int>(0xCD9E8D57u)));
+  x.c0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_shuffle_epi32(product1, 0xF5), x.c1), k0);
+  x.c2 = _mm256_xor_si256(_mm256_xor_si256(_mm256_shuffle_epi32(product0, 0xF5), x.c3), k1);
+  x.c1 = product1;
+  x.c3 = product0;
+}
+
+/// Stores the words of the four blocks in slot order.
+GRADCOMP_TARGET_AVX2 inline void philox_store(const philox_lanes_avx2& x, std::uint32_t* out) noexcept {
+  // Per 128-bit lane as in the SSE2 layout: lane 0 holds slots 0, 1 and lane 1 slots 2, 3.
+  const __m256i w01 = _mm256_unpacklo_epi32(x.c0, x.c1);
+  const __m256i w01h = _mm256_unpackhi_epi32(x.c0, x.c1);
+  const __m256i w23 = _mm256_unpacklo_epi32(x.c2, x.c3);
+  const __m256i w23h = _mm256_unpackhi_epi32(x.c2, x.c3);
+  const __m256i even = _mm256_unpacklo_epi64(w01, w23);   // slots 0 and 2
+  const __m256i odd = _mm256_unpacklo_epi64(w01h, w23h);  // slots 1 and 3
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permute2x128_si256(even, odd, 0x20));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 8), _mm256_permute2x128_si256(even, odd, 0x31));
+}
+
+/// Blocks [first, first + count), count a multiple of 16, whose counters share word 1.
+GRADCOMP_TARGET_AVX2 inline void philox_blocks_avx2(const random_stream& stream, std::uint64_t first,
+                                                    std::uint64_t count, std::uint32_t* words) noexcept {
+  const __m256i c1 = _mm256_set1_epi32(static_cast<int>(stream.counter1(first)));
+  const __m256i c2 = _mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(stream.step)));
+  const __m256i c3 = _mm256_set1_epi32(static_cast<int>(stream.tensor_id));
+  const __m256i slots = _mm256_setr_epi32(0, 0, 1, 0, 2, 0, 3, 0);
+  for (std::uint64_t k = 0; k < count; k += 16) {
+    const __m256i base =
+        _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(first + k))), slots);
+    const __m256i four = _mm256_setr_epi32(4, 0, 4, 0, 4, 0, 4, 0);
+    philox_lanes_avx2 a{base, c1, c2, c3};
+    philox_lanes_avx2 b{_mm256_add_epi32(a.c0, four), c1, c2, c3};
+    philox_lanes_avx2 c{_mm256_add_epi32(b.c0, four), c1, c2, c3};
+    philox_lanes_avx2 d{_mm256_add_epi32(c.c0, four), c1, c2, c3};
+    std::uint32_t k0 = stream.key0(), k1 = stream.key1();
+    for (int r = 0; r < 10; ++r, k0 += 0x9E3779B9u, k1 += 0xBB67AE85u) {
+      const __m256i key0 = _mm256_set1_epi32(static_cast<int>(k0));
+      const __m256i key1 = _mm256_set1_epi32(static_cast<int>(k1));
+      philox_round(a, key0, key1);
+      philox_round(b, key0, key1);
+      philox_round(c, key0, key1);
+      philox_round(d, key0, key1);
     }
-    for (int r = 0; r < 10; ++r) {
-      for (int g = 0; g < groups; ++g) {
-        const __m128i product0 = _mm_mul_epu32(c0[g], multiplier0);  // hi0:lo0 per slot
-        const __m128i product1 = _mm_mul_epu32(c2[g], multiplier1);  // hi1:lo1 per slot
-        c0[g] = _mm_xor_si128(_mm_xor_si128(_mm_shuffle_epi32(product1, 0xF5), c1[g]), round_key0[r]);
-        c2[g] = _mm_xor_si128(_mm_xor_si128(_mm_shuffle_epi32(product0, 0xF5), c3[g]), round_key1[r]);
-        c1[g] = product1;
-        c3[g] = product0;
-      }
-    }
-    for (int g = 0; g < groups; ++g) {
-      // Low halves of slot 0 are block b0's words, of slot 1 block b1's.
-      const __m128i w01 = _mm_unpacklo_epi32(c0[g], c1[g]);  // b0.w0 b0.w1 x x
-      const __m128i w01h = _mm_unpackhi_epi32(c0[g], c1[g]); // b1.w0 b1.w1 x x
-      const __m128i w23 = _mm_unpacklo_epi32(c2[g], c3[g]);
-      const __m128i w23h = _mm_unpackhi_epi32(c2[g], c3[g]);
-      std::uint32_t* const out = words + 4 * (k + 2 * static_cast<std::uint64_t>(g));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_unpacklo_epi64(w01, w23));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 4), _mm_unpacklo_epi64(w01h, w23h));
-    }
+    philox_store(a, words + 4 * k);
+    philox_store(b, words + 4 * k + 16);
+    philox_store(c, words + 4 * k + 32);
+    philox_store(d, words + 4 * k + 48);
+  }
+}
+#endif
+
+/// Writes the 4·count words of blocks [first_block, first_block + count) of `stream` to `words`
+/// (word 4k + w is word w of block first_block + k), with the AVX2 kernel when `avx2` is set.
+inline void philox_stream_words(const random_stream& stream, std::uint64_t first_block, std::uint64_t count,
+                                std::uint32_t* words, bool avx2 = false) noexcept {
+  std::uint64_t k = 0;
+  // The vector kernels hold counter word 1 fixed: true unless the run crosses a multiple of 2^32.
+  const bool shared_high = count == 0 || (first_block >> 32) == ((first_block + count - 1) >> 32);
+#if defined(GRADCOMP_HAVE_AVX2)
+  if (avx2 && shared_high) {
+    k = count - count % 16;
+    philox_blocks_avx2(stream, first_block, k, words);
   }
 #endif
+  (void)avx2;
+#if defined(__SSE2__)
+  if (k == 0 && shared_high) {
+    k = count - count % 4;
+    philox_blocks_sse2(stream, first_block, k, words);
+  }
+#endif
+  (void)shared_high;
   for (std::uint32_t* out = words + 4 * k; k < count; ++k, out += 4) {
     const philox_block b = stream.block(first_block + k);
     std::memcpy(out, b.word, sizeof b.word);
   }
+}
+
+/// Extra halves a `philox_stream_halves` buffer holds beyond the count asked for.
+inline constexpr std::uint64_t philox_halves_slack = 16;
+
+/// The 16-bit halves [first, first + count) of `stream` (half i is half i mod 2 of word i/2, the low
+/// half first), computed whole Philox blocks at a time into `buffer`, which holds count +
+/// philox_halves_slack halves and is 4-byte aligned; returns where half `first` lies in it.
+inline const std::uint16_t* philox_stream_halves(const random_stream& stream, std::uint64_t first, std::uint64_t count,
+                                                 std::uint16_t* buffer, bool avx2 = false) noexcept {
+  const std::uint64_t first_block = first / 8;
+  const std::uint64_t end_block = (first + count + 7) / 8;
+  philox_stream_words(stream, first_block, end_block - first_block, reinterpret_cast<std::uint32_t*>(buffer), avx2);
+  return buffer + first % 8;
 }
 
 }  // namespace gradcomp::detail

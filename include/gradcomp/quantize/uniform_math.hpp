@@ -7,7 +7,9 @@
 ///     block: m = max|h|, s = m / L (the decoded step; see uniform_step near the largest finite
 ///     values), inv = L / m
 ///     t = h · inv, or h / s when inv overflows; every block with s = 0 encodes q = 0 (b ≥ 2)
-///     round to nearest even: q = rne(t); stochastic: q = ⌊t + u⌋, u uniform in [0, 1)
+///     round to nearest even: q = rne(t); stochastic: q = ⌊t + u⌋, u uniform in [0, 1): for
+///     element i, u = h·2^-16 with h the 16-bit half i mod 2 (low half first) of word ⌊i/2⌋ of the
+///     stream keyed by (seed, step, tensor id, stochastic_rounding)
 ///     q is clamped to [−L, L]; b = 1 maps t < 0 to −1 and t ≥ 0 to +1 (stochastic: +1 with
 ///     probability (t + 1)/2); the stored code is q + L (b ≥ 2) or (q + 1)/2 (b = 1)
 ///     decoded value: q · s

@@ -1,0 +1,95 @@
+#pragma once
+/// @file
+/// The float32 element steps of LoCo's fused CPU path (cpu/loco.hpp), each with an AVX2 kernel and
+/// a scalar twin computing the same IEEE operations in the same order (so the same bits as LoCo's
+/// reference loops): the compensated gradient, the moving average of the error, and its 8-bit
+/// quantization. Old errors are dequantized as code·scale; a reset reads them as zero.
+
+#include <cstdint>
+
+#include <gradcomp/core/cpu_executor.hpp>
+#include <gradcomp/quantize/uniform_math.hpp>
+
+#if defined(GRADCOMP_HAVE_AVX2)
+#include <immintrin.h>
+#endif
+
+namespace gradcomp::cpu {
+
+namespace kernel_detail {
+
+#if defined(GRADCOMP_HAVE_AVX2)
+/// code·scale of eight int8 codes.
+GRADCOMP_TARGET_AVX2 inline __m256 dequant8_avx2(const std::int8_t* codes, __m256 scale) noexcept {
+  const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes)));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(q), scale);
+}
+
+GRADCOMP_TARGET_AVX2 inline void compensate_avx2(const float* g, const std::int8_t* codes, float scale,
+                                                 std::uint64_t count, float* h) noexcept {
+  const __m256 s = _mm256_set1_ps(scale);
+  for (std::uint64_t i = 0; i < count; i += 8)
+    _mm256_storeu_ps(h + i, _mm256_add_ps(_mm256_loadu_ps(g + i), dequant8_avx2(codes + i, s)));
+}
+
+GRADCOMP_TARGET_AVX2 inline void blend_avx2(const float* h, const std::int8_t* codes, float scale, float beta,
+                                            float keep, std::uint64_t count, float* v) noexcept {
+  const __m256 s = _mm256_set1_ps(scale);
+  const __m256 b = _mm256_set1_ps(beta);
+  const __m256 k = _mm256_set1_ps(keep);
+  for (std::uint64_t i = 0; i < count; i += 8) {
+    const __m256 old = dequant8_avx2(codes + i, s);
+    const __m256 fresh = _mm256_sub_ps(_mm256_loadu_ps(h + i), _mm256_loadu_ps(v + i));
+    _mm256_storeu_ps(v + i, _mm256_add_ps(_mm256_mul_ps(b, old), _mm256_mul_ps(k, fresh)));
+  }
+}
+
+GRADCOMP_TARGET_AVX2 inline void quantize_error8_avx2(const float* v, float step, std::uint64_t count,
+                                                      std::int8_t* codes) noexcept {
+  const __m256 s = _mm256_set1_ps(step);
+  for (std::uint64_t i = 0; i < count; i += 32) {
+    __m256i q[4];
+    for (int k = 0; k < 4; ++k) q[k] = _mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(v + i + 8 * k), s));
+    // |v/s| ≤ 127·(1 + 2^-23) rounds into [−127, 127]: the saturating packs are exact here.
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i),
+                        _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  }
+}
+#endif
+
+}  // namespace kernel_detail
+
+/// h[i] = g[i] + codes[i]·scale for i < count (count a multiple of 32).
+inline void loco_compensate(const float* g, const std::int8_t* codes, float scale, std::uint64_t count, float* h,
+                            bool avx2) noexcept {
+#if defined(GRADCOMP_HAVE_AVX2)
+  if (avx2) return kernel_detail::compensate_avx2(g, codes, scale, count, h);
+#endif
+  (void)avx2;
+  for (std::uint64_t i = 0; i < count; ++i) h[i] = g[i] + static_cast<float>(codes[i]) * scale;
+}
+
+/// v[i] = β·codes[i]·scale + keep·(h[i] − v[i]) for i < count (count a multiple of 32; v holds ĥ).
+inline void loco_blend(const float* h, const std::int8_t* codes, float scale, float beta, float keep,
+                       std::uint64_t count, float* v, bool avx2) noexcept {
+#if defined(GRADCOMP_HAVE_AVX2)
+  if (avx2) return kernel_detail::blend_avx2(h, codes, scale, beta, keep, count, v);
+#endif
+  (void)avx2;
+  for (std::uint64_t i = 0; i < count; ++i) v[i] = beta * (static_cast<float>(codes[i]) * scale) + keep * (h[i] - v[i]);
+}
+
+/// codes[i] = clamp(round_half_even(v[i] / step), −127, 127) for i < count (count a multiple of
+/// 32; step > 0 and every |v[i]| ≤ 127·step).
+inline void loco_quantize_error(const float* v, float step, std::uint64_t count, std::int8_t* codes,
+                                bool avx2) noexcept {
+#if defined(GRADCOMP_HAVE_AVX2)
+  if (avx2) return kernel_detail::quantize_error8_avx2(v, step, count, codes);
+#endif
+  (void)avx2;
+  for (std::uint64_t i = 0; i < count; ++i)
+    codes[i] = static_cast<std::int8_t>(uniform_level(v[i] / step, 8, rounding::nearest_even, 0.0f));
+}
+
+}  // namespace gradcomp::cpu

@@ -1,0 +1,128 @@
+#pragma once
+/// @file
+/// The block step of the uniform quantizer's CPU encoder, shared by the quantizer itself and by the
+/// fused error-feedback and LoCo paths that code a compensated block held in cache: the reference
+/// arithmetic value by value (`uniform_scalar_codes`, any layout), and `uniform_block_encoder`,
+/// which writes the float32 blocks of one message in order with the vectorised kernels.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include <gradcomp/core/bit_packing.hpp>
+#include <gradcomp/core/cpu_executor.hpp>
+#include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/philox.hpp>
+#include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/cpu/message.hpp>
+#include <gradcomp/cpu/philox_simd.hpp>
+#include <gradcomp/cpu/staged_writer.hpp>
+#include <gradcomp/cpu/uniform_kernels.hpp>
+#include <gradcomp/quantize/uniform.hpp>
+
+namespace gradcomp::cpu {
+
+/// Codes (one per byte) of x[0, count) in a block of largest magnitude m and step s, with the
+/// random halves `halves` (stochastic rounding only): the reference arithmetic, value by value.
+template <gradient_value T>
+void uniform_scalar_codes(const T* x, std::uint64_t count, T m, T s, int bits, rounding mode,
+                          const std::uint16_t* halves, std::uint8_t* out) noexcept {
+  const auto levels = static_cast<T>(uniform_levels(bits));
+  const T inv = m > T{0} ? levels / m : T{0};
+  const bool multiply = m > T{0} && is_finite(inv);
+  for (std::uint64_t c = 0; c < count; ++c) {
+    const T u = mode == rounding::stochastic ? static_cast<T>(halves[c]) * static_cast<T>(1.0 / 65536.0) : T{0};
+    const T t = s == T{0} ? T{0} : (multiply ? x[c] * inv : x[c] / s);
+    out[c] = uniform_code(uniform_level(t, bits, mode, u), bits);
+  }
+}
+
+/// Packs `count` codes (one per byte) into the ⌈count·bits/8⌉ bytes at `packed`, starting on a
+/// byte boundary.
+inline void pack_codes_aligned(const std::uint8_t* codes, std::uint64_t count, int bits, std::uint8_t* packed) noexcept {
+  if (bits == 8) {
+    std::memcpy(packed, codes, static_cast<std::size_t>(count));
+    return;
+  }
+  const auto per_byte = static_cast<std::uint64_t>(8 / bits);
+  for (std::uint64_t c = 0; c < count; c += per_byte)
+    packed[c / per_byte] = pack_byte(codes + c, static_cast<int>(std::min(per_byte, count - c)), bits);
+}
+
+/// Writes the scales and codes of a float32 uniform message block after block, each block's codes
+/// staged whole (so they can be read back until the next block) and written to the message
+/// through a staged_writer (streamed when large, per the executor).
+class uniform_block_encoder {
+ public:
+  /// Whether the encoder handles this layout: 8-bit codes, or 4-bit round to nearest, in blocks of
+  /// a multiple of 32 values whose codes fit the stage.
+  [[nodiscard]] static constexpr bool handles(const uniform_params& p) noexcept {
+    return p.block % kernel_width == 0 && packed_bytes(p.block, p.bits) <= staged_writer::capacity &&
+           (p.bits == 8 || (p.bits == 4 && p.round == rounding::nearest_even));
+  }
+
+  /// An encoder of the n-element message whose scales start at `scales` and codes at `codes`.
+  uniform_block_encoder(const uniform_params& params, const cpu_executor& exec, std::uint64_t n, message_key key,
+                        std::byte* scales, std::uint8_t* codes) noexcept
+      : params_(params),
+        avx2_(exec.avx2()),
+        stream_{params.seed, key.step, key.tensor_id, random_purpose::stochastic_rounding},
+        scales_(scales),
+        writer_(reinterpret_cast<std::byte*>(codes), exec.streams(packed_bytes(n, params.bits))) {}
+
+  /// Codes the next block, values x[0, count) (count = the block size, or less for the last
+  /// block), and returns its step s; its codes are at `codes()` until the next call.
+  /// @throws error `non_finite_input` when x holds NaN or ±Inf.
+  float next(const float* x, std::uint64_t count) {
+    const int bits = params_.bits;
+    const float m = max_magnitude(x, x + count, avx2_);
+    const float s = uniform_step(m, bits);
+    std::memcpy(scales_ + block_ * sizeof(float), &s, sizeof s);
+    const float inv = m > 0.0f ? static_cast<float>(uniform_levels(bits)) / m : 0.0f;
+    const bool multiply = m > 0.0f && is_finite(inv);
+    codes_ = reinterpret_cast<std::uint8_t*>(writer_.reserve(static_cast<std::size_t>(packed_bytes(count, bits))));
+    for (std::uint64_t first = 0; first < count; first += chunk) {
+      const std::uint64_t part = std::min(chunk, count - first);
+      std::uint8_t* const target = codes_ + first * static_cast<std::uint64_t>(bits) / 8;
+      const std::uint16_t* const halves =
+          params_.round == rounding::stochastic
+              ? detail::philox_stream_halves(stream_, element_ + first, part, random_halves_, avx2_)
+              : nullptr;
+      const std::uint64_t done = multiply ? part / kernel_width * kernel_width : 0;
+      if (bits == 4) encode4_rtn(x + first, done, inv, target, avx2_);
+      else if (params_.round == rounding::nearest_even) encode8_rtn(x + first, done, inv, target, avx2_);
+      else encode8_sr(x + first, done, inv, halves, target, avx2_);
+      if (done == part) continue;
+      uniform_scalar_codes(x + first + done, part - done, m, s, bits, params_.round,
+                           halves == nullptr ? nullptr : halves + done, scalar_codes_);
+      pack_codes_aligned(scalar_codes_, part - done, bits, target + done * static_cast<std::uint64_t>(bits) / 8);
+    }
+    ++block_;
+    element_ += count;
+    return s;
+  }
+
+  /// Writes the staged codes out; call once after the last block, before the message is sealed.
+  void finish() noexcept { writer_.finish(); }
+
+  /// The packed codes of the block coded last.
+  [[nodiscard]] const std::uint8_t* codes() const noexcept { return codes_; }
+
+ private:
+  /// Values coded per kernel call (and random halves drawn per Philox run).
+  static constexpr std::uint64_t chunk = 512;
+
+  uniform_params params_;
+  bool avx2_;
+  random_stream stream_;
+  std::byte* scales_;
+  staged_writer writer_;
+  std::uint64_t block_ = 0;
+  std::uint64_t element_ = 0;
+  std::uint8_t* codes_ = nullptr;
+  std::uint8_t scalar_codes_[chunk];
+  alignas(16) std::uint16_t random_halves_[chunk + detail::philox_halves_slack];
+};
+
+}  // namespace gradcomp::cpu

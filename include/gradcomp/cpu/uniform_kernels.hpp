@@ -1,0 +1,372 @@
+#pragma once
+/// @file
+/// The vectorised float32 kernels of the uniform quantizer's CPU backend (also used by the fused
+/// error-feedback and LoCo paths): block maximum, 8-bit and 4-bit round-to-nearest codes, 8-bit
+/// stochastic-rounding codes, and 8-bit and 4-bit decoding. Each has a baseline version (SSE2 on
+/// x86-64, scalar elsewhere) and an AVX2 twin; all compute exactly the arithmetic of
+/// quantize/uniform_math.hpp (t = x·inv in float, cvtps2dq/cvttps2dq round and truncate as
+/// round_half_even and floor_to_int do, no fused multiply-add), so every version writes the same
+/// bits. Counts are multiples of 32 values; the caller handles the rest with the scalar code.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include <gradcomp/core/cpu_executor.hpp>
+#include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/quantize/uniform_math.hpp>
+
+#if defined(__SSE2__) || defined(GRADCOMP_HAVE_AVX2)
+#include <immintrin.h>
+#endif
+
+namespace gradcomp::cpu {
+
+/// Values per kernel step; kernel counts are multiples of it.
+inline constexpr std::uint64_t kernel_width = 32;
+
+/// Bits of max |x| over x[0, count) (count a multiple of 32): the magnitude key, whose value at or
+/// above the infinity key means NaN or Inf.
+[[nodiscard]] inline std::uint32_t max_magnitude_key32(const float* x, std::uint64_t count, bool avx2) noexcept;
+/// Codes rne(x·inv) + 127 of x[0, count) into codes[0, count).
+inline void encode8_rtn(const float* x, std::uint64_t count, float inv, std::uint8_t* codes, bool avx2) noexcept;
+/// Codes rne(x·inv) + 7 of x[0, count), two per byte (even element in the low nibble).
+inline void encode4_rtn(const float* x, std::uint64_t count, float inv, std::uint8_t* packed, bool avx2) noexcept;
+/// Codes ⌊x·inv + u⌋ + 127 (clamped to [−127, 127] first), u = halves[i]·2^-16.
+inline void encode8_sr(const float* x, std::uint64_t count, float inv, const std::uint16_t* halves,
+                       std::uint8_t* codes, bool avx2) noexcept;
+/// dense[i] (=, or += when `accumulate`) (codes[i] − 127)·s for 8-bit codes, or the nibble codes
+/// minus 7 for 4-bit codes (packed as encode4_rtn writes them). With `streaming` (not with
+/// `accumulate`; dense 32-byte aligned) the values are written with non-temporal stores.
+template <int Bits>
+inline void decode_codes(const std::uint8_t* codes, std::uint64_t count, float s, float* dense, bool accumulate,
+                         bool streaming, bool avx2) noexcept;
+/// Whether any 8-bit code of codes[0, bytes) is 0xFF, or (Bits = 4) any nibble is 0xF: the one
+/// code above the largest level 2L.
+template <int Bits>
+[[nodiscard]] inline bool any_code_all_ones(const std::uint8_t* codes, std::uint64_t bytes, bool avx2) noexcept;
+
+namespace kernel_detail {
+
+[[nodiscard]] inline std::uint32_t magnitude_bits(float v) noexcept {
+  std::uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  return bits & 0x7fffffffu;
+}
+
+/// Scalar level of a round-to-nearest code, as uniform_level computes it.
+[[nodiscard]] inline int rtn_level(float t, int levels) noexcept {
+  const int q = round_half_even(t);
+  return std::clamp(q, -levels, levels);
+}
+
+#if defined(GRADCOMP_HAVE_AVX2)
+GRADCOMP_TARGET_AVX2 inline std::uint32_t max_key_avx2(const float* x, std::uint64_t count) noexcept {
+  const __m256i mask = _mm256_set1_epi32(0x7fffffff);
+  __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
+  for (std::uint64_t i = 0; i < count; i += 16) {
+    a = _mm256_max_epi32(a, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), mask));
+    b = _mm256_max_epi32(b, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + 8)), mask));
+  }
+  a = _mm256_max_epi32(a, b);
+  alignas(32) std::uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), a);
+  return *std::max_element(lanes, lanes + 8);
+}
+
+/// rne(x[k]·scale) of 32 values as 32 bytes in order, saturated to [−128, 127] (exact where the
+/// levels are within [−127, 127]).
+GRADCOMP_TARGET_AVX2 inline __m256i round_pack32_avx2(const float* x, __m256 scale) noexcept {
+  const __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), scale));
+  const __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), scale));
+  const __m256i q2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16), scale));
+  const __m256i q3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 24), scale));
+  // The packs work within 128-bit lanes; the permutation restores element order.
+  const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
+  return _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+GRADCOMP_TARGET_AVX2 inline void encode8_rtn_avx2(const float* x, std::uint64_t count, float inv,
+                                                  std::uint8_t* codes) noexcept {
+  const __m256 scale = _mm256_set1_ps(inv);
+  const __m256i offset = _mm256_set1_epi8(127);
+  for (std::uint64_t i = 0; i < count; i += 32)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i), _mm256_add_epi8(round_pack32_avx2(x + i, scale), offset));
+}
+
+GRADCOMP_TARGET_AVX2 inline void encode4_rtn_avx2(const float* x, std::uint64_t count, float inv,
+                                                  std::uint8_t* packed) noexcept {
+  const __m256 scale = _mm256_set1_ps(inv);
+  const __m256i top = _mm256_set1_epi8(7);
+  const __m256i bottom = _mm256_set1_epi8(-7);
+  const __m256i offset = _mm256_set1_epi8(7);
+  const __m256i low_byte = _mm256_set1_epi16(0x00ff);
+  for (std::uint64_t i = 0; i < count; i += 32) {
+    const __m256i q = _mm256_max_epi8(_mm256_min_epi8(round_pack32_avx2(x + i, scale), top), bottom);
+    const __m256i c = _mm256_add_epi8(q, offset);  // 32 codes in [0, 14]
+    // Each 16-bit lane holds an even code (low byte) and the next odd one (high byte).
+    const __m256i pairs = _mm256_and_si256(_mm256_or_si256(c, _mm256_srli_epi16(c, 4)), low_byte);
+    const __m256i bytes = _mm256_permute4x64_epi64(_mm256_packus_epi16(pairs, pairs), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(packed + i / 2), _mm256_castsi256_si128(bytes));
+  }
+}
+
+GRADCOMP_TARGET_AVX2 inline void encode8_sr_avx2(const float* x, std::uint64_t count, float inv,
+                                                 const std::uint16_t* halves, std::uint8_t* codes) noexcept {
+  const __m256 scale = _mm256_set1_ps(inv);
+  const __m256 unit = _mm256_set1_ps(1.0f / 65536.0f);
+  const __m256i top = _mm256_set1_epi8(127);
+  const __m256i bottom = _mm256_set1_epi8(-127);
+  const __m256i offset = _mm256_set1_epi8(127);
+  for (std::uint64_t i = 0; i < count; i += 32) {
+    __m256i q[4];
+    for (int k = 0; k < 4; ++k) {
+      const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(halves + i + 8 * k)));
+      const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(w), unit);
+      const __m256 y = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * k), scale), u);
+      const __m256i truncated = _mm256_cvttps_epi32(y);
+      // Subtract one where the truncation lies above y (all-ones mask = −1).
+      q[k] = _mm256_add_epi32(truncated, _mm256_castps_si256(_mm256_cmp_ps(_mm256_cvtepi32_ps(truncated), y, _CMP_GT_OQ)));
+    }
+    __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    packed = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    // ⌊t + u⌋ ≤ 128 saturates to 127 and ≥ −128 to −128, which the clamp lifts to −127.
+    const __m256i clamped = _mm256_max_epi8(_mm256_min_epi8(packed, top), bottom);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i), _mm256_add_epi8(clamped, offset));
+  }
+}
+
+template <int Bits>
+GRADCOMP_TARGET_AVX2 inline void decode_avx2(const std::uint8_t* codes, std::uint64_t count, float s, float* dense,
+                                             bool accumulate, bool streaming) noexcept {
+  const __m256 step = _mm256_set1_ps(s);
+  const __m256i offset = _mm256_set1_epi32(Bits == 8 ? 127 : 7);
+  const __m128i nibble = _mm_set1_epi8(0x0f);
+  for (std::uint64_t i = 0; i < count; i += 16) {
+    __m128i v;  // 16 codes, one per byte
+    if constexpr (Bits == 8) {
+      v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
+    } else {
+      const __m128i packed = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i / 2));
+      v = _mm_unpacklo_epi8(_mm_and_si128(packed, nibble), _mm_and_si128(_mm_srli_epi16(packed, 4), nibble));
+    }
+    for (int half = 0; half < 2; ++half) {
+      const __m256i q = _mm256_sub_epi32(_mm256_cvtepu8_epi32(half == 0 ? v : _mm_srli_si128(v, 8)), offset);
+      __m256 value = _mm256_mul_ps(_mm256_cvtepi32_ps(q), step);
+      float* const at = dense + i + 8 * half;
+      if (accumulate) value = _mm256_add_ps(_mm256_loadu_ps(at), value);
+      if (streaming) _mm256_stream_ps(at, value);
+      else _mm256_storeu_ps(at, value);
+    }
+  }
+}
+
+template <int Bits>
+GRADCOMP_TARGET_AVX2 inline bool any_all_ones_avx2(const std::uint8_t* codes, std::uint64_t whole) noexcept {
+  const __m256i low = _mm256_set1_epi8(static_cast<char>(Bits == 8 ? 0xff : 0x0f));
+  const __m256i high = _mm256_set1_epi8(static_cast<char>(Bits == 8 ? 0xff : 0xf0));
+  __m256i found = _mm256_setzero_si256();
+  for (std::uint64_t b = 0; b < whole; b += 32) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + b));
+    found = _mm256_or_si256(found, _mm256_cmpeq_epi8(_mm256_and_si256(v, low), low));
+    if constexpr (Bits == 4) found = _mm256_or_si256(found, _mm256_cmpeq_epi8(_mm256_and_si256(v, high), high));
+  }
+  return _mm256_movemask_epi8(found) != 0;
+}
+#endif
+
+}  // namespace kernel_detail
+
+inline std::uint32_t max_magnitude_key32(const float* x, std::uint64_t count, bool avx2) noexcept {
+#if defined(GRADCOMP_HAVE_AVX2)
+  if (avx2) return kernel_detail::max_key_avx2(x, count);
+#endif
+  std::uint32_t largest = 0;
+  std::uint64_t i = 0;
+#if defined(__SSE2__)
+  // Magnitude keys are below 2^31, so the signed 32-bit comparison orders them as unsigned.
+  const __m128i mask = _mm_set1_epi32(0x7fffffff);
+  __m128i a = _mm_setzero_si128(), b = _mm_setzero_si128();
+  for (; i < count; i += 8) {
+    const __m128i ka = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)), mask);
+    const __m128i kb = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i + 4)), mask);
+    const __m128i ga = _mm_cmpgt_epi32(ka, a);
+    const __m128i gb = _mm_cmpgt_epi32(kb, b);
+    a = _mm_or_si128(_mm_and_si128(ga, ka), _mm_andnot_si128(ga, a));
+    b = _mm_or_si128(_mm_and_si128(gb, kb), _mm_andnot_si128(gb, b));
+  }
+  alignas(16) std::uint32_t lanes[8];
+  _mm_store_si128(reinterpret_cast<__m128i*>(lanes), a);
+  _mm_store_si128(reinterpret_cast<__m128i*>(lanes + 4), b);
+  largest = *std::max_element(lanes, lanes + 8);
+#endif
+  for (; i < count; ++i) largest = std::max(largest, kernel_detail::magnitude_bits(x[i]));
+  return largest;
+}
+
+inline void encode8_rtn(const float* x, std::uint64_t count, float inv, std::uint8_t* codes, bool avx2) noexcept {
+#if defined(GRADCOMP_HAVE_AVX2)
+  if (avx2) return kernel_detail::encode8_rtn_avx2(x, count, inv, codes);
+#endif
+  (void)avx2;
+#if defined(__SSE2__)
+  const __m128 scale = _mm_set1_ps(inv);
+  const __m128i offset = _mm_set1_epi8(127);
+  for (std::uint64_t i = 0; i < count; i += 16) {
+    const __m128i q0 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i), scale));
+    const __m128i q1 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i + 4), scale));
+    const __m128i q2 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i + 8), scale));
+    const __m128i q3 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i + 12), scale));
+    // |t| ≤ 127·(1 + 2^-23) rounds into [−127, 127]: the saturating packs are exact here.
+    const __m128i q = _mm_packs_epi16(_mm_packs_epi32(q0, q1), _mm_packs_epi32(q2, q3));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm_add_epi8(q, offset));
+  }
+#else
+  for (std::uint64_t i = 0; i < count; ++i)
+    codes[i] = static_cast<std::uint8_t>(kernel_detail::rtn_level(x[i] * inv, 127) + 127);
+#endif
+}
+
+inline void encode4_rtn(const float* x, std::uint64_t count, float inv, std::uint8_t* packed, bool avx2) noexcept {
+#if defined(GRADCOMP_HAVE_AVX2)
+  if (avx2) return kernel_detail::encode4_rtn_avx2(x, count, inv, packed);
+#endif
+  (void)avx2;
+#if defined(__SSE2__)
+  const __m128 scale = _mm_set1_ps(inv);
+  const __m128i top = _mm_set1_epi16(7);
+  const __m128i bottom = _mm_set1_epi16(-7);
+  const __m128i offset = _mm_set1_epi8(7);
+  const __m128i low_byte = _mm_set1_epi16(0x00ff);
+  for (std::uint64_t i = 0; i < count; i += 16) {
+    const __m128i q0 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i), scale));
+    const __m128i q1 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i + 4), scale));
+    const __m128i q2 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i + 8), scale));
+    const __m128i q3 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i + 12), scale));
+    const __m128i a = _mm_max_epi16(_mm_min_epi16(_mm_packs_epi32(q0, q1), top), bottom);
+    const __m128i b = _mm_max_epi16(_mm_min_epi16(_mm_packs_epi32(q2, q3), top), bottom);
+    const __m128i c = _mm_add_epi8(_mm_packs_epi16(a, b), offset);  // 16 codes in [0, 14]
+    // Each 16-bit lane holds an even code (low byte) and the next odd one (high byte).
+    const __m128i pairs = _mm_and_si128(_mm_or_si128(c, _mm_srli_epi16(c, 4)), low_byte);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(packed + i / 2), _mm_packus_epi16(pairs, pairs));
+  }
+#else
+  for (std::uint64_t i = 0; i < count; i += 2) {
+    const int even = kernel_detail::rtn_level(x[i] * inv, 7) + 7;
+    const int odd = kernel_detail::rtn_level(x[i + 1] * inv, 7) + 7;
+    packed[i / 2] = static_cast<std::uint8_t>(even | odd << 4);
+  }
+#endif
+}
+
+inline void encode8_sr(const float* x, std::uint64_t count, float inv, const std::uint16_t* halves,
+                       std::uint8_t* codes, bool avx2) noexcept {
+#if defined(GRADCOMP_HAVE_AVX2)
+  if (avx2) return kernel_detail::encode8_sr_avx2(x, count, inv, halves, codes);
+#endif
+  (void)avx2;
+#if defined(__SSE2__)
+  const __m128 scale = _mm_set1_ps(inv);
+  const __m128 unit = _mm_set1_ps(1.0f / 65536.0f);
+  const __m128i zero = _mm_setzero_si128();
+  const __m128i top = _mm_set1_epi16(127);
+  const __m128i bottom = _mm_set1_epi16(-127);
+  const __m128i offset = _mm_set1_epi8(127);
+  for (std::uint64_t i = 0; i < count; i += 16) {
+    const __m128i h0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(halves + i));
+    const __m128i h1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(halves + i + 8));
+    const __m128i w[4] = {_mm_unpacklo_epi16(h0, zero), _mm_unpackhi_epi16(h0, zero), _mm_unpacklo_epi16(h1, zero),
+                          _mm_unpackhi_epi16(h1, zero)};
+    __m128i q[4];
+    for (int k = 0; k < 4; ++k) {
+      const __m128 u = _mm_mul_ps(_mm_cvtepi32_ps(w[k]), unit);
+      const __m128 y = _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(x + i + 4 * k), scale), u);
+      const __m128i truncated = _mm_cvttps_epi32(y);
+      // Subtract one where the truncation lies above y (all-ones mask = −1).
+      q[k] = _mm_add_epi32(truncated, _mm_castps_si128(_mm_cmpgt_ps(_mm_cvtepi32_ps(truncated), y)));
+    }
+    const __m128i a = _mm_max_epi16(_mm_min_epi16(_mm_packs_epi32(q[0], q[1]), top), bottom);
+    const __m128i b = _mm_max_epi16(_mm_min_epi16(_mm_packs_epi32(q[2], q[3]), top), bottom);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm_add_epi8(_mm_packs_epi16(a, b), offset));
+  }
+#else
+  for (std::uint64_t i = 0; i < count; ++i) {
+    const float u = static_cast<float>(halves[i]) * (1.0f / 65536.0f);
+    codes[i] = uniform_code(uniform_level(x[i] * inv, 8, rounding::stochastic, u), 8);
+  }
+#endif
+}
+
+template <int Bits>
+inline void decode_codes(const std::uint8_t* codes, std::uint64_t count, float s, float* dense, bool accumulate,
+                         bool streaming, bool avx2) noexcept {
+  static_assert(Bits == 8 || Bits == 4, "vectorised decoding exists for 8-bit and 4-bit codes");
+#if defined(GRADCOMP_HAVE_AVX2)
+  if (avx2) return kernel_detail::decode_avx2<Bits>(codes, count, s, dense, accumulate, streaming);
+#endif
+  (void)avx2;
+#if defined(__SSE2__)
+  const __m128 step = _mm_set1_ps(s);
+  const __m128i offset = _mm_set1_epi32(Bits == 8 ? 127 : 7);
+  const __m128i zero = _mm_setzero_si128();
+  const __m128i nibble = _mm_set1_epi8(0x0f);
+  for (std::uint64_t i = 0; i < count; i += 16) {
+    __m128i v;  // 16 codes, one per byte
+    if constexpr (Bits == 8) {
+      v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
+    } else {
+      const __m128i packed = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i / 2));
+      v = _mm_unpacklo_epi8(_mm_and_si128(packed, nibble), _mm_and_si128(_mm_srli_epi16(packed, 4), nibble));
+    }
+    const __m128i lo = _mm_unpacklo_epi8(v, zero);
+    const __m128i hi = _mm_unpackhi_epi8(v, zero);
+    const __m128i q[4] = {_mm_unpacklo_epi16(lo, zero), _mm_unpackhi_epi16(lo, zero), _mm_unpacklo_epi16(hi, zero),
+                          _mm_unpackhi_epi16(hi, zero)};
+    for (int k = 0; k < 4; ++k) {
+      __m128 value = _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(q[k], offset)), step);
+      if (accumulate) value = _mm_add_ps(_mm_loadu_ps(dense + i + 4 * k), value);
+      if (streaming) _mm_stream_ps(dense + i + 4 * k, value);
+      else _mm_storeu_ps(dense + i + 4 * k, value);
+    }
+  }
+#else
+  for (std::uint64_t i = 0; i < count; ++i) {
+    const unsigned code = Bits == 8 ? codes[i] : (codes[i / 2] >> (i % 2 * 4)) & 0x0fu;
+    const float value = static_cast<float>(static_cast<int>(code) - (Bits == 8 ? 127 : 7)) * s;
+    dense[i] = accumulate ? dense[i] + value : value;
+  }
+  (void)streaming;
+#endif
+}
+
+template <int Bits>
+inline bool any_code_all_ones(const std::uint8_t* codes, std::uint64_t bytes, bool avx2) noexcept {
+  static_assert(Bits == 8 || Bits == 4, "the byte-wise test exists for 8-bit and 4-bit codes");
+  std::uint64_t b = 0;
+  bool found = false;
+#if defined(GRADCOMP_HAVE_AVX2)
+  if (avx2) {
+    b = bytes / 32 * 32;
+    found = kernel_detail::any_all_ones_avx2<Bits>(codes, b);
+  }
+#endif
+  (void)avx2;
+#if defined(__SSE2__)
+  const __m128i low = _mm_set1_epi8(static_cast<char>(Bits == 8 ? 0xff : 0x0f));
+  const __m128i high = _mm_set1_epi8(static_cast<char>(Bits == 8 ? 0xff : 0xf0));
+  __m128i any = _mm_setzero_si128();
+  for (; bytes - b >= 16; b += 16) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + b));
+    any = _mm_or_si128(any, _mm_cmpeq_epi8(_mm_and_si128(v, low), low));
+    if constexpr (Bits == 4) any = _mm_or_si128(any, _mm_cmpeq_epi8(_mm_and_si128(v, high), high));
+  }
+  found = found || _mm_movemask_epi8(any) != 0;
+#endif
+  for (; b < bytes; ++b) {
+    const unsigned x = codes[b];
+    found = found || (Bits == 8 ? x == 0xffu : ((x & 0x0fu) == 0x0fu || (x & 0xf0u) == 0xf0u));
+  }
+  return found;
+}
+
+}  // namespace gradcomp::cpu
