@@ -15,6 +15,15 @@
 ///   randomk/decode
 ///   threshold/encode     sampled threshold, target density 1% (achieved density recorded)
 ///   threshold/decode
+///   uniform8_rtn/encode  8-bit uniform quantization, blocks of 256, round to nearest; /decode
+///   uniform8_sr/encode   the same with stochastic rounding
+///   uniform4_rtn/encode  4-bit round to nearest; /decode
+///   ef_topk/encode       error feedback around top-k 1% (one step: residual in, residual out)
+///   ef_uniform8/encode   error feedback around 8-bit round to nearest
+///   loco_uniform4/encode LoCo around 4-bit round to nearest (8-bit error state)
+///
+/// The CPU executor is the default one (AVX2 where the CPU has it, streamed stores for outputs of
+/// 8 MiB and more).
 ///
 /// gradient_gbps = n·4 bytes / median seconds (1 GB = 1e9 bytes); copy_gbps is memcpy's figure
 /// for the same n (bytes copied per second, not read + write); ratio_to_copy is their quotient.
@@ -58,6 +67,17 @@ constexpr double topk_speedup_target = 3.0;
 constexpr double ratio_to_copy_target = 0.5;
 constexpr double density_low = 0.8;
 constexpr double density_high = 1.25;
+constexpr double loco_state_bytes_target = 1.1;
+
+/// Throughput targets of the quantizer and feedback records (ratio_to_copy at least this).
+struct ratio_target {
+  std::string_view name;
+  double ratio;
+};
+constexpr ratio_target quantizer_targets[] = {
+    {"uniform8_rtn/encode", 1.0}, {"uniform8_rtn/decode", 1.0}, {"uniform8_sr/encode", 0.4},
+    {"ef_uniform8/encode", 0.5},  {"loco_uniform4/encode", 0.3},
+};
 
 constexpr std::string_view usage_text = R"(usage: gradcomp-bench [options]
 
@@ -326,16 +346,19 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
   const uniform_quantizer<float> uniform8_sr({.bits = 8, .round = rounding::stochastic, .seed = 1});
   const uniform_quantizer<float> uniform4({.bits = 4});
   const error_feedback<topk_sparsifier<float>> ef_topk(topk);
+  const error_feedback<uniform_quantizer<float>> ef_uniform8(uniform8);
   const loco<uniform_quantizer<float>> loco4(uniform4);
   const message_key key{.step = 1, .tensor_id = 0};
 
   const auto size = static_cast<std::size_t>(n);
   const auto k = static_cast<std::size_t>(topk.k(n));
   const std::size_t message_bytes =
-      std::max({topk.max_encoded_bytes(n), randomk.max_encoded_bytes(n), threshold.max_encoded_bytes(n)});
+      std::max({topk.max_encoded_bytes(n), randomk.max_encoded_bytes(n), threshold.max_encoded_bytes(n),
+                uniform8.max_encoded_bytes(n)});
   const std::size_t workspace_bytes =
       std::max({topk.workspace_bytes(cpu, n), randomk.workspace_bytes(cpu, n), threshold.workspace_bytes(cpu, n),
-                ef_topk.workspace_bytes(cpu, n), loco4.workspace_bytes(cpu, n), std::size_t{1}});
+                ef_topk.workspace_bytes(cpu, n), ef_uniform8.workspace_bytes(cpu, n), loco4.workspace_bytes(cpu, n),
+                std::size_t{1}});
 
   fmt::print(stderr, "gradcomp-bench: n = {}, k = {}: allocating and filling buffers\n", n, k);
   std::fflush(stderr);
@@ -479,10 +502,23 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
       [&] { sum.add_message(message(ef_bytes)); });
   add("ef_topk/encode", ef_encode, dense_bytes / static_cast<double>(ef_bytes));
 
+  // Error feedback around 8-bit uniform quantization.
+  fmt::print(stderr, "gradcomp-bench: n = {}: ef_uniform8\n", n);
+  std::fflush(stderr);
+  auto ef8_state = ef_uniform8.make_state(cpu, n);
+  std::size_t ef8_bytes = 0;
+  const timing ef8_encode = measure(
+      opt, [&] { ef8_bytes = ef_uniform8.encode(cpu, gradient, ef8_state, out, ws, key); },
+      [&] { sum.add_message(message(ef8_bytes)); });
+  add("ef_uniform8/encode", ef8_encode, dense_bytes / static_cast<double>(ef8_bytes));
+
   // LoCo around 4-bit uniform quantization (8-bit compensation state, about 1 byte per element).
   fmt::print(stderr, "gradcomp-bench: n = {}: loco_uniform4 (state {:.4f} bytes per element)\n", n,
              loco4.state_bytes_per_element(n));
   std::fflush(stderr);
+  require_check(loco4.state_bytes_per_element(n) <= loco_state_bytes_target,
+                fmt::format("LoCo state takes {:.4f} bytes per element, above {}", loco4.state_bytes_per_element(n),
+                            loco_state_bytes_target));
   auto loco_state = loco4.make_state(cpu, n);
   std::size_t loco_bytes = 0;
   const timing loco_encode = measure(
@@ -536,8 +572,13 @@ void print_targets(const std::vector<record>& records, const std::vector<std::ui
            fmt::format("threshold/encode n={}: achieved_density {:.5f} within [{:.4f}, {:.4f}] (target {})", n, density,
                        density_low * target_density, density_high * target_density, target_density));
     }
+    for (const ratio_target& t : quantizer_targets) {
+      if (const record* r = find_record(records, t.name, n); r != nullptr)
+        line(r->ratio_to_copy() >= t.ratio,
+             fmt::format("{} n={}: ratio_to_copy {:.3f} >= {}", t.name, n, r->ratio_to_copy(), t.ratio));
+    }
     for (const record& r : records) {
-      if (r.n != n || !r.name.ends_with("/decode")) continue;
+      if (r.n != n || !r.name.ends_with("/decode") || r.name.starts_with("uniform8_rtn")) continue;
       line(r.ratio_to_copy() >= ratio_to_copy_target,
            fmt::format("{} n={}: ratio_to_copy {:.3f} >= {}", r.name, n, r.ratio_to_copy(), ratio_to_copy_target));
     }

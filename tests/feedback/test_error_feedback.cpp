@@ -2,6 +2,7 @@
 // the top-k residual against a full-sort oracle, failed steps leaving the state bit-identical, and
 // the saved state (its documented layout, bit-identical continuation, every load error).
 #include <gradcomp/feedback/error_feedback.hpp>
+#include <gradcomp/quantize/uniform.hpp>
 #include <gradcomp/sparsify/randomk.hpp>
 #include <gradcomp/sparsify/threshold.hpp>
 #include <gradcomp/sparsify/topk.hpp>
@@ -387,4 +388,66 @@ TEST_CASE("error feedback steps, saves and restores an empty tensor") {
   auto restored = sentinel_state<double>(0);
   ef.load_state(cpu, bytes, restored);
   CHECK(restored.steps == 1);
+}
+
+TEST_CASE("error feedback around the float uniform quantizer: the one-pass path equals the reference path") {
+  // A residual bound of +Inf makes a step take the reference path; the default bound lets the
+  // fused one-pass path run. Both must write the same messages and residuals, on every executor.
+  using uq = uniform_quantizer<float>;
+  const cpu_executor settings[] = {{}, {.max_simd = cpu_simd::baseline, .streaming_store_bytes = 0}};
+  struct config {
+    uniform_params params;
+    std::size_t n;
+  };
+  const config configs[] = {{{.bits = 8}, 70001},
+                            {{.bits = 8, .block = 64, .round = rounding::stochastic, .seed = 2}, 4099},
+                            {{.bits = 4, .block = 32}, 1000}};
+  for (const config& c : configs) {
+    for (const cpu_executor& exec : settings) {
+      const error_feedback<uq> ef{uq(c.params)};
+      const auto step = [&](const std::vector<float>& g, error_feedback_state<float>& state, std::uint64_t t) {
+        std::vector<std::byte> out(ef.max_encoded_bytes(c.n));
+        std::vector<std::byte> ws(ef.workspace_bytes(exec, c.n));
+        out.resize(ef.encode(exec, std::span<const float>(g), state, out, ws, {.step = t, .tensor_id = 3}));
+        return out;
+      };
+      auto fused = ef.make_state(exec, c.n);
+      auto reference = ef.make_state(exec, c.n);
+      bool messages_equal = true, residuals_equal = true, bound_exact = true;
+      for (std::uint64_t t = 0; t < 6; ++t) {
+        const std::vector<float> g = make_input<float>(input_kind::normal, c.n, 100 + t);
+        reference.residual_max = std::numeric_limits<float>::infinity();
+        messages_equal = messages_equal && step(g, fused, t) == step(g, reference, t);
+        residuals_equal = residuals_equal && bitwise_equal(fused.residual, reference.residual);
+        float largest = 0;
+        for (const float v : fused.residual) largest = std::max(largest, std::fabs(v));
+        bound_exact = bound_exact && fused.residual_max == largest;
+      }
+      CAPTURE(c.params.bits);
+      CAPTURE(c.params.block);
+      CAPTURE(c.n);
+      CHECK(messages_equal);
+      CHECK(residuals_equal);
+      CHECK(bound_exact);
+      CHECK(fused.steps == 6);
+      // NaN in the last element: found by the fused path's first read, before anything is written.
+      std::vector<float> bad = make_input<float>(input_kind::normal, c.n, 7);
+      bad.back() = std::numeric_limits<float>::quiet_NaN();
+      const std::vector<std::byte> before = bits_of(fused);
+      CHECK(thrown_by([&] { step(bad, fused, 6); }) == named(errc::non_finite_input));
+      CHECK(bits_of(fused) == before);
+    }
+  }
+}
+
+TEST_CASE("load_state records a residual bound") {
+  const error_feedback<uniform_quantizer<float>> ef{uniform_quantizer<float>({.bits = 8})};
+  const cpu_executor cpu;
+  auto state = ef.make_state(cpu, 300);
+  ef_step(ef, make_input<float>(input_kind::normal, 300, 1), state);
+  const std::vector<std::byte> bytes = saved(ef, state);
+  auto restored = ef.make_state(cpu, 300);
+  ef.load_state(cpu, bytes, restored);
+  CHECK(restored.residual_max == state.residual_max);
+  CHECK(restored.residual_max > 0.0f);
 }

@@ -3,12 +3,16 @@
 /// CPU reference of error feedback. One pass forms a = g + e in the workspace and checks it; the
 /// inner codec encodes a and decodes its own message into the workspace; a last pass stores
 /// e = a − decoded. The state is written only by that last pass, after everything that can fail.
+/// Around the float32 uniform quantizer in its vectorised layout, a fused path reads g once to
+/// check it, then does the whole step block by block in one pass (see `encode_fused`).
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <gradcomp/core/backend.hpp>
@@ -19,6 +23,10 @@
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
+#include <gradcomp/cpu/feedback_kernels.hpp>
+#include <gradcomp/cpu/message.hpp>
+#include <gradcomp/cpu/uniform.hpp>
+#include <gradcomp/cpu/uniform_block_encoder.hpp>
 #include <gradcomp/feedback/error_feedback.hpp>
 
 namespace gradcomp {
@@ -52,7 +60,7 @@ struct backend<error_feedback<Codec>, cpu_executor> {
   }
 
   static state_type make_state(const ef_type&, const cpu_executor&, std::uint64_t n) {
-    return state_type{std::vector<T>(static_cast<std::size_t>(n), T{0}), 0};
+    return state_type{std::vector<T>(static_cast<std::size_t>(n), T{0}), 0, T{0}};
   }
 
   static std::size_t encode(const ef_type& ef, const cpu_executor& e, std::span<const T> grad, state_type& state,
@@ -63,6 +71,10 @@ struct backend<error_feedback<Codec>, cpu_executor> {
     });
     workspace_arena arena(ws);
     const scratch s = carve(arena, ef, e, n);
+    if constexpr (fusable) {
+      if (cpu::uniform_block_encoder::handles(ef.inner().params()) && fused_is_safe(e, grad, state))
+        return encode_fused(ef, e, grad, state, out, s, key);
+    }
     const T* const g = grad.data();
     T* const residual = state.residual.data();
     T* const a = s.compensated.data();
@@ -80,7 +92,12 @@ struct backend<error_feedback<Codec>, cpu_executor> {
     const std::size_t bytes = ef.inner().encode(e, std::span<const T>(s.compensated), out, s.inner, key);
     ef.inner().decode(e, std::span<const std::byte>(out.first(bytes)), s.decoded, s.inner);
     const T* const decoded = s.decoded.data();
-    for (std::size_t i = 0; i < n; ++i) residual[i] = a[i] - decoded[i];
+    typename float_traits<T>::bits_type largest = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      residual[i] = a[i] - decoded[i];
+      largest = std::max(largest, magnitude_key(residual[i]));
+    }
+    state.residual_max = bound_of(largest);
     ++state.steps;
     return bytes;
   }
@@ -113,6 +130,71 @@ struct backend<error_feedback<Codec>, cpu_executor> {
 
     std::ranges::copy(values, std::as_writable_bytes(std::span<T>(state.residual)).begin());
     state.steps = detail::load_le<std::uint64_t>(p + 17);
+    typename float_traits<T>::bits_type largest = 0;
+    for (const T v : state.residual) largest = std::max(largest, magnitude_key(v));
+    state.residual_max = bound_of(largest);
+  }
+
+ private:
+  /// Whether the fused path exists: error feedback around the float32 uniform quantizer.
+  static constexpr bool fusable = std::is_same_v<Codec, uniform_quantizer<float>>;
+
+  /// The bound recorded for a residual whose largest magnitude key is `key` (NaN records +Inf).
+  [[nodiscard]] static T bound_of(typename float_traits<T>::bits_type key) noexcept {
+    return key > float_traits<T>::infinity_key ? std::numeric_limits<T>::infinity() : from_bits<T>(key);
+  }
+
+  /// Checks g for NaN/±Inf (`non_finite_input`, nothing written) and whether g and the residual
+  /// are small enough (below FLT_MAX/16) that no h = g + e, decoding or new residual of the fused
+  /// path can overflow; when they are not, the reference path runs (and decides).
+  static bool fused_is_safe(const cpu_executor& e, std::span<const T> grad, const state_type& state) {
+    constexpr T limit = std::numeric_limits<T>::max() / T{16};
+    const T g = cpu::max_magnitude(grad.data(), grad.data() + grad.size(), e.avx2());
+    return g <= limit && state.residual_max <= limit;
+  }
+
+  /// One step in one pass over the blocks: h = g + e, the inner message's block, its decoding ĥ
+  /// and the new residual h − ĥ are computed block by block in the workspace and the residual
+  /// written back. fused_is_safe has ruled out every failure, so the state is written as the pass
+  /// goes; every value equals the reference path's.
+  static std::size_t encode_fused(const ef_type& ef, const cpu_executor& e, std::span<const T> grad,
+                                  state_type& state, std::span<std::byte> out, const scratch& s, message_key key) {
+    const std::uint64_t n = grad.size();
+    const uniform_quantizer<float>& inner = ef.inner();
+    const std::size_t size = inner.max_encoded_bytes(n);
+    cpu::begin_message(out, size);
+    const std::uint64_t block = inner.params().block;
+    const int bits = inner.bits();
+    const bool avx2 = e.avx2();
+    float* const h = s.compensated.data();
+    float* const decoded = s.decoded.data();
+    std::byte* const scales = out.data() + envelope::size;
+    auto* const codes = reinterpret_cast<std::uint8_t*>(scales + inner.block_count(n) * sizeof(float));
+    constexpr std::uint64_t ahead = cpu::prefetch_distance / sizeof(float);
+    cpu::uniform_block_encoder encoder(inner.params(), e, n, key, scales, codes);
+    const float* const g = grad.data();
+    float* const residual = state.residual.data();
+    std::uint32_t largest = 0;
+    for (std::uint64_t begin = 0; begin < n; begin += block) {
+      const std::uint64_t count = std::min(block, n - begin);
+      const std::uint64_t whole = count / cpu::kernel_width * cpu::kernel_width;
+      cpu::prefetch(g + std::min(n, begin + ahead), g + std::min(n, begin + count + ahead));
+      cpu::prefetch(residual + std::min(n, begin + ahead), residual + std::min(n, begin + count + ahead));
+      cpu::ef_compensate(g + begin, residual + begin, whole, h, avx2);
+      for (std::uint64_t i = whole; i < count; ++i) h[i] = g[begin + i] + residual[begin + i];
+      const float step = encoder.next(h, count);
+      cpu::uniform_decode_block(encoder.codes(), count, bits, step, decoded, avx2);
+      largest = std::max(largest, cpu::ef_residual(h, decoded, whole, residual + begin, avx2));
+      for (std::uint64_t i = whole; i < count; ++i) {
+        residual[begin + i] = h[i] - decoded[i];
+        largest = std::max(largest, magnitude_key(residual[begin + i]));
+      }
+    }
+    encoder.finish();
+    backend<uniform_quantizer<float>, cpu_executor>::seal(inner, out, key, n);
+    state.residual_max = from_bits<float>(largest);
+    ++state.steps;
+    return size;
   }
 };
 

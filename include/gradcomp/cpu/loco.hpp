@@ -19,7 +19,6 @@
 #include <vector>
 
 #include <gradcomp/core/backend.hpp>
-#include <gradcomp/core/bit_packing.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/crc32c.hpp>
 #include <gradcomp/core/saved_state.hpp>
@@ -27,7 +26,7 @@
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
-#include <gradcomp/cpu/loco_kernels.hpp>
+#include <gradcomp/cpu/feedback_kernels.hpp>
 #include <gradcomp/cpu/message.hpp>
 #include <gradcomp/cpu/uniform.hpp>
 #include <gradcomp/cpu/uniform_block_encoder.hpp>
@@ -261,10 +260,7 @@ struct backend<loco<Codec>, cpu_executor> {
       cpu::loco_compensate(g + begin, old, old_scale, whole, h, avx2);
       for (std::uint64_t i = whole; i < count; ++i) h[i] = g[begin + i] + dequant(old[i], old_scale);
       const float step = encoder.next(h, count);
-      if (bits == 8) cpu::decode_codes<8>(encoder.codes(), whole, step, v, false, false, avx2);
-      else cpu::decode_codes<4>(encoder.codes(), whole, step, v, false, false, avx2);
-      for (std::uint64_t i = whole; i < count; ++i)
-        v[i] = static_cast<float>(uniform_code_level(packed_code(encoder.codes(), i, bits), bits)) * step;
+      cpu::uniform_decode_block(encoder.codes(), count, bits, step, v, avx2);
       cpu::loco_blend(h, old, old_scale, beta, keep, whole, v, avx2);
       for (std::uint64_t i = whole; i < count; ++i) v[i] = beta * dequant(old[i], old_scale) + keep * (h[i] - v[i]);
       const float error_step = uniform_step(cpu::max_magnitude(v, v + count, avx2), error_bits);
@@ -278,9 +274,7 @@ struct backend<loco<Codec>, cpu_executor> {
         error[i] = static_cast<std::int8_t>(uniform_level(v[i] / error_step, error_bits, rounding::nearest_even, 0.0f));
     }
     encoder.finish();
-    cpu::seal_message(out, {codec_id::uniform, value_dtype::float32, 0, 0, key, n, size - envelope::size,
-                            inner.params_hash(), 0},
-                      inner.wire().payload_checksum);
+    backend<uniform_quantizer<float>, cpu_executor>::seal(inner, out, key, n);
     state.steps = reset ? 1 : state.steps + 1;
     ++state.total_steps;
     return size;

@@ -50,9 +50,15 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
       if (done) encode_vectorised(codec, exec, grad, key, scales, codes);
     }
     if (!done) encode_generic(codec, exec, grad, key, scales, codes);
-    cpu::seal_message(out, {codec_id::uniform, dtype_of<T>, 0, 0, key, n, size - envelope::size, codec.params_hash(), 0},
-                      codec.wire().payload_checksum);
+    seal(codec, out, key, n);
     return size;
+  }
+
+  /// Writes the envelope of an n-element message whose payload is in place in `out` (also used by
+  /// the fused feedback paths that write the quantizer's message block by block).
+  static void seal(const uniform_quantizer<T>& codec, std::span<std::byte> out, message_key key, std::uint64_t n) {
+    cpu::seal_message(out, {codec_id::uniform, dtype_of<T>, 0, 0, key, n, codec.payload_bytes(n), codec.params_hash(), 0},
+                      codec.wire().payload_checksum);
   }
 
   static void decode(const uniform_quantizer<T>& codec, const cpu_executor& exec, std::span<const std::byte> message,

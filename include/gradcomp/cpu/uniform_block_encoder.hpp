@@ -50,6 +50,17 @@ inline void pack_codes_aligned(const std::uint8_t* codes, std::uint64_t count, i
     packed[c / per_byte] = pack_byte(codes + c, static_cast<int>(std::min(per_byte, count - c)), bits);
 }
 
+/// Decodes one block of `count` packed 8-bit or 4-bit codes (starting on a byte) of step s into
+/// out[0, count): the vectorised kernel for whole groups of 32, code·s value by value after.
+inline void uniform_decode_block(const std::uint8_t* codes, std::uint64_t count, int bits, float s, float* out,
+                                 bool avx2) noexcept {
+  const std::uint64_t whole = count / kernel_width * kernel_width;
+  if (bits == 8) decode_codes<8>(codes, whole, s, out, false, false, avx2);
+  else decode_codes<4>(codes, whole, s, out, false, false, avx2);
+  for (std::uint64_t i = whole; i < count; ++i)
+    out[i] = static_cast<float>(uniform_code_level(packed_code(codes, i, bits), bits)) * s;
+}
+
 /// Writes the scales and codes of a float32 uniform message block after block, each block's codes
 /// staged whole (so they can be read back until the next block) and written to the message
 /// through a staged_writer (streamed when large, per the executor).

@@ -52,6 +52,10 @@ template <gradient_value T>
 struct error_feedback_state {
   std::vector<T> residual;  ///< What the codec has not sent yet, one value per element.
   std::uint64_t steps = 0;  ///< Steps completed.
+  /// An upper bound of max |residual|, kept by `make_state`, `encode` and `load_state`. The CPU
+  /// backend's one-pass path relies on it to rule out an overflow before it writes the residual;
+  /// after raising residual values by hand, raise it too (infinity is always safe).
+  T residual_max = 0;
 };
 
 /// Layout constants of a saved error-feedback state (see the table in this file's comment).

@@ -1,11 +1,14 @@
 #pragma once
 /// @file
-/// The float32 element steps of LoCo's fused CPU path (cpu/loco.hpp), each with an AVX2 kernel and
-/// a scalar twin computing the same IEEE operations in the same order (so the same bits as LoCo's
-/// reference loops): the compensated gradient, the moving average of the error, and its 8-bit
-/// quantization. Old errors are dequantized as code·scale; a reset reads them as zero.
+/// The float32 element steps of the fused CPU paths of error feedback (cpu/error_feedback.hpp) and
+/// LoCo (cpu/loco.hpp), each with an AVX2 kernel and a scalar twin computing the same IEEE
+/// operations in the same order (so the same bits as the reference loops): the compensated
+/// gradient, the new residual, LoCo's moving average of the error and its 8-bit quantization.
+/// LoCo's old errors are dequantized as code·scale; a reset reads them as zero.
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/quantize/uniform_math.hpp>
@@ -19,6 +22,25 @@ namespace gradcomp::cpu {
 namespace kernel_detail {
 
 #if defined(GRADCOMP_HAVE_AVX2)
+GRADCOMP_TARGET_AVX2 inline void add_avx2(const float* a, const float* b, std::uint64_t count, float* sum) noexcept {
+  for (std::uint64_t i = 0; i < count; i += 8)
+    _mm256_storeu_ps(sum + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+}
+
+GRADCOMP_TARGET_AVX2 inline std::uint32_t residual_avx2(const float* h, const float* decoded, std::uint64_t count,
+                                                        float* residual) noexcept {
+  const __m256i mask = _mm256_set1_epi32(0x7fffffff);
+  __m256i largest = _mm256_setzero_si256();
+  for (std::uint64_t i = 0; i < count; i += 8) {
+    const __m256 r = _mm256_sub_ps(_mm256_loadu_ps(h + i), _mm256_loadu_ps(decoded + i));
+    _mm256_storeu_ps(residual + i, r);
+    largest = _mm256_max_epi32(largest, _mm256_and_si256(_mm256_castps_si256(r), mask));
+  }
+  alignas(32) std::uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), largest);
+  return *std::max_element(lanes, lanes + 8);
+}
+
 /// code·scale of eight int8 codes.
 GRADCOMP_TARGET_AVX2 inline __m256 dequant8_avx2(const std::int8_t* codes, __m256 scale) noexcept {
   const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes)));
@@ -59,6 +81,33 @@ GRADCOMP_TARGET_AVX2 inline void quantize_error8_avx2(const float* v, float step
 #endif
 
 }  // namespace kernel_detail
+
+/// h[i] = g[i] + e[i] for i < count (count a multiple of 32).
+inline void ef_compensate(const float* g, const float* e, std::uint64_t count, float* h, bool avx2) noexcept {
+#if defined(GRADCOMP_HAVE_AVX2)
+  if (avx2) return kernel_detail::add_avx2(g, e, count, h);
+#endif
+  (void)avx2;
+  for (std::uint64_t i = 0; i < count; ++i) h[i] = g[i] + e[i];
+}
+
+/// residual[i] = h[i] − decoded[i] for i < count (count a multiple of 32); returns the bits of
+/// max |residual[i]| (0 when count is 0).
+[[nodiscard]] inline std::uint32_t ef_residual(const float* h, const float* decoded, std::uint64_t count,
+                                               float* residual, bool avx2) noexcept {
+#if defined(GRADCOMP_HAVE_AVX2)
+  if (avx2) return kernel_detail::residual_avx2(h, decoded, count, residual);
+#endif
+  (void)avx2;
+  std::uint32_t largest = 0;
+  for (std::uint64_t i = 0; i < count; ++i) {
+    residual[i] = h[i] - decoded[i];
+    std::uint32_t bits;
+    std::memcpy(&bits, residual + i, sizeof bits);
+    largest = std::max(largest, bits & 0x7fffffffu);
+  }
+  return largest;
+}
 
 /// h[i] = g[i] + codes[i]·scale for i < count (count a multiple of 32).
 inline void loco_compensate(const float* g, const std::int8_t* codes, float scale, std::uint64_t count, float* h,
