@@ -8,7 +8,9 @@
 #include <set>
 #include <vector>
 
+#include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/philox.hpp>
+#include <gradcomp/cpu/philox_simd.hpp>
 
 namespace {
 
@@ -16,6 +18,9 @@ using gradcomp::philox4x32_10;
 using gradcomp::philox_block;
 using gradcomp::random_purpose;
 using gradcomp::random_stream;
+using gradcomp::cpu_executor;
+using gradcomp::cpu_simd;
+namespace detail = gradcomp::detail;
 
 // Random123 kat_vectors, "philox4x32 10": counter words, key words -> output words.
 struct known_answer {
@@ -228,5 +233,28 @@ TEST_CASE("scale_to_range(x, n) is floor(x * n / 2^64) and below n") {
       REQUIRE(r == high_word_of_product(x, n));
       REQUIRE(r < n);
     }
+  }
+}
+
+TEST_CASE("the vectorised Philox kernels draw the words of random_stream::block at every SIMD level") {
+  const random_stream stream{0x0123456789ABCDEFull, 0x500000001ull, 7, random_purpose::stochastic_rounding};
+  for (const cpu_simd max : {cpu_simd::baseline, cpu_simd::avx2, cpu_simd::avx512}) {
+    const cpu_simd simd = cpu_executor{.max_simd = max}.simd();  // what this CPU has, up to `max`
+    bool equal = true;
+    // Runs starting anywhere, of lengths around the kernel widths, including runs that cross a
+    // multiple of 2^32 blocks (where counter word 1 changes).
+    for (const std::uint64_t first : {0ull, 3ull, 1000ull, 0xFFFFFFF0ull, 0x1FFFFFFFAull}) {
+      for (const std::uint64_t count : {0ull, 1ull, 5ull, 16ull, 31ull, 32ull, 37ull, 100ull, 129ull}) {
+        std::vector<std::uint32_t> words(4 * count + 4, 0xDEADBEEFu);
+        detail::philox_stream_words(stream, first, count, words.data(), simd);
+        for (std::uint64_t k = 0; k < count; ++k) {
+          const philox_block b = stream.block(first + k);
+          for (int w = 0; w < 4; ++w) equal = equal && words[4 * k + static_cast<std::uint64_t>(w)] == b.word[w];
+        }
+        equal = equal && words[4 * count] == 0xDEADBEEFu;  // nothing written past the run
+      }
+    }
+    CAPTURE(static_cast<int>(simd));
+    CHECK(equal);
   }
 }

@@ -1,8 +1,8 @@
 #pragma once
 /// @file
 /// Many consecutive blocks of a random_stream at once on the CPU: the words are exactly those of
-/// random_stream::block (philox4x32_10), computed with SSE2 for eight counters at a time or AVX2
-/// for sixteen where available, with a scalar twin otherwise.
+/// random_stream::block (philox4x32_10), computed with SSE2 for eight counters at a time, AVX2 for
+/// sixteen or AVX-512F for thirty-two where available, with a scalar twin otherwise.
 ///
 /// SSE2 layout: each vector holds two counters, one per 64-bit slot, with the 32-bit word in the
 /// low half of the slot. _mm_mul_epu32 multiplies exactly those low halves into the full 64-bit
@@ -133,20 +133,97 @@ GRADCOMP_TARGET_AVX2 inline void philox_blocks_avx2(const random_stream& stream,
 }
 #endif
 
+#if defined(GRADCOMP_HAVE_AVX2)
+/// The four counter words of eight (AVX-512) blocks, one per 64-bit slot.
+struct philox_lanes_avx512 {
+  __m512i c0, c1, c2, c3;
+};
+
+// The AVX-512 kernels use the zero-masked forms (all lanes selected) of the multiply, shuffle and
+// unpack intrinsics: same results, but GCC 12's unmasked forms start from an "undefined" register
+// that -Wmaybe-uninitialized reports.
+
+/// One Philox round of eight blocks with round keys k0, k1.
+GRADCOMP_TARGET_AVX512 inline void philox_round(philox_lanes_avx512& x, __m512i k0, __m512i k1) noexcept {
+  constexpr auto all_words = static_cast<__mmask16>(0xFFFF);
+  constexpr auto all_slots = static_cast<__mmask8>(0xFF);
+  constexpr auto high_to_low = static_cast<_MM_PERM_ENUM>(0xF5);
+  const __m512i product0 = _mm512_maskz_mul_epu32(all_slots, x.c0, _mm512_set1_epi32(static_cast<int>(0xD2511F53u)));
+  const __m512i product1 = _mm512_maskz_mul_epu32(all_slots, x.c2, _mm512_set1_epi32(static_cast<int>(0xCD9E8D57u)));
+  x.c0 = _mm512_xor_si512(_mm512_xor_si512(_mm512_maskz_shuffle_epi32(all_words, product1, high_to_low), x.c1), k0);
+  x.c2 = _mm512_xor_si512(_mm512_xor_si512(_mm512_maskz_shuffle_epi32(all_words, product0, high_to_low), x.c3), k1);
+  x.c1 = product1;
+  x.c3 = product0;
+}
+
+/// Stores the words of the eight blocks in slot order.
+GRADCOMP_TARGET_AVX512 inline void philox_store(const philox_lanes_avx512& x, std::uint32_t* out) noexcept {
+  // Per 128-bit lane L as in the SSE2 layout: `even` holds block 2L, `odd` block 2L + 1.
+  constexpr auto all_words = static_cast<__mmask16>(0xFFFF);
+  constexpr auto all_slots = static_cast<__mmask8>(0xFF);
+  const __m512i w01 = _mm512_maskz_unpacklo_epi32(all_words, x.c0, x.c1);
+  const __m512i w01h = _mm512_maskz_unpackhi_epi32(all_words, x.c0, x.c1);
+  const __m512i w23 = _mm512_maskz_unpacklo_epi32(all_words, x.c2, x.c3);
+  const __m512i w23h = _mm512_maskz_unpackhi_epi32(all_words, x.c2, x.c3);
+  const __m512i even = _mm512_maskz_unpacklo_epi64(all_slots, w01, w23);
+  const __m512i odd = _mm512_maskz_unpacklo_epi64(all_slots, w01h, w23h);
+  const __m512i first = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+  const __m512i second = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+  _mm512_storeu_si512(out, _mm512_permutex2var_epi64(even, first, odd));
+  _mm512_storeu_si512(out + 16, _mm512_permutex2var_epi64(even, second, odd));
+}
+
+/// Blocks [first, first + count), count a multiple of 32, whose counters share word 1.
+GRADCOMP_TARGET_AVX512 inline void philox_blocks_avx512(const random_stream& stream, std::uint64_t first,
+                                                        std::uint64_t count, std::uint32_t* words) noexcept {
+  const __m512i c1 = _mm512_set1_epi32(static_cast<int>(stream.counter1(first)));
+  const __m512i c2 = _mm512_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(stream.step)));
+  const __m512i c3 = _mm512_set1_epi32(static_cast<int>(stream.tensor_id));
+  const __m512i slots = _mm512_setr_epi32(0, 0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 6, 0, 7, 0);
+  const __m512i eight = _mm512_setr_epi32(8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0);
+  for (std::uint64_t k = 0; k < count; k += 32) {
+    const __m512i base =
+        _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(first + k))), slots);
+    philox_lanes_avx512 a{base, c1, c2, c3};
+    philox_lanes_avx512 b{_mm512_add_epi32(a.c0, eight), c1, c2, c3};
+    philox_lanes_avx512 c{_mm512_add_epi32(b.c0, eight), c1, c2, c3};
+    philox_lanes_avx512 d{_mm512_add_epi32(c.c0, eight), c1, c2, c3};
+    std::uint32_t k0 = stream.key0(), k1 = stream.key1();
+    for (int r = 0; r < 10; ++r, k0 += 0x9E3779B9u, k1 += 0xBB67AE85u) {
+      const __m512i key0 = _mm512_set1_epi32(static_cast<int>(k0));
+      const __m512i key1 = _mm512_set1_epi32(static_cast<int>(k1));
+      philox_round(a, key0, key1);
+      philox_round(b, key0, key1);
+      philox_round(c, key0, key1);
+      philox_round(d, key0, key1);
+    }
+    philox_store(a, words + 4 * k);
+    philox_store(b, words + 4 * k + 32);
+    philox_store(c, words + 4 * k + 64);
+    philox_store(d, words + 4 * k + 96);
+  }
+}
+#endif
+
 /// Writes the 4·count words of blocks [first_block, first_block + count) of `stream` to `words`
-/// (word 4k + w is word w of block first_block + k), with the AVX2 kernel when `avx2` is set.
+/// (word 4k + w is word w of block first_block + k), with the widest kernel `simd` allows (the
+/// caller has checked that the CPU has it).
 inline void philox_stream_words(const random_stream& stream, std::uint64_t first_block, std::uint64_t count,
-                                std::uint32_t* words, bool avx2 = false) noexcept {
+                                std::uint32_t* words, cpu_simd simd = cpu_simd::baseline) noexcept {
   std::uint64_t k = 0;
   // The vector kernels hold counter word 1 fixed: true unless the run crosses a multiple of 2^32.
   const bool shared_high = count == 0 || (first_block >> 32) == ((first_block + count - 1) >> 32);
 #if defined(GRADCOMP_HAVE_AVX2)
-  if (avx2 && shared_high) {
+  if (simd >= cpu_simd::avx512 && shared_high) {
+    k = count - count % 32;
+    philox_blocks_avx512(stream, first_block, k, words);
+  }
+  if (simd == cpu_simd::avx2 && shared_high) {
     k = count - count % 16;
     philox_blocks_avx2(stream, first_block, k, words);
   }
 #endif
-  (void)avx2;
+  (void)simd;
 #if defined(__SSE2__)
   if (k == 0 && shared_high) {
     k = count - count % 4;
@@ -167,10 +244,10 @@ inline constexpr std::uint64_t philox_halves_slack = 16;
 /// half first), computed whole Philox blocks at a time into `buffer`, which holds count +
 /// philox_halves_slack halves and is 4-byte aligned; returns where half `first` lies in it.
 inline const std::uint16_t* philox_stream_halves(const random_stream& stream, std::uint64_t first, std::uint64_t count,
-                                                 std::uint16_t* buffer, bool avx2 = false) noexcept {
+                                                 std::uint16_t* buffer, cpu_simd simd = cpu_simd::baseline) noexcept {
   const std::uint64_t first_block = first / 8;
   const std::uint64_t end_block = (first + count + 7) / 8;
-  philox_stream_words(stream, first_block, end_block - first_block, reinterpret_cast<std::uint32_t*>(buffer), avx2);
+  philox_stream_words(stream, first_block, end_block - first_block, reinterpret_cast<std::uint32_t*>(buffer), simd);
   return buffer + first % 8;
 }
 

@@ -142,7 +142,7 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
       for (std::uint64_t first = begin; first < end; first += chunk) {
         const std::uint64_t count = std::min<std::uint64_t>(chunk, end - first);
         const std::uint16_t* const halves =
-            mode == rounding::stochastic ? detail::philox_stream_halves(stream, first, count, random_halves, exec.avx2()) : nullptr;
+            mode == rounding::stochastic ? detail::philox_stream_halves(stream, first, count, random_halves, exec.simd()) : nullptr;
         cpu::uniform_scalar_codes(grad.data() + first, count, m, s, bits, mode, halves, chunk_codes);
         store_codes(chunk_codes, count, first, bits, codes);
       }

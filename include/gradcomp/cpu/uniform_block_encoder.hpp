@@ -77,6 +77,7 @@ class uniform_block_encoder {
   uniform_block_encoder(const uniform_params& params, const cpu_executor& exec, std::uint64_t n, message_key key,
                         std::byte* scales, std::uint8_t* codes) noexcept
       : params_(params),
+        simd_(exec.simd()),
         avx2_(exec.avx2()),
         stream_{params.seed, key.step, key.tensor_id, random_purpose::stochastic_rounding},
         scales_(scales),
@@ -98,7 +99,7 @@ class uniform_block_encoder {
       std::uint8_t* const target = codes_ + first * static_cast<std::uint64_t>(bits) / 8;
       const std::uint16_t* const halves =
           params_.round == rounding::stochastic
-              ? detail::philox_stream_halves(stream_, element_ + first, part, random_halves_, avx2_)
+              ? detail::philox_stream_halves(stream_, element_ + first, part, random_halves_, simd_)
               : nullptr;
       const std::uint64_t done = multiply ? part / kernel_width * kernel_width : 0;
       if (bits == 4) encode4_rtn(x + first, done, inv, target, avx2_);
@@ -125,6 +126,7 @@ class uniform_block_encoder {
   static constexpr std::uint64_t chunk = 512;
 
   uniform_params params_;
+  cpu_simd simd_;
   bool avx2_;
   random_stream stream_;
   std::byte* scales_;
