@@ -161,17 +161,13 @@ struct backend<error_feedback<Codec>, cpu_executor> {
                                   state_type& state, std::span<std::byte> out, const scratch& s, message_key key) {
     const std::uint64_t n = grad.size();
     const uniform_quantizer<float>& inner = ef.inner();
-    const std::size_t size = inner.max_encoded_bytes(n);
-    cpu::begin_message(out, size);
+    cpu::uniform_block_encoder encoder(inner, e, out, n, key);
     const std::uint64_t block = inner.params().block;
     const int bits = inner.bits();
     const bool avx2 = e.avx2();
     float* const h = s.compensated.data();
     float* const decoded = s.decoded.data();
-    std::byte* const scales = out.data() + envelope::size;
-    auto* const codes = reinterpret_cast<std::uint8_t*>(scales + inner.block_count(n) * sizeof(float));
     constexpr std::uint64_t ahead = cpu::prefetch_distance / sizeof(float);
-    cpu::uniform_block_encoder encoder(inner.params(), e, n, key, scales, codes);
     const float* const g = grad.data();
     float* const residual = state.residual.data();
     std::uint32_t largest = 0;
@@ -190,8 +186,7 @@ struct backend<error_feedback<Codec>, cpu_executor> {
         largest = std::max(largest, magnitude_key(residual[begin + i]));
       }
     }
-    encoder.finish();
-    backend<uniform_quantizer<float>, cpu_executor>::seal(inner, out, key, n);
+    const std::size_t size = encoder.finish();
     state.residual_max = from_bits<float>(largest);
     ++state.steps;
     return size;

@@ -232,8 +232,7 @@ struct backend<loco<Codec>, cpu_executor> {
                                   state_type& state, std::span<std::byte> out, const scratch& s, message_key key) {
     const std::uint64_t n = grad.size();
     const uniform_quantizer<float>& inner = lc.inner();
-    const std::size_t size = inner.max_encoded_bytes(n);
-    cpu::begin_message(out, size);
+    cpu::uniform_block_encoder encoder(inner, e, out, n, key);
     const std::uint64_t block = inner.params().block;
     const int bits = inner.bits();
     const bool avx2 = e.avx2();
@@ -245,10 +244,7 @@ struct backend<loco<Codec>, cpu_executor> {
     // After a reset the old error reads as +0, as the reference path's T{0} does.
     std::int8_t* const zeros = s.zero_codes.data();
     if (reset) std::ranges::fill(s.zero_codes, std::int8_t{0});
-    std::byte* const scales = out.data() + envelope::size;
-    auto* const codes = reinterpret_cast<std::uint8_t*>(scales + inner.block_count(n) * sizeof(float));
     constexpr std::uint64_t ahead = cpu::prefetch_distance / sizeof(float);
-    cpu::uniform_block_encoder encoder(inner.params(), e, n, key, scales, codes);
     const float* const g = grad.data();
     for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
       const std::uint64_t count = std::min(block, n - begin);
@@ -273,8 +269,7 @@ struct backend<loco<Codec>, cpu_executor> {
       for (std::uint64_t i = whole; i < count; ++i)
         error[i] = static_cast<std::int8_t>(uniform_level(v[i] / error_step, error_bits, rounding::nearest_even, 0.0f));
     }
-    encoder.finish();
-    backend<uniform_quantizer<float>, cpu_executor>::seal(inner, out, key, n);
+    const std::size_t size = encoder.finish();
     state.steps = reset ? 1 : state.steps + 1;
     ++state.total_steps;
     return size;

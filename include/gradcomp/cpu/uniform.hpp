@@ -39,26 +39,17 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
 
   static std::size_t encode(const uniform_quantizer<T>& codec, const cpu_executor& exec, std::span<const T> grad,
                             std::span<std::byte> out, std::span<std::byte>, message_key key) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (cpu::uniform_block_encoder::handles(codec.params())) return encode_vectorised(codec, exec, grad, out, key);
+    }
     const std::uint64_t n = grad.size();
     const std::size_t size = codec.max_encoded_bytes(n);
     cpu::begin_message(out, size);
     std::byte* const scales = out.data() + envelope::size;
     auto* const codes = reinterpret_cast<std::uint8_t*>(scales + codec.block_count(n) * sizeof(T));
-    bool done = false;
-    if constexpr (std::is_same_v<T, float>) {
-      done = cpu::uniform_block_encoder::handles(codec.params());
-      if (done) encode_vectorised(codec, exec, grad, key, scales, codes);
-    }
-    if (!done) encode_generic(codec, exec, grad, key, scales, codes);
-    seal(codec, out, key, n);
+    encode_generic(codec, exec, grad, key, scales, codes);
+    cpu::seal_uniform_message(codec, out, key, n);
     return size;
-  }
-
-  /// Writes the envelope of an n-element message whose payload is in place in `out` (also used by
-  /// the fused feedback paths that write the quantizer's message block by block).
-  static void seal(const uniform_quantizer<T>& codec, std::span<std::byte> out, message_key key, std::uint64_t n) {
-    cpu::seal_message(out, {codec_id::uniform, dtype_of<T>, 0, 0, key, n, codec.payload_bytes(n), codec.params_hash(), 0},
-                      codec.wire().payload_checksum);
   }
 
   static void decode(const uniform_quantizer<T>& codec, const cpu_executor& exec, std::span<const std::byte> message,
@@ -150,19 +141,19 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
   }
 
   /// The vectorised float32 encoder: per block, prefetch the blocks ahead, then code it.
-  static void encode_vectorised(const uniform_quantizer<float>& codec, const cpu_executor& exec,
-                                std::span<const float> grad, message_key key, std::byte* scales, std::uint8_t* codes) {
+  static std::size_t encode_vectorised(const uniform_quantizer<float>& codec, const cpu_executor& exec,
+                                       std::span<const float> grad, std::span<std::byte> out, message_key key) {
     const std::uint64_t n = grad.size();
     const std::uint64_t block = codec.params().block;
     const float* const g = grad.data();
     constexpr std::uint64_t ahead = cpu::prefetch_distance / sizeof(float);
-    cpu::uniform_block_encoder encoder(codec.params(), exec, n, key, scales, codes);
+    cpu::uniform_block_encoder encoder(codec, exec, out, n, key);
     for (std::uint64_t begin = 0; begin < n; begin += block) {
       const std::uint64_t end = std::min(n, begin + block);
       cpu::prefetch(g + std::min(n, begin + ahead), g + std::min(n, end + ahead));
       encoder.next(g + begin, end - begin);
     }
-    encoder.finish();
+    return encoder.finish();
   }
 
   /// The vectorised float32 decoder of 8-bit and 4-bit codes in blocks of a multiple of 32 values.

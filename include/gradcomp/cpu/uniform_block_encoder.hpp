@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <span>
 
 #include <gradcomp/core/bit_packing.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
@@ -50,6 +51,14 @@ inline void pack_codes_aligned(const std::uint8_t* codes, std::uint64_t count, i
     packed[c / per_byte] = pack_byte(codes + c, static_cast<int>(std::min(per_byte, count - c)), bits);
 }
 
+/// Writes the envelope of `codec`'s n-element message whose payload is in place in `out`.
+template <gradient_value T>
+void seal_uniform_message(const uniform_quantizer<T>& codec, std::span<std::byte> out, message_key key,
+                          std::uint64_t n) {
+  seal_message(out, {codec_id::uniform, dtype_of<T>, 0, 0, key, n, codec.payload_bytes(n), codec.params_hash(), 0},
+               codec.wire().payload_checksum);
+}
+
 /// Decodes one block of `count` packed 8-bit or 4-bit codes (starting on a byte) of step s into
 /// out[0, count): the vectorised kernel for whole groups of 32, code·s value by value after.
 inline void uniform_decode_block(const std::uint8_t* codes, std::uint64_t count, int bits, float s, float* out,
@@ -73,21 +82,26 @@ class uniform_block_encoder {
            (p.bits == 8 || (p.bits == 4 && p.round == rounding::nearest_even));
   }
 
-  /// An encoder of the n-element message whose scales start at `scales` and codes at `codes`.
-  uniform_block_encoder(const uniform_params& params, const cpu_executor& exec, std::uint64_t n, message_key key,
-                        std::byte* scales, std::uint8_t* codes) noexcept
-      : params_(params),
+  /// Starts `codec`'s message of n values in `out`: checks that `out` holds it and zeroes the
+  /// envelope (`begin_message`). @throws error `buffer_too_small`.
+  uniform_block_encoder(const uniform_quantizer<float>& codec, const cpu_executor& exec, std::span<std::byte> out,
+                        std::uint64_t n, message_key key)
+      : codec_(codec),
         simd_(exec.simd()),
         avx2_(exec.avx2()),
-        stream_{params.seed, key.step, key.tensor_id, random_purpose::stochastic_rounding},
-        scales_(scales),
-        writer_(reinterpret_cast<std::byte*>(codes), exec.streams(packed_bytes(n, params.bits))) {}
+        stream_{codec.params().seed, key.step, key.tensor_id, random_purpose::stochastic_rounding},
+        out_(begin(out, codec.max_encoded_bytes(n))),
+        key_(key),
+        n_(n),
+        scales_(out.data() + envelope::size),
+        writer_(scales_ + codec.block_count(n) * sizeof(float), exec.streams(packed_bytes(n, codec.bits()))) {}
 
   /// Codes the next block, values x[0, count) (count = the block size, or less for the last
   /// block), and returns its step s; its codes are at `codes()` until the next call.
   /// @throws error `non_finite_input` when x holds NaN or ±Inf.
   float next(const float* x, std::uint64_t count) {
-    const int bits = params_.bits;
+    const uniform_params& p = codec_.params();
+    const int bits = p.bits;
     const float m = max_magnitude(x, x + count, avx2_);
     const float s = uniform_step(m, bits);
     std::memcpy(scales_ + block_ * sizeof(float), &s, sizeof s);
@@ -98,15 +112,15 @@ class uniform_block_encoder {
       const std::uint64_t part = std::min(chunk, count - first);
       std::uint8_t* const target = codes_ + first * static_cast<std::uint64_t>(bits) / 8;
       const std::uint16_t* const halves =
-          params_.round == rounding::stochastic
+          p.round == rounding::stochastic
               ? detail::philox_stream_halves(stream_, element_ + first, part, random_halves_, simd_)
               : nullptr;
       const std::uint64_t done = multiply ? part / kernel_width * kernel_width : 0;
       if (bits == 4) encode4_rtn(x + first, done, inv, target, avx2_);
-      else if (params_.round == rounding::nearest_even) encode8_rtn(x + first, done, inv, target, avx2_);
+      else if (p.round == rounding::nearest_even) encode8_rtn(x + first, done, inv, target, avx2_);
       else encode8_sr(x + first, done, inv, halves, target, avx2_);
       if (done == part) continue;
-      uniform_scalar_codes(x + first + done, part - done, m, s, bits, params_.round,
+      uniform_scalar_codes(x + first + done, part - done, m, s, bits, p.round,
                            halves == nullptr ? nullptr : halves + done, scalar_codes_);
       pack_codes_aligned(scalar_codes_, part - done, bits, target + done * static_cast<std::uint64_t>(bits) / 8);
     }
@@ -115,8 +129,13 @@ class uniform_block_encoder {
     return s;
   }
 
-  /// Writes the staged codes out; call once after the last block, before the message is sealed.
-  void finish() noexcept { writer_.finish(); }
+  /// Writes the staged codes out and seals the envelope, after the last block; returns the size of
+  /// the message.
+  std::size_t finish() {
+    writer_.finish();
+    seal_uniform_message(codec_, out_, key_, n_);
+    return codec_.max_encoded_bytes(n_);
+  }
 
   /// The packed codes of the block coded last.
   [[nodiscard]] const std::uint8_t* codes() const noexcept { return codes_; }
@@ -125,10 +144,18 @@ class uniform_block_encoder {
   /// Values coded per kernel call (and random halves drawn per Philox run).
   static constexpr std::uint64_t chunk = 512;
 
-  uniform_params params_;
+  static std::span<std::byte> begin(std::span<std::byte> out, std::size_t size) {
+    begin_message(out, size);
+    return out;
+  }
+
+  const uniform_quantizer<float>& codec_;
   cpu_simd simd_;
   bool avx2_;
   random_stream stream_;
+  std::span<std::byte> out_;
+  message_key key_;
+  std::uint64_t n_;
   std::byte* scales_;
   staged_writer writer_;
   std::uint64_t block_ = 0;
