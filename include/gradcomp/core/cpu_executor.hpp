@@ -11,9 +11,10 @@
 #include <cstdint>
 #include <string_view>
 
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && \
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__SSE2__) && (defined(__GNUC__) || defined(__clang__)) && \
     !defined(__CUDACC__) && !defined(GRADCOMP_NO_AVX2)
-/// Defined when the AVX2 kernels are compiled (x86, GCC or Clang, not disabled with GRADCOMP_NO_AVX2).
+/// Defined when the AVX2 kernels are compiled (x86 with SSE2, GCC or Clang, not disabled with
+/// GRADCOMP_NO_AVX2).
 #  define GRADCOMP_HAVE_AVX2 1
 /// Compiles the function it marks for AVX2; callers must check `cpu_has_avx2()` first.
 #  define GRADCOMP_TARGET_AVX2 __attribute__((target("avx2")))

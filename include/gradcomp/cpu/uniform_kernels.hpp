@@ -60,6 +60,20 @@ namespace kernel_detail {
   return std::clamp(q, -levels, levels);
 }
 
+#if defined(__SSE2__)
+/// Codes i .. i + 15, one per byte: 8-bit codes as they are, 4-bit codes unpacked from 8 bytes (i even).
+template <int Bits>
+[[nodiscard]] inline __m128i load16_codes(const std::uint8_t* codes, std::uint64_t i) noexcept {
+  if constexpr (Bits == 8) {
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
+  } else {
+    const __m128i nibble = _mm_set1_epi8(0x0f);
+    const __m128i packed = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i / 2));
+    return _mm_unpacklo_epi8(_mm_and_si128(packed, nibble), _mm_and_si128(_mm_srli_epi16(packed, 4), nibble));
+  }
+}
+#endif
+
 #if defined(GRADCOMP_HAVE_AVX2)
 GRADCOMP_TARGET_AVX2 inline std::uint32_t max_key_avx2(const float* x, std::uint64_t count) noexcept {
   const __m256i mask = _mm256_set1_epi32(0x7fffffff);
@@ -141,15 +155,8 @@ GRADCOMP_TARGET_AVX2 inline void decode_avx2(const std::uint8_t* codes, std::uin
                                              bool accumulate, bool streaming) noexcept {
   const __m256 step = _mm256_set1_ps(s);
   const __m256i offset = _mm256_set1_epi32(Bits == 8 ? 127 : 7);
-  const __m128i nibble = _mm_set1_epi8(0x0f);
   for (std::uint64_t i = 0; i < count; i += 16) {
-    __m128i v;  // 16 codes, one per byte
-    if constexpr (Bits == 8) {
-      v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
-    } else {
-      const __m128i packed = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i / 2));
-      v = _mm_unpacklo_epi8(_mm_and_si128(packed, nibble), _mm_and_si128(_mm_srli_epi16(packed, 4), nibble));
-    }
+    const __m128i v = load16_codes<Bits>(codes, i);
     for (int half = 0; half < 2; ++half) {
       const __m256i q = _mm256_sub_epi32(_mm256_cvtepu8_epi32(half == 0 ? v : _mm_srli_si128(v, 8)), offset);
       __m256 value = _mm256_mul_ps(_mm256_cvtepi32_ps(q), step);
@@ -181,6 +188,7 @@ inline std::uint32_t max_magnitude_key32(const float* x, std::uint64_t count, bo
 #if defined(GRADCOMP_HAVE_AVX2)
   if (avx2) return kernel_detail::max_key_avx2(x, count);
 #endif
+  (void)avx2;
   std::uint32_t largest = 0;
   std::uint64_t i = 0;
 #if defined(__SSE2__)
@@ -309,15 +317,8 @@ inline void decode_codes(const std::uint8_t* codes, std::uint64_t count, float s
   const __m128 step = _mm_set1_ps(s);
   const __m128i offset = _mm_set1_epi32(Bits == 8 ? 127 : 7);
   const __m128i zero = _mm_setzero_si128();
-  const __m128i nibble = _mm_set1_epi8(0x0f);
   for (std::uint64_t i = 0; i < count; i += 16) {
-    __m128i v;  // 16 codes, one per byte
-    if constexpr (Bits == 8) {
-      v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
-    } else {
-      const __m128i packed = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i / 2));
-      v = _mm_unpacklo_epi8(_mm_and_si128(packed, nibble), _mm_and_si128(_mm_srli_epi16(packed, 4), nibble));
-    }
+    const __m128i v = kernel_detail::load16_codes<Bits>(codes, i);
     const __m128i lo = _mm_unpacklo_epi8(v, zero);
     const __m128i hi = _mm_unpackhi_epi8(v, zero);
     const __m128i q[4] = {_mm_unpacklo_epi16(lo, zero), _mm_unpackhi_epi16(lo, zero), _mm_unpacklo_epi16(hi, zero),
