@@ -30,6 +30,7 @@
 
 #include <gradcomp/quantize/qsgd.hpp>
 #include <gradcomp/quantize/qsgd_math.hpp>
+#include <gradcomp/quantize/shared_scale.hpp>
 #include <gradcomp/quantize/sign.hpp>
 #include <gradcomp/quantize/sign_math.hpp>
 #include <gradcomp/quantize/uniform.hpp>

@@ -60,4 +60,15 @@ void decode_both(const Codec& codec, std::span<const std::byte> message) {
   }
 }
 
+/// Runs accumulate_encoded of `message` into a copy of itself (homomorphic codecs); any
+/// gradcomp::error is an accepted outcome.
+template <class Codec>
+void accumulate_into_copy(const Codec& codec, std::span<const std::byte> message) {
+  std::vector<std::byte> sum(message.begin(), message.end());
+  try {
+    codec.accumulate_encoded(cpu_executor{}, sum, message);
+  } catch (const error&) {
+  }
+}
+
 }  // namespace gradcomp::fuzz

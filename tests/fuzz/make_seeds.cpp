@@ -61,6 +61,10 @@ int main(int argc, char** argv) {
     write_seeds(root / "sign", "f64_n" + size, sign_quantizer<double>({.block = 16}), xd);
     write_seeds(root / "qsgd", "f32_n" + size, qsgd_quantizer<float>({.levels = 15, .bucket = 32, .seed = 3}), x);
     write_seeds(root / "qsgd", "f64_n" + size, qsgd_quantizer<double>({.levels = 1, .bucket = 16, .seed = 9}), xd);
+    write_seeds(root / "shared_scale", "f32_n" + size, shared_scale_quantizer<float>({.bits = 8, .block = 32, .headroom_bits = 2}), x);
+    write_seeds(root / "shared_scale", "f64_n" + size,
+                shared_scale_quantizer<double>({.bits = 2, .block = 16, .round = rounding::stochastic, .seed = 9, .headroom_bits = 0}),
+                xd);
     write_seeds(root / "pipeline", "topk_u8_n" + size,
                 pipeline(topk_sparsifier<float>(sparsity{.k = 30}), uniform_quantizer<float>({.bits = 8, .block = 16})), x);
     write_seeds(root / "envelope", "randomk_n" + size, randomk_sparsifier<float>({.amount = {.density = 0.05}, .seed = 42}), x);

@@ -16,6 +16,7 @@
 #include "support/codec_io.hpp"
 #include "support/data.hpp"
 #include "support/errors.hpp"
+#include "support/oracles.hpp"
 
 using namespace gradcomp;
 using namespace gradcomp::test;
@@ -41,17 +42,6 @@ parsed<T> parse(const std::vector<std::byte>& m, std::size_t n, int bits, std::s
     p.codes.push_back((std::to_integer<unsigned>(codes[bit / 8]) >> (bit % 8)) & ((1u << bits) - 1));
   }
   return p;
-}
-
-int levels_of(int bits) { return bits == 1 ? 1 : (1 << (bits - 1)) - 1; }
-
-// The documented step: m / L, lowered to the next smaller value while L·s overflows.
-template <class T>
-T documented_step(T max_abs, int bits) {
-  const T L = static_cast<T>(levels_of(bits));
-  T s = max_abs / L;
-  while (!std::isfinite(s * L)) s = std::nextafter(s, T{0});
-  return s;
 }
 
 // The level the documentation prescribes for RTN, with std::nearbyint as the rounding.

@@ -4,7 +4,9 @@
 #include <gradcomp/core/wire_envelope.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace gradcomp::test {
@@ -28,6 +30,28 @@ std::vector<typename Codec::value_type> decode_values(const Codec& codec, std::s
   std::vector<std::byte> ws(codec.workspace_bytes(cpu, n));
   codec.decode(cpu, message, std::span<typename Codec::value_type>(out), ws, limits);
   return out;
+}
+
+/// The shared-scale protocol run for ranks 0 … P−1 holding x[r]: each rank's block maxima, their
+/// element-wise maximum (what a MAX all-reduce gives every rank), then each rank's encode_shared.
+template <class Codec, class T>
+std::vector<std::vector<std::byte>> encode_shared_ranks(const Codec& codec, const std::vector<std::vector<T>>& x,
+                                                        message_key key = {}) {
+  const cpu_executor cpu;
+  const std::size_t n = x.front().size();
+  std::vector<T> agreed(codec.block_count(n), T{0}), mine(agreed.size());
+  for (const std::vector<T>& g : x) {
+    codec.block_maxima(cpu, std::span<const T>(g), std::span<T>(mine));
+    for (std::size_t j = 0; j < agreed.size(); ++j) agreed[j] = mine[j] > agreed[j] ? mine[j] : agreed[j];
+  }
+  std::vector<std::vector<std::byte>> messages;
+  for (std::size_t r = 0; r < x.size(); ++r) {
+    std::vector<std::byte> out(codec.max_encoded_bytes(n));
+    out.resize(codec.encode_shared(cpu, std::span<const T>(x[r]), std::span<const T>(agreed), out, {}, key,
+                                   static_cast<std::uint32_t>(r)));
+    messages.push_back(std::move(out));
+  }
+  return messages;
 }
 
 }  // namespace gradcomp::test

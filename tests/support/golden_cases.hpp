@@ -76,6 +76,28 @@ inline const std::vector<golden_case>& golden_cases() {
                              {.step = 7, .tensor_id = 1});
        },
        1000},
+      {"shared_scale8_sum3_f32.bin",
+       [] {
+         // Three ranks holding x, −x/2 and x/4, summed with accumulate_encoded.
+         const std::vector<float> x = golden_input<float>(100);
+         std::vector<std::vector<float>> ranks(3, x);
+         for (std::size_t i = 0; i < x.size(); ++i) {
+           ranks[1][i] = -0.5f * x[i];
+           ranks[2][i] = 0.25f * x[i];
+         }
+         const shared_scale_quantizer<float> q({.bits = 8, .block = 32, .headroom_bits = 2});
+         std::vector<std::vector<std::byte>> messages = encode_shared_ranks(q, ranks, {.step = 4, .tensor_id = 1});
+         for (std::size_t r = 1; r < messages.size(); ++r) q.accumulate_encoded(cpu_executor{}, messages[0], messages[r]);
+         return messages[0];
+       },
+       100},
+      {"shared_scale2_sr_f64.bin",
+       [] {
+         return encode_bytes(shared_scale_quantizer<double>({.bits = 2, .block = 16, .round = rounding::stochastic, .seed = 9,
+                                                             .headroom_bits = 0}),
+                             golden_input<double>(50), {.step = 6, .tensor_id = 2});
+       },
+       50},
   };
   return cases;
 }

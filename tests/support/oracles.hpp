@@ -40,4 +40,17 @@ inline std::size_t sparse_message_size_oracle(std::uint64_t n, std::uint64_t k, 
   return static_cast<std::size_t>(56 + 8 + std::min(list, bitmap) + k * value_size);
 }
 
+/// L of the b-bit uniform quantizer: 2^(b−1) − 1, and 1 for b = 1.
+inline int levels_of(int bits) { return bits == 1 ? 1 : (1 << (bits - 1)) - 1; }
+
+/// The documented step of a block whose largest magnitude is m: m / L, lowered to the next smaller
+/// value while L·s overflows.
+template <class T>
+T documented_step(T max_abs, int bits) {
+  const T L = static_cast<T>(levels_of(bits));
+  T s = max_abs / L;
+  while (!std::isfinite(s * L)) s = std::nextafter(s, T{0});
+  return s;
+}
+
 }  // namespace gradcomp::test

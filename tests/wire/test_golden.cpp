@@ -79,3 +79,22 @@ TEST_CASE("golden uniform files decode within half a step of the known input") {
   CHECK(close8);
   CHECK(close4);
 }
+
+TEST_CASE("golden shared-scale files decode within half a step per rank of the known sum") {
+  // Three ranks hold x, −x/2 and x/4 (sum 0.75·x), |x| ≤ 5: the agreed step is at most 5/127 and
+  // each rank's RTN errs by half of it. The single 2-bit stochastic message errs by less than a
+  // whole step of at most 5.
+  const std::vector<float> x = golden_input<float>(100);
+  const std::vector<float> sum = decode_values(shared_scale_quantizer<float>({.bits = 8, .block = 32, .headroom_bits = 2}),
+                                               read_golden("shared_scale8_sum3_f32.bin"), 100);
+  const std::vector<double> y = golden_input<double>(50);
+  const std::vector<double> sr = decode_values(
+      shared_scale_quantizer<double>({.bits = 2, .block = 16, .round = rounding::stochastic, .seed = 9, .headroom_bits = 0}),
+      read_golden("shared_scale2_sr_f64.bin"), 50);
+  bool close_sum = true, close_sr = true;
+  for (std::size_t i = 0; i < x.size(); ++i)
+    close_sum = close_sum && std::fabs(0.75f * x[i] - sum[i]) <= 3.0f * 0.5f * 5.0f / 127.0f * 1.0001f;
+  for (std::size_t i = 0; i < y.size(); ++i) close_sr = close_sr && std::fabs(y[i] - sr[i]) < 5.0;
+  CHECK(close_sum);
+  CHECK(close_sr);
+}

@@ -58,6 +58,9 @@ outcome try_decode(const std::string& file, std::span<const std::byte> message, 
     return run(uniform_quantizer<float>({.bits = 8, .block = 64, .round = rounding::stochastic, .seed = 11}));
   if (file == "uniform4_sr_f64.bin")
     return run(uniform_quantizer<double>({.bits = 4, .block = 16, .round = rounding::stochastic, .seed = 9}));
+  if (file == "shared_scale8_sum3_f32.bin") return run(shared_scale_quantizer<float>({.bits = 8, .block = 32, .headroom_bits = 2}));
+  if (file == "shared_scale2_sr_f64.bin")
+    return run(shared_scale_quantizer<double>({.bits = 2, .block = 16, .round = rounding::stochastic, .seed = 9, .headroom_bits = 0}));
   return run(randomk_sparsifier<float>({.amount = {.density = 0.05}, .seed = 42}));
 }
 

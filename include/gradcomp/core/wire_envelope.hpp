@@ -17,13 +17,14 @@ namespace gradcomp {
 
 /// Identifies the codec that wrote a message. Values are part of the wire format: never renumber.
 enum class codec_id : std::uint16_t {
-  topk = 1,       ///< Exact top-k sparsification.
-  random_k = 2,   ///< Random-k sparsification (indices implied by the key).
-  threshold = 3,  ///< Sampled-threshold (DGC-style) sparsification.
-  uniform = 16,   ///< Uniform b-bit quantization with one scale per block.
-  qsgd = 17,      ///< QSGD: s levels of |x|/‖x‖ per bucket, stochastic and unbiased.
-  sign = 18,      ///< Sign (EF-signSGD / 1-bit): one bit per value, mean magnitude per block.
-  pipeline = 64,  ///< A sparsifier's indices with its kept values encoded by a quantizer.
+  topk = 1,             ///< Exact top-k sparsification.
+  random_k = 2,         ///< Random-k sparsification (indices implied by the key).
+  threshold = 3,        ///< Sampled-threshold (DGC-style) sparsification.
+  uniform = 16,         ///< Uniform b-bit quantization with one scale per block.
+  qsgd = 17,            ///< QSGD: s levels of |x|/‖x‖ per bucket, stochastic and unbiased.
+  sign = 18,            ///< Sign (EF-signSGD / 1-bit): one bit per value, mean magnitude per block.
+  uniform_shared = 19,  ///< Uniform b-bit codes with agreed (shared) block scales, summable across ranks.
+  pipeline = 64,        ///< A sparsifier's indices with its kept values encoded by a quantizer.
 };
 
 /// Element type of the values a message carries. Values are part of the wire format.

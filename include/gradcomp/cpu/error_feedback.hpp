@@ -72,7 +72,7 @@ struct backend<error_feedback<Codec>, cpu_executor> {
     workspace_arena arena(ws);
     const scratch s = carve(arena, ef, e, n);
     if constexpr (fusable) {
-      if (cpu::uniform_block_encoder::handles(ef.inner().params()) && fused_is_safe(e, grad, state))
+      if (cpu::uniform_vectorised(ef.inner()) && fused_is_safe(e, grad, state))
         return encode_fused(ef, e, grad, state, out, s, key);
     }
     const T* const g = grad.data();

@@ -80,7 +80,7 @@ struct backend<loco<Codec>, cpu_executor> {
     workspace_arena arena(ws);
     const scratch s = carve(arena, lc, e, n);
     if constexpr (fusable) {
-      if (lc.params().error_group == lc.inner().params().block && cpu::uniform_block_encoder::handles(lc.inner().params()) &&
+      if (lc.params().error_group == lc.inner().params().block && cpu::uniform_vectorised(lc.inner()) &&
           fused_is_finite(lc, e, grad, state))
         return encode_fused(lc, e, grad, state, out, s, key);
     }

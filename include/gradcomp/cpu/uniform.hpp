@@ -40,7 +40,7 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
   static std::size_t encode(const uniform_quantizer<T>& codec, const cpu_executor& exec, std::span<const T> grad,
                             std::span<std::byte> out, std::span<std::byte>, message_key key) {
     if constexpr (std::is_same_v<T, float>) {
-      if (cpu::uniform_block_encoder::handles(codec.params())) return encode_vectorised(codec, exec, grad, out, key);
+      if (cpu::uniform_vectorised(codec)) return encode_vectorised(codec, exec, grad, out, key);
     }
     const std::uint64_t n = grad.size();
     const std::size_t size = codec.max_encoded_bytes(n);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <type_traits>
 
 #include <gradcomp/core/bit_packing.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
@@ -20,7 +21,7 @@
 #include <gradcomp/cpu/philox_simd.hpp>
 #include <gradcomp/cpu/staged_writer.hpp>
 #include <gradcomp/cpu/uniform_kernels.hpp>
-#include <gradcomp/quantize/uniform.hpp>
+#include <gradcomp/quantize/uniform_math.hpp>
 
 namespace gradcomp::cpu {
 
@@ -51,11 +52,13 @@ inline void pack_codes_aligned(const std::uint8_t* codes, std::uint64_t count, i
     packed[c / per_byte] = pack_byte(codes + c, static_cast<int>(std::min(per_byte, count - c)), bits);
 }
 
-/// Writes the envelope of `codec`'s n-element message whose payload is in place in `out`.
-template <gradient_value T>
-void seal_uniform_message(const uniform_quantizer<T>& codec, std::span<std::byte> out, message_key key,
-                          std::uint64_t n) {
-  seal_message(out, {codec_id::uniform, dtype_of<T>, 0, 0, key, n, codec.payload_bytes(n), codec.params_hash(), 0},
+/// Writes the envelope of the uniform quantizer `codec`'s n-element message whose payload is in
+/// place in `out`.
+template <class Quantizer>
+void seal_uniform_message(const Quantizer& codec, std::span<std::byte> out, message_key key, std::uint64_t n) {
+  seal_message(out,
+               {codec_id::uniform, dtype_of<typename Quantizer::value_type>, 0, 0, key, n, codec.payload_bytes(n),
+                codec.params_hash(), 0},
                codec.wire().payload_checksum);
 }
 
@@ -70,21 +73,28 @@ inline void uniform_decode_block(const std::uint8_t* codes, std::uint64_t count,
     out[i] = static_cast<float>(uniform_code_level(packed_code(codes, i, bits), bits)) * s;
 }
 
-/// Writes the scales and codes of a float32 uniform message block after block, each block's codes
-/// staged whole (so they can be read back until the next block) and written to the message
-/// through a staged_writer (streamed when large, per the executor).
+/// Whether `uniform_block_encoder` handles the float32 uniform quantizer `codec`'s layout: 8-bit
+/// codes, or 4-bit round to nearest, in blocks of a multiple of 32 values whose codes fit the
+/// stage.
+template <class Quantizer>
+[[nodiscard]] constexpr bool uniform_vectorised(const Quantizer& codec) noexcept {
+  const auto& p = codec.params();
+  return std::is_same_v<typename Quantizer::value_type, float> && p.block % kernel_width == 0 &&
+         packed_bytes(p.block, p.bits) <= staged_writer::capacity &&
+         (p.bits == 8 || (p.bits == 4 && p.round == rounding::nearest_even));
+}
+
+/// Writes the scales and codes of a float32 uniform message (of `Quantizer` =
+/// `uniform_quantizer<float>`, in a layout `uniform_vectorised` accepts) block after block, each
+/// block's codes staged whole (so they can be read back until the next block) and written to the
+/// message through a staged_writer (streamed when large, per the executor). A template only so
+/// that this header does not need the quantizer's own header, which includes it.
+template <class Quantizer>
 class uniform_block_encoder {
  public:
-  /// Whether the encoder handles this layout: 8-bit codes, or 4-bit round to nearest, in blocks of
-  /// a multiple of 32 values whose codes fit the stage.
-  [[nodiscard]] static constexpr bool handles(const uniform_params& p) noexcept {
-    return p.block % kernel_width == 0 && packed_bytes(p.block, p.bits) <= staged_writer::capacity &&
-           (p.bits == 8 || (p.bits == 4 && p.round == rounding::nearest_even));
-  }
-
   /// Starts `codec`'s message of n values in `out`: checks that `out` holds it and zeroes the
   /// envelope (`begin_message`). @throws error `buffer_too_small`.
-  uniform_block_encoder(const uniform_quantizer<float>& codec, const cpu_executor& exec, std::span<std::byte> out,
+  uniform_block_encoder(const Quantizer& codec, const cpu_executor& exec, std::span<std::byte> out,
                         std::uint64_t n, message_key key)
       : codec_(codec),
         simd_(exec.simd()),
@@ -100,7 +110,7 @@ class uniform_block_encoder {
   /// block), and returns its step s; its codes are at `codes()` until the next call.
   /// @throws error `non_finite_input` when x holds NaN or ±Inf.
   float next(const float* x, std::uint64_t count) {
-    const uniform_params& p = codec_.params();
+    const auto& p = codec_.params();
     const int bits = p.bits;
     const float m = max_magnitude(x, x + count, avx2_);
     const float s = uniform_step(m, bits);
@@ -149,7 +159,7 @@ class uniform_block_encoder {
     return out;
   }
 
-  const uniform_quantizer<float>& codec_;
+  const Quantizer& codec_;
   cpu_simd simd_;
   bool avx2_;
   random_stream stream_;

@@ -1,0 +1,308 @@
+#pragma once
+/// @file
+/// CPU reference of the shared-scale quantizer: every check (maxima, this rank's own block maxima,
+/// NaN/Inf, the output size) runs before anything is written; then the scales, and the codes of
+/// the uniform quantizer's reference arithmetic packed into u64 field words 256 elements at a
+/// time, with the stochastic-rounding halves of a chunk drawn together. Decoders validate the whole
+/// message before writing.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <span>
+#include <string>
+
+#include <gradcomp/core/backend.hpp>
+#include <gradcomp/core/cpu_executor.hpp>
+#include <gradcomp/core/error.hpp>
+#include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/philox.hpp>
+#include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/core/workspace.hpp>
+#include <gradcomp/cpu/message.hpp>
+#include <gradcomp/cpu/philox_simd.hpp>
+#include <gradcomp/quantize/shared_scale.hpp>
+#include <gradcomp/quantize/sign_math.hpp>
+#include <gradcomp/quantize/uniform.hpp>  // and its CPU backend, with cpu::uniform_scalar_codes
+
+namespace gradcomp {
+
+/// Shared-scale quantization on the CPU.
+template <gradient_value T>
+struct backend<shared_scale_quantizer<T>, cpu_executor> {
+  using codec_type = shared_scale_quantizer<T>;
+
+  /// The single-stage `encode` needs this rank's block maxima; `encode_shared` and the decoders
+  /// need nothing.
+  static std::size_t workspace_bytes(const codec_type& codec, const cpu_executor&, std::uint64_t n) {
+    workspace_arena arena = workspace_arena::measure();
+    (void)carve(arena, codec, n);
+    return arena.bytes_needed();
+  }
+
+  static void block_maxima(const codec_type& codec, const cpu_executor& e, std::span<const T> grad, std::span<T> maxima) {
+    const std::uint64_t n = grad.size();
+    detail::require(maxima.size() == codec.block_count(n), errc::size_mismatch, [&] {
+      return "maxima hold " + std::to_string(maxima.size()) + " values, the gradient has " +
+             std::to_string(codec.block_count(n)) + " blocks";
+    });
+    const std::uint64_t block = codec.params().block;
+    try {
+      for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j)
+        maxima[j] = cpu::max_magnitude(grad.data() + begin, grad.data() + std::min(n, begin + block), e.avx2());
+    } catch (const error&) {
+      std::fill(maxima.begin(), maxima.end(), std::numeric_limits<T>::infinity());
+      throw;
+    }
+  }
+
+  static std::size_t encode(const codec_type& codec, const cpu_executor& e, std::span<const T> grad,
+                            std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
+    workspace_arena arena(ws);
+    const std::span<T> maxima = carve(arena, codec, grad.size());
+    block_maxima(codec, e, grad, maxima);
+    validate_maxima(codec, grad.size(), maxima);
+    return write_message(codec, e, grad, maxima, out, key, 0);
+  }
+
+  static std::size_t encode_shared(const codec_type& codec, const cpu_executor& e, std::span<const T> grad,
+                                   std::span<const T> agreed, std::span<std::byte> out, std::span<std::byte>,
+                                   message_key key, std::uint32_t rank) {
+    const std::uint64_t n = grad.size();
+    validate_maxima(codec, n, agreed);
+    const std::uint64_t block = codec.params().block;
+    for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
+      const T m = cpu::max_magnitude(grad.data() + begin, grad.data() + std::min(n, begin + block), e.avx2());
+      detail::require(m <= agreed[j], errc::parameter_mismatch, [&] {
+        return "agreed maximum of block " + std::to_string(j) + " is below this rank's own maximum: the maxima were not "
+               "MAX-reduced over all ranks";
+      });
+    }
+    return write_message(codec, e, grad, agreed, out, key, rank);
+  }
+
+  static void decode(const codec_type& codec, const cpu_executor&, std::span<const std::byte> message, std::span<T> out,
+                     std::span<std::byte>, const decode_limits& limits, bool accumulate) {
+    const std::uint64_t contributions = parse_checked(codec, message, out.size(), limits).contributions;
+    const std::uint64_t n = out.size();
+    const std::uint64_t block = codec.params().block;
+    const int bits = codec.bits();
+    field_reader fields{message.data() + codec.summable_offset(n) + 8, codec.field_bits(), codec.fields_per_word()};
+    T* const dense = out.data();
+    for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
+      const std::uint64_t end = std::min(n, begin + block);
+      const T s = scale_at(message.data(), j);
+      for (std::uint64_t i = begin; i < end; ++i) {
+        const T v = static_cast<T>(shared_scale_level_sum(fields.next(), contributions, bits)) * s;
+        dense[i] = accumulate ? dense[i] + v : v;
+      }
+    }
+  }
+
+  static void accumulate_encoded(const codec_type& codec, const cpu_executor&, std::span<std::byte> acc,
+                                 std::span<const std::byte> other) {
+    const parsed mine = parse_checked(codec, acc, parse_envelope(acc).elements, {});
+    const parsed theirs = parse_checked(codec, other, mine.e.elements, {});
+    detail::require(mine.e.key == theirs.e.key, errc::step_mismatch,
+                    "messages of different steps or tensors cannot be summed");
+    const std::size_t offset = codec.summable_offset(mine.e.elements);
+    detail::require(std::memcmp(acc.data() + envelope::size, other.data() + envelope::size, offset - envelope::size) == 0,
+                    errc::parameter_mismatch, "the block scales differ: the ranks did not agree the block maxima");
+    detail::require(mine.contributions + theirs.contributions <= codec.max_contributions(), errc::invalid_argument, [&] {
+      return "the sum would hold " + std::to_string(mine.contributions + theirs.contributions) +
+             " contributions, the headroom allows " + std::to_string(codec.max_contributions()) +
+             ": raise headroom_bits";
+    });
+    for (std::size_t at = offset; at < acc.size(); at += 8)
+      detail::store_le<std::uint64_t>(acc.data() + at, detail::load_le<std::uint64_t>(acc.data() + at) +
+                                                           detail::load_le<std::uint64_t>(other.data() + at));
+  }
+
+ private:
+  /// Values coded together: the stochastic-rounding halves of a chunk are drawn at once.
+  static constexpr std::uint64_t chunk = 256;
+
+  /// A validated message: its envelope and contribution count.
+  struct parsed {
+    envelope e;
+    std::uint64_t contributions;
+  };
+
+  /// Appends w-bit fields to consecutive u64 words, least significant field first.
+  struct field_writer {
+    std::byte* at;
+    int width;
+    std::uint64_t per_word;
+    std::uint64_t word = 0;
+    std::uint64_t used = 0;
+
+    void put(std::uint64_t field) noexcept {
+      word |= field << (used * static_cast<std::uint64_t>(width));
+      if (++used == per_word) flush();
+    }
+    /// Stores the word being filled, if it holds any field.
+    void flush() noexcept {
+      if (used == 0) return;
+      detail::store_le<std::uint64_t>(at, word);
+      at += 8;
+      word = 0;
+      used = 0;
+    }
+  };
+
+  /// Reads w-bit fields from consecutive u64 words in the order field_writer wrote them.
+  struct field_reader {
+    const std::byte* at;
+    int width;
+    std::uint64_t per_word;
+    std::uint64_t word = 0;
+    std::uint64_t left = 0;
+
+    std::uint64_t next() noexcept {
+      if (left == 0) {
+        word = detail::load_le<std::uint64_t>(at);
+        at += 8;
+        left = per_word;
+      }
+      const std::uint64_t field = word & ((std::uint64_t{1} << width) - 1);
+      word >>= width;
+      --left;
+      return field;
+    }
+  };
+
+  /// The single-stage encoder's workspace: this rank's block maxima.
+  static std::span<T> carve(workspace_arena& arena, const codec_type& codec, std::uint64_t n) {
+    return arena.take<T>(static_cast<std::size_t>(codec.block_count(n)));
+  }
+
+  [[nodiscard]] static T scale_at(const std::byte* message, std::uint64_t j) noexcept {
+    T s;
+    std::memcpy(&s, message + envelope::size + j * sizeof(T), sizeof s);
+    return s;
+  }
+
+  /// Largest level sum a message may decode: 2^k·L, exact in T.
+  [[nodiscard]] static T largest_level_sum(const codec_type& codec) noexcept {
+    return static_cast<T>(codec.max_contributions() * static_cast<std::uint64_t>(uniform_levels(codec.bits())));
+  }
+
+  /// Checks agreed maxima before they set scales: one per block, finite, non-negative, and small
+  /// enough that a sum of 2^k contributions decodes finitely.
+  static void validate_maxima(const codec_type& codec, std::uint64_t n, std::span<const T> maxima) {
+    detail::require(maxima.size() == codec.block_count(n), errc::size_mismatch, [&] {
+      return "agreed maxima hold " + std::to_string(maxima.size()) + " values, the gradient has " +
+             std::to_string(codec.block_count(n)) + " blocks";
+    });
+    const T largest = largest_level_sum(codec);
+    for (std::uint64_t j = 0; j < maxima.size(); ++j) {
+      const T m = maxima[j];
+      detail::require(is_finite(m), errc::non_finite_input, [&] {
+        return "agreed maximum of block " + std::to_string(j) + " is NaN or Inf (a rank's gradient held NaN or Inf)";
+      });
+      detail::require(sign_bit_of(m) == 0, errc::invalid_argument,
+                      [&] { return "agreed maximum of block " + std::to_string(j) + " is negative"; });
+      detail::require(is_finite(uniform_step(m, codec.bits()) * largest), errc::non_finite_input, [&] {
+        return "agreed maximum of block " + std::to_string(j) + " is so large that a sum of " +
+               std::to_string(codec.max_contributions()) + " contributions overflows the value type";
+      });
+    }
+  }
+
+  /// Writes the message for `grad` with validated maxima; nothing in here can fail but the size
+  /// check of `out`, which comes first. Codes come from the uniform quantizer's reference
+  /// arithmetic (cpu::uniform_scalar_codes) with the agreed maxima, a chunk at a time.
+  static std::size_t write_message(const codec_type& codec, const cpu_executor& e, std::span<const T> grad,
+                                   std::span<const T> maxima, std::span<std::byte> out, message_key key,
+                                   std::uint32_t rank) {
+    const std::uint64_t n = grad.size();
+    const std::size_t size = codec.max_encoded_bytes(n);
+    cpu::begin_message(out, size);
+    const int bits = codec.bits();
+    const std::size_t offset = codec.summable_offset(n);
+    std::memset(out.data() + envelope::size, 0, offset - envelope::size);
+    detail::store_le<std::uint64_t>(out.data() + offset, 1);
+
+    const shared_scale_params& p = codec.params();
+    const std::uint64_t block = p.block;
+    const random_stream stream{shared_scale_stream_seed(p.seed, rank), key.step, key.tensor_id,
+                               random_purpose::stochastic_rounding};
+    field_writer fields{out.data() + offset + 8, codec.field_bits(), codec.fields_per_word()};
+    std::uint8_t codes[chunk];
+    alignas(16) std::uint16_t random_halves[chunk + detail::philox_halves_slack];
+    for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
+      const std::uint64_t end = std::min(n, begin + block);
+      const T s = uniform_step(maxima[j], bits);
+      std::memcpy(out.data() + envelope::size + j * sizeof(T), &s, sizeof s);
+      for (std::uint64_t first = begin; first < end; first += chunk) {
+        const std::uint64_t count = std::min(chunk, end - first);
+        const std::uint16_t* const halves =
+            p.round == rounding::stochastic ? detail::philox_stream_halves(stream, first, count, random_halves, e.simd())
+                                            : nullptr;
+        cpu::uniform_scalar_codes(grad.data() + first, count, maxima[j], s, bits, p.round, halves, codes);
+        for (std::uint64_t c = 0; c < count; ++c) fields.put(codes[c]);
+      }
+    }
+    fields.flush();
+
+    cpu::seal_message(out, {codec_id::uniform_shared, dtype_of<T>, 0, 0, key, n, size - envelope::size, codec.params_hash(), 0},
+                      false);
+    return size;
+  }
+
+  /// Parses and validates a whole message for an `elements`-element buffer (wire-format.md §13.2).
+  static parsed parse_checked(const codec_type& codec, std::span<const std::byte> message, std::uint64_t elements,
+                              const decode_limits& limits) {
+    const envelope e = parse_envelope(message);
+    validate_envelope(e, {codec_id::uniform_shared, dtype_of<T>, elements, codec.params_hash()}, limits);
+    const std::uint64_t n = e.elements;
+    detail::require(e.layout == 0, errc::malformed_payload, "shared-scale messages have layout 0");
+    detail::require(n <= e.payload_bytes / 8 * codec.fields_per_word() && e.payload_bytes == codec.payload_bytes(n),
+                    errc::malformed_payload, [&] {
+                      return "payload of " + std::to_string(e.payload_bytes) + " bytes does not hold " +
+                             std::to_string(n) + " elements";
+                    });
+    const std::size_t offset = codec.summable_offset(n);
+    const auto contributions = detail::load_le<std::uint64_t>(message.data() + offset);
+    detail::require(contributions >= 1 && contributions <= codec.max_contributions(), errc::malformed_payload, [&] {
+      return "contribution count " + std::to_string(contributions) + " is outside [1, " +
+             std::to_string(codec.max_contributions()) + "]";
+    });
+    const T largest = largest_level_sum(codec);
+    for (std::uint64_t j = 0; j < codec.block_count(n); ++j) {
+      const T s = scale_at(message.data(), j);
+      detail::require(sign_bit_of(s) == 0 && is_finite(s * largest), errc::malformed_payload,
+                      [&] { return "scale of block " + std::to_string(j) + " is negative or too large"; });
+    }
+    const std::size_t scales_end = envelope::size + static_cast<std::size_t>(codec.block_count(n)) * sizeof(T);
+    detail::require(std::all_of(message.begin() + static_cast<std::ptrdiff_t>(scales_end),
+                                message.begin() + static_cast<std::ptrdiff_t>(offset),
+                                [](std::byte b) { return b == std::byte{0}; }),
+                    errc::malformed_payload, "non-zero padding after the scales");
+    validate_fields(codec, message.data() + offset + 8, n, contributions);
+    return {e, contributions};
+  }
+
+  /// Every field at most P·(largest code), and the bits of each word above its last field zero.
+  static void validate_fields(const codec_type& codec, const std::byte* words, std::uint64_t n,
+                              std::uint64_t contributions) {
+    const int width = codec.field_bits();
+    const std::uint64_t per_word = codec.fields_per_word();
+    const std::uint64_t mask = (std::uint64_t{1} << width) - 1;
+    const std::uint64_t limit = contributions * uniform_code(uniform_levels(codec.bits()), codec.bits());
+    for (std::uint64_t w = 0; w < codec.field_words(n); ++w) {
+      std::uint64_t word = detail::load_le<std::uint64_t>(words + w * 8);
+      const std::uint64_t count = std::min(per_word, n - w * per_word);
+      bool valid = true;
+      for (std::uint64_t f = 0; f < count; ++f, word >>= width) valid &= (word & mask) <= limit;
+      detail::require(valid && word == 0, errc::malformed_payload, [&] {
+        return "field word " + std::to_string(w) + " holds a field above " + std::to_string(limit) +
+               " or non-zero unused bits";
+      });
+    }
+  }
+};
+
+}  // namespace gradcomp

@@ -1,0 +1,213 @@
+#pragma once
+/// @file
+/// The shared-scale (homomorphic) mode of the uniform quantizer (ALGORITHMS.md §2, "Shared-scale
+/// mode", as in THC and TernGrad): the ranks first agree on every block's maximum (a MAX
+/// all-reduce of `block_maxima`), so that all of them quantize with the same scales; then their
+/// integer codes, stored in fields with k headroom bits, add up under a plain uint64 SUM collective
+/// for up to 2^k ranks without carrying into the next field.
+///
+/// Payload layout after the envelope (layout byte 0):
+///
+///     ⌈n/B⌉ scales s (value dtype: float32 or float64), block j covering elements [jB, jB + B);
+///     identical on every rank, never summed
+///     zero bytes up to the next multiple of 8 of the message offset
+///     the summable region, u64 words: the contribution count P (1 in a fresh encoding), then
+///     ⌈n/F⌉ field words, F = ⌊64/w⌋ fields of w = b + k bits each, element i in bits
+///     [(i mod F)·w, (i mod F)·w + w) of word ⌊i/F⌋; unused high bits zero
+///
+/// Levels, steps and rounding are those of quantize/uniform_math.hpp with the agreed maximum M of
+/// each block in place of the local one: s = uniform_step(M, b), t = h·(L/M) (h/s when L/M
+/// overflows), q = uniform_level(t), code c = uniform_code(q) ∈ [0, 2L] (b ≥ 2) or {0, 1} (b = 1).
+/// A field holding the sum of P ≤ 2^k codes is at most 2^k·(2^b − 2) (b ≥ 2) or 2^k (b = 1),
+/// below 2^w, so words can be summed as unsigned integers. A message decodes to the sum over its
+/// contributors of q·s: the exact integer Σq (field − P·L for b ≥ 2, 2·field − P for b = 1),
+/// converted to T and multiplied by s. Divide by P for the mean. The message size depends only
+/// on n. The single-stage `encode` uses this rank's own maxima (a workspace of ⌈n/B⌉ values) and
+/// rank 0: a valid message on its own, summable only with messages of the same scales.
+///
+/// Stochastic rounding of rank r draws u for element i as the uniform quantizer does (16-bit half i
+/// of the stream), from the stream keyed by (shared_scale_stream_seed(seed, r), step, tensor id),
+/// so ranks round with independent noise; rank 0 draws exactly the uniform quantizer's numbers for
+/// the same seed.
+///
+/// Payload checksums are not supported (a SUM of the summable region would leave the CRC stale):
+/// the constructor rejects `wire_options::payload_checksum`.
+///
+/// Special values: a block whose agreed maximum is 0 (zeros of either sign on every rank) has s = 0
+/// and decodes to exact zeros (+0, or −0 where a 1-bit stochastic level sum is negative); a
+/// subnormal block whose step underflows decodes to zeros too. A gradient holding NaN or ±Inf is
+/// rejected with `errc::non_finite_input` before anything is written, and so is an agreed maximum
+/// so large that 2^k·L·s overflows the value type. Decoders reject scales that are negative,
+/// non-finite or too large for 2^k·L·s to be finite, a contribution count outside [1, 2^k], a field
+/// above P·(largest code), and non-zero padding or unused bits. Indices and sizes are 64-bit, so
+/// n > 2^32 is supported.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include <gradcomp/core/bit_packing.hpp>
+#include <gradcomp/core/codec_interface.hpp>
+#include <gradcomp/core/config.hpp>
+#include <gradcomp/core/cpu_executor.hpp>
+#include <gradcomp/core/error.hpp>
+#include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/quantize/uniform.hpp>
+#include <gradcomp/quantize/uniform_math.hpp>
+
+namespace gradcomp {
+
+/// Largest number of headroom bits: up to 2^24 contributions, fields of at most 8 + 24 = 32 bits.
+inline constexpr int shared_scale_max_headroom = 24;
+
+/// Parameters of the shared-scale quantizer.
+struct shared_scale_params {
+  int bits = 8;                             ///< Bits per code: 1, 2, 4 or 8.
+  std::uint32_t block = 256;                ///< Values per scale (≥ 1); default 256.
+  rounding round = rounding::nearest_even;  ///< Rounding of scaled values to levels.
+  std::uint64_t seed = 0;                   ///< Keys stochastic rounding with rank, step, tensor id and index.
+  int headroom_bits = 3;                    ///< k: fields of bits + k bits hold the sum of up to 2^k codes.
+
+  /// Throws `invalid_argument` for a width other than 1, 2, 4, 8, an empty block, or headroom
+  /// outside [0, 24] (which keeps a field within 32 bits).
+  void validate() const {
+    detail::require(is_packable_width(bits), errc::invalid_argument,
+                    [&] { return "bits must be 1, 2, 4 or 8, got " + std::to_string(bits); });
+    detail::require(block >= 1, errc::invalid_argument, "block must hold at least one value");
+    detail::require(headroom_bits >= 0 && headroom_bits <= shared_scale_max_headroom, errc::invalid_argument,
+                    [&] { return "headroom_bits must be in [0, 24], got " + std::to_string(headroom_bits); });
+  }
+
+  friend constexpr bool operator==(const shared_scale_params&, const shared_scale_params&) = default;
+};
+
+/// Seed of rank `rank`'s stochastic-rounding stream: seed XOR (rank · 0x9E3779B97F4A7C15) mod 2^64.
+/// The multiplier is odd, so distinct ranks get distinct seeds (both Philox key words change), and
+/// rank 0 keeps `seed`.
+GRADCOMP_HOST_DEVICE constexpr std::uint64_t shared_scale_stream_seed(std::uint64_t seed, std::uint32_t rank) noexcept {
+  return seed ^ (std::uint64_t{rank} * 0x9E3779B97F4A7C15ull);
+}
+
+/// Σq of `contributions` codes that add up to `field`: field − P·L (b ≥ 2) or 2·field − P (b = 1).
+/// For P = 1 it is uniform_code_level.
+GRADCOMP_HOST_DEVICE constexpr std::int64_t shared_scale_level_sum(std::uint64_t field, std::uint64_t contributions,
+                                                                   int bits) noexcept {
+  const auto f = static_cast<std::int64_t>(field);
+  const auto p = static_cast<std::int64_t>(contributions);
+  return bits == 1 ? 2 * f - p : f - p * uniform_levels(bits);
+}
+
+/// Uniform b-bit quantizer whose encodings of several ranks add up (homomorphic), once the ranks
+/// have agreed on the block maxima. For `float` or `double` gradients.
+///
+/// Protocol per tensor: `block_maxima` → MAX all-reduce of the maxima → `encode_shared` (with the
+/// rank) → SUM all-reduce of bytes [summable_offset(n), summable_offset(n) + summable_bytes(n)) as
+/// uint64 (or `accumulate_encoded`) → `decode` (the sum; divide by P for the mean).
+template <gradient_value T = float>
+class shared_scale_quantizer : public codec_interface<shared_scale_quantizer<T>, T> {
+ public:
+  using value_type = T;                                     ///< Element type of the gradient.
+  static constexpr codec_id id = codec_id::uniform_shared;  ///< Wire identifier.
+  static constexpr bool is_homomorphic = true;              ///< Summed field words decode to the sum.
+
+  /// @throws error `invalid_argument` for invalid parameters, or when `wire` asks for a payload
+  ///         checksum (the SUM collective would leave it stale).
+  explicit shared_scale_quantizer(shared_scale_params params = {}, wire_options wire = {}) : params_(params) {
+    params_.validate();
+    detail::require(!wire.payload_checksum, errc::invalid_argument,
+                    "shared-scale messages carry no payload checksum: summing their field words would leave it stale");
+  }
+
+  /// The parameters.
+  [[nodiscard]] const shared_scale_params& params() const noexcept { return params_; }
+  /// Bits per code.
+  [[nodiscard]] int bits() const noexcept { return params_.bits; }
+  /// w = bits + headroom_bits: the width of a summable field.
+  [[nodiscard]] int field_bits() const noexcept { return params_.bits + params_.headroom_bits; }
+  /// F = ⌊64/w⌋: fields per u64 word.
+  [[nodiscard]] std::uint64_t fields_per_word() const noexcept { return static_cast<std::uint64_t>(64 / field_bits()); }
+  /// 2^k: the most encodings whose sum a message can hold.
+  [[nodiscard]] std::uint64_t max_contributions() const noexcept { return std::uint64_t{1} << params_.headroom_bits; }
+  /// Number of blocks (and scales) of an n-element tensor.
+  [[nodiscard]] std::uint64_t block_count(std::uint64_t n) const noexcept {
+    return n / params_.block + (n % params_.block != 0 ? 1 : 0);
+  }
+  /// Number of field words of an n-element tensor: ⌈n/F⌉.
+  [[nodiscard]] std::uint64_t field_words(std::uint64_t n) const noexcept {
+    return n / fields_per_word() + (n % fields_per_word() != 0 ? 1 : 0);
+  }
+  /// Offset from the start of the message of its summable region (a multiple of 8): 56 plus the
+  /// scales rounded up to 8 bytes.
+  [[nodiscard]] std::size_t summable_offset(std::uint64_t n) const noexcept {
+    return static_cast<std::size_t>(envelope::size + (block_count(n) * sizeof(T) + 7) / 8 * 8);
+  }
+  /// Bytes of the summable region, which ends the message: the contribution count and the field
+  /// words, 8·(1 + ⌈n/F⌉). A SUM collective adds these bytes as uint64 and nothing else.
+  [[nodiscard]] std::size_t summable_bytes(std::uint64_t n) const noexcept {
+    return static_cast<std::size_t>(8 * (1 + field_words(n)));
+  }
+  /// Payload bytes of an n-element tensor (scales, padding, summable region).
+  [[nodiscard]] std::uint64_t payload_bytes(std::uint64_t n) const noexcept {
+    return summable_offset(n) - envelope::size + summable_bytes(n);
+  }
+  /// Exact size of every message for n elements.
+  [[nodiscard]] std::size_t max_encoded_bytes(std::uint64_t n) const noexcept {
+    return static_cast<std::size_t>(envelope::size + payload_bytes(n));
+  }
+  /// Hash of the parameters, carried in every message and checked by decoders: the id, the hash of
+  /// the uniform quantizer with the same levels (bits, block, rounding, seed and dtype), and the
+  /// headroom.
+  [[nodiscard]] std::uint64_t params_hash() const noexcept {
+    const uniform_quantizer<T> levels(
+        {.bits = params_.bits, .block = params_.block, .round = params_.round, .seed = params_.seed});
+    return params_hasher{}.add(id).add(levels.params_hash()).add(static_cast<std::uint8_t>(params_.headroom_bits)).value();
+  }
+
+  /// Writes this rank's largest magnitude of each block of `grad` into `maxima` (block_count(n)
+  /// values), the input of the MAX all-reduce that agrees the scales. Non-negative floats order
+  /// like their bits read as unsigned integers, so a transport without a float MAX can reduce the
+  /// maxima as uint32 (float) or uint64 (double).
+  /// @throws error `size_mismatch` when `maxima` does not hold block_count(n) values (nothing is
+  ///         written); `non_finite_input` on NaN or ±Inf in `grad`: every maximum is then set to
+  ///         +Inf, so that a rank which still joins the all-reduce makes `encode_shared` fail on
+  ///         every rank instead of encoding with a wrong scale.
+  template <executor E>
+  void block_maxima(const E& e, std::span<const T> grad, std::span<T> maxima) const {
+    backend<shared_scale_quantizer, E>::block_maxima(*this, e, grad, maxima);
+  }
+
+  /// Encodes `grad` with the agreed block maxima (the MAX over all ranks of their `block_maxima`)
+  /// into `out` (at least `max_encoded_bytes(n)` bytes); `rank` mixes the stochastic-rounding
+  /// seed. Everything is checked before `out` is written, so on error it is unchanged.
+  /// @returns bytes written.
+  /// @throws error `size_mismatch` (maxima count), `non_finite_input` (NaN/±Inf in `grad` or in a
+  ///         maximum, or a maximum so large that 2^k·L·s overflows), `invalid_argument` (a negative
+  ///         maximum), `parameter_mismatch` (a maximum below this rank's own block maximum),
+  ///         `buffer_too_small`.
+  template <executor E>
+  std::size_t encode_shared(const E& e, std::span<const T> grad, std::span<const T> agreed_maxima,
+                            std::span<std::byte> out, std::span<std::byte> ws, message_key key = {},
+                            std::uint32_t rank = 0) const {
+    return backend<shared_scale_quantizer, E>::encode_shared(*this, e, grad, agreed_maxima, out, ws, key, rank);
+  }
+
+  /// Turns message `acc` into the encoding of the sum of `acc` and `other` (same parameters, n,
+  /// step, tensor and scales), as a SUM collective over the summable region would.
+  /// @throws error on a malformed message, `step_mismatch` when the keys differ,
+  ///         `parameter_mismatch` when the scales differ (the ranks did not agree the maxima), or
+  ///         `invalid_argument` when the sum would hold more than 2^k contributions; `acc` is
+  ///         untouched then.
+  template <executor E>
+  void accumulate_encoded(const E& e, std::span<std::byte> acc, std::span<const std::byte> other) const {
+    backend<shared_scale_quantizer, E>::accumulate_encoded(*this, e, acc, other);
+  }
+
+ private:
+  shared_scale_params params_;
+};
+
+}  // namespace gradcomp
+
+#include <gradcomp/cpu/shared_scale.hpp>
