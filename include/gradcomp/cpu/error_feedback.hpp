@@ -173,18 +173,12 @@ struct backend<error_feedback<Codec>, cpu_executor> {
     std::uint32_t largest = 0;
     for (std::uint64_t begin = 0; begin < n; begin += block) {
       const std::uint64_t count = std::min(block, n - begin);
-      const std::uint64_t whole = count / cpu::kernel_width * cpu::kernel_width;
       cpu::prefetch(g + std::min(n, begin + ahead), g + std::min(n, begin + count + ahead));
       cpu::prefetch(residual + std::min(n, begin + ahead), residual + std::min(n, begin + count + ahead));
-      cpu::ef_compensate(g + begin, residual + begin, whole, h, avx2);
-      for (std::uint64_t i = whole; i < count; ++i) h[i] = g[begin + i] + residual[begin + i];
+      cpu::ef_compensate(g + begin, residual + begin, count, h, avx2);
       const float step = encoder.next(h, count);
-      cpu::uniform_decode_block(encoder.codes(), count, bits, step, decoded, avx2);
-      largest = std::max(largest, cpu::ef_residual(h, decoded, whole, residual + begin, avx2));
-      for (std::uint64_t i = whole; i < count; ++i) {
-        residual[begin + i] = h[i] - decoded[i];
-        largest = std::max(largest, magnitude_key(residual[begin + i]));
-      }
+      cpu::uniform_decode_block(encoder.codes(), count, bits, step, decoded, false, false, avx2);
+      largest = std::max(largest, cpu::ef_residual(h, decoded, count, residual + begin, avx2));
     }
     const std::size_t size = encoder.finish();
     state.residual_max = from_bits<float>(largest);

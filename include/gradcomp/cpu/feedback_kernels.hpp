@@ -4,7 +4,8 @@
 /// LoCo (cpu/loco.hpp), each with an AVX2 kernel and a scalar twin computing the same IEEE
 /// operations in the same order (so the same bits as the reference loops): the compensated
 /// gradient, the new residual, LoCo's moving average of the error and its 8-bit quantization.
-/// LoCo's old errors are dequantized as code·scale; a reset reads them as zero.
+/// LoCo's old errors are dequantized as code·scale; a reset reads them as zero. Each function
+/// takes any count: the AVX2 kernel does the whole vectors, the scalar twin the rest.
 
 #include <algorithm>
 #include <cstdint>
@@ -82,25 +83,33 @@ GRADCOMP_TARGET_AVX2 inline void quantize_error8_avx2(const float* v, float step
 
 }  // namespace kernel_detail
 
-/// h[i] = g[i] + e[i] for i < count (count a multiple of 32).
+/// h[i] = g[i] + e[i] for i < count.
 inline void ef_compensate(const float* g, const float* e, std::uint64_t count, float* h, bool avx2) noexcept {
+  std::uint64_t i = 0;
 #if defined(GRADCOMP_HAVE_AVX2)
-  if (avx2) return kernel_detail::add_avx2(g, e, count, h);
+  if (avx2) {
+    i = count / 8 * 8;
+    kernel_detail::add_avx2(g, e, i, h);
+  }
 #endif
   (void)avx2;
-  for (std::uint64_t i = 0; i < count; ++i) h[i] = g[i] + e[i];
+  for (; i < count; ++i) h[i] = g[i] + e[i];
 }
 
-/// residual[i] = h[i] − decoded[i] for i < count (count a multiple of 32); returns the bits of
-/// max |residual[i]| (0 when count is 0).
+/// residual[i] = h[i] − decoded[i] for i < count; returns the bits of max |residual[i]| (0 when
+/// count is 0).
 [[nodiscard]] inline std::uint32_t ef_residual(const float* h, const float* decoded, std::uint64_t count,
                                                float* residual, bool avx2) noexcept {
+  std::uint64_t i = 0;
+  std::uint32_t largest = 0;
 #if defined(GRADCOMP_HAVE_AVX2)
-  if (avx2) return kernel_detail::residual_avx2(h, decoded, count, residual);
+  if (avx2) {
+    i = count / 8 * 8;
+    largest = kernel_detail::residual_avx2(h, decoded, i, residual);
+  }
 #endif
   (void)avx2;
-  std::uint32_t largest = 0;
-  for (std::uint64_t i = 0; i < count; ++i) {
+  for (; i < count; ++i) {
     residual[i] = h[i] - decoded[i];
     std::uint32_t bits;
     std::memcpy(&bits, residual + i, sizeof bits);
@@ -109,35 +118,47 @@ inline void ef_compensate(const float* g, const float* e, std::uint64_t count, f
   return largest;
 }
 
-/// h[i] = g[i] + codes[i]·scale for i < count (count a multiple of 32).
+/// h[i] = g[i] + codes[i]·scale for i < count.
 inline void loco_compensate(const float* g, const std::int8_t* codes, float scale, std::uint64_t count, float* h,
                             bool avx2) noexcept {
+  std::uint64_t i = 0;
 #if defined(GRADCOMP_HAVE_AVX2)
-  if (avx2) return kernel_detail::compensate_avx2(g, codes, scale, count, h);
+  if (avx2) {
+    i = count / 8 * 8;
+    kernel_detail::compensate_avx2(g, codes, scale, i, h);
+  }
 #endif
   (void)avx2;
-  for (std::uint64_t i = 0; i < count; ++i) h[i] = g[i] + static_cast<float>(codes[i]) * scale;
+  for (; i < count; ++i) h[i] = g[i] + static_cast<float>(codes[i]) * scale;
 }
 
-/// v[i] = β·codes[i]·scale + keep·(h[i] − v[i]) for i < count (count a multiple of 32; v holds ĥ).
+/// v[i] = β·codes[i]·scale + keep·(h[i] − v[i]) for i < count (v holds ĥ).
 inline void loco_blend(const float* h, const std::int8_t* codes, float scale, float beta, float keep,
                        std::uint64_t count, float* v, bool avx2) noexcept {
+  std::uint64_t i = 0;
 #if defined(GRADCOMP_HAVE_AVX2)
-  if (avx2) return kernel_detail::blend_avx2(h, codes, scale, beta, keep, count, v);
+  if (avx2) {
+    i = count / 8 * 8;
+    kernel_detail::blend_avx2(h, codes, scale, beta, keep, i, v);
+  }
 #endif
   (void)avx2;
-  for (std::uint64_t i = 0; i < count; ++i) v[i] = beta * (static_cast<float>(codes[i]) * scale) + keep * (h[i] - v[i]);
+  for (; i < count; ++i) v[i] = beta * (static_cast<float>(codes[i]) * scale) + keep * (h[i] - v[i]);
 }
 
-/// codes[i] = clamp(round_half_even(v[i] / step), −127, 127) for i < count (count a multiple of
-/// 32; step > 0 and every |v[i]| ≤ 127·step).
+/// codes[i] = clamp(round_half_even(v[i] / step), −127, 127) for i < count (step > 0 and every
+/// |v[i]| ≤ 127·step).
 inline void loco_quantize_error(const float* v, float step, std::uint64_t count, std::int8_t* codes,
                                 bool avx2) noexcept {
+  std::uint64_t i = 0;
 #if defined(GRADCOMP_HAVE_AVX2)
-  if (avx2) return kernel_detail::quantize_error8_avx2(v, step, count, codes);
+  if (avx2) {
+    i = count / 32 * 32;
+    kernel_detail::quantize_error8_avx2(v, step, i, codes);
+  }
 #endif
   (void)avx2;
-  for (std::uint64_t i = 0; i < count; ++i)
+  for (; i < count; ++i)
     codes[i] = static_cast<std::int8_t>(uniform_level(v[i] / step, 8, rounding::nearest_even, 0.0f));
 }
 

@@ -248,26 +248,21 @@ struct backend<loco<Codec>, cpu_executor> {
     const float* const g = grad.data();
     for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
       const std::uint64_t count = std::min(block, n - begin);
-      const std::uint64_t whole = count / cpu::kernel_width * cpu::kernel_width;
       cpu::prefetch(g + std::min(n, begin + ahead), g + std::min(n, begin + count + ahead));
       std::int8_t* const error = state.codes.data() + begin;
       const std::int8_t* const old = reset ? zeros : error;
       const float old_scale = reset ? 0.0f : state.scales[j];
-      cpu::loco_compensate(g + begin, old, old_scale, whole, h, avx2);
-      for (std::uint64_t i = whole; i < count; ++i) h[i] = g[begin + i] + dequant(old[i], old_scale);
+      cpu::loco_compensate(g + begin, old, old_scale, count, h, avx2);
       const float step = encoder.next(h, count);
-      cpu::uniform_decode_block(encoder.codes(), count, bits, step, v, avx2);
-      cpu::loco_blend(h, old, old_scale, beta, keep, whole, v, avx2);
-      for (std::uint64_t i = whole; i < count; ++i) v[i] = beta * dequant(old[i], old_scale) + keep * (h[i] - v[i]);
+      cpu::uniform_decode_block(encoder.codes(), count, bits, step, v, false, false, avx2);
+      cpu::loco_blend(h, old, old_scale, beta, keep, count, v, avx2);
       const float error_step = uniform_step(cpu::max_magnitude(v, v + count, avx2), error_bits);
       state.scales[j] = error_step;
       if (error_step == 0.0f) {
         std::memset(error, 0, static_cast<std::size_t>(count));
         continue;
       }
-      cpu::loco_quantize_error(v, error_step, whole, error, avx2);
-      for (std::uint64_t i = whole; i < count; ++i)
-        error[i] = static_cast<std::int8_t>(uniform_level(v[i] / error_step, error_bits, rounding::nearest_even, 0.0f));
+      cpu::loco_quantize_error(v, error_step, count, error, avx2);
     }
     const std::size_t size = encoder.finish();
     state.steps = reset ? 1 : state.steps + 1;

@@ -166,11 +166,8 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
     for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
       const std::uint64_t end = std::min(n, begin + block);
       const float s = scale_at(scales, j);
-      const std::uint64_t whole = (end - begin) / cpu::kernel_width * cpu::kernel_width;
-      if (bits == 8) cpu::decode_codes<8>(codes + begin, whole, s, dense + begin, accumulate, streaming, avx2);
-      else cpu::decode_codes<4>(codes + begin / 2, whole, s, dense + begin, accumulate, streaming, avx2);
-      if (bits == 8) decode_block<8>(codes, begin + whole, end, s, dense, accumulate);
-      else decode_block<4>(codes, begin + whole, end, s, dense, accumulate);
+      cpu::uniform_decode_block(codes + begin * static_cast<std::uint64_t>(bits) / 8, end - begin, bits, s, dense + begin,
+                                accumulate, streaming, avx2);
     }
     if (streaming) cpu::streaming_fence();
   }
@@ -200,22 +197,18 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
                       "non-zero padding bits after the last code");
   }
 
-  /// Level of element i's code in the packed array.
-  template <int Bits>
-  [[nodiscard]] static int code_level(const std::uint8_t* codes, std::uint64_t i) noexcept {
-    constexpr auto mask = static_cast<unsigned>((1 << Bits) - 1);
-    return uniform_code_level(static_cast<std::uint8_t>((unsigned{codes[i * Bits / 8]} >> (i * Bits % 8)) & mask), Bits);
-  }
-
   /// Decodes elements [begin, end) of step s value by value, with the code width a compile-time
   /// constant.
   template <int Bits>
   static void decode_block(const std::uint8_t* codes, std::uint64_t begin, std::uint64_t end, T s, T* dense,
                            bool accumulate) {
+    const auto level = [codes](std::uint64_t i) {
+      return static_cast<T>(uniform_code_level(packed_code(codes, i, Bits), Bits));
+    };
     if (accumulate)
-      for (std::uint64_t i = begin; i < end; ++i) dense[i] += static_cast<T>(code_level<Bits>(codes, i)) * s;
+      for (std::uint64_t i = begin; i < end; ++i) dense[i] += level(i) * s;
     else
-      for (std::uint64_t i = begin; i < end; ++i) dense[i] = static_cast<T>(code_level<Bits>(codes, i)) * s;
+      for (std::uint64_t i = begin; i < end; ++i) dense[i] = level(i) * s;
   }
 };
 

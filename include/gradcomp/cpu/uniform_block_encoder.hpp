@@ -63,14 +63,17 @@ void seal_uniform_message(const Quantizer& codec, std::span<std::byte> out, mess
 }
 
 /// Decodes one block of `count` packed 8-bit or 4-bit codes (starting on a byte) of step s into
-/// out[0, count): the vectorised kernel for whole groups of 32, code·s value by value after.
+/// out[0, count), or adds them to it with `accumulate`: the vectorised kernel for whole groups of
+/// 32 (with non-temporal stores when `streaming`), code·s value by value after.
 inline void uniform_decode_block(const std::uint8_t* codes, std::uint64_t count, int bits, float s, float* out,
-                                 bool avx2) noexcept {
+                                 bool accumulate, bool streaming, bool avx2) noexcept {
   const std::uint64_t whole = count / kernel_width * kernel_width;
-  if (bits == 8) decode_codes<8>(codes, whole, s, out, false, false, avx2);
-  else decode_codes<4>(codes, whole, s, out, false, false, avx2);
-  for (std::uint64_t i = whole; i < count; ++i)
-    out[i] = static_cast<float>(uniform_code_level(packed_code(codes, i, bits), bits)) * s;
+  if (bits == 8) decode_codes<8>(codes, whole, s, out, accumulate, streaming, avx2);
+  else decode_codes<4>(codes, whole, s, out, accumulate, streaming, avx2);
+  for (std::uint64_t i = whole; i < count; ++i) {
+    const float value = static_cast<float>(uniform_code_level(packed_code(codes, i, bits), bits)) * s;
+    out[i] = accumulate ? out[i] + value : value;
+  }
 }
 
 /// Whether `uniform_block_encoder` handles the float32 uniform quantizer `codec`'s layout: 8-bit
