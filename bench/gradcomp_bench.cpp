@@ -21,6 +21,18 @@
 ///   ef_topk/encode       error feedback around top-k 1% (one step: residual in, residual out)
 ///   ef_uniform8/encode   error feedback around 8-bit round to nearest
 ///   loco_uniform4/encode LoCo around 4-bit round to nearest (8-bit error state)
+///   dynamic/threshold    TAGC dynamic sparsification, exact threshold for f* = 0.8 (one histogram
+///                        pass plus the chosen bucket)
+///   dynamic_table/threshold  the reference's table bisection (a full pass per probe), f* = 0.8
+///   dynamic/sparsify     a full step: threshold, dense output and residual update (keyed by id)
+///   lhc/encode           lossless homomorphic compression of the gradient sparsified to 5%
+///                        (|x| > 1.96σ), one rank: encode_index + plan + encode_sketch, bitmap index
+///   lhc/decode           its peeling decode at 1.3 cells per non-zero
+///   count_sketch/encode  count sketch, 3 rows of 2^20 columns (12 MiB of float cells); the target
+///                        line reports ns per element-row update (median / (3·n))
+///   count_sketch/decode  its heavy-hitter decode: estimate every element (median of 3), top 1%
+///   mpc/encode           MPC lossless (dim 1) of the gradient; /decode (compression ratio achieved)
+///   mpc_smooth/encode    MPC lossless (dim 1) of sin(1e-4·i), a smooth signal; /decode
 ///
 /// The CPU executor is the default one (AVX2 where the CPU has it, streamed stores for outputs of
 /// 8 MiB and more).
@@ -68,8 +80,9 @@ constexpr double ratio_to_copy_target = 0.5;
 constexpr double density_low = 0.8;
 constexpr double density_high = 1.25;
 constexpr double loco_state_bytes_target = 1.1;
+constexpr double dynamic_zero_fraction = 0.8;         // TAGC's f*
 
-/// Throughput targets of the quantizer and feedback records (ratio_to_copy at least this).
+/// Throughput targets of the quantizer, feedback and LHC records (ratio_to_copy at least this).
 struct ratio_target {
   std::string_view name;
   double ratio;
@@ -77,7 +90,13 @@ struct ratio_target {
 constexpr ratio_target quantizer_targets[] = {
     {"uniform8_rtn/encode", 1.0}, {"uniform8_rtn/decode", 1.0}, {"uniform8_sr/encode", 0.4},
     {"ef_uniform8/encode", 0.5},  {"loco_uniform4/encode", 0.3},
+    {"lhc/encode", 0.15},         {"lhc/decode", 0.1},
+    {"mpc/encode", 0.25},         {"mpc/decode", 0.3},
 };
+constexpr double lhc_cut_sigmas = 1.959964;  // |x| > 1.96σ keeps 5% of a normal gradient
+constexpr std::uint32_t sketch_rows = 3;                        // count sketch: r
+constexpr std::uint64_t sketch_columns = std::uint64_t{1} << 20;  // count sketch: c
+constexpr double sketch_update_ns_target = 4.0;                 // ns per element-row update
 
 constexpr std::string_view usage_text = R"(usage: gradcomp-bench [options]
 
@@ -304,7 +323,7 @@ struct record {
   double compression_ratio = 1.0;           ///< Dense bytes / encoded bytes; 1 for baselines.
   std::string baseline;                     ///< Name of the baseline record, or empty.
   std::optional<double> speedup;            ///< Baseline median / this median.
-  std::optional<double> achieved_density;   ///< Threshold only: kept / n.
+  std::optional<double> achieved_density;   ///< Threshold and dynamic: kept / n.
 
   [[nodiscard]] double dense_bytes() const noexcept { return static_cast<double>(n) * sizeof(float); }
   [[nodiscard]] double gradient_gbps() const noexcept { return dense_bytes() / time.median / 1e9; }
@@ -348,6 +367,9 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
   const error_feedback<topk_sparsifier<float>> ef_topk(topk);
   const error_feedback<uniform_quantizer<float>> ef_uniform8(uniform8);
   const loco<uniform_quantizer<float>> loco4(uniform4);
+  const dynamic_sparsifier<float> dynamic({.zero_fraction = dynamic_zero_fraction});
+  const dynamic_sparsifier<float> dynamic_table(
+      {.zero_fraction = dynamic_zero_fraction, .mode = dynamic_threshold_mode::tagc_table});
   const message_key key{.step = 1, .tensor_id = 0};
 
   const auto size = static_cast<std::size_t>(n);
@@ -358,7 +380,7 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
   const std::size_t workspace_bytes =
       std::max({topk.workspace_bytes(cpu, n), randomk.workspace_bytes(cpu, n), threshold.workspace_bytes(cpu, n),
                 ef_topk.workspace_bytes(cpu, n), ef_uniform8.workspace_bytes(cpu, n), loco4.workspace_bytes(cpu, n),
-                std::size_t{1}});
+                dynamic.workspace_bytes(cpu, n), std::size_t{1}});
 
   fmt::print(stderr, "gradcomp-bench: n = {}, k = {}: allocating and filling buffers\n", n, k);
   std::fflush(stderr);
@@ -526,6 +548,135 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
       [&] { sum.add_message(message(loco_bytes)); });
   add("loco_uniform4/encode", loco_encode, dense_bytes / static_cast<double>(loco_bytes));
 
+  // Dynamic sparsification (TAGC), f* = 0.8. The thresholds are checked outside timing: exactly
+  // ⌊f*·n⌋ magnitudes lie below the exact one, ties aside. Densities recorded are kept / n.
+  fmt::print(stderr, "gradcomp-bench: n = {}: dynamic\n", n);
+  std::fflush(stderr);
+  const auto density_at = [&](float tau) {
+    std::uint64_t kept = 0;
+    for (const float v : gradient) kept += std::fabs(v) >= tau ? 1u : 0u;
+    return static_cast<double>(kept) / static_cast<double>(n);
+  };
+  float tau = 0.0f;
+  const timing dynamic_threshold = measure(
+      opt, [&] { tau = dynamic.threshold(cpu, gradient, ws); }, [&] { sum.add(tau); });
+  {
+    std::uint64_t below = 0, at_most = 0;
+    for (const float v : gradient) {
+      below += std::fabs(v) < tau ? 1u : 0u;
+      at_most += std::fabs(v) <= tau ? 1u : 0u;
+    }
+    const std::uint64_t z = dynamic.zeroed_count(n);
+    require_check(below <= z && at_most > z,
+                  fmt::format("dynamic threshold {} has {} magnitudes below and {} at most, z = {}", tau, below,
+                              at_most, z));
+    record& r = add("dynamic/threshold", dynamic_threshold, 1.0);
+    r.achieved_density = density_at(tau);
+  }
+  const timing dynamic_table_threshold = measure(
+      opt, [&] { tau = dynamic_table.threshold(cpu, gradient, ws); }, [&] { sum.add(tau); });
+  {
+    record& r = add("dynamic_table/threshold", dynamic_table_threshold, 1.0);
+    r.achieved_density = density_at(tau);
+  }
+  dynamic_state<float> dynamic_residuals = dynamic.make_state(cpu);
+  dynamic_result<float> dynamic_step{};
+  const timing dynamic_sparsify = measure(
+      opt, [&] { dynamic_step = dynamic.sparsify(cpu, dynamic_residuals, 0, gradient, dense, ws); },
+      [&] {
+        sum.add_sample(dense);
+        sum.add(dynamic_step.kept);
+      });
+  {
+    record& r = add("dynamic/sparsify", dynamic_sparsify, 1.0);
+    r.achieved_density = static_cast<double>(dynamic_step.kept) / static_cast<double>(n);
+  }
+
+  // Lossless homomorphic compression of the gradient sparsified to 5%, as one rank (P = 1): the
+  // decode must recover every non-zero.
+  fmt::print(stderr, "gradcomp-bench: n = {}: lhc\n", n);
+  std::fflush(stderr);
+  {
+    const lossless_homomorphic<float> lhc;
+    buffer<float> sparse_buffer(size);
+    const float cut = static_cast<float>(lhc_cut_sigmas * gradient_stddev);
+    std::transform(gradient.begin(), gradient.end(), sparse_buffer.data(),
+                   [cut](float v) { return std::fabs(v) > cut ? v : 0.0f; });
+    const std::span<const float> sparse = sparse_buffer.span();
+    buffer<std::byte> index_buffer(static_cast<std::size_t>(lhc.index_bytes(n)));
+    const std::span<std::byte> index = index_buffer.span();
+    lhc.encode_index(cpu, sparse, index);
+    lhc_plan plan = lhc.plan(cpu, index, n, 1);
+    buffer<float> sketch_buffer(static_cast<std::size_t>(plan.sketch_values()));
+    buffer<std::byte> lhc_workspace(std::max<std::size_t>(lhc.workspace_bytes(cpu, plan), 1));
+    const double lhc_bytes = static_cast<double>(index.size() + sketch_buffer.size() * sizeof(float));
+    const timing lhc_encode = measure(
+        opt,
+        [&] {
+          lhc.encode_index(cpu, sparse, index);
+          plan = lhc.plan(cpu, index, n, 1);
+          lhc.encode_sketch(cpu, sparse, index, plan, sketch_buffer.span());
+        },
+        [&] { sum.add_sample(sketch_buffer.span()); });
+    add("lhc/encode", lhc_encode, dense_bytes / lhc_bytes).achieved_density =
+        static_cast<double>(plan.union_nonzeros) / static_cast<double>(n);
+    lhc_decode_result decoded{};
+    const timing lhc_decode = measure(
+        opt, [&] { decoded = lhc.decode(cpu, index, plan, sketch_buffer.span(), dense, lhc_workspace.span()); },
+        [&] { sum.add_sample(dense); });
+    add("lhc/decode", lhc_decode, dense_bytes / lhc_bytes).achieved_density =
+        static_cast<double>(plan.union_nonzeros) / static_cast<double>(n);
+    float smallest = 0.0f;
+    require_check(decoded.recovered == plan.union_nonzeros && count_nonzero(dense, smallest) == plan.union_nonzeros,
+                  fmt::format("lhc recovered {} of {} non-zeros", decoded.recovered, plan.union_nonzeros));
+  }
+
+  // Count sketch: encode, then the heavy-hitter decode (every estimate, radix-selected top 1%).
+  fmt::print(stderr, "gradcomp-bench: n = {}: count_sketch\n", n);
+  std::fflush(stderr);
+  {
+    const count_sketch<float> sketch(
+        {.rows = sketch_rows, .columns = sketch_columns, .seed = 1, .heavy_hitters = {.density = target_density}});
+    buffer<std::byte> sketch_buffer(sketch.max_encoded_bytes(n));
+    buffer<std::byte> sketch_workspace(std::max<std::size_t>(sketch.workspace_bytes(cpu, n), 1));
+    const std::span<const std::byte> sketch_message = sketch_buffer.span();
+    const timing sketch_encode = measure(
+        opt, [&] { (void)sketch.encode(cpu, gradient, sketch_buffer.span(), {}, key); },
+        [&] { sum.add_message(sketch_message); });
+    add("count_sketch/encode", sketch_encode, dense_bytes / static_cast<double>(sketch_message.size()));
+    const timing sketch_decode = measure(
+        opt, [&] { sketch.decode(cpu, sketch_message, dense, sketch_workspace.span()); }, [&] { sum.add_sample(dense); });
+    add("count_sketch/decode", sketch_decode, dense_bytes / static_cast<double>(sketch_message.size()));
+    float smallest = 0.0f;
+    const std::size_t kept = count_nonzero(dense, smallest);
+    require_check(kept <= sketch.heavy_hitter_count(n) && kept + 16 >= sketch.heavy_hitter_count(n),
+                  fmt::format("count sketch decoded {} non-zeros, expected {}", kept, sketch.heavy_hitter_count(n)));
+  }
+
+  // MPC lossless on the gradient and on a smooth signal; the decode must give back every bit.
+  fmt::print(stderr, "gradcomp-bench: n = {}: mpc\n", n);
+  std::fflush(stderr);
+  {
+    const mpc_codec mpc;
+    buffer<std::byte> mpc_buffer(mpc.max_encoded_bytes(n));
+    buffer<float> smooth_buffer(size);
+    for (std::size_t i = 0; i < size; ++i) smooth_buffer.data()[i] = static_cast<float>(std::sin(1e-4 * static_cast<double>(i)));
+    const auto mpc_records = [&](std::span<const float> input, const std::string& name) {
+      std::size_t bytes = 0;
+      const timing encode = measure(
+          opt, [&] { bytes = mpc.encode(cpu, input, mpc_buffer.span(), ws, key); },
+          [&] { sum.add_message(std::span<const std::byte>(mpc_buffer.data(), bytes)); });
+      add(name + "/encode", encode, dense_bytes / static_cast<double>(bytes));
+      const std::span<const std::byte> encoded(mpc_buffer.data(), bytes);
+      const timing decode = measure(opt, [&] { mpc.decode(cpu, encoded, dense, ws); }, [&] { sum.add_sample(dense); });
+      add(name + "/decode", decode, dense_bytes / static_cast<double>(bytes));
+      require_check(std::memcmp(dense.data(), input.data(), size * sizeof(float)) == 0,
+                    name + " did not decode to the encoded bits");
+    };
+    mpc_records(gradient, "mpc");
+    mpc_records(smooth_buffer.span(), "mpc_smooth");
+  }
+
   for (std::size_t i = first; i < records.size(); ++i) records[i].copy_median = copy.median;
 }
 
@@ -572,13 +723,25 @@ void print_targets(const std::vector<record>& records, const std::vector<std::ui
            fmt::format("threshold/encode n={}: achieved_density {:.5f} within [{:.4f}, {:.4f}] (target {})", n, density,
                        density_low * target_density, density_high * target_density, target_density));
     }
+    if (const record* r = find_record(records, "dynamic/threshold", n); r != nullptr)
+      line(r->ratio_to_copy() >= ratio_to_copy_target,
+           fmt::format("dynamic/threshold n={}: ratio_to_copy {:.3f} >= {} (exact threshold, f* = {})", n,
+                       r->ratio_to_copy(), ratio_to_copy_target, dynamic_zero_fraction));
+    if (const record* r = find_record(records, "count_sketch/encode", n); r != nullptr) {
+      const double ns = r->time.median * 1e9 / (static_cast<double>(sketch_rows) * static_cast<double>(n));
+      line(ns <= sketch_update_ns_target,
+           fmt::format("count_sketch/encode n={}: {:.2f} ns per element-row update <= {} ({} rows, {} columns)", n, ns,
+                       sketch_update_ns_target, sketch_rows, sketch_columns));
+    }
     for (const ratio_target& t : quantizer_targets) {
       if (const record* r = find_record(records, t.name, n); r != nullptr)
         line(r->ratio_to_copy() >= t.ratio,
              fmt::format("{} n={}: ratio_to_copy {:.3f} >= {}", t.name, n, r->ratio_to_copy(), t.ratio));
     }
     for (const record& r : records) {
-      if (r.n != n || !r.name.ends_with("/decode") || r.name.starts_with("uniform8_rtn")) continue;
+      if (r.n != n || !r.name.ends_with("/decode") || r.name.starts_with("uniform8_rtn") || r.name.starts_with("lhc/") ||
+          r.name.starts_with("count_sketch/") || r.name.starts_with("mpc"))
+        continue;
       line(r.ratio_to_copy() >= ratio_to_copy_target,
            fmt::format("{} n={}: ratio_to_copy {:.3f} >= {}", r.name, n, r.ratio_to_copy(), ratio_to_copy_target));
     }

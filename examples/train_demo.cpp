@@ -2,10 +2,11 @@
 // once per codec. Each step, every worker computes the gradient of its own minibatch and
 // compresses it; the messages are "all-gathered": decoded in rank order into one sum, averaged,
 // and applied as one SGD step (identical on every worker, so one copy of the model is kept). The
-// table compares what each codec sends with the loss and accuracy it reaches.
+// TAGC rows instead reduce-scatter every tensor over an in-process group of threads, as a sharded
+// trainer would. The table compares what each codec sends with the loss and accuracy it reaches.
 //
-// Everything is deterministic (fixed seeds, one thread): the same build prints the same losses
-// and accuracies on every run; only the times vary.
+// Everything is deterministic (fixed seeds; the threads of the TAGC rows sum in rank order): the
+// same build prints the same losses and accuracies on every run; only the times vary.
 #include <gradcomp/gradcomp.hpp>
 
 #include <fmt/core.h>
@@ -25,6 +26,8 @@
 #include "train/compressor.hpp"
 #include "train/data.hpp"
 #include "train/mlp.hpp"
+#include "train/sketch_aggregator.hpp"
+#include "train/tagc_aggregator.hpp"
 
 namespace {
 
@@ -53,6 +56,17 @@ std::vector<train::codec_entry> demo_codecs() {
       train::make_entry("QSGD 7 levels", qsgd_quantizer<float>({.levels = 7, .seed = 5})),
       train::make_entry("uniform 4-bit SR + EF",
                         error_feedback(uniform_quantizer<float>({.bits = 4, .round = rounding::stochastic, .seed = 3}))),
+      // Sketched SGD: 3 x 512 sketches choose the 5% heavy hitters of the sum, whose exact values
+      // travel in a second round; EF keeps the rest.
+      train::sketched_sgd_entry("count sketch 3x512 + 5% exact + EF",
+                                count_sketch<float>({.rows = 3, .columns = 512, .seed = 11,
+                                                     .heavy_hitters = {.density = 0.05}})),
+      // Sharded: each tensor reduce-scattered; the weights through TAGC (the biases dense, by TAGC's
+      // layer policy). Blocks of 128 suit the demo's 2048-value shards.
+      train::tagc_entry("TAGC f*=0.80 (sharded)", tagc_params{.sparsify = {.zero_fraction = 0.80},
+                                                              .sketch = {.block = 128}}),
+      train::tagc_entry("TAGC f*=0.95 (sharded)", tagc_params{.sparsify = {.zero_fraction = 0.95},
+                                                              .sketch = {.block = 128}}),
   };
 }
 
@@ -75,11 +89,11 @@ struct result {
   double loss = 0;         // mean training loss over the last loss_window steps
   train::evaluation test;  // held-out loss and accuracy
   double encode_us = 0;    // per worker per step
-  double decode_us = 0;    // per step: one worker decoding all `workers` messages
+  double decode_us = 0;    // per step: one worker decoding all `workers` messages (NaN: inside encode)
   std::string failure;     // empty unless the run stopped early
 };
 
-using clock_type = std::chrono::steady_clock;
+using train::clock_type;
 double micros(clock_type::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
 
 // One worker's minibatch stream: its shard in a fresh random order each epoch.
@@ -113,22 +127,18 @@ result train_with(const train::codec_entry& entry, const setup& data) {
   model.init(init);  // the same initial weights for every codec
   const std::size_t n = model.size();
 
-  std::vector<std::unique_ptr<train::compressor>> comp;
+  const auto aggregator = entry.make(model.layout(), workers);
   std::vector<batch_stream> streams;
   std::vector<std::vector<float>> grads;
-  std::vector<std::vector<std::byte>> messages;
-  std::vector<std::size_t> sizes(workers);
   for (std::size_t w = 0; w < workers; ++w) {
-    comp.push_back(entry.make(n));
     streams.emplace_back(w * train_per_worker, train_per_worker, 1000 + w);
     grads.emplace_back(n);
-    messages.emplace_back(comp.back()->max_bytes(n));
   }
-  std::vector<float> sum(n);
+  std::vector<float> mean(n);
 
   std::size_t sent = 0, done = 0, loss_steps = 0;
   double loss_sum = 0;
-  clock_type::duration encode{}, decode{};
+  train::clock_type::duration encode{}, decode{};
   try {
     for (std::size_t step = 0; step < steps; ++step) {
       double step_loss = 0;
@@ -143,22 +153,11 @@ result train_with(const train::codec_entry& entry, const setup& data) {
         loss_sum += step_loss;
         ++loss_steps;
       }
-
-      for (std::size_t w = 0; w < workers; ++w) {
-        const auto t0 = clock_type::now();
-        sizes[w] = comp[w]->compress(grads[w], messages[w], step);
-        encode += clock_type::now() - t0;
-        sent += sizes[w];
-      }
-      // The all-gather: every worker decodes every message in rank order, so all of them hold the
-      // same sum; worker 0 does it here on behalf of all.
-      std::fill(sum.begin(), sum.end(), 0.0f);
-      const auto t0 = clock_type::now();
-      for (std::size_t w = 0; w < workers; ++w)
-        comp[0]->decompress_accumulate(std::span<const std::byte>(messages[w].data(), sizes[w]), sum);
-      decode += clock_type::now() - t0;
-      for (float& v : sum) v /= static_cast<float>(workers);  // the mean gradient
-      model.sgd(sum, learning_rate);
+      const train::step_cost cost = aggregator->aggregate(grads, mean, step);
+      sent += cost.bytes;
+      encode += cost.encode;
+      decode += cost.decode;
+      model.sgd(mean, learning_rate);
       done = step + 1;
     }
   } catch (const gradcomp::error& e) {
@@ -168,7 +167,8 @@ result train_with(const train::codec_entry& entry, const setup& data) {
   if (done > 0) {
     r.bytes = static_cast<double>(sent) / static_cast<double>(done * workers);
     r.encode_us = micros(encode) / static_cast<double>(done * workers);
-    r.decode_us = micros(decode) / static_cast<double>(done);
+    r.decode_us = aggregator->times_decode() ? micros(decode) / static_cast<double>(done)
+                                             : std::numeric_limits<double>::quiet_NaN();
   }
   r.loss = r.failure.empty() ? loss_sum / static_cast<double>(loss_steps) : std::numeric_limits<double>::quiet_NaN();
   r.test = model.evaluate(data.test_set);
@@ -212,15 +212,19 @@ int main() {
     const std::string acc = failed ? "-" : fmt::format("{:.1f}%", 100.0 * r.test.accuracy);
     const std::string acc_vs =
         failed ? "-" : is_base ? "" : fmt::format("{:+.1f} pt", 100.0 * (r.test.accuracy - base.test.accuracy));
-    fmt::print("{:<{}}  {:>12.0f} {:>7.1f}x {:>10} {:>10} {:>9} {:>9} {:>10.1f} {:>10.1f}\n", r.name, width, r.bytes,
-               dense_bytes / r.bytes, loss, loss_vs, acc, acc_vs, r.encode_us, r.decode_us);
+    const std::string decode_us = std::isnan(r.decode_us) ? "-" : fmt::format("{:.1f}", r.decode_us);
+    fmt::print("{:<{}}  {:>12.0f} {:>7.1f}x {:>10} {:>10} {:>9} {:>9} {:>10.1f} {:>10}\n", r.name, width, r.bytes,
+               dense_bytes / r.bytes, loss, loss_vs, acc, acc_vs, r.encode_us, decode_us);
     if (failed) fmt::print("{:<{}}  ^ {}\n", "", width, r.failure);
   }
-  fmt::print("\nbytes/worker: average message per worker per step; ratio: {} float32 bytes / that.\n"
+  fmt::print("\nbytes/worker: average bytes each worker sends per step; ratio: {} float32 bytes / that.\n"
              "train loss: mean minibatch loss over the last {} steps, next to {}'s;\n"
              "test acc: on the {} held-out samples (chance: {:.0f}%), in points next to {}'s.\n"
              "encode µs: one worker compressing its gradient, per step;\n"
-             "decode µs: one worker decoding all {} messages into the sum, per step.\n",
+             "decode µs: one worker decoding all {} messages into the sum, per step.\n"
+             "TAGC rows reduce-scatter each tensor over an in-process group (threads): bytes/worker counts the\n"
+             "index, sketch and tail segments a rank contributes; encode µs is one rank's whole collective step\n"
+             "(sparsify, index, sketch, peel, and the waiting for the other ranks).\n",
              n * sizeof(float), loss_window, base.name, test_samples, 100.0 / classes, base.name, workers);
   fmt::print("total {:.1f} s\n", std::chrono::duration<double>(clock_type::now() - started).count());
   return 0;

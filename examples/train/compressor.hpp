@@ -1,6 +1,9 @@
 #pragma once
-// The training demo's view of a gradient codec: one type-erased `compressor` per worker (wrappers
-// such as error feedback keep per-worker state), built from a `codec_entry`.
+// The training demo's view of a gradient codec. Each row of the table is a `codec_entry`, which
+// makes an `aggregator`: what turns the workers' gradients of one step into the mean gradient they
+// all apply. Codecs aggregate as an all-gather (`gather_aggregator`): one type-erased `compressor`
+// per worker (wrappers such as error feedback keep per-worker state) encodes, and every message is
+// decoded in rank order into the sum. Collective schemes (TAGC) bring their own aggregator.
 //
 // `make_entry(name, codec)` turns any gradcomp codec into an entry. It handles both shapes:
 //   stateless:  codec.encode(cpu, grad, out, ws, key)
@@ -10,6 +13,8 @@
 // codec.max_encoded_bytes(n) and codec.workspace_bytes(cpu, n).
 #include <gradcomp/gradcomp.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -19,6 +24,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "mlp.hpp"
 
 namespace train {
 
@@ -39,11 +46,91 @@ class compressor {
   virtual void decompress_accumulate(std::span<const std::byte> message, std::span<float> acc) = 0;
 };
 
-/// A row of the demo: a name and a factory called once per worker with the gradient size n.
+using clock_type = std::chrono::steady_clock;
+
+/// What aggregating one step cost.
+struct step_cost {
+  std::size_t bytes = 0;              ///< Bytes sent by all workers together.
+  clock_type::duration encode{};      ///< Encoding time summed over the workers.
+  clock_type::duration decode{};      ///< Decoding time of one worker (every worker decodes alike).
+};
+
+/// Turns the workers' gradients of one step into the mean gradient that all of them apply.
+class aggregator {
+ public:
+  aggregator() = default;
+  aggregator(const aggregator&) = delete;
+  aggregator& operator=(const aggregator&) = delete;
+  virtual ~aggregator() = default;
+
+  /// Writes the mean of the (compressed) gradients `grads`, one per worker, into `mean`.
+  virtual step_cost aggregate(const std::vector<std::vector<float>>& grads, std::span<float> mean,
+                              std::uint64_t step) = 0;
+
+  /// False when decoding happens inside a collective and is counted as encoding time.
+  [[nodiscard]] virtual bool times_decode() const { return true; }
+};
+
+/// A row of the demo: a name and a factory of its aggregator, given the model's parameter layout
+/// (n = the sum of the parameter sizes) and the number of workers.
 struct codec_entry {
   std::string name;
-  std::function<std::unique_ptr<compressor>(std::size_t n)> make;
+  std::function<std::unique_ptr<aggregator>(const std::vector<parameter>& layout, std::size_t workers)> make;
 };
+
+/// The all-gather of compressed messages: every worker encodes its gradient; every message is then
+/// decoded in rank order into one sum (worker 0 does it here on behalf of all, who would get the
+/// same bits), which is divided by the number of workers.
+class gather_aggregator final : public aggregator {
+ public:
+  /// `make(n)` builds one worker's compressor.
+  gather_aggregator(const std::function<std::unique_ptr<compressor>(std::size_t)>& make, std::size_t n,
+                    std::size_t workers)
+      : sizes_(workers) {
+    for (std::size_t w = 0; w < workers; ++w) {
+      compressors_.push_back(make(n));
+      messages_.emplace_back(compressors_.back()->max_bytes(n));
+    }
+  }
+
+  step_cost aggregate(const std::vector<std::vector<float>>& grads, std::span<float> mean,
+                      std::uint64_t step) override {
+    step_cost cost;
+    for (std::size_t w = 0; w < compressors_.size(); ++w) {
+      const auto t0 = clock_type::now();
+      sizes_[w] = compressors_[w]->compress(grads[w], messages_[w], step);
+      cost.encode += clock_type::now() - t0;
+      cost.bytes += sizes_[w];
+    }
+    std::fill(mean.begin(), mean.end(), 0.0f);
+    const auto t0 = clock_type::now();
+    for (std::size_t w = 0; w < compressors_.size(); ++w)
+      compressors_[0]->decompress_accumulate(std::span<const std::byte>(messages_[w].data(), sizes_[w]), mean);
+    cost.decode = clock_type::now() - t0;
+    for (float& v : mean) v /= static_cast<float>(compressors_.size());
+    return cost;
+  }
+
+ private:
+  std::vector<std::unique_ptr<compressor>> compressors_;
+  std::vector<std::vector<std::byte>> messages_;
+  std::vector<std::size_t> sizes_;
+};
+
+/// The number of elements of a layout.
+inline std::size_t total_size(const std::vector<parameter>& layout) {
+  std::size_t n = 0;
+  for (const auto& p : layout) n += p.size();
+  return n;
+}
+
+/// An entry that all-gathers the messages of per-worker compressors made by `make(n)`.
+inline codec_entry gather_entry(std::string name, std::function<std::unique_ptr<compressor>(std::size_t)> make) {
+  return {std::move(name), [make = std::move(make)](const std::vector<parameter>& layout, std::size_t workers)
+                               -> std::unique_ptr<aggregator> {
+            return std::make_unique<gather_aggregator>(make, total_size(layout), workers);
+          }};
+}
 
 // ---- dense: the uncompressed baseline (raw float32 bytes, as an all-gather would send them) ----
 
@@ -69,9 +156,9 @@ class dense_compressor final : public compressor {
 };
 
 inline codec_entry dense_entry(std::string name = "dense") {
-  return {std::move(name), [](std::size_t n) -> std::unique_ptr<compressor> {
-            return std::make_unique<dense_compressor>(n);
-          }};
+  return gather_entry(std::move(name), [](std::size_t n) -> std::unique_ptr<compressor> {
+    return std::make_unique<dense_compressor>(n);
+  });
 }
 
 // ---- any gradcomp codec ------------------------------------------------------------------------
@@ -131,9 +218,9 @@ class gradcomp_compressor final : public compressor {
 /// An entry for a gradcomp codec; every worker gets its own copy of `codec` (and its own state).
 template <class Codec>
 codec_entry make_entry(std::string name, Codec codec) {
-  return {std::move(name), [codec = std::move(codec)](std::size_t n) -> std::unique_ptr<compressor> {
-            return std::make_unique<gradcomp_compressor<Codec>>(codec, n);
-          }};
+  return gather_entry(std::move(name), [codec = std::move(codec)](std::size_t n) -> std::unique_ptr<compressor> {
+    return std::make_unique<gradcomp_compressor<Codec>>(codec, n);
+  });
 }
 
 }  // namespace train

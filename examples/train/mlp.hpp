@@ -9,11 +9,21 @@
 #include <cstddef>
 #include <limits>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "data.hpp"
 
 namespace train {
+
+/// One parameter tensor inside the flat parameter (and gradient) vector.
+struct parameter {
+  std::string_view name;  ///< Named as PyTorch would name it.
+  std::size_t offset;     ///< First element in the flat vector.
+  std::size_t rows;       ///< Outer dimension (1 for a bias).
+  std::size_t cols;       ///< Inner dimension.
+  [[nodiscard]] std::size_t size() const noexcept { return rows * cols; }
+};
 
 struct evaluation {
   double loss = 0.0;
@@ -27,6 +37,14 @@ class mlp {
 
   [[nodiscard]] std::size_t size() const noexcept { return params_.size(); }
   [[nodiscard]] std::span<const float> params() const noexcept { return params_; }
+
+  /// The parameter tensors, in the order of the flat vector.
+  [[nodiscard]] std::vector<parameter> layout() const {
+    return {{"fc1.weight", w1(), in_, hid_},
+            {"fc1.bias", b1(), 1, hid_},
+            {"fc2.weight", w2(), out_, hid_},
+            {"fc2.bias", b2(), 1, out_}};
+  }
 
   /// He initialisation of the weights, zero biases.
   void init(rng& r) {

@@ -12,12 +12,14 @@
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/crc32c.hpp>
 #include <gradcomp/core/error.hpp>
+#include <gradcomp/core/murmur3.hpp>
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/philox.hpp>
 #include <gradcomp/core/random_permutation.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
 
+#include <gradcomp/sparsify/dynamic.hpp>
 #include <gradcomp/sparsify/randomk.hpp>
 #include <gradcomp/sparsify/sparse_format.hpp>
 #include <gradcomp/sparsify/sparsity.hpp>
@@ -35,3 +37,14 @@
 #include <gradcomp/quantize/sign_math.hpp>
 #include <gradcomp/quantize/uniform.hpp>
 #include <gradcomp/quantize/uniform_math.hpp>
+
+#include <gradcomp/sketch/count_sketch.hpp>
+#include <gradcomp/sketch/lossless_homomorphic.hpp>
+
+#include <gradcomp/lossless/mpc.hpp>
+
+#include <gradcomp/collective/tagc.hpp>
+#include <gradcomp/control/layer_policy.hpp>
+
+#include <gradcomp/transport/in_process.hpp>
+#include <gradcomp/transport/transport.hpp>

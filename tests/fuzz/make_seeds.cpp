@@ -34,6 +34,29 @@ void write_seeds(const std::filesystem::path& dir, const std::string& stem, cons
   }
 }
 
+/// An LHC seed in fuzz_lhc.cpp's layout: the settings byte, n, the contributors, then the index
+/// and the sketch of one rank's sparse gradient (every fourth value of `x` kept).
+template <class T>
+void write_lhc_seed(const std::filesystem::path& dir, const std::string& stem, std::uint8_t settings,
+                    const gradcomp::lhc_params& params, const std::vector<T>& x) {
+  const gradcomp::cpu_executor cpu;
+  const gradcomp::lossless_homomorphic<T> lhc(params);
+  std::vector<T> sparse(x.size(), T{0});
+  for (std::size_t i = 0; i < x.size(); i += 4) sparse[i] = x[i];
+  std::vector<std::byte> index(static_cast<std::size_t>(lhc.index_bytes(x.size())));
+  lhc.encode_index(cpu, std::span<const T>(sparse), index);
+  const gradcomp::lhc_plan plan = lhc.plan(cpu, index, x.size(), 1);
+  std::vector<T> sketch(static_cast<std::size_t>(plan.sketch_values()));
+  lhc.encode_sketch(cpu, std::span<const T>(sparse), index, plan, std::span<T>(sketch));
+  std::filesystem::create_directories(dir);
+  std::ofstream out(dir / (stem + ".bin"), std::ios::binary);
+  const std::uint8_t head[4] = {settings, static_cast<std::uint8_t>(x.size() & 0xFF),
+                                static_cast<std::uint8_t>(x.size() >> 8), 0};
+  out.write(reinterpret_cast<const char*>(head), 4);
+  out.write(reinterpret_cast<const char*>(index.data()), static_cast<std::streamsize>(index.size()));
+  out.write(reinterpret_cast<const char*>(sketch.data()), static_cast<std::streamsize>(sketch.size() * sizeof(T)));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -43,6 +66,19 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::filesystem::path root(argv[1]);
+  // LHC seeds (fuzz_lhc.cpp's layout); block 8 << (settings >> 5).
+  for (const std::size_t n : {std::size_t{0}, std::size_t{7}, std::size_t{300}, std::size_t{4000}}) {
+    const std::vector<float> x = input(n);
+    const std::vector<double> xd(x.begin(), x.end());
+    const std::string size = std::to_string(n);
+    write_lhc_seed(root / "lhc", "bitmap_b32_n" + size, std::uint8_t{0x03 | (2u << 5)}, lhc_params{.block = 32}, x);
+    write_lhc_seed(root / "lhc", "sum4_b8_f64_n" + size, std::uint8_t{0x01 | 0x04},
+                   lhc_params{.block = 8, .index = lhc_index_coding::sum4}, xd);
+    write_lhc_seed(root / "lhc", "sum8_b64_median_n" + size, std::uint8_t{0x02 | 0x08 | (3u << 5)},
+                   lhc_params{.block = 64, .index = lhc_index_coding::sum8, .on_stall = lhc_stall_policy::median_estimate}, x);
+    write_lhc_seed(root / "lhc", "reference_b16_n" + size, std::uint8_t{0x03 | 0x10 | (1u << 5)},
+                   lhc_params{.block = 16, .reference_layout = true, .fixed_compress_ratio = 2}, x);
+  }
   for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{64}, std::size_t{1000}}) {
     const std::vector<float> x = input(n);
     std::vector<double> xd(x.begin(), x.end());
@@ -59,6 +95,8 @@ int main(int argc, char** argv) {
                 uniform_quantizer<double>({.bits = 4, .block = 16, .round = rounding::stochastic, .seed = 9}), xd);
     write_seeds(root / "sign", "f32_n" + size, sign_quantizer<float>({.block = 32}), x);
     write_seeds(root / "sign", "f64_n" + size, sign_quantizer<double>({.block = 16}), xd);
+    write_seeds(root / "mpc", "d1_n" + size, mpc_codec({.dim = 1}), x);
+    write_seeds(root / "mpc", "d3_n" + size, mpc_codec({.dim = 3}), x);
     write_seeds(root / "qsgd", "f32_n" + size, qsgd_quantizer<float>({.levels = 15, .bucket = 32, .seed = 3}), x);
     write_seeds(root / "qsgd", "f64_n" + size, qsgd_quantizer<double>({.levels = 1, .bucket = 16, .seed = 9}), xd);
     write_seeds(root / "shared_scale", "f32_n" + size, shared_scale_quantizer<float>({.bits = 8, .block = 32, .headroom_bits = 2}), x);
@@ -67,6 +105,10 @@ int main(int argc, char** argv) {
                 xd);
     write_seeds(root / "pipeline", "topk_u8_n" + size,
                 pipeline(topk_sparsifier<float>(sparsity{.k = 30}), uniform_quantizer<float>({.bits = 8, .block = 16})), x);
+    write_seeds(root / "count_sketch", "f32_n" + size,
+                count_sketch<float>({.rows = 3, .columns = 64, .seed = 7, .heavy_hitters = {.k = 10}}), x);
+    write_seeds(root / "count_sketch", "f64_n" + size,
+                count_sketch<double>({.rows = 2, .columns = 5, .seed = 1, .heavy_hitters = {.density = 0.1}}), xd);
     write_seeds(root / "envelope", "randomk_n" + size, randomk_sparsifier<float>({.amount = {.density = 0.05}, .seed = 42}), x);
   }
   return 0;

@@ -98,6 +98,14 @@ inline const std::vector<golden_case>& golden_cases() {
                              golden_input<double>(50), {.step = 6, .tensor_id = 2});
        },
        50},
+      {"count_sketch_f32.bin",
+       [] {
+         return encode_bytes(count_sketch<float>({.rows = 3, .columns = 64, .seed = 7, .heavy_hitters = {.k = 10}}),
+                             golden_input<float>(1000), {.step = 5, .tensor_id = 3});
+       },
+       1000},
+      {"mpc_f32.bin", [] { return encode_bytes(mpc_codec({.dim = 1}), golden_input<float>(1000), {.step = 9, .tensor_id = 4}); },
+       1000},
   };
   return cases;
 }

@@ -32,6 +32,8 @@ enum class errc : std::uint8_t {
   non_finite_input = 16,     ///< The gradient holds NaN or Inf where the codec cannot carry them.
   step_mismatch = 17,        ///< Messages to be combined belong to different steps or tensors.
   malformed_envelope = 18,   ///< The envelope holds an unknown flag or dtype, or a stray payload CRC.
+  peeling_stalled = 19,      ///< A sketch could not be peeled completely: some values were not recovered.
+  peer_failed = 20,          ///< Another rank of the collective failed or disagreed; this rank stopped too.
 };
 
 /// Human-readable name of an error condition.
@@ -55,6 +57,8 @@ enum class errc : std::uint8_t {
     case errc::non_finite_input: return "non_finite_input";
     case errc::step_mismatch: return "step_mismatch";
     case errc::malformed_envelope: return "malformed_envelope";
+    case errc::peeling_stalled: return "peeling_stalled";
+    case errc::peer_failed: return "peer_failed";
   }
   return "unknown";
 }

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include <gradcomp/core/config.hpp>
+#include <gradcomp/core/murmur3.hpp>
 #include <gradcomp/core/philox.hpp>
 
 namespace gradcomp {
@@ -43,20 +44,11 @@ class random_permutation {
   }
 
  private:
-  [[nodiscard]] GRADCOMP_HOST_DEVICE static std::uint32_t mix(std::uint32_t z) noexcept {
-    z ^= z >> 16;
-    z *= 0x85EBCA6Bu;
-    z ^= z >> 13;
-    z *= 0xC2B2AE35u;
-    z ^= z >> 16;
-    return z;
-  }
-
   [[nodiscard]] GRADCOMP_HOST_DEVICE std::uint64_t feistel(std::uint64_t x) const noexcept {
     std::uint64_t left = x >> half_bits_;
     std::uint64_t right = x & half_mask_;
     for (int r = 0; r < rounds; ++r) {
-      const std::uint64_t f = mix(static_cast<std::uint32_t>(right) ^ round_keys_[r]) & half_mask_;
+      const std::uint64_t f = murmur3_fmix32(static_cast<std::uint32_t>(right) ^ round_keys_[r]) & half_mask_;
       const std::uint64_t next = left ^ f;
       left = right;
       right = next;

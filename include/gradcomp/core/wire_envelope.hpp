@@ -24,6 +24,8 @@ enum class codec_id : std::uint16_t {
   qsgd = 17,            ///< QSGD: s levels of |x|/‖x‖ per bucket, stochastic and unbiased.
   sign = 18,            ///< Sign (EF-signSGD / 1-bit): one bit per value, mean magnitude per block.
   uniform_shared = 19,  ///< Uniform b-bit codes with agreed (shared) block scales, summable across ranks.
+  count_sketch = 32,    ///< Count sketch (FetchSGD): r rows of c summable cells of hashed, signed values.
+  mpc = 48,             ///< MPC lossless float32 codec (48 on: the lossless float codecs of the hybrid scheme).
   pipeline = 64,        ///< A sparsifier's indices with its kept values encoded by a quantizer.
 };
 

@@ -1,8 +1,8 @@
 #pragma once
 /// @file
 /// Radix selection of the k-th largest magnitude key (CPU): histogram the key's top bits, find the
-/// bucket that holds the k-th key, and descend into that bucket only. Used by exact top-k and by
-/// the threshold sparsifier's exact refinement.
+/// bucket that holds the k-th key, and descend into that bucket only. Used by exact top-k, by the
+/// threshold sparsifier's exact refinement and by the dynamic sparsifier's exact threshold.
 
 #include <algorithm>
 #include <bit>
@@ -75,10 +75,11 @@ template <class K, class ForEachKey>
 /// Number of 32-bit counters `magnitude_histogram` needs as scratch.
 inline constexpr std::size_t histogram_scratch_counters = 4 * radix_buckets;
 
-/// Histogram of the top `radix_digit_bits` of the magnitude keys of `values` (one pass, four
-/// interleaved sub-histograms in `scratch` so that repeated buckets do not serialise on one counter).
-template <gradient_value T>
-void magnitude_histogram(std::span<const T> values, std::span<std::uint64_t> histogram,
+/// Histogram of the top `radix_digit_bits` of the magnitude keys of the n values `value_at(i)`,
+/// i < n (one pass, four interleaved sub-histograms in `scratch` so that repeated buckets do not
+/// serialise on one counter).
+template <gradient_value T, class ValueAt>
+void magnitude_histogram(std::size_t n, ValueAt&& value_at, std::span<std::uint64_t> histogram,
                          std::span<std::uint32_t> scratch) {
   constexpr int shift = float_traits<T>::magnitude_bits - radix_digit_bits;
   // Sub-histograms count in 32 bits; fold them into the 64-bit totals before they could overflow.
@@ -88,19 +89,38 @@ void magnitude_histogram(std::span<const T> values, std::span<std::uint64_t> his
   std::uint32_t* const h2 = h1 + radix_buckets;
   std::uint32_t* const h3 = h2 + radix_buckets;
   for (std::size_t b = 0; b < radix_buckets; ++b) histogram[b] = 0;
-  for (std::size_t begin = 0; begin < values.size(); begin += chunk) {
-    const std::size_t end = values.size() - begin < chunk ? values.size() : begin + chunk;
+  for (std::size_t begin = 0; begin < n; begin += chunk) {
+    const std::size_t end = n - begin < chunk ? n : begin + chunk;
     for (std::size_t c = 0; c < histogram_scratch_counters; ++c) h0[c] = 0;
     std::size_t i = begin;
     for (; i + 4 <= end; i += 4) {
-      ++h0[magnitude_key(values[i]) >> shift];
-      ++h1[magnitude_key(values[i + 1]) >> shift];
-      ++h2[magnitude_key(values[i + 2]) >> shift];
-      ++h3[magnitude_key(values[i + 3]) >> shift];
+      ++h0[magnitude_key<T>(value_at(i)) >> shift];
+      ++h1[magnitude_key<T>(value_at(i + 1)) >> shift];
+      ++h2[magnitude_key<T>(value_at(i + 2)) >> shift];
+      ++h3[magnitude_key<T>(value_at(i + 3)) >> shift];
     }
-    for (; i < end; ++i) ++h0[magnitude_key(values[i]) >> shift];
+    for (; i < end; ++i) ++h0[magnitude_key<T>(value_at(i)) >> shift];
     for (std::size_t b = 0; b < radix_buckets; ++b) histogram[b] += std::uint64_t{h0[b]} + h1[b] + h2[b] + h3[b];
   }
+}
+
+/// Histogram of the top `radix_digit_bits` of the magnitude keys of `values` (see above).
+template <gradient_value T>
+void magnitude_histogram(std::span<const T> values, std::span<std::uint64_t> histogram,
+                         std::span<std::uint32_t> scratch) {
+  const T* const v = values.data();
+  magnitude_histogram<T>(values.size(), [v](std::size_t i) { return v[i]; }, histogram, scratch);
+}
+
+/// How many keys of a `magnitude_histogram` belong to NaN or ±Inf (the buckets at and above
+/// +Inf's key hold nothing else).
+template <gradient_value T>
+[[nodiscard]] std::uint64_t non_finite_count(std::span<const std::uint64_t> histogram) noexcept {
+  std::uint64_t count = 0;
+  for (std::size_t b = float_traits<T>::infinity_key >> (float_traits<T>::magnitude_bits - radix_digit_bits);
+       b < radix_buckets; ++b)
+    count += histogram[b];
+  return count;
 }
 
 /// Bit j of the result is set when |values[j]|'s key is at least `threshold`, for j < 16.

@@ -83,9 +83,7 @@ struct backend<topk_sparsifier<T>, cpu_executor> {
     workspace_arena arena(ws);
     const scratch<Index> s = carve<Index>(arena, n);
     cpu::magnitude_histogram<T>(grad, s.histogram, s.sub_histograms);
-    std::uint64_t non_finite = 0;
-    for (std::size_t b = float_traits<T>::infinity_key >> first_shift; b < cpu::radix_buckets; ++b)
-      non_finite += s.histogram[b];
+    const std::uint64_t non_finite = cpu::non_finite_count<T>(s.histogram);
     detail::require(non_finite == 0, errc::non_finite_input, [&] {
       return std::to_string(non_finite) + " of " + std::to_string(n) + " gradient values are NaN or Inf";
     });

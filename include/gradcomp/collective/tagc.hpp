@@ -1,0 +1,286 @@
+#pragma once
+/// @file
+/// TAGC's compressed reduce-scatter for sharded training (FSDP, ZeRO; ALGORITHMS.md §4, TAGC):
+/// the flat gradient of one parameter, N = P·m values on every rank, ends as this rank's shard of
+/// the mean, (1/P)·Σ_p x̃_p[rank·m, rank·m + m), where x̃_p is rank p's gradient after dynamic
+/// sparsification with error feedback. For every shard s, every rank
+///
+///  1. sparsifies the block-aligned part of shard s (⌊m/B⌋·B values) to the target zero fraction,
+///     with its error-feedback residual kept under the key (tensor id, s);
+///  2. encodes the index of what it kept; the indexes are aggregated (bitwise OR where the transport
+///     has it, else summed 4- or 8-bit fields), so every rank knows the union and sizes the sketch
+///     identically (`lossless_homomorphic::plan`);
+///  3. sketches its sparsified values; the sketches, followed by the m mod B tail values sent
+///     uncompressed, are summed onto owner s;
+///  4. owner s peels its sketch, and divides by P.
+///
+/// Two schedules give identical results: `per_shard` (P index all-reduces and P reduces, the
+/// reference's order) and `fused` (one all-reduce of the P indexes and one reduce-scatter of the
+/// P sketch-and-tail segments, each padded with zeros to the longest). Results are never silently
+/// wrong: when an owner cannot peel its sketch completely, the `report` stall policy (default)
+/// sums that shard again uncompressed (one extra MAX all-reduce of P flags per call tells every
+/// rank), and `median_estimate` keeps the estimates and counts them. A gradient holding NaN or
+/// Inf is detected collectively before any state changes: every rank throws
+/// `errc::non_finite_input` at the same step.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <gradcomp/core/cpu_executor.hpp>
+#include <gradcomp/core/error.hpp>
+#include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/sketch/lossless_homomorphic.hpp>
+#include <gradcomp/sparsify/dynamic.hpp>
+#include <gradcomp/transport/transport.hpp>
+
+namespace gradcomp {
+
+/// How the P per-shard sums travel.
+enum class tagc_schedule : std::uint8_t {
+  per_shard,  ///< One index all-reduce and one reduce to the owner per shard (as the reference).
+  fused,      ///< One all-reduce of all indexes and one reduce-scatter of all sketches.
+};
+
+/// Parameters of the TAGC scheme; every rank must use the same.
+struct tagc_params {
+  dynamic_params sparsify{};                      ///< Target zero fraction f* (default 0.80) and mode.
+  lhc_params sketch{};                            ///< Block B, sizing, index coding, stall policy.
+  tagc_schedule schedule = tagc_schedule::fused;  ///< Per-shard or fused collectives.
+};
+
+/// What one call did on this rank.
+struct tagc_report {
+  std::uint64_t sent_bytes = 0;       ///< Bytes this rank contributed: indexes, sketch-and-tail segments
+                                      ///< (padded to the longest in the fused schedule), resent shards.
+  std::uint64_t dense_bytes = 0;      ///< Bytes an uncompressed reduce-scatter contributes: N values.
+  std::uint64_t kept = 0;             ///< Values this rank kept over all shards.
+  std::uint64_t union_nonzeros = 0;   ///< Non-zeros of the aggregated index of this rank's shard.
+  std::uint64_t sketch_values = 0;    ///< Sketch cells (or dense values) of this rank's shard.
+  std::uint64_t unrecovered = 0;      ///< Values of this rank's shard that peeling did not recover.
+  std::uint64_t estimated = 0;        ///< Of those, values left as median estimates (`median_estimate`).
+  std::uint64_t resent_shards = 0;    ///< Shards summed again uncompressed after a stall (`report`).
+};
+
+/// TAGC's compressed reduce-scatter of one flat parameter over a user transport, for float or
+/// double gradients. Stateful: the error-feedback residuals of every shard live in `state_type`.
+template <gradient_value T = float>
+class tagc_reduce_scatter {
+ public:
+  /// Residuals and reusable buffers of one rank.
+  struct state_type {
+    typename dynamic_sparsifier<T>::state_type residuals;  ///< Keyed by (tensor id, shard).
+    std::vector<T> sparse;                                 ///< The sparsified shards, P·⌊m/B⌋·B.
+    std::vector<std::byte> indexes;                        ///< P indexes, local then aggregated.
+    std::vector<T> segments;                               ///< Sketch-and-tail segments.
+    std::vector<T> received;                               ///< This rank's summed segment.
+    std::vector<std::byte> workspace;                      ///< Sparsifier and decoder workspace.
+  };
+
+  /// @throws error `invalid_argument` for invalid parameters.
+  explicit tagc_reduce_scatter(tagc_params params = {}) : params_(params), sparsifier_(params.sparsify) {
+    params_.sketch.validate();
+  }
+
+  /// The parameters.
+  [[nodiscard]] const tagc_params& params() const noexcept { return params_; }
+
+  /// Empty state: residuals are created on first use of each (tensor id, shard).
+  [[nodiscard]] state_type make_state(const cpu_executor& e) const { return {sparsifier_.make_state(e), {}, {}, {}, {}, {}}; }
+
+  /// Error-feedback key of shard `shard` of tensor `tensor_id` in a group of `ranks`:
+  /// tensor_id·ranks + shard, so the residuals of a job with a fixed number of ranks never mix.
+  [[nodiscard]] static std::uint64_t residual_key(std::uint64_t tensor_id, int ranks, int shard) noexcept {
+    return tensor_id * static_cast<std::uint64_t>(ranks) + static_cast<std::uint64_t>(shard);
+  }
+
+  /// The index coding used over transport `X` with `ranks` ranks: the configured one, except that
+  /// a bitmap over a transport without bitwise OR becomes 4-bit fields (P ≤ 15) or 8-bit fields
+  /// (P ≤ 255). @throws error `invalid_argument` when no coding fits.
+  template <transport X>
+  [[nodiscard]] lhc_index_coding index_coding(int ranks) const {
+    lhc_index_coding coding = params_.sketch.index;
+    if (coding == lhc_index_coding::bitmap && !transport_with_bitwise_or<X>)
+      coding = ranks <= 15 ? lhc_index_coding::sum4 : lhc_index_coding::sum8;
+    const auto limit = lossless_homomorphic<T>(with_index(coding)).max_contributors();
+    detail::require(static_cast<std::uint64_t>(ranks) <= limit, errc::invalid_argument, [&] {
+      return "tagc: " + std::to_string(ranks) + " ranks exceed the " + std::to_string(limit) +
+             " contributors the index coding can sum";
+    });
+    return coding;
+  }
+
+  /// Reduce-scatters `grad` (N = P·m values on every rank) into `shard` (m values): on return
+  /// `shard` holds this rank's part of the mean of the sparsified gradients. Collective: every rank
+  /// calls it with the same tensor id and N.
+  /// @throws error `size_mismatch` when N ≠ P·shard.size(); `non_finite_input` on every rank when
+  ///         any rank's gradient holds NaN or Inf (no state changes).
+  template <transport X>
+  tagc_report reduce_scatter(const cpu_executor& e, X& t, state_type& state, std::uint64_t tensor_id,
+                             std::span<const T> grad, std::span<T> shard) const {
+    const int ranks = t.size();
+    const auto P = static_cast<std::size_t>(ranks);
+    const std::size_t m = shard.size();
+    detail::require(grad.size() == P * m, errc::size_mismatch, [&] {
+      return "tagc: the gradient has " + std::to_string(grad.size()) + " values, not " + std::to_string(P) +
+             " ranks x " + std::to_string(m) + " shard values";
+    });
+    require_finite_everywhere(t, grad);
+
+    const lossless_homomorphic<T> lhc(with_index(index_coding<X>(ranks)));
+    const std::size_t block = params_.sketch.block;
+    const std::size_t aligned = m / block * block;
+    const std::size_t tail = m - aligned;
+    const std::size_t index_bytes = static_cast<std::size_t>(lhc.index_bytes(aligned));
+
+    tagc_report report;
+    report.dense_bytes = grad.size() * sizeof(T);
+    state.sparse.resize(P * aligned);
+    state.indexes.resize(P * index_bytes);
+    for (int s = 0; s < ranks; ++s) {
+      const auto part = grad.subspan(static_cast<std::size_t>(s) * m, aligned);
+      const auto sparse = std::span<T>(state.sparse).subspan(static_cast<std::size_t>(s) * aligned, aligned);
+      reserve_workspace(state, sparsifier_.workspace_bytes(e, aligned));
+      report.kept += sparsifier_.sparsify(e, state.residuals, residual_key(tensor_id, ranks, s), part, sparse,
+                                          state.workspace).kept;
+      lhc.encode_index(e, sparse, index_of(state, s, index_bytes));
+    }
+    report.sent_bytes += state.indexes.size();
+
+    const auto aggregate_index = [&](std::span<std::byte> index) {
+      const auto bytes = std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(index.data()), index.size());
+      if constexpr (transport_with_bitwise_or<X>) {
+        if (lhc.params().index == lhc_index_coding::bitmap) return t.all_reduce_or(bytes);
+      }
+      t.all_reduce_sum(bytes);
+    };
+    const auto plan_of = [&](int s) { return lhc.plan(e, index_of(state, s, index_bytes), aligned, P); };
+    const auto fill_segment = [&](int s, const lhc_plan& plan, std::span<T> segment) {
+      lhc.encode_sketch(e, std::span<const T>(state.sparse).subspan(static_cast<std::size_t>(s) * aligned, aligned),
+                        index_of(state, s, index_bytes), plan, segment.first(plan.sketch_values()));
+      const auto tail_values = grad.subspan(static_cast<std::size_t>(s) * m + aligned, tail);
+      std::copy(tail_values.begin(), tail_values.end(), segment.begin() + static_cast<std::ptrdiff_t>(plan.sketch_values()));
+      std::fill(segment.begin() + static_cast<std::ptrdiff_t>(plan.sketch_values() + tail), segment.end(), T{0});
+    };
+
+    lhc_plan own_plan{};
+    if (params_.schedule == tagc_schedule::per_shard) {
+      for (int s = 0; s < ranks; ++s) {
+        aggregate_index(index_of(state, s, index_bytes));
+        const lhc_plan plan = plan_of(s);
+        state.segments.resize(plan.sketch_values() + tail);
+        fill_segment(s, plan, state.segments);
+        report.sent_bytes += state.segments.size() * sizeof(T);
+        t.reduce_sum(std::span<T>(state.segments), s);
+        if (s == t.rank()) {
+          own_plan = plan;
+          state.received = state.segments;
+        }
+      }
+    } else {
+      aggregate_index(state.indexes);
+      std::vector<lhc_plan> plans;
+      plans.reserve(P);
+      std::size_t longest = 0;
+      for (int s = 0; s < ranks; ++s) {
+        plans.push_back(plan_of(s));
+        longest = std::max(longest, static_cast<std::size_t>(plans.back().sketch_values()) + tail);
+      }
+      state.segments.resize(P * longest);
+      for (int s = 0; s < ranks; ++s)
+        fill_segment(s, plans[static_cast<std::size_t>(s)],
+                     std::span<T>(state.segments).subspan(static_cast<std::size_t>(s) * longest, longest));
+      state.received.resize(longest);
+      report.sent_bytes += state.segments.size() * sizeof(T);
+      t.reduce_scatter_sum(std::span<const T>(state.segments), std::span<T>(state.received));
+      own_plan = plans[static_cast<std::size_t>(t.rank())];
+    }
+
+    const std::size_t sketch_values = own_plan.sketch_values();
+    const lossless_homomorphic<T> peeler(with_stall_policy(lhc.params(), lhc_stall_policy::median_estimate));
+    reserve_workspace(state, peeler.workspace_bytes(e, own_plan));
+    const lhc_decode_result peeled =
+        peeler.decode(e, index_of(state, t.rank(), index_bytes), own_plan,
+                      std::span<const T>(state.received).first(sketch_values), shard.first(aligned), state.workspace);
+    std::copy_n(state.received.begin() + static_cast<std::ptrdiff_t>(sketch_values), tail,
+                shard.begin() + static_cast<std::ptrdiff_t>(aligned));
+    if (params_.sketch.on_stall == lhc_stall_policy::report)
+      report.resent_shards = resend_stalled(t, state, grad, shard, peeled.unrecovered > 0, aligned, report);
+    for (T& v : shard) v /= static_cast<T>(ranks);
+
+    report.union_nonzeros = own_plan.union_nonzeros;
+    report.sketch_values = sketch_values;
+    report.unrecovered = peeled.unrecovered;
+    report.estimated = params_.sketch.on_stall == lhc_stall_policy::median_estimate ? peeled.estimated : 0;
+    return report;
+  }
+
+ private:
+  [[nodiscard]] lhc_params with_index(lhc_index_coding coding) const {
+    lhc_params p = params_.sketch;
+    p.index = coding;
+    return p;
+  }
+
+  [[nodiscard]] static lhc_params with_stall_policy(lhc_params p, lhc_stall_policy policy) {
+    p.on_stall = policy;
+    return p;
+  }
+
+  /// Under the `report` policy a stalled shard is never left wrong: one MAX all-reduce of P flags
+  /// tells every rank which owners could not peel, and those shards (sparsified values and tail)
+  /// are summed again uncompressed onto their owners. Returns how many shards were resent.
+  template <transport X>
+  std::uint64_t resend_stalled(X& t, state_type& state, std::span<const T> grad, std::span<T> shard, bool stalled,
+                               std::size_t aligned, tagc_report& report) const {
+    const auto P = static_cast<std::size_t>(t.size());
+    const std::size_t m = shard.size();
+    std::vector<double> flags(P, 0.0);
+    flags[static_cast<std::size_t>(t.rank())] = stalled ? 1.0 : 0.0;
+    t.all_reduce_max(std::span<double>(flags));
+    std::uint64_t resent = 0;
+    for (std::size_t s = 0; s < P; ++s) {
+      if (flags[s] == 0.0) continue;
+      ++resent;
+      state.segments.resize(m);
+      std::copy_n(state.sparse.begin() + static_cast<std::ptrdiff_t>(s * aligned), aligned, state.segments.begin());
+      std::copy_n(grad.begin() + static_cast<std::ptrdiff_t>(s * m + aligned), m - aligned,
+                  state.segments.begin() + static_cast<std::ptrdiff_t>(aligned));
+      t.reduce_sum(std::span<T>(state.segments), static_cast<int>(s));
+      report.sent_bytes += m * sizeof(T);
+      if (s == static_cast<std::size_t>(t.rank())) std::copy(state.segments.begin(), state.segments.end(), shard.begin());
+    }
+    return resent;
+  }
+
+  static std::span<std::byte> index_of(state_type& state, int shard, std::size_t index_bytes) {
+    return std::span<std::byte>(state.indexes).subspan(static_cast<std::size_t>(shard) * index_bytes, index_bytes);
+  }
+
+  static void reserve_workspace(state_type& state, std::size_t bytes) {
+    if (state.workspace.size() < bytes) state.workspace.resize(bytes);
+  }
+
+  /// Every rank learns whether any rank's gradient holds NaN or Inf (a MAX all-reduce of one flag)
+  /// and, if so, all throw before touching their state.
+  template <transport X>
+  static void require_finite_everywhere(X& t, std::span<const T> grad) {
+    const bool finite = std::all_of(grad.begin(), grad.end(), [](T v) { return std::isfinite(v); });
+    double flag = finite ? 0.0 : 1.0;
+    t.all_reduce_max(std::span<double>(&flag, 1));
+    detail::require(flag == 0.0, errc::non_finite_input, [&] {
+      return finite ? std::string("tagc: another rank's gradient holds NaN or Inf; every rank skips this step")
+                    : std::string("tagc: this rank's gradient holds NaN or Inf; every rank skips this step");
+    });
+  }
+
+  tagc_params params_;
+  dynamic_sparsifier<T> sparsifier_;
+};
+
+}  // namespace gradcomp

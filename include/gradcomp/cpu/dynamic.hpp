@@ -1,0 +1,398 @@
+#pragma once
+/// @file
+/// CPU reference of the dynamic sparsifier. a = g + R is never stored: each pass recomputes it
+/// (the same IEEE addition, so the same bits), which leaves `out` and the state untouched until
+/// the last pass and reads no more memory than storing a would.
+///
+/// Exact rule, tensors of 2^16 elements or more: a sample (64 consecutive values at the start of
+/// each 256th of a, 16,384 keys) gives a key window [lo, hi) around its z/n-quantile (±(4 standard
+/// deviations of the sample rank + 32) sample ranks). One pass over a, 16 values at a time with
+/// SIMD comparisons, counts the keys below lo, notes NaN/±Inf and lists the keys in the window
+/// (about 3% of n for f* = 0.8); when the window holds τ* (below ≤ z < below + listed), radix
+/// selection over the list, starting below the bits lo and hi − 1 share, gives it exactly.
+/// Otherwise (a misleading sample, or a window larger than the list), and for smaller tensors:
+/// pass 1 histograms the top 11 bits of every |a| key (and finds NaN/±Inf) and picks the bucket b
+/// holding the (n − z)-th largest key; pass 2 lists the keys of bucket b, and radix selection
+/// over that list finds the exact key. When bucket b is larger than the list (heavy ties),
+/// selection descends with further histogram passes over a instead. Every path gives the same τ*.
+/// Table rule: Python's bisect_left loop, each probe a full counting pass over a.
+/// The last pass writes ã and the residual, and counts what was kept.
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gradcomp/core/backend.hpp>
+#include <gradcomp/core/cpu_executor.hpp>
+#include <gradcomp/core/error.hpp>
+#include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/saved_state.hpp>
+#include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/core/workspace.hpp>
+#include <gradcomp/cpu/radix_select.hpp>
+#include <gradcomp/sparsify/dynamic.hpp>
+
+namespace gradcomp {
+
+/// The dynamic sparsifier on the CPU.
+template <gradient_value T>
+struct backend<dynamic_sparsifier<T>, cpu_executor> {
+  using sparsifier = dynamic_sparsifier<T>;
+  using state_type = dynamic_state<T>;
+  using key_type = typename float_traits<T>::bits_type;
+  using format = dynamic_saved_format;
+  static constexpr int key_bits = float_traits<T>::magnitude_bits;
+  static constexpr int first_shift = key_bits - cpu::radix_digit_bits;
+  /// The saved state's codec field: this stage writes no messages, so it has no codec id.
+  static constexpr codec_id no_codec = codec_id{0};
+
+  /// Keys the bucket list holds: an eighth of n (a bucket of N(0, σ) data at f* = 0.8 holds about
+  /// 9%), or all of a small tensor.
+  [[nodiscard]] static std::uint64_t list_capacity(std::uint64_t n) noexcept {
+    return std::max<std::uint64_t>(n / 8, std::min<std::uint64_t>(n, 65536));
+  }
+
+  /// Tensors of at least this many elements try a sampled key window before the histogram.
+  static constexpr std::uint64_t sampled_min_n = std::uint64_t{1} << 16;
+  static constexpr std::size_t sample_chunks = 256;  ///< Chunks of a read for the sample.
+  static constexpr std::size_t sample_chunk = 64;    ///< Consecutive values per chunk.
+  static constexpr std::size_t sample_size = sample_chunks * sample_chunk;
+
+  struct scratch {
+    std::span<std::uint64_t> histogram;
+    std::span<std::uint32_t> sub_histograms;
+    std::span<key_type> list;    ///< Keys of one window: capacity plus room for one block.
+    std::span<key_type> sample;  ///< Sampled keys (empty below `sampled_min_n`).
+  };
+
+  static scratch carve(workspace_arena& arena, std::uint64_t n) {
+    scratch s;
+    s.histogram = arena.take<std::uint64_t>(cpu::radix_buckets);
+    s.sub_histograms = arena.take<std::uint32_t>(cpu::histogram_scratch_counters);
+    s.list = arena.take<key_type>(static_cast<std::size_t>(list_capacity(n)) + 16);
+    s.sample = arena.take<key_type>(n >= sampled_min_n ? sample_size : 0);
+    return s;
+  }
+
+  static std::size_t workspace_bytes(const sparsifier&, const cpu_executor&, std::uint64_t n) {
+    workspace_arena arena = workspace_arena::measure();
+    carve(arena, n);
+    return arena.bytes_needed();
+  }
+
+  static T threshold(const sparsifier& sp, const cpu_executor&, std::span<const T> a, std::span<std::byte> ws) {
+    const T* const v = a.data();
+    return from_bits<T>(threshold_key(sp, a.size(), [v](std::size_t i) { return v[i]; }, ws));
+  }
+
+  static dynamic_result<T> sparsify(const sparsifier& sp, const cpu_executor&, state_type& state,
+                                    std::uint64_t tensor_id, std::span<const T> grad, std::span<T> out,
+                                    std::span<std::byte> ws) {
+    const std::size_t n = grad.size();
+    detail::require(out.size() == n, errc::size_mismatch, [&] {
+      return "output has " + std::to_string(out.size()) + " elements, the gradient " + std::to_string(n);
+    });
+    const auto found = state.residuals.find(tensor_id);
+    const bool known = found != state.residuals.end();
+    detail::require(!known || found->second.size() == n, errc::size_mismatch, [&] {
+      return "tensor " + std::to_string(tensor_id) + " has a residual of " + std::to_string(found->second.size()) +
+             " elements, this gradient " + std::to_string(n);
+    });
+    const T* const g = grad.data();
+    key_type tau = 0;
+    if (known) {
+      const T* const r = found->second.data();
+      tau = threshold_key(sp, n, [g, r](std::size_t i) { return g[i] + r[i]; }, ws);
+    } else {
+      // A new id's residual is n zeros: a = g + 0, exactly as the stored zeros will give next step.
+      tau = threshold_key(sp, n, [g](std::size_t i) { return g[i] + T{0}; }, ws);
+    }
+    // Nothing can fail past this point but the allocation of a new id's residual, which changes
+    // nothing if it throws.
+    std::vector<T>& residual =
+        known ? found->second : state.residuals.emplace(tensor_id, std::vector<T>(n, T{0})).first->second;
+    const std::uint64_t kept = apply(grad, residual, out, tau);
+    ++state.steps;
+    const double zero_fraction = n == 0 ? 0.0 : static_cast<double>(n - kept) / static_cast<double>(n);
+    return {from_bits<T>(tau), kept, zero_fraction};
+  }
+
+  static std::size_t save_state(const sparsifier& sp, const cpu_executor&, const state_type& state,
+                                std::span<std::byte> bytes) {
+    const std::size_t size = sp.saved_state_bytes(state);
+    detail::require_state_room(bytes, size);
+    std::uint64_t total = 0;
+    for (const auto& entry : state.residuals) total += entry.second.size();
+    std::byte* const p = bytes.data();
+    detail::write_state_head<format>(p, no_codec, dtype_of<T>, total);
+    detail::store_le<std::uint64_t>(p + 17, state.residuals.size());
+    detail::store_le<std::uint64_t>(p + 25, state.steps);
+    std::byte* q = p + format::header_bytes;
+    for (const auto& [id, residual] : state.residuals) {
+      detail::store_le<std::uint64_t>(q, id);
+      detail::store_le<std::uint64_t>(q + 8, residual.size());
+      q = std::ranges::copy(std::as_bytes(std::span<const T>(residual)), q + format::entry_head_bytes).out;
+    }
+    detail::seal_state<format>(p, static_cast<std::size_t>(q - (p + format::header_bytes)));
+    return size;
+  }
+
+  static void load_state(const sparsifier&, const cpu_executor&, std::span<const std::byte> bytes, state_type& state) {
+    const std::uint64_t total = detail::check_state_head<format>(bytes, no_codec, dtype_of<T>, "GCDS");
+    const std::byte* const p = bytes.data();
+    const std::uint64_t tensors = detail::load_le<std::uint64_t>(p + 17);
+    detail::require(tensors <= bytes.size() / format::entry_head_bytes && total <= bytes.size() / sizeof(T),
+                    errc::truncated, [&] {
+                      return "saved state of " + std::to_string(bytes.size()) + " bytes cannot hold the " +
+                             std::to_string(tensors) + " tensors and " + std::to_string(total) +
+                             " values its header declares";
+                    });
+    const std::span<const std::byte> entries = detail::check_state_body<format>(
+        bytes, static_cast<std::size_t>(tensors * format::entry_head_bytes + total * sizeof(T)));
+
+    std::map<std::uint64_t, std::vector<T>> residuals;
+    std::size_t at = 0;
+    for (std::uint64_t j = 0; j < tensors; ++j) {
+      detail::require(entries.size() - at >= format::entry_head_bytes, errc::malformed_payload, [&] {
+        return "saved tensor " + std::to_string(j) + " of " + std::to_string(tensors) + " starts past the entries";
+      });
+      const std::uint64_t id = detail::load_le<std::uint64_t>(entries.data() + at);
+      const std::uint64_t count = detail::load_le<std::uint64_t>(entries.data() + at + 8);
+      at += format::entry_head_bytes;
+      detail::require(residuals.empty() || id > residuals.rbegin()->first, errc::malformed_payload, [&] {
+        return "saved tensor ids are not strictly ascending: " + std::to_string(id) + " follows " +
+               std::to_string(residuals.rbegin()->first);
+      });
+      detail::require(count <= (entries.size() - at) / sizeof(T), errc::malformed_payload, [&] {
+        return "saved tensor " + std::to_string(id) + " declares " + std::to_string(count) +
+               " values, more than the entries hold";
+      });
+      std::vector<T> residual(static_cast<std::size_t>(count));
+      std::ranges::copy(entries.subspan(at, residual.size() * sizeof(T)),
+                        std::as_writable_bytes(std::span<T>(residual)).begin());
+      at += residual.size() * sizeof(T);
+      residuals.emplace_hint(residuals.end(), id, std::move(residual));
+    }
+    detail::require(at == entries.size(), errc::malformed_payload, [&] {
+      return "saved tensors hold " + std::to_string(at) + " bytes of entries, the header declares " +
+             std::to_string(entries.size());
+    });
+    state.residuals.swap(residuals);
+    state.steps = detail::load_le<std::uint64_t>(p + 25);
+  }
+
+ private:
+  /// τ* of the n values `value_at(i)` as a magnitude key (+Inf's key keeps nothing, 0 keeps all).
+  template <class ValueAt>
+  static key_type threshold_key(const sparsifier& sp, std::size_t n, ValueAt&& value_at, std::span<std::byte> ws) {
+    if (sp.params().mode == dynamic_threshold_mode::tagc_table) return table_key(sp, n, value_at);
+    workspace_arena arena(ws);
+    const scratch s = carve(arena, n);
+    const std::uint64_t z = sp.zeroed_count(n);
+    if (n >= sampled_min_n && z < n) {
+      const sampled_window window = sample_window(n, z, value_at, s);
+      const window_pass w = collect_window(n, value_at, window.lo, window.hi, s.list);
+      if (w.non_finite) {
+        std::uint64_t count = 0;
+        for (std::size_t i = 0; i < n; ++i) count += is_finite<T>(value_at(i)) ? 0u : 1u;
+        require_finite(count, n);
+      }
+      // τ* is the (z − below)-th smallest key of the window (0-based) when the window holds it.
+      if (!w.overflow && w.below <= z && z - w.below < w.count) {
+        // Every key in [lo, hi) shares the top bits that lo and hi − 1 share: selection starts below them.
+        const int known = key_bits - static_cast<int>(std::bit_width(static_cast<key_type>(window.lo ^ (window.hi - 1))));
+        return select_in_list(s, w.count, w.count - (z - w.below), static_cast<key_type>(window.lo >> (key_bits - known)),
+                              known);
+      }
+    }
+    cpu::magnitude_histogram<T>(n, value_at, s.histogram, s.sub_histograms);
+    require_finite(cpu::non_finite_count<T>(s.histogram), n);
+    if (z == n) return float_traits<T>::infinity_key;
+
+    // The z-th smallest key (0-based) is the (n − z)-th largest. The chosen bucket ends at or
+    // below +Inf's key, since the histogram holds no NaN or ±Inf.
+    const cpu::bucket_choice choice = cpu::choose_bucket(s.histogram, n - z);
+    const std::uint64_t rank = n - z - choice.above;
+    const auto bucket = static_cast<key_type>(choice.bucket);
+    if (s.histogram[choice.bucket] <= list_capacity(n)) {
+      const window_pass w = collect_window(n, value_at, static_cast<key_type>(bucket << first_shift),
+                                           static_cast<key_type>((bucket + 1) << first_shift), s.list);
+      return select_in_list(s, w.count, rank, bucket, cpu::radix_digit_bits);
+    }
+    return cpu::select_kth_largest<key_type>(
+               [&](auto&& visit) {
+                 for (std::size_t i = 0; i < n; ++i) visit(magnitude_key<T>(value_at(i)));
+               },
+               key_bits, rank, bucket, cpu::radix_digit_bits, s.histogram)
+        .key;
+  }
+
+  /// The rank-th largest of the first `count` listed keys, all of which start with `prefix`.
+  static key_type select_in_list(const scratch& s, std::size_t count, std::uint64_t rank, key_type prefix,
+                                 int known_bits) {
+    const key_type* const list = s.list.data();
+    return cpu::select_kth_largest<key_type>(
+               [&](auto&& visit) {
+                 for (std::size_t j = 0; j < count; ++j) visit(list[j]);
+               },
+               key_bits, rank, prefix, known_bits, s.histogram)
+        .key;
+  }
+
+  /// A key window [lo, hi) that probably holds τ*.
+  struct sampled_window {
+    key_type lo = 0;
+    key_type hi = 0;
+  };
+
+  /// Reads the sample (chunks of `sample_chunk` values at the start of each n/`sample_chunks`-th of
+  /// a) and returns the keys around the sample's z/n-quantile: ±(4 standard deviations of the
+  /// sample rank + 32) sample ranks, open to 0 or +Inf's key at either end.
+  template <class ValueAt>
+  static sampled_window sample_window(std::size_t n, std::uint64_t z, ValueAt&& value_at, const scratch& s) {
+    const std::size_t stride = n / sample_chunks;
+    key_type* const sample = s.sample.data();
+    for (std::size_t c = 0; c < sample_chunks; ++c)
+      for (std::size_t j = 0; j < sample_chunk; ++j) sample[c * sample_chunk + j] = magnitude_key<T>(value_at(c * stride + j));
+    const double p = static_cast<double>(z) / static_cast<double>(n);
+    const double middle = p * static_cast<double>(sample_size);
+    const double margin = 4.0 * std::sqrt(static_cast<double>(sample_size) * p * (1.0 - p)) + 32.0;
+    // The ascending rank-th sampled key (0-based) is the (sample_size − rank)-th largest.
+    const auto sampled = [&](std::size_t rank) {
+      return cpu::select_kth_largest<key_type>(
+                 [&](auto&& visit) {
+                   for (std::size_t j = 0; j < sample_size; ++j) visit(sample[j]);
+                 },
+                 key_bits, sample_size - rank, key_type{0}, 0, s.histogram)
+          .key;
+    };
+    sampled_window w{0, float_traits<T>::infinity_key};
+    if (middle - margin > 0.0) w.lo = std::min(sampled(static_cast<std::size_t>(middle - margin)), w.hi);
+    if (middle + margin < static_cast<double>(sample_size - 1)) {
+      const key_type top = sampled(static_cast<std::size_t>(middle + margin));
+      if (top < w.hi) w.hi = static_cast<key_type>(top + 1);
+    }
+    return w;
+  }
+
+  /// What one pass of `collect_window` found.
+  struct window_pass {
+    std::uint64_t below = 0;       ///< Keys below the window.
+    bool non_finite = false;       ///< NaN or ±Inf seen.
+    std::size_t count = 0;         ///< Keys listed (all the window's, unless `overflow`).
+    bool overflow = false;         ///< The window held more keys than the list.
+  };
+
+  /// Set bits of a 16-bit mask, by table: the baseline x86-64 target has no POPCNT instruction.
+  [[nodiscard]] static std::uint32_t bits_set16(std::uint32_t mask) noexcept {
+    static constexpr std::array<std::uint8_t, 256> table = [] {
+      std::array<std::uint8_t, 256> t{};
+      for (unsigned b = 0; b < 256; ++b) t[b] = static_cast<std::uint8_t>(std::popcount(b));
+      return t;
+    }();
+    return std::uint32_t{table[mask & 0xffu]} + table[(mask >> 8) & 0xffu];
+  }
+
+  /// One pass over a in blocks of 16: counts the keys below `lo`, notes NaN/±Inf, and lists the
+  /// keys in [lo, hi) (hi at most +Inf's key) while the list has room for a whole block. The first
+  /// two hits of a block are written without branches, so sparse hits cost no mispredictions.
+  template <class ValueAt>
+  static window_pass collect_window(std::size_t n, ValueAt&& value_at, key_type lo, key_type hi,
+                                    std::span<key_type> list) {
+    constexpr std::size_t block = 16;
+    window_pass w;
+    key_type* const out = list.data();
+    const auto take = [&](const T* v, std::uint32_t valid) {
+      const std::uint32_t at_least_lo = cpu::at_least_mask16(v, lo) & valid;
+      std::uint32_t in = at_least_lo & ~cpu::at_least_mask16(v, hi);
+      w.below += bits_set16(valid & ~at_least_lo);
+      w.non_finite = w.non_finite || (cpu::at_least_mask16(v, float_traits<T>::infinity_key) & valid) != 0;
+      if (w.count + block > list.size()) {
+        w.overflow = w.overflow || in != 0;
+        return;
+      }
+      for (int slot = 0; slot < 2; ++slot) {
+        out[w.count] = magnitude_key(v[std::countr_zero(in | 0x8000u)]);
+        w.count += in != 0 ? 1u : 0u;
+        in &= in - 1;
+      }
+      for (; in != 0; in &= in - 1) [[unlikely]]
+        out[w.count++] = magnitude_key(v[std::countr_zero(in)]);
+    };
+    std::size_t i = 0;
+    for (; i + block <= n; i += block) {
+      T v[block];
+      for (std::size_t j = 0; j < block; ++j) v[j] = value_at(i + j);
+      take(v, 0xffffu);
+    }
+    if (i < n) {
+      T v[block] = {};  // the last partial block, zero-padded; padding lanes are masked off
+      for (std::size_t j = 0; i + j < n; ++j) v[j] = value_at(i + j);
+      take(v, (std::uint32_t{1} << (n - i)) - 1);
+    }
+    return w;
+  }
+
+  /// The reference's bisection: lo, hi = 0, 25; while lo < hi: mid = (lo + hi) // 2; if
+  /// frac(table[mid]) < f*: lo = mid + 1, else hi = mid. τ* = table[lo − 1] in T, or none (key 0)
+  /// when lo = 0. Each probe counts |a| < τ over all of a (and the NaN/±Inf it meets: the first
+  /// probe rejects them).
+  template <class ValueAt>
+  static key_type table_key(const sparsifier& sp, std::size_t n, ValueAt&& value_at) {
+    if (n == 0) return 0;
+    const auto table_value_key = [](std::size_t j) { return magnitude_key(static_cast<T>(tagc_threshold_table[j])); };
+    std::size_t lo = 0;
+    std::size_t hi = tagc_threshold_table.size();
+    while (lo < hi) {
+      const std::size_t mid = (lo + hi) / 2;
+      const key_type tau = table_value_key(mid);
+      std::uint64_t below = 0;
+      std::uint64_t non_finite = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const key_type key = magnitude_key<T>(value_at(i));
+        below += key < tau ? 1u : 0u;
+        non_finite += key >= float_traits<T>::infinity_key ? 1u : 0u;
+      }
+      require_finite(non_finite, n);
+      if (static_cast<double>(below) / static_cast<double>(n) < sp.params().zero_fraction) lo = mid + 1;
+      else hi = mid;
+    }
+    return lo == 0 ? key_type{0} : table_value_key(lo - 1);
+  }
+
+  static void require_finite(std::uint64_t non_finite, std::uint64_t n) {
+    detail::require(non_finite == 0, errc::non_finite_input, [&] {
+      return std::to_string(non_finite) + " of " + std::to_string(n) +
+             " values of gradient + residual are NaN or Inf; the state is unchanged";
+    });
+  }
+
+  /// out = ã and residual = a − ã with a = grad + residual: a kept element (key ≥ tau) goes to out
+  /// whole and leaves a zero of its sign in the residual; a dropped one stays in the residual and
+  /// leaves a zero of its sign in out, so out + residual is a bit for bit. Returns the kept count.
+  static std::uint64_t apply(std::span<const T> grad, std::vector<T>& residual, std::span<T> out, key_type tau) {
+    constexpr key_type sign = ~float_traits<T>::magnitude_mask;
+    const T* const g = grad.data();
+    T* const r = residual.data();
+    T* const o = out.data();
+    std::uint64_t kept = 0;
+    for (std::size_t i = 0; i < grad.size(); ++i) {
+      const key_type bits = to_bits<T>(g[i] + r[i]);
+      const key_type keep = (bits & float_traits<T>::magnitude_mask) >= tau ? ~key_type{0} : key_type{0};
+      o[i] = from_bits<T>(bits & (keep | sign));
+      r[i] = from_bits<T>(bits & (~keep | sign));
+      kept += keep & 1u;
+    }
+    return kept;
+  }
+};
+
+}  // namespace gradcomp

@@ -1,0 +1,516 @@
+#pragma once
+/// @file
+/// CPU implementation of lossless homomorphic compression (sketch/lossless_homomorphic.hpp). The
+/// tensor is walked 64 elements at a time: a word of "non-zero" bits from the gradient, a word of
+/// "in the union" bits from the index, and only the set bits are visited, so zero runs cost a
+/// word test. A block's three row segments are contiguous runs of B cells. Peeling keeps, per cell,
+/// a double accumulator, a counter and the XOR of its elements' indices (which names the element
+/// of a pure cell), and visits only a worklist of cells whose counter reached 1. Every check runs
+/// before an output is written.
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <span>
+#include <string>
+#include <type_traits>
+
+#if defined(__SSE2__)
+#  include <emmintrin.h>
+#endif
+
+#include <gradcomp/core/backend.hpp>
+#include <gradcomp/core/cpu_executor.hpp>
+#include <gradcomp/core/error.hpp>
+#include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/workspace.hpp>
+#include <gradcomp/sketch/lossless_homomorphic.hpp>
+
+namespace gradcomp {
+
+namespace detail {
+
+/// Elements per word of membership bits.
+inline constexpr std::uint64_t lhc_word = 64;
+
+/// Membership bits of elements [64w, 64w + 64) ∩ [0, n) from an index coding: bit k set when
+/// element 64w + k has a non-zero bit or field.
+inline std::uint64_t lhc_member_word(const std::byte* index, lhc_index_coding coding, std::uint64_t w,
+                                     std::uint64_t n) noexcept {
+  const std::uint64_t first = w * lhc_word;
+  const std::uint64_t count = std::min(lhc_word, n - first);
+  std::uint64_t bits = 0;
+  switch (coding) {
+    case lhc_index_coding::bitmap: std::memcpy(&bits, index + first / 8, (count + 7) / 8); break;
+    case lhc_index_coding::sum4: {
+      const std::byte* at = index + first / 2;
+      for (std::uint64_t k = 0; k < count; k += 2) {
+        const auto byte = std::to_integer<std::uint32_t>(at[k / 2]);
+        bits |= (std::uint64_t{(byte & 0x0fu) != 0} | std::uint64_t{(byte & 0xf0u) != 0} << 1) << k;
+      }
+      break;
+    }
+    case lhc_index_coding::sum8: {
+      const std::byte* at = index + first;
+      for (std::uint64_t k = 0; k < count; ++k) bits |= std::uint64_t{at[k] != std::byte{0}} << k;
+      break;
+    }
+  }
+  return count == lhc_word ? bits : bits & ((std::uint64_t{1} << count) - 1);
+}
+
+/// Writes the index coding of membership bits `bits` for elements [64w, 64w + count).
+inline void lhc_store_index_word(std::byte* index, lhc_index_coding coding, std::uint64_t w, std::uint64_t count,
+                                 std::uint64_t bits) noexcept {
+  const std::uint64_t first = w * lhc_word;
+  switch (coding) {
+    case lhc_index_coding::bitmap: std::memcpy(index + first / 8, &bits, (count + 7) / 8); break;
+    case lhc_index_coding::sum4:
+      for (std::uint64_t k = 0; k < count; k += 2)
+        index[(first + k) / 2] = static_cast<std::byte>(((bits >> k) & 1u) | ((bits >> (k + 1)) & 1u) << 4);
+      break;
+    case lhc_index_coding::sum8:
+      for (std::uint64_t k = 0; k < count; ++k) index[first + k] = static_cast<std::byte>((bits >> k) & 1u);
+      break;
+  }
+}
+
+/// Non-zero bits of `count` ≤ 64 values (−0 counts as zero); sets `finite` false on NaN or ±Inf.
+template <gradient_value T>
+inline std::uint64_t lhc_nonzero_word(const T* x, std::uint64_t count, bool& finite) noexcept {
+#if defined(__SSE2__)
+  if constexpr (std::is_same_v<T, float>) {
+    if (count == lhc_word) {  // keys have no sign bit, so signed 32-bit comparisons order them
+      const __m128i magnitude = _mm_set1_epi32(0x7fffffff);
+      const __m128i largest_finite = _mm_set1_epi32(0x7f7fffff);
+      const __m128i zero = _mm_setzero_si128();
+      __m128i non_finite = zero;
+      std::uint64_t zeros = 0;
+      for (int q = 0; q < 16; ++q) {
+        const __m128i key = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 4 * q)), magnitude);
+        non_finite = _mm_or_si128(non_finite, _mm_cmpgt_epi32(key, largest_finite));
+        zeros |= static_cast<std::uint64_t>(_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(key, zero)))) << (4 * q);
+      }
+      finite &= _mm_movemask_epi8(non_finite) == 0;
+      return ~zeros;
+    }
+  }
+#endif
+  using bits_type = typename float_traits<T>::bits_type;
+  std::uint64_t bits = 0;
+  bits_type largest = 0;
+  for (std::uint64_t k = 0; k < count; ++k) {
+    const bits_type key = magnitude_key(x[k]);
+    largest = std::max(largest, key);
+    bits |= std::uint64_t{key != 0} << k;
+  }
+  finite &= largest < float_traits<T>::infinity_key;
+  return bits;
+}
+
+/// Calls `visit(i)` for every element i < n whose bit is set in `words(w)`, in ascending order.
+template <class Words, class Visit>
+inline void lhc_for_each_set(std::uint64_t n, Words&& words, Visit&& visit) {
+  for (std::uint64_t w = 0; w * lhc_word < n; ++w) {
+    for (std::uint64_t bits = words(w); bits != 0; bits &= bits - 1)
+      visit(w * lhc_word + static_cast<std::uint64_t>(std::countr_zero(bits)));
+  }
+}
+
+}  // namespace detail
+
+/// Lossless homomorphic compression on the CPU.
+template <gradient_value T>
+struct backend<lossless_homomorphic<T>, cpu_executor> {
+  using codec_type = lossless_homomorphic<T>;
+  using accumulator = lhc_accumulator_t<T>;
+
+  static void encode_index(const codec_type& codec, const cpu_executor&, std::span<const T> grad,
+                           std::span<std::byte> index) {
+    const std::uint64_t n = grad.size();
+    require_size(index.size(), codec.index_bytes(n), "index bytes");
+    const lhc_index_coding coding = codec.params().index;
+    bool finite = true;
+    for (std::uint64_t w = 0; w * detail::lhc_word < n; ++w) {
+      const std::uint64_t count = std::min(detail::lhc_word, n - w * detail::lhc_word);
+      detail::lhc_store_index_word(index.data(), coding, w, count,
+                                   detail::lhc_nonzero_word(grad.data() + w * detail::lhc_word, count, finite));
+    }
+    if (finite) return;
+    for (std::uint64_t w = 0; w * detail::lhc_word < n; ++w) {  // poison: every element a member
+      const std::uint64_t count = std::min(detail::lhc_word, n - w * detail::lhc_word);
+      detail::lhc_store_index_word(index.data(), coding, w, count, ~std::uint64_t{0} >> (detail::lhc_word - count));
+    }
+    detail::fail(errc::non_finite_input, "the gradient holds NaN or Inf");
+  }
+
+  static lhc_plan plan(const codec_type& codec, const cpu_executor&, std::span<const std::byte> global_index,
+                       std::uint64_t n, std::uint64_t contributors) {
+    detail::require(contributors >= 1 && contributors <= codec.max_contributors(), errc::invalid_argument, [&] {
+      return std::to_string(contributors) + " contributors: the index coding aggregates 1 to " +
+             std::to_string(codec.max_contributors()) + " ranks exactly";
+    });
+    require_size(global_index.size(), codec.index_bytes(n), "index bytes");
+    return codec.plan_for(n, count_union(codec, global_index, n, contributors));
+  }
+
+  static std::size_t workspace_bytes(const codec_type& codec, const cpu_executor&, const lhc_plan& plan) {
+    workspace_arena arena = workspace_arena::measure();
+    with_cell_types(codec, plan, [&]<class Cell>() { (void)carve<Cell>(arena, codec, plan); });
+    return arena.bytes_needed();
+  }
+
+  static void encode_sketch(const codec_type& codec, const cpu_executor&, std::span<const T> grad,
+                            std::span<const std::byte> global_index, const lhc_plan& plan, std::span<T> sketch) {
+    const std::uint64_t n = grad.size();
+    require_size(n, plan.n, "elements");
+    require_size(global_index.size(), codec.index_bytes(n), "index bytes");
+    require_size(sketch.size(), plan.sketch_values(), "sketch values");
+    require_padding(codec, global_index, n);
+    detail::require(plan == codec.plan_for(n, plan.union_nonzeros), errc::invalid_argument,
+                    "the plan does not follow the sizing rule");
+    // One pass: the checks of a word come with its writes, and a failure poisons the sketch.
+    if (!plan.dense) std::fill(sketch.begin(), sketch.end(), T{0});
+    const lhc_index_coding coding = codec.params().index;
+    block_cursor cursor(codec, plan);
+    bool finite = true;
+    std::uint64_t members = 0;
+    std::uint64_t first_outside = n;
+    for (std::uint64_t w = 0; w * detail::lhc_word < n; ++w) {
+      const std::uint64_t first = w * detail::lhc_word;
+      const std::uint64_t count = std::min(detail::lhc_word, n - first);
+      const std::uint64_t nonzero = detail::lhc_nonzero_word(grad.data() + first, count, finite);
+      const std::uint64_t member = detail::lhc_member_word(global_index.data(), coding, w, n);
+      members += static_cast<std::uint64_t>(std::popcount(member));
+      if ((nonzero & ~member) != 0 && first_outside == n)
+        first_outside = first + static_cast<std::uint64_t>(std::countr_zero(nonzero & ~member));
+      if (plan.dense) {
+        std::copy(grad.data() + first, grad.data() + first + count, sketch.data() + first);
+        continue;
+      }
+      for (std::uint64_t bits = nonzero & member; bits != 0; bits &= bits - 1) {
+        const std::uint64_t i = first + static_cast<std::uint64_t>(std::countr_zero(bits));
+        const cell_triple cells = cursor.cells_of(i);
+        const T x = grad[i];
+        for (int j = 0; j < 3; ++j) sketch[cells.cell[j]] += cells.negative[j] ? -x : x;
+      }
+    }
+    if (finite && first_outside == n && members == plan.union_nonzeros) return;
+    std::fill(sketch.begin(), sketch.end(), std::numeric_limits<T>::quiet_NaN());
+    detail::require(finite, errc::non_finite_input, "the gradient holds NaN or Inf");
+    detail::require(first_outside == n, errc::invalid_argument, [&] {
+      return "element " + std::to_string(first_outside) + " is non-zero but absent from the aggregated index";
+    });
+    detail::fail(errc::invalid_argument, "the plan is not the plan of this index: it counts " +
+                                             std::to_string(plan.union_nonzeros) + " non-zeros, the index " +
+                                             std::to_string(members));
+  }
+
+  static lhc_decode_result decode(const codec_type& codec, const cpu_executor&, std::span<const std::byte> global_index,
+                                  const lhc_plan& plan, std::span<const T> summed_sketch, std::span<T> out,
+                                  std::span<std::byte> ws) {
+    const std::uint64_t n = out.size();
+    require_plan(codec, global_index, plan, n);
+    require_size(summed_sketch.size(), plan.sketch_values(), "sketch values");
+    for (std::uint64_t c = 0; c < summed_sketch.size(); ++c)
+      detail::require(is_finite(summed_sketch[c]), errc::non_finite_input,
+                      [&] { return "summed sketch value " + std::to_string(c) + " is NaN or Inf"; });
+    if (plan.dense) {
+      for (std::uint64_t i = 0; i < n; ++i) out[i] = summed_sketch[i] + T{0};
+      return {.recovered = plan.union_nonzeros};
+    }
+    if (plan.cells == 0) {
+      std::fill(out.begin(), out.end(), T{0});
+      return {};
+    }
+    lhc_decode_result result;
+    with_cell_types(codec, plan,
+                    [&]<class Cell>() { result = peel<Cell>(codec, global_index, plan, summed_sketch, out, ws); });
+    return result;
+  }
+
+ private:
+  /// The three cells of one element and their signs.
+  struct cell_triple {
+    std::uint64_t cell[3];
+    bool negative[3];
+  };
+
+  /// Cells of elements visited in ascending order: recomputes the block layout only when the
+  /// block changes.
+  class block_cursor {
+   public:
+    block_cursor(const codec_type& codec, const lhc_plan& plan) noexcept
+        : rows_(plan.rows), block_(codec.params().block), seed_(codec.params().seed),
+          reference_(codec.params().reference_layout) {}
+
+    [[nodiscard]] cell_triple cells_of(std::uint64_t i) noexcept {
+      if (i >= block_end_) {
+        const std::uint64_t b = i / block_;
+        layout_ = lhc_layout_of_block(b, rows_, block_, seed_, reference_);
+        block_begin_ = b * block_;
+        block_end_ = block_begin_ + block_;
+      }
+      return cells_in(layout_, i - block_begin_, block_);
+    }
+
+   private:
+    std::uint64_t rows_;
+    std::uint32_t block_;
+    std::uint32_t seed_;
+    bool reference_;
+    lhc_block_layout layout_{};
+    std::uint64_t block_begin_ = 0;
+    std::uint64_t block_end_ = 0;
+  };
+
+  /// Cells of column t of a block with `layout`.
+  [[nodiscard]] static cell_triple cells_in(const lhc_block_layout& layout, std::uint64_t t, std::uint64_t block) noexcept {
+    cell_triple cells;
+    for (int j = 0; j < 3; ++j) {
+      std::uint64_t column = t + layout.rotation[j];
+      if (column >= block) column -= block;
+      cells.cell[j] = layout.row_offset[j] + column;
+      cells.negative[j] = layout.negative[j];
+    }
+    return cells;
+  }
+
+  /// What peeling keeps of a cell, in one record so that one cache line holds all of it: `Id`
+  /// holds element indices (32-bit when n ≤ 2^32), `Counter` the count (16-bit when no cell can
+  /// exceed 65535).
+  template <class Id, class Counter>
+  struct cell_state {
+    using id_type = Id;
+    accumulator sum;  ///< The summed sketch value less the values recovered from the cell.
+    Id id;            ///< XOR of the indices of the elements left in the cell.
+    Counter count;    ///< Elements (with their hash) left in the cell.
+  };
+
+  /// Calls `f.template operator()<cell_state<Id, Counter>>()` with the narrowest types the plan
+  /// allows: a block puts at most one (element, hash) pair in a cell (three in the reference
+  /// layout, where rows may coincide).
+  template <class F>
+  static void with_cell_types(const codec_type& codec, const lhc_plan& plan, F&& f) {
+    const std::uint64_t per_block = codec.params().reference_layout ? 3 : 1;
+    const bool narrow_counts = std::min(plan.union_nonzeros, codec.block_count(plan.n)) * per_block <= 0xffffu;
+    const bool narrow_ids = plan.n <= (std::uint64_t{1} << 32);
+    if (narrow_ids && narrow_counts) f.template operator()<cell_state<std::uint32_t, std::uint16_t>>();
+    else if (narrow_ids) f.template operator()<cell_state<std::uint32_t, std::uint32_t>>();
+    else if (narrow_counts) f.template operator()<cell_state<std::uint64_t, std::uint16_t>>();
+    else f.template operator()<cell_state<std::uint64_t, std::uint32_t>>();
+  }
+
+  /// The decoder's workspace: block layouts, cell states, the worklist of cells, the recovered
+  /// (element, value) log, and for `median_estimate` a bitmap of recovered elements.
+  template <class Cell>
+  struct peel_state {
+    std::span<lhc_block_layout> layouts;
+    std::span<Cell> cells;
+    std::span<std::uint64_t> worklist;
+    std::span<std::uint64_t> log_elements;
+    std::span<accumulator> log_values;
+    std::span<std::uint64_t> recovered;
+  };
+
+  template <class Cell>
+  static peel_state<Cell> carve(workspace_arena& arena, const codec_type& codec, const lhc_plan& plan) {
+    if (plan.dense || plan.cells == 0) return {};
+    const auto cells = static_cast<std::size_t>(plan.cells);
+    const auto members = static_cast<std::size_t>(plan.union_nonzeros);
+    peel_state<Cell> s;
+    s.layouts = arena.take<lhc_block_layout>(static_cast<std::size_t>(codec.block_count(plan.n)));
+    s.cells = arena.take<Cell>(cells);
+    s.worklist = arena.take<std::uint64_t>(cells);
+    s.log_elements = arena.take<std::uint64_t>(members);
+    s.log_values = arena.take<accumulator>(members);
+    if (codec.params().on_stall == lhc_stall_policy::median_estimate)
+      s.recovered = arena.take<std::uint64_t>(static_cast<std::size_t>((plan.n + detail::lhc_word - 1) / detail::lhc_word));
+    return s;
+  }
+
+  static void require_size(std::uint64_t got, std::uint64_t want, const char* what) {
+    detail::require(got == want, errc::size_mismatch, [&] {
+      return std::string(what) + ": got " + std::to_string(got) + ", expected " + std::to_string(want);
+    });
+  }
+
+  /// Checks that the bits (bitmap) or the nibble (sum4) past the last element are zero.
+  static void require_padding(const codec_type& codec, std::span<const std::byte> index, std::uint64_t n) {
+    const lhc_index_coding coding = codec.params().index;
+    const std::uint64_t per_byte = coding == lhc_index_coding::bitmap ? 8 : coding == lhc_index_coding::sum4 ? 2 : 1;
+    if (n % per_byte == 0) return;
+    const std::uint32_t used_bits = static_cast<std::uint32_t>(n % per_byte) * static_cast<std::uint32_t>(8 / per_byte);
+    detail::require((std::to_integer<std::uint32_t>(index.back()) >> used_bits) == 0, errc::malformed_payload,
+                    "index bits past the last element are not zero");
+  }
+
+  /// Elements of the union in an aggregated index, after checking its padding and that no field
+  /// exceeds `field_limit`.
+  static std::uint64_t count_union(const codec_type& codec, std::span<const std::byte> index, std::uint64_t n,
+                                   std::uint64_t field_limit) {
+    require_padding(codec, index, n);
+    std::uint64_t members = 0;
+    if (codec.params().index == lhc_index_coding::bitmap) {
+      for (std::uint64_t w = 0; w * detail::lhc_word < n; ++w)
+        members += static_cast<std::uint64_t>(std::popcount(detail::lhc_member_word(index.data(), lhc_index_coding::bitmap, w, n)));
+      return members;
+    }
+    const std::uint32_t width = codec.params().index == lhc_index_coding::sum4 ? 4 : 8;
+    const std::uint32_t mask = (1u << width) - 1;
+    for (std::uint64_t q = 0; q < index.size(); ++q) {
+      for (std::uint32_t field = std::to_integer<std::uint32_t>(index[q]), k = 0; k < 8; k += width, field >>= width) {
+        detail::require((field & mask) <= field_limit, errc::malformed_payload, [&] {
+          return "index byte " + std::to_string(q) + " holds a field above " + std::to_string(field_limit) + " contributors";
+        });
+        members += std::uint64_t{(field & mask) != 0};
+      }
+    }
+    return members;
+  }
+
+  /// Checks the index size and that `plan` is the plan of the index for n elements.
+  static void require_plan(const codec_type& codec, std::span<const std::byte> index, const lhc_plan& plan,
+                           std::uint64_t n) {
+    require_size(n, plan.n, "elements");
+    require_size(index.size(), codec.index_bytes(n), "index bytes");
+    const lhc_plan expected = codec.plan_for(n, count_union(codec, index, n, codec.max_contributors()));
+    detail::require(plan == expected, errc::invalid_argument, [&] {
+      return "the plan (" + std::to_string(plan.union_nonzeros) + " non-zeros, " + std::to_string(plan.rows) +
+             " rows) is not the plan of this index (" + std::to_string(expected.union_nonzeros) + " non-zeros, " +
+             std::to_string(expected.rows) + " rows)";
+    });
+  }
+
+  /// A value of the accumulator that converts to T without overflow.
+  [[nodiscard]] static bool fits(accumulator v) noexcept {
+    return v >= -static_cast<accumulator>(std::numeric_limits<T>::max()) &&
+           v <= static_cast<accumulator>(std::numeric_limits<T>::max());
+  }
+
+  [[nodiscard]] static accumulator signed_value(bool negative, accumulator v) noexcept { return negative ? -v : v; }
+
+  /// Asks the cache for the line holding `p` (a hint; no effect where the compiler has none).
+  static void prefetch(const void* p) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(p, 1);
+#else
+    (void)p;
+#endif
+  }
+
+  /// Peels a sparse plan with cell states of type `Cell` (see the file comment of the codec).
+  template <class Cell>
+  static lhc_decode_result peel(const codec_type& codec, std::span<const std::byte> index, const lhc_plan& plan,
+                                std::span<const T> summed_sketch, std::span<T> out, std::span<std::byte> ws) {
+    using id_type = typename Cell::id_type;
+    constexpr std::uint64_t ahead = 8;  // prefetch distance, in worklist or log entries
+    workspace_arena arena(ws);
+    const peel_state<Cell> s = carve<Cell>(arena, codec, plan);
+    const lhc_params& p = codec.params();
+    const std::uint64_t n = plan.n;
+    const std::uint64_t block = p.block;
+
+    for (std::uint64_t b = 0; b < s.layouts.size(); ++b)
+      s.layouts[b] = lhc_layout_of_block(b, plan.rows, p.block, p.seed, p.reference_layout);
+    const bool power_of_two = std::has_single_bit(block);
+    const int shift = std::countr_zero(block);
+    const auto cells_of = [&](std::uint64_t i) {
+      const std::uint64_t b = power_of_two ? i >> shift : i / block;
+      return cells_in(s.layouts[b], i - b * block, block);
+    };
+
+    for (std::uint64_t c = 0; c < plan.cells; ++c) s.cells[c] = {summed_sketch[c], 0, 0};
+    detail::lhc_for_each_set(
+        n, [&](std::uint64_t w) { return detail::lhc_member_word(index.data(), p.index, w, n); },
+        [&](std::uint64_t i) {
+          for (const std::uint64_t c : cells_of(i).cell) {
+            ++s.cells[c].count;
+            s.cells[c].id ^= static_cast<id_type>(i);
+          }
+        });
+
+    std::uint64_t tail = 0;
+    for (std::uint64_t c = 0; c < plan.cells; ++c)
+      if (s.cells[c].count == 1) s.worklist[tail++] = c;
+    if (!s.recovered.empty()) std::fill(s.recovered.begin(), s.recovered.end(), std::uint64_t{0});
+
+    lhc_decode_result result;
+    std::uint64_t logged = 0;
+    for (std::uint64_t head = 0; head < tail;) {
+      // (a, b) the pure cells at the start of the round name their elements; each is recovered
+      // from its lowest pure cell only, with nothing changed yet.
+      const std::uint64_t round_end = tail;
+      const std::uint64_t round_log = logged;
+      for (; head < round_end; ++head) {
+        if (head + 2 * ahead < round_end) prefetch(&s.cells[s.worklist[head + 2 * ahead]]);
+        if (head + ahead < round_end) {  // its cell is in cache by now: ask for its element's cells
+          const Cell& next = s.cells[s.worklist[head + ahead]];
+          if (next.count == 1)
+            for (const std::uint64_t c : cells_of(next.id).cell) prefetch(&s.cells[c]);
+        }
+        const std::uint64_t c = s.worklist[head];
+        if (s.cells[c].count != 1) continue;
+        const std::uint64_t i = s.cells[c].id;
+        const cell_triple cells = cells_of(i);
+        int j = 0;
+        while (s.cells[cells.cell[j]].count != 1) ++j;
+        if (cells.cell[j] != c) continue;
+        const accumulator v = signed_value(cells.negative[j], s.cells[c].sum);
+        detail::require(fits(v), errc::non_finite_input,
+                        [&] { return "the sum at element " + std::to_string(i) + " exceeds the range of the value type"; });
+        s.log_elements[logged] = i;
+        s.log_values[logged] = v;
+        ++logged;
+      }
+      if (logged > round_log) ++result.rounds;
+      // (c) subtract the recovered elements from all their cells.
+      for (std::uint64_t k = round_log; k < logged; ++k) {
+        if (k + ahead < logged)
+          for (const std::uint64_t c : cells_of(s.log_elements[k + ahead]).cell) prefetch(&s.cells[c]);
+        const std::uint64_t i = s.log_elements[k];
+        const accumulator v = s.log_values[k];
+        const cell_triple cells = cells_of(i);
+        for (int j = 0; j < 3; ++j) {
+          Cell& cell = s.cells[cells.cell[j]];
+          cell.sum -= signed_value(cells.negative[j], v);
+          cell.id ^= static_cast<id_type>(i);
+          if (--cell.count == 1) s.worklist[tail++] = cells.cell[j];
+        }
+        if (!s.recovered.empty()) s.recovered[i / detail::lhc_word] |= std::uint64_t{1} << (i % detail::lhc_word);
+      }
+    }
+    result.recovered = logged;
+    result.unrecovered = plan.union_nonzeros - logged;
+    if (result.unrecovered != 0) {
+      detail::require(p.on_stall == lhc_stall_policy::median_estimate, errc::peeling_stalled, [&] {
+        return std::to_string(result.unrecovered) + " of " + std::to_string(plan.union_nonzeros) +
+               " non-zeros were not recovered after " + std::to_string(result.rounds) + " rounds (" +
+               std::to_string(plan.cells) + " cells); raise cells_per_nonzero";
+      });
+      // Median of the three residual estimates of every element left, appended to the log.
+      detail::lhc_for_each_set(
+          n, [&](std::uint64_t w) { return detail::lhc_member_word(index.data(), p.index, w, n) & ~s.recovered[w]; },
+          [&](std::uint64_t i) {
+            const cell_triple cells = cells_of(i);
+            accumulator e[3];
+            for (int j = 0; j < 3; ++j) e[j] = signed_value(cells.negative[j], s.cells[cells.cell[j]].sum);
+            const accumulator median = std::max(std::min(e[0], e[1]), std::min(std::max(e[0], e[1]), e[2]));
+            detail::require(fits(median), errc::non_finite_input,
+                            [&] { return "the estimate at element " + std::to_string(i) + " exceeds the range of the value type"; });
+            s.log_elements[logged] = i;
+            s.log_values[logged] = median;
+            ++logged;
+          });
+      result.estimated = result.unrecovered;
+    }
+    std::fill(out.begin(), out.end(), T{0});
+    for (std::uint64_t k = 0; k < logged; ++k) out[s.log_elements[k]] = static_cast<T>(s.log_values[k]) + T{0};
+    return result;
+  }
+};
+
+}  // namespace gradcomp

@@ -1,0 +1,222 @@
+#pragma once
+/// @file
+/// Dynamic sparsification with error feedback (TAGC, Polyakov et al. 2025).
+///
+/// Each step of tensor `id` forms the compensated gradient a = g + R[id], finds a magnitude
+/// threshold τ*, writes the dense ã (a_i where |a_i| ≥ τ*, zero elsewhere) and carries what was
+/// dropped: R[id] ← a − ã. There is no message: ã is the dense input of the next stage (TAGC's
+/// bitmap index and count sketch). Two rules give τ*:
+///
+/// - `exact` (default): with z = ⌊f*·n⌋, τ* is the z-th smallest |a_i| (0-based), so exactly z
+///   elements lie below it when no other element ties with it. Every |a_i| ≥ τ* is kept, ties at
+///   τ* included, so the zero fraction reached is at most f*, and exactly z/n without ties. The
+///   product f*·n is rounded to double before the floor (0.7·10 gives z = 7, as one expects, not
+///   the 6 of the exact product of the double nearest 0.7), and z is capped at n. z = 0 keeps
+///   everything (τ* = min |a_i|); z = n keeps nothing and reports τ* = +Inf (n = 0 included).
+///   Found with one counting pass over a around a sampled key window and radix selection inside
+///   it, or, when the window misses, one histogram pass and selection inside the chosen bucket
+///   (cpu/dynamic.hpp); both are exact.
+/// - `tagc_table`: the public reference, literally. With the table `tagc_threshold_table` and
+///   frac(τ) = #{|a_i| < τ}/n (as a double quotient, as Python's `/`), idx = bisect_left(table,
+///   f*, key = frac) by Python's loop (each probe a full pass); τ* = table[idx − 1] when idx > 0
+///   (idx = 25 gives 0.5), and when idx = 0 nothing is dropped (τ* = 0 reported). The reference
+///   compares a float32 tensor with a Python float, which PyTorch does in float32: each table
+///   value is rounded to T (round to nearest) before comparing, and the reported τ* is that
+///   rounded value. n = 0 makes no probe and drops nothing. The achieved zero fraction is the
+///   largest table step's below f*, often far below it.
+///
+/// Both rules keep |a_i| ≥ τ*. Residuals are keyed by tensor id, never by call order: the state
+/// maps each id to its residual, created (zeros, n elements) by the first successful step of the
+/// id, after which n is fixed for that id.
+///
+/// Signed zeros: the part of a_i that is not passed on keeps a_i's sign: a kept element leaves a
+/// zero residual of a_i's sign, a dropped one writes a zero of a_i's sign to ã. So ã + R_new
+/// equals a = g + R_old bit for bit, −0 included.
+///
+/// Special values: a step whose a holds NaN or ±Inf (g + R may overflow) throws
+/// `errc::non_finite_input` and leaves the state bit-identical. Subnormals are magnitudes like
+/// any other. A failed step leaves `out` unspecified (it is not used as scratch, but may be the
+/// gradient itself: see `sparsify`).
+///
+/// Saved state (`save_state`, `load_state`; integers little-endian, no padding; the frame of
+/// core/saved_state.hpp, whose codec field is 0 because this stage writes no messages):
+///
+/// | Offset | Size | Field |
+/// |---:|---:|---|
+/// | 0 | 4 | magic "GCDS" |
+/// | 4 | 2 | format version (1) |
+/// | 6 | 2 | codec field, 0 |
+/// | 8 | 1 | `value_dtype` |
+/// | 9 | 8 | N, total residual elements of all tensors |
+/// | 17 | 8 | m, number of tensors |
+/// | 25 | 8 | steps taken |
+/// | 33 | 4 | CRC-32C of bytes 0..32 |
+/// | 37 | 16·m + N·sizeof(T) | m entries in ascending id order: u64 id, u64 n_id, n_id residual values |
+/// | 37 + 16·m + N·sizeof(T) | 4 | CRC-32C of the entries |
+///
+/// `load_state` checks, in this order, and throws the named `errc` before touching the state:
+/// length of the header (`truncated`), magic (`bad_magic`), version (`unsupported_version`),
+/// header CRC (`header_checksum`), codec field (`codec_mismatch`), dtype (`dtype_mismatch`), m and
+/// N against the length (`truncated`), total length (`truncated`, `trailing_bytes`), entries CRC
+/// (`payload_checksum`), then the entries themselves: ids strictly ascending, each entry inside
+/// the payload, Σ n_id = N (`malformed_payload`). The parameters are not saved: a residual is
+/// valid whatever f* the next step uses.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <gradcomp/core/backend.hpp>
+#include <gradcomp/core/concepts.hpp>
+#include <gradcomp/core/cpu_executor.hpp>
+#include <gradcomp/core/error.hpp>
+#include <gradcomp/core/float_bits.hpp>
+
+namespace gradcomp {
+
+/// How the dynamic sparsifier finds its threshold.
+enum class dynamic_threshold_mode : std::uint8_t {
+  exact = 0,       ///< The ⌊f*·n⌋-th smallest |a| (0-based), by radix selection.
+  tagc_table = 1,  ///< TAGC's bisection over `tagc_threshold_table` (reproduces the reference).
+};
+
+/// The reference's threshold table, as Python floats; compared in T after rounding (see the file
+/// comment).
+inline constexpr std::array<double, 25> tagc_threshold_table = {
+    1e-20, 1e-15, 1e-10, 1e-8, 1e-7, 2e-7, 5e-7, 1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5,
+    1e-4,  2e-4,  5e-4,  1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1,  0.2,  0.5};
+
+/// Parameters of the dynamic sparsifier; a controller may change them between steps.
+struct dynamic_params {
+  double zero_fraction = 0.80;                               ///< Target fraction f* of zeros, in [0, 1].
+  dynamic_threshold_mode mode = dynamic_threshold_mode::exact;  ///< Threshold rule.
+
+  /// Throws `invalid_argument` unless f* is finite and in [0, 1] and the mode is known.
+  void validate() const {
+    detail::require(is_finite(zero_fraction) && zero_fraction >= 0.0 && zero_fraction <= 1.0,
+                    errc::invalid_argument,
+                    [&] { return "zero_fraction must be finite and lie in [0, 1], got " + std::to_string(zero_fraction); });
+    detail::require(mode == dynamic_threshold_mode::exact || mode == dynamic_threshold_mode::tagc_table,
+                    errc::invalid_argument, [&] {
+                      return "unknown dynamic_threshold_mode " + std::to_string(static_cast<unsigned>(mode));
+                    });
+  }
+
+  friend constexpr bool operator==(const dynamic_params&, const dynamic_params&) = default;
+};
+
+/// What one step did.
+template <gradient_value T>
+struct dynamic_result {
+  T threshold = 0;             ///< τ*: elements with |a| ≥ τ* were kept (+Inf: none; 0: all).
+  std::uint64_t kept = 0;      ///< Elements with |a| ≥ τ* (exact zeros among them included).
+  double zero_fraction = 0.0;  ///< (n − kept)/n, the fraction dropped (0 for n = 0).
+};
+
+/// Residuals of the dynamic sparsifier, one per tensor id, in host memory.
+template <gradient_value T>
+struct dynamic_state {
+  std::map<std::uint64_t, std::vector<T>> residuals;  ///< R per tensor id; n is fixed per id.
+  std::uint64_t steps = 0;                            ///< Successful steps, all tensors together.
+};
+
+/// Layout constants of a saved dynamic-sparsifier state (see the table in this file's comment).
+struct dynamic_saved_format {
+  static constexpr std::uint32_t magic = 0x53444347u;   ///< "GCDS" as a little-endian word.
+  static constexpr std::uint16_t version = 1;           ///< The version this build writes and reads.
+  static constexpr std::size_t header_crc_offset = 33;  ///< Where the header CRC lies; it covers bytes before.
+  static constexpr std::size_t header_bytes = 37;       ///< Header size, its CRC included.
+  static constexpr std::size_t checksum_bytes = 4;      ///< Size of the trailing CRC of the entries.
+  static constexpr std::size_t entry_head_bytes = 16;   ///< u64 id and u64 n before each entry's values.
+};
+
+/// TAGC's dynamic sparsifier with error feedback keyed by tensor id, for `float` or `double`.
+template <gradient_value T = float>
+class dynamic_sparsifier {
+ public:
+  using value_type = T;                  ///< Element type of the gradient.
+  using state_type = dynamic_state<T>;   ///< Residuals carried across steps.
+  using result_type = dynamic_result<T>; ///< What a step reports.
+
+  /// @throws error `invalid_argument` for parameters out of range.
+  explicit dynamic_sparsifier(dynamic_params params = {}) : params_(params) { params_.validate(); }
+
+  /// The parameters.
+  [[nodiscard]] const dynamic_params& params() const noexcept { return params_; }
+  /// Changes the parameters between steps. @throws error `invalid_argument`.
+  void set_params(dynamic_params params) {
+    params.validate();
+    params_ = params;
+  }
+
+  /// z = ⌊f*·n⌋ (the product rounded to double first), at most n: the elements the exact rule
+  /// puts below τ*.
+  [[nodiscard]] std::uint64_t zeroed_count(std::uint64_t n) const noexcept {
+    const double product = params_.zero_fraction * static_cast<double>(n);
+    if (product >= static_cast<double>(n)) return n;
+    return static_cast<std::uint64_t>(product);
+  }
+
+  /// Workspace bytes `threshold` and `sparsify` need on executor `e` for n elements (the same for
+  /// both modes, so the mode may change between steps).
+  template <executor E>
+  [[nodiscard]] std::size_t workspace_bytes(const E& e, std::uint64_t n) const {
+    return backend<dynamic_sparsifier, E>::workspace_bytes(*this, e, n);
+  }
+
+  /// An empty state: no tensor has a residual yet.
+  template <executor E>
+  [[nodiscard]] state_type make_state(const E&) const {
+    return state_type{};
+  }
+
+  /// τ* of `a` under the current rule, with no state involved.
+  /// @throws error `non_finite_input` (NaN or ±Inf in a), `workspace_too_small`.
+  template <executor E>
+  [[nodiscard]] T threshold(const E& e, std::span<const T> a, std::span<std::byte> ws) const {
+    return backend<dynamic_sparsifier, E>::threshold(*this, e, a, ws);
+  }
+
+  /// One step for tensor `tensor_id`: a = grad + R[id] (R = 0 for an id not seen yet), out = ã,
+  /// R[id] ← a − ã. `out` has grad's size and may be `grad` itself (in place), but must not
+  /// overlap it otherwise; `ws` holds at least `workspace_bytes(e, n)` bytes. The first step of an
+  /// id allocates its residual. On error the state is unchanged and `out` unspecified.
+  /// @throws error `size_mismatch` (out's size, or n differs from the id's residual),
+  ///         `non_finite_input`, `workspace_too_small`.
+  template <executor E>
+  result_type sparsify(const E& e, state_type& state, std::uint64_t tensor_id, std::span<const T> grad,
+                       std::span<T> out, std::span<std::byte> ws) const {
+    return backend<dynamic_sparsifier, E>::sparsify(*this, e, state, tensor_id, grad, out, ws);
+  }
+
+  /// Size of `state` saved (format in this file's comment).
+  [[nodiscard]] static std::size_t saved_state_bytes(const state_type& state) noexcept {
+    std::size_t size = dynamic_saved_format::header_bytes + dynamic_saved_format::checksum_bytes;
+    for (const auto& [id, residual] : state.residuals)
+      size += dynamic_saved_format::entry_head_bytes + residual.size() * sizeof(T);
+    return size;
+  }
+  /// Writes `state` into `bytes` (at least `saved_state_bytes(state)`). @returns bytes written.
+  /// @throws error `buffer_too_small`.
+  template <executor E>
+  std::size_t save_state(const E& e, const state_type& state, std::span<std::byte> bytes) const {
+    return backend<dynamic_sparsifier, E>::save_state(*this, e, state, bytes);
+  }
+  /// Replaces `state` by the saved one, checking everything before touching it.
+  /// @throws error naming what is wrong with the bytes (order in this file's comment).
+  template <executor E>
+  void load_state(const E& e, std::span<const std::byte> bytes, state_type& state) const {
+    backend<dynamic_sparsifier, E>::load_state(*this, e, bytes, state);
+  }
+
+ private:
+  dynamic_params params_;
+};
+
+}  // namespace gradcomp
+
+#include <gradcomp/cpu/dynamic.hpp>

@@ -1,0 +1,61 @@
+#pragma once
+/// @file
+/// The `transport` concept (DESIGN.md §2): the collectives that gradcomp's compressed schemes need
+/// from a communicator the user already has (MPI, NCCL, Gloo, threads). gradcomp never creates a
+/// communicator; an adapter wraps one and exposes these calls. Capabilities that not every library
+/// offers (a bitwise-OR reduction) are separate concepts that schemes query at compile time.
+///
+/// Every call is collective: all ranks of the communicator make the same calls in the same order
+/// with the same counts. Reductions combine the contributions of ranks 0, 1, …, P−1 in that order,
+/// so every rank (and every run) gets the same bits.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace gradcomp {
+
+/// A communicator of `size()` ranks, this one being `rank()`, with the collectives below on
+/// float, double, uint8 and uint64 buffers.
+///
+/// - `all_reduce_sum(data)`: every rank's `data` becomes the element-wise sum over ranks.
+///   Unsigned integers wrap modulo 2^bits, as the libraries' SUM does.
+/// - `all_reduce_max(data)`: element-wise maximum (float and double).
+/// - `reduce_sum(data, root)`: `data` of rank `root` becomes the sum; other ranks' buffers are
+///   left unchanged.
+/// - `reduce_scatter_sum(in, out)`: `in` holds P equal blocks of `out.size()` values; rank r's
+///   `out` becomes the sum over ranks of block r.
+/// - `broadcast(data, root)`: every rank's `data` becomes rank `root`'s.
+/// - `all_gather_bytes(mine)`: every rank receives every rank's byte buffer (sizes may differ),
+///   in rank order.
+template <class X>
+concept transport = requires(X& t, const X& ct, std::span<float> f, std::span<double> d, std::span<std::uint8_t> u8,
+                             std::span<std::uint64_t> u64, std::span<const float> cf, std::span<const double> cd,
+                             std::span<std::byte> bytes, std::span<const std::byte> cbytes, int root) {
+  { ct.rank() } -> std::same_as<int>;
+  { ct.size() } -> std::same_as<int>;
+  t.all_reduce_sum(f);
+  t.all_reduce_sum(d);
+  t.all_reduce_sum(u8);
+  t.all_reduce_sum(u64);
+  t.all_reduce_max(f);
+  t.all_reduce_max(d);
+  t.reduce_sum(f, root);
+  t.reduce_sum(d, root);
+  t.reduce_scatter_sum(cf, f);
+  t.reduce_scatter_sum(cd, d);
+  t.broadcast(bytes, root);
+  { t.all_gather_bytes(cbytes) } -> std::same_as<std::vector<std::vector<std::byte>>>;
+};
+
+/// A transport that can also reduce bytes with bitwise OR (MPI_BOR, Gloo's custom reductions),
+/// which the bitmap index of lossless homomorphic compression needs. Stock NCCL cannot; schemes
+/// fall back to summable index fields there.
+template <class X>
+concept transport_with_bitwise_or = transport<X> && requires(X& t, std::span<std::uint8_t> u8) {
+  t.all_reduce_or(u8);
+};
+
+}  // namespace gradcomp

@@ -1,0 +1,337 @@
+// TAGC's compressed reduce-scatter over the in-process transport. The oracle is the plain fp32
+// reduce-scatter mean, computed here in rank order, of what each rank's sparsifier kept; the
+// gradients are multiples of 2^-12 below 2^-2, so every sum in the sketches and the residuals is
+// exact and the decoded shards must match bit for bit.
+#include <gradcomp/collective/tagc.hpp>
+#include <gradcomp/transport/in_process.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "support/errors.hpp"
+
+namespace gradcomp::test {
+namespace {
+
+using rank_states = std::vector<tagc_reduce_scatter<float>::state_type>;
+
+// Rank r's gradient at a step: N values k·2^-12 with |k| < 2^10, a different pattern per rank.
+std::vector<float> exact_gradient(std::size_t N, int rank, std::uint64_t step) {
+  std::mt19937_64 engine(1000 * step + static_cast<std::uint64_t>(rank) + 17);
+  std::uniform_int_distribution<int> k(-1023, 1023);
+  std::vector<float> g(N);
+  for (float& v : g) v = std::ldexp(static_cast<float>(k(engine)), -12);
+  return g;
+}
+
+bool same_bits(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
+}
+
+// Equal values (+0 and −0 count as equal: the sketch decodes a zero sum as +0, while a dense sum of
+// −0 contributions is −0); a NaN never equals anything.
+bool same_values(std::span<const float> a, std::span<const float> b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!(a[i] == b[i])) return false;
+  return true;
+}
+
+// What one rank saw in one call: its gradient, its residuals before and after, what it kept
+// (the state's sparsified shards), its output shard and its report.
+struct rank_step {
+  std::vector<float> grad;
+  std::map<std::uint64_t, std::vector<float>> residuals_before, residuals_after;
+  std::vector<float> kept;
+  std::vector<float> shard;
+  tagc_report report;
+};
+
+// Runs `steps` calls of the scheme on P in-process ranks; returns the record of the last step.
+template <class Transport = in_process_transport>
+std::vector<rank_step> run_tagc(const tagc_reduce_scatter<float>& tagc, int P, std::size_t m, int steps,
+                                rank_states* keep_states = nullptr) {
+  std::vector<rank_step> last(static_cast<std::size_t>(P));
+  rank_states states;
+  for (int r = 0; r < P; ++r) states.push_back(tagc.make_state(cpu_executor{}));
+  for (int step = 0; step < steps; ++step) {
+    in_process_group(P).run([&](in_process_transport& base) {
+      Transport t(base);
+      auto& state = states[static_cast<std::size_t>(base.rank())];
+      rank_step& rec = last[static_cast<std::size_t>(base.rank())];
+      rec.grad = exact_gradient(static_cast<std::size_t>(P) * m, base.rank(), static_cast<std::uint64_t>(step));
+      rec.residuals_before = state.residuals.residuals;
+      rec.shard.assign(m, std::numeric_limits<float>::quiet_NaN());
+      rec.report = tagc.reduce_scatter(cpu_executor{}, t, state, 7, std::span<const float>(rec.grad),
+                                       std::span<float>(rec.shard));
+      rec.residuals_after = state.residuals.residuals;
+      rec.kept = state.sparse;
+    });
+  }
+  if (keep_states) *keep_states = std::move(states);
+  return last;
+}
+
+// Forwards every collective to an in-process rank; `all_reduce_or` only when `WithOr` (without it,
+// the transport is like stock NCCL).
+template <bool WithOr>
+struct forwarding_transport {
+  explicit forwarding_transport(in_process_transport& t) : inner(&t) {}
+  in_process_transport* inner;
+  [[nodiscard]] int rank() const { return inner->rank(); }
+  [[nodiscard]] int size() const { return inner->size(); }
+  template <class V>
+  void all_reduce_sum(std::span<V> d) { inner->all_reduce_sum(d); }
+  template <class V>
+  void all_reduce_max(std::span<V> d) { inner->all_reduce_max(d); }
+  void all_reduce_or(std::span<std::uint8_t> d)
+    requires WithOr
+  { inner->all_reduce_or(d); }
+  template <class V>
+  void reduce_sum(std::span<V> d, int root) { inner->reduce_sum(d, root); }
+  template <class V>
+  void reduce_scatter_sum(std::span<const V> in, std::span<V> out) { inner->reduce_scatter_sum(in, out); }
+  void broadcast(std::span<std::byte> d, int root) { inner->broadcast(d, root); }
+  std::vector<std::vector<std::byte>> all_gather_bytes(std::span<const std::byte> b) { return inner->all_gather_bytes(b); }
+};
+using sum_only_transport = forwarding_transport<false>;
+using same_transport = forwarding_transport<true>;
+static_assert(transport<sum_only_transport> && !transport_with_bitwise_or<sum_only_transport>);
+static_assert(transport_with_bitwise_or<same_transport>);
+
+tagc_params small_blocks(tagc_schedule schedule, double zero_fraction = 0.8) {
+  tagc_params p;
+  p.sparsify.zero_fraction = zero_fraction;
+  p.sketch.block = 64;
+  p.schedule = schedule;
+  return p;
+}
+
+// Checks the last step of a run against the oracle: per shard, kept + new residual == gradient +
+// old residual (bit for bit); each owner's shard == (1/P)·Σ_p kept_p (rank order) on the aligned
+// part and (1/P)·Σ_p grad_p on the tail.
+void check_against_oracle(const std::vector<rank_step>& ranks, std::size_t m, std::size_t block) {
+  const auto P = ranks.size();
+  const std::size_t aligned = m / block * block;
+  for (std::size_t p = 0; p < P; ++p) {
+    const rank_step& rec = ranks[p];
+    REQUIRE(rec.kept.size() == P * aligned);
+    for (std::size_t s = 0; s < P; ++s) {
+      const auto key = tagc_reduce_scatter<float>::residual_key(7, static_cast<int>(P), static_cast<int>(s));
+      REQUIRE(rec.residuals_after.count(key) == 1);
+      const auto& after = rec.residuals_after.at(key);
+      const auto before_it = rec.residuals_before.find(key);
+      std::size_t broken = 0;
+      for (std::size_t i = 0; i < aligned; ++i) {
+        const float old_residual = before_it == rec.residuals_before.end() ? 0.0f : before_it->second[i];
+        const float lhs = rec.kept[s * aligned + i] + after[i];
+        const float rhs = rec.grad[s * m + i] + old_residual;
+        broken += lhs == rhs ? 0 : 1;
+      }
+      CHECK(broken == 0);
+    }
+  }
+  for (std::size_t owner = 0; owner < P; ++owner) {
+    std::vector<float> expected(m);
+    for (std::size_t i = 0; i < m; ++i) {
+      float sum = 0.0f;
+      for (std::size_t p = 0; p < P; ++p)
+        sum += i < aligned ? ranks[p].kept[owner * aligned + i] : ranks[p].grad[owner * m + i];
+      expected[i] = sum / static_cast<float>(P);
+    }
+    CAPTURE(owner);
+    CHECK(same_values(ranks[owner].shard, expected));
+  }
+}
+
+TEST_CASE("tagc owners get the fp32 reduce-scatter mean of the sparsified gradients, bit for bit") {
+  constexpr std::size_t block = 64;
+  for (int P : {2, 3, 4, 8}) {
+    for (const auto schedule : {tagc_schedule::per_shard, tagc_schedule::fused}) {
+      for (const std::size_t m : {std::size_t{5 * block + 17}, std::size_t{8 * block}, std::size_t{block - 3}}) {
+        CAPTURE(P);
+        CAPTURE(static_cast<int>(schedule));
+        CAPTURE(m);
+        const tagc_reduce_scatter<float> tagc(small_blocks(schedule));
+        const auto ranks = run_tagc(tagc, P, m, 3);
+        check_against_oracle(ranks, m, block);
+        for (const auto& rec : ranks) CHECK(rec.report.unrecovered == 0);
+        // Each rank kept ⌊(1 − f*)…⌋: exactly ⌊0.8·aligned⌋ zeroed per shard when there are no ties
+        // at the threshold; here values repeat, so at least that many survive.
+        const std::size_t aligned = m / block * block;
+        for (const auto& rec : ranks)
+          CHECK(rec.report.kept >= static_cast<std::size_t>(P) * (aligned - static_cast<std::size_t>(0.8 * static_cast<double>(aligned))));
+      }
+    }
+  }
+}
+
+TEST_CASE("tagc fused and per-shard schedules give identical shards, residuals and reports") {
+  constexpr std::size_t m = 6 * 64 + 5;
+  for (int P : {2, 4}) {
+    CAPTURE(P);
+    const auto per_shard = run_tagc(tagc_reduce_scatter<float>(small_blocks(tagc_schedule::per_shard)), P, m, 4);
+    const auto fused = run_tagc(tagc_reduce_scatter<float>(small_blocks(tagc_schedule::fused)), P, m, 4);
+    for (std::size_t r = 0; r < per_shard.size(); ++r) {
+      CHECK(same_bits(per_shard[r].shard, fused[r].shard));
+      CHECK(per_shard[r].residuals_after == fused[r].residuals_after);
+      CHECK(per_shard[r].report.sketch_values == fused[r].report.sketch_values);
+      CHECK(per_shard[r].report.union_nonzeros == fused[r].report.union_nonzeros);
+    }
+  }
+}
+
+TEST_CASE("tagc over a transport without bitwise OR sums 4-bit index fields and gets the same result") {
+  constexpr std::size_t m = 4 * 64 + 9;
+  const tagc_reduce_scatter<float> tagc(small_blocks(tagc_schedule::fused));
+  CHECK(tagc.index_coding<sum_only_transport>(4) == lhc_index_coding::sum4);
+  CHECK(tagc.index_coding<sum_only_transport>(16) == lhc_index_coding::sum8);
+  CHECK(tagc.index_coding<same_transport>(16) == lhc_index_coding::bitmap);
+  CHECK(thrown_by([&] { (void)tagc.index_coding<sum_only_transport>(256); }) == named(errc::invalid_argument));
+  const auto with_or = run_tagc<same_transport>(tagc, 4, m, 2);
+  const auto sum_only = run_tagc<sum_only_transport>(tagc, 4, m, 2);
+  for (std::size_t r = 0; r < 4; ++r) {
+    CHECK(same_bits(with_or[r].shard, sum_only[r].shard));
+    // The 4-bit index is four times the bitmap: 4·(N/2) bytes against N/8 per call.
+    CHECK(sum_only[r].report.sent_bytes > with_or[r].report.sent_bytes);
+  }
+  check_against_oracle(sum_only, m, 64);
+}
+
+TEST_CASE("tagc reports its bytes: indexes, sketches and tails, fewer than dense when sparse enough") {
+  constexpr std::size_t block = 64, m = 64 * block + 10;
+  const tagc_reduce_scatter<float> tagc(small_blocks(tagc_schedule::fused, 0.95));
+  const auto ranks = run_tagc(tagc, 2, m, 1);
+  const lossless_homomorphic<float> lhc(tagc.params().sketch);
+  for (const auto& rec : ranks) {
+    CHECK(rec.report.dense_bytes == 2 * m * sizeof(float));
+    CHECK(rec.report.sent_bytes < rec.report.dense_bytes / 2);
+    CHECK(rec.report.sketch_values > 0);
+    CHECK(rec.report.sketch_values < m / 4);
+  }
+  // Every rank contributes both indexes, then one segment per shard: the shard's sketch plus the
+  // tail, padded to the longest of them (the fused schedule's reduce-scatter), then any shard
+  // resent after a stall.
+  std::uint64_t longest = 0;
+  for (const auto& rec : ranks) longest = std::max<std::uint64_t>(longest, rec.report.sketch_values + (m % block));
+  CHECK(ranks[0].report.sent_bytes == 2 * lhc.index_bytes(m / block * block) + 2 * longest * sizeof(float) +
+                                          ranks[0].report.resent_shards * m * sizeof(float));
+  check_against_oracle(ranks, m, block);
+}
+
+TEST_CASE("tagc resends a shard whose sketch stalls under the report policy and is never wrong") {
+  constexpr std::size_t block = 64, m = 16 * block;
+  for (const auto schedule : {tagc_schedule::per_shard, tagc_schedule::fused}) {
+    tagc_params p = small_blocks(schedule, 0.5);
+    p.sketch.fixed_compress_ratio = 4;  // r·B = n/4 cells for a union of about 3/4 of n: peeling stalls
+    const auto ranks = run_tagc(tagc_reduce_scatter<float>(p), 4, m, 1);
+    for (const auto& rec : ranks) {
+      CHECK(rec.report.unrecovered > 0);
+      CHECK(rec.report.resent_shards == 4);
+      CHECK(rec.report.estimated == 0);
+    }
+    for (std::size_t owner = 0; owner < 4; ++owner) {
+      std::vector<float> expected(m);
+      for (std::size_t i = 0; i < m; ++i) {
+        float sum = 0.0f;
+        for (std::size_t q = 0; q < 4; ++q) sum += ranks[q].kept[owner * m + i];
+        expected[i] = sum / 4.0f;
+      }
+      CHECK(same_values(ranks[owner].shard, expected));
+    }
+    // The explicit median policy keeps the estimates instead, and says how many.
+    p.sketch.on_stall = lhc_stall_policy::median_estimate;
+    const auto estimated = run_tagc(tagc_reduce_scatter<float>(p), 4, m, 1);
+    for (const auto& rec : estimated) {
+      CHECK(rec.report.resent_shards == 0);
+      CHECK(rec.report.estimated == rec.report.unrecovered);
+      CHECK(rec.report.estimated > 0);
+    }
+  }
+}
+
+TEST_CASE("tagc skips a step on every rank when any rank's gradient holds NaN or Inf, state untouched") {
+  constexpr std::size_t m = 3 * 64 + 1;
+  const tagc_reduce_scatter<float> tagc(small_blocks(tagc_schedule::fused));
+  rank_states states;
+  run_tagc(tagc, 3, m, 2, &states);
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    std::vector<std::map<std::uint64_t, std::vector<float>>> before;
+    for (const auto& s : states) before.push_back(s.residuals.residuals);
+    std::mutex mutex;
+    std::vector<std::string> outcomes;
+    in_process_group(3).run([&](in_process_transport& t) {
+      auto grad = exact_gradient(3 * m, t.rank(), 99);
+      if (t.rank() == 1) grad[m + 5] = bad;  // only rank 1 sees it
+      std::vector<float> shard(m);
+      const std::string outcome = thrown_by([&] {
+        (void)tagc.reduce_scatter(cpu_executor{}, t, states[static_cast<std::size_t>(t.rank())], 7,
+                                  std::span<const float>(grad), std::span<float>(shard));
+      });
+      const std::lock_guard lock(mutex);
+      outcomes.push_back(outcome);
+    });
+    CHECK(outcomes == std::vector<std::string>(3, named(errc::non_finite_input)));
+    for (std::size_t r = 0; r < 3; ++r) CHECK(states[r].residuals.residuals == before[r]);
+  }
+}
+
+TEST_CASE("tagc rejects a gradient that is not P shards and a transport too large for the index") {
+  const tagc_reduce_scatter<float> tagc(small_blocks(tagc_schedule::fused));
+  CHECK(thrown_by([&] {
+          in_process_group(2).run([&](in_process_transport& t) {
+            auto state = tagc.make_state(cpu_executor{});
+            const std::vector<float> grad(201, 0.0f);
+            std::vector<float> shard(100);
+            (void)tagc.reduce_scatter(cpu_executor{}, t, state, 0, std::span<const float>(grad), std::span<float>(shard));
+          });
+        }) == named(errc::size_mismatch));
+  tagc_params bad;
+  bad.sketch.block = 0;
+  CHECK(thrown_by([&] { tagc_reduce_scatter<float> x(bad); }) == named(errc::invalid_argument));
+}
+
+TEST_CASE("tagc with the reference settings: threshold table, fixed compress ratio 2, two ranks") {
+  constexpr std::size_t block = 64, m = 12 * block + 30;
+  tagc_params p = small_blocks(tagc_schedule::per_shard);
+  p.sparsify.mode = dynamic_threshold_mode::tagc_table;
+  p.sketch.fixed_compress_ratio = 2;
+  const auto ranks = run_tagc(tagc_reduce_scatter<float>(p), 2, m, 3);
+  for (const auto& rec : ranks) CHECK(rec.report.sketch_values == 6 * block);  // ⌈12/2⌉ rows of B
+  check_against_oracle(ranks, m, block);  // exact, peeled or (where the table kept too much) resent
+}
+
+TEST_CASE("tagc on double gradients") {
+  constexpr std::size_t m = 2 * 64 + 3;
+  tagc_reduce_scatter<double> tagc(small_blocks(tagc_schedule::fused));
+  std::vector<std::vector<double>> shards(2);
+  std::vector<std::vector<double>> grads(2);
+  in_process_group(2).run([&](in_process_transport& t) {
+    auto state = tagc.make_state(cpu_executor{});
+    const auto g = exact_gradient(2 * m, t.rank(), 0);
+    auto& grad = grads[static_cast<std::size_t>(t.rank())];
+    grad.assign(g.begin(), g.end());
+    auto& shard = shards[static_cast<std::size_t>(t.rank())];
+    shard.resize(m);
+    (void)tagc.reduce_scatter(cpu_executor{}, t, state, 0, std::span<const double>(grad), std::span<double>(shard));
+  });
+  // The tails are dense: the mean of the two ranks' tails.
+  for (std::size_t owner = 0; owner < 2; ++owner)
+    for (std::size_t i = 2 * 64; i < m; ++i)
+      CHECK(shards[owner][i] == (grads[0][owner * m + i] + grads[1][owner * m + i]) / 2.0);
+}
+
+}  // namespace
+}  // namespace gradcomp::test
