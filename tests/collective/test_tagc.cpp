@@ -72,11 +72,11 @@ std::vector<rank_step> run_tagc(const tagc_reduce_scatter<float>& tagc, int P, s
       auto& state = states[static_cast<std::size_t>(base.rank())];
       rank_step& rec = last[static_cast<std::size_t>(base.rank())];
       rec.grad = exact_gradient(static_cast<std::size_t>(P) * m, base.rank(), static_cast<std::uint64_t>(step));
-      rec.residuals_before = state.residuals.residuals;
+      rec.residuals_before = state.feedback.residuals;
       rec.shard.assign(m, std::numeric_limits<float>::quiet_NaN());
       rec.report = tagc.reduce_scatter(cpu_executor{}, t, state, 7, std::span<const float>(rec.grad),
                                        std::span<float>(rec.shard));
-      rec.residuals_after = state.residuals.residuals;
+      rec.residuals_after = state.feedback.residuals;
       rec.kept = state.sparse;
     });
   }
@@ -269,7 +269,7 @@ TEST_CASE("tagc skips a step on every rank when any rank's gradient holds NaN or
   run_tagc(tagc, 3, m, 2, &states);
   for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
     std::vector<std::map<std::uint64_t, std::vector<float>>> before;
-    for (const auto& s : states) before.push_back(s.residuals.residuals);
+    for (const auto& s : states) before.push_back(s.feedback.residuals);
     std::mutex mutex;
     std::vector<std::string> outcomes;
     in_process_group(3).run([&](in_process_transport& t) {
@@ -284,7 +284,39 @@ TEST_CASE("tagc skips a step on every rank when any rank's gradient holds NaN or
       outcomes.push_back(outcome);
     });
     CHECK(outcomes == std::vector<std::string>(3, named(errc::non_finite_input)));
-    for (std::size_t r = 0; r < 3; ++r) CHECK(states[r].residuals.residuals == before[r]);
+    for (std::size_t r = 0; r < 3; ++r) CHECK(states[r].feedback.residuals == before[r]);
+  }
+}
+
+TEST_CASE("tagc state saved after two steps continues bit-identically") {
+  constexpr std::size_t m = 4 * 64 + 3;
+  const tagc_reduce_scatter<float> tagc(small_blocks(tagc_schedule::fused));
+  rank_states states;
+  run_tagc(tagc, 3, m, 2, &states);
+  std::vector<std::vector<std::byte>> saved;
+  for (const auto& s : states) {
+    saved.emplace_back(tagc_reduce_scatter<float>::saved_state_bytes(s));
+    CHECK(tagc.save_state(cpu_executor{}, s, saved.back()) == saved.back().size());
+  }
+  rank_states restored;
+  for (const auto& bytes : saved) {
+    restored.push_back(tagc.make_state(cpu_executor{}));
+    tagc.load_state(cpu_executor{}, bytes, restored.back());
+  }
+  const auto step = [&](rank_states& st) {
+    std::vector<std::vector<float>> shards(3, std::vector<float>(m));
+    in_process_group(3).run([&](in_process_transport& t) {
+      const auto grad = exact_gradient(3 * m, t.rank(), 2);
+      (void)tagc.reduce_scatter(cpu_executor{}, t, st[static_cast<std::size_t>(t.rank())], 7,
+                                std::span<const float>(grad), std::span<float>(shards[static_cast<std::size_t>(t.rank())]));
+    });
+    return shards;
+  };
+  const auto continued = step(states);
+  const auto resumed = step(restored);
+  for (std::size_t r = 0; r < 3; ++r) {
+    CHECK(same_bits(continued[r], resumed[r]));
+    CHECK(states[r].feedback.residuals == restored[r].feedback.residuals);
   }
 }
 

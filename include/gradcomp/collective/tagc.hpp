@@ -74,7 +74,7 @@ class tagc_reduce_scatter {
  public:
   /// Residuals and reusable buffers of one rank.
   struct state_type {
-    typename dynamic_sparsifier<T>::state_type residuals;  ///< Keyed by (tensor id, shard).
+    typename dynamic_sparsifier<T>::state_type feedback;   ///< Residuals keyed by (tensor id, shard).
     std::vector<T> sparse;                                 ///< The sparsified shards, P·⌊m/B⌋·B.
     std::vector<std::byte> indexes;                        ///< P indexes, local then aggregated.
     std::vector<T> segments;                               ///< Sketch-and-tail segments.
@@ -92,6 +92,21 @@ class tagc_reduce_scatter {
 
   /// Empty state: residuals are created on first use of each (tensor id, shard).
   [[nodiscard]] state_type make_state(const cpu_executor& e) const { return {sparsifier_.make_state(e), {}, {}, {}, {}, {}}; }
+
+  /// Bytes `save_state` writes: the residuals in the dynamic sparsifier's saved format (the other
+  /// members of the state are scratch and are not saved).
+  [[nodiscard]] static std::size_t saved_state_bytes(const state_type& state) noexcept {
+    return dynamic_sparsifier<T>::saved_state_bytes(state.feedback);
+  }
+  /// Writes the residuals of `state` for a checkpoint; returns the bytes written.
+  std::size_t save_state(const cpu_executor& e, const state_type& state, std::span<std::byte> bytes) const {
+    return sparsifier_.save_state(e, state.feedback, bytes);
+  }
+  /// Restores residuals saved by `save_state`; a restored run continues bit-identically.
+  /// @throws error as `dynamic_sparsifier::load_state`; `state` is unchanged then.
+  void load_state(const cpu_executor& e, std::span<const std::byte> bytes, state_type& state) const {
+    sparsifier_.load_state(e, bytes, state.feedback);
+  }
 
   /// Error-feedback key of shard `shard` of tensor `tensor_id` in a group of `ranks`:
   /// tensor_id·ranks + shard, so the residuals of a job with a fixed number of ranks never mix.
@@ -146,7 +161,7 @@ class tagc_reduce_scatter {
       const auto part = grad.subspan(static_cast<std::size_t>(s) * m, aligned);
       const auto sparse = std::span<T>(state.sparse).subspan(static_cast<std::size_t>(s) * aligned, aligned);
       reserve_workspace(state, sparsifier_.workspace_bytes(e, aligned));
-      report.kept += sparsifier_.sparsify(e, state.residuals, residual_key(tensor_id, ranks, s), part, sparse,
+      report.kept += sparsifier_.sparsify(e, state.feedback, residual_key(tensor_id, ranks, s), part, sparse,
                                           state.workspace).kept;
       lhc.encode_index(e, sparse, index_of(state, s, index_bytes));
     }
