@@ -641,7 +641,7 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
     buffer<std::byte> sketch_workspace(std::max<std::size_t>(sketch.workspace_bytes(cpu, n), 1));
     const std::span<const std::byte> sketch_message = sketch_buffer.span();
     const timing sketch_encode = measure(
-        opt, [&] { (void)sketch.encode(cpu, gradient, sketch_buffer.span(), {}, key); },
+        opt, [&] { (void)sketch.encode(cpu, gradient, sketch_buffer.span(), sketch_workspace.span(), key); },
         [&] { sum.add_message(sketch_message); });
     add("count_sketch/encode", sketch_encode, dense_bytes / static_cast<double>(sketch_message.size()));
     const timing sketch_decode = measure(

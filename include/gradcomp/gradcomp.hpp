@@ -44,7 +44,9 @@
 #include <gradcomp/lossless/mpc.hpp>
 
 #include <gradcomp/collective/tagc.hpp>
+#include <gradcomp/control/gravac.hpp>
 #include <gradcomp/control/layer_policy.hpp>
+#include <gradcomp/control/message_policy.hpp>
 
 #include <gradcomp/transport/in_process.hpp>
 #include <gradcomp/transport/transport.hpp>

@@ -50,16 +50,16 @@ struct backend<count_sketch<T>, cpu_executor> {
   using codec_type = count_sketch<T>;
   using key_type = typename float_traits<T>::bits_type;
 
-  /// Encoding needs its partition queues (`encode_scratch`); decoding needs the n estimates and the
-  /// radix-selection histograms. The larger of the two, as both use the same buffer.
+  /// The larger of what encoding uses (its range queues, `encode_scratch`) and what decoding uses
+  /// (the n estimates and the radix-selection histograms): both run in the same buffer.
   static std::size_t workspace_bytes(const codec_type& codec, const cpu_executor&, std::uint64_t n) {
     workspace_arena decoding = workspace_arena::measure();
     (void)carve(decoding, n);
     return std::max(decoding.bytes_needed(), encode_workspace_bytes(codec, n));
   }
 
-  /// Encodes through the partition queues when `ws` holds `workspace_bytes(n)`, else by updating
-  /// the cells directly; both write the same bytes.
+  /// Encodes through the range queues when `ws` holds `workspace_bytes(n)`, else (slower) by
+  /// updating the cells directly; both write the same bytes.
   static std::size_t encode(const codec_type& codec, const cpu_executor& e, std::span<const T> grad,
                             std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
     const std::uint64_t n = grad.size();
@@ -71,7 +71,7 @@ struct backend<count_sketch<T>, cpu_executor> {
     const T* const g = grad.data();
     if (n > 0 && ws.size() >= encode_workspace_bytes(codec, n)) {
       workspace_arena arena(ws);
-      encode_partitioned(codec, e.avx2(), g, n, cells, carve_encode(arena, codec, n));
+      encode_queued(codec, e.avx2(), g, n, cells, carve_encode(arena, codec, n));
     } else {
       walk(
           codec, e.avx2(), n, cells,
@@ -146,10 +146,11 @@ struct backend<count_sketch<T>, cpu_executor> {
   /// How many elements ahead along a row the cell to come is prefetched.
   static constexpr std::size_t prefetch_ahead = 24;
 
-  /// Elements whose hashes the partitioned encoder computes together (8 KiB of hashes): a power of
-  /// two, so no chunk straddles two values of the index's high word.
+  /// Elements whose hashes the queued encoder computes together (8 KiB of hashes). 2^32 is a
+  /// multiple, so no chunk straddles two values of the index's high word.
   static constexpr std::size_t encode_chunk = 2048;
-  /// Bytes of cells a column range spans at least: small enough to stay in the L2 cache.
+  /// Bytes of cells a column range spans unless the row is longer than 2^max_range_bits of them:
+  /// small enough to stay in the L2 cache and the TLB while its queue is applied.
   static constexpr std::size_t range_cell_bytes = std::size_t{1} << 18;
   /// A row has at most 2^4 column ranges (longer rows get wider ranges).
   static constexpr unsigned max_range_bits = 4;
@@ -162,8 +163,9 @@ struct backend<count_sketch<T>, cpu_executor> {
     T value;
   };
 
-  /// How the partitioned encoder splits a row and the input: range r holds columns
-  /// [r·2^shift, (r+1)·2^shift), and its queue `capacity` updates.
+  /// How the queued encoder splits a row and the input: range r holds the columns
+  /// [r·2^shift, (r+1)·2^shift), its queue holds up to `capacity` updates, and `chunk` elements are
+  /// hashed at a time.
   struct partitioning {
     unsigned shift;
     std::size_t ranges;
@@ -171,6 +173,7 @@ struct backend<count_sketch<T>, cpu_executor> {
     std::size_t chunk;
   };
 
+  /// The partitioning of every row of `codec` for an n-element tensor (n ≥ 1).
   [[nodiscard]] static partitioning partitioning_of(const codec_type& codec, std::uint64_t n) noexcept {
     const std::uint64_t columns = codec.columns();
     const auto widest = static_cast<unsigned>(std::bit_width(columns - 1));  // bits of the last column
@@ -181,7 +184,8 @@ struct backend<count_sketch<T>, cpu_executor> {
             static_cast<std::size_t>(std::min<std::uint64_t>(encode_chunk, n))};
   }
 
-  /// Encoding's workspace: the hashes of a chunk, every range's queue, and where each queue ends.
+  /// Encoding's workspace: the hashes of a chunk, every range's queue, and where each queue ends
+  /// (one row's queues at a time).
   struct encode_scratch {
     std::span<std::uint32_t> hashes;
     std::span<update> queues;  // range r's queue starts at r·capacity
@@ -198,6 +202,7 @@ struct backend<count_sketch<T>, cpu_executor> {
     return s;
   }
 
+  /// Bytes of workspace the queued encoder needs.
   [[nodiscard]] static std::size_t encode_workspace_bytes(const codec_type& codec, std::uint64_t n) {
     workspace_arena arena = workspace_arena::measure();
     (void)carve_encode(arena, codec, n);
@@ -206,7 +211,7 @@ struct backend<count_sketch<T>, cpu_executor> {
 
   /// S[j][h_j(i)] += σ_j(i)·g[i] for every row j and element i < n (n ≥ 1) into the zeroed `cells`,
   /// through the range queues (see this file's comment).
-  static void encode_partitioned(const codec_type& codec, bool avx2, const T* g, std::uint64_t n, std::byte* cells,
+  static void encode_queued(const codec_type& codec, bool avx2, const T* g, std::uint64_t n, std::byte* cells,
                                  const encode_scratch& s) {
     const partitioning part = partitioning_of(codec, n);
     const std::uint64_t columns = codec.columns();

@@ -26,6 +26,14 @@
 ///     r·c cells (value dtype: float32 or float64), row-major: cell b of row j at payload offset
 ///     (j·c + b)·sizeof(T)
 ///
+/// Workspace (CPU executor): `workspace_bytes(n)` is the larger of what encoding and decoding use.
+/// Encoding queues each row's updates by column range (cpu/count_sketch.hpp): the hashes of 2048
+/// elements (8 KiB), then for each of the row's ranges (at most 16; ranges of 2^16 columns for
+/// float, 2^15 for double, wider when c > 2^20 or 2^19) a queue of min(n, 2^16) updates of 8 bytes
+/// for float, or min(n, 2^15) of 16 bytes for double: at most 8 MiB and a few KiB. Given less (an
+/// empty span, say), encoding updates the cells directly instead: the same bytes, slower. Decoding
+/// and `heavy_hitters` use n estimates of T and 48 KiB of histograms; `estimate` uses none.
+///
 /// Estimate: x̂_i = median over rows of σ_j(i)·S[j][h_j(i)]; for even r, the mean of the two
 /// middle values, computed as a/2 + b/2 (no overflow). Decoding recovers the heavy hitters: the
 /// `heavy_hitter_count(n)` estimates of largest magnitude (ties to the lower index) are written at

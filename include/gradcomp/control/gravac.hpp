@@ -1,0 +1,352 @@
+#pragma once
+/// @file
+/// GraVAC (Tyagi & Swany 2023): an adaptive controller that searches for the most aggressive
+/// density θ of a sparsifier (top-k by default) whose compressed gradient still keeps enough of
+/// the gradient, judged by compression gain and compression throughput (ALGORITHMS.md §6).
+///
+/// Each step the trainer compresses its gradient twice: at the candidate density θ_cur
+/// ("current") and at the safe density θ_min ("safe"), each with its own error-feedback residual.
+/// The controller smooths the magnitudes of the gradient and of both compressed gradients with a
+/// windowed EWMA, and the gain of a candidate is EWMA(‖C(g)‖) / EWMA(‖g‖). It sends the candidate
+/// when its gain reaches ε, else the safe level when that one does, else the dense gradient. It
+/// records the compression throughput CT(θ) = samples/s × gain of what was sent and, window by
+/// window, moves the candidate θ_cur ← θ_cur × step towards θ_max until the best two throughputs
+/// differ by less than ω, keeping the more aggressive θ.
+///
+/// Fixes to the reference code (run/compression_throughput.py):
+/// - the search is progressive, one candidate per window of W steps, down to θ_max (the reference
+///   jumps from θ_min straight to θ_max);
+/// - the EWMA is defined from the first sample (over the samples there are, at most W), and a
+///   gain whose gradient EWMA is 0 is defined as 1: a zero gradient loses nothing (the reference
+///   divides 0 by 0 during its first W steps);
+/// - every step sends something, so gradients are always synchronised (the reference sends
+///   nothing while θ_cur equals θ_min after its warm-up);
+/// - a candidate's gain is computed from its own compressed norms (the reference re-reads the
+///   safe compressor's);
+/// - only the path actually sent updates its error-feedback residual (`gravac_feedback`, with the
+///   reference's "both residuals every step" as the alternative);
+/// - decisions depend only on rank-aggregated statistics (`aggregate_observation`), so every
+///   rank takes the same decision and no collective deadlocks.
+///
+/// Why not the `controller` concept's `next(const round_stats&)`: a round_stats carries the norm
+/// of one compressed gradient, and GraVAC needs the norms of both candidates every step. The
+/// controller reads a `gravac_observation` instead; it still keeps the concept's shape (one
+/// `next` per step returning the next `parameters`).
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include <gradcomp/core/error.hpp>
+#include <gradcomp/sparsify/sparsity.hpp>
+#include <gradcomp/transport/transport.hpp>
+
+namespace gradcomp {
+
+/// What the gain compares.
+enum class gravac_gain_measure : std::uint8_t {
+  norm,          ///< Sums of per-layer L2 norms, Σ_l ‖x_l‖₂ (the reference code).
+  squared_norm,  ///< Sums of per-layer squared L2 norms, Σ_l ‖x_l‖₂² (a variance ratio).
+};
+
+/// Which error-feedback residuals a step updates.
+enum class gravac_feedback : std::uint8_t {
+  sent_path_only,  ///< Only the residual of the path sent (none when the dense gradient is sent).
+  both_paths,      ///< Both candidates' residuals every step, whatever was sent (the reference).
+};
+
+/// What a step sends.
+enum class gravac_choice : std::uint8_t {
+  current,  ///< The gradient compressed at the candidate density θ_cur.
+  safe,     ///< The gradient compressed at the safe density θ_min.
+  dense,    ///< The uncompressed gradient.
+};
+
+/// Hyper-parameters of the GraVAC controller; the defaults are the reference's.
+struct gravac_options {
+  double theta_min = 0.1;     ///< Safe density θ_min, where the search starts.
+  double theta_max = 0.0001;  ///< Most aggressive density θ_max, where the search ends.
+  double step = 0.5;          ///< Multiplier on θ_cur after each window of the search, in (0, 1).
+  double epsilon = 0.75;      ///< Minimum gain ε of a compressed path to be sent.
+  double omega = 0.05;        ///< Plateau threshold ω on the relative gap of the best two throughputs.
+  std::uint32_t window = 25;  ///< Window W: steps per candidate, and the EWMA's length.
+  double alpha = 0.05;        ///< EWMA smoothing α: the sample k steps old weighs (1 − α)^k.
+  gravac_gain_measure measure = gravac_gain_measure::norm;       ///< What the gain compares.
+  gravac_feedback feedback = gravac_feedback::sent_path_only;  ///< Which residuals a step updates.
+  /// Multi-level compression: the trainer computes the candidate by compressing the safe result
+  /// further (keeping θ_cur/θ_min of its values) instead of sparsifying the whole gradient again.
+  /// The controller only reports the flag in its decisions; the trainer acts on it.
+  bool multi_level = false;
+
+  /// Throws `invalid_argument` unless 0 < θ_max ≤ θ_min ≤ 1, 0 < step < 1, ε ≥ 0, ω ≥ 0 (both
+  /// finite), W ≥ 1 and 0 < α ≤ 1.
+  void validate() const {
+    const auto require = [](bool ok, const char* what) { detail::require(ok, errc::invalid_argument, what); };
+    require(theta_max > 0.0 && theta_max <= theta_min && theta_min <= 1.0,
+            "GraVAC densities must satisfy 0 < theta_max <= theta_min <= 1");
+    require(step > 0.0 && step < 1.0, "GraVAC step multiplier must lie in (0, 1)");
+    require(epsilon >= 0.0 && std::isfinite(epsilon), "GraVAC minimum gain epsilon must be finite and >= 0");
+    require(omega >= 0.0 && std::isfinite(omega), "GraVAC plateau threshold omega must be finite and >= 0");
+    require(window >= 1, "GraVAC window must hold at least one step");
+    require(alpha > 0.0 && alpha <= 1.0, "GraVAC EWMA alpha must lie in (0, 1]");
+  }
+};
+
+/// The statistics of one step, summed over layers and aggregated over ranks
+/// (`aggregate_observation`). Magnitudes are Σ_l `gravac_controller::magnitude(‖x_l‖₂²)`: norms
+/// or squared norms as the options' `measure` says.
+struct gravac_observation {
+  double gradient = 0.0;       ///< Magnitude of the gradient g (without residuals).
+  double current = 0.0;        ///< Magnitude of C_cur, the gradient compressed at θ_cur (with its residual).
+  double safe = 0.0;           ///< Magnitude of C_min, the gradient compressed at θ_min (with its residual).
+  double seconds = 0.0;        ///< Wall time of the step; 0 marks an untimed step, which adds no throughput.
+  std::uint64_t samples = 0;   ///< Samples the step processed.
+
+  /// Throws `invalid_argument` unless every field is finite and ≥ 0.
+  void validate() const {
+    const auto ok = [](double v) { return v >= 0.0 && std::isfinite(v); };
+    detail::require(ok(gradient) && ok(current) && ok(safe) && ok(seconds), errc::invalid_argument,
+                    "GraVAC observations must be finite and >= 0");
+  }
+};
+
+/// What the trainer does in the coming step.
+struct gravac_decision {
+  gravac_choice send = gravac_choice::safe;  ///< The path to send.
+  sparsity current{};                        ///< Density θ_cur of the candidate to compute.
+  sparsity safe{};                           ///< Density θ_min of the safe level to compute.
+  std::optional<double> gain_current;        ///< Candidate's gain; empty until the candidate was observed.
+  std::optional<double> gain_safe;           ///< Safe level's gain; empty before the first observation.
+  bool searching = true;                     ///< Whether the search for θ is still running.
+  bool update_current_residual = false;      ///< Whether the candidate's residual takes this step's error.
+  bool update_safe_residual = true;          ///< Whether the safe level's residual takes this step's error.
+  bool multi_level = false;                  ///< Compute the candidate from the safe result (options).
+
+  /// The amount sent: θ_cur's or θ_min's sparsity, or empty for the dense gradient.
+  [[nodiscard]] std::optional<sparsity> sent() const {
+    if (send == gravac_choice::current) return current;
+    if (send == gravac_choice::safe) return safe;
+    return std::nullopt;
+  }
+
+  friend bool operator==(const gravac_decision&, const gravac_decision&) = default;
+};
+
+/// Aggregates one rank's step statistics over the ranks of `t`: magnitudes and samples are summed,
+/// the time is the slowest rank's. Collective; every rank gets the same bits (the transport
+/// reduces in rank order), so controllers fed the result decide identically. Nothing is checked
+/// before the collectives: an invalid value on any rank reaches every rank, whose `next` throws.
+template <transport X>
+[[nodiscard]] gravac_observation aggregate_observation(X& t, const gravac_observation& local) {
+  std::array<double, 3> magnitudes{local.gradient, local.current, local.safe};
+  std::array<double, 1> seconds{local.seconds};
+  std::array<std::uint64_t, 1> samples{local.samples};
+  t.all_reduce_sum(std::span<double>(magnitudes));
+  t.all_reduce_max(std::span<double>(seconds));
+  t.all_reduce_sum(std::span<std::uint64_t>(samples));
+  return {magnitudes[0], magnitudes[1], magnitudes[2], seconds[0], samples[0]};
+}
+
+namespace detail {
+
+/// EWMA over the last `window` samples with weights (1 − α)^k (k = 0 newest), normalised by the
+/// weights of the samples present (pandas' ewm(adjust=True) over a rolling window). Unlike the
+/// reference it is defined from the first sample; empty, it is 0.
+class windowed_ewma {
+ public:
+  windowed_ewma(std::uint32_t window, double alpha) : values_(window), decay_(1.0 - alpha) {}
+
+  void push(double v) {
+    values_[next_] = v;
+    next_ = (next_ + 1) % values_.size();
+    count_ = std::min(count_ + 1, values_.size());
+  }
+  void clear() noexcept { count_ = 0; }
+  [[nodiscard]] bool empty() const noexcept { return count_ == 0; }
+
+  [[nodiscard]] double value() const {
+    double weighted = 0.0;
+    double weights = 0.0;
+    double w = 1.0;
+    for (std::size_t k = 0; k < count_; ++k) {
+      weighted += w * values_[(next_ + values_.size() - 1 - k) % values_.size()];
+      weights += w;
+      w *= decay_;
+    }
+    return count_ == 0 ? 0.0 : weighted / weights;
+  }
+
+ private:
+  std::vector<double> values_;
+  std::size_t next_ = 0;
+  std::size_t count_ = 0;
+  double decay_;
+};
+
+}  // namespace detail
+
+/// The GraVAC controller. Per step the trainer:
+/// 1. reads `decision()` (the first is: send the safe level);
+/// 2. compresses g + e_cur at `decision().current` and g + e_min at `decision().safe` (once when
+///    they are equal; from the safe result when `multi_level`);
+/// 3. sends the path `decision().send` names (the dense gradient for `dense`) and updates the
+///    residuals the decision's flags name;
+/// 4. passes the step's statistics, aggregated over ranks, to `next`, which returns the decision
+///    for the following step.
+///
+/// `next` pushes the magnitudes into the EWMAs; while searching it adds samples/s × gain of what
+/// was sent to the throughput of that density (θ_cur, θ_min, or 1 for dense); at the end of each
+/// window it checks for a plateau (best two throughputs with CT₁ − CT₂ < ω·CT₂: stop at the
+/// smaller θ), else moves θ_cur ← max(θ_cur·step, θ_max), else (θ_max's window done) stops at
+/// the density of the best throughput, θ_min if that is dense or nothing was timed. Then it
+/// decides: the candidate if θ_cur ≠ θ_min and its gain is at least ε, else the safe level if its
+/// gain is, else dense. A new candidate's EWMA starts empty, so it is observed for one step
+/// before it can be sent. The decision for a step thus uses the statistics up to the step before.
+class gravac_controller {
+ public:
+  using parameters = gravac_decision;  ///< What `next` returns.
+
+  /// @throws error `invalid_argument` for invalid options.
+  explicit gravac_controller(gravac_options options = {})
+      : options_(validated(options)),
+        gradient_(options_.window, options_.alpha),
+        current_(options_.window, options_.alpha),
+        safe_(options_.window, options_.alpha),
+        theta_current_(options_.theta_min) {
+    decision_ = decide();
+  }
+
+  /// The options.
+  [[nodiscard]] const gravac_options& options() const noexcept { return options_; }
+  /// The decision for the coming step.
+  [[nodiscard]] const gravac_decision& decision() const noexcept { return decision_; }
+  /// Steps observed so far.
+  [[nodiscard]] std::uint64_t steps() const noexcept { return steps_; }
+
+  /// What one layer with squared L2 norm `squared_norm` adds to an observation's magnitude:
+  /// its norm, or the squared norm itself, as the options' `measure` says.
+  [[nodiscard]] double magnitude(double squared_norm) const {
+    return options_.measure == gravac_gain_measure::norm ? std::sqrt(squared_norm) : squared_norm;
+  }
+
+  /// Takes the rank-aggregated statistics of the step just finished (made under `decision()`)
+  /// and returns the decision for the next step.
+  /// @throws error `invalid_argument` when the observation is invalid (nothing changes then).
+  gravac_decision next(const gravac_observation& step) {
+    step.validate();
+    gradient_.push(step.gradient);
+    current_.push(step.current);
+    safe_.push(step.safe);
+    if (searching_) {
+      record_throughput(step);
+      if (++window_steps_ == options_.window) {
+        window_steps_ = 0;
+        advance_search();
+      }
+    }
+    ++steps_;
+    decision_ = decide();
+    return decision_;
+  }
+
+ private:
+  /// The throughputs measured at one density during the search.
+  struct throughput {
+    double theta = 0.0;
+    double sum = 0.0;
+    std::uint64_t count = 0;
+    [[nodiscard]] double mean() const { return sum / static_cast<double>(count); }
+  };
+
+  static gravac_options validated(const gravac_options& options) {
+    options.validate();
+    return options;
+  }
+
+  /// EWMA(magnitude) / EWMA(gradient), 1 when the gradient's EWMA is 0.
+  [[nodiscard]] double gain(const detail::windowed_ewma& compressed) const {
+    const double g = gradient_.value();
+    return g > 0.0 ? compressed.value() / g : 1.0;
+  }
+
+  void record_throughput(const gravac_observation& step) {
+    if (step.seconds == 0.0) return;
+    double theta = 1.0;
+    double sent_gain = 1.0;
+    if (decision_.send == gravac_choice::current) {
+      theta = theta_current_;
+      sent_gain = gain(current_);
+    } else if (decision_.send == gravac_choice::safe) {
+      theta = options_.theta_min;
+      sent_gain = gain(safe_);
+    }
+    const double value = static_cast<double>(step.samples) / step.seconds * sent_gain;
+    const auto it = std::ranges::find(throughputs_, theta, &throughput::theta);
+    if (it == throughputs_.end()) throughputs_.push_back({theta, value, 1});
+    else {
+      it->sum += value;
+      ++it->count;
+    }
+  }
+
+  void advance_search() {
+    std::ranges::sort(throughputs_, [](const throughput& a, const throughput& b) {
+      return a.mean() != b.mean() ? a.mean() > b.mean() : a.theta < b.theta;
+    });
+    if (throughputs_.size() >= 2 &&
+        throughputs_[0].mean() - throughputs_[1].mean() < options_.omega * throughputs_[1].mean())
+      finish_search(std::min(throughputs_[0].theta, throughputs_[1].theta));
+    else if (theta_current_ > options_.theta_max)
+      set_candidate(std::max(theta_current_ * options_.step, options_.theta_max));
+    else
+      finish_search(throughputs_.empty() ? options_.theta_min : std::min(throughputs_[0].theta, options_.theta_min));
+  }
+
+  void finish_search(double theta) {
+    searching_ = false;
+    set_candidate(theta);
+  }
+
+  void set_candidate(double theta) {
+    if (theta == theta_current_) return;
+    theta_current_ = theta;
+    current_.clear();
+  }
+
+  [[nodiscard]] gravac_decision decide() const {
+    gravac_decision d;
+    d.current = sparsity{.density = theta_current_};
+    d.safe = sparsity{.density = options_.theta_min};
+    if (!current_.empty()) d.gain_current = gain(current_);
+    if (!safe_.empty()) d.gain_safe = gain(safe_);
+    d.searching = searching_;
+    d.multi_level = options_.multi_level;
+    if (theta_current_ != options_.theta_min && d.gain_current && *d.gain_current >= options_.epsilon)
+      d.send = gravac_choice::current;
+    else if (!d.gain_safe || *d.gain_safe >= options_.epsilon)
+      d.send = gravac_choice::safe;
+    else
+      d.send = gravac_choice::dense;
+    const bool both = options_.feedback == gravac_feedback::both_paths;
+    d.update_current_residual = both || d.send == gravac_choice::current;
+    d.update_safe_residual = both || d.send == gravac_choice::safe;
+    return d;
+  }
+
+  gravac_options options_;
+  detail::windowed_ewma gradient_;
+  detail::windowed_ewma current_;
+  detail::windowed_ewma safe_;
+  double theta_current_;
+  bool searching_ = true;
+  std::uint32_t window_steps_ = 0;
+  std::uint64_t steps_ = 0;
+  std::vector<throughput> throughputs_;
+  gravac_decision decision_;
+};
+
+}  // namespace gradcomp

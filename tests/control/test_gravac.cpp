@@ -1,0 +1,271 @@
+// The GraVAC controller against traces computed by hand (in the comments: each EWMA, gain and
+// throughput), rank agreement through the in-process transport, steps that would divide 0 by 0,
+// and option and observation validation.
+#include <gradcomp/control/gravac.hpp>
+#include <gradcomp/transport/in_process.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "support/errors.hpp"
+
+namespace gradcomp::test {
+namespace {
+
+// One scripted step and the decision expected for the step after it.
+struct trace_step {
+  gravac_observation observed;
+  gravac_choice send;                  // what the next step sends
+  double theta_current;                // the next step's candidate density
+  std::optional<double> gain_current;  // expected gains after this step
+  double gain_safe;
+  bool searching;
+};
+
+void check_trace(gravac_controller& controller, const std::vector<trace_step>& trace) {
+  for (std::size_t t = 0; t < trace.size(); ++t) {
+    CAPTURE(t);
+    const auto& s = trace[t];
+    const gravac_decision d = controller.next(s.observed);
+    CHECK(d == controller.decision());
+    CHECK(d.send == s.send);
+    CHECK(d.current.density == doctest::Approx(s.theta_current));
+    CHECK(d.safe.density == controller.options().theta_min);
+    REQUIRE(d.gain_current.has_value() == s.gain_current.has_value());
+    if (s.gain_current) CHECK(*d.gain_current == doctest::Approx(*s.gain_current));
+    REQUIRE(d.gain_safe.has_value());
+    CHECK(*d.gain_safe == doctest::Approx(s.gain_safe));
+    CHECK(d.searching == s.searching);
+    const auto sent = d.sent();
+    CHECK(sent.has_value() == (s.send != gravac_choice::dense));
+    if (s.send == gravac_choice::current) CHECK(*sent == d.current);
+    if (s.send == gravac_choice::safe) CHECK(*sent == d.safe);
+  }
+}
+
+// W = 2 and α = 0.5: with two samples the EWMA is (newest + 0.5·previous) / 1.5, with one it is
+// the sample. The gradient's magnitude stays 10 until step 8, so a gain is EWMA / 10.
+gravac_options trace_a_options() {
+  return {.theta_min = 0.1, .theta_max = 0.0125, .step = 0.5, .epsilon = 0.75, .omega = 0.05, .window = 2,
+          .alpha = 0.5};
+}
+
+std::vector<trace_step> trace_a() {
+  using enum gravac_choice;
+  return {
+      // Step 0 (sent: safe, the first decision). Gains 0.9; CT(0.1) += 100/1·0.9 = 90.
+      // θ_cur = θ_min, so the candidates coincide: safe.
+      {{10, 9, 9, 1, 100}, safe, 0.1, 0.9, 0.9, true},
+      // Step 1 (safe). Safe EWMA (8 + 4.5)/1.5 = 8.333; CT(0.1) += 83.33, mean 86.67. End of
+      // window 1: one throughput only, so θ_cur = 0.05 and its EWMA restarts: not yet judged.
+      {{10, 8, 8, 1, 100}, safe, 0.05, std::nullopt, 12.5 / 15, true},
+      // Step 2 (safe). Safe (9 + 4)/1.5 = 8.667; CT(0.1) += 86.67, mean 86.67. Candidate 8 → 0.8.
+      {{10, 8, 9, 1, 100}, current, 0.05, 0.8, 13.0 / 15, true},
+      // Step 3 (current, 0.05). Candidate (7 + 4)/1.5 = 7.333 → 0.7333 (below ε, so the next
+      // step would fall back to safe, 0.9); CT(0.05) = 200·0.7333 = 146.67. End of window 2:
+      // 146.67 − 86.67 = 60 ≥ 0.05·86.67, no plateau; θ_cur = 0.025, not yet judged.
+      {{10, 7, 9, 0.5, 100}, safe, 0.025, std::nullopt, 0.9, true},
+      // Step 4 (safe). Untimed (0 s): no throughput. Candidate 8 → 0.8.
+      {{10, 8, 9, 0, 100}, current, 0.025, 0.8, 0.9, true},
+      // Step 5 (current, 0.025). Candidate (7.5 + 4)/1.5 = 7.667 → 0.7667; CT(0.025) = 153.33.
+      // End of window 3: best two 153.33 and 146.67 differ by 6.67 < 0.05·146.67 = 7.33, a
+      // plateau: keep the smaller θ, 0.025, and stop searching.
+      {{10, 7.5, 9, 0.5, 100}, current, 0.025, 11.5 / 15, 0.9, false},
+      // Step 6. Candidate (6 + 3.75)/1.5 = 6.5 → 0.65 < ε; safe 0.9: safe.
+      {{10, 6, 9, 1, 100}, safe, 0.025, 0.65, 0.9, false},
+      // Step 7. Candidate (6 + 3)/1.5 = 6 → 0.6; safe (6 + 4.5)/1.5 = 7 → 0.7: dense.
+      {{10, 6, 6, 1, 100}, dense, 0.025, 0.6, 0.7, false},
+      // Step 8. Gradient (0 + 5)/1.5 = 3.333; both compressed (0 + 3)/1.5 = 2 → 0.6: dense.
+      {{0, 0, 0, 1, 100}, dense, 0.025, 0.6, 0.6, false},
+      // Step 9. Gradient EWMA 0: gains are defined as 1, the candidate goes.
+      {{0, 0, 0, 1, 100}, current, 0.025, 1.0, 1.0, false},
+  };
+}
+
+TEST_CASE("gravac first decision sends the safe density before any observation") {
+  const gravac_controller controller(trace_a_options());
+  const gravac_decision& d = controller.decision();
+  CHECK(d.send == gravac_choice::safe);
+  CHECK(d.current.density == 0.1);
+  CHECK(d.safe.density == 0.1);
+  CHECK_FALSE(d.gain_current.has_value());
+  CHECK_FALSE(d.gain_safe.has_value());
+  CHECK(d.searching);
+  CHECK(controller.steps() == 0);
+}
+
+TEST_CASE("gravac decisions follow the hand-computed trace through search plateau and fallbacks") {
+  gravac_controller controller(trace_a_options());
+  check_trace(controller, trace_a());
+  CHECK(controller.steps() == 10);
+}
+
+TEST_CASE("gravac search ending at theta_max with dense best falls back to theta_min") {
+  using enum gravac_choice;
+  // W = 1: the EWMA is the latest sample and every step closes a window.
+  gravac_controller controller({.theta_min = 0.1, .theta_max = 0.025, .window = 1, .alpha = 0.5});
+  check_trace(controller,
+              {
+                  // Step 0 (safe): gain 0.5, CT(0.1) = 50. θ_cur = 0.05, not judged; safe < ε: dense.
+                  {{10, 5, 5, 1, 100}, dense, 0.05, std::nullopt, 0.5, true},
+                  // Step 1 (dense, gain 1): CT(1) = 400. 400 vs 50: no plateau; θ_cur = 0.025.
+                  {{10, 4, 5, 0.25, 100}, dense, 0.025, std::nullopt, 0.5, true},
+                  // Step 2 (dense): CT(1) mean (400 + 200)/2 = 300, still far above 50. θ_max's
+                  // window is done: the best is dense, so θ_cur = θ_min (coinciding, not judged).
+                  {{10, 8, 9, 0.5, 100}, safe, 0.1, std::nullopt, 0.9, false},
+                  // Step 3: candidates coincide, so the safe path goes even with gain 1.
+                  {{10, 10, 10, 1, 100}, safe, 0.1, 1.0, 1.0, false},
+              });
+}
+
+TEST_CASE("gravac residual flags follow the feedback switch and multi_level is reported") {
+  SUBCASE("sent_path_only updates only the residual of the path sent") {
+    gravac_controller controller(trace_a_options());
+    for (const auto& s : trace_a()) {
+      const gravac_decision d = controller.next(s.observed);
+      CHECK(d.update_current_residual == (d.send == gravac_choice::current));
+      CHECK(d.update_safe_residual == (d.send == gravac_choice::safe));
+      CHECK_FALSE(d.multi_level);
+    }
+  }
+  SUBCASE("both_paths updates both residuals and leaves the decisions unchanged") {
+    gravac_options options = trace_a_options();
+    options.feedback = gravac_feedback::both_paths;
+    options.multi_level = true;
+    gravac_controller controller(options);
+    for (const auto& s : trace_a()) {
+      const gravac_decision d = controller.next(s.observed);
+      CHECK(d.send == s.send);
+      CHECK(d.update_current_residual);
+      CHECK(d.update_safe_residual);
+      CHECK(d.multi_level);
+    }
+  }
+}
+
+TEST_CASE("gravac magnitude is the norm or the squared norm as the measure says") {
+  CHECK(gravac_controller({.measure = gravac_gain_measure::norm}).magnitude(16.0) == 4.0);
+  CHECK(gravac_controller({.measure = gravac_gain_measure::squared_norm}).magnitude(16.0) == 16.0);
+  CHECK(gravac_controller().magnitude(0.0) == 0.0);
+}
+
+// Rank r's local statistics at step t: gradients and gains that differ by rank and by step, so
+// that controllers fed local values disagree.
+gravac_observation local_observation(int rank, int step) {
+  const double gradient = 4.0 + rank + step % 3;
+  return {.gradient = gradient,
+          .current = gradient * (0.6 + 0.1 * ((rank + step) % 4)),
+          .safe = gradient * (0.8 + 0.05 * rank),
+          .seconds = 0.5 + 0.1 * rank + 0.01 * step,
+          .samples = 32};
+}
+
+TEST_CASE("gravac ranks fed different local statistics decide the same after aggregation") {
+  constexpr int ranks = 3;
+  constexpr int steps = 60;
+  const gravac_options options{.theta_max = 0.001, .window = 3, .alpha = 0.3};
+  std::vector<std::vector<gravac_decision>> agreed(ranks);
+  std::vector<std::vector<gravac_decision>> alone(ranks);
+  std::vector<std::vector<gravac_observation>> aggregated(ranks);
+  in_process_group(ranks).run([&](in_process_transport& t) {
+    gravac_controller shared(options);
+    gravac_controller local(options);
+    const auto r = static_cast<std::size_t>(t.rank());
+    for (int step = 0; step < steps; ++step) {
+      const gravac_observation mine = local_observation(t.rank(), step);
+      aggregated[r].push_back(aggregate_observation(t, mine));
+      agreed[r].push_back(shared.next(aggregated[r].back()));
+      alone[r].push_back(local.next(mine));
+    }
+  });
+  bool locals_differ = false;
+  for (int step = 0; step < steps; ++step) {
+    CAPTURE(step);
+    const auto s = static_cast<std::size_t>(step);
+    // The aggregate, recomputed here in rank order: sums, and the slowest rank's time.
+    gravac_observation expected = local_observation(0, step);
+    for (int r = 1; r < ranks; ++r) {
+      const gravac_observation o = local_observation(r, step);
+      expected.gradient += o.gradient;
+      expected.current += o.current;
+      expected.safe += o.safe;
+      expected.seconds = std::max(expected.seconds, o.seconds);
+      expected.samples += o.samples;
+    }
+    for (std::size_t r = 0; r < ranks; ++r) {
+      CHECK(aggregated[r][s].gradient == expected.gradient);
+      CHECK(aggregated[r][s].current == expected.current);
+      CHECK(aggregated[r][s].safe == expected.safe);
+      CHECK(aggregated[r][s].seconds == expected.seconds);
+      CHECK(aggregated[r][s].samples == expected.samples);
+      CHECK(agreed[r][s] == agreed[0][s]);
+      locals_differ = locals_differ || alone[r][s] != alone[0][s];
+    }
+  }
+  // Without aggregation the same ranks would have diverged, so agreement is the aggregate's doing.
+  CHECK(locals_differ);
+}
+
+TEST_CASE("gravac never divides zero by zero on zero gradients and untimed steps") {
+  const gravac_options options = trace_a_options();
+  gravac_controller controller(options);
+  // Four candidates (0.1, 0.05, 0.025, 0.0125), W = 2 steps each; nothing is ever timed.
+  for (int step = 0; step < 8; ++step) {
+    CAPTURE(step);
+    const gravac_decision d = controller.next({0, 0, 0, 0, 0});
+    REQUIRE(d.gain_safe.has_value());
+    CHECK(*d.gain_safe == 1.0);
+    if (d.gain_current) CHECK(*d.gain_current == 1.0);
+    CHECK(d.send != gravac_choice::dense);
+    CHECK(d.searching == (step < 7));
+  }
+  // No throughput was recorded, so the search ends at θ_min.
+  CHECK(controller.decision().current.density == 0.1);
+  CHECK(controller.decision().send == gravac_choice::safe);
+}
+
+TEST_CASE("gravac rejects invalid options") {
+  const auto rejected = [](gravac_options o) { return thrown_by([&] { gravac_controller c(o); }); };
+  const std::string invalid = named(errc::invalid_argument);
+  CHECK(thrown_by([] { gravac_controller c; }) == "no exception");
+  CHECK(rejected({.theta_min = 0.0}) == invalid);
+  CHECK(rejected({.theta_min = 1.5}) == invalid);
+  CHECK(rejected({.theta_min = 0.1, .theta_max = 0.2}) == invalid);
+  CHECK(rejected({.theta_max = 0.0}) == invalid);
+  CHECK(rejected({.step = 0.0}) == invalid);
+  CHECK(rejected({.step = 1.0}) == invalid);
+  CHECK(rejected({.epsilon = -0.1}) == invalid);
+  CHECK(rejected({.epsilon = std::numeric_limits<double>::infinity()}) == invalid);
+  CHECK(rejected({.omega = -0.1}) == invalid);
+  CHECK(rejected({.omega = std::numeric_limits<double>::quiet_NaN()}) == invalid);
+  CHECK(rejected({.window = 0}) == invalid);
+  CHECK(rejected({.alpha = 0.0}) == invalid);
+  CHECK(rejected({.alpha = 1.5}) == invalid);
+  CHECK(rejected({.theta_min = 1.0, .theta_max = 1.0, .alpha = 1.0}) == "no exception");
+}
+
+TEST_CASE("gravac rejects invalid observations and keeps its state") {
+  gravac_controller controller(trace_a_options());
+  controller.next({10, 9, 9, 1, 100});
+  const gravac_decision before = controller.decision();
+  const std::string invalid = named(errc::invalid_argument);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const gravac_observation& bad : {gravac_observation{-1, 0, 0, 1, 1}, gravac_observation{1, nan, 0, 1, 1},
+                                        gravac_observation{1, 0, inf, 1, 1}, gravac_observation{1, 0, 0, -1, 1},
+                                        gravac_observation{1, 0, 0, inf, 1}}) {
+    CHECK(thrown_by([&] { controller.next(bad); }) == invalid);
+    CHECK(controller.decision() == before);
+    CHECK(controller.steps() == 1);
+  }
+}
+
+}  // namespace
+}  // namespace gradcomp::test
