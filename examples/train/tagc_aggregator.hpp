@@ -29,10 +29,11 @@ class tagc_aggregator final : public aggregator {
                   const std::vector<parameter>& layout, std::size_t workers)
       : tagc_(params), group_(static_cast<int>(workers)), layout_(layout) {
     for (const parameter& p : layout_) {
-      const std::uint64_t shape[2] = {p.rows, p.cols};
-      const std::size_t rank = p.rows == 1 ? 1 : 2;
-      const gradcomp::layer_info info{p.name, gradcomp::infer_layer_kind(p.name, rank), p.size(),
-                                      std::span<const std::uint64_t>(shape, rank)};
+      const std::uint64_t matrix[2] = {p.rows, p.cols};
+      const std::uint64_t vector[1] = {p.cols};
+      const std::span<const std::uint64_t> shape =
+          p.rows == 1 ? std::span<const std::uint64_t>(vector) : std::span<const std::uint64_t>(matrix);
+      const gradcomp::layer_info info{p.name, gradcomp::infer_layer_kind(p.name, shape.size()), p.size(), shape};
       compressed_.push_back(policy.choose(info) == gradcomp::tagc_treatment::compressed);
     }
     for (std::size_t w = 0; w < workers; ++w) states_.push_back(tagc_.make_state(gradcomp::cpu_executor{}));

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -317,6 +318,68 @@ TEST_CASE("tagc state saved after two steps continues bit-identically") {
   for (std::size_t r = 0; r < 3; ++r) {
     CHECK(same_bits(continued[r], resumed[r]));
     CHECK(states[r].feedback.residuals == restored[r].feedback.residuals);
+  }
+}
+
+// Runs one call on every rank of `states` with `grad_of(rank)`, after `tamper(rank, state)`; returns
+// each rank's outcome (named errc, or "no exception").
+template <class Tamper, class GradOf>
+std::vector<std::string> outcomes_of(const tagc_reduce_scatter<float>& tagc, rank_states& states, std::size_t m,
+                                     std::uint64_t tensor_id, Tamper&& tamper, GradOf&& grad_of) {
+  const int P = static_cast<int>(states.size());
+  std::vector<std::string> outcomes(states.size());
+  in_process_group(P).run([&](in_process_transport& t) {
+    auto& state = states[static_cast<std::size_t>(t.rank())];
+    tamper(t.rank(), state);
+    const std::vector<float> grad = grad_of(t.rank());
+    std::vector<float> shard(m);
+    outcomes[static_cast<std::size_t>(t.rank())] = thrown_by([&] {
+      (void)tagc.reduce_scatter(cpu_executor{}, t, state, tensor_id, std::span<const float>(grad), std::span<float>(shard));
+    });
+  });
+  return outcomes;
+}
+
+TEST_CASE("tagc problems found on one rank stop every rank alike and leave every state as it was") {
+  constexpr std::size_t m = 2 * 64 + 5;
+  const tagc_reduce_scatter<float> tagc(small_blocks(tagc_schedule::fused));
+  const auto key0 = tagc_reduce_scatter<float>::residual_key(7, 2, 0);
+  const auto plain = [](int rank) { return exact_gradient(2 * m, rank, 5); };
+  const auto no_change = [](int, auto&) {};
+  struct scenario {
+    const char* name;
+    std::function<void(int, tagc_reduce_scatter<float>::state_type&)> tamper;
+    std::function<std::vector<float>(int)> grad_of;
+    std::uint64_t tensor_id;
+    errc expected;
+  };
+  const std::vector<scenario> scenarios = {
+      // Rank 1's residual plus its gradient overflows: found before any collective.
+      {"residual overflow",
+       [&](int rank, auto& st) { if (rank == 1) st.feedback.residuals.at(key0)[3] = std::numeric_limits<float>::max(); },
+       [&](int rank) { auto g = plain(rank); if (rank == 1) g[3] = std::numeric_limits<float>::max(); return g; }, 7,
+       errc::non_finite_input},
+      // Rank 0's residual of shard 0 has another size.
+      {"residual size", [&](int rank, auto& st) { if (rank == 0) st.feedback.residuals.at(key0).resize(10); }, plain, 7,
+       errc::size_mismatch},
+      // Both ranks keep 3e38 at element 0 of shard 0: the owner's sum overflows after the collectives.
+      {"sum overflow", no_change,
+       [&](int rank) { auto g = plain(rank); g[0] = 3e38f; return g; }, 7, errc::non_finite_input},
+      // A tensor id whose keys would wrap.
+      {"tensor id", no_change, plain, std::numeric_limits<std::uint64_t>::max() / 2, errc::invalid_argument},
+  };
+  for (const scenario& sc : scenarios) {
+    CAPTURE(sc.name);
+    rank_states states;
+    run_tagc(tagc, 2, m, 2, &states);
+    std::vector<std::map<std::uint64_t, std::vector<float>>> before;
+    // The tamper is applied inside the run; record the states as they will be when the call starts.
+    rank_states tampered = states;
+    for (int r = 0; r < 2; ++r) sc.tamper(r, tampered[static_cast<std::size_t>(r)]);
+    for (const auto& st : tampered) before.push_back(st.feedback.residuals);
+    const auto outcomes = outcomes_of(tagc, states, m, sc.tensor_id, sc.tamper, sc.grad_of);
+    CHECK(outcomes == std::vector<std::string>(2, named(sc.expected)));
+    for (std::size_t r = 0; r < 2; ++r) CHECK(states[r].feedback.residuals == before[r]);
   }
 }
 

@@ -174,6 +174,24 @@ TEST_CASE("in_process ranks that disagree on a count all throw size_mismatch and
   });
 }
 
+TEST_CASE("in_process a collective that one rank never makes fails instead of hanging") {
+  std::atomic<int> stopped{0};
+  CHECK(thrown_by([&] {
+          in_process_group(3).run([&](in_process_transport& t) {
+            std::vector<float> data(4, 1.0f);
+            t.all_reduce_sum(std::span<float>(data));
+            if (t.rank() != 0) return;  // ranks 1 and 2 are done; rank 0 makes one more call
+            try {
+              t.all_reduce_sum(std::span<float>(data));
+            } catch (const error&) {
+              ++stopped;
+              throw;
+            }
+          });
+        }) == named(errc::size_mismatch));
+  CHECK(stopped.load() == 1);
+}
+
 TEST_CASE("in_process a rank that fails stops the others with peer_failed and run rethrows its error") {
   std::atomic<int> peers_stopped{0};
   CHECK(thrown_by([&] {

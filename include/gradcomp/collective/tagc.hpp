@@ -57,7 +57,8 @@ struct tagc_params {
 /// What one call did on this rank.
 struct tagc_report {
   std::uint64_t sent_bytes = 0;       ///< Bytes this rank contributed: indexes, sketch-and-tail segments
-                                      ///< (padded to the longest in the fused schedule), resent shards.
+                                      ///< (padded to the longest in the fused schedule), resent shards;
+                                      ///< not the 8·(1 + P) bytes of the two agreement all-reduces.
   std::uint64_t dense_bytes = 0;      ///< Bytes an uncompressed reduce-scatter contributes: N values.
   std::uint64_t kept = 0;             ///< Values this rank kept over all shards.
   std::uint64_t union_nonzeros = 0;   ///< Non-zeros of the aggregated index of this rank's shard.
@@ -80,6 +81,9 @@ class tagc_reduce_scatter {
     std::vector<T> segments;                               ///< Sketch-and-tail segments.
     std::vector<T> received;                               ///< This rank's summed segment.
     std::vector<std::byte> workspace;                      ///< Sparsifier and decoder workspace.
+    std::vector<T> saved_residuals;                        ///< The residuals before a call, to undo it.
+    std::vector<bool> had_residual;                        ///< Which shards had a residual before it.
+    std::uint64_t saved_steps = 0;                         ///< The sparsifier's step count before it.
   };
 
   /// @throws error `invalid_argument` for invalid parameters.
@@ -91,7 +95,9 @@ class tagc_reduce_scatter {
   [[nodiscard]] const tagc_params& params() const noexcept { return params_; }
 
   /// Empty state: residuals are created on first use of each (tensor id, shard).
-  [[nodiscard]] state_type make_state(const cpu_executor& e) const { return {sparsifier_.make_state(e), {}, {}, {}, {}, {}}; }
+  [[nodiscard]] state_type make_state(const cpu_executor& e) const {
+    return {sparsifier_.make_state(e), {}, {}, {}, {}, {}, {}, {}, 0};
+  }
 
   /// Bytes `save_state` writes: the residuals in the dynamic sparsifier's saved format (the other
   /// members of the state are scratch and are not saved).
@@ -110,6 +116,7 @@ class tagc_reduce_scatter {
 
   /// Error-feedback key of shard `shard` of tensor `tensor_id` in a group of `ranks`:
   /// tensor_id·ranks + shard, so the residuals of a job with a fixed number of ranks never mix.
+  /// `reduce_scatter` rejects tensor ids at or above 2^64 / ranks, whose keys would wrap.
   [[nodiscard]] static std::uint64_t residual_key(std::uint64_t tensor_id, int ranks, int shard) noexcept {
     return tensor_id * static_cast<std::uint64_t>(ranks) + static_cast<std::uint64_t>(shard);
   }
@@ -133,23 +140,112 @@ class tagc_reduce_scatter {
   /// Reduce-scatters `grad` (N = P·m values on every rank) into `shard` (m values): on return
   /// `shard` holds this rank's part of the mean of the sparsified gradients. Collective: every rank
   /// calls it with the same tensor id and N.
-  /// @throws error `size_mismatch` when N ≠ P·shard.size(); `non_finite_input` on every rank when
-  ///         any rank's gradient holds NaN or Inf (no state changes).
+  /// Every rank throws the same error, or none does, and a call that throws leaves the state as
+  /// it was: problems found locally are agreed on by a MAX all-reduce of one value before any other
+  /// collective, and a sum that overflows on a shard's owner by the closing all-reduce of outcomes.
+  /// @throws error `size_mismatch` when N ≠ P·shard.size() or a residual of the tensor has another
+  ///         size; `invalid_argument` for a tensor id ≥ 2^64/P; `non_finite_input` when a gradient,
+  ///         gradient + residual, or a shard's sum holds NaN or Inf; `peer_failed` or a transport's
+  ///         own error when the transport fails.
   template <transport X>
   tagc_report reduce_scatter(const cpu_executor& e, X& t, state_type& state, std::uint64_t tensor_id,
                              std::span<const T> grad, std::span<T> shard) const {
     const int ranks = t.size();
-    const auto P = static_cast<std::size_t>(ranks);
     const std::size_t m = shard.size();
-    detail::require(grad.size() == P * m, errc::size_mismatch, [&] {
-      return "tagc: the gradient has " + std::to_string(grad.size()) + " values, not " + std::to_string(P) +
-             " ranks x " + std::to_string(m) + " shard values";
-    });
-    require_finite_everywhere(t, grad);
-
     const lossless_homomorphic<T> lhc(with_index(index_coding<X>(ranks)));
     const std::size_t block = params_.sketch.block;
     const std::size_t aligned = m / block * block;
+    agree_on(t, local_problem(state, tensor_id, ranks, grad, m, aligned));
+
+    save_residuals(state, tensor_id, ranks, aligned);
+    try {
+      return reduce_scatter_checked(e, t, lhc, state, tensor_id, grad, shard, aligned);
+    } catch (...) {
+      restore_residuals(state, tensor_id, ranks, aligned);
+      throw;
+    }
+  }
+
+ private:
+  /// What a rank found wrong before any collective, ordered by the errc every rank then throws.
+  enum class problem : std::uint8_t { none, non_finite, size, tensor_id };
+
+  /// The checks that could otherwise fail on one rank only, after others had entered a
+  /// collective: sizes, the tensor id's key range, NaN/Inf in the gradient, and, for every shard
+  /// with a residual, its size and the finiteness of gradient + residual.
+  [[nodiscard]] static problem local_problem(const state_type& state, std::uint64_t tensor_id, int ranks,
+                                             std::span<const T> grad, std::size_t m, std::size_t aligned) {
+    const auto P = static_cast<std::size_t>(ranks);
+    if (grad.size() != P * m) return problem::size;
+    if (tensor_id > (std::numeric_limits<std::uint64_t>::max() - P) / P) return problem::tensor_id;
+    if (!std::all_of(grad.begin(), grad.end(), [](T v) { return std::isfinite(v); })) return problem::non_finite;
+    for (int s = 0; s < ranks; ++s) {
+      const auto found = state.feedback.residuals.find(residual_key(tensor_id, ranks, s));
+      if (found == state.feedback.residuals.end()) continue;
+      if (found->second.size() != aligned) return problem::size;
+      const T* g = grad.data() + static_cast<std::size_t>(s) * m;
+      for (std::size_t i = 0; i < aligned; ++i)
+        if (!std::isfinite(g[i] + found->second[i])) return problem::non_finite;
+    }
+    return problem::none;
+  }
+
+  /// One MAX all-reduce of the ranks' problems: every rank throws the same error, or none does.
+  template <transport X>
+  static void agree_on(X& t, problem mine) {
+    double worst = static_cast<double>(mine);
+    t.all_reduce_max(std::span<double>(&worst, 1));
+    const auto found = static_cast<problem>(static_cast<int>(worst));
+    const std::string who = found == mine ? "this rank" : "another rank";
+    detail::require(found != problem::non_finite, errc::non_finite_input, [&] {
+      return "tagc: " + who + "'s gradient (or gradient + residual) holds NaN or Inf; every rank skips this step";
+    });
+    detail::require(found != problem::size, errc::size_mismatch, [&] {
+      return "tagc: " + who + " has a gradient that is not P shards, or a residual of another size";
+    });
+    detail::require(found != problem::tensor_id, errc::invalid_argument, [&] {
+      return "tagc: " + who + " passed a tensor id at or above 2^64 / P, whose residual keys would wrap";
+    });
+  }
+
+  /// Copies the residuals of the tensor's shards, so that a call that fails after sparsifying
+  /// leaves the state as it was on every rank.
+  static void save_residuals(state_type& state, std::uint64_t tensor_id, int ranks, std::size_t aligned) {
+    const auto P = static_cast<std::size_t>(ranks);
+    state.saved_residuals.resize(P * aligned);
+    state.had_residual.assign(P, false);
+    for (std::size_t s = 0; s < P; ++s) {
+      const auto found = state.feedback.residuals.find(residual_key(tensor_id, ranks, static_cast<int>(s)));
+      if (found == state.feedback.residuals.end()) continue;
+      state.had_residual[s] = true;
+      std::copy(found->second.begin(), found->second.end(),
+                state.saved_residuals.begin() + static_cast<std::ptrdiff_t>(s * aligned));
+    }
+    state.saved_steps = state.feedback.steps;
+  }
+
+  static void restore_residuals(state_type& state, std::uint64_t tensor_id, int ranks, std::size_t aligned) noexcept {
+    const auto P = static_cast<std::size_t>(ranks);
+    for (std::size_t s = 0; s < P; ++s) {
+      const auto key = residual_key(tensor_id, ranks, static_cast<int>(s));
+      if (!state.had_residual[s]) {
+        state.feedback.residuals.erase(key);
+        continue;
+      }
+      const auto first = state.saved_residuals.begin() + static_cast<std::ptrdiff_t>(s * aligned);
+      std::copy(first, first + static_cast<std::ptrdiff_t>(aligned), state.feedback.residuals[key].begin());
+    }
+    state.feedback.steps = state.saved_steps;
+  }
+
+  /// The scheme, once every rank has agreed that its inputs are valid.
+  template <transport X>
+  tagc_report reduce_scatter_checked(const cpu_executor& e, X& t, const lossless_homomorphic<T>& lhc,
+                                     state_type& state, std::uint64_t tensor_id, std::span<const T> grad,
+                                     std::span<T> shard, std::size_t aligned) const {
+    const int ranks = t.size();
+    const auto P = static_cast<std::size_t>(ranks);
+    const std::size_t m = shard.size();
     const std::size_t tail = m - aligned;
     const std::size_t index_bytes = static_cast<std::size_t>(lhc.index_bytes(aligned));
 
@@ -219,13 +315,20 @@ class tagc_reduce_scatter {
     const std::size_t sketch_values = own_plan.sketch_values();
     const lossless_homomorphic<T> peeler(with_stall_policy(lhc.params(), lhc_stall_policy::median_estimate));
     reserve_workspace(state, peeler.workspace_bytes(e, own_plan));
-    const lhc_decode_result peeled =
-        peeler.decode(e, index_of(state, t.rank(), index_bytes), own_plan,
-                      std::span<const T>(state.received).first(sketch_values), shard.first(aligned), state.workspace);
+    lhc_decode_result peeled{};
+    shard_outcome outcome = shard_outcome::peeled;
+    try {
+      peeled = peeler.decode(e, index_of(state, t.rank(), index_bytes), own_plan,
+                             std::span<const T>(state.received).first(sketch_values), shard.first(aligned),
+                             state.workspace);
+      if (peeled.unrecovered > 0 && params_.sketch.on_stall == lhc_stall_policy::report) outcome = shard_outcome::stalled;
+    } catch (const error& failure) {
+      if (failure.code() != errc::non_finite_input) throw;
+      outcome = shard_outcome::overflowed;  // the sum does not fit T: every rank must learn it
+    }
     std::copy_n(state.received.begin() + static_cast<std::ptrdiff_t>(sketch_values), tail,
                 shard.begin() + static_cast<std::ptrdiff_t>(aligned));
-    if (params_.sketch.on_stall == lhc_stall_policy::report)
-      report.resent_shards = resend_stalled(t, state, grad, shard, peeled.unrecovered > 0, aligned, report);
+    report.resent_shards = settle_outcomes(t, state, grad, shard, outcome, aligned, report);
     for (T& v : shard) v /= static_cast<T>(ranks);
 
     report.union_nonzeros = own_plan.union_nonzeros;
@@ -235,7 +338,6 @@ class tagc_reduce_scatter {
     return report;
   }
 
- private:
   [[nodiscard]] lhc_params with_index(lhc_index_coding coding) const {
     lhc_params p = params_.sketch;
     p.index = coding;
@@ -247,20 +349,28 @@ class tagc_reduce_scatter {
     return p;
   }
 
-  /// Under the `report` policy a stalled shard is never left wrong: one MAX all-reduce of P flags
-  /// tells every rank which owners could not peel, and those shards (sparsified values and tail)
-  /// are summed again uncompressed onto their owners. Returns how many shards were resent.
+  /// How decoding went on a shard's owner.
+  enum class shard_outcome : std::uint8_t { peeled, stalled, overflowed };
+
+  /// One MAX all-reduce of the P owners' outcomes. A sum that does not fit the value type on any
+  /// shard makes every rank throw `non_finite_input` (the caller restores the residuals). Under the
+  /// `report` policy a stalled shard is never left wrong: its sparsified values and tail are summed
+  /// again uncompressed onto its owner. Returns how many shards were resent.
   template <transport X>
-  std::uint64_t resend_stalled(X& t, state_type& state, std::span<const T> grad, std::span<T> shard, bool stalled,
-                               std::size_t aligned, tagc_report& report) const {
+  std::uint64_t settle_outcomes(X& t, state_type& state, std::span<const T> grad, std::span<T> shard,
+                                shard_outcome mine, std::size_t aligned, tagc_report& report) const {
     const auto P = static_cast<std::size_t>(t.size());
     const std::size_t m = shard.size();
-    std::vector<double> flags(P, 0.0);
-    flags[static_cast<std::size_t>(t.rank())] = stalled ? 1.0 : 0.0;
-    t.all_reduce_max(std::span<double>(flags));
+    std::vector<double> outcomes(P, 0.0);
+    outcomes[static_cast<std::size_t>(t.rank())] = static_cast<double>(mine);
+    t.all_reduce_max(std::span<double>(outcomes));
+    for (std::size_t s = 0; s < P; ++s)
+      detail::require(outcomes[s] != static_cast<double>(shard_outcome::overflowed), errc::non_finite_input, [&] {
+        return "tagc: the sum of shard " + std::to_string(s) + " does not fit the value type; every rank skips this step";
+      });
     std::uint64_t resent = 0;
     for (std::size_t s = 0; s < P; ++s) {
-      if (flags[s] == 0.0) continue;
+      if (outcomes[s] != static_cast<double>(shard_outcome::stalled)) continue;
       ++resent;
       state.segments.resize(m);
       std::copy_n(state.sparse.begin() + static_cast<std::ptrdiff_t>(s * aligned), aligned, state.segments.begin());
@@ -279,19 +389,6 @@ class tagc_reduce_scatter {
 
   static void reserve_workspace(state_type& state, std::size_t bytes) {
     if (state.workspace.size() < bytes) state.workspace.resize(bytes);
-  }
-
-  /// Every rank learns whether any rank's gradient holds NaN or Inf (a MAX all-reduce of one flag)
-  /// and, if so, all throw before touching their state.
-  template <transport X>
-  static void require_finite_everywhere(X& t, std::span<const T> grad) {
-    const bool finite = std::all_of(grad.begin(), grad.end(), [](T v) { return std::isfinite(v); });
-    double flag = finite ? 0.0 : 1.0;
-    t.all_reduce_max(std::span<double>(&flag, 1));
-    detail::require(flag == 0.0, errc::non_finite_input, [&] {
-      return finite ? std::string("tagc: another rank's gradient holds NaN or Inf; every rank skips this step")
-                    : std::string("tagc: this rank's gradient holds NaN or Inf; every rank skips this step");
-    });
   }
 
   tagc_params params_;

@@ -6,6 +6,7 @@
 /// `tagc_layer_policy()` is TAGC's choice (ALGORITHMS.md §4): compress the MLP linears and the
 /// embeddings, keep attention, norms, biases and everything else dense.
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -36,7 +37,7 @@ struct layer_info {
 /// Guesses a parameter's kind from common naming conventions (GPT-2/nanoGPT, Hugging Face
 /// LLaMA/BERT, Megatron) and its rank: names ending in "bias" are biases; names mentioning
 /// "norm", "Norm" or "ln_" are norms; "attn", "attention", "q_proj", "k_proj", "v_proj",
-/// "o_proj", "qkv" or "query"/"key"/"value" mark attention; "wte", "wpe", "embed" or "lm_head"
+/// "o_proj", "qkv", "query", ".key" or "value" mark attention; "wte", "wpe", "embed" or "lm_head"
 /// mark embeddings; any other parameter of rank 2 or more is a linear; the rest is `other`.
 /// Name matching is case-sensitive (frameworks use lower case). A trainer that knows the kinds
 /// should pass them instead.

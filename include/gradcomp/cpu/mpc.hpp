@@ -3,7 +3,7 @@
 /// CPU backend of the MPC codec (lossless/mpc.hpp). Each 1024-word chunk is transformed in a
 /// stack buffer that stays in L1: the encoder subtracts, transposes each group (cpu/bit_transpose.hpp,
 /// AVX2 where the executor allows it) and writes bitmaps and non-zero words branch-free; the
-/// decoder first checks the bitmaps against the payload length, that no carried word is zero, and
+/// decoder first checks the bitmaps against the payload length and
 /// the padding of the last group (decoding the last chunk first), and only then writes the output.
 
 #include <algorithm>
@@ -90,7 +90,7 @@ inline std::byte* eliminate_zeros(const std::uint32_t* w, std::size_t groups, st
     std::uint32_t bitmap = 0;
     for (std::size_t lane = 0; lane < group; ++lane) {
       const std::size_t t = g * group + lane;
-      const std::uint32_t d = w[t] - w[t - 1];
+      const std::uint32_t d = w[t] - (w + t)[-1];  // w[-1] is the zero word before the chunk
       const std::uint32_t keep = d != 0 ? 1u : 0u;
       bitmap |= keep << lane;
       store_word(words, d);

@@ -22,8 +22,10 @@
 /// so the payload holds 4·(G + K) bytes. A partial last group (n mod 32 = r ≠ 0) still carries
 /// all 32 of its transposed words, which are in general not zero: the transpose spreads every
 /// value's bits over the whole group. What the padding pins instead is that a[t] = 0 past n, so
-/// every transposed word w of that group is below 2^r. Decoders check it, and that no carried word
-/// is zero, so every accepted message is the one the encoder writes for the decoded tensor.
+/// every transposed word w of that group is below 2^r. Decoders check it. They do not check that
+/// carried words are non-zero (the encoder never carries a zero word; a zero one decodes like a
+/// clear bitmap bit), so a message the encoder would have written without that word is accepted
+/// too and decodes to the same tensor.
 ///
 /// Differences from the reference's layout: its magic word (0x63706d00 + dim − 1) and length word
 /// are dropped, because the envelope carries the codec id, the parameter hash (which covers dim),

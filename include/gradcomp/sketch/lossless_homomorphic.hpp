@@ -229,7 +229,8 @@ class lossless_homomorphic {
   /// The sizing rule alone: the plan of an n-element tensor whose union holds `union_nonzeros`
   /// elements (see the file comment). `plan` is this after validating and counting the index.
   /// @throws error `invalid_argument` when `union_nonzeros` > n; `too_large` when the sketch would
-  ///         need 2^32 rows or more (murmur3_32 addresses fewer).
+  ///         need 2^32 rows or more (murmur3_32 addresses fewer), or when a sketched tensor has
+  ///         more than 2^32 blocks (the hashes are keyed by a 32-bit block index).
   [[nodiscard]] lhc_plan plan_for(std::uint64_t n, std::uint64_t union_nonzeros) const {
     detail::require(union_nonzeros <= n, errc::invalid_argument, [&] {
       return "union of " + std::to_string(union_nonzeros) + " non-zeros in " + std::to_string(n) + " elements";
@@ -249,6 +250,9 @@ class lossless_homomorphic {
     }
     detail::require(rows < 0x1p32, errc::too_large,
                     [&] { return "a sketch of " + std::to_string(rows) + " rows exceeds the 2^32 rows the hashes address"; });
+    detail::require(blocks <= (std::uint64_t{1} << 32), errc::too_large, [&] {
+      return std::to_string(blocks) + " blocks exceed the 2^32 block indices the hashes are keyed by; use a larger block";
+    });
     plan.rows = static_cast<std::uint64_t>(rows);
     plan.cells = plan.rows * params_.block;
     return plan;

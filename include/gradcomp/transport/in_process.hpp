@@ -6,9 +6,10 @@
 /// Every collective publishes each rank's buffer, waits for all ranks, and lets each rank read
 /// the others' buffers directly; reductions combine ranks 0, 1, …, P−1 in that order, so every
 /// rank gets the same bits. Before combining, every rank checks that all ranks called the same
-/// collective with the same element type, count and root. A disagreement is a programming error
-/// of the caller: every rank throws `errc::size_mismatch` (or `invalid_argument` for a bad root)
-/// and the group is marked failed. When any rank fails, the ranks waiting in or entering a
+/// collective with the same element type, count and root (a root outside the group counts as a
+/// disagreement). A disagreement is a programming error of the caller: every rank throws
+/// `errc::size_mismatch` and the group is marked failed; so does a collective that some rank never
+/// makes because its body returned. When any rank fails, the ranks waiting in or entering a
 /// collective throw `errc::peer_failed` instead of hanging.
 
 #include <algorithm>
@@ -63,9 +64,11 @@ class in_process_shared {
   [[nodiscard]] int size() const noexcept { return size_; }
   [[nodiscard]] slot& at(int rank) noexcept { return slots_[static_cast<std::size_t>(rank)]; }
 
-  /// Waits until every rank arrives. @throws error `peer_failed` once the group is aborted.
+  /// Waits until every rank arrives. @throws error `peer_failed` once the group is aborted, and
+  /// `size_mismatch` when a rank has returned from its body while this one calls a collective.
   void arrive_and_wait() {
     std::unique_lock lock(mutex_);
+    require_present();
     require_alive();
     const std::uint64_t generation = generation_;
     if (++waiting_ == size_) {
@@ -74,8 +77,19 @@ class in_process_shared {
       ready_.notify_all();
       return;
     }
-    ready_.wait(lock, [&] { return generation_ != generation || aborted_; });
-    if (generation_ == generation) require_alive();
+    ready_.wait(lock, [&] { return generation_ != generation || aborted_ || departed_ > 0; });
+    if (generation_ == generation) {
+      require_present();
+      require_alive();
+    }
+  }
+
+  /// Records that a rank's body returned: a collective that other ranks still call can never
+  /// complete, so they fail instead of waiting.
+  void depart() noexcept {
+    const std::lock_guard lock(mutex_);
+    ++departed_;
+    ready_.notify_all();
   }
 
   /// Marks the group failed and wakes every waiting rank.
@@ -90,12 +104,20 @@ class in_process_shared {
     detail::require(!aborted_, errc::peer_failed, "another rank of the in-process group failed");
   }
 
+  void require_present() {
+    if (departed_ == 0) return;
+    aborted_ = true;
+    ready_.notify_all();
+    detail::fail(errc::size_mismatch, "a rank returned while others still called collectives: the ranks made different calls");
+  }
+
   int size_;
   std::vector<slot> slots_;
   std::mutex mutex_;
   std::condition_variable ready_;
   int waiting_ = 0;
   std::uint64_t generation_ = 0;
+  int departed_ = 0;
   bool aborted_ = false;
 };
 
@@ -250,6 +272,7 @@ class in_process_group {
         in_process_transport t(shared, r);
         try {
           body(t);
+          shared->depart();
         } catch (...) {
           failures[static_cast<std::size_t>(r)] = std::current_exception();
           shared->abort();
