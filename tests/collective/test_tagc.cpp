@@ -266,16 +266,22 @@ TEST_CASE("tagc resends a shard whose sketch stalls under the report policy and 
 TEST_CASE("tagc skips a step on every rank when any rank's gradient holds NaN or Inf, state untouched") {
   constexpr std::size_t m = 3 * 64 + 1;
   const tagc_reduce_scatter<float> tagc(small_blocks(tagc_schedule::fused));
-  rank_states states;
-  run_tagc(tagc, 3, m, 2, &states);
+  // Positions: inside shard 1's aligned part, and the tail value of shard 0; on states with
+  // residuals (after two steps) and on fresh states (checked on the gradient alone).
+  for (const int warm_steps : {2, 0})
+  for (const std::size_t position : {m + 5, m - 1})
   for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    CAPTURE(warm_steps);
+    CAPTURE(position);
+    rank_states states;
+    run_tagc(tagc, 3, m, warm_steps, &states);
     std::vector<std::map<std::uint64_t, std::vector<float>>> before;
     for (const auto& s : states) before.push_back(s.feedback.residuals);
     std::mutex mutex;
     std::vector<std::string> outcomes;
     in_process_group(3).run([&](in_process_transport& t) {
       auto grad = exact_gradient(3 * m, t.rank(), 99);
-      if (t.rank() == 1) grad[m + 5] = bad;  // only rank 1 sees it
+      if (t.rank() == 1) grad[position] = bad;  // only rank 1 sees it
       std::vector<float> shard(m);
       const std::string outcome = thrown_by([&] {
         (void)tagc.reduce_scatter(cpu_executor{}, t, states[static_cast<std::size_t>(t.rank())], 7,

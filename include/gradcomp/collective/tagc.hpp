@@ -178,14 +178,20 @@ class tagc_reduce_scatter {
     const auto P = static_cast<std::size_t>(ranks);
     if (grad.size() != P * m) return problem::size;
     if (tensor_id > (std::numeric_limits<std::uint64_t>::max() - P) / P) return problem::tensor_id;
-    if (!std::all_of(grad.begin(), grad.end(), [](T v) { return std::isfinite(v); })) return problem::non_finite;
+    // One pass over the gradient: where a residual exists, g + R (finite residuals make it
+    // non-finite whenever g is); elsewhere, g itself.
+    const auto finite = [](T v) { return std::isfinite(v); };
     for (int s = 0; s < ranks; ++s) {
-      const auto found = state.feedback.residuals.find(residual_key(tensor_id, ranks, s));
-      if (found == state.feedback.residuals.end()) continue;
-      if (found->second.size() != aligned) return problem::size;
       const T* g = grad.data() + static_cast<std::size_t>(s) * m;
-      for (std::size_t i = 0; i < aligned; ++i)
-        if (!std::isfinite(g[i] + found->second[i])) return problem::non_finite;
+      const auto found = state.feedback.residuals.find(residual_key(tensor_id, ranks, s));
+      if (found == state.feedback.residuals.end()) {
+        if (!std::all_of(g, g + aligned, finite)) return problem::non_finite;
+      } else {
+        if (found->second.size() != aligned) return problem::size;
+        for (std::size_t i = 0; i < aligned; ++i)
+          if (!finite(g[i] + found->second[i])) return problem::non_finite;
+      }
+      if (!std::all_of(g + aligned, g + m, finite)) return problem::non_finite;
     }
     return problem::none;
   }
