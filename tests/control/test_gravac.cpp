@@ -2,6 +2,7 @@
 // throughput), rank agreement through the in-process transport, steps that would divide 0 by 0,
 // and option and observation validation.
 #include <gradcomp/control/gravac.hpp>
+#include <gradcomp/core/crc32c.hpp>
 #include <gradcomp/transport/in_process.hpp>
 
 #include <doctest/doctest.h>
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -265,6 +267,90 @@ TEST_CASE("gravac rejects invalid observations and keeps its state") {
     CHECK(controller.decision() == before);
     CHECK(controller.steps() == 1);
   }
+}
+
+// Recomputes both CRCs of a GraVAC saved state after a test edited a field.
+void reseal(std::vector<std::byte>& state) {
+  constexpr std::size_t crc_offset = 74, header = 78;
+  const auto put = [&](std::size_t at, std::uint32_t v) {
+    for (std::size_t b = 0; b < 4; ++b) state[at + b] = static_cast<std::byte>((v >> (8 * b)) & 0xFFu);
+  };
+  put(crc_offset, crc32c(std::span<const std::byte>(state).first(crc_offset)));
+  const std::size_t payload = state.size() - header - 4;
+  put(header + payload, crc32c(std::span<const std::byte>(state).subspan(header, payload)));
+}
+
+TEST_CASE("gravac checkpoint: a restored controller decides exactly as the saved one") {
+  const auto trace = trace_a();
+  for (std::size_t cut = 0; cut <= trace.size(); ++cut) {
+    CAPTURE(cut);
+    gravac_controller original(trace_a_options());
+    for (std::size_t t = 0; t < cut; ++t) original.next(trace[t].observed);
+    std::vector<std::byte> saved(original.saved_state_bytes());
+    CHECK(original.save_state(saved) == saved.size());
+    gravac_controller restored(trace_a_options());
+    restored.load_state(saved);
+    CHECK(restored.decision() == original.decision());
+    CHECK(restored.steps() == original.steps());
+    std::vector<std::byte> again(restored.saved_state_bytes());
+    restored.save_state(again);
+    CHECK(again == saved);
+    for (std::size_t t = cut; t < trace.size(); ++t) CHECK(restored.next(trace[t].observed) == original.next(trace[t].observed));
+  }
+}
+
+TEST_CASE("gravac checkpoint: damaged or foreign states are rejected by name and change nothing") {
+  const auto trace = trace_a();
+  gravac_controller source(trace_a_options());
+  for (std::size_t t = 0; t < 4; ++t) source.next(trace[t].observed);
+  std::vector<std::byte> saved(source.saved_state_bytes());
+  source.save_state(saved);
+
+  gravac_controller target(trace_a_options());
+  target.next(trace[0].observed);
+  const gravac_decision before = target.decision();
+  const auto rejects = [&](std::vector<std::byte> bytes, errc code) {
+    CHECK(thrown_by([&] { target.load_state(bytes); }) == named(code));
+    CHECK(target.decision() == before);
+    CHECK(target.steps() == 1);
+  };
+  rejects(std::vector<std::byte>(saved.begin(), saved.end() - 1), errc::truncated);
+  rejects(std::vector<std::byte>(saved.begin(), saved.begin() + 40), errc::truncated);
+  auto longer = saved;
+  longer.push_back(std::byte{0});
+  rejects(longer, errc::trailing_bytes);
+  auto flipped = saved;
+  flipped[100] ^= std::byte{1};
+  rejects(flipped, errc::payload_checksum);
+  flipped = saved;
+  flipped[20] ^= std::byte{1};
+  rejects(flipped, errc::header_checksum);
+  flipped = saved;
+  flipped[0] = std::byte{'X'};
+  rejects(flipped, errc::bad_magic);
+  // Fields no controller reaches, with valid CRCs.
+  const auto edited = [&](std::size_t at, std::byte value) {
+    auto bytes = saved;
+    bytes[at] = value;
+    reseal(bytes);
+    return bytes;
+  };
+  rejects(edited(45, std::byte{2}), errc::malformed_payload);     // searching flag
+  rejects(edited(41, std::byte{9}), errc::malformed_payload);     // step within the window ≥ W
+  rejects(edited(40, std::byte{0x7F}), errc::malformed_payload);  // θ_cur: a huge float64
+  rejects(edited(50, std::byte{5}), errc::malformed_payload);     // EWMA slot ≥ W
+  rejects(edited(78 + 7, std::byte{0xFF}), errc::malformed_payload);  // a negative sample
+  // A controller configured otherwise.
+  auto options = trace_a_options();
+  options.epsilon = 0.5;
+  gravac_controller other(options);
+  CHECK(thrown_by([&] { other.load_state(saved); }) == named(errc::parameter_mismatch));
+  options = trace_a_options();
+  options.window = 3;
+  gravac_controller wider(options);
+  CHECK(thrown_by([&] { wider.load_state(saved); }) == named(errc::parameter_mismatch));
+  std::vector<std::byte> small(saved.size() - 1);
+  CHECK(thrown_by([&] { source.save_state(small); }) == named(errc::buffer_too_small));
 }
 
 }  // namespace

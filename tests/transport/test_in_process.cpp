@@ -1,6 +1,6 @@
 // The in-process transport against sums, maxima and ORs computed by the test in rank order, and
 // its failure behaviour: disagreeing ranks and failing ranks stop every rank with a named error,
-// never a hang.
+// never a hang; point-to-point messages in order, and receives that can never complete.
 #include <gradcomp/transport/in_process.hpp>
 
 #include <doctest/doctest.h>
@@ -216,6 +216,78 @@ TEST_CASE("in_process a rank that fails stops the others with peer_failed and ru
             t.all_reduce_sum(std::span<float>(data));
           });
         }) == "foreign exception: not a gradcomp error");
+}
+
+std::vector<std::byte> bytes_of(std::size_t count, int tag) {
+  return std::vector<std::byte>(count, std::byte{static_cast<unsigned char>(tag)});
+}
+
+TEST_CASE("in_process point-to-point messages arrive whole and in order per source") {
+  in_process_group(3).run([](in_process_transport& t) {
+    const int next = (t.rank() + 1) % 3;
+    const int prev = (t.rank() + 2) % 3;
+    // Three messages of different sizes to the successor, one to itself, then receive them.
+    for (int m = 0; m < 3; ++m) t.send_bytes(bytes_of(static_cast<std::size_t>(m) * 100, 10 * t.rank() + m), next);
+    t.send_bytes(bytes_of(7, 99), t.rank());
+    for (int m = 0; m < 3; ++m) CHECK(t.recv_bytes(prev) == bytes_of(static_cast<std::size_t>(m) * 100, 10 * prev + m));
+    CHECK(t.recv_bytes(t.rank()) == bytes_of(7, 99));
+    // A ring of sendrecv: every rank passes its tag on P - 1 times and ends with every tag seen.
+    std::vector<std::byte> token = bytes_of(5, t.rank());
+    int seen = 1 << t.rank();
+    for (int hop = 0; hop < 2; ++hop) {
+      token = t.sendrecv_bytes(token, next, prev);
+      REQUIRE(token.size() == 5);
+      seen |= 1 << std::to_integer<int>(token[0]);
+    }
+    CHECK(seen == 7);
+    CHECK(thrown_by([&] { t.send_bytes(token, 3); }) == named(errc::invalid_argument));
+    CHECK(thrown_by([&] { (void)t.recv_bytes(-1); }) == named(errc::invalid_argument));
+  });
+}
+
+TEST_CASE("in_process receives that can never complete fail instead of hanging") {
+  // Both ranks receive first: nobody runs who could send.
+  std::atomic<int> mismatches{0};
+  CHECK(thrown_by([&] {
+          in_process_group(2).run([&](in_process_transport& t) {
+            try {
+              (void)t.recv_bytes(1 - t.rank());
+            } catch (const error& e) {
+              if (e.code() == errc::size_mismatch) ++mismatches;
+              throw;
+            }
+          });
+        }) == named(errc::size_mismatch));
+  CHECK(mismatches.load() == 2);
+  // Rank 1 returns without sending; a message it sent before returning is still received.
+  CHECK(thrown_by([] {
+          in_process_group(2).run([](in_process_transport& t) {
+            if (t.rank() == 1) {
+              t.send_bytes(bytes_of(3, 1), 0);
+              return;
+            }
+            CHECK(t.recv_bytes(1) == bytes_of(3, 1));
+            (void)t.recv_bytes(1);
+          });
+        }) == named(errc::size_mismatch));
+  // One rank waits in a collective while the other waits in a receive.
+  CHECK(thrown_by([] {
+          in_process_group(2).run([](in_process_transport& t) {
+            if (t.rank() == 0) {
+              (void)t.recv_bytes(1);
+            } else {
+              std::vector<float> data(2);
+              t.all_reduce_sum(std::span<float>(data));
+            }
+          });
+        }) == named(errc::size_mismatch));
+  // A rank that fails wakes a receiver with peer_failed.
+  CHECK(thrown_by([] {
+          in_process_group(3).run([](in_process_transport& t) {
+            if (t.rank() == 2) throw error(errc::invalid_argument, "rank 2 gives up");
+            (void)t.recv_bytes(t.rank() == 0 ? 1 : 0);
+          });
+        }) == named(errc::invalid_argument));
 }
 
 }  // namespace

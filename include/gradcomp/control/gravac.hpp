@@ -32,16 +32,39 @@
 /// of one compressed gradient, and GraVAC needs the norms of both candidates every step. The
 /// controller reads a `gravac_observation` instead; it still keeps the concept's shape (one
 /// `next` per step returning the next `parameters`).
+///
+/// Checkpoints: `save_state` writes the controller's whole history (EWMA windows, search
+/// position, throughputs) in the saved-state frame of core/saved_state.hpp, magic "GCGV"; a
+/// controller with the same options that `load_state`s it decides exactly as the saved one would
+/// have. Layout (little-endian), after the common head (bytes 0..16: magic, version 1, codec 0,
+/// dtype float64, n = W):
+///
+/// | offset | bytes | field |
+/// |---|---|---|
+/// | 17 | 8 | hash of the options (`gravac_options::hash`) |
+/// | 25 | 8 | steps observed |
+/// | 33 | 8 | θ_cur, float64 |
+/// | 41 | 4 | steps into the current search window |
+/// | 45 | 1 | searching (0 or 1) |
+/// | 46 | 4 | T, the number of densities with a recorded throughput |
+/// | 50 | 24 | next slot and sample count of the gradient, candidate and safe EWMAs, u32 each |
+/// | 74 | 4 | CRC-32C of bytes 0..74 |
+/// | 78 | 24·W | the three EWMA windows (gradient, candidate, safe), W float64 each |
+/// | 78 + 24·W | 24·T | per density: θ, throughput sum (float64), count (u64) |
+/// | end | 4 | CRC-32C of the payload |
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <span>
 #include <vector>
 
 #include <gradcomp/core/error.hpp>
+#include <gradcomp/core/saved_state.hpp>
+#include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/sparsify/sparsity.hpp>
 #include <gradcomp/transport/transport.hpp>
 
@@ -93,6 +116,23 @@ struct gravac_options {
     require(omega >= 0.0 && std::isfinite(omega), "GraVAC plateau threshold omega must be finite and >= 0");
     require(window >= 1, "GraVAC window must hold at least one step");
     require(alpha > 0.0 && alpha <= 1.0, "GraVAC EWMA alpha must lie in (0, 1]");
+  }
+
+  /// Hash of every option, which saved states carry so that a checkpoint is only restored into a
+  /// controller configured alike.
+  [[nodiscard]] std::uint64_t hash() const noexcept {
+    return params_hasher{}
+        .add(theta_min)
+        .add(theta_max)
+        .add(step)
+        .add(epsilon)
+        .add(omega)
+        .add(window)
+        .add(alpha)
+        .add(static_cast<std::uint8_t>(measure))
+        .add(static_cast<std::uint8_t>(feedback))
+        .add(static_cast<std::uint8_t>(multi_level))
+        .value();
   }
 };
 
@@ -167,6 +207,16 @@ class windowed_ewma {
   }
   void clear() noexcept { count_ = 0; }
   [[nodiscard]] bool empty() const noexcept { return count_ == 0; }
+  /// The ring of samples, the slot the next sample goes to, and how many samples it holds.
+  [[nodiscard]] const std::vector<double>& samples() const noexcept { return values_; }
+  [[nodiscard]] std::size_t next_slot() const noexcept { return next_; }
+  [[nodiscard]] std::size_t count() const noexcept { return count_; }
+  /// Restores a ring saved from `samples`, `next_slot` and `count` (same window; checked by the caller).
+  void restore(std::span<const double> samples, std::size_t next, std::size_t count) {
+    std::copy(samples.begin(), samples.end(), values_.begin());
+    next_ = next;
+    count_ = count;
+  }
 
   [[nodiscard]] double value() const {
     double weighted = 0.0;
@@ -233,6 +283,100 @@ class gravac_controller {
     return options_.measure == gravac_gain_measure::norm ? std::sqrt(squared_norm) : squared_norm;
   }
 
+  /// Bytes `save_state` writes.
+  [[nodiscard]] std::size_t saved_state_bytes() const noexcept {
+    return state_format::header_bytes + 24 * std::size_t{options_.window} + 24 * throughputs_.size() +
+           state_format::checksum_bytes;
+  }
+
+  /// Writes the controller's history for a checkpoint (layout in the file comment).
+  /// @returns bytes written. @throws error `buffer_too_small` when `bytes` holds fewer than
+  /// `saved_state_bytes()`.
+  std::size_t save_state(std::span<std::byte> bytes) const {
+    const std::size_t size = saved_state_bytes();
+    detail::require_state_room(bytes, size);
+    std::byte* const p = bytes.data();
+    detail::write_state_head<state_format>(p, codec_id{}, value_dtype::float64, options_.window);
+    detail::store_le<std::uint64_t>(p + 17, options_.hash());
+    detail::store_le<std::uint64_t>(p + 25, steps_);
+    detail::store_le<double>(p + 33, theta_current_);
+    detail::store_le<std::uint32_t>(p + 41, window_steps_);
+    detail::store_le<std::uint8_t>(p + 45, searching_ ? 1 : 0);
+    detail::store_le<std::uint32_t>(p + 46, static_cast<std::uint32_t>(throughputs_.size()));
+    std::byte* q = p + 50;
+    for (const auto* e : ewmas()) {
+      detail::store_le<std::uint32_t>(q, static_cast<std::uint32_t>(e->next_slot()));
+      detail::store_le<std::uint32_t>(q + 4, static_cast<std::uint32_t>(e->count()));
+      q += 8;
+    }
+    q = p + state_format::header_bytes;
+    for (const auto* e : ewmas())
+      for (double v : e->samples()) {
+        detail::store_le<double>(q, v);
+        q += 8;
+      }
+    for (const auto& t : throughputs_) {
+      detail::store_le<double>(q, t.theta);
+      detail::store_le<double>(q + 8, t.sum);
+      detail::store_le<std::uint64_t>(q + 16, t.count);
+      q += 24;
+    }
+    detail::seal_state<state_format>(p, size - state_format::header_bytes - state_format::checksum_bytes);
+    return size;
+  }
+
+  /// Restores a history written by `save_state` of a controller with the same options; the
+  /// controller then decides exactly as the saved one would have.
+  /// @throws error `truncated`, `trailing_bytes`, `bad_magic`, `unsupported_version`,
+  /// `header_checksum`, `payload_checksum`, `codec_mismatch`, `dtype_mismatch`;
+  /// `parameter_mismatch` when the options differ; `malformed_payload` for values no controller
+  /// reaches. The controller is unchanged on error.
+  void load_state(std::span<const std::byte> bytes) {
+    const std::uint64_t window = detail::check_state_head<state_format>(bytes, codec_id{}, value_dtype::float64, "GCGV");
+    const std::byte* const p = bytes.data();
+    detail::require(window == options_.window && detail::load_le<std::uint64_t>(p + 17) == options_.hash(),
+                    errc::parameter_mismatch, "GraVAC state saved by a controller with other options");
+    const auto throughput_count = detail::load_le<std::uint32_t>(p + 46);
+    const auto payload = detail::check_state_body<state_format>(bytes, 24 * std::size_t{options_.window} + 24 * std::size_t{throughput_count});
+    const auto bad = [](const char* what) { detail::fail(errc::malformed_payload, std::string("GraVAC state: ") + what); };
+    const auto density = [&](double theta) { return theta >= options_.theta_max && theta <= 1.0; };
+
+    const double theta = detail::load_le<double>(p + 33);
+    const auto window_steps = detail::load_le<std::uint32_t>(p + 41);
+    const auto searching = detail::load_le<std::uint8_t>(p + 45);
+    if (!(density(theta) && theta <= options_.theta_min)) bad("candidate density out of range");
+    if (window_steps >= options_.window || searching > 1) bad("search position out of range");
+    std::array<std::uint32_t, 3> next{}, count{};
+    for (std::size_t i = 0; i < 3; ++i) {
+      next[i] = detail::load_le<std::uint32_t>(p + 50 + 8 * i);
+      count[i] = detail::load_le<std::uint32_t>(p + 54 + 8 * i);
+      if (next[i] >= options_.window || count[i] > options_.window) bad("EWMA position out of range");
+    }
+    std::vector<double> samples(3 * std::size_t{options_.window});
+    for (std::size_t i = 0; i < samples.size(); ++i) {
+      samples[i] = detail::load_le<double>(payload.data() + 8 * i);
+      if (!(samples[i] >= 0.0 && std::isfinite(samples[i]))) bad("EWMA sample not finite and >= 0");
+    }
+    std::vector<throughput> throughputs(throughput_count);
+    const std::byte* q = payload.data() + 8 * samples.size();
+    for (auto& t : throughputs) {
+      t = {detail::load_le<double>(q), detail::load_le<double>(q + 8), detail::load_le<std::uint64_t>(q + 16)};
+      if (!density(t.theta) || !(t.sum >= 0.0 && std::isfinite(t.sum)) || t.count == 0) bad("throughput record out of range");
+      q += 24;
+    }
+
+    const auto ring = std::span<const double>(samples);
+    const std::size_t w = options_.window;
+    auto ewma = ewmas();
+    for (std::size_t i = 0; i < 3; ++i) ewma[i]->restore(ring.subspan(i * w, w), next[i], count[i]);
+    steps_ = detail::load_le<std::uint64_t>(p + 25);
+    theta_current_ = theta;
+    window_steps_ = window_steps;
+    searching_ = searching == 1;
+    throughputs_ = std::move(throughputs);
+    decision_ = decide();
+  }
+
   /// Takes the rank-aggregated statistics of the step just finished (made under `decision()`)
   /// and returns the decision for the next step.
   /// @throws error `invalid_argument` when the observation is invalid (nothing changes then).
@@ -254,6 +398,18 @@ class gravac_controller {
   }
 
  private:
+  /// Saved-state frame of the controller (core/saved_state.hpp).
+  struct state_format {
+    static constexpr std::uint32_t magic = 0x56474347u;  // "GCGV" as a little-endian word
+    static constexpr std::uint16_t version = 1;
+    static constexpr std::size_t header_crc_offset = 74;
+    static constexpr std::size_t header_bytes = 78;
+    static constexpr std::size_t checksum_bytes = 4;
+  };
+
+  [[nodiscard]] std::array<const detail::windowed_ewma*, 3> ewmas() const noexcept { return {&gradient_, &current_, &safe_}; }
+  [[nodiscard]] std::array<detail::windowed_ewma*, 3> ewmas() noexcept { return {&gradient_, &current_, &safe_}; }
+
   /// The throughputs measured at one density during the search.
   struct throughput {
     double theta = 0.0;

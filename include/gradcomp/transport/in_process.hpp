@@ -1,7 +1,8 @@
 #pragma once
 /// @file
 /// The in-process transport: P ranks that are threads of one process, for tests, the demo and
-/// single-machine experiments. It satisfies `transport` and `transport_with_bitwise_or`.
+/// single-machine experiments. It satisfies `transport`, `transport_with_bitwise_or` and
+/// `transport_with_point_to_point`.
 ///
 /// Every collective publishes each rank's buffer, waits for all ranks, and lets each rank read
 /// the others' buffers directly; reductions combine ranks 0, 1, …, P−1 in that order, so every
@@ -11,9 +12,17 @@
 /// `errc::size_mismatch` and the group is marked failed; so does a collective that some rank never
 /// makes because its body returned. When any rank fails, the ranks waiting in or entering a
 /// collective throw `errc::peer_failed` instead of hanging.
+///
+/// Point-to-point messages go through one mailbox per (source, destination) pair: `send_bytes`
+/// copies the buffer into the mailbox and returns at once (a real transport may block instead),
+/// and `recv_bytes` waits for the oldest message of its source. Calls that can never complete
+/// fail instead of hanging: a receive from a rank whose body has returned with nothing left to
+/// receive, or a state in which every rank still running waits (in a receive or a collective) and
+/// at least one waits in a receive, makes the waiting ranks throw `errc::size_mismatch`.
 
 #include <algorithm>
 #include <condition_variable>
+#include <deque>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -59,7 +68,12 @@ class in_process_shared {
     int root = 0;                       ///< Root rank, where the collective has one.
   };
 
-  explicit in_process_shared(int size) : size_(size), slots_(static_cast<std::size_t>(size)) {}
+  explicit in_process_shared(int size)
+      : size_(size),
+        slots_(static_cast<std::size_t>(size)),
+        mailboxes_(static_cast<std::size_t>(size) * static_cast<std::size_t>(size)),
+        departed_ranks_(static_cast<std::size_t>(size), false),
+        receiving_from_(static_cast<std::size_t>(size), -1) {}
 
   [[nodiscard]] int size() const noexcept { return size_; }
   [[nodiscard]] slot& at(int rank) noexcept { return slots_[static_cast<std::size_t>(rank)]; }
@@ -77,6 +91,10 @@ class in_process_shared {
       ready_.notify_all();
       return;
     }
+    if (deadlocked()) {
+      --waiting_;
+      fail_deadlock();
+    }
     ready_.wait(lock, [&] { return generation_ != generation || aborted_ || departed_ > 0; });
     if (generation_ == generation) {
       require_present();
@@ -84,12 +102,52 @@ class in_process_shared {
     }
   }
 
-  /// Records that a rank's body returned: a collective that other ranks still call can never
-  /// complete, so they fail instead of waiting.
-  void depart() noexcept {
+  /// Records that rank `rank`'s body returned: a collective that other ranks still call, or a
+  /// receive from it with nothing left to receive, can never complete, so they fail instead of
+  /// waiting.
+  void depart(int rank) noexcept {
     const std::lock_guard lock(mutex_);
     ++departed_;
+    departed_ranks_[static_cast<std::size_t>(rank)] = true;
+    if (deadlocked()) mismatched_ = aborted_ = true;
     ready_.notify_all();
+  }
+
+  /// Appends a copy of `data` to the mailbox from `source` to `dest`.
+  /// @throws error `peer_failed` once the group is aborted.
+  void post(int source, int dest, std::span<const std::byte> data) {
+    std::vector<std::byte> message(data.begin(), data.end());
+    const std::lock_guard lock(mutex_);
+    require_alive();
+    mailbox(source, dest).push_back(std::move(message));
+    ready_.notify_all();
+  }
+
+  /// Waits for the oldest message from `source` to `dest` and removes it from the mailbox.
+  /// @throws error `size_mismatch` when it can never arrive (the source returned, or every rank
+  /// still running waits), `peer_failed` once the group is aborted.
+  [[nodiscard]] std::vector<std::byte> take(int source, int dest) {
+    std::unique_lock lock(mutex_);
+    auto& box = mailbox(source, dest);
+    if (box.empty()) {
+      require_alive();
+      require_sender(source);
+      int& waiting_on = receiving_from_[static_cast<std::size_t>(dest)];
+      waiting_on = source;
+      if (deadlocked()) {
+        waiting_on = -1;
+        fail_deadlock();
+      }
+      ready_.wait(lock, [&] { return !box.empty() || aborted_ || departed_ranks_[static_cast<std::size_t>(source)]; });
+      waiting_on = -1;
+      if (box.empty()) {
+        require_sender(source);
+        require_alive();
+      }
+    }
+    std::vector<std::byte> message = std::move(box.front());
+    box.pop_front();
+    return message;
   }
 
   /// Marks the group failed and wakes every waiting rank.
@@ -101,7 +159,41 @@ class in_process_shared {
 
  private:
   void require_alive() const {
+    detail::require(!mismatched_, errc::size_mismatch, "the ranks' calls can never complete: they made different calls");
     detail::require(!aborted_, errc::peer_failed, "another rank of the in-process group failed");
+  }
+
+  /// True when no rank runs and one waits in a receive with nothing to receive: nothing can
+  /// ever wake it. A rank counts as running when it is not in the barrier, has not returned, and
+  /// does not wait in a receive whose mailbox is empty (a message posted to it wakes it).
+  [[nodiscard]] bool deadlocked() noexcept {
+    int blocked = waiting_ + departed_;
+    bool receiving = false;
+    for (int r = 0; r < size_; ++r) {
+      const int source = receiving_from_[static_cast<std::size_t>(r)];
+      if (source < 0) continue;
+      if (!mailbox(source, r).empty()) return false;
+      ++blocked;
+      receiving = true;
+    }
+    return receiving && blocked == size_;
+  }
+
+  [[noreturn]] void fail_deadlock() {
+    mismatched_ = aborted_ = true;
+    ready_.notify_all();
+    detail::fail(errc::size_mismatch, "every running rank waits and one waits in a receive: the ranks made different calls");
+  }
+
+  void require_sender(int source) {
+    if (!departed_ranks_[static_cast<std::size_t>(source)]) return;
+    aborted_ = true;
+    ready_.notify_all();
+    detail::fail(errc::size_mismatch, "a receive from a rank that returned without sending it: the ranks made different calls");
+  }
+
+  [[nodiscard]] std::deque<std::vector<std::byte>>& mailbox(int source, int dest) noexcept {
+    return mailboxes_[static_cast<std::size_t>(source) * static_cast<std::size_t>(size_) + static_cast<std::size_t>(dest)];
   }
 
   void require_present() {
@@ -115,10 +207,14 @@ class in_process_shared {
   std::vector<slot> slots_;
   std::mutex mutex_;
   std::condition_variable ready_;
-  int waiting_ = 0;
+  std::vector<std::deque<std::vector<std::byte>>> mailboxes_;  // [source · size + dest]
+  std::vector<bool> departed_ranks_;
+  std::vector<int> receiving_from_;  // per rank: the source it waits to receive from, or −1
+  int waiting_ = 0;                  // ranks in the barrier
   std::uint64_t generation_ = 0;
   int departed_ = 0;
   bool aborted_ = false;
+  bool mismatched_ = false;  // aborted because the calls can never complete
 };
 
 }  // namespace detail
@@ -190,6 +286,21 @@ class in_process_transport {
     return all;
   }
 
+  /// Sends a copy of `data` to rank `dest`; returns without waiting for the receive.
+  /// @throws error `invalid_argument` for a rank outside the group, `peer_failed` once the group failed.
+  void send_bytes(std::span<const std::byte> data, int dest) { shared_->post(rank_, peer(dest), data); }
+
+  /// The oldest buffer that rank `source` sent to this rank, waiting for it if needed.
+  /// @throws error `invalid_argument` for a rank outside the group; `size_mismatch` when it can
+  /// never arrive; `peer_failed` once the group failed.
+  [[nodiscard]] std::vector<std::byte> recv_bytes(int source) { return shared_->take(peer(source), rank_); }
+
+  /// Sends `data` to `dest`, then receives from `source`.
+  [[nodiscard]] std::vector<std::byte> sendrecv_bytes(std::span<const std::byte> data, int dest, int source) {
+    send_bytes(data, dest);
+    return recv_bytes(source);
+  }
+
  private:
   friend class in_process_group;
 
@@ -197,6 +308,11 @@ class in_process_transport {
 
   in_process_transport(std::shared_ptr<detail::in_process_shared> shared, int rank)
       : shared_(std::move(shared)), rank_(rank) {}
+
+  [[nodiscard]] int peer(int r) const {
+    detail::require(r >= 0 && r < size(), errc::invalid_argument, "in-process transport: peer rank outside the group");
+    return r;
+  }
 
   /// Publishes this rank's side, waits for every rank, and checks that all called the same
   /// collective (same type, count unless `same_count` is false, and root).
@@ -272,7 +388,7 @@ class in_process_group {
         in_process_transport t(shared, r);
         try {
           body(t);
-          shared->depart();
+          shared->depart(r);
         } catch (...) {
           failures[static_cast<std::size_t>(r)] = std::current_exception();
           shared->abort();
@@ -304,5 +420,6 @@ class in_process_group {
 };
 
 static_assert(transport_with_bitwise_or<in_process_transport>);
+static_assert(transport_with_point_to_point<in_process_transport>);
 
 }  // namespace gradcomp

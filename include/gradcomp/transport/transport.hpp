@@ -58,4 +58,23 @@ concept transport_with_bitwise_or = transport<X> && requires(X& t, std::span<std
   t.all_reduce_or(u8);
 };
 
+/// A transport that can also move bytes between two ranks (MPI_Send / MPI_Recv, Gloo's pairs,
+/// ncclSend / ncclRecv), which compressed point-to-point messages and the per-hop ring of the
+/// hybrid scheme need. These calls involve two ranks, not the group: every `send_bytes` to `dest`
+/// must be matched by one `recv_bytes` (or `sendrecv_bytes`) of `dest` naming this rank as source,
+/// and messages from one source arrive in the order they were sent.
+///
+/// - `send_bytes(data, dest)`: sends a byte buffer to `dest`; it may block until `dest` receives
+///   it (MPI without buffering does), so two ranks must not both send first to each other.
+/// - `recv_bytes(source)`: waits for the next buffer from `source` and returns it (any size).
+/// - `sendrecv_bytes(data, dest, source)`: sends to `dest` and receives from `source` at once, so
+///   a ring in which every rank sends to its successor and receives from its predecessor cannot
+///   deadlock.
+template <class X>
+concept transport_with_point_to_point = transport<X> && requires(X& t, std::span<const std::byte> cbytes, int peer) {
+  t.send_bytes(cbytes, peer);
+  { t.recv_bytes(peer) } -> std::same_as<std::vector<std::byte>>;
+  { t.sendrecv_bytes(cbytes, peer, peer) } -> std::same_as<std::vector<std::byte>>;
+};
+
 }  // namespace gradcomp
