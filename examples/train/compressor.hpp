@@ -69,6 +69,13 @@ class aggregator {
 
   /// False when decoding happens inside a collective and is counted as encoding time.
   [[nodiscard]] virtual bool times_decode() const { return true; }
+
+  /// What the demo prints about this row after the table (empty: nothing).
+  [[nodiscard]] virtual std::string notes() const { return {}; }
+
+  /// Bytes a worker sends per step when the same aggregation runs uncompressed, for `n` float32
+  /// values: the whole gradient once (an all-gather), unless the aggregation moves more.
+  [[nodiscard]] virtual double dense_bytes(std::size_t n) const { return static_cast<double>(n * sizeof(float)); }
 };
 
 /// A row of the demo: a name and a factory of its aggregator, given the model's parameter layout

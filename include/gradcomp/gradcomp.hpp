@@ -43,6 +43,10 @@
 
 #include <gradcomp/lossless/mpc.hpp>
 
+#include <gradcomp/collective/compressed_all_gather.hpp>
+#include <gradcomp/collective/compressed_frame.hpp>
+#include <gradcomp/collective/compressed_point_to_point.hpp>
+#include <gradcomp/collective/ring.hpp>
 #include <gradcomp/collective/tagc.hpp>
 #include <gradcomp/control/gravac.hpp>
 #include <gradcomp/control/layer_policy.hpp>
