@@ -41,7 +41,7 @@ std::vector<float> values_of(int rank, std::size_t n, std::uint64_t seed = 1) {
 }
 
 bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
 }
 
 int wrap(int x, int P) { return ((x % P) + P) % P; }
@@ -58,7 +58,8 @@ std::pair<std::size_t, std::size_t> chunk(std::size_t n, int P, int c) {
 template <class Hop>
 std::vector<float> replay_chunk(const std::vector<std::vector<float>>& x, int c, Hop hop) {
   const int P = static_cast<int>(x.size());
-  const auto [offset, count] = chunk(x[0].size(), P, c);
+  const auto range = chunk(x[0].size(), P, c);
+  const std::size_t offset = range.first, count = range.second;
   const auto part = [&](int r) {
     const auto& v = x[static_cast<std::size_t>(r)];
     return std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(offset),
@@ -187,9 +188,12 @@ TEST_CASE("ring with a lossless codec (MPC) gives the uncompressed ring's sums b
 }
 
 TEST_CASE("ring with a lossy codec re-encodes every hop: the replayed ring bit for bit, error within the bound") {
-  constexpr std::size_t n = 4096;
-  for (int P : {2, 3, 4, 8}) {
+  for (const auto& ranks_and_n : {std::pair{2, std::size_t{4096}}, std::pair{3, std::size_t{4096}}, std::pair{4, std::size_t{4096}},
+                                  std::pair{8, std::size_t{4096}}, std::pair{8, std::size_t{5}}}) {
+    const int P = ranks_and_n.first;
+    const std::size_t n = ranks_and_n.second;
     CAPTURE(P);
+    CAPTURE(n);
     const auto x = inputs(P, n);
     const auto all = run_all_reduce(P, n, lossy_codec);
     const auto scattered = run_reduce_scatter(P, n, lossy_codec);
@@ -214,7 +218,7 @@ TEST_CASE("ring with a lossy codec re-encodes every hop: the replayed ring bit f
     CHECK(worst_chunk_error <= scattered.reports[0].error_bound + slack);
     CHECK(max_difference(all.results[0], exact) <= all.reports[0].error_bound + slack);
     CHECK(all.reports[0].error_bound >= scattered.reports[0].error_bound);
-    CHECK(scattered.reports[0].error_bound > 0.0);
+    if (n > 1000) CHECK(scattered.reports[0].error_bound > 0.0);
   }
 }
 
