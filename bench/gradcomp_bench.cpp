@@ -33,6 +33,9 @@
 ///   count_sketch/decode  its heavy-hitter decode: estimate every element (median of 3), top 1%
 ///   mpc/encode           MPC lossless (dim 1) of the gradient; /decode (compression ratio achieved)
 ///   mpc_smooth/encode    MPC lossless (dim 1) of sin(1e-4·i), a smooth signal; /decode
+///   zfp8/encode          ZFP fixed rate, 8 bits per value (compression ratio 4); /decode (the
+///                        largest error is checked against lossless.md §2's bound and reported)
+///   zfp16/encode         ZFP fixed rate, 16 bits per value; /decode
 ///
 /// The CPU executor is the default one (AVX2 where the CPU has it, streamed stores for outputs of
 /// 8 MiB and more).
@@ -92,6 +95,8 @@ constexpr ratio_target quantizer_targets[] = {
     {"ef_uniform8/encode", 0.5},  {"loco_uniform4/encode", 0.3},
     {"lhc/encode", 0.15},         {"lhc/decode", 0.1},
     {"mpc/encode", 0.25},         {"mpc/decode", 0.3},
+    {"zfp8/encode", 0.1},         {"zfp8/decode", 0.1},
+    {"zfp16/encode", 0.1},        {"zfp16/decode", 0.1},
 };
 constexpr double lhc_cut_sigmas = 1.959964;  // |x| > 1.96σ keeps 5% of a normal gradient
 constexpr std::uint32_t sketch_rows = 3;                        // count sketch: r
@@ -324,6 +329,8 @@ struct record {
   std::string baseline;                     ///< Name of the baseline record, or empty.
   std::optional<double> speedup;            ///< Baseline median / this median.
   std::optional<double> achieved_density;   ///< Threshold and dynamic: kept / n.
+  std::optional<double> max_error;          ///< ZFP decode: largest |x − decoded|.
+  std::optional<double> error_to_bound;     ///< ZFP decode: largest |x − decoded| / the documented bound.
 
   [[nodiscard]] double dense_bytes() const noexcept { return static_cast<double>(n) * sizeof(float); }
   [[nodiscard]] double gradient_gbps() const noexcept { return dense_bytes() / time.median / 1e9; }
@@ -653,28 +660,60 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
                   fmt::format("count sketch decoded {} non-zeros, expected {}", kept, sketch.heavy_hitter_count(n)));
   }
 
+  // Encode of `input` into a buffer of the codec's size, then decode into `dense`: the records
+  // `<name>/encode` and `<name>/decode`, the latter returned.
+  const auto round_trip_records = [&](const auto& codec, std::span<const float> input, const std::string& name) -> record& {
+    buffer<std::byte> encoded_buffer(codec.max_encoded_bytes(n));
+    std::size_t bytes = 0;
+    const timing encode = measure(
+        opt, [&] { bytes = codec.encode(cpu, input, encoded_buffer.span(), ws, key); },
+        [&] { sum.add_message(std::span<const std::byte>(encoded_buffer.data(), bytes)); });
+    add(name + "/encode", encode, dense_bytes / static_cast<double>(bytes));
+    const std::span<const std::byte> encoded(encoded_buffer.data(), bytes);
+    const timing decode = measure(opt, [&] { codec.decode(cpu, encoded, dense, ws); }, [&] { sum.add_sample(dense); });
+    return add(name + "/decode", decode, dense_bytes / static_cast<double>(bytes));
+  };
+
   // MPC lossless on the gradient and on a smooth signal; the decode must give back every bit.
   fmt::print(stderr, "gradcomp-bench: n = {}: mpc\n", n);
   std::fflush(stderr);
   {
     const mpc_codec mpc;
-    buffer<std::byte> mpc_buffer(mpc.max_encoded_bytes(n));
     buffer<float> smooth_buffer(size);
     for (std::size_t i = 0; i < size; ++i) smooth_buffer.data()[i] = static_cast<float>(std::sin(1e-4 * static_cast<double>(i)));
-    const auto mpc_records = [&](std::span<const float> input, const std::string& name) {
-      std::size_t bytes = 0;
-      const timing encode = measure(
-          opt, [&] { bytes = mpc.encode(cpu, input, mpc_buffer.span(), ws, key); },
-          [&] { sum.add_message(std::span<const std::byte>(mpc_buffer.data(), bytes)); });
-      add(name + "/encode", encode, dense_bytes / static_cast<double>(bytes));
-      const std::span<const std::byte> encoded(mpc_buffer.data(), bytes);
-      const timing decode = measure(opt, [&] { mpc.decode(cpu, encoded, dense, ws); }, [&] { sum.add_sample(dense); });
-      add(name + "/decode", decode, dense_bytes / static_cast<double>(bytes));
+    const std::pair<std::span<const float>, std::string> inputs[] = {{gradient, "mpc"}, {smooth_buffer.span(), "mpc_smooth"}};
+    for (const auto& [input, name] : inputs) {
+      round_trip_records(mpc, input, name);
       require_check(std::memcmp(dense.data(), input.data(), size * sizeof(float)) == 0,
                     name + " did not decode to the encoded bits");
-    };
-    mpc_records(gradient, "mpc");
-    mpc_records(smooth_buffer.span(), "mpc_smooth");
+    }
+  }
+
+  // ZFP fixed rate at 8 and 16 bits per value. The decode is checked against the documented error
+  // bound, |x − g| ≤ (2^(8 − R) + 2^−23)·2^emax per block of 4 (lossless.md §2); the largest error
+  // and its ratio to the bound are recorded.
+  fmt::print(stderr, "gradcomp-bench: n = {}: zfp\n", n);
+  std::fflush(stderr);
+  for (const std::uint32_t rate : {8u, 16u}) {
+    const std::string name = fmt::format("zfp{}", rate);
+    record& r = round_trip_records(zfp_fixed_rate_codec({.rate_bits = rate}), gradient, name);
+    double worst = 0.0, largest_error = 0.0;
+    for (std::size_t b = 0; b < size; b += 4) {
+      float largest = 0.0f;
+      for (std::size_t i = b; i < std::min(size, b + 4); ++i) largest = std::max(largest, std::fabs(gradient[i]));
+      if (largest == 0.0f) continue;
+      int emax = 0;
+      std::frexp(largest, &emax);
+      const double bound = (std::ldexp(1.0, 8 - static_cast<int>(rate)) + std::ldexp(1.0, -23)) * std::ldexp(1.0, emax);
+      for (std::size_t i = b; i < std::min(size, b + 4); ++i) {
+        const double error = std::fabs(static_cast<double>(gradient[i]) - static_cast<double>(dense[i]));
+        largest_error = std::max(largest_error, error);
+        worst = std::max(worst, error / bound);
+      }
+    }
+    r.max_error = largest_error;
+    r.error_to_bound = worst;
+    require_check(worst <= 1.0, fmt::format("{} decoded outside its error bound (ratio {})", name, worst));
   }
 
   for (std::size_t i = first; i < records.size(); ++i) records[i].copy_median = copy.median;
@@ -738,9 +777,14 @@ void print_targets(const std::vector<record>& records, const std::vector<std::ui
         line(r->ratio_to_copy() >= t.ratio,
              fmt::format("{} n={}: ratio_to_copy {:.3f} >= {}", t.name, n, r->ratio_to_copy(), t.ratio));
     }
+    for (const record& r : records)
+      if (r.n == n && r.max_error)
+        line(r.error_to_bound.value_or(2.0) <= 1.0,
+             fmt::format("{} n={}: max error {:.3g} (N(0, {}) gradient), {:.3f} of the documented bound", r.name, n,
+                         *r.max_error, gradient_stddev, r.error_to_bound.value_or(0.0)));
     for (const record& r : records) {
       if (r.n != n || !r.name.ends_with("/decode") || r.name.starts_with("uniform8_rtn") || r.name.starts_with("lhc/") ||
-          r.name.starts_with("count_sketch/") || r.name.starts_with("mpc"))
+          r.name.starts_with("count_sketch/") || r.name.starts_with("mpc") || r.name.starts_with("zfp"))
         continue;
       line(r.ratio_to_copy() >= ratio_to_copy_target,
            fmt::format("{} n={}: ratio_to_copy {:.3f} >= {}", r.name, n, r.ratio_to_copy(), ratio_to_copy_target));
@@ -797,6 +841,12 @@ std::string to_json(const std::vector<record>& records) {
     if (r.achieved_density) {
       s += ", \"achieved_density\": ";
       append_json_number(s, r.achieved_density);
+    }
+    if (r.max_error) {
+      s += ", \"max_error\": ";
+      append_json_number(s, r.max_error);
+      s += ", \"max_error_to_bound\": ";
+      append_json_number(s, r.error_to_bound);
     }
     s += i + 1 < records.size() ? "},\n" : "}\n";
   }

@@ -77,8 +77,12 @@ std::vector<train::codec_entry> demo_codecs() {
                                                               .sketch = {.block = 128}}),
       train::tagc_entry("TAGC f*=0.95 (sharded)", tagc_params{.sparsify = {.zero_fraction = 0.95},
                                                               .sketch = {.block = 128}}),
-      // The hybrid scheme's ring all-reduce (decode, add, re-encode at every hop), lossless.
+      // The hybrid scheme's float codecs: ZFP fixed rate (8 bits per value) all-gathered (each
+      // gradient encoded once), and the ring all-reduce (decode, add, re-encode at every hop) with
+      // MPC (lossless) and ZFP (the error of P encodings per chunk).
+      train::make_entry("ZFP R=8", zfp_fixed_rate_codec(zfp_params{.rate_bits = 8})),
       train::ring_entry("MPC ring all-reduce (lossless)", mpc_codec()),
+      train::ring_entry("ZFP R=8 ring all-reduce", zfp_fixed_rate_codec(zfp_params{.rate_bits = 8})),
       // GraVAC searches top-k densities from 10% down to 0.1%, one window of 20 steps each, and
       // sends the most aggressive one whose gain (‖C(g)‖ / ‖g‖, EWMA) stays above 0.75. Both
       // paths keep their residuals every step (the reference's choice): with `sent_path_only`

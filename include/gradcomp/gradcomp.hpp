@@ -42,6 +42,7 @@
 #include <gradcomp/sketch/lossless_homomorphic.hpp>
 
 #include <gradcomp/lossless/mpc.hpp>
+#include <gradcomp/lossless/zfp_fixed_rate.hpp>
 
 #include <gradcomp/collective/compressed_all_gather.hpp>
 #include <gradcomp/collective/compressed_frame.hpp>

@@ -7,6 +7,7 @@
 #include <gradcomp/collective/compressed_point_to_point.hpp>
 #include <gradcomp/collective/ring.hpp>
 #include <gradcomp/lossless/mpc.hpp>
+#include <gradcomp/lossless/zfp_fixed_rate.hpp>
 #include <gradcomp/quantize/uniform.hpp>
 #include <gradcomp/transport/in_process.hpp>
 
@@ -219,6 +220,28 @@ TEST_CASE("ring with a lossy codec re-encodes every hop: the replayed ring bit f
     CHECK(max_difference(all.results[0], exact) <= all.reports[0].error_bound + slack);
     CHECK(all.reports[0].error_bound >= scattered.reports[0].error_bound);
     if (n > 1000) CHECK(scattered.reports[0].error_bound > 0.0);
+  }
+}
+
+TEST_CASE("ring with ZFP fixed rate: the replayed ring bit for bit on every rank, error within the bound") {
+  const zfp_fixed_rate_codec zfp(zfp_params{.rate_bits = 8});
+  constexpr std::size_t n = 4103;
+  for (int P : {2, 4, 5}) {
+    CAPTURE(P);
+    const auto x = inputs(P, n);
+    const auto all = run_all_reduce(P, n, zfp);
+    std::vector<float> expected, exact;
+    for (int c = 0; c < P; ++c) {
+      const auto final_chunk = round_trip(zfp, replay_chunk(x, c, codec_hop(zfp)));
+      expected.insert(expected.end(), final_chunk.begin(), final_chunk.end());
+      const auto plain = replay_chunk(x, c, plain_hop);
+      exact.insert(exact.end(), plain.begin(), plain.end());
+    }
+    for (int r = 0; r < P; ++r) CHECK(same_bits(all.results[static_cast<std::size_t>(r)], expected));
+    CHECK(all.reports[0].error_bound > 0.0);
+    CHECK(max_difference(all.results[0], exact) <= all.reports[0].error_bound + 1e-5 * max_magnitude(exact));
+    // Fixed rate: every frame of a chunk has the same size, 9 + 56 + ⌈⌈count/4⌉·8/2⌉ bytes.
+    CHECK(all.reports[0].sent_bytes < all.reports[0].dense_bytes / 3);
   }
 }
 

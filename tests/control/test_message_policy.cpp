@@ -69,10 +69,12 @@ TEST_CASE("message_codec validation refuses out-of-range and mismatched fields")
   const std::string invalid = named(errc::invalid_argument);
   const auto validated = [](message_codec c) { return thrown_by([&] { c.validate(); }); };
   CHECK(validated(message_codec::uncompressed()) == "no exception");
-  CHECK(validated(message_codec::zfp(1)) == "no exception");
+  CHECK(validated(message_codec::zfp(3)) == "no exception");
   CHECK(validated(message_codec::zfp(32)) == "no exception");
   CHECK(validated(message_codec::mpc(32)) == "no exception");
   CHECK(validated(message_codec::zfp(0)) == invalid);
+  CHECK(validated(message_codec::zfp(1)) == invalid);  // zfp_params: below 3 the block header does not fit
+  CHECK(validated(message_codec::zfp(2)) == invalid);
   CHECK(validated(message_codec::zfp(33)) == invalid);
   CHECK(validated(message_codec::mpc(0)) == invalid);
   CHECK(validated(message_codec::mpc(33)) == invalid);

@@ -97,6 +97,8 @@ int main(int argc, char** argv) {
     write_seeds(root / "sign", "f64_n" + size, sign_quantizer<double>({.block = 16}), xd);
     write_seeds(root / "mpc", "d1_n" + size, mpc_codec({.dim = 1}), x);
     write_seeds(root / "mpc", "d3_n" + size, mpc_codec({.dim = 3}), x);
+    write_seeds(root / "zfp_fixed_rate", "r8_n" + size, zfp_fixed_rate_codec({.rate_bits = 8}), x);
+    write_seeds(root / "zfp_fixed_rate", "r3_n" + size, zfp_fixed_rate_codec({.rate_bits = 3}), x);
     write_seeds(root / "qsgd", "f32_n" + size, qsgd_quantizer<float>({.levels = 15, .bucket = 32, .seed = 3}), x);
     write_seeds(root / "qsgd", "f64_n" + size, qsgd_quantizer<double>({.levels = 1, .bucket = 16, .seed = 9}), xd);
     write_seeds(root / "shared_scale", "f32_n" + size, shared_scale_quantizer<float>({.bits = 8, .block = 32, .headroom_bits = 2}), x);

@@ -8,7 +8,7 @@ seconds=$2
 source_dir=$(cd "$(dirname "$0")" && pwd)
 scratch=$(mktemp -d)
 status=0
-for target in envelope topk threshold randomk uniform sign qsgd shared_scale pipeline mpc count_sketch lhc; do
+for target in envelope topk threshold randomk uniform sign qsgd shared_scale pipeline mpc zfp_fixed_rate count_sketch lhc; do
   mkdir -p "$scratch/$target"
   cp "$source_dir/corpus/$target/"* "$scratch/$target/"
   log="$scratch/$target.log"

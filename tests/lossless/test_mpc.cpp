@@ -113,16 +113,6 @@ std::vector<std::byte> encode_on(const mpc_codec& q, const cpu_executor& cpu, co
   return out;
 }
 
-// `good` with its payload replaced by `payload` and the envelope resealed to match.
-std::vector<std::byte> with_payload(const std::vector<std::byte>& good, const std::vector<std::byte>& payload) {
-  envelope e = parse_envelope(good);
-  e.payload_bytes = payload.size();
-  std::vector<std::byte> m(header + payload.size());
-  std::copy(payload.begin(), payload.end(), m.begin() + static_cast<std::ptrdiff_t>(header));
-  write_envelope(e, m);
-  return m;
-}
-
 std::uint32_t word_at(const std::vector<std::byte>& payload, std::size_t i) {
   std::uint32_t w;
   std::memcpy(&w, payload.data() + 4 * i, 4);

@@ -3,6 +3,7 @@
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -19,6 +20,16 @@ std::vector<std::byte> encode_bytes(const Codec& codec, const std::vector<T>& x,
   std::vector<std::byte> ws(codec.workspace_bytes(cpu, x.size()));
   out.resize(codec.encode(cpu, std::span<const T>(x), out, ws, key));
   return out;
+}
+
+/// `good` (a message) with its payload replaced by `payload` and the envelope resealed to match.
+inline std::vector<std::byte> with_payload(const std::vector<std::byte>& good, const std::vector<std::byte>& payload) {
+  envelope e = parse_envelope(good);
+  e.payload_bytes = payload.size();
+  std::vector<std::byte> m(envelope::size + payload.size());
+  std::copy(payload.begin(), payload.end(), m.begin() + static_cast<std::ptrdiff_t>(envelope::size));
+  write_envelope(e, m);
+  return m;
 }
 
 /// Decodes `message` into a fresh vector of n values.

@@ -106,6 +106,11 @@ inline const std::vector<golden_case>& golden_cases() {
        1000},
       {"mpc_f32.bin", [] { return encode_bytes(mpc_codec({.dim = 1}), golden_input<float>(1000), {.step = 9, .tensor_id = 4}); },
        1000},
+      {"zfp_fixed_rate_r8_f32.bin",
+       [] {
+         return encode_bytes(zfp_fixed_rate_codec({.rate_bits = 8}), golden_input<float>(1000), {.step = 9, .tensor_id = 5});
+       },
+       1000},
   };
   return cases;
 }

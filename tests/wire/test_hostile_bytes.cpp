@@ -41,7 +41,12 @@ outcome try_decode(const std::string& file, std::span<const std::byte> message, 
       CHECK(untouched);
       return outcome::rejected;
     }
-    if constexpr (!requires { requires std::decay_t<decltype(codec)>::is_lossless; }) {  // lossless codecs carry NaN and Inf
+    using codec_type = std::decay_t<decltype(codec)>;
+    if constexpr (requires { requires codec_type::may_decode_infinity; }) {  // ZFP: a corrupted exponent may give ±Inf
+      bool no_nan = true;
+      for (const T v : out) no_nan = no_nan && magnitude_key(v) <= float_traits<T>::infinity_key;
+      CHECK(no_nan);
+    } else if constexpr (!requires { requires codec_type::is_lossless; }) {  // lossless codecs carry NaN and Inf
       bool finite = true;
       for (const T v : out) finite = finite && is_finite(v);
       CHECK(finite);
@@ -66,6 +71,7 @@ outcome try_decode(const std::string& file, std::span<const std::byte> message, 
   if (file == "count_sketch_f32.bin")
     return run(count_sketch<float>({.rows = 3, .columns = 64, .seed = 7, .heavy_hitters = {.k = 10}}));
   if (file == "mpc_f32.bin") return run(mpc_codec({.dim = 1}));
+  if (file == "zfp_fixed_rate_r8_f32.bin") return run(zfp_fixed_rate_codec({.rate_bits = 8}));
   return run(randomk_sparsifier<float>({.amount = {.density = 0.05}, .seed = 42}));
 }
 

@@ -8,10 +8,9 @@
 /// data-parallel gradients, lossless MPC for the rest) and `z_hybrid_policy` (ZFP everywhere at a
 /// rate per class).
 ///
-/// The ZFP fixed-rate codec is pending: a `zfp` description already names it (and its rate), so
-/// policies can be built and tested now; a trainer maps `mpc` to `mpc_codec` today and `zfp` to
-/// the ZFP codec once it exists. The paper's rates are not known (its tables are not readable
-/// here): the defaults below are placeholders to tune, not published values.
+/// A trainer maps `mpc(d)` to `mpc_codec(mpc_params{d})` and `zfp(R)` to
+/// `zfp_fixed_rate_codec(zfp_params{R})`. The paper's rates are not known (its tables are not
+/// readable here): the defaults below are placeholders to tune, not published values.
 
 #include <array>
 #include <cstddef>
@@ -19,6 +18,7 @@
 
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/lossless/mpc.hpp>
+#include <gradcomp/lossless/zfp_fixed_rate.hpp>
 
 namespace gradcomp {
 
@@ -43,13 +43,13 @@ inline constexpr std::array<message_class, message_class_count> all_message_clas
 enum class message_codec_kind : std::uint8_t {
   none,  ///< Sent uncompressed.
   mpc,   ///< MPC lossless float32 (`mpc_codec`, dimensionality `mpc_dim`).
-  zfp,   ///< ZFP fixed-rate lossy float32 at `zfp_rate_bits` bits per value (codec pending).
+  zfp,   ///< ZFP fixed-rate lossy float32 at `zfp_rate_bits` bits per value (`zfp_fixed_rate_codec`).
 };
 
 /// A codec choice, described by value. Fields that the kind does not use keep their defaults.
 struct message_codec {
   message_codec_kind kind = message_codec_kind::none;  ///< Codec family.
-  std::uint32_t zfp_rate_bits = 0;                     ///< ZFP: bits per value, 1..32.
+  std::uint32_t zfp_rate_bits = 0;                     ///< ZFP: bits per value, 3..32 (`zfp_params::rate_bits`).
   std::uint32_t mpc_dim = 1;                           ///< MPC: dimensionality, 1..32 (`mpc_params::dim`).
 
   /// Uncompressed.
@@ -64,7 +64,8 @@ struct message_codec {
   }
 
   /// Throws `invalid_argument` for an MPC dimensionality outside 1..32 (`mpc_params::validate`),
-  /// a ZFP rate outside 1..32 bits per value, or a field set that the kind does not use.
+  /// a ZFP rate outside 3..32 bits per value (`zfp_params::validate`), or a field set that the
+  /// kind does not use.
   void validate() const {
     switch (kind) {
       case message_codec_kind::none:
@@ -77,8 +78,7 @@ struct message_codec {
         break;
       case message_codec_kind::zfp:
         detail::require(mpc_dim == 1, errc::invalid_argument, "a ZFP message codec takes no MPC dimensionality");
-        detail::require(zfp_rate_bits >= 1 && zfp_rate_bits <= 32, errc::invalid_argument,
-                        "a ZFP rate must lie in [1, 32] bits per value");
+        zfp_params{.rate_bits = zfp_rate_bits}.validate();
         break;
       default:
         detail::fail(errc::invalid_argument, "unknown message codec kind");

@@ -26,6 +26,7 @@ enum class codec_id : std::uint16_t {
   uniform_shared = 19,  ///< Uniform b-bit codes with agreed (shared) block scales, summable across ranks.
   count_sketch = 32,    ///< Count sketch (FetchSGD): r rows of c summable cells of hashed, signed values.
   mpc = 48,             ///< MPC lossless float32 codec (48 on: the lossless float codecs of the hybrid scheme).
+  zfp_fixed_rate = 49,  ///< ZFP fixed-rate lossy float32 codec (libzfp's 1-D fixed-rate bit stream).
   pipeline = 64,        ///< A sparsifier's indices with its kept values encoded by a quantizer.
 };
 
