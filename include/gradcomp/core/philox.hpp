@@ -47,7 +47,7 @@ enum class random_purpose : std::uint8_t {
   stochastic_rounding = 0,  ///< One uniform per element of a quantized tensor.
   random_k = 1,             ///< Round keys of random-k's index permutation.
   threshold_sample = 2,     ///< Sample positions of the threshold estimate.
-  sketch_hash = 3,          ///< Bucket and sign hashes of sketches.
+  sketch_hash = 3,          ///< Reserved, unused: the sketches hash with MurmurHash3 (core/murmur3.hpp) instead.
 };
 
 /// A keyed stream of 32-bit random words: word `i` of the stream for (seed, step, tensor, purpose)
