@@ -20,11 +20,9 @@
 /// `is_lossless` skip it: their error is 0.
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <span>
 #include <string>
 #include <vector>
@@ -68,9 +66,7 @@ struct frame_view {
   require(bytes.size() >= frame_header_bytes, errc::truncated, "compressed frame: shorter than its 9-byte header");
   frame_view f;
   f.status = std::to_integer<std::uint8_t>(bytes[0]);
-  std::uint64_t bits = 0;
-  for (std::size_t i = 0; i < 8; ++i) bits |= std::uint64_t{std::to_integer<std::uint8_t>(bytes[1 + i])} << (8 * i);
-  f.bound = std::bit_cast<double>(bits);
+  f.bound = load_le<double>(bytes.data() + 1);
   f.message = bytes.subspan(frame_header_bytes);
   require(f.status == 0 || (f.message.empty() && to_string(static_cast<errc>(f.status)) != "unknown"),
           errc::malformed_payload, "compressed frame: a failed frame with a message or an unknown status");
@@ -148,8 +144,7 @@ class frame_coder {
 
   void write_header(std::uint8_t status, double bound) noexcept {
     frame_[0] = std::byte{status};
-    const auto bits = std::bit_cast<std::uint64_t>(bound);
-    for (std::size_t i = 0; i < 8; ++i) frame_[1 + i] = static_cast<std::byte>((bits >> (8 * i)) & 0xFFu);
+    store_le<double>(frame_.data() + 1, bound);
   }
 
   const C& codec_;
