@@ -21,10 +21,13 @@
 #include <numeric>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "train/codec_table.hpp"
 #include "train/compressor.hpp"
 #include "train/data.hpp"
+#include "train/experiment.hpp"
 #include "train/gravac_aggregator.hpp"
 #include "train/mlp.hpp"
 #include "train/ring_aggregator.hpp"
@@ -33,72 +36,36 @@
 
 namespace {
 
+using train::experiment;
 constexpr std::size_t workers = 4;
 constexpr std::size_t steps = 300;
-constexpr std::size_t batch = 64;        // samples per worker per step
-constexpr std::size_t loss_window = 20;  // final training loss: mean over the last steps
-constexpr float learning_rate = 0.3f;
-constexpr std::size_t inputs = 64, hidden = 128, classes = 10;
-constexpr std::size_t train_per_worker = 4096, test_samples = 4096;
+constexpr std::size_t batch = experiment::batch, loss_window = experiment::loss_window;
+constexpr std::size_t inputs = experiment::inputs, hidden = experiment::hidden, classes = experiment::classes;
+constexpr std::size_t train_per_worker = experiment::train_per_worker, test_samples = experiment::test_samples;
 
-// The rows of the table, in order; the first row is the baseline the others are compared with.
-// Each row is one line: train::make_entry(name, codec) accepts any gradcomp codec, stateless
-// (encode(cpu, grad, out, ws, key)) or stateful (make_state(cpu, n), then
-// encode(cpu, grad, state, out, ws, key)); every worker gets its own copy of the codec and state.
-std::vector<train::codec_entry> demo_codecs() {
-  using namespace gradcomp;
-  const sparsity one_percent{.density = 0.01};
-  return {
-      train::dense_entry("dense"),
-      train::make_entry("top-k 1%", topk_sparsifier<float>(one_percent)),
-      train::make_entry("top-k 1% + EF", error_feedback(topk_sparsifier<float>(one_percent))),
-      // Unscaled: under EF the n/k scaling of unbiased random-k only inflates the residual.
-      train::make_entry("random-k 1% + EF",
-                        error_feedback(randomk_sparsifier<float>({.amount = one_percent, .seed = 7, .scaled = false}))),
-      train::make_entry("threshold 1% + EF", error_feedback(threshold_sparsifier<float>({.target = one_percent}))),
-      train::make_entry("uniform 4-bit", uniform_quantizer<float>({.bits = 4})),
-      train::make_entry("uniform 4-bit + LoCo", loco(uniform_quantizer<float>({.bits = 4}))),
-      train::make_entry("uniform 2-bit", uniform_quantizer<float>({.bits = 2})),
-      train::make_entry("uniform 2-bit + LoCo", loco(uniform_quantizer<float>({.bits = 2}))),
-      train::make_entry("sign + EF", error_feedback(sign_quantizer<float>())),
-      train::make_entry("top-k 1% + 8-bit values + EF",
-                        error_feedback(pipeline(topk_sparsifier<float>(one_percent), uniform_quantizer<float>({.bits = 8})))),
-      train::make_entry("QSGD 7 levels", qsgd_quantizer<float>({.levels = 7, .seed = 5})),
-      train::make_entry("uniform 4-bit SR + EF",
-                        error_feedback(uniform_quantizer<float>({.bits = 4, .round = rounding::stochastic, .seed = 3}))),
-      // Sketched SGD: 3 x 512 sketches choose the 5% heavy hitters of the sum, whose exact values
-      // travel in a second round; EF keeps the rest.
-      train::sketched_sgd_entry("count sketch 3x512 + 5% exact + EF",
-                                count_sketch<float>({.rows = 3, .columns = 512, .seed = 11,
-                                                     .heavy_hitters = {.density = 0.05}})),
-      // Sharded: each tensor reduce-scattered; the weights through TAGC (the biases dense, by TAGC's
-      // layer policy). Blocks of 128 suit the demo's 2048-value shards.
-      train::tagc_entry("TAGC f*=0.80 (sharded)", tagc_params{.sparsify = {.zero_fraction = 0.80},
-                                                              .sketch = {.block = 128}}),
-      train::tagc_entry("TAGC f*=0.95 (sharded)", tagc_params{.sparsify = {.zero_fraction = 0.95},
-                                                              .sketch = {.block = 128}}),
-      // The hybrid scheme's float codecs: ZFP fixed rate (8 bits per value) all-gathered (each
-      // gradient encoded once), and the ring all-reduce (decode, add, re-encode at every hop) with
-      // MPC (lossless) and ZFP (the error of P encodings per chunk).
-      train::make_entry("ZFP R=8", zfp_fixed_rate_codec(zfp_params{.rate_bits = 8})),
-      train::ring_entry("MPC ring all-reduce (lossless)", mpc_codec()),
-      train::ring_entry("ZFP R=8 ring all-reduce", zfp_fixed_rate_codec(zfp_params{.rate_bits = 8})),
-      // GraVAC searches top-k densities from 10% down to 0.1%, one window of 20 steps each, and
-      // sends the most aggressive one whose gain (‖C(g)‖ / ‖g‖, EWMA) stays above 0.75. Both
-      // paths keep their residuals every step (the reference's choice): with `sent_path_only`
-      // a candidate that was never sent has no residual, its gain stays below 0.75 on this
-      // model, and the run sends θ_min throughout (7.5x).
-      train::gravac_entry("GraVAC top-k 10%..0.1% + EF",
-                          gravac_options{.theta_min = 0.1, .theta_max = 0.001, .window = 20,
-                                         .feedback = gravac_feedback::both_paths},
-                          batch),
-  };
-}
-
-struct setup {
-  train::dataset train_set;  // worker w's shard: samples w * train_per_worker to (w + 1) * train_per_worker - 1
-  train::dataset test_set;
+// The rows of the table (train/codec_table.hpp), in order; the first row is the baseline the
+// others are compared with. Every worker gets its own copy of each codec and its own state.
+struct demo_rows {
+  std::vector<train::codec_entry> entries;
+  void dense(const char* name) { entries.push_back(train::dense_entry(name)); }
+  template <class Codec>
+  void codec(const char* name, Codec c) { entries.push_back(train::make_entry(name, std::move(c))); }
+  template <class Codec>
+  void ring(const char* name, Codec c) { entries.push_back(train::ring_entry(name, std::move(c))); }
+  void sketched_sgd(const char* name, gradcomp::count_sketch<float> sketch) {
+    entries.push_back(train::sketched_sgd_entry(name, std::move(sketch)));
+  }
+  void tagc(const char* name, gradcomp::tagc_params params) { entries.push_back(train::tagc_entry(name, params)); }
+  void gravac(const char* name, gradcomp::gravac_options options, std::size_t samples) {
+    entries.push_back(train::gravac_entry(name, options, samples));
+  }
 };
+
+std::vector<train::codec_entry> demo_codecs() {
+  demo_rows rows;
+  train::visit_codecs(rows, batch);
+  return std::move(rows.entries);
+}
 
 struct result {
   std::string name;
@@ -110,47 +77,24 @@ struct result {
   std::string failure;     // empty unless the run stopped early
   std::string notes;       // what the row's aggregator reports after the table
   double dense_bytes = 0;  // per worker per step, the same aggregation uncompressed
+  std::uint64_t hash = 0;  // of the final parameters
 };
 
 using train::clock_type;
 double micros(clock_type::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
 
-// One worker's minibatch stream: its shard in a fresh random order each epoch.
-class batch_stream {
- public:
-  batch_stream(std::size_t first, std::size_t count, std::uint64_t seed) : order_(count), rng_(seed) {
-    std::iota(order_.begin(), order_.end(), first);
-    rng_.shuffle(order_);
-  }
-  std::span<const std::size_t> next(std::size_t size) {
-    if (cursor_ + size > order_.size()) {
-      rng_.shuffle(order_);
-      cursor_ = 0;
-    }
-    cursor_ += size;
-    return std::span<const std::size_t>(order_).subspan(cursor_ - size, size);
-  }
-
- private:
-  std::vector<std::size_t> order_;
-  train::rng rng_;
-  std::size_t cursor_ = 0;
-};
-
-result train_with(const train::codec_entry& entry, const setup& data) {
+result train_with(const train::codec_entry& entry, const train::setup& data, std::size_t steps_to_run = steps) {
   result r;
   r.name = entry.name;
 
-  train::mlp model(inputs, hidden, classes);
-  train::rng init(42);
-  model.init(init);  // the same initial weights for every codec
+  train::mlp model = experiment::model();  // the same initial weights for every codec
   const std::size_t n = model.size();
 
   const auto aggregator = entry.make(model.layout(), workers);
-  std::vector<batch_stream> streams;
+  std::vector<train::batch_stream> streams;
   std::vector<std::vector<float>> grads;
   for (std::size_t w = 0; w < workers; ++w) {
-    streams.emplace_back(w * train_per_worker, train_per_worker, 1000 + w);
+    streams.emplace_back(w);
     grads.emplace_back(n);
   }
   std::vector<float> mean(n);
@@ -159,7 +103,7 @@ result train_with(const train::codec_entry& entry, const setup& data) {
   double loss_sum = 0;
   train::clock_type::duration encode{}, decode{};
   try {
-    for (std::size_t step = 0; step < steps; ++step) {
+    for (std::size_t step = 0; step < steps_to_run; ++step) {
       double step_loss = 0;
       for (std::size_t w = 0; w < workers; ++w)
         step_loss += model.gradient(data.train_set, streams[w].next(batch), grads[w]);
@@ -168,7 +112,7 @@ result train_with(const train::codec_entry& entry, const setup& data) {
         r.failure = fmt::format("diverged: the training loss is not finite at step {}", step);
         break;
       }
-      if (step + loss_window >= steps) {
+      if (step + loss_window >= steps_to_run) {
         loss_sum += step_loss;
         ++loss_steps;
       }
@@ -176,7 +120,7 @@ result train_with(const train::codec_entry& entry, const setup& data) {
       sent += cost.bytes;
       encode += cost.encode;
       decode += cost.decode;
-      model.sgd(mean, learning_rate);
+      model.sgd(mean, experiment::learning_rate);
       done = step + 1;
     }
   } catch (const gradcomp::error& e) {
@@ -193,6 +137,7 @@ result train_with(const train::codec_entry& entry, const setup& data) {
   r.test = model.evaluate(data.test_set);
   r.notes = aggregator->notes();
   r.dense_bytes = aggregator->dense_bytes(n);
+  r.hash = train::parameter_hash(model.params());
   return r;
 }
 
@@ -200,14 +145,32 @@ std::string relative(double value, double baseline) {
   return fmt::format("{:+.1f}%", 100.0 * (value - baseline) / baseline);
 }
 
+// `gradcomp_train_demo --row NAME [--steps S]` trains that row only and prints its final loss and
+// parameter hash, which mpi_train reproduces with 4 ranks.
+int train_one_row(const std::string& name, std::size_t row_steps, const train::setup& data) {
+  for (const train::codec_entry& entry : demo_codecs()) {
+    if (entry.name != name) continue;
+    const result r = train_with(entry, data, row_steps);
+    if (!r.failure.empty()) {
+      fmt::print("{}: {}\n", r.name, r.failure);
+      return 1;
+    }
+    fmt::print("{}: {} workers, {} steps, train loss {:.6f}, test accuracy {:.2f}%, parameter hash {:016x}\n", r.name,
+               workers, row_steps, r.loss, 100.0 * r.test.accuracy, r.hash);
+    return 0;
+  }
+  fmt::print(stderr, "no row named \"{}\"\n", name);
+  return 2;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   const auto started = clock_type::now();
-  const train::data_config config{.dim = inputs, .classes = static_cast<int>(classes)};
-  train::data_generator generator(config);
-  const setup data{.train_set = generator.sample(workers * train_per_worker),
-                   .test_set = generator.sample(test_samples)};
+  const train::data_config config = experiment::data();
+  const train::setup data(workers);
+  if (argc >= 3 && std::string(argv[1]) == "--row")
+    return train_one_row(argv[2], argc >= 5 && std::string(argv[3]) == "--steps" ? std::stoul(argv[4]) : steps, data);
   const std::size_t n = train::mlp(inputs, hidden, classes).size();
   const double dense_bytes = static_cast<double>(n * sizeof(float));
 
@@ -216,7 +179,7 @@ int main() {
   fmt::print("synthetic data: {} classes x {} overlapping Gaussian clusters in {} dimensions, {:.0f}% label noise;\n"
              "{} training samples per worker, {} held out. SGD, lr {}, {} steps of {} samples per worker.\n\n",
              classes, config.clusters_per_class, inputs, 100.0 * config.label_noise, train_per_worker, test_samples,
-             learning_rate, steps, batch);
+             experiment::learning_rate, steps, batch);
 
   std::vector<result> results;
   for (const train::codec_entry& entry : demo_codecs()) results.push_back(train_with(entry, data));

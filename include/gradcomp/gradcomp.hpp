@@ -45,8 +45,10 @@
 #include <gradcomp/lossless/zfp_fixed_rate.hpp>
 
 #include <gradcomp/collective/compressed_all_gather.hpp>
+#include <gradcomp/collective/compressed_all_reduce.hpp>
 #include <gradcomp/collective/compressed_frame.hpp>
 #include <gradcomp/collective/compressed_point_to_point.hpp>
+#include <gradcomp/collective/compressed_reduce_scatter.hpp>
 #include <gradcomp/collective/ring.hpp>
 #include <gradcomp/collective/tagc.hpp>
 #include <gradcomp/control/gravac.hpp>

@@ -468,6 +468,9 @@ TEST_CASE("errc values and names are the documented stable ones") {
       {errc::non_finite_input, 16, "non_finite_input"},
       {errc::step_mismatch, 17, "step_mismatch"},
       {errc::malformed_envelope, 18, "malformed_envelope"},
+      {errc::peeling_stalled, 19, "peeling_stalled"},
+      {errc::peer_failed, 20, "peer_failed"},
+      {errc::transport_failed, 21, "transport_failed"},
   };
   for (const entry& x : table) {
     CAPTURE(x.name);

@@ -25,12 +25,13 @@ namespace gradcomp {
 namespace detail {
 
 /// All-gathers this rank's frame and decodes frame p into `out[offset(p), offset(p) + count(p))`
-/// for every rank p (`block(p)` returns {offset, count}). Every rank sees the same frames, so a
-/// failed or unreadable frame makes every rank throw the same error (the largest code), before
-/// anything is written to `out`. Returns the largest bound the frames carry.
+/// for every rank p (`block(p)` returns {offset, count}), in rank order; with `accumulate` the
+/// decoded frames are added there, onto zeros. Every rank sees the same frames, so a failed or
+/// unreadable frame makes every rank throw the same error (the largest code), before anything is
+/// written to `out`. Returns the largest bound the frames carry.
 template <transport X, class C, class Block>
 double gather_and_decode(X& t, frame_coder<C>& coder, std::span<const std::byte> mine, std::span<typename C::value_type> out,
-                         Block block, const char* where) {
+                         Block block, bool accumulate, const char* where) {
   const auto frames = t.all_gather_bytes(mine);
   std::vector<frame_view> views(frames.size());
   std::uint8_t status = 0;
@@ -49,7 +50,7 @@ double gather_and_decode(X& t, frame_coder<C>& coder, std::span<const std::byte>
   for (std::size_t p = 0; p < frames.size(); ++p) {
     const auto [offset, count] = block(static_cast<int>(p));
     const std::uint8_t code =
-        coder.decode(views[p], std::span(result).subspan(static_cast<std::size_t>(offset), static_cast<std::size_t>(count)), false);
+        coder.decode(views[p], std::span(result).subspan(static_cast<std::size_t>(offset), static_cast<std::size_t>(count)), accumulate);
     if (code != 0) fail(static_cast<errc>(code), std::string(where) + ": the message of rank " + std::to_string(p) + " does not decode");
   }
   std::copy(result.begin(), result.end(), out.begin());
@@ -83,7 +84,8 @@ compressed_report compressed_all_gather(X& t, const C& codec, std::span<const ty
   report.sent_bytes = frame.size() * (ranks - 1);
   report.dense_bytes = m * sizeof(T) * (ranks - 1);
   report.error_bound = detail::gather_and_decode(
-      t, coder, frame, out, [m](int p) { return std::pair{static_cast<std::uint64_t>(p) * m, m}; }, "compressed_all_gather");
+      t, coder, frame, out, [m](int p) { return std::pair{static_cast<std::uint64_t>(p) * m, m}; }, false,
+      "compressed_all_gather");
   return report;
 }
 

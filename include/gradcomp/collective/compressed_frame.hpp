@@ -78,9 +78,10 @@ struct frame_view {
   fail(static_cast<errc>(status), std::string(where) + ": a rank could not encode or decode its part");
 }
 
-/// Encodes values into frames and decodes frames, with the buffers reused across calls.
+/// Encodes values into frames and decodes frames, with the buffers reused across calls. `C` is a
+/// codec or a stateful wrapper of one (error feedback, LoCo), whose messages decode alike.
 template <class C>
-  requires codec_for<C, cpu_executor>
+  requires codec<C>
 class frame_coder {
  public:
   using T = typename C::value_type;
@@ -99,17 +100,28 @@ class frame_coder {
   /// encoding that throws an `error` gives a failed frame with its code instead. The span stays
   /// valid until the next call. `error` receives this encoding's measured error.
   [[nodiscard]] std::span<const std::byte> encode(std::span<const T> values, message_key key, double carried,
-                                                  double& error) {
+                                                  double& error)
+    requires codec_for<C, cpu_executor>
+  {
     error = 0.0;
-    std::size_t bytes = 0;
-    try {
-      bytes = codec_.encode(cpu_, values, std::span(frame_).subspan(frame_header_bytes), workspace_, key);
-      if (measure_) error = measured_error(values, std::span<const std::byte>(frame_).subspan(frame_header_bytes, bytes));
-    } catch (const gradcomp::error& e) {
-      return failure(e.code());
-    }
-    write_header(0, carried + error);
-    return std::span<const std::byte>(frame_).first(frame_header_bytes + bytes);
+    double bound = carried;
+    return encode_with(bound, [&](std::span<std::byte> out) {
+      const std::size_t bytes = codec_.encode(cpu_, values, out, workspace_, key);
+      if (measure_) error = measured_error(values, std::span<const std::byte>(out.first(bytes)));
+      bound += error;
+      return bytes;
+    });
+  }
+
+  /// Encodes `values` with a stateful wrapper's `state` (updated on success) into the frame
+  /// buffer, with bound 0 (the wrapper carries what it drops into later steps); an encoding that
+  /// throws an `error` gives a failed frame with its code instead. The span stays valid until the
+  /// next call.
+  template <class State>
+    requires stateful<C, cpu_executor>
+  [[nodiscard]] std::span<const std::byte> encode_stateful(std::span<const T> values, State& state, message_key key) {
+    const double bound = 0.0;
+    return encode_with(bound, [&](std::span<std::byte> out) { return codec_.encode(cpu_, values, state, out, workspace_, key); });
   }
 
   /// A failed frame with status `code`.
@@ -131,6 +143,20 @@ class frame_coder {
   }
 
  private:
+  /// Runs `encode_message(out)` (returns the bytes it wrote into `out`) and frames its message
+  /// with `bound`, read once the message is written.
+  template <class Encode>
+  [[nodiscard]] std::span<const std::byte> encode_with(const double& bound, Encode&& encode_message) {
+    std::size_t bytes = 0;
+    try {
+      bytes = encode_message(std::span(frame_).subspan(frame_header_bytes));
+    } catch (const gradcomp::error& e) {
+      return failure(e.code());
+    }
+    write_header(0, bound);
+    return std::span<const std::byte>(frame_).first(frame_header_bytes + bytes);
+  }
+
   [[nodiscard]] double measured_error(std::span<const T> values, std::span<const std::byte> message) {
     const std::span<T> decoded = std::span(decoded_).first(values.size());
     codec_.decode(cpu_, message, decoded, workspace_);

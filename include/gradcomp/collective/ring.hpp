@@ -181,7 +181,7 @@ compressed_report ring_all_reduce(X& t, const C& codec, std::span<typename C::va
         const ring_chunk chunk = ring_chunk_of(n, ranks, c);
         return std::pair{chunk.offset, chunk.count};
       },
-      "ring_all_reduce");
+      false, "ring_all_reduce");
   return report;
 }
 

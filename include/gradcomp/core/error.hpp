@@ -34,6 +34,7 @@ enum class errc : std::uint8_t {
   malformed_envelope = 18,   ///< The envelope holds an unknown flag or dtype, or a stray payload CRC.
   peeling_stalled = 19,      ///< A sketch could not be peeled completely: some values were not recovered.
   peer_failed = 20,          ///< Another rank of the collective failed or disagreed; this rank stopped too.
+  transport_failed = 21,     ///< The communication library (MPI, Gloo) reported an error; the message quotes it.
 };
 
 /// Human-readable name of an error condition.
@@ -59,6 +60,7 @@ enum class errc : std::uint8_t {
     case errc::malformed_envelope: return "malformed_envelope";
     case errc::peeling_stalled: return "peeling_stalled";
     case errc::peer_failed: return "peer_failed";
+    case errc::transport_failed: return "transport_failed";
   }
   return "unknown";
 }

@@ -269,7 +269,7 @@ class in_process_transport {
   /// Every rank's `data` becomes rank `root`'s.
   void broadcast(std::span<std::byte> data, int root) {
     publish(data.data(), data.size(), data.size(), typeid(std::byte), collective::broadcast, root);
-    if (rank_ != root) std::memcpy(data.data(), shared_->at(root).input, data.size());
+    if (rank_ != root && !data.empty()) std::memcpy(data.data(), shared_->at(root).input, data.size());
     shared_->arrive_and_wait();
   }
 

@@ -1,0 +1,247 @@
+#pragma once
+// One rank's side of data-parallel training over a transport: each rank computes the gradient of
+// its own minibatch, the ranks sum the gradients through `compressed_all_reduce` (or the plain
+// all-reduce for the dense baseline), and every rank applies the same mean. After every step the
+// ranks compare a hash of their parameters, so a rank that drifts stops the run at once.
+//
+// The arithmetic is the demo's: the messages are decoded in rank order onto zeros, the sum is
+// divided by P in float, and the step's loss is the rank-order sum of the ranks' losses over P. So
+// with 4 ranks a row ends with the parameters of the same row of train_demo (`--row`).
+#include <gradcomp/gradcomp.hpp>
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../train/codec_table.hpp"
+#include "../train/compressor.hpp"
+#include "../train/experiment.hpp"
+#include "timed_transport.hpp"
+
+namespace train {
+
+/// Sums the ranks' gradients of one step in place (the sum, not the mean); returns what it cost.
+template <class X>
+class rank_reducer {
+ public:
+  rank_reducer() = default;
+  rank_reducer(const rank_reducer&) = delete;
+  rank_reducer& operator=(const rank_reducer&) = delete;
+  virtual ~rank_reducer() = default;
+  virtual gradcomp::compressed_report reduce(X& t, std::span<float> grad, std::uint64_t step) = 0;
+};
+
+/// The uncompressed baseline: the transport's all-reduce, ranks summed in rank order.
+template <class X>
+class dense_reducer final : public rank_reducer<X> {
+ public:
+  gradcomp::compressed_report reduce(X& t, std::span<float> grad, std::uint64_t) override {
+    t.all_reduce_sum(grad);
+    gradcomp::compressed_report report;
+    report.dense_bytes = gradcomp::ring_all_reduce_dense_bytes(grad.size_bytes(), static_cast<std::uint64_t>(t.size()));
+    report.sent_bytes = report.dense_bytes;
+    return report;
+  }
+};
+
+/// Any gradcomp codec through `compressed_all_reduce`; a stateful codec keeps this rank's state.
+template <class X, class Codec>
+class codec_reducer final : public rank_reducer<X> {
+ public:
+  codec_reducer(Codec codec, std::size_t n, gradcomp::all_reduce_plan plan) : codec_(std::move(codec)), plan_(plan) {
+    if constexpr (stateful_codec<Codec>) state_ = codec_.make_state(gradcomp::cpu_executor{}, n);
+  }
+  gradcomp::compressed_report reduce(X& t, std::span<float> grad, std::uint64_t step) override {
+    const gradcomp::all_reduce_options options{.key = {.step = step}, .plan = plan_};
+    if constexpr (stateful_codec<Codec>) return gradcomp::compressed_all_reduce(t, codec_, state_, grad, options);
+    else return gradcomp::compressed_all_reduce(t, codec_, grad, options);
+  }
+
+ private:
+  Codec codec_;
+  gradcomp::all_reduce_plan plan_;
+  [[no_unique_address]] typename detail::state_of<Codec>::type state_{};
+};
+
+/// A row of mpi_train: a name and a factory of this rank's reducer for n parameters (empty for
+/// the demo's rows that aggregate in their own way, which mpi_train lists but does not run).
+template <class X>
+struct rank_row {
+  std::string name;
+  std::function<std::unique_ptr<rank_reducer<X>>(std::size_t n)> make;
+};
+
+/// Collects the rows of train/codec_table.hpp that run over a transport.
+template <class X>
+struct rank_rows {
+  std::vector<rank_row<X>> rows;
+  void dense(const char* name) {
+    rows.push_back({name, [](std::size_t) -> std::unique_ptr<rank_reducer<X>> { return std::make_unique<dense_reducer<X>>(); }});
+  }
+  template <class Codec>
+  void codec(const char* name, Codec c) {
+    rows.push_back({name, [c](std::size_t n) -> std::unique_ptr<rank_reducer<X>> {
+                      return std::make_unique<codec_reducer<X, Codec>>(c, n, gradcomp::all_reduce_plan::gather_decode);
+                    }});
+  }
+  template <class Codec>
+  void ring(const char* name, Codec c) {
+    if constexpr (gradcomp::transport_with_point_to_point<X>)
+      rows.push_back({name, [c](std::size_t n) -> std::unique_ptr<rank_reducer<X>> {
+                        return std::make_unique<codec_reducer<X, Codec>>(c, n, gradcomp::all_reduce_plan::ring);
+                      }});
+    else
+      rows.push_back({name, {}});
+  }
+  void sketched_sgd(const char* name, const gradcomp::count_sketch<float>&) { rows.push_back({name, {}}); }
+  void tagc(const char* name, const gradcomp::tagc_params&) { rows.push_back({name, {}}); }
+  void gravac(const char* name, const gradcomp::gravac_options&, std::size_t) { rows.push_back({name, {}}); }
+};
+
+/// The rows, in the demo's order.
+template <class X>
+std::vector<rank_row<X>> all_rank_rows() {
+  rank_rows<X> collected;
+  visit_codecs(collected, experiment::batch);
+  return std::move(collected.rows);
+}
+
+/// What one rank measured for one row.
+struct rank_result {
+  std::string name;
+  std::size_t steps = 0;           ///< Steps completed.
+  double loss = 0.0;               ///< Mean training loss over the last `loss_window` steps.
+  evaluation test;                 ///< Held-out loss and accuracy of the final model.
+  double sent_bytes = 0.0;         ///< Per rank per step.
+  double dense_bytes = 0.0;        ///< Per rank per step, an uncompressed ring all-reduce.
+  double compute_us = 0.0;         ///< Per step: the all-reduce's CPU time outside the transport (encode, decode).
+  std::uint64_t hash = 0;          ///< Of the final parameters.
+  std::string failure;             ///< Empty unless the run stopped early.
+};
+
+/// Options of a run.
+struct run_options {
+  std::size_t steps = 300;
+  std::size_t log_every = 0;  ///< Print every k-th step's loss and bytes (0: none).
+};
+
+/// Trains one row on this rank; every rank returns the same result except for the timings.
+template <gradcomp::transport Inner>
+rank_result train_row(Inner& inner, const rank_row<timed_transport<Inner>>& row, const setup& data, const run_options& options) {
+  using X = timed_transport<Inner>;
+  X t(inner);
+  rank_result r;
+  r.name = row.name;
+  const int P = t.size();
+  mlp model = experiment::model();
+  const std::size_t n = model.size();
+  const auto reducer = row.make(n);
+  batch_stream stream(static_cast<std::size_t>(t.rank()));
+  std::vector<float> grad(n);
+  double loss_sum = 0.0, sent = 0.0, dense = 0.0;
+  std::size_t loss_steps = 0;
+  typename X::clock::duration busy{};
+  try {
+    for (std::size_t step = 0; step < options.steps; ++step) {
+      std::array<double, 1> loss{model.gradient(data.train_set, stream.next(experiment::batch), grad)};
+      t.all_reduce_sum(std::span<double>(loss));
+      const double step_loss = loss[0] / static_cast<double>(P);
+      if (!std::isfinite(step_loss)) {
+        r.failure = fmt::format("diverged: the training loss is not finite at step {}", step);
+        break;
+      }
+      if (step + experiment::loss_window >= options.steps) {
+        loss_sum += step_loss;
+        ++loss_steps;
+      }
+      const auto before = t.communication();
+      const auto started = X::clock::now();
+      const auto report = reducer->reduce(t, grad, step);
+      busy += (X::clock::now() - started) - (t.communication() - before);
+      for (float& v : grad) v /= static_cast<float>(P);
+      model.sgd(grad, experiment::learning_rate);
+      sent += static_cast<double>(report.sent_bytes);
+      dense += static_cast<double>(report.dense_bytes);
+      r.steps = step + 1;
+      // Every rank must hold the same parameters after every step.
+      std::array<std::byte, 8> mine{};
+      const std::uint64_t h = parameter_hash(model.params());
+      std::memcpy(mine.data(), &h, sizeof h);
+      for (const auto& other : t.all_gather_bytes(mine))
+        if (other.size() != mine.size() || std::memcmp(other.data(), mine.data(), mine.size()) != 0)
+          throw gradcomp::error(gradcomp::errc::parameter_mismatch,
+                                fmt::format("the ranks' parameters differ after step {}", step));
+      if (options.log_every != 0 && step % options.log_every == 0 && t.rank() == 0)
+        fmt::print("  [{}] step {:4} loss {:.4f} bytes sent by rank 0 {}\n", row.name, step, step_loss, report.sent_bytes);
+    }
+  } catch (const gradcomp::error& e) {
+    r.failure = fmt::format("stopped at step {}: {}", r.steps, e.what());
+  }
+  if (r.steps > 0) {
+    const auto steps = static_cast<double>(r.steps);
+    r.sent_bytes = sent / steps;
+    r.dense_bytes = dense / steps;
+    r.compute_us = std::chrono::duration<double, std::micro>(busy).count() / steps;
+  }
+  r.loss = r.failure.empty() && loss_steps > 0 ? loss_sum / static_cast<double>(loss_steps)
+                                               : std::numeric_limits<double>::quiet_NaN();
+  r.test = model.evaluate(data.test_set);
+  r.hash = parameter_hash(model.params());
+  return r;
+}
+
+/// Modelled time of one step's all-reduce on a link of `gbit_per_s`: the bytes this rank sends
+/// (2(P − 1)/P of the message for a ring all-reduce) over the link, plus the measured compute time.
+[[nodiscard]] inline double modelled_seconds(double bytes, double compute_us, double gbit_per_s) {
+  return bytes * 8.0 / (gbit_per_s * 1e9) + compute_us * 1e-6;
+}
+
+/// Prints the summary table of `results` (the first row is the baseline, normally dense).
+inline void print_summary(const std::vector<rank_result>& results, int ranks, double max_loss_gap_percent) {
+  if (results.empty()) return;
+  const rank_result& base = results.front();
+  std::size_t width = 5;
+  for (const auto& r : results) width = std::max(width, r.name.size());
+  fmt::print("\n{:<{}}  {:>10} {:>7} {:>10} {:>9} {:>8} {:>10} {:>9} {:>10}\n", "codec", width, "bytes/step", "ratio",
+             "train loss", "vs " + base.name, "test acc", "compute µs", "10 Gb/s", "100 Gb/s");
+  for (const auto& r : results) {
+    if (!r.failure.empty()) {
+      fmt::print("{:<{}}  {}\n", r.name, width, r.failure);
+      continue;
+    }
+    // One rank sends nothing: no ratio and no speedup to show.
+    const auto ratio = [&](double a, double b) { return r.dense_bytes > 0.0 ? fmt::format("{:.2f}x", a / b) : "-"; };
+    const auto speedup = [&](double gbit) {
+      return ratio(modelled_seconds(r.dense_bytes, 0.0, gbit), modelled_seconds(r.sent_bytes, r.compute_us, gbit));
+    };
+    fmt::print("{:<{}}  {:>10.0f} {:>7} {:>10.4f} {:>+8.1f}% {:>7.1f}% {:>10.1f} {:>9} {:>10}\n", r.name, width,
+               r.sent_bytes, ratio(r.dense_bytes, r.sent_bytes), r.loss, 100.0 * (r.loss - base.loss) / base.loss,
+               100.0 * r.test.accuracy, r.compute_us, speedup(10.0), speedup(100.0));
+  }
+  fmt::print("\nbytes/step: bytes each rank sends per step (a ring schedule: an all-gathered message counts P - 1 = {}\n"
+             "times); ratio: an uncompressed ring all-reduce's 2(P-1)/P of the gradient over that. compute µs: per step,\n"
+             "the all-reduce's CPU time outside the transport calls (encoding and decoding), on rank 0. 10 / 100 Gb/s: modelled speedup of\n"
+             "the step's communication over the uncompressed ring all-reduce, t = bytes / bandwidth + compute.\n",
+             ranks - 1);
+  for (const auto& r : results)
+    if (r.failure.empty()) fmt::print("final parameter hash [{}] {:016x}\n", r.name, r.hash);
+  if (max_loss_gap_percent > 0.0)
+    for (const auto& r : results)
+      if (&r != &base && (!r.failure.empty() || !(r.loss <= base.loss * (1.0 + max_loss_gap_percent / 100.0))))
+        fmt::print("loss gap exceeded: [{}] ends more than {}% above [{}]\n", r.name, max_loss_gap_percent, base.name);
+}
+
+}  // namespace train

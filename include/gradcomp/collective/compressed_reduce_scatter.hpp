@@ -1,0 +1,211 @@
+#pragma once
+/// @file
+/// Compressed reduce-scatter over any transport: every rank's n values go in; rank r gets chunk r
+/// (`ring_chunk_of(n, P, r)`) of the sum over ranks of what the codec carries. The plan:
+///
+/// - `all_to_all` (LoCo's scheme, the default where the transport has point-to-point messages):
+///   every rank encodes each chunk once and sends chunk j to rank j in P − 1 shifted exchanges;
+///   rank r decodes the P messages of its chunk (its own included) in rank order onto zeros.
+///   A stateful wrapper (error feedback, LoCo) keeps one state per chunk.
+/// - `ring`, on request: the per-hop ring of collective/ring.hpp (partial sums re-encoded at every
+///   hop).
+/// - `gather_decode`, for a transport without point-to-point messages: every rank's whole message
+///   is all-gathered and rank r decodes its chunk of the rank-order sum.
+///
+/// The ranks agree first, exactly as in `compressed_all_reduce` (docs/wire-format.md §21), so a
+/// mismatch or a non-finite gradient is the same named error on every rank, with nothing encoded.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include <gradcomp/collective/compressed_all_reduce.hpp>
+#include <gradcomp/collective/compressed_frame.hpp>
+#include <gradcomp/collective/ring.hpp>
+#include <gradcomp/core/concepts.hpp>
+#include <gradcomp/core/cpu_executor.hpp>
+#include <gradcomp/core/error.hpp>
+#include <gradcomp/transport/transport.hpp>
+
+namespace gradcomp {
+
+/// How `compressed_reduce_scatter` aggregates.
+enum class reduce_scatter_plan : std::uint8_t {
+  automatic = 0,      ///< `all_to_all` where the transport has point-to-point messages, else `gather_decode`.
+  all_to_all = 1,     ///< Each chunk encoded once and sent to its owner, who decodes the P messages in rank order.
+  ring = 2,           ///< The per-hop ring; needs point-to-point messages and a stateless codec.
+  gather_decode = 3,  ///< All-gather of whole messages; each rank decodes its chunk of the rank-order sum.
+};
+
+/// Options of `compressed_reduce_scatter`.
+struct reduce_scatter_options {
+  message_key key{};                                       ///< Step and tensor, checked across ranks.
+  reduce_scatter_plan plan = reduce_scatter_plan::automatic;  ///< How to aggregate.
+  bool measure_error = false;  ///< Measure lossy encodings' errors (`report.max_error`, `report.error_bound`).
+};
+
+namespace detail {
+
+/// The plan `automatic` resolves to over transport `X`.
+template <class X>
+[[nodiscard]] constexpr reduce_scatter_plan resolved_plan(reduce_scatter_plan requested) noexcept {
+  if (requested != reduce_scatter_plan::automatic) return requested;
+  return transport_with_point_to_point<X> ? reduce_scatter_plan::all_to_all : reduce_scatter_plan::gather_decode;
+}
+
+/// The value the agreement record carries for a reduce-scatter plan (16 + plan, so that an
+/// all-reduce and a reduce-scatter never agree).
+[[nodiscard]] constexpr all_reduce_plan agreement_plan(reduce_scatter_plan plan) noexcept {
+  return static_cast<all_reduce_plan>(16 + static_cast<int>(plan));
+}
+
+/// Reads frame `bytes` and decodes it onto `sum`; returns 0 or the code that stopped it.
+template <class C>
+[[nodiscard]] std::uint8_t accumulate_frame(frame_coder<C>& coder, std::span<const std::byte> bytes,
+                                            std::span<typename C::value_type> sum, double& bound) {
+  frame_view f;
+  try {
+    f = read_frame(bytes);
+  } catch (const gradcomp::error& e) {
+    return static_cast<std::uint8_t>(e.code());
+  }
+  if (f.status != 0) return f.status;
+  bound += f.bound;
+  return coder.decode(f, sum, true);
+}
+
+/// The `all_to_all` plan: `encode_chunk(j)` returns the frame of chunk j (valid until the next
+/// call). Writes this rank's chunk sum into `out` unless some rank failed, which every rank throws.
+template <transport_with_point_to_point X, class C, class EncodeChunk>
+compressed_report all_to_all_reduce_scatter(X& t, frame_coder<C>& coder, std::uint64_t n,
+                                            std::span<typename C::value_type> out, EncodeChunk encode_chunk) {
+  using T = typename C::value_type;
+  const int ranks = t.size(), rank = t.rank();
+  compressed_report report;
+  std::vector<std::vector<std::byte>> received(static_cast<std::size_t>(ranks));
+  for (int k = 0; k < ranks; ++k) {
+    const int dest = (rank + k) % ranks, source = (rank - k + ranks) % ranks;
+    const std::span<const std::byte> frame = encode_chunk(dest);
+    if (k == 0) {
+      received[static_cast<std::size_t>(rank)].assign(frame.begin(), frame.end());
+      continue;
+    }
+    report.sent_bytes += frame.size();
+    report.dense_bytes += ring_chunk_of(n, ranks, dest).count * sizeof(T);
+    received[static_cast<std::size_t>(source)] = t.sendrecv_bytes(frame, dest, source);
+  }
+  std::vector<T> sum(out.size(), T{0});
+  std::uint8_t status = 0;
+  double bound = 0.0;
+  for (const auto& frame : received) {
+    status = accumulate_frame(coder, frame, std::span<T>(sum), bound);
+    if (status != 0) break;
+  }
+  agree_on_status(t, static_cast<errc>(status), "compressed_reduce_scatter");
+  report.error_bound = bound;
+  std::copy(sum.begin(), sum.end(), out.begin());
+  return report;
+}
+
+/// Checks `out` against this rank's chunk and the plan against the codec and transport; called
+/// after the agreement, so every rank gives the same answer on the plan.
+inline void check_reduce_scatter(std::size_t out_size, std::uint64_t n, int ranks, int rank, reduce_scatter_plan plan,
+                          bool runnable) {
+  require(out_size == ring_chunk_of(n, ranks, rank).count, errc::invalid_argument, [&] {
+    return "compressed_reduce_scatter: out holds " + std::to_string(out_size) + " values, not this rank's chunk of " +
+           std::to_string(ring_chunk_of(n, ranks, rank).count);
+  });
+  require(runnable, errc::invalid_argument, [&] {
+    return "compressed_reduce_scatter: plan " + std::to_string(static_cast<int>(plan)) +
+           " does not apply (all_to_all and ring need point-to-point messages; ring a stateless codec)";
+  });
+}
+
+}  // namespace detail
+
+/// Reduce-scatters `data` (n values on every rank) compressed with `codec`: `out`, this rank's
+/// chunk (`ring_chunk_of(n, P, rank)`), becomes that chunk of the sum over ranks of what the codec
+/// carries. `report.dense_bytes` is what an uncompressed reduce-scatter sends from this rank.
+/// @throws error on every rank alike, with `out` unchanged: the agreement's errors (see
+/// `compressed_all_reduce`), `non_finite_input` for NaN or ±Inf in any rank's data, the code of a
+/// rank whose encoding or decoding failed. `invalid_argument` for an `out` of another size (this
+/// rank, after the agreement) or a plan that cannot run here.
+template <transport X, class C>
+  requires codec_for<C, cpu_executor>
+compressed_report compressed_reduce_scatter(X& t, const C& codec, std::span<const typename C::value_type> data,
+                                            std::span<typename C::value_type> out, reduce_scatter_options options = {}) {
+  using T = typename C::value_type;
+  const auto plan = detail::resolved_plan<X>(options.plan);
+  const auto n = static_cast<std::uint64_t>(data.size());
+  detail::agree_on(t, codec, data, detail::agreement_plan(plan), options.key);
+  constexpr bool p2p = transport_with_point_to_point<X>;
+  detail::check_reduce_scatter(out.size(), n, t.size(), t.rank(), plan, p2p || plan == reduce_scatter_plan::gather_decode);
+  if constexpr (p2p) {
+    if (plan == reduce_scatter_plan::ring)
+      return ring_reduce_scatter(t, codec, data, out, options.key, {.measure_error = options.measure_error});
+    if (plan == reduce_scatter_plan::all_to_all) {
+      detail::frame_coder<C> coder(codec, ring_chunk_of(n, t.size(), 0).count, options.measure_error);
+      double max_error = 0.0;
+      compressed_report report = detail::all_to_all_reduce_scatter(t, coder, n, out, [&](int j) {
+        const ring_chunk c = ring_chunk_of(n, t.size(), j);
+        double error = 0.0;
+        const auto frame = coder.encode(data.subspan(static_cast<std::size_t>(c.offset), static_cast<std::size_t>(c.count)),
+                                        options.key, 0.0, error);
+        max_error = std::max(max_error, error);
+        return frame;
+      });
+      report.max_error = max_error;
+      return report;
+    }
+  }
+  // gather_decode: the all-reduce's gather, then this rank's chunk.
+  detail::frame_coder<C> coder(codec, n, options.measure_error);
+  std::vector<T> sum(data.begin(), data.end());
+  double error = 0.0;
+  const auto frame = coder.encode(data, options.key, 0.0, error);
+  compressed_report report = detail::gather_decode_all_reduce(t, coder, frame, std::span<T>(sum), error);
+  const ring_chunk mine = ring_chunk_of(n, t.size(), t.rank());
+  report.dense_bytes = (n - mine.count) * sizeof(T);
+  std::copy_n(sum.begin() + static_cast<std::ptrdiff_t>(mine.offset), mine.count, out.begin());
+  return report;
+}
+
+/// Reduce-scatters `data` with a stateful wrapper (`error_feedback`, `loco`) by `all_to_all`:
+/// `states` holds P states, state j for chunk j (`make_state(e, ring_chunk_of(n, P, j).count)`),
+/// each carrying what the codec dropped from that chunk into later steps.
+/// @throws error as the stateless overload; `invalid_argument` unless `states` holds P states or
+/// the transport has point-to-point messages. The states are untouched when the agreement fails,
+/// and restored when a later stage fails on any rank.
+template <transport X, class C>
+  requires stateful<C, cpu_executor> && codec<C>
+compressed_report compressed_reduce_scatter(X& t, const C& codec, std::span<typename C::state_type> states,
+                                            std::span<const typename C::value_type> data,
+                                            std::span<typename C::value_type> out, reduce_scatter_options options = {}) {
+  const auto plan = options.plan == reduce_scatter_plan::automatic ? reduce_scatter_plan::all_to_all : options.plan;
+  const auto n = static_cast<std::uint64_t>(data.size());
+  detail::agree_on(t, codec, data, detail::agreement_plan(plan), options.key);
+  detail::check_reduce_scatter(out.size(), n, t.size(), t.rank(), plan,
+                                  transport_with_point_to_point<X> && plan == reduce_scatter_plan::all_to_all);
+  detail::require(states.size() == static_cast<std::size_t>(t.size()), errc::invalid_argument,
+                  "compressed_reduce_scatter: a stateful codec needs one state per chunk (P states)");
+  if constexpr (transport_with_point_to_point<X>) {
+    detail::frame_coder<C> coder(codec, ring_chunk_of(n, t.size(), 0).count, false);
+    const std::vector<typename C::state_type> before(states.begin(), states.end());
+    try {
+      return detail::all_to_all_reduce_scatter(t, coder, n, out, [&](int j) {
+        const ring_chunk c = ring_chunk_of(n, t.size(), j);
+        return coder.encode_stateful(data.subspan(static_cast<std::size_t>(c.offset), static_cast<std::size_t>(c.count)),
+                                     states[static_cast<std::size_t>(j)], options.key);
+      });
+    } catch (...) {
+      std::copy(before.begin(), before.end(), states.begin());
+      throw;
+    }
+  }
+  return {};  // not reached: check_reduce_scatter threw without point-to-point messages
+}
+
+}  // namespace gradcomp

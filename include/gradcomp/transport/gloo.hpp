@@ -1,0 +1,361 @@
+#pragma once
+/// @file
+/// The Gloo transport: `gloo_transport` wraps a connected `gloo::Context` the user created and
+/// satisfies `transport`, `transport_with_bitwise_or` and `transport_with_point_to_point`. Opt-in:
+/// include this header only in a program that uses Gloo (it includes Gloo's headers; link Gloo,
+/// for example CMake's `gloo` target from `find_package(Gloo)`).
+///
+/// ```cpp
+/// auto device = gloo::transport::tcp::CreateDevice("127.0.0.1");
+/// gloo::rendezvous::FileStore files("/shared/dir");
+/// gloo::rendezvous::PrefixStore store("job-42", files);
+/// auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+/// context->setTimeout(std::chrono::seconds(60));
+/// context->connectFullMesh(store, device);
+/// gradcomp::gloo_transport t(context);
+/// t.all_reduce_sum(std::span<float>(grad));   // every rank: the rank-order sum
+/// ```
+///
+/// Reductions give the bits of the in-process transport: every element is combined in rank order,
+/// ((x₀ ⊕ x₁) ⊕ x₂) ⊕ …, on every rank. Gloo's allreduce does not promise an order, so every
+/// reduction uses the block scheme of rank_ordered.hpp: `gloo::alltoallv` hands rank r block r of
+/// every rank, rank r combines them in rank order, and `gloo::allgatherv` returns the blocks
+/// (`reduce_sum`: `gloo::gather` of the blocks, padded to ⌈n/P⌉, to the root).
+///
+/// Errors: the context's timeout is the user's (`gloo::Context::setTimeout`); every call waits at
+/// most that long for a peer, so a peer that is missing or stopped surfaces as an error after it
+/// (a peer whose process exited, as soon as its connection closes). Any exception of Gloo (an I/O
+/// error, a timeout, a failed enforcement) becomes `errc::transport_failed`, naming the call and
+/// quoting Gloo's message; Gloo then considers the context's pairs in an unknown state, so make a
+/// new context before going on. Arguments a rank can check alone (a root or peer outside the group,
+/// a reduce-scatter input that is not size() blocks of the output) throw `errc::invalid_argument`
+/// before anything is sent; when every rank passes the same arguments, as collectives require,
+/// every rank throws and none is left waiting. Ranks that disagree on a collective's count or root
+/// are not detected (Gloo reports some such cases, others time out).
+///
+/// Point-to-point messages go through Gloo's unbound buffers: a message is an 8-byte size header,
+/// then its bytes (none for an empty message), both on one slot that Gloo's collectives never use.
+/// A receive names its source, so messages of different pairs never mix, and messages from one
+/// source arrive in the order sent. `send_bytes` returns once the message is written, which Gloo
+/// does only into a receive the destination has posted, so it waits for that receive;
+/// `sendrecv_bytes` posts its send before it receives, so a ring cannot deadlock. Messages to this
+/// rank itself are kept by the transport and returned by the next `recv_bytes(rank())`, as in the
+/// in-process transport.
+///
+/// The collectives use Gloo's default tag; do not run other Gloo operations on the same context
+/// while a call of the transport runs. One object per rank, used by one thread at a time.
+
+#include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
+#include <gloo/alltoallv.h>
+#include <gloo/broadcast.h>
+#include <gloo/context.h>
+#include <gloo/gather.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <new>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <gradcomp/core/error.hpp>
+#include <gradcomp/transport/rank_ordered.hpp>
+#include <gradcomp/transport/transport.hpp>
+
+namespace gradcomp {
+
+/// One rank of a Gloo context. Move-only, so that the messages it keeps for itself stay with one
+/// object; several transports may share a context if they never run at once.
+class gloo_transport {
+ public:
+  /// Wraps `context`, which must be connected (for example by `connectFullMesh`).
+  /// @throws error `invalid_argument` for a null context.
+  explicit gloo_transport(std::shared_ptr<gloo::Context> context) : context_(std::move(context)) {
+    detail::require(context_ != nullptr, errc::invalid_argument, "gloo_transport: the context is null");
+  }
+
+  gloo_transport(const gloo_transport&) = delete;
+  gloo_transport& operator=(const gloo_transport&) = delete;
+  /// Takes over `other`'s context; `other` may then only be destroyed or assigned to.
+  gloo_transport(gloo_transport&&) noexcept = default;
+  /// Takes over `other`'s context.
+  gloo_transport& operator=(gloo_transport&&) noexcept = default;
+
+  /// This rank.
+  [[nodiscard]] int rank() const noexcept { return context_->rank; }
+  /// Number of ranks.
+  [[nodiscard]] int size() const noexcept { return context_->size; }
+
+  /// Element-wise sum over ranks in rank order (unsigned types wrap), in place on every rank.
+  /// @throws error `transport_failed`.
+  template <detail::transport_value V>
+  void all_reduce_sum(std::span<V> data) {
+    all_reduce_in_rank_order(data, detail::sum_op{});
+  }
+
+  /// Element-wise maximum over ranks, `a < b ? b : a` in rank order as the in-process transport
+  /// takes it (so NaN and ±0 come out alike), in place on every rank.
+  /// @throws error `transport_failed`.
+  template <detail::transport_value V>
+  void all_reduce_max(std::span<V> data) {
+    all_reduce_in_rank_order(data, detail::max_op{});
+  }
+
+  /// Element-wise bitwise OR over ranks, in place on every rank.
+  /// @throws error `transport_failed`.
+  void all_reduce_or(std::span<std::uint8_t> data) { all_reduce_in_rank_order(data, detail::or_op{}); }
+
+  /// Rank `root`'s `data` becomes the element-wise sum over ranks in rank order; other ranks'
+  /// data is unchanged.
+  /// @throws error `invalid_argument` for a root outside the group; `transport_failed`.
+  template <detail::transport_value V>
+  void reduce_sum(std::span<V> data, int root) {
+    const int to = member(root, "reduce_sum", "root");
+    const detail::block_split split(data.size(), size());
+    std::vector<V> mine = detail::reduce_own_block<V>(
+        split, rank(), detail::sum_op{}, [&](std::span<V> received) { exchange_blocks(data.data(), split, received); });
+    const std::size_t width = split.largest();
+    mine.resize(width);  // gloo::gather takes blocks of one size
+    std::vector<V> gathered(rank() == to ? width * index(size()) : 0);
+    guarded("gloo::gather", [&] {
+      gloo::GatherOptions options(context_);
+      options.setInput(mine.data(), width);
+      if (rank() == to) options.setOutput(gathered.data(), gathered.size());
+      options.setRoot(to);
+      gloo::gather(options);
+    });
+    if (rank() != to) return;
+    for (int b = 0; b < size(); ++b) {
+      const auto at = gathered.begin() + static_cast<std::ptrdiff_t>(index(b) * width);
+      std::copy(at, at + static_cast<std::ptrdiff_t>(split.count(b)), data.begin() + static_cast<std::ptrdiff_t>(split.first(b)));
+    }
+  }
+
+  /// `in` holds size() blocks of `out.size()` values; `out` becomes the sum over ranks, in rank
+  /// order, of block rank().
+  /// @throws error `invalid_argument` when `in.size() ≠ size() · out.size()`; `transport_failed`.
+  template <detail::transport_value V>
+  void reduce_scatter_sum(std::span<const V> in, std::span<V> out) {
+    detail::require(in.size() == out.size() * index(size()), errc::invalid_argument, [&] {
+      return "gloo_transport::reduce_scatter_sum: the input holds " + std::to_string(in.size()) + " values, not size() = " +
+             std::to_string(size()) + " blocks of the output's " + std::to_string(out.size());
+    });
+    const detail::block_split split(in.size(), size());
+    const std::vector<V> mine = detail::reduce_own_block<V>(
+        split, rank(), detail::sum_op{}, [&](std::span<V> received) { exchange_blocks(in.data(), split, received); });
+    std::copy(mine.begin(), mine.end(), out.begin());
+  }
+
+  /// Every rank's `data` becomes rank `root`'s (`gloo::broadcast`).
+  /// @throws error `invalid_argument` for a root outside the group; `transport_failed`.
+  void broadcast(std::span<std::byte> data, int root) {
+    const int from = member(root, "broadcast", "root");
+    guarded("gloo::broadcast", [&] {
+      gloo::BroadcastOptions options(context_);
+      options.setOutput(data.data(), data.size());
+      options.setRoot(from);
+      gloo::broadcast(options);
+    });
+  }
+
+  /// Every rank's byte buffer, in rank order; sizes may differ between ranks. The sizes travel
+  /// first (`gloo::allgather`), then the bytes (`gloo::allgatherv`).
+  /// @throws error `transport_failed`.
+  [[nodiscard]] std::vector<std::vector<std::byte>> all_gather_bytes(std::span<const std::byte> mine) {
+    auto my_size = static_cast<std::uint64_t>(mine.size());
+    std::vector<std::uint64_t> sizes(index(size()));
+    guarded("gloo::allgather", [&] {
+      gloo::AllgatherOptions options(context_);
+      options.setInput(&my_size, 1);
+      options.setOutput(sizes.data(), sizes.size());
+      gloo::allgather(options);
+    });
+    std::vector<std::size_t> counts(sizes.begin(), sizes.end());
+    std::vector<std::size_t> firsts(counts.size());
+    std::size_t total = 0;
+    for (std::size_t p = 0; p < counts.size(); ++p) {
+      firsts[p] = total;
+      total += counts[p];
+    }
+    std::vector<std::byte> flat(total);
+    std::copy(mine.begin(), mine.end(), flat.begin() + static_cast<std::ptrdiff_t>(firsts[index(rank())]));
+    guarded("gloo::allgatherv", [&] {
+      gloo::AllgathervOptions options(context_);  // in place: this rank's bytes are in `flat` already
+      options.setOutput(flat.data(), counts);
+      gloo::allgatherv(options);
+    });
+    std::vector<std::vector<std::byte>> all(counts.size());
+    for (std::size_t p = 0; p < all.size(); ++p) {
+      const auto at = flat.begin() + static_cast<std::ptrdiff_t>(firsts[p]);
+      all[p].assign(at, at + static_cast<std::ptrdiff_t>(counts[p]));
+    }
+    return all;
+  }
+
+  /// Sends `data` to rank `dest`, waiting until `dest` has posted the receive that takes it; a
+  /// message to this rank itself is kept and returns at once.
+  /// @throws error `invalid_argument` for a rank outside the group; `transport_failed`.
+  void send_bytes(std::span<const std::byte> data, int dest) {
+    const int to = member(dest, "send_bytes", "destination");
+    if (to == rank()) {
+      self_.post(data);
+      return;
+    }
+    guarded("send_bytes", [&] {
+      outgoing message(*context_, data, to);
+      message.wait();
+    });
+  }
+
+  /// The next buffer that rank `source` sent to this rank, of any size, waiting for it if needed.
+  /// @throws error `invalid_argument` for a rank outside the group; `size_mismatch` for a receive
+  ///         from this rank itself with nothing sent to itself; `transport_failed`.
+  [[nodiscard]] std::vector<std::byte> recv_bytes(int source) {
+    const int from = member(source, "recv_bytes", "source");
+    return from == rank() ? self_.take() : guarded("recv_bytes", [&] { return receive(from); });
+  }
+
+  /// Sends `data` to `dest` and receives the next buffer from `source` at once: the send is
+  /// posted before the receive and waited for after it, so a ring in which every rank sends to its
+  /// successor and receives from its predecessor cannot deadlock.
+  /// @throws error as `send_bytes` and `recv_bytes`.
+  [[nodiscard]] std::vector<std::byte> sendrecv_bytes(std::span<const std::byte> data, int dest, int source) {
+    const int to = member(dest, "sendrecv_bytes", "destination");
+    const int from = member(source, "sendrecv_bytes", "source");
+    if (to == rank() || from == rank()) {  // one side is local: the send and the receive in turn cannot deadlock
+      send_bytes(data, to);
+      return recv_bytes(from);
+    }
+    return guarded("sendrecv_bytes", [&] {
+      outgoing message(*context_, data, to);
+      std::vector<std::byte> received = receive(from);
+      message.wait();
+      return received;
+    });
+  }
+
+ private:
+  /// The slot of point-to-point messages: prefix 0x67 in the top byte, where Gloo's collectives
+  /// use prefixes 0x01 to 0x08 (gloo/types.h) and its older algorithms small slot numbers.
+  static constexpr std::uint64_t message_slot = std::uint64_t{0x67} << 56;
+
+  /// A message being sent to another rank: its size header and its bytes, posted on construction.
+  /// Destroying it before `wait` withdraws what was not sent yet.
+  class outgoing {
+   public:
+    outgoing(gloo::Context& context, std::span<const std::byte> data, int to)
+        : size_(data.size()),
+          header_(context.createUnboundBuffer(&size_, sizeof size_)),
+          // Gloo's buffers take a mutable pointer; a send only reads it.
+          bytes_(data.empty() ? nullptr : context.createUnboundBuffer(const_cast<std::byte*>(data.data()), data.size())) {
+      header_->send(to, message_slot);
+      if (bytes_) bytes_->send(to, message_slot);
+    }
+    outgoing(const outgoing&) = delete;
+    outgoing& operator=(const outgoing&) = delete;
+    ~outgoing() = default;
+
+    /// Waits until the message is written into the destination's receive.
+    void wait() {
+      require_completed(header_->waitSend() && (!bytes_ || bytes_->waitSend()), "a send");
+    }
+
+   private:
+    std::uint64_t size_;
+    std::unique_ptr<gloo::transport::UnboundBuffer> header_;
+    std::unique_ptr<gloo::transport::UnboundBuffer> bytes_;
+  };
+
+  [[nodiscard]] static std::size_t index(int r) noexcept { return static_cast<std::size_t>(r); }
+
+  /// Gloo's wait calls return false when the operation was aborted.
+  static void require_completed(bool completed, const char* what) {
+    detail::require(completed, errc::transport_failed, [&] { return std::string("gloo_transport: ") + what + " was aborted"; });
+  }
+
+  /// Runs `f`, turning Gloo's exceptions into `transport_failed` with the call's name and Gloo's
+  /// message; gradcomp's own errors and allocation failures pass unchanged.
+  template <class F>
+  static std::invoke_result_t<F> guarded(const char* call, F&& f) {
+    try {
+      return std::forward<F>(f)();
+    } catch (const error&) {
+      throw;
+    } catch (const std::bad_alloc&) {
+      throw;
+    } catch (const std::exception& e) {
+      detail::fail(errc::transport_failed, std::string("gloo_transport: ") + call + " failed: " + e.what());
+    }
+  }
+
+  /// `r` if it is a rank of the group. @throws error `invalid_argument` otherwise.
+  [[nodiscard]] int member(int r, const char* call, const char* role) const {
+    detail::require(r >= 0 && r < size(), errc::invalid_argument, [&] {
+      return std::string("gloo_transport::") + call + ": " + role + " " + std::to_string(r) + " is outside the group of " +
+             std::to_string(size()) + " ranks";
+    });
+    return r;
+  }
+
+  /// Step 1 of the block scheme: `received` (P blocks of this rank's block size) gets block
+  /// rank() of every rank's `data`, in rank order.
+  template <class V>
+  void exchange_blocks(const V* data, const detail::block_split& split, std::span<V> received) {
+    std::vector<std::int64_t> sent_counts(index(size()));
+    for (int b = 0; b < size(); ++b) sent_counts[index(b)] = static_cast<std::int64_t>(split.count(b));
+    const std::vector<std::int64_t> received_counts(index(size()), static_cast<std::int64_t>(split.count(rank())));
+    guarded("gloo::alltoallv", [&] {
+      gloo::AlltoallvOptions options(context_);
+      options.setInput(const_cast<V*>(data), sent_counts);  // read only
+      options.setOutput(received.data(), received_counts);
+      gloo::alltoallv(options);
+    });
+  }
+
+  /// The block scheme: each rank combines its block of every rank's `data` in rank order, then
+  /// every rank gathers the combined blocks in place.
+  template <class V, class Op>
+  void all_reduce_in_rank_order(std::span<V> data, Op op) {
+    const detail::block_split split(data.size(), size());
+    const std::vector<V> mine = detail::reduce_own_block<V>(
+        split, rank(), op, [&](std::span<V> received) { exchange_blocks(data.data(), split, received); });
+    std::copy(mine.begin(), mine.end(), data.begin() + static_cast<std::ptrdiff_t>(split.first(rank())));
+    std::vector<std::size_t> counts(index(size()));
+    for (int b = 0; b < size(); ++b) counts[index(b)] = split.count(b);
+    guarded("gloo::allgatherv", [&] {
+      gloo::AllgathervOptions options(context_);  // in place: this rank's block is in `data` already
+      options.setOutput(data.data(), counts);
+      gloo::allgatherv(options);
+    });
+  }
+
+  /// Receives the next message from `from` (another rank): its size header, then its bytes.
+  [[nodiscard]] std::vector<std::byte> receive(int from) {
+    std::uint64_t size = 0;
+    const auto header = context_->createUnboundBuffer(&size, sizeof size);
+    header->recv(from, message_slot);
+    require_completed(header->waitRecv(), "a receive");
+    std::vector<std::byte> message(static_cast<std::size_t>(size));
+    if (!message.empty()) {
+      const auto bytes = context_->createUnboundBuffer(message.data(), message.size());
+      bytes->recv(from, message_slot);
+      require_completed(bytes->waitRecv(), "a receive");
+    }
+    return message;
+  }
+
+  std::shared_ptr<gloo::Context> context_;
+  detail::self_messages self_;
+};
+
+static_assert(transport_with_bitwise_or<gloo_transport>);
+static_assert(transport_with_point_to_point<gloo_transport>);
+
+}  // namespace gradcomp

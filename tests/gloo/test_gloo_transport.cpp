@@ -1,0 +1,149 @@
+// The Gloo transport, one process per rank started by tests/support/run_ranks.sh on 2 and 4
+// ranks: every collective and point-to-point call against the dense reference and the in-process
+// transport (transport_checks.hpp), plus Gloo's failures as transport_failed.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <gradcomp/transport/gloo.hpp>
+
+#include <doctest/doctest.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "support/errors.hpp"
+#include "collective/collective_checks.hpp"
+#include "transport/transport_checks.hpp"
+
+namespace gradcomp::test {
+namespace {
+
+static_assert(transport<gloo_transport>);
+static_assert(transport_with_bitwise_or<gloo_transport>);
+static_assert(transport_with_point_to_point<gloo_transport>);
+
+// Where the ranks meet (run_ranks.sh's GRADCOMP_STORE), and the context connected there by main.
+std::string store_path;
+std::shared_ptr<gloo::Context> world;
+
+// A context of every rank, connected through the store under `prefix` (collective).
+std::shared_ptr<gloo::Context> connect_ranks(int rank, int size, const std::string& prefix, std::chrono::milliseconds timeout) {
+  auto device = gloo::transport::tcp::CreateDevice("127.0.0.1");
+  gloo::rendezvous::FileStore files(store_path);
+  gloo::rendezvous::PrefixStore store(prefix, files);
+  auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  context->setTimeout(timeout);
+  context->connectFullMesh(store, device);
+  return context;
+}
+
+TEST_CASE("gloo all_reduce_sum equals the rank-order sum bit for bit, and the in-process transport") {
+  gloo_transport t(world);
+  transport_checks::all_reduce_sum(t);
+}
+
+TEST_CASE("gloo all_reduce_max takes NaN and signed zeros as the in-process transport does") {
+  gloo_transport t(world);
+  transport_checks::all_reduce_max(t);
+}
+
+TEST_CASE("gloo all_reduce_or") {
+  gloo_transport t(world);
+  transport_checks::all_reduce_or(t);
+}
+
+TEST_CASE("gloo reduce_sum to every root leaves the other ranks unchanged") {
+  gloo_transport t(world);
+  transport_checks::reduce_sum(t);
+}
+
+TEST_CASE("gloo reduce_scatter_sum") {
+  gloo_transport t(world);
+  transport_checks::reduce_scatter_sum(t);
+}
+
+TEST_CASE("gloo broadcast from every root") {
+  gloo_transport t(world);
+  transport_checks::broadcast(t);
+}
+
+TEST_CASE("gloo all_gather_bytes of different sizes, empty ones included") {
+  gloo_transport t(world);
+  transport_checks::all_gather_bytes(t);
+}
+
+TEST_CASE("gloo point-to-point: a ring, ordered pairs, empty and 1 MiB messages, messages to itself") {
+  gloo_transport t(world);
+  transport_checks::point_to_point(t);
+}
+
+TEST_CASE("gloo bad roots, peers and reduce-scatter sizes throw invalid_argument on every rank without hanging") {
+  gloo_transport t(world);
+  transport_checks::argument_errors(t);
+  CHECK(thrown_by([] { gloo_transport none(nullptr); }) == named(errc::invalid_argument));
+}
+
+TEST_CASE("gloo compressed_all_reduce: every injected mismatch is the same named error on every rank") {
+  gloo_transport t(world);
+  check_agreement_scenarios(t);
+}
+
+TEST_CASE("gloo compressed_all_reduce and compressed_reduce_scatter with a lossless codec give the rank-order sum") {
+  gloo_transport t(world);
+  check_lossless_sums(t);
+}
+
+TEST_CASE("gloo a peer that never sends surfaces as transport_failed after the context's timeout") {
+  // A context of its own, since Gloo leaves a context that failed in an unknown state.
+  const auto context = connect_ranks(world->rank, world->size, "timeout", std::chrono::milliseconds(300));
+  gloo_transport t(context);
+  if (t.rank() == 0) {
+    std::string what;
+    try {
+      (void)t.recv_bytes(1);
+    } catch (const error& e) {
+      CHECK(e.code() == errc::transport_failed);
+      what = e.what();
+    }
+    INFO(what);
+    CHECK(what.find("gloo_transport: recv_bytes failed: ") != std::string::npos);
+  }
+  // Every rank waits here for rank 0 to time out before the context goes.
+  gloo_transport w(world);
+  std::vector<std::uint64_t> one = {1};
+  w.all_reduce_sum(std::span<std::uint64_t>(one));
+  CHECK(one[0] == static_cast<std::uint64_t>(w.size()));
+}
+
+}  // namespace
+}  // namespace gradcomp::test
+
+// Connects the ranks that run_ranks.sh started (GRADCOMP_RANK, GRADCOMP_SIZE, GRADCOMP_STORE),
+// then runs doctest. Rank 0 prints the full report, the other ranks only their failures (each
+// failure names its rank); each rank's exit code is its own result.
+int main(int argc, char** argv) {
+  const char* rank = std::getenv("GRADCOMP_RANK");
+  const char* size = std::getenv("GRADCOMP_SIZE");
+  const char* store = std::getenv("GRADCOMP_STORE");
+  if (rank == nullptr || size == nullptr || store == nullptr) {
+    std::fprintf(stderr, "set GRADCOMP_RANK, GRADCOMP_SIZE and GRADCOMP_STORE, or run through tests/support/run_ranks.sh\n");
+    return 2;
+  }
+  gradcomp::test::store_path = store;
+  gradcomp::test::world = gradcomp::test::connect_ranks(std::atoi(rank), std::atoi(size), "world", std::chrono::seconds(30));
+  doctest::Context context(argc, argv);
+  if (gradcomp::test::world->rank != 0) {
+    context.setOption("minimal", true);
+    context.setOption("no-colors", true);
+  }
+  const int failed = context.run();
+  gradcomp::test::world.reset();
+  return failed != 0 ? 1 : 0;
+}
