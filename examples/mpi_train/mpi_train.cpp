@@ -80,7 +80,8 @@ int run_rank(Inner& t, const command_line& c, const char* transport_name) {
   const bool printer = t.rank() == 0;
   if (c.list) {
     if (printer)
-      for (const auto& row : rows) fmt::print("{}{}\n", row.name, row.make ? "" : "   (not over a transport: train_demo only)");
+      for (const auto& row : rows)
+        fmt::print("{}{}\n", row.name, row.make ? "" : "   (its aggregation is simulated in train_demo only)");
     return 0;
   }
   std::vector<const train::rank_row<X>*> chosen;

@@ -29,11 +29,12 @@
 #include "../train/codec_table.hpp"
 #include "../train/compressor.hpp"
 #include "../train/experiment.hpp"
+#include "../train/tagc_aggregator.hpp"
 #include "timed_transport.hpp"
 
 namespace train {
 
-/// Sums the ranks' gradients of one step in place (the sum, not the mean); returns what it cost.
+/// Turns this rank's gradient of one step into the mean over ranks, in place; returns what it cost.
 template <class X>
 class rank_reducer {
  public:
@@ -50,6 +51,7 @@ class dense_reducer final : public rank_reducer<X> {
  public:
   gradcomp::compressed_report reduce(X& t, std::span<float> grad, std::uint64_t) override {
     t.all_reduce_sum(grad);
+    for (float& v : grad) v /= static_cast<float>(t.size());
     gradcomp::compressed_report report;
     report.dense_bytes = gradcomp::ring_all_reduce_dense_bytes(grad.size_bytes(), static_cast<std::uint64_t>(t.size()));
     report.sent_bytes = report.dense_bytes;
@@ -66,8 +68,11 @@ class codec_reducer final : public rank_reducer<X> {
   }
   gradcomp::compressed_report reduce(X& t, std::span<float> grad, std::uint64_t step) override {
     const gradcomp::all_reduce_options options{.key = {.step = step}, .plan = plan_};
-    if constexpr (stateful_codec<Codec>) return gradcomp::compressed_all_reduce(t, codec_, state_, grad, options);
-    else return gradcomp::compressed_all_reduce(t, codec_, grad, options);
+    gradcomp::compressed_report report;
+    if constexpr (stateful_codec<Codec>) report = gradcomp::compressed_all_reduce(t, codec_, state_, grad, options);
+    else report = gradcomp::compressed_all_reduce(t, codec_, grad, options);
+    for (float& v : grad) v /= static_cast<float>(t.size());
+    return report;
   }
 
  private:
@@ -76,12 +81,53 @@ class codec_reducer final : public rank_reducer<X> {
   [[no_unique_address]] typename detail::state_of<Codec>::type state_{};
 };
 
-/// A row of mpi_train: a name and a factory of this rank's reducer for n parameters (empty for
-/// the demo's rows that aggregate in their own way, which mpi_train lists but does not run).
+/// TAGC: every tensor reduce-scattered as in the demo (tagc_rank_step), then the shards of the
+/// mean all-gathered into the whole gradient (a sharded trainer's parameter all-gather, not
+/// counted as gradient bytes, as in the demo). Its dense baseline is an uncompressed ring
+/// reduce-scatter: (P − 1) shards of each (padded) tensor.
+template <class X>
+class tagc_reducer final : public rank_reducer<X> {
+ public:
+  tagc_reducer(const gradcomp::tagc_params& params, const std::vector<parameter>& layout)
+      : tagc_(params), state_(tagc_.make_state(gradcomp::cpu_executor{})), layout_(layout),
+        compressed_(tagc_compressed_tensors(gradcomp::tagc_layer_policy(), layout)) {}
+
+  gradcomp::compressed_report reduce(X& t, std::span<float> grad, std::uint64_t) override {
+    const auto P = static_cast<std::size_t>(t.size());
+    std::vector<float> mine;  // this rank's shards of every tensor's mean, in tensor order
+    gradcomp::compressed_report report;
+    report.sent_bytes = tagc_rank_step(t, tagc_, state_, layout_, compressed_, grad,
+                                       [&](std::size_t, std::size_t, std::span<const float> values) {
+                                         mine.insert(mine.end(), values.begin(), values.end());
+                                       });
+    const auto shards = t.all_gather_bytes(std::as_bytes(std::span<const float>(mine)));
+    for (std::size_t q = 0; q < P; ++q) {
+      const std::byte* from = shards[q].data();
+      for (const parameter& p : layout_) {
+        const std::size_t m = (p.size() + P - 1) / P, first = q * m;
+        const std::size_t count = first < p.size() ? std::min(m, p.size() - first) : 0;
+        std::memcpy(grad.data() + p.offset + first, from, count * sizeof(float));
+        from += count * sizeof(float);
+      }
+    }
+    for (const parameter& p : layout_) report.dense_bytes += (p.size() + P - 1) / P * (P - 1) * sizeof(float);
+    return report;
+  }
+
+ private:
+  gradcomp::tagc_reduce_scatter<float> tagc_;
+  gradcomp::tagc_reduce_scatter<float>::state_type state_;
+  std::vector<parameter> layout_;
+  std::vector<bool> compressed_;
+};
+
+/// A row of mpi_train: a name and a factory of this rank's reducer for the model's parameter
+/// layout (empty for the demo's rows that aggregate in their own way, which mpi_train lists but
+/// does not run).
 template <class X>
 struct rank_row {
   std::string name;
-  std::function<std::unique_ptr<rank_reducer<X>>(std::size_t n)> make;
+  std::function<std::unique_ptr<rank_reducer<X>>(const std::vector<parameter>& layout)> make;
 };
 
 /// Collects the rows of train/codec_table.hpp that run over a transport.
@@ -89,25 +135,31 @@ template <class X>
 struct rank_rows {
   std::vector<rank_row<X>> rows;
   void dense(const char* name) {
-    rows.push_back({name, [](std::size_t) -> std::unique_ptr<rank_reducer<X>> { return std::make_unique<dense_reducer<X>>(); }});
+    rows.push_back({name, [](const std::vector<parameter>&) -> std::unique_ptr<rank_reducer<X>> {
+                      return std::make_unique<dense_reducer<X>>();
+                    }});
   }
   template <class Codec>
   void codec(const char* name, Codec c) {
-    rows.push_back({name, [c](std::size_t n) -> std::unique_ptr<rank_reducer<X>> {
-                      return std::make_unique<codec_reducer<X, Codec>>(c, n, gradcomp::all_reduce_plan::gather_decode);
+    rows.push_back({name, [c](const std::vector<parameter>& layout) -> std::unique_ptr<rank_reducer<X>> {
+                      return std::make_unique<codec_reducer<X, Codec>>(c, total_size(layout), gradcomp::all_reduce_plan::gather_decode);
                     }});
   }
   template <class Codec>
   void ring(const char* name, Codec c) {
     if constexpr (gradcomp::transport_with_point_to_point<X>)
-      rows.push_back({name, [c](std::size_t n) -> std::unique_ptr<rank_reducer<X>> {
-                        return std::make_unique<codec_reducer<X, Codec>>(c, n, gradcomp::all_reduce_plan::ring);
+      rows.push_back({name, [c](const std::vector<parameter>& layout) -> std::unique_ptr<rank_reducer<X>> {
+                        return std::make_unique<codec_reducer<X, Codec>>(c, total_size(layout), gradcomp::all_reduce_plan::ring);
                       }});
     else
       rows.push_back({name, {}});
   }
   void sketched_sgd(const char* name, const gradcomp::count_sketch<float>&) { rows.push_back({name, {}}); }
-  void tagc(const char* name, const gradcomp::tagc_params&) { rows.push_back({name, {}}); }
+  void tagc(const char* name, const gradcomp::tagc_params& params) {
+    rows.push_back({name, [params](const std::vector<parameter>& layout) -> std::unique_ptr<rank_reducer<X>> {
+                      return std::make_unique<tagc_reducer<X>>(params, layout);
+                    }});
+  }
   void gravac(const char* name, const gradcomp::gravac_options&, std::size_t) { rows.push_back({name, {}}); }
 };
 
@@ -148,7 +200,7 @@ rank_result train_row(Inner& inner, const rank_row<timed_transport<Inner>>& row,
   const int P = t.size();
   mlp model = experiment::model();
   const std::size_t n = model.size();
-  const auto reducer = row.make(n);
+  const auto reducer = row.make(model.layout());
   batch_stream stream(static_cast<std::size_t>(t.rank()));
   std::vector<float> grad(n);
   double loss_sum = 0.0, sent = 0.0, dense = 0.0;
@@ -171,7 +223,6 @@ rank_result train_row(Inner& inner, const rank_row<timed_transport<Inner>>& row,
       const auto started = X::clock::now();
       const auto report = reducer->reduce(t, grad, step);
       busy += (X::clock::now() - started) - (t.communication() - before);
-      for (float& v : grad) v /= static_cast<float>(P);
       model.sgd(grad, experiment::learning_rate);
       sent += static_cast<double>(report.sent_bytes);
       dense += static_cast<double>(report.dense_bytes);
@@ -231,10 +282,12 @@ inline void print_summary(const std::vector<rank_result>& results, int ranks, do
                r.sent_bytes, ratio(r.dense_bytes, r.sent_bytes), r.loss, 100.0 * (r.loss - base.loss) / base.loss,
                100.0 * r.test.accuracy, r.compute_us, speedup(10.0), speedup(100.0));
   }
-  fmt::print("\nbytes/step: bytes each rank sends per step (a ring schedule: an all-gathered message counts P - 1 = {}\n"
-             "times); ratio: an uncompressed ring all-reduce's 2(P-1)/P of the gradient over that. compute µs: per step,\n"
-             "the all-reduce's CPU time outside the transport calls (encoding and decoding), on rank 0. 10 / 100 Gb/s: modelled speedup of\n"
-             "the step's communication over the uncompressed ring all-reduce, t = bytes / bandwidth + compute.\n",
+  fmt::print("\nbytes/step: bytes each rank sends per step (a ring schedule: an all-gathered message counts\n"
+             "P - 1 = {} times). ratio: what the uncompressed collective sends over that: a ring all-reduce,\n"
+             "2(P-1)/P of the gradient (TAGC rows: a ring reduce-scatter, (P-1)/P; the shards' all-gather is not\n"
+             "counted). compute µs: rank 0's CPU time per step inside the collective but outside the transport's\n"
+             "calls (encoding, decoding). 10 / 100 Gb/s: modelled speedup of the step's communication over the\n"
+             "uncompressed collective, t = bytes / bandwidth + compute.\n",
              ranks - 1);
   for (const auto& r : results)
     if (r.failure.empty()) fmt::print("final parameter hash [{}] {:016x}\n", r.name, r.hash);

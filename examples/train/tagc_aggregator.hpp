@@ -23,51 +23,74 @@
 
 namespace train {
 
+/// Which tensors of `layout` the policy compresses with TAGC.
+inline std::vector<bool> tagc_compressed_tensors(const gradcomp::layer_policy<gradcomp::tagc_treatment>& policy,
+                                                 const std::vector<parameter>& layout) {
+  std::vector<bool> compressed;
+  for (const parameter& p : layout) {
+    const std::uint64_t matrix[2] = {p.rows, p.cols};
+    const std::uint64_t vector[1] = {p.cols};
+    const std::span<const std::uint64_t> shape =
+        p.rows == 1 ? std::span<const std::uint64_t>(vector) : std::span<const std::uint64_t>(matrix);
+    const gradcomp::layer_info info{p.name, gradcomp::infer_layer_kind(p.name, shape.size()), p.size(), shape};
+    compressed.push_back(policy.choose(info) == gradcomp::tagc_treatment::compressed);
+  }
+  return compressed;
+}
+
+/// One rank's step: every tensor of `layout` reduce-scattered (zero-padded to P equal shards) over
+/// `t`, through TAGC where `compressed` says so, else a plain fp32 reduce-scatter divided by P;
+/// `shard_done(tensor, first, values)` receives this rank's part of the tensor's mean, values
+/// [first, first + values.size()) of the tensor. Returns the gradient bytes this rank sent.
+template <gradcomp::transport X, class ShardDone>
+std::size_t tagc_rank_step(X& t, const gradcomp::tagc_reduce_scatter<float>& tagc,
+                           gradcomp::tagc_reduce_scatter<float>::state_type& state, const std::vector<parameter>& layout,
+                           const std::vector<bool>& compressed, std::span<const float> grad, ShardDone shard_done) {
+  const auto P = static_cast<std::size_t>(t.size());
+  const auto r = static_cast<std::size_t>(t.rank());
+  std::size_t sent = 0;
+  std::vector<float> padded, shard;
+  for (std::size_t l = 0; l < layout.size(); ++l) {
+    const parameter& p = layout[l];
+    const std::size_t m = (p.size() + P - 1) / P;
+    padded.assign(P * m, 0.0f);
+    std::copy_n(grad.begin() + static_cast<std::ptrdiff_t>(p.offset), p.size(), padded.begin());
+    shard.resize(m);
+    if (compressed[l]) {
+      sent += tagc.reduce_scatter(gradcomp::cpu_executor{}, t, state, l, std::span<const float>(padded), std::span<float>(shard))
+                  .sent_bytes;
+    } else {
+      t.reduce_scatter_sum(std::span<const float>(padded), std::span<float>(shard));
+      for (float& v : shard) v /= static_cast<float>(P);
+      sent += padded.size() * sizeof(float);
+    }
+    const std::size_t first = r * m;
+    const std::size_t count = first < p.size() ? std::min(m, p.size() - first) : 0;
+    shard_done(l, first, std::span<const float>(shard).first(count));
+  }
+  return sent;
+}
+
 class tagc_aggregator final : public aggregator {
  public:
   tagc_aggregator(gradcomp::tagc_params params, const gradcomp::layer_policy<gradcomp::tagc_treatment>& policy,
                   const std::vector<parameter>& layout, std::size_t workers)
-      : tagc_(params), group_(static_cast<int>(workers)), layout_(layout) {
-    for (const parameter& p : layout_) {
-      const std::uint64_t matrix[2] = {p.rows, p.cols};
-      const std::uint64_t vector[1] = {p.cols};
-      const std::span<const std::uint64_t> shape =
-          p.rows == 1 ? std::span<const std::uint64_t>(vector) : std::span<const std::uint64_t>(matrix);
-      const gradcomp::layer_info info{p.name, gradcomp::infer_layer_kind(p.name, shape.size()), p.size(), shape};
-      compressed_.push_back(policy.choose(info) == gradcomp::tagc_treatment::compressed);
-    }
+      : tagc_(params), group_(static_cast<int>(workers)), layout_(layout), compressed_(tagc_compressed_tensors(policy, layout)) {
     for (std::size_t w = 0; w < workers; ++w) states_.push_back(tagc_.make_state(gradcomp::cpu_executor{}));
   }
 
   step_cost aggregate(const std::vector<std::vector<float>>& grads, std::span<float> mean, std::uint64_t) override {
-    const std::size_t P = states_.size();
     step_cost cost;
     std::mutex mutex;
     group_.run([&](gradcomp::in_process_transport& t) {
       const auto r = static_cast<std::size_t>(t.rank());
       const auto started = clock_type::now();
-      std::size_t sent = 0;
-      std::vector<float> padded, shard;
-      for (std::size_t l = 0; l < layout_.size(); ++l) {
-        const parameter& p = layout_[l];
-        const std::size_t m = (p.size() + P - 1) / P;
-        padded.assign(P * m, 0.0f);
-        std::copy_n(grads[r].begin() + static_cast<std::ptrdiff_t>(p.offset), p.size(), padded.begin());
-        shard.resize(m);
-        if (compressed_[l]) {
-          sent += tagc_.reduce_scatter(gradcomp::cpu_executor{}, t, states_[r], l, std::span<const float>(padded),
-                                       std::span<float>(shard))
-                      .sent_bytes;
-        } else {
-          t.reduce_scatter_sum(std::span<const float>(padded), std::span<float>(shard));
-          for (float& v : shard) v /= static_cast<float>(P);
-          sent += padded.size() * sizeof(float);
-        }
-        // The gather of the shards: each rank writes its own part of the tensor into `mean`.
-        const std::size_t first = r * m;
-        const std::size_t count = first < p.size() ? std::min(m, p.size() - first) : 0;
-        std::copy_n(shard.begin(), count, mean.begin() + static_cast<std::ptrdiff_t>(p.offset + first));
-      }
+      // The gather of the shards: each rank writes its own part of each tensor into `mean`.
+      const std::size_t sent = tagc_rank_step(t, tagc_, states_[r], layout_, compressed_, grads[r],
+                                              [&](std::size_t l, std::size_t first, std::span<const float> values) {
+                                                std::copy(values.begin(), values.end(),
+                                                          mean.begin() + static_cast<std::ptrdiff_t>(layout_[l].offset + first));
+                                              });
       const auto elapsed = clock_type::now() - started;
       const std::lock_guard lock(mutex);
       cost.bytes += sent;
