@@ -54,6 +54,11 @@ class timed_transport {
   std::vector<std::vector<std::byte>> all_gather_bytes(std::span<const std::byte> mine) {
     return timed([&] { return inner_.all_gather_bytes(mine); });
   }
+  std::vector<std::vector<std::byte>> all_to_all_bytes(std::span<const std::span<const std::byte>> to_each)
+    requires gradcomp::transport_with_all_to_all<X>
+  {
+    return timed([&] { return inner_.all_to_all_bytes(to_each); });
+  }
   void all_reduce_or(std::span<std::uint8_t> d)
     requires gradcomp::transport_with_bitwise_or<X>
   {

@@ -39,8 +39,31 @@ std::vector<float> slice(const std::vector<float>& v, std::pair<std::size_t, std
           v.begin() + static_cast<std::ptrdiff_t>(range.first + range.second)};
 }
 
+// The transport's collectives and point-to-point messages, without its all_to_all_bytes: the
+// all_to_all plan's P − 1 shifted sendrecv_bytes.
+template <transport X>
+class point_to_point_only : public collectives_only<X> {
+ public:
+  explicit point_to_point_only(X& inner) : collectives_only<X>(inner), inner_(inner) {}
+  void send_bytes(std::span<const std::byte> d, int dest) { inner_.send_bytes(d, dest); }
+  std::vector<std::byte> recv_bytes(int source) { return inner_.recv_bytes(source); }
+  std::vector<std::byte> sendrecv_bytes(std::span<const std::byte> d, int dest, int source) {
+    return inner_.sendrecv_bytes(d, dest, source);
+  }
+
+ private:
+  X& inner_;
+};
 
 static_assert(!transport_with_point_to_point<collectives_only<in_process_transport>>);
+static_assert(!transport_with_all_to_all<collectives_only<in_process_transport>>);
+static_assert(transport_with_all_to_all<in_process_transport>);
+static_assert(transport_with_point_to_point<point_to_point_only<in_process_transport>>);
+static_assert(!transport_with_all_to_all<point_to_point_only<in_process_transport>>);
+static_assert(detail::resolved_plan<point_to_point_only<in_process_transport>>(reduce_scatter_plan::automatic) ==
+              reduce_scatter_plan::all_to_all);
+static_assert(detail::resolved_plan<collectives_only<in_process_transport>>(reduce_scatter_plan::automatic) ==
+              reduce_scatter_plan::gather_decode);
 
 }  // namespace
 
@@ -94,6 +117,41 @@ TEST_CASE("compressed_reduce_scatter all_to_all with top-k: the naive top-k of e
     });
     CHECK(exact.load() == P);
     CHECK(cheaper.load() == P);
+  }
+}
+
+TEST_CASE("compressed_reduce_scatter all_to_all gives the same bits and report over all_to_all_bytes and over sendrecv_bytes") {
+  const topk_sparsifier<float> topk(sparsity{.density = 0.05});
+  const error_feedback ef(topk);
+  const cpu_executor cpu;
+  for (int P : {1, 2, 3, 5}) {
+    for (std::size_t n : {std::size_t{0}, std::size_t{4}, std::size_t{3001}}) {
+      CAPTURE(P);
+      CAPTURE(n);
+      std::atomic<int> same{0};
+      in_process_group(P).run([&](in_process_transport& t) {
+        const auto g = gradient_of(t.rank(), n);
+        const std::size_t mine = chunk(n, P, t.rank()).second;
+        std::vector<float> a(mine), b(mine), c(mine), d(mine);
+        point_to_point_only<in_process_transport> p2p(t);
+        const reduce_scatter_options options{.key = {.step = 3}};
+        const auto ra = compressed_reduce_scatter(t, topk, std::span<const float>(g), std::span<float>(a), options);
+        const auto rb = compressed_reduce_scatter(p2p, topk, std::span<const float>(g), std::span<float>(b), options);
+        std::vector<error_feedback_state<float>> sa, sb;
+        for (int j = 0; j < P; ++j) {
+          sa.push_back(ef.make_state(cpu, chunk(n, P, j).second));
+          sb.push_back(ef.make_state(cpu, chunk(n, P, j).second));
+        }
+        const auto rc = compressed_reduce_scatter(t, ef, std::span<error_feedback_state<float>>(sa),
+                                                  std::span<const float>(g), std::span<float>(c), options);
+        const auto rd = compressed_reduce_scatter(p2p, ef, std::span<error_feedback_state<float>>(sb),
+                                                  std::span<const float>(g), std::span<float>(d), options);
+        const bool reports = ra.sent_bytes == rb.sent_bytes && ra.dense_bytes == rb.dense_bytes &&
+                             rc.sent_bytes == rd.sent_bytes && rc.dense_bytes == rd.dense_bytes;
+        if (reports && same_bits<float>(a, b) && same_bits<float>(c, d)) ++same;
+      });
+      CHECK(same.load() == P);
+    }
   }
 }
 

@@ -28,6 +28,7 @@ namespace {
 static_assert(transport<gloo_transport>);
 static_assert(transport_with_bitwise_or<gloo_transport>);
 static_assert(transport_with_point_to_point<gloo_transport>);
+static_assert(transport_with_all_to_all<gloo_transport>);
 
 // Where the ranks meet (run_ranks.sh's GRADCOMP_STORE), and the context connected there by main.
 std::string store_path;
@@ -79,12 +80,17 @@ TEST_CASE("gloo all_gather_bytes of different sizes, empty ones included") {
   transport_checks::all_gather_bytes(t);
 }
 
+TEST_CASE("gloo all_to_all_bytes of different sizes per pair, empty ones included") {
+  gloo_transport t(world);
+  transport_checks::all_to_all_bytes(t);
+}
+
 TEST_CASE("gloo point-to-point: a ring, ordered pairs, empty and 1 MiB messages, messages to itself") {
   gloo_transport t(world);
   transport_checks::point_to_point(t);
 }
 
-TEST_CASE("gloo bad roots, peers and reduce-scatter sizes throw invalid_argument on every rank without hanging") {
+TEST_CASE("gloo bad roots, peers, reduce-scatter sizes and all-to-all counts throw invalid_argument on every rank without hanging") {
   gloo_transport t(world);
   transport_checks::argument_errors(t);
   CHECK(thrown_by([] { gloo_transport none(nullptr); }) == named(errc::invalid_argument));

@@ -24,6 +24,7 @@ namespace {
 static_assert(transport<mpi_transport>);
 static_assert(transport_with_bitwise_or<mpi_transport>);
 static_assert(transport_with_point_to_point<mpi_transport>);
+static_assert(transport_with_all_to_all<mpi_transport>);
 
 TEST_CASE("mpi all_reduce_sum equals the rank-order sum bit for bit, and the in-process transport") {
   mpi_transport t(MPI_COMM_WORLD);
@@ -60,12 +61,17 @@ TEST_CASE("mpi all_gather_bytes of different sizes, empty ones included") {
   transport_checks::all_gather_bytes(t);
 }
 
+TEST_CASE("mpi all_to_all_bytes of different sizes per pair, empty ones included") {
+  mpi_transport t(MPI_COMM_WORLD);
+  transport_checks::all_to_all_bytes(t);
+}
+
 TEST_CASE("mpi point-to-point: a ring, ordered pairs, empty and 1 MiB messages, messages to itself") {
   mpi_transport t(MPI_COMM_WORLD);
   transport_checks::point_to_point(t);
 }
 
-TEST_CASE("mpi bad roots, peers and reduce-scatter sizes throw invalid_argument on every rank without hanging") {
+TEST_CASE("mpi bad roots, peers, reduce-scatter sizes and all-to-all counts throw invalid_argument on every rank without hanging") {
   mpi_transport t(MPI_COMM_WORLD);
   transport_checks::argument_errors(t);
 }
@@ -135,6 +141,10 @@ TEST_CASE("mpi counts above INT_MAX throw invalid_argument on every rank and tou
   const std::span<const std::byte> share(static_cast<const std::byte*>(reserved),
                                          elements / static_cast<std::size_t>(t.size()) + 1);
   CHECK(thrown_by([&] { (void)t.all_gather_bytes(share); }) == named(errc::invalid_argument));
+  // An all-to-all whose buffers to one rank are small but add up past INT_MAX on the receiver.
+  std::vector<std::span<const std::byte>> to_each(static_cast<std::size_t>(t.size()));
+  to_each[0] = share;
+  CHECK(thrown_by([&] { (void)t.all_to_all_bytes(to_each); }) == named(errc::invalid_argument));
   try {
     t.broadcast(bytes, 0);
   } catch (const error& e) {

@@ -1,5 +1,5 @@
-// The in-process transport against sums, maxima and ORs computed by the test in rank order, and
-// its failure behaviour: disagreeing ranks and failing ranks stop every rank with a named error,
+// The in-process transport against sums, maxima and ORs computed by the test in rank order, an
+// all-to-all of bytes, and its failure behaviour: disagreeing ranks and failing ranks stop every rank with a named error,
 // never a hang; point-to-point messages in order, and receives that can never complete.
 #include <gradcomp/transport/in_process.hpp>
 
@@ -242,6 +242,52 @@ TEST_CASE("in_process point-to-point messages arrive whole and in order per sour
     CHECK(seen == 7);
     CHECK(thrown_by([&] { t.send_bytes(token, 3); }) == named(errc::invalid_argument));
     CHECK(thrown_by([&] { (void)t.recv_bytes(-1); }) == named(errc::invalid_argument));
+  });
+}
+
+TEST_CASE("in_process all_to_all_bytes hands rank r buffer r of every rank, sizes differing per pair") {
+  // Rank f's buffer to rank d: (f + 2d) mod 4 times 3 bytes (some empty), every byte 16f + d.
+  const auto buffer = [](int from, int to) { return bytes_of(static_cast<std::size_t>((from + 2 * to) % 4) * 3, 16 * from + to); };
+  for (int P : group_sizes) {
+    CAPTURE(P);
+    std::atomic<int> wrong{0};
+    in_process_group(P).run([&](in_process_transport& t) {
+      std::vector<std::vector<std::byte>> to_each;
+      for (int p = 0; p < P; ++p) to_each.push_back(buffer(t.rank(), p));
+      const std::vector<std::span<const std::byte>> spans(to_each.begin(), to_each.end());
+      const auto received = t.all_to_all_bytes(spans);
+      if (received.size() != static_cast<std::size_t>(P)) ++wrong;
+      for (int p = 0; p < P && p < static_cast<int>(received.size()); ++p)
+        if (received[static_cast<std::size_t>(p)] != buffer(p, t.rank())) ++wrong;
+    });
+    CHECK(wrong.load() == 0);
+  }
+}
+
+TEST_CASE("in_process all_to_all_bytes with other than P buffers makes every rank throw size_mismatch") {
+  const in_process_group group(3);
+  // One rank passes two buffers and the others three; then every rank passes the same wrong four.
+  for (const bool all_wrong : {false, true}) {
+    CAPTURE(all_wrong);
+    std::atomic<int> mismatches{0};
+    CHECK(thrown_by([&] {
+            group.run([&](in_process_transport& t) {
+              const std::vector<std::span<const std::byte>> spans(all_wrong ? 4 : (t.rank() == 1 ? 2 : 3));
+              try {
+                (void)t.all_to_all_bytes(spans);
+              } catch (const error& e) {
+                if (e.code() == errc::size_mismatch) ++mismatches;
+                throw;
+              }
+            });
+          }) == named(errc::size_mismatch));
+    CHECK(mismatches.load() == 3);
+  }
+  // The group runs again afterwards.
+  group.run([](in_process_transport& t) {
+    const std::vector<std::span<const std::byte>> none(3);
+    const auto received = t.all_to_all_bytes(none);
+    CHECK(received == std::vector<std::vector<std::byte>>(3));
   });
 }
 

@@ -437,6 +437,51 @@ void all_gather_bytes(X& t) {
   });
 }
 
+// Rank `from`'s buffer to rank `to` in round `round`: sizes that differ per pair, some empty (rank
+// 0's to itself among them) in round 0; every buffer empty in round 1; only the last rank's to
+// rank 0 non-empty (100003 bytes) in round 2.
+inline std::size_t exchanged_size(int round, int from, int to, int ranks) {
+  const auto f = static_cast<std::size_t>(from);
+  const auto d = static_cast<std::size_t>(to);
+  if (round == 1) return 0;
+  if (round == 2) return from == ranks - 1 && to == 0 ? 100003 : 0;
+  return (f * 7 + d * 3) % 5 == 0 ? 0 : (f * 7919 + d * 6151) % 9000 + 1;
+}
+
+// The bytes of that buffer, which every rank can generate for any pair.
+inline std::vector<std::byte> exchanged_bytes(int round, int from, int to, int ranks) {
+  return bytes_of(seed + 20 + static_cast<std::uint64_t>(round), from * 1024 + to, exchanged_size(round, from, to, ranks));
+}
+
+/// all_to_all_bytes with a different size for every pair of ranks, empty buffers included.
+template <class X>
+void all_to_all_bytes(X& t) {
+  const auto calls = [](auto& tr) {
+    results out;
+    for (int round = 0; round < 3; ++round) {
+      std::vector<std::vector<std::byte>> to_each;
+      for (int p = 0; p < tr.size(); ++p) to_each.push_back(exchanged_bytes(round, tr.rank(), p, tr.size()));
+      const std::vector<std::span<const std::byte>> spans(to_each.begin(), to_each.end());
+      const std::vector<std::vector<std::byte>> received = tr.all_to_all_bytes(spans);
+      record(out, "all_to_all_bytes round " + std::to_string(round) + " count", std::vector<std::size_t>{received.size()});
+      for (std::size_t p = 0; p < received.size(); ++p)
+        record(out, "all_to_all_bytes round " + std::to_string(round) + " from " + std::to_string(p), received[p]);
+    }
+    return out;
+  };
+  check_calls(t, calls, [](int ranks, int rank) {
+    results out;
+    for (int round = 0; round < 3; ++round) {
+      record(out, "all_to_all_bytes round " + std::to_string(round) + " count",
+             std::vector<std::size_t>{static_cast<std::size_t>(ranks)});
+      for (int p = 0; p < ranks; ++p)
+        record(out, "all_to_all_bytes round " + std::to_string(round) + " from " + std::to_string(p),
+               exchanged_bytes(round, p, rank, ranks));
+    }
+    return out;
+  });
+}
+
 // ---- point-to-point ------------------------------------------------------------------------------
 
 // Message k from rank `from`: sizes 0, 1, 4 KiB, 1 MiB (past MPI's eager limit) and 7 bytes.
@@ -524,6 +569,8 @@ void argument_errors(X& t) {
   std::vector<double> out(2);
   CHECK(thrown_by([&] { t.reduce_scatter_sum(std::span<const double>(in), std::span<double>(out)); }) ==
         named(errc::invalid_argument));
+  const std::vector<std::span<const std::byte>> too_few(static_cast<std::size_t>(ranks) - 1, std::span<const std::byte>(bytes));
+  CHECK(thrown_by([&] { (void)t.all_to_all_bytes(too_few); }) == named(errc::invalid_argument));
   // Nothing was sent to this rank itself: that receive could never complete.
   CHECK(thrown_by([&] { (void)t.recv_bytes(t.rank()); }) == named(errc::size_mismatch));
   std::vector<std::uint64_t> one = {1};

@@ -3,14 +3,15 @@
 /// Compressed reduce-scatter over any transport: every rank's n values go in; rank r gets chunk r
 /// (`ring_chunk_of(n, P, r)`) of the sum over ranks of what the codec carries. The plan:
 ///
-/// - `all_to_all` (LoCo's scheme, the default where the transport has point-to-point messages):
-///   every rank encodes each chunk once and sends chunk j to rank j in P − 1 shifted exchanges;
-///   rank r decodes the P messages of its chunk (its own included) in rank order onto zeros.
-///   A stateful wrapper (error feedback, LoCo) keeps one state per chunk.
+/// - `all_to_all` (LoCo's scheme, the default where the transport has an all-to-all or
+///   point-to-point messages): every rank encodes each chunk once and sends chunk j to rank j, in
+///   one `all_to_all_bytes` where the transport has it (`transport_with_all_to_all`), else in
+///   P − 1 shifted `sendrecv_bytes`; rank r decodes the P messages of its chunk (its own included)
+///   in rank order onto zeros. A stateful wrapper (error feedback, LoCo) keeps one state per chunk.
 /// - `ring`, on request: the per-hop ring of collective/ring.hpp (partial sums re-encoded at every
 ///   hop).
-/// - `gather_decode`, for a transport without point-to-point messages: every rank's whole message
-///   is all-gathered and rank r decodes its chunk of the rank-order sum.
+/// - `gather_decode`, for a transport with neither: every rank's whole message is all-gathered
+///   and rank r decodes its chunk of the rank-order sum.
 ///
 /// The ranks agree first, exactly as in `compressed_all_reduce` (docs/wire-format.md §21), so a
 /// mismatch or a non-finite gradient is the same named error on every rank, with nothing encoded.
@@ -34,8 +35,8 @@ namespace gradcomp {
 
 /// How `compressed_reduce_scatter` aggregates.
 enum class reduce_scatter_plan : std::uint8_t {
-  automatic = 0,      ///< `all_to_all` where the transport has point-to-point messages, else `gather_decode`.
-  all_to_all = 1,     ///< Each chunk encoded once and sent to its owner, who decodes the P messages in rank order.
+  automatic = 0,      ///< `all_to_all` where the transport has an all-to-all or point-to-point messages, else `gather_decode`.
+  all_to_all = 1,     ///< Each chunk encoded once and sent to its owner, who decodes the P messages in rank order; needs either.
   ring = 2,           ///< The per-hop ring; needs point-to-point messages and a stateless codec.
   gather_decode = 3,  ///< All-gather of whole messages; each rank decodes its chunk of the rank-order sum.
 };
@@ -49,11 +50,15 @@ struct reduce_scatter_options {
 
 namespace detail {
 
+/// Whether the `all_to_all` plan runs over transport `X`: with its all-to-all, or with point-to-point messages.
+template <class X>
+inline constexpr bool can_all_to_all = transport_with_all_to_all<X> || transport_with_point_to_point<X>;
+
 /// The plan `automatic` resolves to over transport `X`.
 template <class X>
 [[nodiscard]] constexpr reduce_scatter_plan resolved_plan(reduce_scatter_plan requested) noexcept {
   if (requested != reduce_scatter_plan::automatic) return requested;
-  return transport_with_point_to_point<X> ? reduce_scatter_plan::all_to_all : reduce_scatter_plan::gather_decode;
+  return can_all_to_all<X> ? reduce_scatter_plan::all_to_all : reduce_scatter_plan::gather_decode;
 }
 
 /// The value the agreement record carries for a reduce-scatter plan (16 + plan, so that an
@@ -78,8 +83,11 @@ template <class C>
 }
 
 /// The `all_to_all` plan: `encode_chunk(j)` returns the frame of chunk j (valid until the next
-/// call). Writes this rank's chunk sum into `out` unless some rank failed, which every rank throws.
-template <transport_with_point_to_point X, class C, class EncodeChunk>
+/// call). With `transport_with_all_to_all`, every frame is encoded (and copied) first and one
+/// `all_to_all_bytes` delivers them; otherwise P − 1 shifted `sendrecv_bytes`. Writes this rank's
+/// chunk sum into `out` unless some rank failed, which every rank throws.
+template <transport X, class C, class EncodeChunk>
+  requires can_all_to_all<X>
 compressed_report all_to_all_reduce_scatter(X& t, frame_coder<C>& coder, std::uint64_t n,
                                             std::span<typename C::value_type> out, EncodeChunk encode_chunk) {
   using T = typename C::value_type;
@@ -89,13 +97,20 @@ compressed_report all_to_all_reduce_scatter(X& t, frame_coder<C>& coder, std::ui
   for (int k = 0; k < ranks; ++k) {
     const int dest = (rank + k) % ranks, source = (rank - k + ranks) % ranks;
     const std::span<const std::byte> frame = encode_chunk(dest);
-    if (k == 0) {
+    if constexpr (transport_with_all_to_all<X>) {
+      received[static_cast<std::size_t>(dest)].assign(frame.begin(), frame.end());  // the frames to send, for now
+    } else if (k == 0) {
       received[static_cast<std::size_t>(rank)].assign(frame.begin(), frame.end());
-      continue;
+    } else {
+      received[static_cast<std::size_t>(source)] = t.sendrecv_bytes(frame, dest, source);
     }
+    if (k == 0) continue;
     report.sent_bytes += frame.size();
     report.dense_bytes += ring_chunk_of(n, ranks, dest).count * sizeof(T);
-    received[static_cast<std::size_t>(source)] = t.sendrecv_bytes(frame, dest, source);
+  }
+  if constexpr (transport_with_all_to_all<X>) {
+    const std::vector<std::span<const std::byte>> to_each(received.begin(), received.end());
+    received = t.all_to_all_bytes(to_each);
   }
   std::vector<T> sum(out.size(), T{0});
   std::uint8_t status = 0;
@@ -120,7 +135,8 @@ inline void check_reduce_scatter(std::size_t out_size, std::uint64_t n, int rank
   });
   require(runnable, errc::invalid_argument, [&] {
     return "compressed_reduce_scatter: plan " + std::to_string(static_cast<int>(plan)) +
-           " does not apply (all_to_all and ring need point-to-point messages; ring a stateless codec)";
+           " does not apply (all_to_all needs an all-to-all or point-to-point messages; ring point-to-point messages "
+           "and a stateless codec)";
   });
 }
 
@@ -142,10 +158,14 @@ compressed_report compressed_reduce_scatter(X& t, const C& codec, std::span<cons
   const auto n = static_cast<std::uint64_t>(data.size());
   detail::agree_on(t, codec, data, detail::agreement_plan(plan), options.key);
   constexpr bool p2p = transport_with_point_to_point<X>;
-  detail::check_reduce_scatter(out.size(), n, t.size(), t.rank(), plan, p2p || plan == reduce_scatter_plan::gather_decode);
+  detail::check_reduce_scatter(out.size(), n, t.size(), t.rank(), plan,
+                               plan == reduce_scatter_plan::gather_decode ||
+                                   (plan == reduce_scatter_plan::ring ? p2p : detail::can_all_to_all<X>));
   if constexpr (p2p) {
     if (plan == reduce_scatter_plan::ring)
       return ring_reduce_scatter(t, codec, data, out, options.key, {.measure_error = options.measure_error});
+  }
+  if constexpr (detail::can_all_to_all<X>) {
     if (plan == reduce_scatter_plan::all_to_all) {
       detail::frame_coder<C> coder(codec, ring_chunk_of(n, t.size(), 0).count, options.measure_error);
       double max_error = 0.0;
@@ -176,9 +196,9 @@ compressed_report compressed_reduce_scatter(X& t, const C& codec, std::span<cons
 /// Reduce-scatters `data` with a stateful wrapper (`error_feedback`, `loco`) by `all_to_all`:
 /// `states` holds P states, state j for chunk j (`make_state(e, ring_chunk_of(n, P, j).count)`),
 /// each carrying what the codec dropped from that chunk into later steps.
-/// @throws error as the stateless overload; `invalid_argument` unless `states` holds P states or
-/// the transport has point-to-point messages. The states are untouched when the agreement fails,
-/// and restored when a later stage fails on any rank.
+/// @throws error as the stateless overload; `invalid_argument` unless `states` holds P states and
+/// the transport has an all-to-all or point-to-point messages. The states are untouched when the
+/// agreement fails, and restored when a later stage fails on any rank.
 template <transport X, class C>
   requires stateful<C, cpu_executor> && codec<C>
 compressed_report compressed_reduce_scatter(X& t, const C& codec, std::span<typename C::state_type> states,
@@ -188,10 +208,10 @@ compressed_report compressed_reduce_scatter(X& t, const C& codec, std::span<type
   const auto n = static_cast<std::uint64_t>(data.size());
   detail::agree_on(t, codec, data, detail::agreement_plan(plan), options.key);
   detail::check_reduce_scatter(out.size(), n, t.size(), t.rank(), plan,
-                                  transport_with_point_to_point<X> && plan == reduce_scatter_plan::all_to_all);
+                                  detail::can_all_to_all<X> && plan == reduce_scatter_plan::all_to_all);
   detail::require(states.size() == static_cast<std::size_t>(t.size()), errc::invalid_argument,
                   "compressed_reduce_scatter: a stateful codec needs one state per chunk (P states)");
-  if constexpr (transport_with_point_to_point<X>) {
+  if constexpr (detail::can_all_to_all<X>) {
     detail::frame_coder<C> coder(codec, ring_chunk_of(n, t.size(), 0).count, false);
     const std::vector<typename C::state_type> before(states.begin(), states.end());
     try {
@@ -205,7 +225,7 @@ compressed_report compressed_reduce_scatter(X& t, const C& codec, std::span<type
       throw;
     }
   }
-  return {};  // not reached: check_reduce_scatter threw without point-to-point messages
+  return {};  // not reached: check_reduce_scatter threw without an all-to-all or point-to-point messages
 }
 
 }  // namespace gradcomp

@@ -1,9 +1,9 @@
 #pragma once
 /// @file
 /// The Gloo transport: `gloo_transport` wraps a connected `gloo::Context` the user created and
-/// satisfies `transport`, `transport_with_bitwise_or` and `transport_with_point_to_point`. Opt-in:
-/// include this header only in a program that uses Gloo (it includes Gloo's headers; link Gloo,
-/// for example CMake's `gloo` target from `find_package(Gloo)`).
+/// satisfies `transport`, `transport_with_bitwise_or`, `transport_with_point_to_point` and
+/// `transport_with_all_to_all`. Opt-in: include this header only in a program that uses Gloo (it
+/// includes Gloo's headers; link Gloo, for example CMake's `gloo` target from `find_package(Gloo)`).
 ///
 /// ```cpp
 /// auto device = gloo::transport::tcp::CreateDevice("127.0.0.1");
@@ -28,10 +28,11 @@
 /// error, a timeout, a failed enforcement) becomes `errc::transport_failed`, naming the call and
 /// quoting Gloo's message; Gloo then considers the context's pairs in an unknown state, so make a
 /// new context before going on. Arguments a rank can check alone (a root or peer outside the group,
-/// a reduce-scatter input that is not size() blocks of the output) throw `errc::invalid_argument`
-/// before anything is sent; when every rank passes the same arguments, as collectives require,
-/// every rank throws and none is left waiting. Ranks that disagree on a collective's count or root
-/// are not detected (Gloo reports some such cases, others time out).
+/// a reduce-scatter input that is not size() blocks of the output, an all-to-all of other than
+/// size() buffers) throw `errc::invalid_argument` before anything is sent; when every rank passes
+/// the same arguments, as collectives require, every rank throws and none is left waiting. Ranks
+/// that disagree on a collective's count or root are not detected (Gloo reports some such cases,
+/// others time out).
 ///
 /// Point-to-point messages go through Gloo's unbound buffers: a message is an 8-byte size header,
 /// then its bytes (none for an empty message), both on one slot that Gloo's collectives never use.
@@ -47,6 +48,7 @@
 
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
+#include <gloo/alltoall.h>
 #include <gloo/alltoallv.h>
 #include <gloo/broadcast.h>
 #include <gloo/context.h>
@@ -191,12 +193,37 @@ class gloo_transport {
       options.setOutput(flat.data(), counts);
       gloo::allgatherv(options);
     });
-    std::vector<std::vector<std::byte>> all(counts.size());
-    for (std::size_t p = 0; p < all.size(); ++p) {
-      const auto at = flat.begin() + static_cast<std::ptrdiff_t>(firsts[p]);
-      all[p].assign(at, at + static_cast<std::ptrdiff_t>(counts[p]));
+    return detail::cut_into(std::span<const std::byte>(flat), std::span<const std::size_t>(counts));
+  }
+
+  /// Buffer j of `to_each` goes to rank j; returns the P buffers sent to this rank, buffer i from
+  /// rank i; sizes may differ, empty buffers included. The sizes travel first (`gloo::alltoall`),
+  /// then the bytes (`gloo::alltoallv`).
+  /// @throws error `invalid_argument` for other than size() buffers (this rank, before anything
+  ///         is sent); `transport_failed`.
+  [[nodiscard]] std::vector<std::vector<std::byte>> all_to_all_bytes(std::span<const std::span<const std::byte>> to_each) {
+    detail::require_one_buffer_per_rank(to_each.size(), size(), "gloo_transport::all_to_all_bytes");
+    std::vector<std::uint64_t> sent_sizes(index(size()));
+    for (std::size_t p = 0; p < sent_sizes.size(); ++p) sent_sizes[p] = to_each[p].size();
+    std::vector<std::uint64_t> received_sizes(index(size()));
+    guarded("gloo::alltoall", [&] {
+      gloo::AlltoallOptions options(context_);
+      options.setInput(sent_sizes.data(), sent_sizes.size());
+      options.setOutput(received_sizes.data(), received_sizes.size());
+      gloo::alltoall(options);
+    });
+    std::vector<std::int64_t> sent_counts(sent_sizes.size());
+    std::vector<std::int64_t> received_counts(received_sizes.size());
+    std::size_t total = 0;
+    for (std::size_t p = 0; p < sent_counts.size(); ++p) {
+      sent_counts[p] = static_cast<std::int64_t>(sent_sizes[p]);
+      received_counts[p] = static_cast<std::int64_t>(received_sizes[p]);
+      total += static_cast<std::size_t>(received_sizes[p]);
     }
-    return all;
+    const std::vector<std::byte> sent = detail::concatenated(to_each);
+    std::vector<std::byte> received(total);
+    alltoallv(sent.data(), std::move(sent_counts), received.data(), std::move(received_counts));
+    return detail::cut_into(std::span<const std::byte>(received), std::span<const std::uint64_t>(received_sizes));
   }
 
   /// Sends `data` to rank `dest`, waiting until `dest` has posted the receive that takes it; a
@@ -310,11 +337,18 @@ class gloo_transport {
   void exchange_blocks(const V* data, const detail::block_split& split, std::span<V> received) {
     std::vector<std::int64_t> sent_counts(index(size()));
     for (int b = 0; b < size(); ++b) sent_counts[index(b)] = static_cast<std::int64_t>(split.count(b));
-    const std::vector<std::int64_t> received_counts(index(size()), static_cast<std::int64_t>(split.count(rank())));
+    alltoallv(data, std::move(sent_counts), received.data(),
+              std::vector<std::int64_t>(index(size()), static_cast<std::int64_t>(split.count(rank()))));
+  }
+
+  /// `gloo::alltoallv`: `sent_counts[p]` values from `in` (laid end to end) go to rank p, and
+  /// `received_counts[p]` values from rank p arrive in `out` (laid end to end).
+  template <class V>
+  void alltoallv(const V* in, std::vector<std::int64_t> sent_counts, V* out, std::vector<std::int64_t> received_counts) {
     guarded("gloo::alltoallv", [&] {
       gloo::AlltoallvOptions options(context_);
-      options.setInput(const_cast<V*>(data), sent_counts);  // read only
-      options.setOutput(received.data(), received_counts);
+      options.setInput(const_cast<V*>(in), std::move(sent_counts));  // read only
+      options.setOutput(out, std::move(received_counts));
       gloo::alltoallv(options);
     });
   }
@@ -357,5 +391,6 @@ class gloo_transport {
 
 static_assert(transport_with_bitwise_or<gloo_transport>);
 static_assert(transport_with_point_to_point<gloo_transport>);
+static_assert(transport_with_all_to_all<gloo_transport>);
 
 }  // namespace gradcomp

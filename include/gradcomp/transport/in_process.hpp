@@ -1,16 +1,16 @@
 #pragma once
 /// @file
 /// The in-process transport: P ranks that are threads of one process, for tests, the demo and
-/// single-machine experiments. It satisfies `transport`, `transport_with_bitwise_or` and
-/// `transport_with_point_to_point`.
+/// single-machine experiments. It satisfies `transport`, `transport_with_bitwise_or`,
+/// `transport_with_point_to_point` and `transport_with_all_to_all`.
 ///
 /// Every collective publishes each rank's buffer, waits for all ranks, and lets each rank read
 /// the others' buffers directly; reductions combine ranks 0, 1, …, P−1 in that order, so every
 /// rank gets the same bits. Before combining, every rank checks that all ranks called the same
 /// collective with the same element type, count and root (a root outside the group counts as a
-/// disagreement). A disagreement is a programming error of the caller: every rank throws
-/// `errc::size_mismatch` and the group is marked failed; so does a collective that some rank never
-/// makes because its body returned. When any rank fails, the ranks waiting in or entering a
+/// disagreement, and so does an all-to-all of other than P buffers). A disagreement is a
+/// programming error of the caller: every rank throws `errc::size_mismatch` and the group is
+/// marked failed; so does a collective that some rank never makes because its body returned. When any rank fails, the ranks waiting in or entering a
 /// collective throw `errc::peer_failed` instead of hanging.
 ///
 /// Point-to-point messages go through one mailbox per (source, destination) pair: `send_bytes`
@@ -52,6 +52,7 @@ enum class in_process_collective : std::uint8_t {
   reduce_scatter_sum,
   broadcast,
   all_gather_bytes,
+  all_to_all_bytes,
 };
 
 /// What the ranks of one in-process group share: a barrier that can be aborted, and one slot
@@ -286,6 +287,21 @@ class in_process_transport {
     return all;
   }
 
+  /// Buffer j of `to_each` goes to rank j; returns the P buffers sent to this rank, buffer i from
+  /// rank i. Sizes may differ, empty buffers included.
+  /// @throws error `size_mismatch` on every rank when some rank passes other than size() buffers.
+  [[nodiscard]] std::vector<std::vector<std::byte>> all_to_all_bytes(std::span<const std::span<const std::byte>> to_each) {
+    publish(to_each.data(), to_each.size(), 0, typeid(std::span<const std::byte>), collective::all_to_all_bytes, 0);
+    require_agreement(to_each.size() == static_cast<std::size_t>(size()), "all_to_all_bytes: not size() buffers");
+    std::vector<std::vector<std::byte>> received(static_cast<std::size_t>(size()));
+    for (int p = 0; p < size(); ++p) {
+      const auto& sent = static_cast<const std::span<const std::byte>*>(shared_->at(p).input)[rank_];
+      received[static_cast<std::size_t>(p)].assign(sent.begin(), sent.end());
+    }
+    shared_->arrive_and_wait();
+    return received;
+  }
+
   /// Sends a copy of `data` to rank `dest`; returns without waiting for the receive.
   /// @throws error `invalid_argument` for a rank outside the group, `peer_failed` once the group failed.
   void send_bytes(std::span<const std::byte> data, int dest) { shared_->post(rank_, peer(dest), data); }
@@ -421,5 +437,6 @@ class in_process_group {
 
 static_assert(transport_with_bitwise_or<in_process_transport>);
 static_assert(transport_with_point_to_point<in_process_transport>);
+static_assert(transport_with_all_to_all<in_process_transport>);
 
 }  // namespace gradcomp

@@ -1,7 +1,8 @@
 #pragma once
 /// @file
 /// The MPI transport: `mpi_transport` wraps a communicator the user created and satisfies
-/// `transport`, `transport_with_bitwise_or` and `transport_with_point_to_point`. Opt-in: include
+/// `transport`, `transport_with_bitwise_or`, `transport_with_point_to_point` and
+/// `transport_with_all_to_all`. Opt-in: include
 /// this header only in a program that uses MPI (it includes <mpi.h>; link MPI, for example
 /// CMake's `MPI::MPI_CXX`). It needs MPI 3.1 and a single thread per transport object.
 ///
@@ -29,10 +30,11 @@
 /// `MPI_Allreduce` (`MPI_BOR`).
 ///
 /// MPI 3.1 counts and displacements are `int`: a call whose counts or displacements would exceed
-/// `INT_MAX` throws `errc::invalid_argument` on every rank alike and sends nothing; it never
-/// truncates. Arguments a rank can check alone (a root or peer outside the group, a reduce-scatter
-/// input that is not size() blocks of the output) throw `errc::invalid_argument` before anything is
-/// sent; when every rank passes the same arguments, as collectives require, every rank throws and
+/// `INT_MAX` throws `errc::invalid_argument` on every rank alike and sends nothing (but the sizes,
+/// which `all_to_all_bytes` exchanges before the ranks agree on the verdict); it never truncates.
+/// Arguments a rank can check alone (a root or peer outside the group, a reduce-scatter input that
+/// is not size() blocks of the output, an all-to-all of other than size() buffers) throw
+/// `errc::invalid_argument` before anything is sent; when every rank passes the same arguments, as collectives require, every rank throws and
 /// none is left waiting. Ranks that disagree on a collective's count or root are not detected (MPI
 /// reports some such cases as `transport_failed`, and others hang).
 ///
@@ -189,31 +191,46 @@ class mpi_transport {
     const auto my_size = static_cast<std::uint64_t>(mine.size());
     std::vector<std::uint64_t> sizes(index(size_));
     check(MPI_Allgather(&my_size, 1, MPI_UINT64_T, sizes.data(), 1, MPI_UINT64_T, comm_), "MPI_Allgather");
-    std::uint64_t total = 0;
-    for (const std::uint64_t s : sizes)
-      total = total <= INT_MAX && s <= INT_MAX - total ? total + s : std::uint64_t{INT_MAX} + 1;
-    detail::require(total <= INT_MAX, errc::invalid_argument, [] {
+    detail::require(fits_int(sizes), errc::invalid_argument, [] {
       return "mpi_transport::all_gather_bytes: the ranks' buffers hold more than INT_MAX = " + std::to_string(INT_MAX) +
              " bytes together, more than MPI 3.1's int counts and displacements address";
     });
-    std::vector<int> counts(index(size_));
-    std::vector<int> firsts(index(size_));
-    int first = 0;
-    for (std::size_t p = 0; p < counts.size(); ++p) {
-      counts[p] = static_cast<int>(sizes[p]);
-      firsts[p] = first;
-      first += counts[p];
-    }
-    std::vector<std::byte> flat(static_cast<std::size_t>(total));
-    check(MPI_Allgatherv(mine.data(), counts[index(rank_)], MPI_BYTE, flat.data(), counts.data(), firsts.data(), MPI_BYTE,
-                         comm_),
+    const int_blocks blocks = int_blocks_of(sizes);
+    std::vector<std::byte> flat(static_cast<std::size_t>(total_of(sizes)));
+    check(MPI_Allgatherv(mine.data(), blocks.counts[index(rank_)], MPI_BYTE, flat.data(), blocks.counts.data(),
+                         blocks.firsts.data(), MPI_BYTE, comm_),
           "MPI_Allgatherv");
-    std::vector<std::vector<std::byte>> all(counts.size());
-    for (std::size_t p = 0; p < all.size(); ++p) {
-      const auto at = flat.begin() + firsts[p];
-      all[p].assign(at, at + counts[p]);
-    }
-    return all;
+    return detail::cut_into(std::span<const std::byte>(flat), std::span<const int>(blocks.counts));
+  }
+
+  /// Buffer j of `to_each` goes to rank j; returns the P buffers sent to this rank, buffer i from
+  /// rank i; sizes may differ, empty buffers included. The sizes travel first (`MPI_Alltoall`),
+  /// then a verdict on MPI's int limits (`MPI_Allreduce`, as each rank sees only its own sizes),
+  /// then the bytes (`MPI_Alltoallv`).
+  /// @throws error `invalid_argument` for other than size() buffers (this rank, before anything
+  ///         is sent), and on every rank alike when the bytes some rank sends or receives exceed
+  ///         INT_MAX together; `transport_failed`.
+  [[nodiscard]] std::vector<std::vector<std::byte>> all_to_all_bytes(std::span<const std::span<const std::byte>> to_each) {
+    detail::require_one_buffer_per_rank(to_each.size(), size_, "mpi_transport::all_to_all_bytes");
+    std::vector<std::uint64_t> sent_sizes(index(size_));
+    for (std::size_t p = 0; p < sent_sizes.size(); ++p) sent_sizes[p] = to_each[p].size();
+    std::vector<std::uint64_t> received_sizes(index(size_));
+    check(MPI_Alltoall(sent_sizes.data(), 1, MPI_UINT64_T, received_sizes.data(), 1, MPI_UINT64_T, comm_),
+          "MPI_Alltoall");
+    int fits = fits_int(sent_sizes) && fits_int(received_sizes) ? 1 : 0;
+    check(MPI_Allreduce(MPI_IN_PLACE, &fits, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce");
+    detail::require(fits == 1, errc::invalid_argument, [] {
+      return "mpi_transport::all_to_all_bytes: a rank sends or receives more than INT_MAX = " + std::to_string(INT_MAX) +
+             " bytes together, more than MPI 3.1's int counts and displacements address";
+    });
+    const int_blocks sent = int_blocks_of(sent_sizes);
+    const int_blocks received = int_blocks_of(received_sizes);
+    const std::vector<std::byte> flat_sent = detail::concatenated(to_each);
+    std::vector<std::byte> flat_received(static_cast<std::size_t>(total_of(received_sizes)));
+    check(MPI_Alltoallv(flat_sent.data(), sent.counts.data(), sent.firsts.data(), MPI_BYTE, flat_received.data(),
+                        received.counts.data(), received.firsts.data(), MPI_BYTE, comm_),
+          "MPI_Alltoallv");
+    return detail::cut_into(std::span<const std::byte>(flat_received), std::span<const int>(received.counts));
   }
 
   /// Sends `data` to rank `dest` (`MPI_Send`, which may wait until `dest` receives it); a message
@@ -325,6 +342,29 @@ class mpi_transport {
     return blocks;
   }
 
+  /// The sum of `sizes`, or INT_MAX + 1 once it exceeds INT_MAX (it cannot wrap).
+  [[nodiscard]] static std::uint64_t total_of(const std::vector<std::uint64_t>& sizes) noexcept {
+    std::uint64_t total = 0;
+    for (const std::uint64_t s : sizes)
+      total = total <= INT_MAX && s <= INT_MAX - total ? total + s : std::uint64_t{INT_MAX} + 1;
+    return total;
+  }
+
+  /// Whether MPI's int counts and displacements address buffers of `sizes` bytes laid end to end.
+  [[nodiscard]] static bool fits_int(const std::vector<std::uint64_t>& sizes) noexcept { return total_of(sizes) <= INT_MAX; }
+
+  /// Buffers of `sizes` bytes laid end to end as MPI's int counts and displacements; `fits_int(sizes)`.
+  [[nodiscard]] static int_blocks int_blocks_of(const std::vector<std::uint64_t>& sizes) {
+    int_blocks blocks{std::vector<int>(sizes.size()), std::vector<int>(sizes.size())};
+    int first = 0;
+    for (std::size_t p = 0; p < sizes.size(); ++p) {
+      blocks.counts[p] = static_cast<int>(sizes[p]);
+      blocks.firsts[p] = first;
+      first += blocks.counts[p];
+    }
+    return blocks;
+  }
+
   /// `r` if it is a rank of the group. @throws error `invalid_argument` otherwise.
   [[nodiscard]] int member(int r, const char* call, const char* role) const {
     detail::require(r >= 0 && r < size_, errc::invalid_argument, [&] {
@@ -389,5 +429,6 @@ class mpi_transport {
 
 static_assert(transport_with_bitwise_or<mpi_transport>);
 static_assert(transport_with_point_to_point<mpi_transport>);
+static_assert(transport_with_all_to_all<mpi_transport>);
 
 }  // namespace gradcomp

@@ -1,10 +1,10 @@
 #pragma once
 /// @file
 /// The NCCL transport: `nccl_transport` wraps an NCCL communicator and a CUDA stream the user
-/// created and satisfies `transport` and `transport_with_point_to_point` on host buffers, as the
-/// concepts require. Opt-in: include this header only in a program that uses NCCL (it includes
-/// <nccl.h> and <cuda_runtime.h>, and holds no device code; link the NCCL library and
-/// `CUDA::cudart`). It needs NCCL ≥ 2.13.
+/// created and satisfies `transport`, `transport_with_point_to_point` and
+/// `transport_with_all_to_all` on host buffers, as the concepts require. Opt-in: include this
+/// header only in a program that uses NCCL (it includes <nccl.h> and <cuda_runtime.h>, and holds
+/// no device code; link the NCCL library and `CUDA::cudart`). It needs NCCL ≥ 2.13.
 ///
 /// ```cpp
 /// cudaSetDevice(local_rank);
@@ -28,7 +28,8 @@
 /// gives the caller's current device back; the stream must belong to that device. The device
 /// buffer holds about twice the largest reduction (its n values and the P blocks this rank
 /// combines), the sum of the ranks' buffers of the largest `all_gather_bytes`, or the two messages
-/// of the largest `sendrecv_bytes`.
+/// of the largest `sendrecv_bytes`, or the buffers sent and received by the largest
+/// `all_to_all_bytes`.
 ///
 /// Reductions give the bits of the in-process transport: every element is combined in rank order,
 /// ((x₀ ⊕ x₁) ⊕ x₂) ⊕ …, on every rank. `ncclAllReduce` promises no order (rings and trees, split
@@ -53,10 +54,11 @@
 /// (`ncclCommAbort`) and make a new one before going on. A blocking NCCL communicator has no
 /// timeout, so a peer that never makes the matching call leaves this rank waiting. Arguments a rank
 /// can check alone (a root or peer outside the group, a reduce-scatter input that is not size()
-/// blocks of the output) throw `errc::invalid_argument` before anything is sent; when every rank
-/// passes the same arguments, as collectives require, every rank throws and none is left waiting.
-/// Ranks that disagree on a collective's count or root are not detected (NCCL then hangs or moves
-/// the wrong bytes). NCCL's counts are `size_t`: there is no int limit.
+/// blocks of the output, an all-to-all of other than size() buffers) throw `errc::invalid_argument`
+/// before anything is sent; when every rank passes the same arguments, as collectives require, every
+/// rank throws and none is left waiting. Ranks that disagree on a collective's count or root are not
+/// detected (NCCL then hangs or moves the wrong bytes). NCCL's counts are `size_t`: there is no int
+/// limit.
 ///
 /// Point-to-point messages carry any number of bytes: an 8-byte size header, then the bytes (none
 /// for an empty message), each moved by `ncclSend` / `ncclRecv`, so the receiver knows the size
@@ -220,12 +222,42 @@ class nccl_transport {
     for (const std::uint64_t s : sizes) layout.append(static_cast<std::size_t>(s));
     std::vector<std::byte> flat(layout.total);
     gather_blocks(std::span(flat), mine, layout, all_ranks);
-    std::vector<std::vector<std::byte>> all(sizes.size());
-    for (std::size_t p = 0; p < all.size(); ++p) {
-      const auto at = flat.begin() + static_cast<std::ptrdiff_t>(layout.firsts[p]);
-      all[p].assign(at, at + static_cast<std::ptrdiff_t>(layout.counts[p]));
+    return detail::cut_into(std::span<const std::byte>(flat), std::span<const std::size_t>(layout.counts));
+  }
+
+  /// Buffer j of `to_each` goes to rank j; returns the P buffers sent to this rank, buffer i from
+  /// rank i; sizes may differ, empty buffers included. The sizes travel first (one uint64 to and
+  /// from every rank), then the bytes, each in one group of `ncclSend` / `ncclRecv` (NCCL's
+  /// all-to-all).
+  /// @throws error `invalid_argument` for other than size() buffers (this rank, before anything
+  ///         is sent); `transport_failed`.
+  [[nodiscard]] std::vector<std::vector<std::byte>> all_to_all_bytes(std::span<const std::span<const std::byte>> to_each) {
+    detail::require_one_buffer_per_rank(to_each.size(), size_, "nccl_transport::all_to_all_bytes");
+    const device_scope scope(device_);
+    std::vector<std::uint64_t> sent_sizes(index(size_));
+    for (std::size_t p = 0; p < sent_sizes.size(); ++p) sent_sizes[p] = to_each[p].size();
+    std::vector<std::uint64_t> received_sizes(index(size_));
+    block_layout size_slots;
+    for (std::size_t p = 0; p < sent_sizes.size(); ++p) size_slots.append(sizeof(std::uint64_t));
+    std::byte* sizes = device_buffer(2 * aligned(size_slots.total));
+    to_device(sizes, std::as_bytes(std::span(sent_sizes)));
+    exchange(sizes, size_slots, sizes + aligned(size_slots.total), size_slots);
+    to_host(std::as_writable_bytes(std::span(received_sizes)), sizes + aligned(size_slots.total));
+    synchronize();
+    block_layout sent;
+    block_layout received;
+    for (std::size_t p = 0; p < sent_sizes.size(); ++p) {
+      sent.append(to_each[p].size());
+      received.append(static_cast<std::size_t>(received_sizes[p]));
     }
-    return all;
+    std::byte* in = device_buffer(aligned(sent.total) + received.total);
+    std::byte* out = in + aligned(sent.total);
+    for (std::size_t p = 0; p < to_each.size(); ++p) to_device(in + sent.firsts[p], to_each[p]);
+    exchange(in, sent, out, received);
+    std::vector<std::byte> flat(received.total);
+    to_host(std::span(flat), out);
+    synchronize();
+    return detail::cut_into(std::span<const std::byte>(flat), std::span<const std::size_t>(received.counts));
   }
 
   /// Sends `data` to rank `dest`, which may wait until `dest` receives it; a message to this rank
@@ -411,14 +443,22 @@ class nccl_transport {
     std::byte* in = device_buffer(aligned(data.size_bytes()) + received.size_bytes());
     std::byte* out = in + aligned(data.size_bytes());
     to_device(in, std::as_bytes(data));
-    grouped([&] {
-      for (int p = 0; p < size_; ++p) {
-        send(in + blocks.firsts[index(p)], blocks.counts[index(p)], p);
-        receive(out + index(p) * mine, mine, p);
-      }
-    });
+    block_layout received_blocks;
+    for (int p = 0; p < size_; ++p) received_blocks.append(mine);
+    exchange(in, blocks, out, received_blocks);
     to_host(std::as_writable_bytes(received), out);
     synchronize();
+  }
+
+  /// Queues NCCL's all-to-all in one group, this rank included: block p of `sent` (device memory
+  /// at `in`) goes to rank p, and block p of `received` (at `out`) comes from rank p.
+  void exchange(const std::byte* in, const block_layout& sent, std::byte* out, const block_layout& received) {
+    grouped([&] {
+      for (int p = 0; p < size_; ++p) {
+        send(in + sent.firsts[index(p)], sent.counts[index(p)], p);
+        receive(out + received.firsts[index(p)], received.counts[index(p)], p);
+      }
+    });
   }
 
   /// Step 3 of the block scheme, and the bytes of `all_gather_bytes`: this rank's block is `mine`,
@@ -502,5 +542,6 @@ class nccl_transport {
 
 static_assert(transport<nccl_transport>);
 static_assert(transport_with_point_to_point<nccl_transport>);
+static_assert(transport_with_all_to_all<nccl_transport>);
 
 }  // namespace gradcomp

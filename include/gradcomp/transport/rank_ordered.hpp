@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -102,6 +103,39 @@ template <class V, class Op, class Exchange>
   combine_in_rank_order(std::span<V>(received), split.parts(), op);
   received.resize(split.count(rank));
   return received;
+}
+
+/// Throws `invalid_argument` unless an all-to-all has one buffer per rank (`call` names it).
+inline void require_one_buffer_per_rank(std::size_t buffers, int ranks, const char* call) {
+  require(buffers == static_cast<std::size_t>(ranks), errc::invalid_argument, [&] {
+    return std::string(call) + ": " + std::to_string(buffers) + " buffers, not one per rank (size() = " +
+           std::to_string(ranks) + ")";
+  });
+}
+
+/// The byte buffers `buffers`, one after another, as the libraries' all-to-all(v) sends them.
+[[nodiscard]] inline std::vector<std::byte> concatenated(std::span<const std::span<const std::byte>> buffers) {
+  std::size_t total = 0;
+  for (const auto& b : buffers) total += b.size();
+  std::vector<std::byte> flat;
+  flat.reserve(total);
+  for (const auto& b : buffers) flat.insert(flat.end(), b.begin(), b.end());
+  return flat;
+}
+
+/// `flat` cut into consecutive buffers of `sizes[p]` bytes (which add up to at most its size), as
+/// the libraries' all-gather(v) and all-to-all(v) receive them.
+template <class Count>
+[[nodiscard]] std::vector<std::vector<std::byte>> cut_into(std::span<const std::byte> flat, std::span<const Count> sizes) {
+  std::vector<std::vector<std::byte>> buffers(sizes.size());
+  std::size_t first = 0;
+  for (std::size_t p = 0; p < buffers.size(); ++p) {
+    const auto count = static_cast<std::size_t>(sizes[p]);
+    buffers[p].assign(flat.begin() + static_cast<std::ptrdiff_t>(first),
+                      flat.begin() + static_cast<std::ptrdiff_t>(first + count));
+    first += count;
+  }
+  return buffers;
 }
 
 /// The messages a rank sends to itself, kept in order until it receives them. A library pair

@@ -3,7 +3,8 @@
 /// The `transport` concept (DESIGN.md §2): the collectives that gradcomp's compressed schemes need
 /// from a communicator the user already has (MPI, NCCL, Gloo, threads). gradcomp never creates a
 /// communicator; an adapter wraps one and exposes these calls. Capabilities that not every library
-/// offers (a bitwise-OR reduction) are separate concepts that schemes query at compile time.
+/// offers (a bitwise-OR reduction, point-to-point messages, an all-to-all of bytes) are separate
+/// concepts that schemes query at compile time.
 ///
 /// Every call is collective: all ranks of the communicator make the same calls in the same order
 /// with the same counts. Reductions combine the contributions of ranks 0, 1, …, P−1 in that order,
@@ -75,6 +76,19 @@ concept transport_with_point_to_point = transport<X> && requires(X& t, std::span
   t.send_bytes(cbytes, peer);
   { t.recv_bytes(peer) } -> std::same_as<std::vector<std::byte>>;
   { t.sendrecv_bytes(cbytes, peer, peer) } -> std::same_as<std::vector<std::byte>>;
+};
+
+/// A transport that can also exchange a byte buffer between every pair of ranks at once
+/// (MPI_Alltoallv, gloo::alltoallv, grouped ncclSend / ncclRecv), which the `all_to_all` plan of
+/// the compressed reduce-scatter uses to send each rank its chunk's frame in one call. Collective:
+/// every rank calls it, each with P buffers.
+///
+/// - `all_to_all_bytes(to_each)`: `to_each` holds P buffers, buffer j for rank j (sizes may differ
+///   between buffers and ranks, empty ones included; buffer rank() comes back to this rank). Returns
+///   P buffers, buffer i the one rank i sent to this rank.
+template <class X>
+concept transport_with_all_to_all = transport<X> && requires(X& t, std::span<const std::span<const std::byte>> to_each) {
+  { t.all_to_all_bytes(to_each) } -> std::same_as<std::vector<std::vector<std::byte>>>;
 };
 
 }  // namespace gradcomp
