@@ -11,9 +11,11 @@
 #include <gradcomp/lossless/mpc.hpp>
 #include <gradcomp/sparsify/threshold.hpp>
 #include <gradcomp/sparsify/topk.hpp>
+#include <gradcomp/transport/in_process.hpp>
 #include <gradcomp/transport/transport.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -107,6 +109,16 @@ struct scenario_outcome {
   [[nodiscard]] bool ok() const { return thrown == expected && (untouched || expected == "no exception"); }
 };
 
+/// CHECKs that `body(t)` throws errc `code` on every rank of an in-process group of P.
+template <class Body>
+void expect_everywhere(int P, errc code, Body body) {
+  std::atomic<int> matching{0};
+  in_process_group(P).run([&](in_process_transport& t) {
+    if (thrown_by([&] { body(t); }) == named(code)) ++matching;
+  });
+  CHECK(matching.load() == P);
+}
+
 /// Values per gradient in the scenarios.
 inline constexpr std::size_t agreement_scenario_count = 800;
 
@@ -164,6 +176,10 @@ std::vector<scenario_outcome> run_agreement_scenarios(X& t) {
   }
   scenario("NaN in one gradient", errc::non_finite_input, [&](std::span<float> d) { compressed_all_reduce(t, topk, d); }, n,
            true);
+  scenario("reduce-scatter output of another size on one rank", errc::invalid_argument, [&](std::span<float> d) {
+    std::vector<float> out(ring_chunk_of(n, t.size(), t.rank()).count + (differs ? 1 : 0));
+    compressed_reduce_scatter(t, topk, std::span<const float>(d), std::span<float>(out));
+  });
   scenario("plan the codec cannot run", errc::invalid_argument, [&](std::span<float> d) {
     compressed_all_reduce(t, topk, d, {.plan = all_reduce_plan::summed_encodings});
   });

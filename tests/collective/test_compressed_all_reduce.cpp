@@ -42,17 +42,6 @@ std::vector<std::vector<float>> on_ranks(int P, Body body) {
   return results;
 }
 
-// Checks that every rank threw the same errc `code` from `body(t)`.
-template <class Body>
-void expect_everywhere(int P, errc code, Body body) {
-  std::atomic<int> matching{0};
-  in_process_group(P).run([&](in_process_transport& t) {
-    if (thrown_by([&] { body(t); }) == named(code)) ++matching;
-  });
-  CHECK(matching.load() == P);
-}
-
-
 }  // namespace
 
 TEST_CASE("compressed_all_reduce with a lossless codec gives the rank-order sum bit for bit on every rank") {

@@ -202,14 +202,7 @@ TEST_CASE("compressed_reduce_scatter failures: the same named error on every ran
   const topk_sparsifier<float> topk(sparsity{.density = 0.05});
   const error_feedback ef(topk);
   constexpr int P = 3;
-  const auto everywhere = [](errc code, auto body) {
-    constexpr int ranks = 3;
-    std::atomic<int> matching{0};
-    in_process_group(ranks).run([&](in_process_transport& t) {
-      if (thrown_by([&] { body(t); }) == named(code)) ++matching;
-    });
-    CHECK(matching.load() == ranks);
-  };
+  const auto everywhere = [](errc code, auto body) { expect_everywhere(P, code, body); };
   // A NaN on one rank: nothing encoded anywhere, the states untouched.
   everywhere(errc::non_finite_input, [&](in_process_transport& t) {
     const cpu_executor cpu;
@@ -262,12 +255,34 @@ TEST_CASE("compressed_reduce_scatter failures: the same named error on every ran
     if (t.rank() == 0) compressed_all_reduce(t, topk, std::span<float>(g));
     else compressed_reduce_scatter(t, topk, std::span<const float>(g), std::span<float>(out));
   });
-  // Wrong output size, and the ring plan without point-to-point messages: every rank calls alike.
+  // Invalid arguments on one rank only (an output of another size, too few states): the agreement
+  // carries that rank's verdict, so every rank throws and none waits in the exchange. Then a plan
+  // value that is no reduce_scatter_plan.
   everywhere(errc::invalid_argument, [&](in_process_transport& t) {
     const auto g = gradient_of(t.rank(), n);
-    std::vector<float> out(n);
-    compressed_reduce_scatter(t, topk, std::span<const float>(g), std::span<float>(out));
+    std::vector<float> out(chunk(n, P, t.rank()).second + (t.rank() == 1 ? 1 : 0), 7.0f);
+    try {
+      compressed_reduce_scatter(t, topk, std::span<const float>(g), std::span<float>(out));
+    } catch (...) {
+      CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 7.0f; }));
+      throw;
+    }
   });
+  everywhere(errc::invalid_argument, [&](in_process_transport& t) {
+    const cpu_executor cpu;
+    std::vector<error_feedback_state<float>> states;
+    for (int j = 0; j < (t.rank() == 2 ? P - 1 : P); ++j) states.push_back(ef.make_state(cpu, chunk(n, P, j).second));
+    const auto g = gradient_of(t.rank(), n);
+    std::vector<float> out(chunk(n, P, t.rank()).second);
+    compressed_reduce_scatter(t, ef, std::span(states), std::span<const float>(g), std::span<float>(out));
+  });
+  everywhere(errc::invalid_argument, [&](in_process_transport& t) {
+    const auto g = gradient_of(t.rank(), n);
+    std::vector<float> out(chunk(n, P, t.rank()).second);
+    compressed_reduce_scatter(t, topk, std::span<const float>(g), std::span<float>(out),
+                              {.plan = static_cast<reduce_scatter_plan>(7)});
+  });
+  // The ring plan without point-to-point messages: every rank alike.
   everywhere(errc::invalid_argument, [&](in_process_transport& t) {
     collectives_only<in_process_transport> plain(t);
     const auto g = gradient_of(t.rank(), n);

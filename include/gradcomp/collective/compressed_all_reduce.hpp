@@ -94,6 +94,7 @@ struct agreement_record {
 
   std::uint8_t record_version = version;
   bool non_finite = false;
+  bool bad_arguments = false;  ///< This rank's arguments failed its own checks (an output size, a plan).
   codec_id codec{};
   value_dtype dtype{};
   all_reduce_plan plan{};
@@ -114,7 +115,8 @@ struct agreement_record {
     store_le<std::uint64_t>(b.data() + 16, count);
     store_le<std::uint64_t>(b.data() + 24, key.step);
     store_le<std::uint32_t>(b.data() + 32, key.tensor_id);
-    return b;  // bytes 36..39 are zero
+    b[36] = std::byte{static_cast<std::uint8_t>(bad_arguments ? 1 : 0)};
+    return b;  // bytes 37..39 are zero
   }
 
   /// Reads a record; a buffer of another size gives `record_version` 0, which disagrees with every
@@ -135,14 +137,17 @@ struct agreement_record {
     r.count = load_le<std::uint64_t>(b.data() + 16);
     r.key.step = load_le<std::uint64_t>(b.data() + 24);
     r.key.tensor_id = load_le<std::uint32_t>(b.data() + 32);
+    r.bad_arguments = std::to_integer<std::uint8_t>(b[36]) != 0;
     return r;
   }
 };
 
 /// All-gathers `mine` and throws, on every rank alike, the first disagreement (in the order of
-/// the record's fields, against rank 0) or a rank's non-finite gradient.
+/// the record's fields, against rank 0), then `invalid_argument` when a rank's arguments failed
+/// its own checks (`problem`, non-empty exactly when `mine.bad_arguments`, is that rank's
+/// message), then `non_finite_input` for a rank's non-finite gradient.
 template <transport X>
-void agree(X& t, const agreement_record& mine, const char* where) {
+void agree(X& t, const agreement_record& mine, const std::string& problem, const char* where) {
   const auto record = mine.bytes();
   const auto gathered = t.all_gather_bytes(std::span<const std::byte>(record));
   std::vector<agreement_record> r;
@@ -166,6 +171,11 @@ void agree(X& t, const agreement_record& mine, const char* where) {
   disagree(errc::size_mismatch, "element count", [&](const agreement_record& x) { return x.count; });
   disagree(errc::step_mismatch, "step", [&](const agreement_record& x) { return x.key.step; });
   disagree(errc::step_mismatch, "tensor id", [&](const agreement_record& x) { return as_int(x.key.tensor_id); });
+  if (mine.bad_arguments) fail(errc::invalid_argument, problem);
+  for (std::size_t p = 0; p < r.size(); ++p)
+    if (r[p].bad_arguments)
+      fail(errc::invalid_argument, std::string(where) + ": rank " + std::to_string(p) +
+                                       " passed invalid arguments (its own error says which); every rank stops");
   for (std::size_t p = 0; p < r.size(); ++p)
     if (r[p].non_finite)
       fail(errc::non_finite_input, std::string(where) + ": the gradient of rank " + std::to_string(p) +
@@ -179,25 +189,25 @@ template <class C>
   return summable_encoding<C> ? all_reduce_plan::summed_encodings : all_reduce_plan::gather_decode;
 }
 
-/// Checks that codec `C` can run `plan` over transport `X`. Called once the ranks have agreed on
-/// the codec and the plan, so every rank gives the same answer and none is left waiting.
+/// Why codec `C` cannot run `plan` over transport `X` (empty: it can).
 template <class X, class C>
-void require_plan(all_reduce_plan plan, bool stateful_call) {
+[[nodiscard]] std::string plan_problem(all_reduce_plan plan, bool stateful_call) {
   const bool ok = plan == all_reduce_plan::gather_decode ||
                   (plan == all_reduce_plan::summed_encodings && summable_encoding<C> && !stateful_call) ||
                   (plan == all_reduce_plan::ring && transport_with_point_to_point<X> && codec_for<C, cpu_executor> &&
                    !stateful_call);
-  require(ok, errc::invalid_argument, [&] {
-    return "compressed_all_reduce: plan " + std::to_string(static_cast<int>(plan)) +
-           " does not apply to this codec or transport (summed_encodings needs a summable encoding, ring a "
-           "transport with point-to-point messages; a stateful wrapper aggregates with gather_decode)";
-  });
+  if (ok) return {};
+  return "compressed_all_reduce: plan " + std::to_string(static_cast<int>(plan)) +
+         " does not apply to this codec or transport (summed_encodings needs a summable encoding, ring a "
+         "transport with point-to-point messages; a stateful wrapper aggregates with gather_decode)";
 }
 
-/// Checks the agreement of the ranks on `codec`, n, dtype, plan and key, and the finiteness of
-/// every rank's gradient.
+/// Checks the agreement of the ranks on `codec`, n, dtype, plan and key, the verdict of every
+/// rank's own argument checks (`problem`: empty, or why this rank's arguments are invalid), and the
+/// finiteness of every rank's gradient. Every rank throws the same error, or none does.
 template <transport X, class C>
-void agree_on(X& t, const C& codec, std::span<const typename C::value_type> data, all_reduce_plan plan, message_key key) {
+void agree_on(X& t, const C& codec, std::span<const typename C::value_type> data, all_reduce_plan plan, message_key key,
+              const std::string& problem) {
   using T = typename C::value_type;
   // The largest magnitude key, without an early exit, so that the loop vectorizes.
   typename float_traits<T>::bits_type largest = 0;
@@ -210,7 +220,8 @@ void agree_on(X& t, const C& codec, std::span<const typename C::value_type> data
   mine.params_hash = codec.params_hash();
   mine.count = data.size();
   mine.key = key;
-  agree(t, mine, "compressed_all_reduce");
+  mine.bad_arguments = !problem.empty();
+  agree(t, mine, problem, "compressed_all_reduce");
 }
 
 /// The `gather_decode` plan: all-gathers `frame` and decodes every rank's frame in rank order into
@@ -303,8 +314,7 @@ compressed_report compressed_all_reduce(X& t, const C& codec, std::span<typename
                                         all_reduce_options options = {}) {
   using T = typename C::value_type;
   const all_reduce_plan plan = detail::resolved_plan<C>(options.plan);
-  detail::agree_on(t, codec, std::span<const T>(data), plan, options.key);
-  detail::require_plan<X, C>(plan, false);
+  detail::agree_on(t, codec, std::span<const T>(data), plan, options.key, detail::plan_problem<X, C>(plan, false));
   if (plan == all_reduce_plan::summed_encodings) {
     if constexpr (summable_encoding<C>) return detail::summed_all_reduce(t, codec, data, options.key);
   }
@@ -330,8 +340,7 @@ compressed_report compressed_all_reduce(X& t, const C& codec, typename C::state_
                                         std::span<typename C::value_type> data, all_reduce_options options = {}) {
   using T = typename C::value_type;
   const all_reduce_plan plan = detail::resolved_plan<C>(options.plan);
-  detail::agree_on(t, codec, std::span<const T>(data), plan, options.key);
-  detail::require_plan<X, C>(plan, true);
+  detail::agree_on(t, codec, std::span<const T>(data), plan, options.key, detail::plan_problem<X, C>(plan, true));
   detail::frame_coder<C> coder(codec, data.size(), false);
   typename C::state_type before = state;
   const auto frame = coder.encode_stateful(std::span<const T>(data), state, options.key);

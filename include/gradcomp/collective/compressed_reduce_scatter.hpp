@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -125,19 +126,24 @@ compressed_report all_to_all_reduce_scatter(X& t, frame_coder<C>& coder, std::ui
   return report;
 }
 
-/// Checks `out` against this rank's chunk and the plan against the codec and transport; called
-/// after the agreement, so every rank gives the same answer on the plan.
-inline void check_reduce_scatter(std::size_t out_size, std::uint64_t n, int ranks, int rank, reduce_scatter_plan plan,
-                          bool runnable) {
-  require(out_size == ring_chunk_of(n, ranks, rank).count, errc::invalid_argument, [&] {
-    return "compressed_reduce_scatter: out holds " + std::to_string(out_size) + " values, not this rank's chunk of " +
+/// Why this rank's arguments cannot run (empty: they can): `out` of another size than this
+/// rank's chunk, a plan that is no `reduce_scatter_plan` or cannot run here (`runnable`), or
+/// (`states` ≥ 0) a stateful call without one state per chunk. Carried by the agreement record, so
+/// every rank throws when one rank's arguments are wrong.
+[[nodiscard]] inline std::string reduce_scatter_problem(std::size_t out_size, std::uint64_t n, int ranks, int rank,
+                                                        reduce_scatter_plan plan, bool runnable, long long states = -1) {
+  const std::string where = "compressed_reduce_scatter: ";
+  if (out_size != ring_chunk_of(n, ranks, rank).count)
+    return where + "out holds " + std::to_string(out_size) + " values, not this rank's chunk of " +
            std::to_string(ring_chunk_of(n, ranks, rank).count);
-  });
-  require(runnable, errc::invalid_argument, [&] {
-    return "compressed_reduce_scatter: plan " + std::to_string(static_cast<int>(plan)) +
+  if (plan > reduce_scatter_plan::gather_decode || !runnable)
+    return where + "plan " + std::to_string(static_cast<int>(plan)) +
            " does not apply (all_to_all needs an all-to-all or point-to-point messages; ring point-to-point messages "
            "and a stateless codec)";
-  });
+  if (states >= 0 && states != ranks)
+    return where + "a stateful codec needs one state per chunk (P = " + std::to_string(ranks) + "), not " +
+           std::to_string(states);
+  return {};
 }
 
 }  // namespace detail
@@ -147,8 +153,8 @@ inline void check_reduce_scatter(std::size_t out_size, std::uint64_t n, int rank
 /// carries. `report.dense_bytes` is what an uncompressed reduce-scatter sends from this rank.
 /// @throws error on every rank alike, with `out` unchanged: the agreement's errors (see
 /// `compressed_all_reduce`), `non_finite_input` for NaN or ±Inf in any rank's data, the code of a
-/// rank whose encoding or decoding failed. `invalid_argument` for an `out` of another size (this
-/// rank, after the agreement) or a plan that cannot run here.
+/// rank whose encoding or decoding failed; `invalid_argument` when any rank's `out` is not its
+/// chunk's size or its plan cannot run here (that rank's message names the problem).
 template <transport X, class C>
   requires codec_for<C, cpu_executor>
 compressed_report compressed_reduce_scatter(X& t, const C& codec, std::span<const typename C::value_type> data,
@@ -156,11 +162,11 @@ compressed_report compressed_reduce_scatter(X& t, const C& codec, std::span<cons
   using T = typename C::value_type;
   const auto plan = detail::resolved_plan<X>(options.plan);
   const auto n = static_cast<std::uint64_t>(data.size());
-  detail::agree_on(t, codec, data, detail::agreement_plan(plan), options.key);
   constexpr bool p2p = transport_with_point_to_point<X>;
-  detail::check_reduce_scatter(out.size(), n, t.size(), t.rank(), plan,
-                               plan == reduce_scatter_plan::gather_decode ||
-                                   (plan == reduce_scatter_plan::ring ? p2p : detail::can_all_to_all<X>));
+  detail::agree_on(t, codec, data, detail::agreement_plan(plan), options.key,
+                   detail::reduce_scatter_problem(out.size(), n, t.size(), t.rank(), plan,
+                                                  plan == reduce_scatter_plan::gather_decode ||
+                                                      (plan == reduce_scatter_plan::ring ? p2p : detail::can_all_to_all<X>)));
   if constexpr (p2p) {
     if (plan == reduce_scatter_plan::ring)
       return ring_reduce_scatter(t, codec, data, out, options.key, {.measure_error = options.measure_error});
@@ -206,11 +212,10 @@ compressed_report compressed_reduce_scatter(X& t, const C& codec, std::span<type
                                             std::span<typename C::value_type> out, reduce_scatter_options options = {}) {
   const auto plan = options.plan == reduce_scatter_plan::automatic ? reduce_scatter_plan::all_to_all : options.plan;
   const auto n = static_cast<std::uint64_t>(data.size());
-  detail::agree_on(t, codec, data, detail::agreement_plan(plan), options.key);
-  detail::check_reduce_scatter(out.size(), n, t.size(), t.rank(), plan,
-                                  detail::can_all_to_all<X> && plan == reduce_scatter_plan::all_to_all);
-  detail::require(states.size() == static_cast<std::size_t>(t.size()), errc::invalid_argument,
-                  "compressed_reduce_scatter: a stateful codec needs one state per chunk (P states)");
+  detail::agree_on(t, codec, data, detail::agreement_plan(plan), options.key,
+                   detail::reduce_scatter_problem(out.size(), n, t.size(), t.rank(), plan,
+                                                  detail::can_all_to_all<X> && plan == reduce_scatter_plan::all_to_all,
+                                                  static_cast<long long>(states.size())));
   if constexpr (detail::can_all_to_all<X>) {
     detail::frame_coder<C> coder(codec, ring_chunk_of(n, t.size(), 0).count, false);
     const std::vector<typename C::state_type> before(states.begin(), states.end());
@@ -225,7 +230,7 @@ compressed_report compressed_reduce_scatter(X& t, const C& codec, std::span<type
       throw;
     }
   }
-  return {};  // not reached: check_reduce_scatter threw without an all-to-all or point-to-point messages
+  return {};  // not reached: the agreement threw without an all-to-all or point-to-point messages
 }
 
 }  // namespace gradcomp
