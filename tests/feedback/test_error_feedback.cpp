@@ -451,3 +451,40 @@ TEST_CASE("load_state records a residual bound") {
   CHECK(restored.residual_max == state.residual_max);
   CHECK(restored.residual_max > 0.0f);
 }
+
+TEST_CASE("error feedback's carried error is the residual, and setting it steers the next message") {
+  const std::size_t n = 1000;
+  const topk_sparsifier<float> inner(sparsity{.density = 0.01});
+  const error_feedback<topk_sparsifier<float>> ef(inner);
+  const cpu_executor cpu;
+  auto state = ef.make_state(cpu, n);
+  for (std::uint64_t t = 0; t < 3; ++t) ef_step(ef, gradient<float>(n, t), state, key_of(t));
+  std::vector<float> carried(n);
+  ef.carried_error(cpu, state, carried);
+  CHECK(carried == state.residual);
+
+  // A new error, as a re-laid bucket would bring: the next message is the inner codec's encoding
+  // of g + error, and the residual what it left.
+  const std::vector<float> error = gradient<float>(n, 40);
+  ef.set_carried_error(cpu, std::span<const float>(error), state);
+  ef.carried_error(cpu, state, carried);
+  CHECK(carried == error);
+  CHECK(state.steps == 3);
+  const std::vector<float> g = gradient<float>(n, 3);
+  std::vector<float> h(n);
+  for (std::size_t i = 0; i < n; ++i) h[i] = g[i] + error[i];
+  std::vector<std::byte> expected(inner.max_encoded_bytes(n)), ws(inner.workspace_bytes(cpu, n));
+  expected.resize(inner.encode(cpu, std::span<const float>(h), expected, ws, key_of(3)));
+  CHECK(ef_step(ef, g, state, key_of(3)) == expected);
+
+  const std::vector<std::byte> before = bits_of(state);
+  std::vector<float> bad = error;
+  bad[7] = std::numeric_limits<float>::quiet_NaN();
+  CHECK(thrown_by([&] { ef.set_carried_error(cpu, std::span<const float>(bad), state); }) == named(errc::non_finite_input));
+  bad[7] = -std::numeric_limits<float>::infinity();
+  CHECK(thrown_by([&] { ef.set_carried_error(cpu, std::span<const float>(bad), state); }) == named(errc::non_finite_input));
+  bad.pop_back();
+  CHECK(thrown_by([&] { ef.set_carried_error(cpu, std::span<const float>(bad), state); }) == named(errc::size_mismatch));
+  CHECK(thrown_by([&] { ef.carried_error(cpu, state, std::span<float>(bad)); }) == named(errc::size_mismatch));
+  CHECK(bits_of(state) == before);
+}

@@ -569,3 +569,47 @@ TEST_CASE("LoCo steps, saves and restores an empty tensor") {
   CHECK(restored.steps == 1);
   CHECK(restored.total_steps == 1);
 }
+
+TEST_CASE("LoCo's carried error is the dequantized 8-bit error; a new one is stored within half a step") {
+  const std::size_t n = 1000;  // groups of 256: three full, one of 232
+  const loco<uq<float>> lc(uq<float>({.bits = 4}));
+  const cpu_executor cpu;
+  auto state = lc.make_state(cpu, n);
+  for (std::uint64_t t = 0; t < 4; ++t) loco_step(lc, gradient<float>(n, t), state, key_of(t));
+  std::vector<float> carried(n);
+  lc.carried_error(cpu, state, carried);
+  for (std::size_t i = 0; i < n; ++i) REQUIRE(carried[i] == static_cast<float>(state.codes[i]) * state.scales[i / 256]);
+
+  // Setting what it carries keeps every code and scale.
+  const std::vector<std::byte> before = bits_of(state);
+  lc.set_carried_error(cpu, std::span<const float>(carried), state);
+  CHECK(bits_of(state) == before);
+
+  // A new error: per group s = max|x| / 127, each value within s/2; the counters are kept.
+  std::vector<float> error = gradient<float>(n, 50);
+  std::fill(error.begin() + 256, error.begin() + 512, 0.0f);  // an all-zero group reads back as zeros
+  lc.set_carried_error(cpu, std::span<const float>(error), state);
+  CHECK(state.steps == 4);
+  CHECK(state.total_steps == 4);
+  lc.carried_error(cpu, state, carried);
+  for (std::size_t begin = 0; begin < n; begin += 256) {
+    const std::size_t end = std::min(n, begin + 256);
+    float largest = 0.0f;
+    for (std::size_t i = begin; i < end; ++i) largest = std::max(largest, std::fabs(error[i]));
+    const double half_step = static_cast<double>(largest) / 127.0 / 2.0;
+    for (std::size_t i = begin; i < end; ++i) {
+      CAPTURE(i);
+      const double gap = std::fabs(static_cast<double>(carried[i]) - static_cast<double>(error[i]));
+      REQUIRE(gap <= half_step * (1.0 + 1e-6));
+    }
+  }
+  for (std::size_t i = 256; i < 512; ++i) REQUIRE(std::bit_cast<std::uint32_t>(carried[i]) == 0u);
+
+  const std::vector<std::byte> kept = bits_of(state);
+  error[999] = std::numeric_limits<float>::infinity();
+  CHECK(thrown_by([&] { lc.set_carried_error(cpu, std::span<const float>(error), state); }) == named(errc::non_finite_input));
+  error.pop_back();
+  CHECK(thrown_by([&] { lc.set_carried_error(cpu, std::span<const float>(error), state); }) == named(errc::size_mismatch));
+  CHECK(thrown_by([&] { lc.carried_error(cpu, state, std::span<float>(error)); }) == named(errc::size_mismatch));
+  CHECK(bits_of(state) == kept);
+}

@@ -66,9 +66,7 @@ struct backend<error_feedback<Codec>, cpu_executor> {
   static std::size_t encode(const ef_type& ef, const cpu_executor& e, std::span<const T> grad, state_type& state,
                             std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
     const std::size_t n = grad.size();
-    detail::require(state.residual.size() == n, errc::size_mismatch, [&] {
-      return "gradient has " + std::to_string(n) + " elements, the state " + std::to_string(state.residual.size());
-    });
+    check_size(state, n, "gradient");
     workspace_arena arena(ws);
     const scratch s = carve(arena, ef, e, n);
     if constexpr (fusable) {
@@ -135,9 +133,31 @@ struct backend<error_feedback<Codec>, cpu_executor> {
     state.residual_max = bound_of(largest);
   }
 
+  static void carried_error(const ef_type&, const cpu_executor&, const state_type& state, std::span<T> out) {
+    check_size(state, out.size(), "output");
+    std::ranges::copy(state.residual, out.begin());
+  }
+
+  static void set_carried_error(const ef_type&, const cpu_executor&, std::span<const T> error, state_type& state) {
+    check_size(state, error.size(), "error");
+    typename float_traits<T>::bits_type largest = 0;
+    for (const T v : error) largest = std::max(largest, magnitude_key(v));
+    detail::require(largest < float_traits<T>::infinity_key, errc::non_finite_input,
+                    "the new carried error holds NaN or Inf; the state is unchanged");
+    std::ranges::copy(error, state.residual.begin());
+    state.residual_max = from_bits<T>(largest);
+  }
+
  private:
   /// Whether the fused path exists: error feedback around the float32 uniform quantizer.
   static constexpr bool fusable = std::is_same_v<Codec, uniform_quantizer<float>>;
+
+  /// The state holds n residual values; `size_mismatch` otherwise.
+  static void check_size(const state_type& state, std::size_t n, const char* what) {
+    detail::require(state.residual.size() == n, errc::size_mismatch, [&] {
+      return std::string(what) + " has " + std::to_string(n) + " elements, the state " + std::to_string(state.residual.size());
+    });
+  }
 
   /// The bound recorded for a residual whose largest magnitude key is `key` (NaN records +Inf).
   [[nodiscard]] static T bound_of(typename float_traits<T>::bits_type key) noexcept {

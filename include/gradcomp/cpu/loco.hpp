@@ -121,20 +121,7 @@ struct backend<loco<Codec>, cpu_executor> {
              " values of the new compensation error are NaN or Inf; the state is unchanged";
     });
 
-    // quant8, group by group, straight into the state.
-    std::int8_t* const new_codes = state.codes.data();
-    T* const new_scales = state.scales.data();
-    for (std::size_t begin = 0, j = 0; begin < n; begin += group, ++j) {
-      const std::size_t end = std::min(n, begin + group);
-      typename float_traits<T>::bits_type largest = 0;
-      for (std::size_t i = begin; i < end; ++i) largest = std::max(largest, magnitude_key(v[i]));
-      const T step = uniform_step(from_bits<T>(largest), error_bits);
-      new_scales[j] = step;
-      for (std::size_t i = begin; i < end; ++i)
-        new_codes[i] = step == T{0} ? std::int8_t{0}
-                                    : static_cast<std::int8_t>(
-                                          uniform_level(v[i] / step, error_bits, rounding::nearest_even, T{0}));
-    }
+    quantize_error(lc, std::span<const T>(v, n), state);
     state.steps = reset ? 1 : state.steps + 1;
     ++state.total_steps;
     return bytes;
@@ -207,6 +194,21 @@ struct backend<loco<Codec>, cpu_executor> {
     state.total_steps = detail::load_le<std::uint64_t>(p + 25);
   }
 
+  static void carried_error(const loco_type& lc, const cpu_executor&, const state_type& state, std::span<T> out) {
+    check_shape(lc, state, out.size(), "output");
+    const std::size_t group = lc.params().error_group;
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = dequant(state.codes[i], state.scales[i / group]);
+  }
+
+  static void set_carried_error(const loco_type& lc, const cpu_executor&, std::span<const T> error, state_type& state) {
+    check_shape(lc, state, error.size(), "error");
+    const auto non_finite = static_cast<std::size_t>(std::count_if(error.begin(), error.end(), [](T x) { return !is_finite(x); }));
+    detail::require(non_finite == 0, errc::non_finite_input, [&] {
+      return std::to_string(non_finite) + " values of the new carried error are NaN or Inf; the state is unchanged";
+    });
+    quantize_error(lc, error, state);
+  }
+
  private:
   /// Whether the fused path exists: LoCo around the float32 uniform quantizer.
   static constexpr bool fusable = std::is_same_v<Codec, uniform_quantizer<float>>;
@@ -268,6 +270,24 @@ struct backend<loco<Codec>, cpu_executor> {
     state.steps = reset ? 1 : state.steps + 1;
     ++state.total_steps;
     return size;
+  }
+
+  /// quant8 of the new error `v`, group by group, straight into the state's codes and scales.
+  static void quantize_error(const loco_type& lc, std::span<const T> v, state_type& state) noexcept {
+    const std::size_t n = v.size(), group = lc.params().error_group;
+    std::int8_t* const new_codes = state.codes.data();
+    T* const new_scales = state.scales.data();
+    for (std::size_t begin = 0, j = 0; begin < n; begin += group, ++j) {
+      const std::size_t end = std::min(n, begin + group);
+      typename float_traits<T>::bits_type largest = 0;
+      for (std::size_t i = begin; i < end; ++i) largest = std::max(largest, magnitude_key(v[i]));
+      const T step = uniform_step(from_bits<T>(largest), error_bits);
+      new_scales[j] = step;
+      for (std::size_t i = begin; i < end; ++i)
+        new_codes[i] = step == T{0} ? std::int8_t{0}
+                                    : static_cast<std::int8_t>(
+                                          uniform_level(v[i] / step, error_bits, rounding::nearest_even, T{0}));
+    }
   }
 
   /// dequant8 of one element.

@@ -69,6 +69,21 @@ class feedback_interface {
   std::size_t save_state(const E& e, const state_type& state, std::span<std::byte> bytes) const {
     return backend<Wrapper, E>::save_state(self(), e, state, bytes);
   }
+  /// Writes the error `state` carries into the next step, one value per element: what the next
+  /// `encode` adds to the gradient (error feedback: the residual; LoCo: the dequantized 8-bit
+  /// error). With `set_carried_error` it re-lays a state when the elements of a tensor change,
+  /// as when a framework rebuilds its gradient buckets. @throws error `size_mismatch`.
+  template <executor E>
+  void carried_error(const E& e, const state_type& state, std::span<value_type> out) const {
+    backend<Wrapper, E>::carried_error(self(), e, state, out);
+  }
+  /// Replaces the error `state` carries by `error` (one value per element; LoCo stores it in 8
+  /// bits, so it reads back within half a quantization step). Step counters are kept.
+  /// @throws error `size_mismatch`, `non_finite_input`; `state` is unchanged then.
+  template <executor E>
+  void set_carried_error(const E& e, std::span<const value_type> error, state_type& state) const {
+    backend<Wrapper, E>::set_carried_error(self(), e, error, state);
+  }
   /// Restores `state` from saved bytes, checking everything before touching it.
   /// @throws error naming what is wrong with the bytes; `state` is unchanged then.
   template <executor E>

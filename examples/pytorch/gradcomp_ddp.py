@@ -1,0 +1,310 @@
+"""gradcomp codecs as a DistributedDataParallel communication hook.
+
+    import gradcomp_ddp
+    state = gradcomp_ddp.GradcompHookState("top-k 1% + EF", model)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp.register_comm_hook(state, gradcomp_ddp.gradcomp_hook)
+    ...
+    loss.backward()
+    if state.step_skipped:        # a gradient held NaN/Inf on some rank: every rank skips
+        optimizer.zero_grad()
+    else:
+        optimizer.step()
+
+Each bucket goes through gradcomp::compressed_all_reduce (C++, extension gradcomp_torch), whose
+collectives run on the process group through `ProcessGroupOps`: the ranks first all-gather a
+40-byte agreement record (codec, parameters, size, step, bucket, a non-finite flag), then
+all-gather their messages and decode them in rank order; the bucket becomes the mean, the same bits
+on every rank and the same bits as gradcomp's own collectives over MPI give for the same inputs.
+
+Error feedback and LoCo keep one state per bucket, keyed by the names of the bucket's parameters;
+the hook compresses a bucket with its parameters in the model's order, so a rebuild that only
+reorders a bucket leaves its state as it was. When DDP rebuilds its buckets (after the first
+iteration) into other sets of parameters, a bucket whose parameters changed
+takes the carried error of each of its parameters from the states that held them (exact for error
+feedback; LoCo stores it again in 8 bits) and its step counters: nothing is reset. Every re-laying
+is counted (`relaid`) and logged. `state_dict()` / `load_state_dict()` put the states in a
+checkpoint; a restored run continues bit for bit.
+"""
+
+import os
+
+import torch
+import torch.distributed as dist
+from torch.utils.cpp_extension import load
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_INCLUDE = os.path.normpath(os.path.join(_HERE, "..", "..", "include"))
+
+DENSE = "dense"
+
+
+def load_extension(build_directory=None, verbose=False):
+    """Builds the gradcomp_torch extension with torch.utils.cpp_extension (once: later calls
+    reuse the build in `build_directory`, default $GRADCOMP_TORCH_BUILD or ./gradcomp_torch_build)
+    and imports it."""
+    build_directory = build_directory or os.environ.get("GRADCOMP_TORCH_BUILD") or os.path.abspath("gradcomp_torch_build")
+    os.makedirs(build_directory, exist_ok=True)
+    return load(name="gradcomp_torch", sources=[os.path.join(_HERE, "gradcomp_torch.cpp")],
+                extra_include_paths=[_INCLUDE], extra_cflags=["-std=c++20", "-O2"],
+                build_directory=build_directory, verbose=verbose)
+
+
+class ProcessGroupOps:
+    """The collectives gradcomp's transport concept names, run on a torch.distributed group, in
+    place. Buffers are CPU tensors; with NCCL each is staged through the current CUDA device."""
+
+    def __init__(self, group=None):
+        self.group = group if group is not None else dist.group.WORLD
+        self.nccl = dist.get_backend(self.group) == "nccl"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if self.nccl else torch.device("cpu")
+        # Global rank of each group rank (dist.reduce and dist.broadcast name global ranks).
+        if self.group is dist.group.WORLD:
+            self._global = list(range(self.size()))
+        else:
+            self._global = dist.get_process_group_ranks(self.group)
+
+    def rank(self):
+        return dist.get_rank(self.group)
+
+    def size(self):
+        return dist.get_world_size(self.group)
+
+    def _staged(self, t, run):
+        if not self.nccl:
+            run(t)
+            return
+        on_device = t.to(self.device)
+        run(on_device)
+        t.copy_(on_device.cpu())
+
+    def all_reduce_sum(self, t):
+        self._staged(t, lambda x: dist.all_reduce(x, op=dist.ReduceOp.SUM, group=self.group))
+
+    def all_reduce_max(self, t):
+        self._staged(t, lambda x: dist.all_reduce(x, op=dist.ReduceOp.MAX, group=self.group))
+
+    def all_reduce_or(self, t):
+        if not self.nccl:
+            dist.all_reduce(t, op=dist.ReduceOp.BOR, group=self.group)
+            return
+        # NCCL has no bitwise OR: gather and OR here.
+        parts = self.all_gather_bytes(t.clone())
+        for part in parts:
+            t.bitwise_or_(part)
+
+    def reduce_sum(self, t, root):
+        self._staged(t, lambda x: dist.reduce(x, dst=self._global[root], op=dist.ReduceOp.SUM, group=self.group))
+
+    def reduce_scatter_sum(self, inp, out):
+        # Gloo has no reduce_scatter: all-reduce the P blocks and keep this rank's.
+        self.all_reduce_sum(inp)
+        n = out.numel()
+        out.copy_(inp[self.rank() * n:(self.rank() + 1) * n])
+
+    def broadcast(self, t, root):
+        self._staged(t, lambda x: dist.broadcast(x, src=self._global[root], group=self.group))
+
+    def all_gather_bytes(self, t):
+        """Every rank's uint8 buffer, in rank order (sizes may differ: padded to the longest)."""
+        sizes = torch.zeros(self.size(), dtype=torch.int64)
+        sizes[self.rank()] = t.numel()
+        self.all_reduce_sum(sizes)
+        longest = int(sizes.max())
+        padded = torch.zeros(longest, dtype=torch.uint8, device=self.device)
+        padded[:t.numel()] = t.to(self.device)
+        gathered = [torch.empty(longest, dtype=torch.uint8, device=self.device) for _ in range(self.size())]
+        dist.all_gather(gathered, padded, group=self.group)
+        return [g[:int(n)].cpu() for g, n in zip(gathered, sizes)]
+
+
+class GradcompHookState:
+    """What `gradcomp_hook` needs across steps: the codec, the per-bucket states, the step.
+
+    codec: a name of `codec_names()` or "dense" (the process group's all-reduce).
+    model: the module whose parameters DDP buckets (names key the states).
+    dense_below: buckets of fewer elements go dense (the message header would outweigh them).
+    record: a directory; every bucket's input and mean are appended to rank<r>.bin (for
+            replay_mpi, which checks them against gradcomp's collectives over MPI).
+    """
+
+    def __init__(self, codec, model, process_group=None, extension=None, dense_below=0, record=None, log=print):
+        self.codec_name = codec
+        self.ext = extension if extension is not None else load_extension()
+        self.codec = None if codec == DENSE else self.ext.Codec(codec)
+        self.ops = ProcessGroupOps(process_group)
+        self.dense_below = dense_below
+        self.record = record
+        self.log = log
+        # Every parameter's name and place in the model: a bucket is compressed with its
+        # parameters in the model's order, so a rebuild that only reorders a bucket changes
+        # nothing (neither the state's key nor its layout).
+        self._names = {id(p): (index, name) for index, (name, p) in enumerate(model.named_parameters())}
+        self.states = {}      # tuple of parameter names -> (State, sizes)
+        self._orphans = {}    # parameter name -> (carried error, State it came from)
+        self.step = 0         # steps completed (every bucket of a step carries this key)
+        self.relaid = 0       # buckets whose state was re-laid from other buckets' states
+        self.skipped_steps = []
+        self.step_skipped = False
+        self.sent_bytes = 0   # this rank, the current or last step
+        self.dense_bytes = 0
+        self._in_step = False
+        self._new_state = False  # the last bucket's state was made (fresh or re-laid) for it
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def state_dict(self):
+        """The hook's state, for a training checkpoint (the process group is not part of it)."""
+        if self._in_step:
+            raise RuntimeError("state_dict() in the middle of a step")
+        states = {}
+        if self.codec is not None and self.codec.stateful:
+            states = {key: (self.codec.save_state(s), sizes) for key, (s, sizes) in self.states.items()}
+        return {"format": 1, "codec": self.codec_name, "step": self.step, "relaid": self.relaid,
+                "skipped_steps": list(self.skipped_steps), "states": states}
+
+    def load_state_dict(self, saved):
+        if saved.get("format") != 1 or saved.get("codec") != self.codec_name:
+            raise ValueError(f"checkpoint of codec {saved.get('codec')!r} (format {saved.get('format')}), "
+                             f"this hook runs {self.codec_name!r}")
+        self.states = {key: (self.codec.load_state(blob, sum(sizes)), sizes)
+                       for key, (blob, sizes) in saved["states"].items()}
+        self._orphans = {}
+        self.step = saved["step"]
+        self.relaid = saved["relaid"]
+        self.skipped_steps = list(saved["skipped_steps"])
+
+    # ---- per bucket --------------------------------------------------------------------------
+    def _layout_of(self, bucket):
+        """The bucket's parameters in the model's order: their names (the state's key), sizes and
+        offsets in the bucket's buffer."""
+        entries, offset = [], 0
+        for p in bucket.parameters():
+            entry = self._names.get(id(p))
+            if entry is None:
+                raise KeyError("a bucket holds a parameter that is not the model's")
+            entries.append((entry[0], entry[1], p.numel(), offset))
+            offset += p.numel()
+        if offset != bucket.buffer().numel():
+            raise ValueError(f"a bucket of {bucket.buffer().numel()} values holds parameters of {offset}")
+        entries.sort()
+        return (tuple(e[1] for e in entries), [e[2] for e in entries], [e[3] for e in entries])
+
+    def _state_for(self, key, sizes):
+        """The state of the bucket of parameters `key`: its own, or one re-laid from the states
+        that hold its parameters, or a fresh one the first time any of them is seen."""
+        self._new_state = key not in self.states
+        if not self._new_state:
+            return self.states[key][0]
+        wanted = set(key)
+        # Break up every state that holds one of this bucket's parameters.
+        for old in [k for k in self.states if wanted.intersection(k)]:
+            state, old_sizes = self.states.pop(old)
+            error = self.codec.carried_error(state)
+            offset = 0
+            for name, size in zip(old, old_sizes):
+                self._orphans[name] = (error[offset:offset + size], state)
+                offset += size
+        if not wanted.intersection(self._orphans):
+            state = self.codec.make_state(sum(sizes))
+        else:
+            pieces, like = [], None
+            for name, size in zip(key, sizes):
+                if name in self._orphans:
+                    piece, like = self._orphans.pop(name)
+                else:
+                    piece = torch.zeros(size)
+                pieces.append(piece)
+            state = self.codec.relaid_state(torch.cat(pieces).contiguous(), like)
+            self.relaid += 1
+            if self.ops.rank() == 0:
+                self.log(f"gradcomp: step {self.step}: bucket of {len(key)} parameters re-laid from earlier "
+                         f"buckets' states (error carried over, not reset)")
+        self.states[key] = (state, sizes)
+        return state
+
+    def _record(self, key, bucket_index, saved_state, before, after):
+        """Appends one bucket to <record>/rank<r>.bin, little-endian: u64 step, u32 bucket index,
+        u64 key hash (the first 8 bytes of SHA-256 of the parameter names joined by NUL), u32 1 when
+        the state was made for this call (fresh or re-laid) else 0, u64 n, u64 state bytes s, the
+        saved state before the call (s bytes), the input (n float32) and the mean (n float32), both
+        in the model's parameter order."""
+        import hashlib
+        import struct
+        key_hash = struct.unpack("<Q", hashlib.sha256("\0".join(key).encode()).digest()[:8])[0]
+        with open(os.path.join(self.record, f"rank{self.ops.rank()}.bin"), "ab") as f:
+            f.write(struct.pack("<QIQIQQ", self.step, bucket_index, key_hash, int(self._new_state), before.numel(),
+                                len(saved_state)))
+            f.write(saved_state)
+            f.write(before.numpy().tobytes())
+            f.write(after.numpy().tobytes())
+
+    def _begin_bucket(self):
+        if not self._in_step:
+            self._in_step = True
+            self.step_skipped = False
+            self.sent_bytes = 0
+            self.dense_bytes = 0
+
+    def _end_bucket(self, last):
+        if last:
+            if self._orphans:
+                lost = sorted(self._orphans)
+                self._orphans = {}
+                self.log(f"gradcomp: step {self.step}: no bucket took the carried error of {lost}; dropped")
+            if self.step_skipped:
+                self.skipped_steps.append(self.step)
+            self.step += 1
+            self._in_step = False
+
+    def reduce(self, bucket):
+        """The mean of `bucket` over the ranks, as a new CPU tensor (the hook's work)."""
+        self._begin_bucket()
+        buffer = bucket.buffer().detach()
+        key, sizes, offsets = self._layout_of(bucket)
+        data = torch.cat([buffer[o:o + n] for o, n in zip(offsets, sizes)]).to("cpu", torch.float32).contiguous()
+        before = data.clone() if self.record else None
+        saved = b""
+        self._new_state = False
+        world = self.ops.size()
+        dense = 2 * (world - 1) * data.numel() * 4 // world
+        try:
+            if self.codec is None or data.numel() < self.dense_below:
+                if not torch.isfinite(data).all():
+                    data.fill_(float("nan"))  # every rank's sum turns NaN: caught below on every rank
+                self.ops.all_reduce_sum(data)
+                if not torch.isfinite(data).all():
+                    raise self.ext.GradcompError("non_finite_input", "non_finite_input: a rank's bucket holds NaN or Inf")
+                data /= world
+                self.sent_bytes += dense
+            else:
+                state = self._state_for(key, sizes) if self.codec.stateful else None
+                saved = self.codec.save_state(state) if self.record and state is not None else b""
+                report = self.codec.all_reduce_mean(self.ops, data, state, step=self.step, tensor_id=bucket.index())
+                self.sent_bytes += report["sent_bytes"]
+            self.dense_bytes += dense
+        except self.ext.GradcompError as e:
+            if e.args[0] != "non_finite_input":
+                raise
+            # Every rank raised it in the same call (the agreement record carries the flag):
+            # this bucket sends nothing and every rank skips the step.
+            data.zero_()
+            self.step_skipped = True
+        if self.record:
+            self._record(key, bucket.index(), saved, before, data)
+        self._end_bucket(bucket.is_last())
+        mean = torch.empty_like(data)
+        position = 0
+        for o, n in zip(offsets, sizes):
+            mean[o:o + n] = data[position:position + n]
+            position += n
+        return mean
+
+
+def gradcomp_hook(state, bucket):
+    """DDP communication hook: the bucket becomes its compressed mean over the ranks."""
+    mean = state.reduce(bucket)
+    buffer = bucket.buffer()
+    buffer.copy_(mean)
+    future = torch.futures.Future()
+    future.set_result(buffer)
+    return future

@@ -1,0 +1,365 @@
+// gradcomp_torch: gradcomp's CPU codecs and compressed all-reduce as a PyTorch C++ extension,
+// built by torch.utils.cpp_extension (see gradcomp_ddp.py, which loads it).
+//
+// Python sees:
+//   codec_names()                        the codecs of the training examples' table
+//                                        (examples/train/codec_table.hpp) that run here
+//   Codec(name)                          one of them
+//     .stateful                          error feedback and LoCo keep a State per tensor
+//     .encode(grad[, state], step=0, tensor_id=0) -> uint8 tensor   a message
+//     .decode(message, n) -> float tensor
+//     .decode_accumulate(message, acc)   acc += decode(message)
+//     .make_state(n), .save_state(state) -> bytes, .load_state(bytes, n) -> State
+//     .carried_error(state) -> tensor    the error the state carries, one value per element
+//     .relaid_state(error, like) -> State   a state carrying `error`, counters from `like`
+//                                        (re-laying states when DDP rebuilds its buckets)
+//     .all_reduce_mean(ops, data[, state], step, tensor_id) -> dict
+//                                        gradcomp::compressed_all_reduce over `ops` (a
+//                                        gradcomp_ddp.ProcessGroupOps), then divided by P:
+//                                        `data` becomes the mean, the same bits on every rank
+//   GradcompError(code, message)         every gradcomp::error, `code` its errc name
+//
+// Tensors are contiguous float32 on the CPU (the caller stages device buffers).
+#include <torch/extension.h>
+
+#include <gradcomp/gradcomp.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../train/codec_table.hpp"
+
+// Hidden, as pybind11's own namespace is: the types hold Python objects.
+namespace gradcomp_torch __attribute__((visibility("hidden"))) {
+
+namespace py = pybind11;
+
+template <class V>
+torch::Dtype torch_dtype() {
+  if constexpr (std::is_same_v<V, float>) return torch::kFloat32;
+  else if constexpr (std::is_same_v<V, double>) return torch::kFloat64;
+  else if constexpr (std::is_same_v<V, std::uint64_t>) return torch::kInt64;  // same bits; sums wrap alike
+  else return torch::kUInt8;                                                  // uint8_t, std::byte
+}
+
+/// A tensor over the memory of `s` (no copy).
+template <class V>
+torch::Tensor tensor_over(std::span<V> s) {
+  using U = std::remove_const_t<V>;
+  return torch::from_blob(const_cast<U*>(s.data()), {static_cast<std::int64_t>(s.size())},
+                          torch::TensorOptions().dtype(torch_dtype<U>()));
+}
+
+/// gradcomp's transport concept over torch.distributed: every collective calls the method of the
+/// same name of `ops` (gradcomp_ddp.ProcessGroupOps), which runs it on the process group, in place
+/// on a tensor over gradcomp's buffer. A Python exception becomes `errc::transport_failed`.
+class process_group_transport {
+ public:
+  explicit process_group_transport(py::object ops)
+      : ops_(std::move(ops)), rank_(ops_.attr("rank")().cast<int>()), size_(ops_.attr("size")().cast<int>()) {}
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return size_; }
+
+  template <class V>
+  void all_reduce_sum(std::span<V> data) { call("all_reduce_sum", tensor_over(data)); }
+  template <class V>
+  void all_reduce_max(std::span<V> data) { call("all_reduce_max", tensor_over(data)); }
+  void all_reduce_or(std::span<std::uint8_t> data) { call("all_reduce_or", tensor_over(data)); }
+  template <class V>
+  void reduce_sum(std::span<V> data, int root) { call("reduce_sum", tensor_over(data), root); }
+  template <class V>
+  void reduce_scatter_sum(std::span<const V> in, std::span<V> out) {
+    call("reduce_scatter_sum", tensor_over(in).clone(), tensor_over(out));
+  }
+  void broadcast(std::span<std::byte> data, int root) { call("broadcast", tensor_over(data), root); }
+  std::vector<std::vector<std::byte>> all_gather_bytes(std::span<const std::byte> mine) {
+    const py::list gathered = call("all_gather_bytes", tensor_over(mine).clone());
+    std::vector<std::vector<std::byte>> out;
+    for (const py::handle item : gathered) {
+      const torch::Tensor t = item.cast<torch::Tensor>().contiguous();
+      const auto* p = static_cast<const std::byte*>(t.data_ptr());
+      out.emplace_back(p, p + t.numel());
+    }
+    if (out.size() != static_cast<std::size_t>(size_))
+      throw gradcomp::error(gradcomp::errc::transport_failed, "all_gather_bytes returned " + std::to_string(out.size()) +
+                                                                  " buffers for " + std::to_string(size_) + " ranks");
+    return out;
+  }
+
+ private:
+  template <class... A>
+  py::object call(const char* name, A&&... args) {
+    try {
+      return ops_.attr(name)(std::forward<A>(args)...);
+    } catch (py::error_already_set& e) {
+      throw gradcomp::error(gradcomp::errc::transport_failed, std::string("torch.distributed ") + name + ": " + e.what());
+    }
+  }
+
+  py::object ops_;
+  int rank_;
+  int size_;
+};
+static_assert(gradcomp::transport<process_group_transport>);
+static_assert(gradcomp::transport_with_bitwise_or<process_group_transport>);
+
+/// Checks that `t` is a contiguous float32 CPU tensor and views it.
+inline std::span<float> floats_of(const torch::Tensor& t, const char* what) {
+  gradcomp::detail::require(t.device().is_cpu() && t.scalar_type() == torch::kFloat32 && t.is_contiguous(),
+                            gradcomp::errc::invalid_argument,
+                            [&] { return std::string(what) + " must be a contiguous float32 CPU tensor"; });
+  return {t.data_ptr<float>(), static_cast<std::size_t>(t.numel())};
+}
+
+inline std::span<const std::byte> bytes_of(const torch::Tensor& t) {
+  gradcomp::detail::require(t.device().is_cpu() && t.scalar_type() == torch::kUInt8 && t.is_contiguous(),
+                            gradcomp::errc::invalid_argument, "a message must be a contiguous uint8 CPU tensor");
+  return {static_cast<const std::byte*>(t.data_ptr()), static_cast<std::size_t>(t.numel())};
+}
+
+/// The state of a stateful codec for one tensor; opaque to Python.
+struct state_handle {
+  virtual ~state_handle() = default;
+  [[nodiscard]] virtual std::uint64_t size() const = 0;
+};
+
+/// One codec of the table behind a type-erased interface.
+class codec_handle {
+ public:
+  virtual ~codec_handle() = default;
+  [[nodiscard]] virtual bool stateful() const = 0;
+  [[nodiscard]] virtual torch::Tensor encode(const torch::Tensor& grad, state_handle* state, gradcomp::message_key key) const = 0;
+  virtual void decode(const torch::Tensor& message, const torch::Tensor& out, bool accumulate) const = 0;
+  [[nodiscard]] virtual std::shared_ptr<state_handle> make_state(std::uint64_t n) const = 0;
+  [[nodiscard]] virtual py::bytes save_state(const state_handle& state) const = 0;
+  [[nodiscard]] virtual std::shared_ptr<state_handle> load_state(const std::string& bytes, std::uint64_t n) const = 0;
+  [[nodiscard]] virtual torch::Tensor carried_error(const state_handle& state) const = 0;
+  [[nodiscard]] virtual std::shared_ptr<state_handle> relaid_state(const torch::Tensor& error, const state_handle& like) const = 0;
+  virtual gradcomp::compressed_report all_reduce(process_group_transport& t, std::span<float> data, state_handle* state,
+                                                 gradcomp::message_key key) const = 0;
+};
+
+template <class C>
+class codec_of final : public codec_handle {
+  static constexpr bool has_state = gradcomp::stateful<C, gradcomp::cpu_executor>;
+  struct state_of_codec;
+
+ public:
+  explicit codec_of(C codec) : codec_(std::move(codec)) {}
+
+  [[nodiscard]] bool stateful() const override { return has_state; }
+
+  [[nodiscard]] torch::Tensor encode(const torch::Tensor& grad, state_handle* state, gradcomp::message_key key) const override {
+    const std::span<const float> g = floats_of(grad, "the gradient");
+    std::vector<std::byte> ws(codec_.workspace_bytes(cpu_, g.size()));
+    torch::Tensor out = torch::empty({static_cast<std::int64_t>(codec_.max_encoded_bytes(g.size()))}, torch::kUInt8);
+    const std::span<std::byte> bytes(static_cast<std::byte*>(out.data_ptr()), static_cast<std::size_t>(out.numel()));
+    std::size_t size = 0;
+    if constexpr (has_state) size = codec_.encode(cpu_, g, state_in(state, g.size()), bytes, ws, key);
+    else {
+      gradcomp::detail::require(state == nullptr, gradcomp::errc::invalid_argument, "this codec keeps no state");
+      size = codec_.encode(cpu_, g, bytes, ws, key);
+    }
+    return out.narrow(0, 0, static_cast<std::int64_t>(size)).clone();
+  }
+
+  void decode(const torch::Tensor& message, const torch::Tensor& out, bool accumulate) const override {
+    const std::span<float> values = floats_of(out, "the output");
+    std::vector<std::byte> ws(codec_.workspace_bytes(cpu_, values.size()));
+    if (accumulate) codec_.decode_accumulate(cpu_, bytes_of(message), values, ws);
+    else codec_.decode(cpu_, bytes_of(message), values, ws);
+  }
+
+  [[nodiscard]] std::shared_ptr<state_handle> make_state(std::uint64_t n) const override {
+    if constexpr (has_state) return std::make_shared<state_of_codec>(codec_.make_state(cpu_, n), n);
+    else throw gradcomp::error(gradcomp::errc::invalid_argument, "this codec keeps no state");
+  }
+
+  [[nodiscard]] py::bytes save_state(const state_handle& state) const override {
+    if constexpr (has_state) {
+      const auto& s = state_in(state);
+      std::string bytes(codec_.saved_state_bytes(s.n), '\0');
+      bytes.resize(codec_.save_state(cpu_, s.state, std::as_writable_bytes(std::span<char>(bytes))));
+      return py::bytes(bytes);
+    } else {
+      throw gradcomp::error(gradcomp::errc::invalid_argument, "this codec keeps no state");
+    }
+  }
+
+  [[nodiscard]] std::shared_ptr<state_handle> load_state(const std::string& bytes, std::uint64_t n) const override {
+    if constexpr (has_state) {
+      auto s = std::make_shared<state_of_codec>(codec_.make_state(cpu_, n), n);
+      codec_.load_state(cpu_, std::as_bytes(std::span<const char>(bytes)), s->state);
+      return s;
+    } else {
+      throw gradcomp::error(gradcomp::errc::invalid_argument, "this codec keeps no state");
+    }
+  }
+
+  [[nodiscard]] torch::Tensor carried_error(const state_handle& state) const override {
+    if constexpr (has_state) {
+      const auto& s = state_in(state);
+      torch::Tensor out = torch::empty({static_cast<std::int64_t>(s.n)}, torch::kFloat32);
+      codec_.carried_error(cpu_, s.state, floats_of(out, "the output"));
+      return out;
+    } else {
+      throw gradcomp::error(gradcomp::errc::invalid_argument, "this codec keeps no state");
+    }
+  }
+
+  [[nodiscard]] std::shared_ptr<state_handle> relaid_state(const torch::Tensor& error, const state_handle& like) const override {
+    if constexpr (has_state) {
+      const std::span<const float> e = floats_of(error, "the error");
+      auto s = std::make_shared<state_of_codec>(codec_.make_state(cpu_, e.size()), e.size());
+      // The step counters go on: every bucket of a DDP model steps together.
+      s->state.steps = state_in(like).state.steps;
+      if constexpr (requires { s->state.total_steps; }) s->state.total_steps = state_in(like).state.total_steps;
+      codec_.set_carried_error(cpu_, e, s->state);
+      return s;
+    } else {
+      throw gradcomp::error(gradcomp::errc::invalid_argument, "this codec keeps no state");
+    }
+  }
+
+  gradcomp::compressed_report all_reduce(process_group_transport& t, std::span<float> data, state_handle* state,
+                                         gradcomp::message_key key) const override {
+    const gradcomp::all_reduce_options options{.key = key, .plan = gradcomp::all_reduce_plan::gather_decode};
+    if constexpr (has_state) return gradcomp::compressed_all_reduce(t, codec_, state_in(state, data.size()), data, options);
+    else {
+      gradcomp::detail::require(state == nullptr, gradcomp::errc::invalid_argument, "this codec keeps no state");
+      return gradcomp::compressed_all_reduce(t, codec_, data, options);
+    }
+  }
+
+ private:
+  struct state_of_codec final : state_handle {
+    state_of_codec(auto s, std::uint64_t count) : state(std::move(s)), n(count) {}
+    [[nodiscard]] std::uint64_t size() const override { return n; }
+    typename C::state_type state;
+    std::uint64_t n;
+  };
+
+  /// The codec's state in `handle`, which must be one of this codec's, for n elements.
+  static auto& state_in(state_handle* handle, std::uint64_t n) {
+    gradcomp::detail::require(handle != nullptr, gradcomp::errc::invalid_argument, "this codec needs its state");
+    auto* s = dynamic_cast<state_of_codec*>(handle);
+    gradcomp::detail::require(s != nullptr, gradcomp::errc::invalid_argument, "the state belongs to another codec");
+    gradcomp::detail::require(s->n == n, gradcomp::errc::size_mismatch, [&] {
+      return "the tensor has " + std::to_string(n) + " elements, the state " + std::to_string(s->n);
+    });
+    return s->state;
+  }
+  static auto& state_in(state_handle& handle, std::uint64_t n) { return state_in(&handle, n); }
+  static const state_of_codec& state_in(const state_handle& handle) {
+    const auto* s = dynamic_cast<const state_of_codec*>(&handle);
+    gradcomp::detail::require(s != nullptr, gradcomp::errc::invalid_argument, "the state belongs to another codec");
+    return *s;
+  }
+
+  C codec_;
+  gradcomp::cpu_executor cpu_{};
+};
+
+/// Collects the codec rows of train/codec_table.hpp (the rows that are one codec all-gathered).
+struct codec_rows {
+  std::map<std::string, std::function<std::shared_ptr<codec_handle>()>> rows;
+  void dense(const char*) {}
+  template <class C>
+  void codec(const char* name, C c) {
+    rows.emplace(name, [c] { return std::make_shared<codec_of<C>>(c); });
+  }
+  template <class C>
+  void ring(const char*, const C&) {}
+  void sketched_sgd(const char*, const gradcomp::count_sketch<float>&) {}
+  void tagc(const char*, const gradcomp::tagc_params&) {}
+  void gravac(const char*, const gradcomp::gravac_options&, std::size_t) {}
+};
+
+inline const codec_rows& table() {
+  static const codec_rows rows = [] {
+    codec_rows r;
+    train::visit_codecs(r, 0);
+    return r;
+  }();
+  return rows;
+}
+
+inline std::shared_ptr<codec_handle> codec_named(const std::string& name) {
+  const auto it = table().rows.find(name);
+  gradcomp::detail::require(it != table().rows.end(), gradcomp::errc::invalid_argument,
+                            [&] { return "no codec named \"" + name + "\" (see codec_names())"; });
+  return it->second();
+}
+
+}  // namespace gradcomp_torch
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  namespace py = pybind11;
+  using namespace gradcomp_torch;
+  m.doc() = "gradcomp's CPU codecs and compressed all-reduce for PyTorch (examples/pytorch)";
+
+  static py::exception<gradcomp::error> error_type(m, "GradcompError");
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const gradcomp::error& e) {
+      const py::object instance = static_cast<py::object&>(error_type)(std::string(gradcomp::to_string(e.code())), std::string(e.what()));
+      PyErr_SetObject(error_type.ptr(), instance.ptr());
+    }
+  });
+
+  m.def("codec_names", [] {
+    std::vector<std::string> names;
+    for (const auto& [name, make] : table().rows) names.push_back(name);
+    return names;
+  });
+
+  py::class_<state_handle, std::shared_ptr<state_handle>>(m, "State").def_property_readonly("size", &state_handle::size);
+
+  const auto key = [](std::uint64_t step, std::uint32_t tensor_id) { return gradcomp::message_key{.step = step, .tensor_id = tensor_id}; };
+  py::class_<codec_handle, std::shared_ptr<codec_handle>>(m, "Codec")
+      .def(py::init(&codec_named), py::arg("name"))
+      .def_property_readonly("stateful", &codec_handle::stateful)
+      .def("encode",
+           [key](const codec_handle& c, const torch::Tensor& grad, state_handle* state, std::uint64_t step, std::uint32_t tensor_id) {
+             return c.encode(grad, state, key(step, tensor_id));
+           },
+           py::arg("grad"), py::arg("state") = nullptr, py::arg("step") = 0, py::arg("tensor_id") = 0)
+      .def("decode",
+           [](const codec_handle& c, const torch::Tensor& message, std::int64_t n) {
+             torch::Tensor out = torch::empty({n}, torch::kFloat32);
+             c.decode(message, out, false);
+             return out;
+           },
+           py::arg("message"), py::arg("n"))
+      .def("decode_accumulate", [](const codec_handle& c, const torch::Tensor& message, const torch::Tensor& acc) { c.decode(message, acc, true); },
+           py::arg("message"), py::arg("acc"))
+      .def("make_state", &codec_handle::make_state, py::arg("n"))
+      .def("save_state", &codec_handle::save_state, py::arg("state"))
+      .def("load_state", &codec_handle::load_state, py::arg("saved"), py::arg("n"))
+      .def("carried_error", &codec_handle::carried_error, py::arg("state"))
+      .def("relaid_state", &codec_handle::relaid_state, py::arg("error"), py::arg("like"))
+      .def("all_reduce_mean",
+           [key](const codec_handle& c, py::object ops, const torch::Tensor& data, state_handle* state, std::uint64_t step,
+                 std::uint32_t tensor_id) {
+             process_group_transport t(std::move(ops));
+             const std::span<float> values = floats_of(data, "the data");
+             const gradcomp::compressed_report report = c.all_reduce(t, values, state, key(step, tensor_id));
+             // The mean as the MPI example takes it: the rank-order sum divided by P in float.
+             for (float& v : values) v /= static_cast<float>(t.size());
+             py::dict out;
+             out["sent_bytes"] = report.sent_bytes;
+             out["dense_bytes"] = report.dense_bytes;
+             return out;
+           },
+           py::arg("ops"), py::arg("data"), py::arg("state") = nullptr, py::arg("step") = 0, py::arg("tensor_id") = 0);
+}

@@ -1,0 +1,260 @@
+"""Single-process checks of the extension and the hook state (the multi-process runs are
+train_ddp.py and replay_mpi): the codecs round-trip through Python, errors arrive as GradcompError
+with gradcomp's code, and the per-bucket states survive reordered and rebuilt buckets and
+checkpoints. Buckets here are stand-ins with DDP's GradBucket methods, on a world of one rank."""
+
+import os
+import sys
+import tempfile
+import unittest
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gradcomp_ddp  # noqa: E402
+
+EXT = gradcomp_ddp.load_extension()
+
+
+class Bucket:
+    """What the hook uses of torch.distributed.GradBucket: the flat gradients of `params` in order."""
+
+    def __init__(self, index, params, grads, last):
+        self._index, self._params, self._last = index, params, last
+        self._buffer = torch.cat([grads[id(p)].flatten() for p in params])
+
+    def buffer(self):
+        return self._buffer
+
+    def parameters(self):
+        return self._params
+
+    def index(self):
+        return self._index
+
+    def is_last(self):
+        return self._last
+
+
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 3))
+
+
+def dyadic_gradients(m, step):
+    """Gradients of multiples of 1/64 in [-4, 4): every sum the checks make is exact in float."""
+    g = torch.Generator().manual_seed(100 + step)
+    return {id(p): (torch.randint(-256, 256, p.shape, generator=g).float() / 64) for p in m.parameters()}
+
+
+def run_step(hook, m, layout, step):
+    """One step: the buckets of `layout` (lists of parameter positions), each reduced by the hook.
+    Returns the means by parameter position, and the gradients."""
+    params = list(m.parameters())
+    grads = dyadic_gradients(m, step)
+    means = {}
+    for index, positions in enumerate(layout):
+        bucket = Bucket(index, [params[i] for i in positions], grads, index == len(layout) - 1)
+        mean = gradcomp_ddp.gradcomp_hook(hook, bucket).wait()
+        offset = 0
+        for i in positions:
+            means[i] = mean[offset:offset + params[i].numel()].clone()
+            offset += params[i].numel()
+    return means, [grads[id(p)].flatten() for p in params]
+
+
+def carried_by_parameter(hook, m):
+    """The error every parameter's state carries, by parameter name."""
+    out = {}
+    for key, (state, sizes) in hook.states.items():
+        error = hook.codec.carried_error(state)
+        offset = 0
+        for name, size in zip(key, sizes):
+            out[name] = error[offset:offset + size].clone()
+            offset += size
+    return out
+
+
+class ExtensionTest(unittest.TestCase):
+    def test_codec_names_are_the_table_rows(self):
+        names = EXT.codec_names()
+        for name in ["top-k 1% + EF", "uniform 4-bit + LoCo", "QSGD 7 levels", "ZFP R=8"]:
+            self.assertIn(name, names)
+
+    def test_round_trip_and_accumulate(self):
+        x = torch.randn(1000, generator=torch.Generator().manual_seed(1))
+        codec = EXT.Codec("uniform 4-bit")
+        self.assertFalse(codec.stateful)
+        message = codec.encode(x, step=3, tensor_id=2)
+        self.assertEqual(message.dtype, torch.uint8)
+        self.assertLess(message.numel(), x.numel())  # 4 bits per value and per-block scales
+        decoded = codec.decode(message, 1000)
+        step = (x.abs().max() / 7).item()  # 4 bits: 7 levels each side, a bound on every block's step
+        self.assertLessEqual((decoded - x).abs().max().item(), step / 2 * (1 + 1e-6))
+        acc = torch.ones(1000)
+        codec.decode_accumulate(message, acc)
+        self.assertTrue(torch.equal(acc, torch.ones(1000) + decoded))
+
+    def test_errors_carry_gradcomp_codes(self):
+        codec = EXT.Codec("top-k 1%")
+        message = codec.encode(torch.randn(500))
+        with self.assertRaises(EXT.GradcompError) as caught:
+            codec.decode(message[:-3].clone(), 500)
+        self.assertEqual(caught.exception.args[0], "truncated")
+        with self.assertRaises(EXT.GradcompError) as caught:
+            codec.decode(message, 499)
+        self.assertEqual(caught.exception.args[0], "size_mismatch")
+        with self.assertRaises(EXT.GradcompError) as caught:
+            codec.encode(torch.tensor([1.0, float("nan")]))
+        self.assertEqual(caught.exception.args[0], "non_finite_input")
+        with self.assertRaises(EXT.GradcompError) as caught:
+            EXT.Codec("no such codec")
+        self.assertEqual(caught.exception.args[0], "invalid_argument")
+        with self.assertRaises(EXT.GradcompError) as caught:
+            codec.encode(torch.zeros(4, dtype=torch.float64))
+        self.assertEqual(caught.exception.args[0], "invalid_argument")
+
+    def test_stateful_encode_and_saved_state(self):
+        codec = EXT.Codec("top-k 1% + EF")
+        self.assertTrue(codec.stateful)
+        state = codec.make_state(1000)
+        x = torch.randn(1000, generator=torch.Generator().manual_seed(2))
+        message = codec.encode(x, state)
+        # Error feedback: decoded + carried error == input, exactly for top-k.
+        self.assertTrue(torch.equal(codec.decode(message, 1000) + codec.carried_error(state), x))
+        saved = codec.save_state(state)
+        restored = codec.load_state(saved, 1000)
+        self.assertEqual(codec.save_state(restored), saved)
+        with self.assertRaises(EXT.GradcompError) as caught:
+            codec.load_state(saved[:-1], 1000)
+        self.assertEqual(caught.exception.args[0], "truncated")
+        with self.assertRaises(EXT.GradcompError) as caught:
+            codec.load_state(saved, 999)
+        self.assertEqual(caught.exception.args[0], "size_mismatch")
+        with self.assertRaises(EXT.GradcompError) as caught:
+            codec.encode(x[:999].clone(), state)
+        self.assertEqual(caught.exception.args[0], "size_mismatch")
+
+
+class HookStateTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.store = tempfile.TemporaryDirectory()
+        init = "file://" + os.path.join(cls.store.name, "store")
+        dist.init_process_group("gloo", init_method=init, rank=0, world_size=1)
+
+    @classmethod
+    def tearDownClass(cls):
+        dist.destroy_process_group()
+        cls.store.cleanup()
+
+    def hook(self, codec, m, **kwargs):
+        self.logged = []
+        return gradcomp_ddp.GradcompHookState(codec, m, extension=EXT, log=self.logged.append, **kwargs)
+
+    def test_reordered_bucket_keeps_its_state(self):
+        m = model()
+        hook = self.hook("uniform 4-bit + LoCo", m)
+        run_step(hook, m, [[3, 2, 1, 0]], 0)
+        (key, (state, _)), = hook.states.items()
+        run_step(hook, m, [[1, 0, 3, 2]], 1)  # DDP's rebuild in the order gradients became ready
+        self.assertEqual(hook.relaid, 0)
+        self.assertEqual(list(hook.states), [key])
+        self.assertIs(hook.states[key][0], state)
+
+    def test_rebuilt_buckets_carry_error_feedback_exactly(self):
+        # Error feedback with top-k: Σ_t mean_t + e_T = Σ_t g_t, exactly with these gradients, only
+        # if no bucket rebuild drops or moves an element's residual.
+        m = model()
+        hook = self.hook("top-k 1% + EF", m)
+        layouts = [[[3, 2], [1, 0]], [[3], [2, 1, 0]], [[0, 3], [2], [1]], [[3, 2, 1, 0]]]
+        n = len(list(m.parameters()))
+        sent = [torch.zeros(p.numel()) for p in m.parameters()]
+        given = [torch.zeros(p.numel()) for p in m.parameters()]
+        for step in range(12):
+            means, grads = run_step(hook, m, layouts[min(step, 3)], step)
+            for i in range(n):
+                sent[i] += means[i]
+                given[i] += grads[i]
+        # Step 1: both buckets new (2); step 2: all three (3); step 3: the one bucket (1).
+        self.assertEqual(hook.relaid, 6)
+        self.assertEqual(sum("re-laid" in line for line in self.logged), 6)
+        carried = carried_by_parameter(hook, m)
+        for i, (name, _) in enumerate(m.named_parameters()):
+            self.assertTrue(torch.equal(sent[i] + carried[name], given[i]), name)
+
+    def test_rebuilt_buckets_carry_loco_error_within_half_a_step(self):
+        m = model()
+        hook = self.hook("uniform 4-bit + LoCo", m)
+        for step in range(3):
+            run_step(hook, m, [[3, 2], [1, 0]], step)
+        before = carried_by_parameter(hook, m)
+        (old_state, _), = [v for k, v in hook.states.items() if "1.bias" in k]
+        counters = EXT.Codec("uniform 4-bit + LoCo").save_state(old_state)[17:33]  # t and total steps
+        params = list(m.parameters())
+        sizes = [params[i].numel() for i in (0, 3)]
+        state = hook._state_for(("0.weight", "1.bias"), sizes)
+        self.assertEqual(hook.relaid, 1)
+        self.assertEqual(hook.codec.save_state(state)[17:33], counters)
+        error = hook.codec.carried_error(state)
+        parts = [before["0.weight"], before["1.bias"]]
+        wanted = torch.cat(parts)
+        # One 8-bit scale per group of 256 over the new layout: the step is max|e| / 127.
+        half_step = wanted.abs().max().item() / 127 / 2
+        self.assertLessEqual((error - wanted).abs().max().item(), half_step * (1 + 1e-6))
+
+    def test_checkpoint_continues_bit_identically(self):
+        m = model()
+        layout = [[3, 2], [1, 0]]
+        first = self.hook("uniform 4-bit + LoCo", m)
+        for step in range(4):
+            run_step(first, m, layout, step)
+        saved = first.state_dict()
+        second = self.hook("uniform 4-bit + LoCo", m)
+        second.load_state_dict(saved)
+        self.assertEqual(second.step, 4)
+        for step in range(4, 8):
+            a, _ = run_step(first, m, layout, step)
+            b, _ = run_step(second, m, layout, step)
+            for i in a:
+                self.assertTrue(torch.equal(a[i], b[i]))
+        self.assertEqual(first.state_dict(), second.state_dict())
+        with self.assertRaises(ValueError):
+            self.hook("top-k 1% + EF", m).load_state_dict(saved)
+
+    def test_non_finite_bucket_skips_the_step_and_keeps_the_state(self):
+        m = model()
+        hook = self.hook("top-k 1% + EF", m)
+        run_step(hook, m, [[3, 2, 1, 0]], 0)
+        before = hook.state_dict()
+        params = list(m.parameters())
+        grads = dyadic_gradients(m, 1)
+        grads[id(params[2])][0, 0] = float("nan")
+        mean = gradcomp_ddp.gradcomp_hook(hook, Bucket(0, params[::-1], grads, True)).wait()
+        self.assertTrue(hook.step_skipped)
+        self.assertEqual(hook.skipped_steps, [1])
+        self.assertTrue(torch.equal(mean, torch.zeros_like(mean)))
+        after = hook.state_dict()
+        self.assertEqual(after["states"], before["states"])
+        run_step(hook, m, [[3, 2, 1, 0]], 2)
+        self.assertFalse(hook.step_skipped)
+
+    def test_dense_below_sends_small_buckets_uncompressed(self):
+        m = model()
+        hook = self.hook("top-k 1% + EF", m, dense_below=10)
+        means, grads = run_step(hook, m, [[3], [2, 1, 0]], 0)
+        self.assertTrue(torch.equal(means[3], grads[3]))  # 3 values: dense, exact on one rank
+        self.assertEqual(list(hook.states), [("0.weight", "0.bias", "1.weight")])
+
+    def test_foreign_parameter_is_refused(self):
+        m = model()
+        hook = self.hook("top-k 1% + EF", m)
+        stranger = torch.nn.Parameter(torch.zeros(4))
+        bucket = Bucket(0, [stranger], {id(stranger): torch.ones(4)}, True)
+        with self.assertRaises(KeyError):
+            gradcomp_ddp.gradcomp_hook(hook, bucket)
+
+
+if __name__ == "__main__":
+    unittest.main()
