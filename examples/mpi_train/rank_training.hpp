@@ -94,22 +94,8 @@ class tagc_reducer final : public rank_reducer<X> {
 
   gradcomp::compressed_report reduce(X& t, std::span<float> grad, std::uint64_t) override {
     const auto P = static_cast<std::size_t>(t.size());
-    std::vector<float> mine;  // this rank's shards of every tensor's mean, in tensor order
     gradcomp::compressed_report report;
-    report.sent_bytes = tagc_rank_step(t, tagc_, state_, layout_, compressed_, grad,
-                                       [&](std::size_t, std::size_t, std::span<const float> values) {
-                                         mine.insert(mine.end(), values.begin(), values.end());
-                                       });
-    const auto shards = t.all_gather_bytes(std::as_bytes(std::span<const float>(mine)));
-    for (std::size_t q = 0; q < P; ++q) {
-      const std::byte* from = shards[q].data();
-      for (const parameter& p : layout_) {
-        const std::size_t m = (p.size() + P - 1) / P, first = q * m;
-        const std::size_t count = first < p.size() ? std::min(m, p.size() - first) : 0;
-        std::memcpy(grad.data() + p.offset + first, from, count * sizeof(float));
-        from += count * sizeof(float);
-      }
-    }
+    report.sent_bytes = tagc_rank_all_reduce(t, tagc_, state_, layout_, compressed_, grad);
     for (const parameter& p : layout_) report.dense_bytes += (p.size() + P - 1) / P * (P - 1) * sizeof(float);
     return report;
   }

@@ -121,7 +121,9 @@ class ProcessGroupOps:
 class GradcompHookState:
     """What `gradcomp_hook` needs across steps: the codec, the per-bucket states, the step.
 
-    codec: a name of `codec_names()` or "dense" (the process group's all-reduce).
+    codec: a name of `codec_names()`, of `tagc_names()` (every parameter reduce-scattered through
+           TAGC: dynamic sparsification, the LHC index all-reduce and sketch reduce-scatter, then
+           the shards all-gathered), or "dense" (the process group's all-reduce).
     model: the module whose parameters DDP buckets (names key the states).
     dense_below: buckets of fewer elements go dense (the message header would outweigh them).
     record: a directory; every bucket's input and mean are appended to rank<r>.bin (for
@@ -131,7 +133,11 @@ class GradcompHookState:
     def __init__(self, codec, model, process_group=None, extension=None, dense_below=0, record=None, log=print):
         self.codec_name = codec
         self.ext = extension if extension is not None else load_extension()
-        self.codec = None if codec == DENSE else self.ext.Codec(codec)
+        # A TAGC row keeps one state for the whole model (keyed by parameter index), a codec one
+        # state per bucket.
+        self.tagc = self.ext.Tagc(codec) if codec in self.ext.tagc_names() else None
+        self.tagc_state = self.tagc.make_state() if self.tagc is not None else None
+        self.codec = None if codec == DENSE or self.tagc is not None else self.ext.Codec(codec)
         self.ops = ProcessGroupOps(process_group)
         self.dense_below = dense_below
         self.record = record
@@ -159,6 +165,8 @@ class GradcompHookState:
         states = {}
         if self.codec is not None and self.codec.stateful:
             states = {key: (self.codec.save_state(s), sizes) for key, (s, sizes) in self.states.items()}
+        if self.tagc is not None:
+            states = {"tagc": self.tagc.save_state(self.tagc_state)}
         return {"format": 1, "codec": self.codec_name, "step": self.step, "relaid": self.relaid,
                 "skipped_steps": list(self.skipped_steps), "states": states}
 
@@ -166,8 +174,11 @@ class GradcompHookState:
         if saved.get("format") != 1 or saved.get("codec") != self.codec_name:
             raise ValueError(f"checkpoint of codec {saved.get('codec')!r} (format {saved.get('format')}), "
                              f"this hook runs {self.codec_name!r}")
-        self.states = {key: (self.codec.load_state(blob, sum(sizes)), sizes)
-                       for key, (blob, sizes) in saved["states"].items()}
+        if self.tagc is not None:
+            self.tagc_state = self.tagc.load_state(saved["states"]["tagc"])
+        else:
+            self.states = {key: (self.codec.load_state(blob, sum(sizes)), sizes)
+                           for key, (blob, sizes) in saved["states"].items()}
         self._orphans = {}
         self.step = saved["step"]
         self.relaid = saved["relaid"]
@@ -182,11 +193,12 @@ class GradcompHookState:
             entry = self._names.get(id(p))
             if entry is None:
                 raise KeyError("a bucket holds a parameter that is not the model's")
-            entries.append((entry[0], entry[1], p.numel(), offset))
+            entries.append((entry[0], entry[1], p.numel(), offset, list(p.shape)))
             offset += p.numel()
         if offset != bucket.buffer().numel():
             raise ValueError(f"a bucket of {bucket.buffer().numel()} values holds parameters of {offset}")
         entries.sort()
+        self._parameters = [(e[0], e[1], e[4]) for e in entries]  # (index, name, shape), for TAGC
         return (tuple(e[1] for e in entries), [e[2] for e in entries], [e[3] for e in entries])
 
     def _state_for(self, key, sizes):
@@ -268,7 +280,12 @@ class GradcompHookState:
         world = self.ops.size()
         dense = 2 * (world - 1) * data.numel() * 4 // world
         try:
-            if self.codec is None or data.numel() < self.dense_below:
+            if self.tagc is not None:
+                report = self.tagc.all_reduce_mean(self.ops, data, self.tagc_state, self._parameters)
+                self.sent_bytes += report["sent_bytes"]
+                if not torch.isfinite(data).all():  # through a tensor TAGC's policy sends uncompressed
+                    raise self.ext.GradcompError("non_finite_input", "non_finite_input: a rank's bucket holds NaN or Inf")
+            elif self.codec is None or data.numel() < self.dense_below:
                 if not torch.isfinite(data).all():
                     data.fill_(float("nan"))  # every rank's sum turns NaN: caught below on every rank
                 self.ops.all_reduce_sum(data)

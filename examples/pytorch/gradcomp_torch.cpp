@@ -17,6 +17,10 @@
 //                                        gradcomp::compressed_all_reduce over `ops` (a
 //                                        gradcomp_ddp.ProcessGroupOps), then divided by P:
 //                                        `data` becomes the mean, the same bits on every rank
+//   tagc_names(), Tagc(name)             the table's TAGC rows over a bucket's parameters:
+//     .make_state(), .save_state(state), .load_state(bytes)   one state for the whole model
+//     .all_reduce_mean(ops, data, state, params)   params: (index in the model, name, shape)
+//                                        of each parameter of `data`, in order
 //   GradcompError(code, message)         every gradcomp::error, `code` its errc name
 //
 // Tensors are contiguous float32 on the CPU (the caller stages device buffers).
@@ -32,10 +36,12 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "../train/codec_table.hpp"
+#include "../train/tagc_aggregator.hpp"
 
 // Hidden, as pybind11's own namespace is: the types hold Python objects.
 namespace gradcomp_torch __attribute__((visibility("hidden"))) {
@@ -269,7 +275,82 @@ class codec_of final : public codec_handle {
   gradcomp::cpu_executor cpu_{};
 };
 
-/// Collects the codec rows of train/codec_table.hpp (the rows that are one codec all-gathered).
+/// A TAGC row of the table over the buckets of a DDP model: every parameter of a bucket is
+/// reduce-scattered through TAGC (or uncompressed, as TAGC's layer policy decides from its name
+/// and shape), and the shards of the mean are all-gathered (train::tagc_rank_all_reduce). One
+/// state serves the whole model: its error feedback is keyed by the parameter's index in the
+/// model, so however DDP groups the parameters into buckets, each keeps its own residuals.
+class tagc_scheme {
+ public:
+  /// A parameter of a bucket: its index in the model, its name and its shape.
+  using parameter_info = std::tuple<std::uint32_t, std::string, std::vector<std::int64_t>>;
+
+  explicit tagc_scheme(gradcomp::tagc_params params) : tagc_(params) {}
+
+  [[nodiscard]] std::shared_ptr<state_handle> make_state() const { return std::make_shared<state_of_scheme>(tagc_.make_state(cpu_)); }
+
+  [[nodiscard]] py::bytes save_state(const state_handle& handle) const {
+    const auto& s = state_in(handle);
+    std::string bytes(gradcomp::tagc_reduce_scatter<float>::saved_state_bytes(s), '\0');
+    bytes.resize(tagc_.save_state(cpu_, s, std::as_writable_bytes(std::span<char>(bytes))));
+    return py::bytes(bytes);
+  }
+
+  [[nodiscard]] std::shared_ptr<state_handle> load_state(const std::string& bytes) const {
+    auto s = std::make_shared<state_of_scheme>(tagc_.make_state(cpu_));
+    tagc_.load_state(cpu_, std::as_bytes(std::span<const char>(bytes)), s->state);
+    return s;
+  }
+
+  /// `data` (the bucket's parameters one after another, in the order of `params`) becomes the
+  /// mean over the ranks. Returns the bytes this rank sent: TAGC's reduce-scatter, plus the ring
+  /// all-gather of the shards ((P − 1) shards of every parameter), which a DDP step needs (a
+  /// sharded trainer all-gathers its parameters instead, and mpi_train leaves it out).
+  std::size_t all_reduce_mean(process_group_transport& t, std::span<float> data, state_handle& handle,
+                              const std::vector<parameter_info>& params) const {
+    std::vector<train::parameter> layout;
+    std::vector<std::uint32_t> ids;
+    std::size_t offset = 0;
+    for (const auto& [id, name, shape] : params) {
+      std::size_t count = 1;
+      for (const std::int64_t d : shape) count *= static_cast<std::size_t>(d);
+      const std::size_t rows = shape.size() >= 2 ? static_cast<std::size_t>(shape[0]) : 1;
+      layout.push_back({name, offset, rows, rows == 0 ? 0 : count / rows});
+      ids.push_back(id);
+      offset += count;
+    }
+    gradcomp::detail::require(offset == data.size(), gradcomp::errc::size_mismatch, [&] {
+      return "the bucket holds " + std::to_string(data.size()) + " values, its parameters " + std::to_string(offset);
+    });
+    const std::vector<bool> compressed = train::tagc_compressed_tensors(gradcomp::tagc_layer_policy(), layout);
+    const std::size_t sent = train::tagc_rank_all_reduce(t, tagc_, state_in(handle), layout, compressed, data, ids);
+    const auto P = static_cast<std::size_t>(t.size());
+    std::size_t gathered = 0;
+    for (const train::parameter& p : layout) gathered += (p.size() + P - 1) / P * (P - 1) * sizeof(float);
+    return sent + gathered;
+  }
+
+ private:
+  struct state_of_scheme final : state_handle {
+    explicit state_of_scheme(gradcomp::tagc_reduce_scatter<float>::state_type s) : state(std::move(s)) {}
+    [[nodiscard]] std::uint64_t size() const override { return 0; }  // any bucket
+    gradcomp::tagc_reduce_scatter<float>::state_type state;
+  };
+
+  using state_type = gradcomp::tagc_reduce_scatter<float>::state_type;
+  static state_type& state_in(state_handle& handle) {
+    auto* s = dynamic_cast<state_of_scheme*>(&handle);
+    gradcomp::detail::require(s != nullptr, gradcomp::errc::invalid_argument, "the state belongs to a codec, not to TAGC");
+    return s->state;
+  }
+  static const state_type& state_in(const state_handle& handle) { return state_in(const_cast<state_handle&>(handle)); }
+
+  gradcomp::tagc_reduce_scatter<float> tagc_;
+  gradcomp::cpu_executor cpu_{};
+};
+
+/// Collects the rows of train/codec_table.hpp that run here: the rows that are one codec
+/// all-gathered, and the TAGC rows.
 struct codec_rows {
   std::map<std::string, std::function<std::shared_ptr<codec_handle>()>> rows;
   void dense(const char*) {}
@@ -280,8 +361,11 @@ struct codec_rows {
   template <class C>
   void ring(const char*, const C&) {}
   void sketched_sgd(const char*, const gradcomp::count_sketch<float>&) {}
-  void tagc(const char*, const gradcomp::tagc_params&) {}
+  void tagc(const char* name, const gradcomp::tagc_params& params) {
+    tagc_rows.emplace(name, [params] { return std::make_shared<tagc_scheme>(params); });
+  }
   void gravac(const char*, const gradcomp::gravac_options&, std::size_t) {}
+  std::map<std::string, std::function<std::shared_ptr<tagc_scheme>()>> tagc_rows;
 };
 
 inline const codec_rows& table() {
@@ -297,6 +381,13 @@ inline std::shared_ptr<codec_handle> codec_named(const std::string& name) {
   const auto it = table().rows.find(name);
   gradcomp::detail::require(it != table().rows.end(), gradcomp::errc::invalid_argument,
                             [&] { return "no codec named \"" + name + "\" (see codec_names())"; });
+  return it->second();
+}
+
+inline std::shared_ptr<tagc_scheme> tagc_named(const std::string& name) {
+  const auto it = table().tagc_rows.find(name);
+  gradcomp::detail::require(it != table().tagc_rows.end(), gradcomp::errc::invalid_argument,
+                            [&] { return "no TAGC row named \"" + name + "\" (see tagc_names())"; });
   return it->second();
 }
 
@@ -320,6 +411,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("codec_names", [] {
     std::vector<std::string> names;
     for (const auto& [name, make] : table().rows) names.push_back(name);
+    return names;
+  });
+
+  m.def("tagc_names", [] {
+    std::vector<std::string> names;
+    for (const auto& [name, make] : table().tagc_rows) names.push_back(name);
     return names;
   });
 
@@ -362,4 +459,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              return out;
            },
            py::arg("ops"), py::arg("data"), py::arg("state") = nullptr, py::arg("step") = 0, py::arg("tensor_id") = 0);
+
+  py::class_<tagc_scheme, std::shared_ptr<tagc_scheme>>(m, "Tagc")
+      .def(py::init(&tagc_named), py::arg("name"))
+      .def("make_state", &tagc_scheme::make_state)
+      .def("save_state", &tagc_scheme::save_state, py::arg("state"))
+      .def("load_state", &tagc_scheme::load_state, py::arg("saved"))
+      .def("all_reduce_mean",
+           [](const tagc_scheme& s, py::object ops, const torch::Tensor& data, state_handle& state,
+              const std::vector<tagc_scheme::parameter_info>& params) {
+             process_group_transport t(std::move(ops));
+             const std::span<float> values = floats_of(data, "the data");
+             py::dict out;
+             out["sent_bytes"] = s.all_reduce_mean(t, values, state, params);
+             return out;
+           },
+           py::arg("ops"), py::arg("data"), py::arg("state"), py::arg("params"));
 }

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <span>
 #include <string>
@@ -41,11 +42,13 @@ inline std::vector<bool> tagc_compressed_tensors(const gradcomp::layer_policy<gr
 /// One rank's step: every tensor of `layout` reduce-scattered (zero-padded to P equal shards) over
 /// `t`, through TAGC where `compressed` says so, else a plain fp32 reduce-scatter divided by P;
 /// `shard_done(tensor, first, values)` receives this rank's part of the tensor's mean, values
-/// [first, first + values.size()) of the tensor. Returns the gradient bytes this rank sent.
+/// [first, first + values.size()) of the tensor. Tensor l keys its error feedback as
+/// `tensor_ids[l]` (default: l). Returns the gradient bytes this rank sent.
 template <gradcomp::transport X, class ShardDone>
 std::size_t tagc_rank_step(X& t, const gradcomp::tagc_reduce_scatter<float>& tagc,
                            gradcomp::tagc_reduce_scatter<float>::state_type& state, const std::vector<parameter>& layout,
-                           const std::vector<bool>& compressed, std::span<const float> grad, ShardDone shard_done) {
+                           const std::vector<bool>& compressed, std::span<const float> grad, ShardDone shard_done,
+                           std::span<const std::uint32_t> tensor_ids = {}) {
   const auto P = static_cast<std::size_t>(t.size());
   const auto r = static_cast<std::size_t>(t.rank());
   std::size_t sent = 0;
@@ -57,7 +60,8 @@ std::size_t tagc_rank_step(X& t, const gradcomp::tagc_reduce_scatter<float>& tag
     std::copy_n(grad.begin() + static_cast<std::ptrdiff_t>(p.offset), p.size(), padded.begin());
     shard.resize(m);
     if (compressed[l]) {
-      sent += tagc.reduce_scatter(gradcomp::cpu_executor{}, t, state, l, std::span<const float>(padded), std::span<float>(shard))
+      const auto id = tensor_ids.empty() ? static_cast<std::uint32_t>(l) : tensor_ids[l];
+      sent += tagc.reduce_scatter(gradcomp::cpu_executor{}, t, state, id, std::span<const float>(padded), std::span<float>(shard))
                   .sent_bytes;
     } else {
       t.reduce_scatter_sum(std::span<const float>(padded), std::span<float>(shard));
@@ -67,6 +71,33 @@ std::size_t tagc_rank_step(X& t, const gradcomp::tagc_reduce_scatter<float>& tag
     const std::size_t first = r * m;
     const std::size_t count = first < p.size() ? std::min(m, p.size() - first) : 0;
     shard_done(l, first, std::span<const float>(shard).first(count));
+  }
+  return sent;
+}
+
+/// `tagc_rank_step`, then the shards of the mean all-gathered (a sharded trainer's parameter
+/// all-gather, not counted in the returned gradient bytes), so that `grad` becomes the whole mean
+/// on every rank.
+template <gradcomp::transport X>
+std::size_t tagc_rank_all_reduce(X& t, const gradcomp::tagc_reduce_scatter<float>& tagc,
+                                 gradcomp::tagc_reduce_scatter<float>::state_type& state,
+                                 const std::vector<parameter>& layout, const std::vector<bool>& compressed,
+                                 std::span<float> grad, std::span<const std::uint32_t> tensor_ids = {}) {
+  const auto P = static_cast<std::size_t>(t.size());
+  std::vector<float> mine;  // this rank's shards of every tensor's mean, in tensor order
+  const std::size_t sent = tagc_rank_step(
+      t, tagc, state, layout, compressed, std::span<const float>(grad),
+      [&](std::size_t, std::size_t, std::span<const float> values) { mine.insert(mine.end(), values.begin(), values.end()); },
+      tensor_ids);
+  const auto shards = t.all_gather_bytes(std::as_bytes(std::span<const float>(mine)));
+  for (std::size_t q = 0; q < P; ++q) {
+    const std::byte* from = shards[q].data();
+    for (const parameter& p : layout) {
+      const std::size_t m = (p.size() + P - 1) / P, first = q * m;
+      const std::size_t count = first < p.size() ? std::min(m, p.size() - first) : 0;
+      std::memcpy(grad.data() + p.offset + first, from, count * sizeof(float));
+      from += count * sizeof(float);
+    }
   }
   return sent;
 }
