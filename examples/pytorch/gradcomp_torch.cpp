@@ -2,8 +2,8 @@
 // built by torch.utils.cpp_extension (see gradcomp_ddp.py, which loads it).
 //
 // Python sees:
-//   codec_names()                        the codecs of the training examples' table
-//                                        (examples/train/codec_table.hpp) that run here
+//   codec_names()                        the codecs of hook_codecs.hpp: the training examples'
+//                                        table rows that are one codec, and a homomorphic one
 //   Codec(name)                          one of them
 //     .stateful                          error feedback and LoCo keep a State per tensor
 //     .encode(grad[, state], step=0, tensor_id=0) -> uint8 tensor   a message
@@ -15,7 +15,8 @@
 //                                        (re-laying states when DDP rebuilds its buckets)
 //     .all_reduce_mean(ops, data[, state], step, tensor_id) -> dict
 //                                        gradcomp::compressed_all_reduce over `ops` (a
-//                                        gradcomp_ddp.ProcessGroupOps), then divided by P:
+//                                        gradcomp_ddp.ProcessGroupOps; the plan from the codec's
+//                                        traits), then divided by P:
 //                                        `data` becomes the mean, the same bits on every rank
 //   tagc_names(), Tagc(name)             the table's TAGC rows over a bucket's parameters:
 //     .make_state(), .save_state(state), .load_state(bytes)   one state for the whole model
@@ -40,8 +41,8 @@
 #include <utility>
 #include <vector>
 
-#include "../train/codec_table.hpp"
 #include "../train/tagc_aggregator.hpp"
+#include "hook_codecs.hpp"
 
 // Hidden, as pybind11's own namespace is: the types hold Python objects.
 namespace gradcomp_torch __attribute__((visibility("hidden"))) {
@@ -238,7 +239,9 @@ class codec_of final : public codec_handle {
 
   gradcomp::compressed_report all_reduce(process_group_transport& t, std::span<float> data, state_handle* state,
                                          gradcomp::message_key key) const override {
-    const gradcomp::all_reduce_options options{.key = key, .plan = gradcomp::all_reduce_plan::gather_decode};
+    // The plan from the codec's traits: a SUM all-reduce of the encodings for a homomorphic
+    // codec, else the all-gather and decoding in rank order (the only plan of a stateful one).
+    const gradcomp::all_reduce_options options{.key = key};
     if constexpr (has_state) return gradcomp::compressed_all_reduce(t, codec_, state_in(state, data.size()), data, options);
     else {
       gradcomp::detail::require(state == nullptr, gradcomp::errc::invalid_argument, "this codec keeps no state");
@@ -371,7 +374,7 @@ struct codec_rows {
 inline const codec_rows& table() {
   static const codec_rows rows = [] {
     codec_rows r;
-    train::visit_codecs(r, 0);
+    visit_hook_codecs(r);
     return r;
   }();
   return rows;

@@ -1,8 +1,8 @@
 // replay_mpi: checks a DDP hook run against gradcomp's own collectives over MPI. Every rank reads
 // what gradcomp_ddp recorded on the same rank (DIR/rank<r>.bin: each bucket's input, its mean, and
 // the hook's saved codec state before the call), runs gradcomp::compressed_all_reduce over MPI on
-// the same input with the same codec (by its name in examples/train/codec_table.hpp), message key
-// and state, divides by P as the hook does, and compares the mean bit for bit. The state is its
+// the same input with the same codec (by its name in hook_codecs.hpp), plan, message key and
+// state, divides by P as the hook does, and compares the mean bit for bit. The state is its
 // own from call to call and must save to the bytes the hook saved; it is loaded from the record
 // only where the hook made it for that call (a new bucket, or one re-laid after DDP rebuilt its
 // buckets). A bucket whose input holds NaN or Inf must fail with non_finite_input on every rank,
@@ -30,8 +30,8 @@
 #include <string>
 #include <vector>
 
-#include "../train/codec_table.hpp"
 #include "../train/compressor.hpp"
+#include "hook_codecs.hpp"
 
 namespace {
 
@@ -79,7 +79,7 @@ std::vector<bucket_call> read_calls(const std::string& path) {
   return calls;
 }
 
-/// Replays the calls with the codec named `wanted` (train::visit_codecs calls `codec` per row).
+/// Replays the calls with the codec named `wanted` (visit_hook_codecs calls `codec` per row).
 struct replayer {
   std::string wanted;
   gradcomp::mpi_transport& t;
@@ -104,8 +104,7 @@ struct replayer {
     std::map<std::uint64_t, typename train::detail::state_of<C>::type> states;
     for (const bucket_call& call : calls) {
       std::vector<float> data = call.input;
-      const gradcomp::all_reduce_options options{.key = {.step = call.step, .tensor_id = call.bucket},
-                                                 .plan = gradcomp::all_reduce_plan::gather_decode};
+      const gradcomp::all_reduce_options options{.key = {.step = call.step, .tensor_id = call.bucket}};
       try {
         if constexpr (has_state) {
           auto [it, fresh] = states.try_emplace(call.key, c.make_state(cpu, data.size()));
@@ -155,7 +154,7 @@ int main(int argc, char** argv) {
       MPI_Allreduce(counts.data(), most.data(), 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
       if (most[0] != counts[0]) throw std::runtime_error("the ranks recorded different numbers of bucket calls");
       replayer r{argv[2], t, calls};
-      train::visit_codecs(r, 0);
+      gradcomp_torch::visit_hook_codecs(r);
       if (!r.found) throw std::invalid_argument(std::string("no codec named \"") + argv[2] + "\"");
       std::array<std::uint64_t, 1> bad{r.mismatches};
       t.all_reduce_sum(std::span<std::uint64_t>(bad));
