@@ -123,7 +123,8 @@ class GradcompHookState:
 
     codec: a name of `codec_names()`, of `tagc_names()` (every parameter reduce-scattered through
            TAGC: dynamic sparsification, the LHC index all-reduce and sketch reduce-scatter, then
-           the shards all-gathered), or "dense" (the process group's all-reduce).
+           the shards all-gathered), of `gravac_names()` (top-k + EF, the density chosen by
+           GraVAC for the whole model), or "dense" (the process group's all-reduce).
     model: the module whose parameters DDP buckets (names key the states).
     dense_below: buckets of fewer elements go dense (the message header would outweigh them).
     record: a directory; every bucket's input and mean are appended to rank<r>.bin (for
@@ -137,7 +138,10 @@ class GradcompHookState:
         # state per bucket.
         self.tagc = self.ext.Tagc(codec) if codec in self.ext.tagc_names() else None
         self.tagc_state = self.tagc.make_state() if self.tagc is not None else None
-        self.codec = None if codec == DENSE or self.tagc is not None else self.ext.Codec(codec)
+        # GraVAC: one controller for the model and residuals keyed by parameter, inside the object.
+        self.gravac = self.ext.Gravac(codec) if codec in self.ext.gravac_names() else None
+        scheme = self.tagc is not None or self.gravac is not None
+        self.codec = None if codec == DENSE or scheme else self.ext.Codec(codec)
         self.ops = ProcessGroupOps(process_group)
         self.dense_below = dense_below
         self.record = record
@@ -167,6 +171,8 @@ class GradcompHookState:
             states = {key: (self.codec.save_state(s), sizes) for key, (s, sizes) in self.states.items()}
         if self.tagc is not None:
             states = {"tagc": self.tagc.save_state(self.tagc_state)}
+        if self.gravac is not None:
+            states = {"gravac": self.gravac.save()}
         return {"format": 1, "codec": self.codec_name, "step": self.step, "relaid": self.relaid,
                 "skipped_steps": list(self.skipped_steps), "states": states}
 
@@ -176,6 +182,8 @@ class GradcompHookState:
                              f"this hook runs {self.codec_name!r}")
         if self.tagc is not None:
             self.tagc_state = self.tagc.load_state(saved["states"]["tagc"])
+        elif self.gravac is not None:
+            self.gravac.load(saved["states"]["gravac"])
         else:
             self.states = {key: (self.codec.load_state(blob, sum(sizes)), sizes)
                            for key, (blob, sizes) in saved["states"].items()}
@@ -280,7 +288,11 @@ class GradcompHookState:
         world = self.ops.size()
         dense = 2 * (world - 1) * data.numel() * 4 // world
         try:
-            if self.tagc is not None:
+            if self.gravac is not None:
+                params = [(index, size) for (index, _, _), size in zip(self._parameters, sizes)]
+                report = self.gravac.all_reduce_mean(self.ops, data, params, self.step, bucket.index(), bucket.is_last())
+                self.sent_bytes += report["sent_bytes"]
+            elif self.tagc is not None:
                 report = self.tagc.all_reduce_mean(self.ops, data, self.tagc_state, self._parameters)
                 self.sent_bytes += report["sent_bytes"]
                 if not torch.isfinite(data).all():  # through a tensor TAGC's policy sends uncompressed

@@ -22,6 +22,12 @@
 //     .make_state(), .save_state(state), .load_state(bytes)   one state for the whole model
 //     .all_reduce_mean(ops, data, state, params)   params: (index in the model, name, shape)
 //                                        of each parameter of `data`, in order
+//   gravac_names(), Gravac(name)         the table's GraVAC rows (gravac_buckets.hpp): top-k + EF
+//                                        whose density one controller chooses for the model
+//     .all_reduce_mean(ops, data, params, step, tensor_id, last)   params: (index, size) per
+//                                        parameter; last: the step's last bucket
+//     .save() -> bytes, .load(bytes), .density (what the coming step sends; None: dense),
+//     .candidate (the density θ_cur the search tries)
 //   GradcompError(code, message)         every gradcomp::error, `code` its errc name
 //
 // Tensors are contiguous float32 on the CPU (the caller stages device buffers).
@@ -42,6 +48,7 @@
 #include <vector>
 
 #include "../train/tagc_aggregator.hpp"
+#include "gravac_buckets.hpp"
 #include "hook_codecs.hpp"
 
 // Hidden, as pybind11's own namespace is: the types hold Python objects.
@@ -367,8 +374,11 @@ struct codec_rows {
   void tagc(const char* name, const gradcomp::tagc_params& params) {
     tagc_rows.emplace(name, [params] { return std::make_shared<tagc_scheme>(params); });
   }
-  void gravac(const char*, const gradcomp::gravac_options&, std::size_t) {}
+  void gravac(const char* name, const gradcomp::gravac_options& options, std::size_t) {
+    gravac_rows.emplace(name, [options] { return std::make_shared<gravac_buckets>(options); });
+  }
   std::map<std::string, std::function<std::shared_ptr<tagc_scheme>()>> tagc_rows;
+  std::map<std::string, std::function<std::shared_ptr<gravac_buckets>()>> gravac_rows;
 };
 
 inline const codec_rows& table() {
@@ -391,6 +401,13 @@ inline std::shared_ptr<tagc_scheme> tagc_named(const std::string& name) {
   const auto it = table().tagc_rows.find(name);
   gradcomp::detail::require(it != table().tagc_rows.end(), gradcomp::errc::invalid_argument,
                             [&] { return "no TAGC row named \"" + name + "\" (see tagc_names())"; });
+  return it->second();
+}
+
+inline std::shared_ptr<gravac_buckets> gravac_named(const std::string& name) {
+  const auto it = table().gravac_rows.find(name);
+  gradcomp::detail::require(it != table().gravac_rows.end(), gradcomp::errc::invalid_argument,
+                            [&] { return "no GraVAC row named \"" + name + "\" (see gravac_names())"; });
   return it->second();
 }
 
@@ -420,6 +437,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tagc_names", [] {
     std::vector<std::string> names;
     for (const auto& [name, make] : table().tagc_rows) names.push_back(name);
+    return names;
+  });
+
+  m.def("gravac_names", [] {
+    std::vector<std::string> names;
+    for (const auto& [name, make] : table().gravac_rows) names.push_back(name);
     return names;
   });
 
@@ -462,6 +485,32 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              return out;
            },
            py::arg("ops"), py::arg("data"), py::arg("state") = nullptr, py::arg("step") = 0, py::arg("tensor_id") = 0);
+
+  py::class_<gravac_buckets, std::shared_ptr<gravac_buckets>>(m, "Gravac")
+      .def(py::init(&gravac_named), py::arg("name"))
+      .def("save", [](const gravac_buckets& g) {
+        const std::vector<std::byte> bytes = g.save();
+        return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      })
+      .def("load", [](gravac_buckets& g, const std::string& bytes) { g.load(std::as_bytes(std::span<const char>(bytes))); },
+           py::arg("saved"))
+      .def_property_readonly("density", [](const gravac_buckets& g) -> py::object {
+        const auto sent = g.controller().decision().sent();
+        return sent ? py::object(py::float_(sent->density)) : py::object(py::none());
+      })
+      .def_property_readonly("candidate", [](const gravac_buckets& g) { return g.controller().decision().current.density; })
+      .def("all_reduce_mean",
+           [key](gravac_buckets& g, py::object ops, const torch::Tensor& data,
+                 const std::vector<std::pair<std::uint32_t, std::size_t>>& params, std::uint64_t step,
+                 std::uint32_t tensor_id, bool last) {
+             process_group_transport t(std::move(ops));
+             std::vector<bucket_parameter> layout;
+             for (const auto& [index, size] : params) layout.push_back({index, size});
+             py::dict out;
+             out["sent_bytes"] = g.all_reduce_mean(t, floats_of(data, "the data"), layout, key(step, tensor_id), last);
+             return out;
+           },
+           py::arg("ops"), py::arg("data"), py::arg("params"), py::arg("step"), py::arg("tensor_id"), py::arg("last"));
 
   py::class_<tagc_scheme, std::shared_ptr<tagc_scheme>>(m, "Tagc")
       .def(py::init(&tagc_named), py::arg("name"))

@@ -247,30 +247,50 @@ class HookStateTest(unittest.TestCase):
         self.assertTrue(torch.equal(means[3], grads[3]))  # 3 values: dense, exact on one rank
         self.assertEqual(list(hook.states), [("0.weight", "0.bias", "1.weight")])
 
-    def test_tagc_state_follows_parameters_not_buckets(self):
-        # TAGC keys its error feedback by the parameter's index in the model: grouping the
-        # parameters into other buckets changes no mean, at any step, and a checkpoint resumes.
+    def check_state_follows_parameters(self, name, steps, sparse_weight):
+        # The scheme keys its residuals by the parameter's index in the model: TAGC sparsifies
+        # tensor by tensor, so grouping the parameters into other buckets changes no mean; GraVAC
+        # sparsifies bucket by bucket, so only a layout kept the same reproduces. Either way a
+        # checkpoint restored into a new hook continues bit for bit.
         torch.manual_seed(0)
         m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 10))
-        name = "TAGC f*=0.95 (sharded)"
-        self.assertIn(name, EXT.tagc_names())
         steady, moving = self.hook(name, m), self.hook(name, m)
         layouts = [[[3, 2], [1, 0]], [[3], [2, 1, 0]], [[0, 3], [2], [1]], [[3, 2, 1, 0]]]
-        for step in range(8):
+        for step in range(steps):
             a, grads = run_step(steady, m, [[3, 2, 1, 0]], step)
-            b, _ = run_step(moving, m, layouts[step % 4], step)
+            b, _ = run_step(moving, m, layouts[step % 4] if name in EXT.tagc_names() else [[3, 2, 1, 0]], step)
             for i in a:
                 self.assertTrue(torch.equal(a[i], b[i]), (step, i))
-            # The sparsified weight keeps about 5% of its values; what it drops stays in the residual.
             kept = int((a[0] != 0).sum())
-            self.assertLess(kept, 0.2 * a[0].numel())
+            if sparse_weight:  # what the weight drops stays in its residual
+                self.assertLess(kept, 0.2 * a[0].numel())
             self.assertGreater(kept, 0)
         resumed = self.hook(name, m)
         resumed.load_state_dict(moving.state_dict())
-        a, _ = run_step(moving, m, [[3, 2, 1, 0]], 8)
-        b, _ = run_step(resumed, m, [[1, 0], [3, 2]], 8)
-        for i in a:
-            self.assertTrue(torch.equal(a[i], b[i]))
+        for step in range(steps, steps + 3):
+            a, _ = run_step(moving, m, [[3, 2, 1, 0]], step)
+            b, _ = run_step(resumed, m, [[3, 2, 1, 0]], step)
+            for i in a:
+                self.assertTrue(torch.equal(a[i], b[i]))
+
+    def test_tagc_state_follows_parameters_not_buckets(self):
+        self.assertIn("TAGC f*=0.95 (sharded)", EXT.tagc_names())
+        self.check_state_follows_parameters("TAGC f*=0.95 (sharded)", 8, sparse_weight=True)
+
+    def test_gravac_searches_and_resumes(self):
+        name = "GraVAC top-k 10%..0.1% + EF"
+        self.assertIn(name, EXT.gravac_names())
+        m = model()
+        hook = self.hook(name, m)
+        self.assertEqual(hook.gravac.density, 0.1)  # the search starts at θ_min
+        self.assertEqual(hook.gravac.candidate, 0.1)
+        for step in range(60):  # three windows of 20 steps
+            run_step(hook, m, [[3, 2, 1, 0]], step)
+        self.assertLess(hook.gravac.candidate, 0.1)  # it moved on to sparser candidates
+        self.check_state_follows_parameters(name, 45, sparse_weight=False)
+        with self.assertRaises(EXT.GradcompError) as caught:
+            hook.gravac.load(hook.gravac.save()[:-1])
+        self.assertEqual(caught.exception.args[0], "truncated")
 
     def test_foreign_parameter_is_refused(self):
         m = model()
