@@ -9,7 +9,7 @@
 // same build prints the same losses and accuracies on every run; only the times vary.
 #include <gradcomp/gradcomp.hpp>
 
-#include <fmt/core.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>

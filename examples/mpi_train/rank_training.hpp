@@ -9,7 +9,7 @@
 // with 4 ranks a row ends with the parameters of the same row of train_demo (`--row`).
 #include <gradcomp/gradcomp.hpp>
 
-#include <fmt/core.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <array>

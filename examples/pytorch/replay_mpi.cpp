@@ -14,7 +14,7 @@
 #include <gradcomp/gradcomp.hpp>
 #include <gradcomp/transport/mpi.hpp>
 
-#include <fmt/core.h>
+#include <fmt/format.h>
 #include <mpi.h>
 
 #include <algorithm>

@@ -13,7 +13,7 @@
 // the run deterministic; the decisions and densities printed are those of that model.
 #include <gradcomp/gradcomp.hpp>
 
-#include <fmt/core.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>

@@ -6,7 +6,7 @@
 // the row's notes print the largest bound the ring reported.
 #include <gradcomp/gradcomp.hpp>
 
-#include <fmt/core.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cstddef>
