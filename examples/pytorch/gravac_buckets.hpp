@@ -144,7 +144,8 @@ class gravac_buckets {
     gradcomp::detail::require(non_finite[0] == 0.0f, gradcomp::errc::non_finite_input,
                               "a rank's bucket holds NaN or Inf: every rank skips the step");
     const std::size_t n = data.size();
-    std::vector<float> safe_in(n), current_in(n), safe_out(n), current_out(n);
+    for (auto* v : {&safe_in_, &current_in_, &safe_out_, &current_out_}) v->resize(n);
+    auto &safe_in = safe_in_, &current_in = current_in_, &safe_out = safe_out_, &current_out = current_out_;
     gather_residuals(params, data, safe, safe_in);
     compress(decision_.safe, safe_in, safe_out, key);
     if (decision_.current.density == decision_.safe.density) {
@@ -213,12 +214,8 @@ class gravac_buckets {
 
   // decoded = D(C(compensated)) with top-k at `amount`, this rank alone.
   void compress(gradcomp::sparsity amount, const std::vector<float>& compensated, std::vector<float>& decoded,
-                gradcomp::message_key key) const {
-    const gradcomp::topk_sparsifier<float> topk(amount);
-    std::vector<std::byte> message(topk.max_encoded_bytes(compensated.size()));
-    std::vector<std::byte> ws(topk.workspace_bytes(cpu_, compensated.size()));
-    const std::size_t size = topk.encode(cpu_, std::span<const float>(compensated), message, ws, key);
-    topk.decode(cpu_, std::span<const std::byte>(message.data(), size), std::span<float>(decoded), ws);
+                gradcomp::message_key key) {
+    train::topk_round_trip(gradcomp::topk_sparsifier<float>(amount), compensated, decoded, message_, workspace_, key);
   }
 
   [[nodiscard]] double magnitude(std::span<const float> x) const {
@@ -229,8 +226,10 @@ class gravac_buckets {
 
   gradcomp::gravac_controller controller_;
   train::link_model link_;
-  gradcomp::cpu_executor cpu_{};
   std::map<std::uint32_t, std::array<std::vector<float>, 2>> residuals_;  // by parameter: candidate, safe
+  // Scratch kept across calls: both paths' g + e and their decodings, a message, a workspace.
+  std::vector<float> safe_in_, current_in_, safe_out_, current_out_;
+  std::vector<std::byte> message_, workspace_;
   gradcomp::gravac_decision decision_{};
   gradcomp::gravac_observation observed_{};
   bool in_step_ = false;

@@ -37,6 +37,20 @@ struct link_model {
   double bytes_per_second = 25e6;    ///< A 200 Mbit/s link.
 };
 
+/// Encodes `compensated` with `sparsifier` and decodes the message into `decoded`, on this worker
+/// alone (what GraVAC measures of a path); `message` and `workspace` are scratch, grown as needed.
+/// Returns the message's size.
+inline std::size_t topk_round_trip(const gradcomp::topk_sparsifier<float>& sparsifier, std::span<const float> compensated,
+                                   std::span<float> decoded, std::vector<std::byte>& message,
+                                   std::vector<std::byte>& workspace, gradcomp::message_key key = {}) {
+  const gradcomp::cpu_executor cpu;
+  message.resize(std::max(message.size(), sparsifier.max_encoded_bytes(compensated.size())));
+  workspace.resize(std::max(workspace.size(), sparsifier.workspace_bytes(cpu, compensated.size())));
+  const std::size_t bytes = sparsifier.encode(cpu, compensated, message, workspace, key);
+  sparsifier.decode(cpu, std::span<const std::byte>(message.data(), bytes), decoded, workspace);
+  return bytes;
+}
+
 class gravac_aggregator final : public aggregator {
  public:
   gravac_aggregator(gradcomp::gravac_options options, std::vector<parameter> layout, std::size_t workers,
@@ -50,8 +64,7 @@ class gravac_aggregator final : public aggregator {
         residual_safe_(workers, std::vector<float>(n_, 0.0f)),
         compensated_(n_),
         decoded_current_(n_),
-        decoded_safe_(n_),
-        message_(gradcomp::topk_sparsifier<float>(gradcomp::sparsity{.density = 1.0}).max_encoded_bytes(n_)) {}
+        decoded_safe_(n_) {}
 
   step_cost aggregate(const std::vector<std::vector<float>>& grads, std::span<float> mean, std::uint64_t step) override {
     step_cost cost;
@@ -119,10 +132,7 @@ class gravac_aggregator final : public aggregator {
   std::size_t compress(const gradcomp::topk_sparsifier<float>& sparsifier, const std::vector<float>& g,
                        const std::vector<float>& e, std::vector<float>& decoded) {
     std::transform(g.begin(), g.end(), e.begin(), compensated_.begin(), std::plus<>());
-    workspace_.resize(sparsifier.workspace_bytes(cpu_, n_));
-    const std::size_t bytes = sparsifier.encode(cpu_, std::span<const float>(compensated_), message_, workspace_);
-    sparsifier.decode(cpu_, std::span<const std::byte>(message_.data(), bytes), std::span<float>(decoded), workspace_);
-    return bytes;
+    return topk_round_trip(sparsifier, compensated_, decoded, message_, workspace_);
   }
 
   // e ← g + e − decoded: what was compensated but not sent.
@@ -156,7 +166,6 @@ class gravac_aggregator final : public aggregator {
   std::size_t n_;
   std::size_t batch_;
   link_model link_;
-  gradcomp::cpu_executor cpu_;
   std::vector<std::vector<float>> residual_current_, residual_safe_;
   std::vector<float> compensated_, decoded_current_, decoded_safe_;
   std::vector<std::byte> message_, workspace_;
