@@ -43,6 +43,14 @@ void record(results& out, std::string what, const std::vector<V>& values) {
   out.push_back({std::move(what), std::move(bytes)});
 }
 
+// Records one byte buffer per rank, as a collective that returns P buffers gives them: "<what>
+// count" (the number of buffers), then "<what> from p" = buffer_of(p) for every p.
+template <class BufferOf>
+void record_buffers(results& out, const std::string& what, std::size_t count, BufferOf buffer_of) {
+  record(out, what + " count", std::vector<std::size_t>{count});
+  for (std::size_t p = 0; p < count; ++p) record(out, what + " from " + std::to_string(p), buffer_of(p));
+}
+
 // Index of the first byte where `a` and `b` differ, or -1 when they are equal bit for bit.
 inline long long first_difference(const std::vector<std::byte>& a, const std::vector<std::byte>& b) {
   if (a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size()) == 0)) return -1;
@@ -418,20 +426,17 @@ void all_gather_bytes(X& t) {
     for (int round = 0; round < 3; ++round) {
       const auto mine = bytes_of(seed + 6 + static_cast<std::uint64_t>(round), tr.rank(), gathered_size(round, tr.rank(), tr.size()));
       const std::vector<std::vector<std::byte>> all = tr.all_gather_bytes(mine);
-      record(out, "all_gather_bytes round " + std::to_string(round) + " count", std::vector<std::size_t>{all.size()});
-      for (std::size_t p = 0; p < all.size(); ++p)
-        record(out, "all_gather_bytes round " + std::to_string(round) + " from " + std::to_string(p), all[p]);
+      record_buffers(out, "all_gather_bytes round " + std::to_string(round), all.size(), [&](std::size_t p) { return all[p]; });
     }
     return out;
   };
   check_calls(t, calls, [](int ranks, int) {
     results out;
     for (int round = 0; round < 3; ++round) {
-      record(out, "all_gather_bytes round " + std::to_string(round) + " count",
-             std::vector<std::size_t>{static_cast<std::size_t>(ranks)});
-      for (int p = 0; p < ranks; ++p)
-        record(out, "all_gather_bytes round " + std::to_string(round) + " from " + std::to_string(p),
-               bytes_of(seed + 6 + static_cast<std::uint64_t>(round), p, gathered_size(round, p, ranks)));
+      record_buffers(out, "all_gather_bytes round " + std::to_string(round), static_cast<std::size_t>(ranks), [&](std::size_t p) {
+        const int from = static_cast<int>(p);
+        return bytes_of(seed + 6 + static_cast<std::uint64_t>(round), from, gathered_size(round, from, ranks));
+      });
     }
     return out;
   });
@@ -463,20 +468,16 @@ void all_to_all_bytes(X& t) {
       for (int p = 0; p < tr.size(); ++p) to_each.push_back(exchanged_bytes(round, tr.rank(), p, tr.size()));
       const std::vector<std::span<const std::byte>> spans(to_each.begin(), to_each.end());
       const std::vector<std::vector<std::byte>> received = tr.all_to_all_bytes(spans);
-      record(out, "all_to_all_bytes round " + std::to_string(round) + " count", std::vector<std::size_t>{received.size()});
-      for (std::size_t p = 0; p < received.size(); ++p)
-        record(out, "all_to_all_bytes round " + std::to_string(round) + " from " + std::to_string(p), received[p]);
+      record_buffers(out, "all_to_all_bytes round " + std::to_string(round), received.size(),
+                     [&](std::size_t p) { return received[p]; });
     }
     return out;
   };
   check_calls(t, calls, [](int ranks, int rank) {
     results out;
     for (int round = 0; round < 3; ++round) {
-      record(out, "all_to_all_bytes round " + std::to_string(round) + " count",
-             std::vector<std::size_t>{static_cast<std::size_t>(ranks)});
-      for (int p = 0; p < ranks; ++p)
-        record(out, "all_to_all_bytes round " + std::to_string(round) + " from " + std::to_string(p),
-               exchanged_bytes(round, p, rank, ranks));
+      record_buffers(out, "all_to_all_bytes round " + std::to_string(round), static_cast<std::size_t>(ranks),
+                     [&](std::size_t p) { return exchanged_bytes(round, static_cast<int>(p), rank, ranks); });
     }
     return out;
   });
