@@ -35,6 +35,7 @@ enum class errc : std::uint8_t {
   peeling_stalled = 19,      ///< A sketch could not be peeled completely: some values were not recovered.
   peer_failed = 20,          ///< Another rank of the collective failed or disagreed; this rank stopped too.
   transport_failed = 21,     ///< The communication library (MPI, Gloo) reported an error; the message quotes it.
+  device_failed = 22,        ///< A CUDA runtime call or kernel launch failed; the message names the call, file, line and CUDA error.
 };
 
 /// Human-readable name of an error condition.
@@ -61,6 +62,7 @@ enum class errc : std::uint8_t {
     case errc::peeling_stalled: return "peeling_stalled";
     case errc::peer_failed: return "peer_failed";
     case errc::transport_failed: return "transport_failed";
+    case errc::device_failed: return "device_failed";
   }
   return "unknown";
 }

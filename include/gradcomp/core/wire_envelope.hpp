@@ -3,6 +3,7 @@
 /// The versioned envelope in front of every encoding (docs/wire-format.md documents every byte):
 /// writing it, parsing it from untrusted bytes, and validating it against what a decoder expects.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -85,14 +86,32 @@ struct envelope {
 
 namespace detail {
 template <class U>
-void store_le(std::byte* at, U value) noexcept {
+GRADCOMP_HOST_DEVICE void store_le(std::byte* at, U value) noexcept {
   std::memcpy(at, &value, sizeof value);
 }
 template <class U>
-[[nodiscard]] U load_le(const std::byte* at) noexcept {
+[[nodiscard]] GRADCOMP_HOST_DEVICE U load_le(const std::byte* at) noexcept {
   U value;
   std::memcpy(&value, at, sizeof value);
   return value;
+}
+
+/// Writes `e` with a fresh header CRC into the `envelope::size` bytes at `p`; host and device
+/// code write the same bytes.
+GRADCOMP_HOST_DEVICE inline void serialize_envelope(const envelope& e, std::byte* p) noexcept {
+  store_le<std::uint32_t>(p + 0, envelope::magic);
+  store_le<std::uint16_t>(p + 4, envelope::version);
+  store_le<std::uint16_t>(p + 6, static_cast<std::uint16_t>(e.codec));
+  store_le<std::uint8_t>(p + 8, static_cast<std::uint8_t>(e.dtype));
+  store_le<std::uint8_t>(p + 9, e.layout);
+  store_le<std::uint16_t>(p + 10, e.flags);
+  store_le<std::uint32_t>(p + 12, e.key.tensor_id);
+  store_le<std::uint64_t>(p + 16, e.elements);
+  store_le<std::uint64_t>(p + 24, e.payload_bytes);
+  store_le<std::uint64_t>(p + 32, e.params_hash);
+  store_le<std::uint64_t>(p + 40, e.key.step);
+  store_le<std::uint32_t>(p + 48, e.payload_crc);
+  store_le<std::uint32_t>(p + 52, crc32c(p, 52));
 }
 }  // namespace detail
 
@@ -100,32 +119,21 @@ template <class U>
 /// @throws error `buffer_too_small` when `out` is shorter than the envelope.
 inline void write_envelope(const envelope& e, std::span<std::byte> out) {
   detail::require(out.size() >= envelope::size, errc::buffer_too_small, "output cannot hold the envelope");
-  std::byte* p = out.data();
-  detail::store_le<std::uint32_t>(p + 0, envelope::magic);
-  detail::store_le<std::uint16_t>(p + 4, envelope::version);
-  detail::store_le<std::uint16_t>(p + 6, static_cast<std::uint16_t>(e.codec));
-  detail::store_le<std::uint8_t>(p + 8, static_cast<std::uint8_t>(e.dtype));
-  detail::store_le<std::uint8_t>(p + 9, e.layout);
-  detail::store_le<std::uint16_t>(p + 10, e.flags);
-  detail::store_le<std::uint32_t>(p + 12, e.key.tensor_id);
-  detail::store_le<std::uint64_t>(p + 16, e.elements);
-  detail::store_le<std::uint64_t>(p + 24, e.payload_bytes);
-  detail::store_le<std::uint64_t>(p + 32, e.params_hash);
-  detail::store_le<std::uint64_t>(p + 40, e.key.step);
-  detail::store_le<std::uint32_t>(p + 48, e.payload_crc);
-  detail::store_le<std::uint32_t>(p + 52, crc32c({p, 52}));
+  detail::serialize_envelope(e, out.data());
 }
 
-/// Reads and checks the envelope of an untrusted message of exactly `message.size()` bytes:
-/// length, magic, version, header CRC, known flags and dtype, declared payload length, and the
-/// payload CRC when flagged. Reads nothing outside `message`.
+/// Reads and checks the envelope at the start of an untrusted message of `message_size` bytes
+/// from `header`, its first `envelope::size` bytes (or fewer when the message is shorter):
+/// length, magic, version, header CRC, known flags and dtype, declared payload length, and that a
+/// payload CRC appears only with its flag. It does not read the payload, so it does not check
+/// the payload CRC: `parse_envelope` does, and a backend whose payload lies elsewhere (in device
+/// memory) checks it itself. Reads nothing outside `header`.
 /// @throws error `truncated`, `trailing_bytes`, `bad_magic`, `unsupported_version`,
-///         `header_checksum`, `malformed_envelope` (unknown flag or dtype, stray payload CRC),
-///         `payload_checksum`.
-[[nodiscard]] inline envelope parse_envelope(std::span<const std::byte> message) {
-  detail::require(message.size() >= envelope::size, errc::truncated,
-                  [&] { return "message of " + std::to_string(message.size()) + " bytes is shorter than the 56-byte envelope"; });
-  const std::byte* p = message.data();
+///         `header_checksum`, `malformed_envelope` (unknown flag or dtype, stray payload CRC).
+[[nodiscard]] inline envelope parse_envelope_header(std::span<const std::byte> header, std::size_t message_size) {
+  detail::require(message_size >= envelope::size && header.size() >= envelope::size, errc::truncated,
+                  [&] { return "message of " + std::to_string(message_size) + " bytes is shorter than the 56-byte envelope"; });
+  const std::byte* p = header.data();
   detail::require(detail::load_le<std::uint32_t>(p) == envelope::magic, errc::bad_magic,
                   "message does not start with \"GCMP\"");
   const auto version = detail::load_le<std::uint16_t>(p + 4);
@@ -148,17 +156,28 @@ inline void write_envelope(const envelope& e, std::span<std::byte> out) {
                   [&] { return "unknown envelope flags " + std::to_string(e.flags); });
   detail::require(dtype_size(e.dtype) != 0, errc::malformed_envelope,
                   [&] { return "unknown value dtype " + std::to_string(static_cast<unsigned>(e.dtype)); });
-  const std::size_t available = message.size() - envelope::size;
+  const std::size_t available = message_size - envelope::size;
   detail::require(e.payload_bytes <= available, errc::truncated,
                   [&] { return "envelope declares " + std::to_string(e.payload_bytes) + " payload bytes, message holds " +
                       std::to_string(available); });
   detail::require(e.payload_bytes == available, errc::trailing_bytes,
                   [&] { return std::to_string(available - e.payload_bytes) + " bytes follow the declared payload"; });
+  detail::require((e.flags & flag_payload_checksum) != 0 || e.payload_crc == 0, errc::malformed_envelope,
+                  "payload CRC present without its flag");
+  return e;
+}
+
+/// Reads and checks the envelope of an untrusted message of exactly `message.size()` bytes:
+/// everything `parse_envelope_header` checks, then the payload CRC when flagged. Reads nothing
+/// outside `message`.
+/// @throws error `truncated`, `trailing_bytes`, `bad_magic`, `unsupported_version`,
+///         `header_checksum`, `malformed_envelope` (unknown flag or dtype, stray payload CRC),
+///         `payload_checksum`.
+[[nodiscard]] inline envelope parse_envelope(std::span<const std::byte> message) {
+  const envelope e = parse_envelope_header(message.first(std::min(message.size(), envelope::size)), message.size());
   if ((e.flags & flag_payload_checksum) != 0)
     detail::require(crc32c(message.subspan(envelope::size)) == e.payload_crc, errc::payload_checksum,
                     "payload CRC-32C does not match");
-  else
-    detail::require(e.payload_crc == 0, errc::malformed_envelope, "payload CRC present without its flag");
   return e;
 }
 

@@ -77,13 +77,7 @@ struct backend<qsgd_quantizer<T>, cpu_executor> {
     const int bits = codec.bits();
     const std::uint32_t levels = codec.levels();
     const std::uint64_t n = e.elements;
-    detail::require(e.layout == 0, errc::malformed_payload, "QSGD messages have layout 0");
-    detail::require(n <= e.payload_bytes * 8 / static_cast<std::uint64_t>(bits) &&
-                        e.payload_bytes == codec.payload_bytes(n),
-                    errc::malformed_payload, [&] {
-                      return "payload of " + std::to_string(e.payload_bytes) + " bytes does not hold " +
-                             std::to_string(n) + " elements";
-                    });
+    codec.validate_payload_size(e);
     const std::byte* const norms = message.data() + envelope::size;
     const auto* const codes = reinterpret_cast<const std::uint8_t*>(norms + codec.bucket_count(n) * sizeof(T));
     const std::uint64_t bucket = codec.params().bucket;

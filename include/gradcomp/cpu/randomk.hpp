@@ -105,11 +105,7 @@ struct backend<randomk_sparsifier<T>, cpu_executor> {
                                 std::uint64_t elements, const decode_limits& limits) {
     const envelope e = parse_envelope(message);
     validate_envelope(e, {codec_id::random_k, dtype_of<T>, elements, codec.params_hash()}, limits);
-    detail::require(e.layout == 0, errc::malformed_payload, "random-k messages have layout 0");
-    const std::uint64_t k = codec.k(e.elements);
-    detail::require(k <= e.payload_bytes / sizeof(T) && e.payload_bytes == k * sizeof(T), errc::malformed_payload,
-                    [&] { return "payload of " + std::to_string(e.payload_bytes) + " bytes does not hold k = " +
-                        std::to_string(codec.k(e.elements)) + " values"; });
+    codec.validate_payload_size(e);
     return e;
   }
 };

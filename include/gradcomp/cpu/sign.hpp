@@ -58,11 +58,7 @@ struct backend<sign_quantizer<T>, cpu_executor> {
     const envelope e = parse_envelope(message);
     validate_envelope(e, {codec_id::sign, dtype_of<T>, out.size(), codec.params_hash()}, limits);
     const std::uint64_t n = e.elements;
-    detail::require(e.layout == 0, errc::malformed_payload, "sign messages have layout 0");
-    detail::require(n <= e.payload_bytes * 8 && e.payload_bytes == codec.payload_bytes(n), errc::malformed_payload, [&] {
-      return "payload of " + std::to_string(e.payload_bytes) + " bytes does not hold " + std::to_string(n) +
-             " elements";
-    });
+    codec.validate_payload_size(e);
     const std::byte* const scales = message.data() + envelope::size;
     const auto* const bits = reinterpret_cast<const std::uint8_t*>(scales + codec.block_count(n) * sizeof(T));
     const std::uint64_t block = codec.params().block;

@@ -56,15 +56,9 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
                      std::span<T> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
     const envelope e = parse_envelope(message);
     validate_envelope(e, {codec_id::uniform, dtype_of<T>, out.size(), codec.params_hash()}, limits);
+    codec.validate_payload_size(e);
     const int bits = codec.bits();
     const std::uint64_t n = e.elements;
-    detail::require(e.layout == 0, errc::malformed_payload, "uniform messages have layout 0");
-    detail::require(n <= e.payload_bytes * 8 / static_cast<std::uint64_t>(bits) &&
-                        e.payload_bytes == codec.payload_bytes(n),
-                    errc::malformed_payload, [&] {
-                      return "payload of " + std::to_string(e.payload_bytes) + " bytes does not hold " +
-                             std::to_string(n) + " elements";
-                    });
     const std::byte* const scales = message.data() + envelope::size;
     const auto* const codes = reinterpret_cast<const std::uint8_t*>(scales + codec.block_count(n) * sizeof(T));
     const auto levels = static_cast<T>(uniform_levels(bits));

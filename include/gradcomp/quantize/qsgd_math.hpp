@@ -25,6 +25,7 @@
 
 #include <gradcomp/core/config.hpp>
 #include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/rounded_product.hpp>
 #include <gradcomp/quantize/sign_math.hpp>
 #include <gradcomp/quantize/uniform_math.hpp>
 
@@ -51,7 +52,7 @@ GRADCOMP_HOST_DEVICE inline bool qsgd_bucket_norm(const T* x, std::uint64_t coun
     double acc = 0.0;
     for (std::uint64_t i = 0; i < count; ++i) {
       const auto v = static_cast<double>(x[i]);
-      acc += v * v;
+      acc += mul_rn(v, v);
     }
     const double root = detail::square_root(acc);
     if (!(root <= static_cast<double>(3.40282346638528859811704183484516925e+38))) return false;  // FLT_MAX
@@ -62,7 +63,7 @@ GRADCOMP_HOST_DEVICE inline bool qsgd_bucket_norm(const T* x, std::uint64_t coun
     double acc = 0.0;
     for (std::uint64_t i = 0; i < count; ++i) {
       const double v = detail::scale_by_pow2(x[i], -e);
-      acc += v * v;
+      acc += mul_rn(v, v);
     }
     norm = detail::scale_by_pow2(detail::square_root(acc), e);
     return is_finite(norm);
@@ -74,7 +75,7 @@ template <gradient_value T>
 GRADCOMP_HOST_DEVICE inline int qsgd_level(T abs_x, T norm, std::uint32_t levels, T u) noexcept {
   T t = abs_x / norm;
   t = t > T{1} ? T{1} : t;
-  const T r = t * static_cast<T>(levels);
+  const T r = mul_rn(t, static_cast<T>(levels));
   const int l = floor_to_int(r);
   return u < r - static_cast<T>(l) ? l + 1 : l;
 }
@@ -99,7 +100,7 @@ template <gradient_value T>
 GRADCOMP_HOST_DEVICE inline T qsgd_decoded(std::uint8_t code, T norm, std::uint32_t levels, int bits) noexcept {
   const int level = qsgd_code_level(code, bits);
   if (level == 0) return T{0};
-  const T magnitude = norm * (static_cast<T>(level) / static_cast<T>(levels));
+  const T magnitude = mul_rn(norm, static_cast<T>(level) / static_cast<T>(levels));
   return qsgd_code_sign(code, bits) != 0 ? -magnitude : magnitude;
 }
 

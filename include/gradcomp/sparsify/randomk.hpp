@@ -12,8 +12,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include <gradcomp/core/codec_interface.hpp>
+#include <gradcomp/core/error.hpp>
 #include <gradcomp/core/concepts.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/float_bits.hpp>
@@ -59,6 +61,15 @@ class randomk_sparsifier : public codec_interface<randomk_sparsifier<T>, T> {
   /// Exact size of every message for n elements.
   [[nodiscard]] std::size_t max_encoded_bytes(std::uint64_t n) const noexcept {
     return static_cast<std::size_t>(envelope::size + k(n) * sizeof(T));
+  }
+  /// Checks the layout byte and payload size (k values) of a message whose envelope `e` matched
+  /// this sparsifier (every backend's decoder calls it). @throws error `malformed_payload`.
+  void validate_payload_size(const envelope& e) const {
+    detail::require(e.layout == 0, errc::malformed_payload, "random-k messages have layout 0");
+    const std::uint64_t kept = k(e.elements);
+    detail::require(kept <= e.payload_bytes / sizeof(T) && e.payload_bytes == kept * sizeof(T), errc::malformed_payload,
+                    [&] { return "payload of " + std::to_string(e.payload_bytes) + " bytes does not hold k = " +
+                        std::to_string(kept) + " values"; });
   }
   /// Hash of the parameters, carried in every message and checked by decoders.
   [[nodiscard]] std::uint64_t params_hash() const noexcept {

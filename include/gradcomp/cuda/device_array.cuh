@@ -1,0 +1,70 @@
+#pragma once
+/// @file
+/// `device_array<T>`: an owning array in device memory, the storage of the CUDA backend's states
+/// (error-feedback residuals, LoCo's 8-bit error). States are made once per tensor, not per step,
+/// so allocating here is off the hot path; everything per step runs in the caller's workspace.
+
+#include <gradcomp/cuda/config.cuh>
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <span>
+#include <utility>
+
+#include <gradcomp/cuda/check.cuh>
+
+namespace gradcomp {
+
+/// An array of `T` in device memory (`cudaMalloc`), zero-filled at creation; move-only.
+template <class T>
+class device_array {
+ public:
+  /// An empty array (no allocation).
+  device_array() noexcept = default;
+  /// `count` zero-filled elements on the current device. @throws error `device_failed`.
+  explicit device_array(std::size_t count) : size_(count) {
+    if (count == 0) return;
+    GRADCOMP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_), count * sizeof(T)));
+    const cudaError_t cleared = cudaMemset(data_, 0, count * sizeof(T));
+    if (cleared != cudaSuccess) {
+      cudaFree(data_);
+      GRADCOMP_CUDA_CHECK(cleared);
+    }
+  }
+  device_array(device_array&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+  device_array& operator=(device_array&& other) noexcept {
+    if (this != &other) {
+      release();
+      data_ = std::exchange(other.data_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+    }
+    return *this;
+  }
+  device_array(const device_array&) = delete;
+  device_array& operator=(const device_array&) = delete;
+  ~device_array() { release(); }
+
+  /// Device pointer to the first element (null when empty).
+  [[nodiscard]] T* data() noexcept { return data_; }
+  /// Device pointer to the first element (null when empty).
+  [[nodiscard]] const T* data() const noexcept { return data_; }
+  /// Number of elements.
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  /// The elements as a span of device memory.
+  [[nodiscard]] std::span<T> span() noexcept { return {data_, size_}; }
+  /// The elements as a span of device memory.
+  [[nodiscard]] std::span<const T> span() const noexcept { return {data_, size_}; }
+
+ private:
+  void release() noexcept {
+    if (data_ != nullptr) cudaFree(data_);
+    data_ = nullptr;
+    size_ = 0;
+  }
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+}  // namespace gradcomp

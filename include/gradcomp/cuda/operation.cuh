@@ -1,0 +1,109 @@
+#pragma once
+/// @file
+/// How one operation of the CUDA backend runs: launch shapes, the status words in its workspace
+/// where kernels record what they found wrong, and the point where the host reads them back and
+/// throws (or, for deferred encoders, does not wait).
+
+#include <gradcomp/cuda/config.cuh>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include <gradcomp/core/error.hpp>
+#include <gradcomp/core/workspace.hpp>
+#include <gradcomp/cuda/check.cuh>
+#include <gradcomp/cuda/executor.cuh>
+
+namespace gradcomp::cuda_detail {
+
+/// Threads per block of the backend's kernels (8 warps).
+inline constexpr unsigned block_threads = 256;
+/// Warps per block of the kernels that give each quantization block (or bucket) one warp.
+inline constexpr unsigned block_warps = block_threads / 32;
+/// Most blocks of a launch; kernels stride over the rest of their work.
+inline constexpr std::uint64_t max_grid = std::uint64_t{1} << 20;
+
+/// Blocks for `items` items at `per_block` items per block (at least 1, at most `max_grid`).
+[[nodiscard]] inline unsigned grid_for(std::uint64_t items, std::uint64_t per_block = block_threads) noexcept {
+  return static_cast<unsigned>(std::clamp<std::uint64_t>((items + per_block - 1) / per_block, 1, max_grid));
+}
+
+/// What the kernels of one operation found wrong: the `errc` of a failure (0 when none), and
+/// (position << 8 | reason) of the failure at the smallest position, where `reason` is a small
+/// code of the operation's own naming the check that failed.
+struct device_status {
+  std::uint32_t code;    ///< errc of the failure found (0: none).
+  std::uint32_t unused;  ///< Padding.
+  std::uint64_t detail;  ///< Smallest (position << 8 | reason) reported; UINT64_MAX when none.
+};
+
+/// Records a failure `code` at `position` for check `reason` (device code; any thread, any time).
+__device__ inline void record_failure(device_status* status, errc code, std::uint64_t position,
+                                      std::uint32_t reason = 0) {
+  atomicCAS(&status->code, 0u, static_cast<unsigned>(code));
+  atomicMin(reinterpret_cast<unsigned long long*>(&status->detail),
+            static_cast<unsigned long long>((position << 8) | (reason & 0xFFu)));
+}
+
+/// Whether a failure has been recorded (device code).
+__device__ inline bool failed(const device_status* status) {
+  return *static_cast<const volatile std::uint32_t*>(&status->code) != 0;
+}
+
+/// Calls `kernel<<<grid, threads, 0, stream>>>(args...)` and checks the launch. The backend's
+/// kernels are templates (`template <class = void>` where nothing else is a parameter), as CUB's
+/// are, so that every translation unit including a header may define them.
+/// @throws error `device_failed`.
+template <class... Params, class... Args>
+void launch(const cuda_executor& exec, unsigned grid, unsigned threads, void (*kernel)(Params...), Args&&... args) {
+  kernel<<<grid, threads, 0, exec.native_stream()>>>(std::forward<Args>(args)...);
+  GRADCOMP_CUDA_CHECK(cudaGetLastError());
+}
+
+/// One operation's status: carved from its workspace and cleared when made; `finish` reads it back
+/// and throws what the kernels recorded.
+class operation {
+ public:
+  /// Workspace bytes the status takes (add it to the operation's `workspace_bytes`).
+  static void reserve(workspace_arena& arena) { (void)arena.take<device_status>(1); }
+
+  /// Takes the status from `arena` and clears it on `exec`'s stream.
+  /// @throws error `workspace_too_small`, `device_failed`.
+  operation(const cuda_executor& exec, workspace_arena& arena)
+      : exec_(exec), status_(arena.take<device_status>(1).data()) {
+    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(&status_->code, 0, sizeof(std::uint32_t), exec.native_stream()));
+    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(&status_->detail, 0xFF, sizeof(std::uint64_t), exec.native_stream()));
+  }
+
+  /// The device status the operation's kernels record into.
+  [[nodiscard]] device_status* status() const noexcept { return status_; }
+
+  /// Waits for the stream and throws the recorded failure: `describe(code, position, reason)`
+  /// gives its detail text. @throws error the recorded `errc`, or `device_failed`.
+  template <class Describe>
+  void finish(Describe&& describe) const {
+    device_status host{};
+    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(&host, status_, sizeof host, cudaMemcpyDeviceToHost, exec_.native_stream()));
+    exec_.synchronize();
+    if (host.code == 0) return;
+    const auto code = static_cast<errc>(host.code);
+    throw error(code, describe(code, host.detail >> 8, static_cast<std::uint32_t>(host.detail & 0xFFu)));
+  }
+
+  /// `finish`, unless the executor defers errors (then the message's seal has recorded them).
+  template <class Describe>
+  void finish_encode(Describe&& describe) const {
+    if (exec_.deferred_errors == nullptr) finish(std::forward<Describe>(describe));
+  }
+
+ private:
+  const cuda_executor& exec_;
+  device_status* status_;
+};
+
+}  // namespace gradcomp::cuda_detail
