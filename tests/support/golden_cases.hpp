@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,96 +23,74 @@ std::vector<T> golden_input(std::size_t n) {
   return x;
 }
 
-/// One pinned message: a file name, how to produce it, and the decoder to read it back.
+/// One pinned message: a file name, how to produce it on the CPU, and its element count.
 struct golden_case {
   std::string file;
-  std::vector<std::byte> (*encode)();
+  std::function<std::vector<std::byte>()> encode;
   std::size_t elements;
 };
 
+/// Calls `f(file, codec, input, key)` for each pinned message of a single encode: the golden
+/// file's name, the codec that wrote it (and decodes it), its closed-form input and its key.
+template <class F>
+void for_each_golden_codec(F&& f) {
+  f("topk_f32_list32.bin", topk_sparsifier<float>(sparsity{.k = 10}), golden_input<float>(1000),
+    message_key{.step = 1, .tensor_id = 2});
+  f("topk_f64_bitmap.bin", topk_sparsifier<double>(sparsity{.k = 40}), golden_input<double>(64), message_key{.step = 5});
+  f("topk_f32_checksum.bin", topk_sparsifier<float>(sparsity{.k = 5}, wire_options{.payload_checksum = true}),
+    golden_input<float>(100), message_key{.step = 2});
+  f("threshold_f32.bin", threshold_sparsifier<float>({.target = {.density = 0.02}, .seed = 1}), golden_input<float>(5000),
+    message_key{.step = 3, .tensor_id = 4});
+  f("uniform8_f32.bin", uniform_quantizer<float>({.bits = 8, .block = 32}), golden_input<float>(100), message_key{.step = 4});
+  f("uniform8_sr_f32.bin", uniform_quantizer<float>({.bits = 8, .block = 64, .round = rounding::stochastic, .seed = 11}),
+    golden_input<float>(300), message_key{.step = 8, .tensor_id = 5});
+  f("uniform4_sr_f64.bin", uniform_quantizer<double>({.bits = 4, .block = 16, .round = rounding::stochastic, .seed = 9}),
+    golden_input<double>(50), message_key{.step = 6, .tensor_id = 2});
+  f("pipeline_topk_u8_f32.bin",
+    pipeline(topk_sparsifier<float>(sparsity{.k = 30}), uniform_quantizer<float>({.bits = 8, .block = 16})),
+    golden_input<float>(1000), message_key{.step = 2});
+  f("randomk_f32.bin", randomk_sparsifier<float>({.amount = {.density = 0.05}, .seed = 42}), golden_input<float>(1000),
+    message_key{.step = 7, .tensor_id = 1});
+  f("shared_scale2_sr_f64.bin",
+    shared_scale_quantizer<double>({.bits = 2, .block = 16, .round = rounding::stochastic, .seed = 9, .headroom_bits = 0}),
+    golden_input<double>(50), message_key{.step = 6, .tensor_id = 2});
+  f("count_sketch_f32.bin", count_sketch<float>({.rows = 3, .columns = 64, .seed = 7, .heavy_hitters = {.k = 10}}),
+    golden_input<float>(1000), message_key{.step = 5, .tensor_id = 3});
+  f("mpc_f32.bin", mpc_codec({.dim = 1}), golden_input<float>(1000), message_key{.step = 9, .tensor_id = 4});
+  f("zfp_fixed_rate_r8_f32.bin", zfp_fixed_rate_codec({.rate_bits = 8}), golden_input<float>(1000),
+    message_key{.step = 9, .tensor_id = 5});
+}
+
+/// The codec of the shared-scale sum's golden file (three ranks' messages summed).
+inline shared_scale_quantizer<float> golden_shared_sum_codec() {
+  return shared_scale_quantizer<float>({.bits = 8, .block = 32, .headroom_bits = 2});
+}
+
+/// Every pinned message, produced on the CPU: the single encodes, then the shared-scale sum (a
+/// protocol of three ranks).
 inline const std::vector<golden_case>& golden_cases() {
-  static const std::vector<golden_case> cases = {
-      {"topk_f32_list32.bin",
-       [] { return encode_bytes(topk_sparsifier<float>(sparsity{.k = 10}), golden_input<float>(1000), {.step = 1, .tensor_id = 2}); },
-       1000},
-      {"topk_f64_bitmap.bin",
-       [] { return encode_bytes(topk_sparsifier<double>(sparsity{.k = 40}), golden_input<double>(64), {.step = 5}); },
-       64},
-      {"topk_f32_checksum.bin",
-       [] {
-         return encode_bytes(topk_sparsifier<float>(sparsity{.k = 5}, wire_options{.payload_checksum = true}),
-                             golden_input<float>(100), {.step = 2});
-       },
-       100},
-      {"threshold_f32.bin",
-       [] {
-         return encode_bytes(threshold_sparsifier<float>({.target = {.density = 0.02}, .seed = 1}), golden_input<float>(5000),
-                             {.step = 3, .tensor_id = 4});
-       },
-       5000},
-      {"uniform8_f32.bin",
-       [] { return encode_bytes(uniform_quantizer<float>({.bits = 8, .block = 32}), golden_input<float>(100), {.step = 4}); },
-       100},
-      {"uniform8_sr_f32.bin",
-       [] {
-         return encode_bytes(uniform_quantizer<float>({.bits = 8, .block = 64, .round = rounding::stochastic, .seed = 11}),
-                             golden_input<float>(300), {.step = 8, .tensor_id = 5});
-       },
-       300},
-      {"uniform4_sr_f64.bin",
-       [] {
-         return encode_bytes(uniform_quantizer<double>({.bits = 4, .block = 16, .round = rounding::stochastic, .seed = 9}),
-                             golden_input<double>(50), {.step = 6, .tensor_id = 2});
-       },
-       50},
-      {"pipeline_topk_u8_f32.bin",
-       [] {
-         return encode_bytes(pipeline(topk_sparsifier<float>(sparsity{.k = 30}), uniform_quantizer<float>({.bits = 8, .block = 16})),
-                             golden_input<float>(1000), {.step = 2});
-       },
-       1000},
-      {"randomk_f32.bin",
-       [] {
-         return encode_bytes(randomk_sparsifier<float>({.amount = {.density = 0.05}, .seed = 42}), golden_input<float>(1000),
-                             {.step = 7, .tensor_id = 1});
-       },
-       1000},
-      {"shared_scale8_sum3_f32.bin",
-       [] {
-         // Three ranks holding x, −x/2 and x/4, summed with accumulate_encoded.
-         const std::vector<float> x = golden_input<float>(100);
-         std::vector<std::vector<float>> ranks(3, x);
-         for (std::size_t i = 0; i < x.size(); ++i) {
-           ranks[1][i] = -0.5f * x[i];
-           ranks[2][i] = 0.25f * x[i];
-         }
-         const shared_scale_quantizer<float> q({.bits = 8, .block = 32, .headroom_bits = 2});
-         std::vector<std::vector<std::byte>> messages = encode_shared_ranks(q, ranks, {.step = 4, .tensor_id = 1});
-         for (std::size_t r = 1; r < messages.size(); ++r) q.accumulate_encoded(cpu_executor{}, messages[0], messages[r]);
-         return messages[0];
-       },
-       100},
-      {"shared_scale2_sr_f64.bin",
-       [] {
-         return encode_bytes(shared_scale_quantizer<double>({.bits = 2, .block = 16, .round = rounding::stochastic, .seed = 9,
-                                                             .headroom_bits = 0}),
-                             golden_input<double>(50), {.step = 6, .tensor_id = 2});
-       },
-       50},
-      {"count_sketch_f32.bin",
-       [] {
-         return encode_bytes(count_sketch<float>({.rows = 3, .columns = 64, .seed = 7, .heavy_hitters = {.k = 10}}),
-                             golden_input<float>(1000), {.step = 5, .tensor_id = 3});
-       },
-       1000},
-      {"mpc_f32.bin", [] { return encode_bytes(mpc_codec({.dim = 1}), golden_input<float>(1000), {.step = 9, .tensor_id = 4}); },
-       1000},
-      {"zfp_fixed_rate_r8_f32.bin",
-       [] {
-         return encode_bytes(zfp_fixed_rate_codec({.rate_bits = 8}), golden_input<float>(1000), {.step = 9, .tensor_id = 5});
-       },
-       1000},
-  };
+  static const std::vector<golden_case> cases = [] {
+    std::vector<golden_case> all;
+    for_each_golden_codec([&](const std::string& file, const auto& codec, const auto& x, message_key key) {
+      all.push_back({file, [codec, x, key] { return encode_bytes(codec, x, key); }, x.size()});
+    });
+    all.push_back({"shared_scale8_sum3_f32.bin",
+                   [] {
+                     // Three ranks holding x, −x/2 and x/4, summed with accumulate_encoded.
+                     const std::vector<float> x = golden_input<float>(100);
+                     std::vector<std::vector<float>> ranks(3, x);
+                     for (std::size_t i = 0; i < x.size(); ++i) {
+                       ranks[1][i] = -0.5f * x[i];
+                       ranks[2][i] = 0.25f * x[i];
+                     }
+                     const shared_scale_quantizer<float> q = golden_shared_sum_codec();
+                     std::vector<std::vector<std::byte>> messages = encode_shared_ranks(q, ranks, {.step = 4, .tensor_id = 1});
+                     for (std::size_t r = 1; r < messages.size(); ++r) q.accumulate_encoded(cpu_executor{}, messages[0], messages[r]);
+                     return messages[0];
+                   },
+                   100});
+    return all;
+  }();
   return cases;
 }
 

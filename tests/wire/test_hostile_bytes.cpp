@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <random>
@@ -53,26 +54,13 @@ outcome try_decode(const std::string& file, std::span<const std::byte> message, 
     }
     return outcome::decoded;
   };
-  if (file == "topk_f32_list32.bin") return run(topk_sparsifier<float>(sparsity{.k = 10}));
-  if (file == "topk_f64_bitmap.bin") return run(topk_sparsifier<double>(sparsity{.k = 40}));
-  if (file == "topk_f32_checksum.bin")
-    return run(topk_sparsifier<float>(sparsity{.k = 5}, wire_options{.payload_checksum = true}));
-  if (file == "threshold_f32.bin") return run(threshold_sparsifier<float>({.target = {.density = 0.02}, .seed = 1}));
-  if (file == "pipeline_topk_u8_f32.bin")
-    return run(pipeline(topk_sparsifier<float>(sparsity{.k = 30}), uniform_quantizer<float>({.bits = 8, .block = 16})));
-  if (file == "uniform8_f32.bin") return run(uniform_quantizer<float>({.bits = 8, .block = 32}));
-  if (file == "uniform8_sr_f32.bin")
-    return run(uniform_quantizer<float>({.bits = 8, .block = 64, .round = rounding::stochastic, .seed = 11}));
-  if (file == "uniform4_sr_f64.bin")
-    return run(uniform_quantizer<double>({.bits = 4, .block = 16, .round = rounding::stochastic, .seed = 9}));
-  if (file == "shared_scale8_sum3_f32.bin") return run(shared_scale_quantizer<float>({.bits = 8, .block = 32, .headroom_bits = 2}));
-  if (file == "shared_scale2_sr_f64.bin")
-    return run(shared_scale_quantizer<double>({.bits = 2, .block = 16, .round = rounding::stochastic, .seed = 9, .headroom_bits = 0}));
-  if (file == "count_sketch_f32.bin")
-    return run(count_sketch<float>({.rows = 3, .columns = 64, .seed = 7, .heavy_hitters = {.k = 10}}));
-  if (file == "mpc_f32.bin") return run(mpc_codec({.dim = 1}));
-  if (file == "zfp_fixed_rate_r8_f32.bin") return run(zfp_fixed_rate_codec({.rate_bits = 8}));
-  return run(randomk_sparsifier<float>({.amount = {.density = 0.05}, .seed = 42}));
+  if (file == "shared_scale8_sum3_f32.bin") return run(golden_shared_sum_codec());
+  std::optional<outcome> result;
+  for_each_golden_codec([&](const std::string& name, const auto& codec, const auto&, message_key) {
+    if (name == file) result = run(codec);
+  });
+  REQUIRE(result.has_value());
+  return *result;
 }
 
 }  // namespace

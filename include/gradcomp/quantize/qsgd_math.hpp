@@ -20,7 +20,6 @@
 /// exceeds its finite norm in magnitude; the clamp of t guards the double path, whose rounded sum
 /// of squares may put the norm an ulp below m.
 
-#include <bit>
 #include <cstdint>
 
 #include <gradcomp/core/config.hpp>
@@ -36,7 +35,8 @@ inline constexpr std::uint32_t qsgd_max_levels = 127;
 
 /// Width in bits of a QSGD code with s levels (1 ≤ s ≤ 127): sign plus level, rounded up to 2, 4, 8.
 GRADCOMP_HOST_DEVICE constexpr int qsgd_code_bits(std::uint32_t levels) noexcept {
-  const int needed = 1 + static_cast<int>(std::bit_width(levels));
+  int needed = 1;  // the sign, plus bit_width(levels) (std::bit_width is host-only under nvcc)
+  for (std::uint32_t rest = levels; rest != 0; rest >>= 1) ++needed;
   return needed <= 2 ? 2 : (needed <= 4 ? 4 : 8);
 }
 

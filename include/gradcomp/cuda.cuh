@@ -1,0 +1,19 @@
+#pragma once
+/// @file
+/// Umbrella header of the CUDA backend: `cuda_executor` and the CUDA implementation of every codec
+/// that has one. Include it from a .cu file compiled by nvcc (with -std=c++20); link the target
+/// `gradcomp::cuda`. It includes <gradcomp/gradcomp.hpp>, so the CPU reference is there too.
+
+#include <gradcomp/cuda/config.cuh>
+
+#include <gradcomp/gradcomp.hpp>
+
+#include <gradcomp/cuda/check.cuh>
+#include <gradcomp/cuda/crc32c.cuh>
+#include <gradcomp/cuda/device_array.cuh>
+#include <gradcomp/cuda/executor.cuh>
+#include <gradcomp/cuda/message.cuh>
+#include <gradcomp/cuda/operation.cuh>
+#include <gradcomp/cuda/packed_words.cuh>
+#include <gradcomp/cuda/uniform.cuh>
+#include <gradcomp/cuda/warp.cuh>

@@ -1,0 +1,131 @@
+// The uniform quantizer on the GPU: its messages and decodings equal the CPU reference's bit for
+// bit over widths, block sizes (whole-word blocks and blocks sharing code words), rounding modes,
+// value types, sizes and special inputs; and on both executors NaN/Inf, checksums, short buffers
+// and deferred errors behave as documented.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cuda/device_io.cuh"
+#include "support/data.hpp"
+#include "support/errors.hpp"
+
+using namespace gradcomp;
+using namespace gradcomp::test;
+
+namespace {
+
+template <class T>
+void check_matches_cpu(const uniform_params& p, wire_options wire = {}) {
+  const uniform_quantizer<T> q(p, wire);
+  for (const std::size_t n : {0u, 1u, 31u, 1000u, 4099u}) {
+    for (const input_kind kind : all_input_kinds) {
+      CAPTURE(n);
+      CAPTURE(name(kind));
+      const std::vector<T> x = make_input<T>(kind, n, 1234 + n);
+      const message_key key{.step = 3 + n, .tensor_id = 9};
+      const std::vector<std::byte> cpu = encode_on(cpu_executor{}, q, x, key);
+      const std::vector<std::byte> gpu = encode_on(cuda_executor{}, q, x, key);
+      CHECK(gpu == cpu);
+      const std::vector<T> start = make_input<T>(input_kind::normal, n, 99);
+      CHECK(bit_patterns(decode_on(cuda_executor{}, q, cpu, std::vector<T>(n))) ==
+            bit_patterns(decode_on(cpu_executor{}, q, cpu, std::vector<T>(n))));
+      CHECK(bit_patterns(decode_on(cuda_executor{}, q, cpu, start, true)) ==
+            bit_patterns(decode_on(cpu_executor{}, q, cpu, start, true)));
+    }
+  }
+}
+
+const auto non_finite_leaves_no_message = [](const auto& exec) {
+  const uniform_quantizer<float> q({.bits = 8, .block = 32});
+  const uniform_quantizer<float> shared_words({.bits = 2, .block = 7});
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity()}) {
+    std::vector<float> x = make_input<float>(input_kind::normal, 1000, 5);
+    x[777] = bad;
+    for (const auto& codec : {q, shared_words}) {
+      const outcome<std::byte> result = encode_outcome_on(exec, codec, x);
+      CHECK(result.status == named(errc::non_finite_input));
+      CHECK(std::vector<std::byte>(result.output.begin(), result.output.begin() + 56) == std::vector<std::byte>(56));
+    }
+  }
+};
+
+const auto checksummed_messages_round_trip = [](const auto& exec) {
+  const uniform_quantizer<float> q({.bits = 4, .block = 64}, {.payload_checksum = true});
+  const std::vector<float> x = make_input<float>(input_kind::normal, 5000, 8);
+  std::vector<std::byte> m = encode_on(exec, q, x, {.step = 2});
+  CHECK(m == encode_on(cpu_executor{}, q, x, {.step = 2}));
+  const std::vector<float> zeros(x.size());
+  CHECK(decode_outcome_on(exec, q, m, zeros, false, {.require_checksum = true}).status == "ok");
+  m[m.size() - 3] ^= std::byte{0x10};
+  const outcome<float> corrupted = decode_outcome_on(exec, q, m, zeros);
+  CHECK(corrupted.status == named(errc::payload_checksum));
+  CHECK(corrupted.output == zeros);
+};
+
+const auto short_buffers_are_named = [](const auto& exec) {
+  const uniform_quantizer<float> q({.bits = 8, .block = 100});  // 100 blocks: the two-kernel path with scratch
+  const std::vector<float> x = make_input<float>(input_kind::normal, 10000, 3);
+  if constexpr (on_gpu<std::decay_t<decltype(exec)>>) {
+    CHECK(q.workspace_bytes(exec, x.size()) > 16);
+    const device_array<float> g = to_device(x);
+    device_array<std::byte> out(q.max_encoded_bytes(x.size()));
+    device_array<std::byte> ws(q.workspace_bytes(exec, x.size()));
+    CHECK(thrown_by([&] { (void)q.encode(exec, std::span<const float>(g.span()), out.span().first(out.size() - 1), ws.span()); }) ==
+          named(errc::buffer_too_small));
+    CHECK(thrown_by([&] { (void)q.encode(exec, std::span<const float>(g.span()), out.span(), ws.span().first(16)); }) ==
+          named(errc::workspace_too_small));
+    CHECK(thrown_by([&] { (void)q.encode(exec, std::span<const float>(g.span()), out.span().subspan(4), ws.span()); }) ==
+          named(errc::invalid_argument));  // a device message must start on 8 bytes
+  } else {
+    std::vector<std::byte> out(q.max_encoded_bytes(x.size()) - 1);
+    std::vector<std::byte> ws(q.workspace_bytes(exec, x.size()));
+    CHECK(thrown_by([&] { (void)q.encode(exec, std::span<const float>(x), out, ws); }) == named(errc::buffer_too_small));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("cuda: uniform messages and decodings equal the CPU reference's bit for bit" * doctest::skip(!gpu_available())) {
+  for (const int bits : {1, 2, 4, 8}) {
+    for (const std::uint32_t block : {1u, 7u, 32u, 100u, 256u}) {
+      for (const rounding mode : {rounding::nearest_even, rounding::stochastic}) {
+        CAPTURE(bits);
+        CAPTURE(block);
+        CAPTURE(static_cast<int>(mode));
+        check_matches_cpu<float>({.bits = bits, .block = block, .round = mode, .seed = 77});
+        check_matches_cpu<double>({.bits = bits, .block = block, .round = mode, .seed = 78});
+      }
+    }
+  }
+  check_matches_cpu<float>({.bits = 8, .block = 256}, {.payload_checksum = true});
+}
+
+GRADCOMP_TEST_ON_EXECUTORS("uniform: NaN or Inf in the gradient is non_finite_input and leaves no message",
+                           non_finite_leaves_no_message)
+GRADCOMP_TEST_ON_EXECUTORS("uniform: checksummed messages decode, and a corrupted one is payload_checksum",
+                           checksummed_messages_round_trip)
+GRADCOMP_TEST_ON_EXECUTORS("uniform: short outputs and workspaces are named errors", short_buffers_are_named)
+
+TEST_CASE("cuda: deferred errors leave the message unsealed and are reported by check_deferred_errors" *
+          doctest::skip(!gpu_available())) {
+  device_array<std::uint32_t> word(1);
+  const cuda_executor deferred{.stream = {}, .deferred_errors = word.data()};
+  const uniform_quantizer<float> q({.bits = 8});
+  std::vector<float> x = make_input<float>(input_kind::normal, 3000, 4);
+  x[2500] = std::numeric_limits<float>::quiet_NaN();
+  const outcome<std::byte> failed = encode_outcome_on(deferred, q, x);
+  CHECK(failed.status == "ok");  // nothing thrown: the failure waits in the word
+  CHECK(std::vector<std::byte>(failed.output.begin(), failed.output.begin() + 56) == std::vector<std::byte>(56));
+  CHECK(thrown_by([&] { check_deferred_errors(deferred); }) == named(errc::non_finite_input));
+  CHECK(to_host(word) == std::vector<std::uint32_t>{0});  // cleared
+
+  x[2500] = 0.5f;
+  CHECK(encode_on(deferred, q, x) == encode_on(cpu_executor{}, q, x));
+  CHECK(thrown_by([&] { check_deferred_errors(deferred); }) == "no exception");
+}
