@@ -8,12 +8,15 @@
 
 #include <gradcomp/gradcomp.hpp>
 
+#include <gradcomp/cuda/block_codes.cuh>
 #include <gradcomp/cuda/check.cuh>
 #include <gradcomp/cuda/crc32c.cuh>
 #include <gradcomp/cuda/device_array.cuh>
 #include <gradcomp/cuda/executor.cuh>
+#include <gradcomp/cuda/grid.cuh>
 #include <gradcomp/cuda/message.cuh>
 #include <gradcomp/cuda/operation.cuh>
-#include <gradcomp/cuda/packed_words.cuh>
+#include <gradcomp/cuda/qsgd.cuh>
+#include <gradcomp/cuda/sign.cuh>
 #include <gradcomp/cuda/uniform.cuh>
 #include <gradcomp/cuda/warp.cuh>

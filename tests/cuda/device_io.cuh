@@ -38,6 +38,10 @@ template <class C>
 inline constexpr bool has_cuda_backend = false;
 template <class T>
 inline constexpr bool has_cuda_backend<uniform_quantizer<T>> = true;
+template <class T>
+inline constexpr bool has_cuda_backend<sign_quantizer<T>> = true;
+template <class T>
+inline constexpr bool has_cuda_backend<qsgd_quantizer<T>> = true;
 
 /// A device copy of `host`.
 template <class T>

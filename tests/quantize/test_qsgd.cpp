@@ -25,7 +25,7 @@
 #include "support/codec_io.hpp"
 #include "support/data.hpp"
 #include "support/errors.hpp"
-#include "support/golden_io.hpp"
+#include "support/golden_cases.hpp"
 
 using namespace gradcomp;
 using namespace gradcomp::test;
@@ -138,14 +138,6 @@ void check_message(const std::vector<T>& x, unsigned s, std::uint32_t bucket, st
   CHECK(zeros_exact);
 }
 
-// x_i = sin(0.37·i)·(1 + i mod 5), with the elements 32..47 zero.
-template <class T>
-std::vector<T> golden_input(std::size_t n) {
-  std::vector<T> x(n);
-  for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<T>(std::sin(0.37 * static_cast<double>(i)) * static_cast<double>(1 + i % 5));
-  for (std::size_t i = 32; i < std::min<std::size_t>(n, 48); ++i) x[i] = T{0};
-  return x;
-}
 
 std::vector<std::byte> reseal(std::vector<std::byte> m) {  // keep the envelope valid after editing the payload
   write_envelope(parse_envelope(m), m);
@@ -401,11 +393,11 @@ TEST_CASE("QSGD decode_accumulate adds exactly the decoded values") {
 }
 
 TEST_CASE("golden QSGD files reproduce byte for byte and decode within a level of the known input") {
-  const std::vector<float> x = golden_input<float>(100);
+  const std::vector<float> x = golden_input_with_zeros<float>(100, false);
   const qsgd_quantizer<float> q32({.levels = 15, .bucket = 32, .seed = 3});
   const std::vector<std::byte> m32 = golden_bytes("qsgd_f32.bin", encode_bytes(q32, x, {.step = 4, .tensor_id = 1}));
   CHECK(m32 == encode_bytes(q32, x, {.step = 4, .tensor_id = 1}));
-  const std::vector<double> y = golden_input<double>(50);
+  const std::vector<double> y = golden_input_with_zeros<double>(50, false);
   const qsgd_quantizer<double> q64({.levels = 3, .bucket = 16, .seed = 9});
   const std::vector<std::byte> m64 = golden_bytes("qsgd_f64.bin", encode_bytes(q64, y, {.step = 6, .tensor_id = 2}));
   CHECK(m64 == encode_bytes(q64, y, {.step = 6, .tensor_id = 2}));

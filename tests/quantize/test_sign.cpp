@@ -24,7 +24,7 @@
 #include "support/data.hpp"
 #include "support/ef_invariant.hpp"
 #include "support/errors.hpp"
-#include "support/golden_io.hpp"
+#include "support/golden_cases.hpp"
 
 using namespace gradcomp;
 using namespace gradcomp::test;
@@ -107,15 +107,6 @@ void check_against_oracle(const std::vector<T>& x, std::uint32_t block) {
   CHECK(values_ok);
 }
 
-// x_i = sin(0.37·i)·(1 + i mod 5) with every 7th value −0 and the block of elements 32..47 zero.
-template <class T>
-std::vector<T> golden_input(std::size_t n) {
-  std::vector<T> x(n);
-  for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<T>(std::sin(0.37 * static_cast<double>(i)) * static_cast<double>(1 + i % 5));
-  for (std::size_t i = 0; i < n; i += 7) x[i] = -T{0};
-  for (std::size_t i = 32; i < std::min<std::size_t>(n, 48); ++i) x[i] = T{0};
-  return x;
-}
 
 std::vector<std::byte> reseal(std::vector<std::byte> m) {  // keep the envelope valid after editing the payload
   write_envelope(parse_envelope(m), m);
@@ -256,11 +247,11 @@ TEST_CASE("sign decode_accumulate adds exactly the decoded values, and checksums
 }
 
 TEST_CASE("golden sign files reproduce byte for byte and decode to ±mean|x| of the known input") {
-  const std::vector<float> x = golden_input<float>(100);
+  const std::vector<float> x = golden_input_with_zeros<float>(100, true);
   const sign_quantizer<float> q32({.block = 32});
   const std::vector<std::byte> m32 = golden_bytes("sign_f32.bin", encode_bytes(q32, x, {.step = 4, .tensor_id = 2}));
   CHECK(m32 == encode_bytes(q32, x, {.step = 4, .tensor_id = 2}));
-  const std::vector<double> y = golden_input<double>(50);
+  const std::vector<double> y = golden_input_with_zeros<double>(50, true);
   const sign_quantizer<double> q64({.block = 16});
   const std::vector<std::byte> m64 = golden_bytes("sign_f64.bin", encode_bytes(q64, y, {.step = 6}));
   CHECK(m64 == encode_bytes(q64, y, {.step = 6}));

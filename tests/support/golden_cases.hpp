@@ -23,6 +23,17 @@ std::vector<T> golden_input(std::size_t n) {
   return x;
 }
 
+/// golden_input with elements 32..47 zero and, when `negative_zeros`, every 7th value −0 (zero
+/// blocks and signed zeros for the sign and QSGD files).
+template <class T>
+std::vector<T> golden_input_with_zeros(std::size_t n, bool negative_zeros) {
+  std::vector<T> x = golden_input<T>(n);
+  if (negative_zeros)
+    for (std::size_t i = 0; i < n; i += 7) x[i] = -T{0};
+  for (std::size_t i = 32; i < n && i < 48; ++i) x[i] = T{0};
+  return x;
+}
+
 /// One pinned message: a file name, how to produce it on the CPU, and its element count.
 struct golden_case {
   std::string file;
@@ -49,6 +60,13 @@ void for_each_golden_codec(F&& f) {
   f("pipeline_topk_u8_f32.bin",
     pipeline(topk_sparsifier<float>(sparsity{.k = 30}), uniform_quantizer<float>({.bits = 8, .block = 16})),
     golden_input<float>(1000), message_key{.step = 2});
+  f("sign_f32.bin", sign_quantizer<float>({.block = 32}), golden_input_with_zeros<float>(100, true),
+    message_key{.step = 4, .tensor_id = 2});
+  f("sign_f64.bin", sign_quantizer<double>({.block = 16}), golden_input_with_zeros<double>(50, true), message_key{.step = 6});
+  f("qsgd_f32.bin", qsgd_quantizer<float>({.levels = 15, .bucket = 32, .seed = 3}), golden_input_with_zeros<float>(100, false),
+    message_key{.step = 4, .tensor_id = 1});
+  f("qsgd_f64.bin", qsgd_quantizer<double>({.levels = 3, .bucket = 16, .seed = 9}), golden_input_with_zeros<double>(50, false),
+    message_key{.step = 6, .tensor_id = 2});
   f("randomk_f32.bin", randomk_sparsifier<float>({.amount = {.density = 0.05}, .seed = 42}), golden_input<float>(1000),
     message_key{.step = 7, .tensor_id = 1});
   f("shared_scale2_sr_f64.bin",

@@ -1,0 +1,229 @@
+#pragma once
+/// @file
+/// What the CUDA backends of the block-scaled quantizers (uniform, sign, QSGD) share. Their
+/// payload is one scale per block of B values (B = block or bucket, value dtype) followed by the
+/// packed b-bit codes (core/bit_packing.hpp order); the codes start 4-byte aligned, since device
+/// messages start on 8 bytes and the envelope and the scales take a multiple of 4 bytes.
+///
+/// The shared kernels (cuda/grid.cuh shapes): a warp per block finds the block's largest magnitude
+/// (recording the first NaN or Inf) and lane 0 writes the block's scale; then one thread per
+/// 32-bit code word codes its 32/b values, each under its own block's scale (`encode_words`); a
+/// decoder checks every scale and code (`check_codes`), and once the host has the verdict writes
+/// or adds each value (`decode_words`). A codec supplies the per-value rule: its code, whether a
+/// code is valid under a scale, and the value it decodes to.
+
+#include <gradcomp/cuda/config.cuh>
+
+#include <cstddef>
+#include <cstdint>
+
+#include <gradcomp/core/error.hpp>
+#include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/philox.hpp>
+#include <gradcomp/cuda/operation.cuh>
+#include <gradcomp/cuda/warp.cuh>
+
+namespace gradcomp::cuda_detail {
+
+/// Reasons a block-coded payload fails its check (the low byte of `device_status::detail`).
+enum block_code_reason : std::uint32_t {
+  bad_scale = 1,    ///< A scale (or norm) that is negative or not finite (or too large to decode).
+  bad_code = 2,     ///< A code that its block's scale does not allow.
+  bad_padding = 3,  ///< Non-zero bits after the last code.
+};
+
+/// Sizes of a block-coded payload.
+struct block_layout {
+  std::uint64_t n;           ///< Elements.
+  std::uint64_t block;       ///< Values per scale.
+  int bits;                  ///< Bits per code (1, 2, 4 or 8).
+  std::uint64_t code_bytes;  ///< Bytes of the packed codes (⌈n·b/8⌉).
+
+  /// Number of blocks (and scales).
+  [[nodiscard]] __host__ __device__ std::uint64_t blocks() const { return (n + block - 1) / block; }
+  /// Codes per 32-bit word.
+  [[nodiscard]] __host__ __device__ std::uint64_t per_word() const { return 32u / static_cast<unsigned>(bits); }
+  /// Code words (the last may be partial).
+  [[nodiscard]] __host__ __device__ std::uint64_t words() const { return (n + per_word() - 1) / per_word(); }
+  /// Number of values of block j.
+  [[nodiscard]] __host__ __device__ std::uint64_t count(std::uint64_t j) const {
+    return n - j * block < block ? n - j * block : block;
+  }
+  /// Whether every block's codes fill whole words (B·b a multiple of 32), so a block is coded alone.
+  [[nodiscard]] __host__ __device__ bool whole_words() const { return block * static_cast<unsigned>(bits) % 32 == 0; }
+
+  /// Calls f(i, c, j) for each element i of code word w: c its position in the word, j its block.
+  template <class F>
+  __device__ void for_each_in_word(std::uint64_t w, F&& f) const {
+    const std::uint64_t first = w * per_word();
+    const std::uint64_t last = first + per_word() < n ? first + per_word() : n;
+    std::uint64_t j = first / block;
+    std::uint64_t next_block = (j + 1) * block;
+    for (std::uint64_t i = first; i < last; ++i) {
+      if (i == next_block) {
+        ++j;
+        next_block += block;
+      }
+      f(i, static_cast<unsigned>(i - first), j);
+    }
+  }
+};
+
+/// Word w of the `bytes`-byte packed array at `codes`, 4-byte aligned (bytes past the array read
+/// as zero: the last word is read byte by byte, never past the array).
+__device__ inline std::uint32_t load_code_word(const std::byte* codes, std::uint64_t w, std::uint64_t bytes) {
+  const std::uint64_t first = 4 * w;
+  if (first + 4 <= bytes) return *reinterpret_cast<const std::uint32_t*>(codes + first);
+  std::uint32_t word = 0;
+  for (std::uint64_t b = first; b < bytes; ++b) word |= std::uint32_t{static_cast<std::uint8_t>(codes[b])} << (8 * (b - first));
+  return word;
+}
+
+/// Writes word w of the `bytes`-byte packed array at `codes` (its bytes past the array dropped).
+__device__ inline void store_code_word(std::byte* codes, std::uint64_t w, std::uint32_t word, std::uint64_t bytes) {
+  const std::uint64_t first = 4 * w;
+  if (first + 4 <= bytes) {
+    *reinterpret_cast<std::uint32_t*>(codes + first) = word;
+    return;
+  }
+  for (std::uint64_t b = first; b < bytes; ++b) codes[b] = static_cast<std::byte>(word >> (8 * (b - first)));
+}
+
+/// Code c of a word of `bits`-bit codes.
+__device__ inline std::uint8_t code_in_word(std::uint32_t word, unsigned c, int bits) {
+  return static_cast<std::uint8_t>((word >> (c * static_cast<unsigned>(bits))) & ((1u << bits) - 1u));
+}
+
+/// Word i of a random stream, keeping the last Philox block so that consecutive words cost one
+/// call per four.
+struct philox_cache {
+  std::uint64_t block = UINT64_MAX;  ///< Index of the block held.
+  philox_block words{};              ///< Its words.
+
+  __device__ std::uint32_t word(const random_stream& stream, std::uint64_t i) {
+    if (i / 4 != block) {
+      block = i / 4;
+      words = stream.block(block);
+    }
+    return words.word[i % 4];
+  }
+};
+
+/// Largest magnitude key of the `count` values at `x`, on every lane of the calling warp.
+template <class T>
+__device__ typename float_traits<T>::bits_type warp_max_key(const T* x, std::uint64_t count) {
+  typename float_traits<T>::bits_type largest = 0;
+  for (std::uint64_t i = lane_id(); i < count; i += 32) {
+    const auto key = magnitude_key(x[i]);
+    largest = key > largest ? key : largest;
+  }
+  return warp_max(largest);
+}
+
+/// Records `non_finite_input` at the first NaN or Inf of the `count` values at x (elements from
+/// `first` on; the calling warp's block, known to hold one).
+template <class T>
+__device__ void record_non_finite(const T* x, std::uint64_t first, std::uint64_t count, device_status* status) {
+  for (std::uint64_t i = lane_id(); i < count; i += 32)
+    if (!is_finite(x[i])) {
+      record_failure(status, errc::non_finite_input, first + i);
+      return;
+    }
+}
+
+/// One warp per block: the block's largest magnitude m (0 for a block holding NaN or Inf, whose
+/// first such value is recorded as `non_finite_input`), then on lane 0 `stat(j, x, count, m,
+/// status)`, which writes the block's scale (and whatever else its encoder needs).
+template <class T, class Stat>
+struct block_statistics {
+  const T* g;
+  block_layout layout;
+  Stat stat;
+  device_status* status;
+
+  __device__ void operator()(std::uint64_t j) const {
+    const std::uint64_t begin = j * layout.block;
+    const std::uint64_t count = layout.count(j);
+    const auto largest = warp_max_key(g + begin, count);
+    const bool finite = largest < float_traits<T>::infinity_key;
+    if (!finite) record_non_finite(g + begin, begin, count, status);
+    if (lane_id() == 0) stat(j, g + begin, count, finite ? from_bits<T>(largest) : T{0}, status);
+  }
+};
+
+/// One thread per code word: the codes `rule.code(x, i, j, random)` of its values packed.
+template <class T, class Rule>
+struct encode_words {
+  const T* g;
+  block_layout layout;
+  Rule rule;
+  std::byte* codes;
+
+  __device__ void operator()(std::uint64_t w) const {
+    std::uint32_t word = 0;
+    philox_cache random;
+    layout.for_each_in_word(w, [&](std::uint64_t i, unsigned c, std::uint64_t j) {
+      word |= std::uint32_t{rule.code(g[i], i, j, random)} << (c * static_cast<unsigned>(layout.bits));
+    });
+    store_code_word(codes, w, word, layout.code_bytes);
+  }
+};
+
+/// One thread per item: scale t (`rule.valid_scale`) and code word t (`rule.valid_code` for each
+/// code, zero padding bits), recording failures.
+template <class T, class Rule>
+struct check_codes {
+  block_layout layout;
+  Rule rule;
+  const T* scales;
+  const std::byte* codes;
+  device_status* status;
+
+  /// Items to check: the larger of the scale and word counts.
+  [[nodiscard]] std::uint64_t items() const { return layout.words() > layout.blocks() ? layout.words() : layout.blocks(); }
+
+  __device__ void operator()(std::uint64_t t) const {
+    if (t < layout.blocks() && !rule.valid_scale(scales[t])) record_failure(status, errc::malformed_payload, t, bad_scale);
+    if (t >= layout.words()) return;
+    const std::uint32_t word = load_code_word(codes, t, layout.code_bytes);
+    unsigned used = 0;
+    layout.for_each_in_word(t, [&](std::uint64_t i, unsigned c, std::uint64_t j) {
+      used = c + 1;
+      if (!rule.valid_code(code_in_word(word, c, layout.bits), scales[j]))
+        record_failure(status, errc::malformed_payload, i, bad_code);
+    });
+    if (used < layout.per_word() && (word >> (used * static_cast<unsigned>(layout.bits))) != 0)
+      record_failure(status, errc::malformed_payload, layout.n, bad_padding);
+  }
+};
+
+/// One thread per code word: `rule.value(code, scale)` of its values written into `out`, or added
+/// to it when `accumulate`.
+template <class T, class Rule>
+struct decode_words {
+  block_layout layout;
+  Rule rule;
+  const T* scales;
+  const std::byte* codes;
+  T* out;
+  bool accumulate;
+
+  __device__ void operator()(std::uint64_t w) const {
+    const std::uint32_t word = load_code_word(codes, w, layout.code_bytes);
+    layout.for_each_in_word(w, [&](std::uint64_t i, unsigned c, std::uint64_t j) {
+      const T v = rule.value(code_in_word(word, c, layout.bits), scales[j]);
+      out[i] = accumulate ? out[i] + v : v;
+    });
+  }
+};
+
+/// The detail text of a failed block-code check.
+inline std::string describe_block_code_failure(std::uint64_t position, std::uint32_t reason, const char* scale_name) {
+  switch (reason) {
+    case bad_scale: return std::string(scale_name) + " of block " + std::to_string(position) + " is negative, not finite or too large";
+    case bad_code: return "the code of element " + std::to_string(position) + " is not allowed under its block's " + scale_name;
+    default: return "non-zero padding bits after the last code";
+  }
+}
+
+}  // namespace gradcomp::cuda_detail
