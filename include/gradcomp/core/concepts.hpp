@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <utility>
 
 #include <gradcomp/core/wire_envelope.hpp>
 
@@ -55,16 +56,21 @@ concept homomorphic = codec_for<C, E> && C::is_homomorphic &&
       c.accumulate_encoded(e, acc, other);
     };
 
-/// A component with state across steps (error residuals, controller history): `make_state(e, n)`
-/// creates it in executor memory, `save_state` writes it to bytes and `load_state` restores it.
+/// The state a stateful component keeps on executor E: what `make_state(e, n)` returns (host
+/// memory on the CPU, device memory on the GPU).
 template <class C, class E>
-concept stateful = executor<E> && requires(const C& c, const E& e, std::uint64_t n,
-                                           typename C::state_type& state, std::span<std::byte> bytes,
-                                           std::span<const std::byte> saved) {
-  { c.make_state(e, n) } -> std::same_as<typename C::state_type>;
-  { c.save_state(e, state, bytes) } -> std::same_as<std::size_t>;
-  c.load_state(e, saved, state);
-};
+using state_type_of = decltype(std::declval<const C&>().make_state(std::declval<const E&>(), std::uint64_t{}));
+
+/// A component with state across steps (error residuals, controller history): `make_state(e, n)`
+/// creates it in executor memory, `save_state` writes it to (host) bytes and `load_state` restores
+/// it.
+template <class C, class E>
+concept stateful = executor<E> && requires(const C& c, const E& e, std::uint64_t n) { c.make_state(e, n); } &&
+    requires(const C& c, const E& e, state_type_of<C, E>& state, std::span<std::byte> bytes,
+             std::span<const std::byte> saved) {
+      { c.save_state(e, state, bytes) } -> std::same_as<std::size_t>;
+      c.load_state(e, saved, state);
+    };
 
 /// Measured statistics of one communication round, the input of a controller.
 struct round_stats {

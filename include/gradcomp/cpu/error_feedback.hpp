@@ -102,32 +102,16 @@ struct backend<error_feedback<Codec>, cpu_executor> {
 
   static std::size_t save_state(const ef_type& ef, const cpu_executor&, const state_type& state,
                                 std::span<std::byte> bytes) {
-    const std::uint64_t n = state.residual.size();
-    const std::size_t size = ef_type::saved_state_bytes(n);
-    detail::require_state_room(bytes, size);
-    std::byte* const p = bytes.data();
-    detail::write_state_head<format>(p, Codec::id, dtype_of<T>, n);
-    detail::store_le<std::uint64_t>(p + 17, state.steps);
-    detail::store_le<std::uint64_t>(p + 25, ef.params_hash());
-    const std::span<const std::byte> values = std::as_bytes(std::span<const T>(state.residual));
-    std::ranges::copy(values, p + format::header_bytes);
-    detail::seal_state<format>(p, values.size());
-    return size;
+    return ef.write_saved_state(state.residual.size(), state.steps, bytes, [&](std::byte* at) {
+      std::ranges::copy(std::as_bytes(std::span<const T>(state.residual)), at);
+    });
   }
 
   static void load_state(const ef_type& ef, const cpu_executor&, std::span<const std::byte> bytes,
                          state_type& state) {
-    const std::uint64_t n = detail::check_state_head<format>(bytes, Codec::id, dtype_of<T>, "GCEF");
-    detail::require(n == state.residual.size(), errc::size_mismatch, [&] {
-      return "saved state has " + std::to_string(n) + " elements, the state " + std::to_string(state.residual.size());
-    });
-    const std::byte* const p = bytes.data();
-    detail::require(detail::load_le<std::uint64_t>(p + 25) == ef.params_hash(), errc::parameter_mismatch,
-                    "codec parameters (hash) differ between the saved state and this codec");
-    const std::span<const std::byte> values = detail::check_state_body<format>(bytes, static_cast<std::size_t>(n) * sizeof(T));
-
-    std::ranges::copy(values, std::as_writable_bytes(std::span<T>(state.residual)).begin());
-    state.steps = detail::load_le<std::uint64_t>(p + 17);
+    const auto saved = ef.check_saved_state(bytes, state.residual.size());
+    std::ranges::copy(saved.residual, std::as_writable_bytes(std::span<T>(state.residual)).begin());
+    state.steps = saved.steps;
     typename float_traits<T>::bits_type largest = 0;
     for (const T v : state.residual) largest = std::max(largest, magnitude_key(v));
     state.residual_max = bound_of(largest);

@@ -131,67 +131,19 @@ struct backend<loco<Codec>, cpu_executor> {
                                 std::span<std::byte> bytes) {
     const std::uint64_t n = state.codes.size();
     check_shape(lc, state, static_cast<std::size_t>(n), "state");
-    const std::size_t size = lc.saved_state_bytes(n);
-    detail::require_state_room(bytes, size);
-    std::byte* const p = bytes.data();
-    detail::write_state_head<format>(p, Codec::id, dtype_of<T>, n);
-    detail::store_le<std::uint64_t>(p + 17, state.steps);
-    detail::store_le<std::uint64_t>(p + 25, state.total_steps);
-    detail::store_le<std::uint64_t>(p + 33, lc.params_hash());
-    detail::store_le<std::uint32_t>(p + 41, std::bit_cast<std::uint32_t>(lc.params().beta));
-    detail::store_le<std::uint32_t>(p + 45, lc.params().reset_period);
-    detail::store_le<std::uint32_t>(p + 49, lc.params().error_group);
-    const std::span<const std::byte> codes = std::as_bytes(std::span<const std::int8_t>(state.codes));
-    const std::span<const std::byte> scales = std::as_bytes(std::span<const T>(state.scales));
-    std::byte* const payload = p + format::header_bytes;
-    std::ranges::copy(codes, payload);
-    std::ranges::copy(scales, payload + codes.size());
-    detail::seal_state<format>(p, codes.size() + scales.size());
-    return size;
+    return lc.write_saved_state(n, state.steps, state.total_steps, bytes, [&](std::byte* codes, std::byte* scales) {
+      std::ranges::copy(std::as_bytes(std::span<const std::int8_t>(state.codes)), codes);
+      std::ranges::copy(std::as_bytes(std::span<const T>(state.scales)), scales);
+    });
   }
 
   static void load_state(const loco_type& lc, const cpu_executor&, std::span<const std::byte> bytes,
                          state_type& state) {
-    const std::uint64_t n = detail::check_state_head<format>(bytes, Codec::id, dtype_of<T>, "GCLC");
-    const std::byte* const p = bytes.data();
-    detail::require(n == state.codes.size(), errc::size_mismatch, [&] {
-      return "saved state has " + std::to_string(n) + " elements, the state " + std::to_string(state.codes.size());
-    });
-    detail::require(detail::load_le<std::uint64_t>(p + 33) == lc.params_hash(), errc::parameter_mismatch,
-                    "inner codec parameters (hash) differ between the saved state and this codec");
-    const loco_params saved{std::bit_cast<float>(detail::load_le<std::uint32_t>(p + 41)),
-                            detail::load_le<std::uint32_t>(p + 45), detail::load_le<std::uint32_t>(p + 49)};
-    detail::require(std::bit_cast<std::uint32_t>(saved.beta) == std::bit_cast<std::uint32_t>(lc.params().beta) &&
-                        saved.reset_period == lc.params().reset_period &&
-                        saved.error_group == lc.params().error_group,
-                    errc::parameter_mismatch, [&] {
-                      return "state saved with beta " + std::to_string(saved.beta) + ", reset_period " +
-                             std::to_string(saved.reset_period) + ", error_group " +
-                             std::to_string(saved.error_group) + "; this wrapper has beta " +
-                             std::to_string(lc.params().beta) + ", reset_period " +
-                             std::to_string(lc.params().reset_period) + ", error_group " +
-                             std::to_string(lc.params().error_group);
-                    });
-    check_shape(lc, state, static_cast<std::size_t>(n), "saved state");
-    const std::size_t code_bytes = static_cast<std::size_t>(n);
-    const std::span<const std::byte> payload =
-        detail::check_state_body<format>(bytes, code_bytes + state.scales.size() * sizeof(T));
-    bool valid = true;
-    for (std::size_t i = 0; i < code_bytes; ++i)
-      valid &= static_cast<std::int8_t>(std::to_integer<std::uint8_t>(payload[i])) != std::int8_t{-128};
-    detail::require(valid, errc::malformed_payload, "a saved error code is -128, outside [-127, 127]");
-    const std::span<const std::byte> scales = payload.subspan(code_bytes);
-    for (std::size_t j = 0; j < state.scales.size(); ++j) {
-      T scale;
-      std::ranges::copy(scales.subspan(j * sizeof(T), sizeof(T)), reinterpret_cast<std::byte*>(&scale));
-      valid &= (to_bits(scale) >> (sizeof(T) * 8 - 1)) == 0 && is_finite(scale * T{127});
-    }
-    detail::require(valid, errc::malformed_payload, "a saved error scale is negative, NaN, Inf or too large");
-
-    std::ranges::copy(payload.first(code_bytes), std::as_writable_bytes(std::span<std::int8_t>(state.codes)).begin());
-    std::ranges::copy(scales, std::as_writable_bytes(std::span<T>(state.scales)).begin());
-    state.steps = detail::load_le<std::uint64_t>(p + 17);
-    state.total_steps = detail::load_le<std::uint64_t>(p + 25);
+    const auto saved = lc.check_saved_state(bytes, state.codes.size(), state.scales.size());
+    std::ranges::copy(saved.codes, std::as_writable_bytes(std::span<std::int8_t>(state.codes)).begin());
+    std::ranges::copy(saved.scales, std::as_writable_bytes(std::span<T>(state.scales)).begin());
+    state.steps = saved.steps;
+    state.total_steps = saved.total_steps;
   }
 
   static void carried_error(const loco_type& lc, const cpu_executor&, const state_type& state, std::span<T> out) {

@@ -36,13 +36,16 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include <gradcomp/core/backend.hpp>
 #include <gradcomp/feedback/feedback_interface.hpp>
 #include <gradcomp/core/concepts.hpp>
+#include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/saved_state.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 
 namespace gradcomp {
@@ -87,6 +90,45 @@ class error_feedback
   [[nodiscard]] static constexpr std::size_t saved_state_bytes(std::uint64_t n) noexcept {
     return error_feedback_saved_format::header_bytes + static_cast<std::size_t>(n) * sizeof(value_type) +
            error_feedback_saved_format::checksum_bytes;
+  }
+
+  /// Writes a saved state of n elements and `steps` steps into `bytes` (every backend's
+  /// `save_state`): the header, then `copy_residual(at)` copies the n residual values to `at`, then
+  /// the CRCs. @returns bytes written. @throws error `buffer_too_small`.
+  template <class CopyResidual>
+  std::size_t write_saved_state(std::uint64_t n, std::uint64_t steps, std::span<std::byte> bytes,
+                                CopyResidual&& copy_residual) const {
+    using format = error_feedback_saved_format;
+    const std::size_t size = saved_state_bytes(n);
+    detail::require_state_room(bytes, size);
+    std::byte* const p = bytes.data();
+    detail::write_state_head<format>(p, Codec::id, dtype_of<value_type>, n);
+    detail::store_le<std::uint64_t>(p + 17, steps);
+    detail::store_le<std::uint64_t>(p + 25, this->params_hash());
+    copy_residual(p + format::header_bytes);
+    detail::seal_state<format>(p, static_cast<std::size_t>(n) * sizeof(value_type));
+    return size;
+  }
+
+  /// A saved state checked for a state of n elements.
+  struct saved_state_view {
+    std::uint64_t steps;                      ///< Steps taken.
+    std::span<const std::byte> residual;      ///< The n residual values' bytes.
+  };
+  /// Checks saved bytes for a state of n elements in the order of this file's comment (every
+  /// backend's `load_state`, before it touches the state). @throws error as listed there.
+  [[nodiscard]] saved_state_view check_saved_state(std::span<const std::byte> bytes, std::uint64_t n) const {
+    using format = error_feedback_saved_format;
+    const std::uint64_t saved_n = detail::check_state_head<format>(bytes, Codec::id, dtype_of<value_type>, "GCEF");
+    detail::require(saved_n == n, errc::size_mismatch, [&] {
+      return "saved state has " + std::to_string(saved_n) + " elements, the state " + std::to_string(n);
+    });
+    const std::byte* const p = bytes.data();
+    detail::require(detail::load_le<std::uint64_t>(p + 25) == this->params_hash(), errc::parameter_mismatch,
+                    "codec parameters (hash) differ between the saved state and this codec");
+    const std::span<const std::byte> values =
+        detail::check_state_body<format>(bytes, static_cast<std::size_t>(n) * sizeof(value_type));
+    return {detail::load_le<std::uint64_t>(p + 17), values};
   }
 };
 

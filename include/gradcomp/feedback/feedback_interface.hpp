@@ -22,7 +22,10 @@ class feedback_interface {
 
  public:
   using value_type = typename Codec::value_type;  ///< Element type of the gradient.
-  using state_type = State;                       ///< State carried across steps.
+  using state_type = State;                       ///< State carried across steps on the CPU.
+  /// State carried across steps on executor E (`state_type` on the CPU; device memory on the GPU).
+  template <executor E>
+  using state_type_on = typename backend<Wrapper, E>::state_type;
   static constexpr codec_id id = Codec::id;       ///< Messages are the inner codec's.
 
   /// The wrapped codec.
@@ -39,7 +42,7 @@ class feedback_interface {
   }
   /// A fresh state for n elements.
   template <executor E>
-  [[nodiscard]] state_type make_state(const E& e, std::uint64_t n) const {
+  [[nodiscard]] state_type_on<E> make_state(const E& e, std::uint64_t n) const {
     return backend<Wrapper, E>::make_state(self(), e, n);
   }
   /// One step: encodes `grad` with the carried state into `out` (at least `max_encoded_bytes(n)`
@@ -47,7 +50,7 @@ class feedback_interface {
   /// state is unchanged. @returns bytes written.
   /// @throws error `size_mismatch`, `non_finite_input`, `workspace_too_small`, or the inner codec's.
   template <executor E>
-  std::size_t encode(const E& e, std::span<const value_type> grad, state_type& state, std::span<std::byte> out,
+  std::size_t encode(const E& e, std::span<const value_type> grad, state_type_on<E>& state, std::span<std::byte> out,
                      std::span<std::byte> ws, message_key key = {}) const {
     return backend<Wrapper, E>::encode(self(), e, grad, state, out, ws, key);
   }
@@ -66,7 +69,7 @@ class feedback_interface {
   /// Writes `state` into `bytes` (at least the wrapper's `saved_state_bytes(n)`). @returns bytes written.
   /// @throws error `buffer_too_small`.
   template <executor E>
-  std::size_t save_state(const E& e, const state_type& state, std::span<std::byte> bytes) const {
+  std::size_t save_state(const E& e, const state_type_on<E>& state, std::span<std::byte> bytes) const {
     return backend<Wrapper, E>::save_state(self(), e, state, bytes);
   }
   /// Writes the error `state` carries into the next step, one value per element: what the next
@@ -74,20 +77,20 @@ class feedback_interface {
   /// error). With `set_carried_error` it re-lays a state when the elements of a tensor change,
   /// as when a framework rebuilds its gradient buckets. @throws error `size_mismatch`.
   template <executor E>
-  void carried_error(const E& e, const state_type& state, std::span<value_type> out) const {
+  void carried_error(const E& e, const state_type_on<E>& state, std::span<value_type> out) const {
     backend<Wrapper, E>::carried_error(self(), e, state, out);
   }
   /// Replaces the error `state` carries by `error` (one value per element; LoCo stores it in 8
   /// bits, so it reads back within half a quantization step). Step counters are kept.
   /// @throws error `size_mismatch`, `non_finite_input`; `state` is unchanged then.
   template <executor E>
-  void set_carried_error(const E& e, std::span<const value_type> error, state_type& state) const {
+  void set_carried_error(const E& e, std::span<const value_type> error, state_type_on<E>& state) const {
     backend<Wrapper, E>::set_carried_error(self(), e, error, state);
   }
   /// Restores `state` from saved bytes, checking everything before touching it.
   /// @throws error naming what is wrong with the bytes; `state` is unchanged then.
   template <executor E>
-  void load_state(const E& e, std::span<const std::byte> bytes, state_type& state) const {
+  void load_state(const E& e, std::span<const std::byte> bytes, state_type_on<E>& state) const {
     backend<Wrapper, E>::load_state(self(), e, bytes, state);
   }
 

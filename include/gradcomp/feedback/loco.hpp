@@ -52,8 +52,10 @@
 /// the state's scale count (`size_mismatch`), total length (`truncated`, `trailing_bytes`), payload
 /// CRC (`payload_checksum`), codes in [−127, 127] and scales finite and ≥ 0 (`malformed_payload`).
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <utility>
@@ -64,6 +66,7 @@
 #include <gradcomp/core/concepts.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/saved_state.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 
 namespace gradcomp {
@@ -132,6 +135,83 @@ class loco : public feedback_interface<loco<Codec>, Codec, loco_state<typename C
   [[nodiscard]] std::size_t saved_state_bytes(std::uint64_t n) const noexcept {
     return loco_saved_format::header_bytes + static_cast<std::size_t>(n + group_count(n) * sizeof(value_type)) +
            loco_saved_format::checksum_bytes;
+  }
+
+  /// Writes a saved state of n elements into `bytes` (every backend's `save_state`): the header
+  /// with `steps` (t) and `total_steps`, then `copy_error(codes_at, scales_at)` copies the n error
+  /// codes and ⌈n/G⌉ scales, then the CRCs. @returns bytes written. @throws error `buffer_too_small`.
+  template <class CopyError>
+  std::size_t write_saved_state(std::uint64_t n, std::uint64_t steps, std::uint64_t total_steps,
+                                std::span<std::byte> bytes, CopyError&& copy_error) const {
+    using format = loco_saved_format;
+    const std::size_t size = saved_state_bytes(n);
+    detail::require_state_room(bytes, size);
+    std::byte* const p = bytes.data();
+    detail::write_state_head<format>(p, Codec::id, dtype_of<value_type>, n);
+    detail::store_le<std::uint64_t>(p + 17, steps);
+    detail::store_le<std::uint64_t>(p + 25, total_steps);
+    detail::store_le<std::uint64_t>(p + 33, this->params_hash());
+    detail::store_le<std::uint32_t>(p + 41, std::bit_cast<std::uint32_t>(params_.beta));
+    detail::store_le<std::uint32_t>(p + 45, params_.reset_period);
+    detail::store_le<std::uint32_t>(p + 49, params_.error_group);
+    std::byte* const codes = p + format::header_bytes;
+    copy_error(codes, codes + n);
+    detail::seal_state<format>(p, static_cast<std::size_t>(n + group_count(n) * sizeof(value_type)));
+    return size;
+  }
+
+  /// A saved state checked for a state of n elements.
+  struct saved_state_view {
+    std::uint64_t steps;                 ///< Steps since the last reset (t).
+    std::uint64_t total_steps;           ///< Steps taken in all.
+    std::span<const std::byte> codes;    ///< The n error codes.
+    std::span<const std::byte> scales;   ///< The ⌈n/G⌉ error scales' bytes.
+  };
+  /// Checks saved bytes for a state of n elements holding `state_scales` error scales, in the order
+  /// of this file's comment, codes and scales included (every backend's `load_state`, before it
+  /// touches the state). @throws error as listed there.
+  [[nodiscard]] saved_state_view check_saved_state(std::span<const std::byte> bytes, std::uint64_t n,
+                                                   std::uint64_t state_scales) const {
+    using format = loco_saved_format;
+    const std::uint64_t saved_n = detail::check_state_head<format>(bytes, Codec::id, dtype_of<value_type>, "GCLC");
+    const std::byte* const p = bytes.data();
+    detail::require(saved_n == n, errc::size_mismatch, [&] {
+      return "saved state has " + std::to_string(saved_n) + " elements, the state " + std::to_string(n);
+    });
+    detail::require(detail::load_le<std::uint64_t>(p + 33) == this->params_hash(), errc::parameter_mismatch,
+                    "inner codec parameters (hash) differ between the saved state and this codec");
+    const loco_params saved{std::bit_cast<float>(detail::load_le<std::uint32_t>(p + 41)),
+                            detail::load_le<std::uint32_t>(p + 45), detail::load_le<std::uint32_t>(p + 49)};
+    detail::require(std::bit_cast<std::uint32_t>(saved.beta) == std::bit_cast<std::uint32_t>(params_.beta) &&
+                        saved.reset_period == params_.reset_period && saved.error_group == params_.error_group,
+                    errc::parameter_mismatch, [&] {
+                      return "state saved with beta " + std::to_string(saved.beta) + ", reset_period " +
+                             std::to_string(saved.reset_period) + ", error_group " +
+                             std::to_string(saved.error_group) + "; this wrapper has beta " +
+                             std::to_string(params_.beta) + ", reset_period " + std::to_string(params_.reset_period) +
+                             ", error_group " + std::to_string(params_.error_group);
+                    });
+    detail::require(state_scales == group_count(n), errc::size_mismatch, [&] {
+      return "state holds " + std::to_string(state_scales) + " error scales, " + std::to_string(n) +
+             " elements in groups of " + std::to_string(params_.error_group) + " need " + std::to_string(group_count(n));
+    });
+    const std::size_t code_bytes = static_cast<std::size_t>(n);
+    const std::size_t scale_count = static_cast<std::size_t>(group_count(n));
+    const std::span<const std::byte> payload =
+        detail::check_state_body<format>(bytes, code_bytes + scale_count * sizeof(value_type));
+    bool valid = true;
+    for (std::size_t i = 0; i < code_bytes; ++i)
+      valid &= static_cast<std::int8_t>(std::to_integer<std::uint8_t>(payload[i])) != std::int8_t{-128};
+    detail::require(valid, errc::malformed_payload, "a saved error code is -128, outside [-127, 127]");
+    const std::span<const std::byte> scales = payload.subspan(code_bytes);
+    for (std::size_t j = 0; j < scale_count; ++j) {
+      value_type scale;
+      std::memcpy(&scale, scales.data() + j * sizeof(value_type), sizeof scale);
+      valid &= (to_bits(scale) >> (sizeof(value_type) * 8 - 1)) == 0 && is_finite(scale * value_type{127});
+    }
+    detail::require(valid, errc::malformed_payload, "a saved error scale is negative, NaN, Inf or too large");
+    return {detail::load_le<std::uint64_t>(p + 17), detail::load_le<std::uint64_t>(p + 25), payload.first(code_bytes),
+            scales};
   }
 
  private:
