@@ -12,8 +12,10 @@
 #include <gradcomp/cuda/check.cuh>
 #include <gradcomp/cuda/crc32c.cuh>
 #include <gradcomp/cuda/device_array.cuh>
+#include <gradcomp/cuda/error_feedback.cuh>
 #include <gradcomp/cuda/executor.cuh>
 #include <gradcomp/cuda/grid.cuh>
+#include <gradcomp/cuda/loco.cuh>
 #include <gradcomp/cuda/message.cuh>
 #include <gradcomp/cuda/operation.cuh>
 #include <gradcomp/cuda/qsgd.cuh>

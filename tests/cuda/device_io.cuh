@@ -1,8 +1,8 @@
 #pragma once
-// Running a codec on any executor with host vectors at the interface: on the CPU directly, on the
-// GPU by copying inputs to device memory and results back. Test bodies written against these
-// helpers run unchanged on cpu_executor and cuda_executor (GRADCOMP_TEST_ON_EXECUTORS), and the
-// CUDA cases skip where no GPU (or no driver) is present.
+// The CUDA side of the executor-generic tests: executor_memory<cuda_executor> (host vectors copied
+// to device memory and back, support/executor_io.hpp), whether a GPU is present, which codecs have
+// a CUDA backend, and GRADCOMP_TEST_ON_EXECUTORS, which runs one test body on cpu_executor and on
+// cuda_executor, the CUDA case skipped where no GPU (or no driver) is present.
 #include <gradcomp/cuda.cuh>
 
 #include <doctest/doctest.h>
@@ -10,13 +10,11 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
-#include <cstdint>
 #include <span>
-#include <string>
 #include <type_traits>
 #include <vector>
 
-#include "support/errors.hpp"
+#include "support/executor_io.hpp"
 
 namespace gradcomp::test {
 
@@ -51,131 +49,41 @@ device_array<T> to_device(const std::vector<T>& host) {
   return d;
 }
 
-/// A host copy of `count` device elements at `device`.
+/// A host copy of the first `count` elements of a device array.
 template <class T>
-std::vector<T> to_host(const T* device, std::size_t count) {
+std::vector<T> to_host(const device_array<T>& device, std::size_t count) {
   std::vector<T> host(count);
-  if (count > 0) GRADCOMP_CUDA_CHECK(cudaMemcpy(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost));
+  if (count > 0) GRADCOMP_CUDA_CHECK(cudaMemcpy(host.data(), device.data(), count * sizeof(T), cudaMemcpyDeviceToHost));
   return host;
 }
 
 /// A host copy of a device array.
 template <class T>
 std::vector<T> to_host(const device_array<T>& device) {
-  return to_host(device.data(), device.size());
+  return to_host(device, device.size());
 }
 
-/// Encodes `x` on `exec` and returns exactly the bytes written.
-template <class E, class Codec, class T>
-std::vector<std::byte> encode_on(const E& exec, const Codec& codec, const std::vector<T>& x, message_key key = {}) {
-  if constexpr (on_gpu<E>) {
-    const device_array<T> g = to_device(x);
-    device_array<std::byte> out(codec.max_encoded_bytes(x.size()));
-    device_array<std::byte> ws(codec.workspace_bytes(exec, x.size()));
-    const std::size_t size = codec.encode(exec, std::span<const T>(g.span()), out.span(), ws.span(), key);
-    return to_host(out.data(), size);
-  } else {
-    std::vector<std::byte> out(codec.max_encoded_bytes(x.size()));
-    std::vector<std::byte> ws(codec.workspace_bytes(exec, x.size()));
-    out.resize(codec.encode(exec, std::span<const T>(x), out, ws, key));
-    return out;
+/// Host vectors in device memory: copied in with cudaMemcpy, copied out after the stream's work.
+template <>
+struct executor_memory<cuda_executor> {
+  template <class T>
+  static device_array<T> copy_in(const std::vector<T>& host) {
+    return to_device(host);
   }
-}
-
-/// Decodes `message` on `exec` into `into` (overwriting, or adding when `accumulate`) and returns
-/// the result; on error throws and leaves nothing changed.
-template <class E, class Codec, class T = typename Codec::value_type>
-std::vector<T> decode_on(const E& exec, const Codec& codec, const std::vector<std::byte>& message, std::vector<T> into,
-                         bool accumulate = false, decode_limits limits = {}) {
-  const std::size_t n = into.size();
-  if constexpr (on_gpu<E>) {
-    const device_array<std::byte> m = to_device(message);
-    device_array<T> out = to_device(into);
-    device_array<std::byte> ws(codec.workspace_bytes(exec, n));
-    if (accumulate) codec.decode_accumulate(exec, std::span<const std::byte>(m.span()), out.span(), ws.span(), limits);
-    else codec.decode(exec, std::span<const std::byte>(m.span()), out.span(), ws.span(), limits);
-    return to_host(out);
-  } else {
-    std::vector<std::byte> ws(codec.workspace_bytes(exec, n));
-    if (accumulate) codec.decode_accumulate(exec, std::span<const std::byte>(message), std::span<T>(into), ws, limits);
-    else codec.decode(exec, std::span<const std::byte>(message), std::span<T>(into), ws, limits);
-    return into;
+  template <class T>
+  static device_array<T> zeros(std::size_t count) {
+    return device_array<T>(count);
   }
-}
-
-/// What an operation gave: "ok" or the named error it threw, and the output buffer afterwards.
-template <class V>
-struct outcome {
-  std::string status;
-  std::vector<V> output;
-
-  friend bool operator==(const outcome&, const outcome&) = default;
+  template <class T>
+  static std::span<T> span(device_array<T>& buffer) {
+    return buffer.span();
+  }
+  template <class T>
+  static std::vector<T> copy_out(const cuda_executor& exec, const device_array<T>& buffer, std::size_t count) {
+    exec.synchronize();
+    return to_host(buffer, count);
+  }
 };
-
-/// Encodes `x` on `exec` into a buffer of `max_encoded_bytes` pre-filled with 0xAB bytes, and
-/// returns what happened and the whole buffer (on success, the message's bytes first).
-template <class E, class Codec, class T>
-outcome<std::byte> encode_outcome_on(const E& exec, const Codec& codec, const std::vector<T>& x, message_key key = {}) {
-  std::vector<std::byte> buffer(codec.max_encoded_bytes(x.size()), std::byte{0xAB});
-  std::string status = "ok";
-  if constexpr (on_gpu<E>) {
-    const device_array<T> g = to_device(x);
-    device_array<std::byte> out = to_device(buffer);
-    device_array<std::byte> ws(codec.workspace_bytes(exec, x.size()));
-    try {
-      (void)codec.encode(exec, std::span<const T>(g.span()), out.span(), ws.span(), key);
-    } catch (const error& e) {
-      status = named(e.code());
-    }
-    buffer = to_host(out);
-  } else {
-    std::vector<std::byte> ws(codec.workspace_bytes(exec, x.size()));
-    try {
-      (void)codec.encode(exec, std::span<const T>(x), buffer, ws, key);
-    } catch (const error& e) {
-      status = named(e.code());
-    }
-  }
-  return {status, buffer};
-}
-
-/// Decodes `message` on `exec` into (or, with `accumulate`, onto) a copy of `into`, and returns
-/// what happened and the output afterwards.
-template <class E, class Codec, class T = typename Codec::value_type>
-outcome<T> decode_outcome_on(const E& exec, const Codec& codec, const std::vector<std::byte>& message,
-                             const std::vector<T>& into, bool accumulate = false, decode_limits limits = {}) {
-  std::string status = "ok";
-  std::vector<T> values = into;
-  if constexpr (on_gpu<E>) {
-    const device_array<std::byte> m = to_device(message);
-    device_array<T> out = to_device(into);
-    device_array<std::byte> ws(codec.workspace_bytes(exec, into.size()));
-    try {
-      if (accumulate) codec.decode_accumulate(exec, std::span<const std::byte>(m.span()), out.span(), ws.span(), limits);
-      else codec.decode(exec, std::span<const std::byte>(m.span()), out.span(), ws.span(), limits);
-    } catch (const error& e) {
-      status = named(e.code());
-    }
-    values = to_host(out);
-  } else {
-    std::vector<std::byte> ws(codec.workspace_bytes(exec, into.size()));
-    try {
-      if (accumulate) codec.decode_accumulate(exec, std::span<const std::byte>(message), std::span<T>(values), ws, limits);
-      else codec.decode(exec, std::span<const std::byte>(message), std::span<T>(values), ws, limits);
-    } catch (const error& e) {
-      status = named(e.code());
-    }
-  }
-  return {status, values};
-}
-
-/// Bit patterns of values, so that outcomes compare −0 ≠ +0 and NaN payloads exactly.
-template <class T>
-std::vector<typename float_traits<T>::bits_type> bit_patterns(const std::vector<T>& values) {
-  std::vector<typename float_traits<T>::bits_type> bits(values.size());
-  for (std::size_t i = 0; i < values.size(); ++i) bits[i] = to_bits(values[i]);
-  return bits;
-}
 
 }  // namespace gradcomp::test
 

@@ -1,6 +1,7 @@
 #pragma once
 // The error-feedback invariant as a reusable check: over `steps` steps of fresh N(0, 1e-3)
-// gradients, Σ decoded + final residual equals Σ gradients within a rounding bound derived below.
+// gradients, Σ decoded + final residual equals Σ gradients within a rounding bound derived below,
+// on any executor (the CUDA tests run it on the GPU; messages are decoded on the CPU).
 #include <gradcomp/feedback/error_feedback.hpp>
 
 #include <doctest/doctest.h>
@@ -15,6 +16,7 @@
 
 #include "support/codec_io.hpp"
 #include "support/data.hpp"
+#include "support/executor_io.hpp"
 
 namespace gradcomp::test {
 
@@ -29,29 +31,29 @@ namespace gradcomp::test {
 // γ_m = m·u_d/(1 − m·u_d) denominator. For top-k and threshold d_t is 0 or exactly a_t, so
 // e_{t+1} is exact and only the rounding of a_t contributes; random-k scales by n/k, so a_t − d_t
 // rounds too.
-template <class Codec>
-void check_ef_invariant(const Codec& inner, std::size_t n, std::uint64_t steps, std::uint64_t seed, std::uint32_t tensor_id) {
+template <class Codec, class E = cpu_executor>
+void check_ef_invariant(const Codec& inner, std::size_t n, std::uint64_t steps, std::uint64_t seed, std::uint32_t tensor_id,
+                        E exec = {}) {
   using T = typename Codec::value_type;
   const error_feedback<Codec> ef(inner);
-  const cpu_executor cpu;
-  auto state = ef.make_state(cpu, n);
+  stepper<E, error_feedback<Codec>> run(exec, ef, n);
   std::vector<double> sum_decoded(n, 0.0), sum_grad(n, 0.0), sum_abs_terms(n, 0.0), ef_rounding(n, 0.0);
+  std::vector<T> residual = run.carried_error();
   for (std::uint64_t t = 0; t < steps; ++t) {
     const std::vector<T> g = make_input<T>(input_kind::normal, n, seed + t);
-    const std::vector<T> residual_before = state.residual;
-    std::vector<std::byte> message(ef.max_encoded_bytes(n));
-    std::vector<std::byte> ws(ef.workspace_bytes(cpu, n));
-    message.resize(ef.encode(cpu, std::span<const T>(g), state, message, ws, {.step = t, .tensor_id = tensor_id}));
+    const std::vector<T> residual_before = residual;
+    const std::vector<std::byte> message = run.step(g, {.step = t, .tensor_id = tensor_id});
+    residual = run.carried_error();
     const std::vector<T> d = decode_values(inner, message, n);
     for (std::size_t i = 0; i < n; ++i) {
       const T a = g[i] + residual_before[i];
       sum_decoded[i] += static_cast<double>(d[i]);
       sum_grad[i] += static_cast<double>(g[i]);
       sum_abs_terms[i] += std::fabs(static_cast<double>(d[i])) + std::fabs(static_cast<double>(g[i]));
-      ef_rounding[i] += std::fabs(static_cast<double>(a)) + std::fabs(static_cast<double>(state.residual[i]));
+      ef_rounding[i] += std::fabs(static_cast<double>(a)) + std::fabs(static_cast<double>(residual[i]));
     }
   }
-  CHECK(state.steps == steps);
+  CHECK(run.state().steps == steps);
 
   const double u = std::numeric_limits<T>::epsilon() / 2;
   const double eps_d = std::numeric_limits<double>::epsilon();
@@ -59,7 +61,7 @@ void check_ef_invariant(const Codec& inner, std::size_t n, std::uint64_t steps, 
   std::size_t violations = 0;
   double worst_bound = 0.0, largest_residual = 0.0;
   for (std::size_t i = 0; i < n; ++i) {
-    const double e = static_cast<double>(state.residual[i]);
+    const double e = static_cast<double>(residual[i]);
     const double bound = u * ef_rounding[i] + terms * eps_d * (sum_abs_terms[i] + std::fabs(e));
     const double gap = std::fabs(sum_decoded[i] + e - sum_grad[i]);
     if (!(gap <= bound)) {

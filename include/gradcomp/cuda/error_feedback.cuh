@@ -1,0 +1,299 @@
+#pragma once
+/// @file
+/// Error feedback on the GPU, with the CPU reference's bytes and residuals.
+///
+/// State: the residual e in device memory, and a second buffer of the same size that a step writes
+/// its new residual into; the two are exchanged once the step has succeeded, so a step that fails
+/// (NaN or Inf in g + e) leaves e as it was without a pass that checks g first. The state thus
+/// takes 2·n values of device memory (docs/cuda.md §3).
+///
+/// Around the uniform quantizer whose blocks fill whole code words, one kernel does the step: a
+/// warp per block forms h = g + e, finds its largest magnitude, writes the scale and the codes,
+/// and writes h − code·s as the new residual (one read of g and e, one write of the codes and of
+/// the new residual). Around any other codec with a CUDA backend: h = g + e into the workspace
+/// (checked on the host), the inner codec's encode and decode, and the new residual h − decoded.
+
+#include <gradcomp/cuda/config.cuh>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include <gradcomp/core/backend.hpp>
+#include <gradcomp/core/error.hpp>
+#include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/core/workspace.hpp>
+#include <gradcomp/cuda/block_codes.cuh>
+#include <gradcomp/cuda/device_array.cuh>
+#include <gradcomp/cuda/executor.cuh>
+#include <gradcomp/cuda/grid.cuh>
+#include <gradcomp/cuda/message.cuh>
+#include <gradcomp/cuda/operation.cuh>
+#include <gradcomp/cuda/uniform.cuh>
+#include <gradcomp/feedback/error_feedback.hpp>
+
+namespace gradcomp {
+
+/// State of error feedback for one tensor on the GPU.
+template <gradient_value T>
+struct cuda_error_feedback_state {
+  device_array<T> residual;  ///< What the codec has not sent yet, one value per element.
+  device_array<T> next;      ///< Where a step writes the new residual; exchanged with `residual` when it succeeds.
+  std::uint64_t steps = 0;   ///< Steps completed.
+};
+
+namespace cuda_detail {
+
+/// h = g + e, recording the first element where it is NaN or Inf.
+template <class T>
+struct ef_compensate {
+  const T* g;
+  const T* e;
+  T* h;
+  device_status* status;
+
+  __device__ void operator()(std::uint64_t i) const {
+    h[i] = g[i] + e[i];
+    if (!is_finite(h[i])) record_failure(status, errc::non_finite_input, i);
+  }
+};
+
+/// next = h − decoded.
+template <class T>
+struct ef_residual {
+  const T* h;
+  const T* decoded;
+  T* next;
+
+  __device__ void operator()(std::uint64_t i) const { next[i] = h[i] - decoded[i]; }
+};
+
+/// Records the first NaN or Inf of `values` (a carried error to be stored).
+template <class T>
+struct find_non_finite {
+  const T* values;
+  device_status* status;
+
+  __device__ void operator()(std::uint64_t i) const {
+    if (!is_finite(values[i])) record_failure(status, errc::non_finite_input, i);
+  }
+};
+
+/// One warp per block of the uniform quantizer (blocks filling whole code words): h = g + e, its
+/// largest magnitude, the scale, the codes, and the new residual h − code·s.
+template <class T>
+struct ef_uniform_blocks {
+  const T* g;
+  const T* e;
+  block_layout layout;
+  uniform_rule<T> rule;
+  T* scales;
+  std::byte* codes;
+  T* next;
+  device_status* status;
+
+  __device__ void operator()(std::uint64_t j) const {
+    const std::uint64_t begin = j * layout.block;
+    const std::uint64_t count = layout.count(j);
+    typename float_traits<T>::bits_type largest = 0;
+    for (std::uint64_t i = begin + lane_id(); i < begin + count; i += 32) {
+      const auto key = magnitude_key(g[i] + e[i]);
+      largest = key > largest ? key : largest;
+    }
+    largest = warp_max(largest);
+    if (largest >= float_traits<T>::infinity_key) {
+      for (std::uint64_t i = begin + lane_id(); i < begin + count; i += 32)
+        if (!is_finite(g[i] + e[i])) {
+          record_failure(status, errc::non_finite_input, i);
+          break;
+        }
+      return;
+    }
+    const T m = from_bits<T>(largest);
+    const uniform_block_coding<T> coding(m, uniform_step(m, layout.bits), layout.bits);
+    if (lane_id() == 0) scales[j] = coding.s;
+    const std::uint64_t per_word = layout.per_word();
+    const std::uint64_t words = (count + per_word - 1) / per_word;
+    for (std::uint64_t w = lane_id(); w < words; w += 32) {
+      const std::uint64_t first = begin + w * per_word;
+      const std::uint64_t last = first + per_word < begin + count ? first + per_word : begin + count;
+      std::uint32_t word = 0;
+      philox_cache random;
+      for (std::uint64_t i = first; i < last; ++i) {
+        const T h = g[i] + e[i];
+        const std::uint8_t c = rule.code(h, i, coding, random);
+        word |= std::uint32_t{c} << ((i - first) * static_cast<unsigned>(layout.bits));
+        next[i] = h - rule.value(c, coding.s);
+      }
+      store_code_word(codes, first / per_word, word, layout.code_bytes);
+    }
+  }
+};
+
+}  // namespace cuda_detail
+
+/// Error feedback on the GPU.
+template <class Codec>
+struct backend<error_feedback<Codec>, cuda_executor> {
+  using T = typename Codec::value_type;
+  using ef_type = error_feedback<Codec>;
+  using state_type = cuda_error_feedback_state<T>;
+
+  struct scratch {
+    std::span<T> compensated;      ///< h = g + e (the general path).
+    std::span<T> decoded;          ///< The inner codec's decoding of its message (the general path).
+    std::span<std::byte> inner;    ///< The inner codec's workspace (the general path).
+    cuda_detail::crc_scratch crc;  ///< The payload CRC (the one-kernel path, with checksums).
+  };
+
+  static std::size_t workspace_bytes(const ef_type& ef, const cuda_executor& e, std::uint64_t n) {
+    workspace_arena arena = workspace_arena::measure();
+    cuda_detail::operation::reserve(arena);
+    (void)carve(arena, ef, e, n);
+    return arena.bytes_needed();
+  }
+
+  static state_type make_state(const ef_type&, const cuda_executor&, std::uint64_t n) {
+    return state_type{device_array<T>(static_cast<std::size_t>(n)), device_array<T>(static_cast<std::size_t>(n)), 0};
+  }
+
+  static std::size_t encode(const ef_type& ef, const cuda_executor& exec, std::span<const T> grad, state_type& state,
+                            std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
+    const std::uint64_t n = grad.size();
+    check_size(state, n, "gradient");
+    workspace_arena arena(ws);
+    const cuda_detail::operation op(exec, arena);
+    const scratch s = carve(arena, ef, exec, n);
+    std::size_t bytes = 0;
+    if constexpr (fusable) {
+      if (one_kernel(ef.inner())) bytes = encode_fused(ef, exec, grad, state, out, s, op, key);
+      else bytes = encode_general(ef, exec, grad, state, out, s, op, key);
+    } else {
+      bytes = encode_general(ef, exec, grad, state, out, s, op, key);
+    }
+    std::swap(state.residual, state.next);
+    ++state.steps;
+    return bytes;
+  }
+
+  static std::size_t save_state(const ef_type& ef, const cuda_executor& exec, const state_type& state,
+                                std::span<std::byte> bytes) {
+    return ef.write_saved_state(state.residual.size(), state.steps, bytes, [&](std::byte* at) {
+      GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(at, state.residual.data(), state.residual.size() * sizeof(T),
+                                          cudaMemcpyDeviceToHost, exec.native_stream()));
+      exec.synchronize();
+    });
+  }
+
+  static void load_state(const ef_type& ef, const cuda_executor& exec, std::span<const std::byte> bytes,
+                         state_type& state) {
+    const auto saved = ef.check_saved_state(bytes, state.residual.size());
+    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(state.residual.data(), saved.residual.data(), saved.residual.size(),
+                                        cudaMemcpyHostToDevice, exec.native_stream()));
+    exec.synchronize();
+    state.steps = saved.steps;
+  }
+
+  static void carried_error(const ef_type&, const cuda_executor& exec, const state_type& state, std::span<T> out) {
+    check_size(state, out.size(), "output");
+    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(out.data(), state.residual.data(), out.size() * sizeof(T), cudaMemcpyDeviceToDevice,
+                                        exec.native_stream()));
+  }
+
+  /// Checks `error` on the device (status words in a small workspace of its own), then copies it.
+  static void set_carried_error(const ef_type&, const cuda_executor& exec, std::span<const T> error, state_type& state) {
+    check_size(state, error.size(), "error");
+    device_array<std::byte> ws(sizeof(cuda_detail::device_status) + workspace_arena::alignment);
+    workspace_arena arena(ws.span());
+    const cuda_detail::operation op(exec, arena);
+    cuda_detail::for_each_item(exec, error.size(), cuda_detail::find_non_finite<T>{error.data(), op.status()});
+    op.finish([](errc, std::uint64_t i, std::uint32_t) {
+      return "value " + std::to_string(i) + " of the new carried error is NaN or Inf; the state is unchanged";
+    });
+    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(state.residual.data(), error.data(), error.size() * sizeof(T), cudaMemcpyDeviceToDevice,
+                                        exec.native_stream()));
+  }
+
+ private:
+  /// Whether a one-kernel path exists: error feedback around the uniform quantizer.
+  static constexpr bool fusable = std::is_same_v<Codec, uniform_quantizer<T>>;
+
+  /// Whether this uniform quantizer's blocks fill whole code words (the one-kernel path).
+  static bool one_kernel(const Codec& inner) {
+    return std::uint64_t{inner.params().block} * static_cast<std::uint64_t>(inner.bits()) % 32 == 0;
+  }
+
+  static scratch carve(workspace_arena& arena, const ef_type& ef, const cuda_executor& e, std::uint64_t n) {
+    scratch s;
+    if constexpr (fusable) {
+      if (one_kernel(ef.inner())) {
+        s.crc = cuda_detail::carve_seal(arena, ef.inner().wire().payload_checksum);
+        return s;
+      }
+    }
+    s.compensated = arena.take<T>(static_cast<std::size_t>(n));
+    s.decoded = arena.take<T>(static_cast<std::size_t>(n));
+    s.inner = arena.take<std::byte>(ef.inner().workspace_bytes(e, n));
+    return s;
+  }
+
+  static void check_size(const state_type& state, std::uint64_t n, const char* what) {
+    detail::require(state.residual.size() == n && state.next.size() == n, errc::size_mismatch, [&] {
+      return std::string(what) + " has " + std::to_string(n) + " elements, the state " + std::to_string(state.residual.size());
+    });
+  }
+
+  /// h = g + e checked, the inner codec's message of h and its decoding, the new residual into `next`.
+  static std::size_t encode_general(const ef_type& ef, const cuda_executor& exec, std::span<const T> grad, state_type& state,
+                                    std::span<std::byte> out, const scratch& s, const cuda_detail::operation& op,
+                                    message_key key) {
+    const std::uint64_t n = grad.size();
+    cuda_detail::for_each_item(exec, n, cuda_detail::ef_compensate<T>{grad.data(), state.residual.data(), s.compensated.data(),
+                                                                      op.status()});
+    op.finish([&](errc, std::uint64_t i, std::uint32_t) {
+      return "gradient + residual is NaN or Inf at element " + std::to_string(i) + " of " + std::to_string(n) +
+             "; the state is unchanged";
+    });
+    const std::size_t bytes = ef.inner().encode(exec, std::span<const T>(s.compensated), out, s.inner, key);
+    ef.inner().decode(exec, std::span<const std::byte>(out.first(bytes)), s.decoded, s.inner);
+    cuda_detail::for_each_item(exec, n, cuda_detail::ef_residual<T>{s.compensated.data(), s.decoded.data(), state.next.data()});
+    return bytes;
+  }
+
+  /// The whole step in one kernel (uniform quantizer, blocks filling whole code words).
+  static std::size_t encode_fused(const ef_type& ef, const cuda_executor& exec, std::span<const T> grad, state_type& state,
+                                  std::span<std::byte> out, const scratch& s, const cuda_detail::operation& op,
+                                  message_key key) {
+    const uniform_quantizer<T>& inner = ef.inner();
+    const std::uint64_t n = grad.size();
+    const std::size_t size = inner.max_encoded_bytes(n);
+    cuda_detail::begin_message(exec, out, size);
+    const cuda_detail::block_layout layout{n, inner.params().block, inner.bits(), packed_bytes(n, inner.bits())};
+    const uniform_params& p = inner.params();
+    const cuda_detail::uniform_rule<T> rule{p.bits, p.round,
+                                            random_stream{p.seed, key.step, key.tensor_id, random_purpose::stochastic_rounding},
+                                            nullptr, nullptr};
+    auto* const scales = reinterpret_cast<T*>(out.data() + envelope::size);
+    std::byte* const codes = out.data() + envelope::size + layout.blocks() * sizeof(T);
+    cuda_detail::for_each_block(exec, layout.blocks(),
+                                cuda_detail::ef_uniform_blocks<T>{grad.data(), state.residual.data(), layout, rule, scales, codes,
+                                                                  state.next.data(), op.status()});
+    cuda_detail::seal_message(exec, out.data(),
+                              {codec_id::uniform, dtype_of<T>, 0, 0, key, n, inner.payload_bytes(n), inner.params_hash(), 0},
+                              s.crc, op);
+    op.finish([&](errc, std::uint64_t i, std::uint32_t) {
+      return "gradient + residual is NaN or Inf at element " + std::to_string(i) + " of " + std::to_string(n) +
+             "; the state is unchanged";
+    });
+    return size;
+  }
+};
+
+}  // namespace gradcomp
