@@ -19,6 +19,11 @@
 #include <gradcomp/cuda/message.cuh>
 #include <gradcomp/cuda/operation.cuh>
 #include <gradcomp/cuda/qsgd.cuh>
+#include <gradcomp/cuda/radix_select.cuh>
+#include <gradcomp/cuda/randomk.cuh>
 #include <gradcomp/cuda/sign.cuh>
+#include <gradcomp/cuda/sparse_coding.cuh>
+#include <gradcomp/cuda/threshold.cuh>
+#include <gradcomp/cuda/topk.cuh>
 #include <gradcomp/cuda/uniform.cuh>
 #include <gradcomp/cuda/warp.cuh>

@@ -40,6 +40,12 @@ template <class T>
 inline constexpr bool has_cuda_backend<sign_quantizer<T>> = true;
 template <class T>
 inline constexpr bool has_cuda_backend<qsgd_quantizer<T>> = true;
+template <class T>
+inline constexpr bool has_cuda_backend<topk_sparsifier<T>> = true;
+template <class T>
+inline constexpr bool has_cuda_backend<randomk_sparsifier<T>> = true;
+template <class T>
+inline constexpr bool has_cuda_backend<threshold_sparsifier<T>> = true;
 
 /// A device copy of `host`.
 template <class T>

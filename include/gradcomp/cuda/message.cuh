@@ -87,21 +87,24 @@ inline void seal_message(const cuda_executor& exec, std::byte* out, envelope e, 
 }
 
 /// Reads the envelope of the device message `message` to the host (waiting for the stream) and
-/// checks it as `parse_envelope` does, the payload CRC included (computed on the device in `crc`,
-/// which every decoder carves from its workspace), then against `want` and `limits`, in the CPU
-/// decoders' order.
-/// @throws error as `parse_envelope` and `validate_envelope`; `invalid_argument` for a message not
-///         on an 8-byte boundary; `device_failed`.
-inline envelope read_envelope(const cuda_executor& exec, std::span<const std::byte> message,
-                              const envelope_expectation& want, const decode_limits& limits, const crc_scratch& crc_space) {
+/// checks it as `parse_envelope` does, the payload CRC included (computed on the device in
+/// `crc_space`, which every decoder carves from its workspace). With `first_payload_word`, also
+/// reads the payload's first 8 bytes into it (0 when the payload is shorter), in the same copy:
+/// the count field of the sparse layouts.
+/// @throws error as `parse_envelope`; `invalid_argument` for a message not on an 8-byte
+///         boundary; `device_failed`.
+inline envelope fetch_envelope(const cuda_executor& exec, std::span<const std::byte> message, const crc_scratch& crc_space,
+                               std::uint64_t* first_payload_word = nullptr) {
   require_message_alignment(message.data());
-  std::byte header[envelope::size] = {};
+  std::byte head[envelope::size + 8] = {};
   const std::size_t have = std::min(message.size(), envelope::size);
   if (have == envelope::size) {
-    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(header, message.data(), have, cudaMemcpyDeviceToHost, exec.native_stream()));
+    const std::size_t copied = std::min(message.size(), first_payload_word != nullptr ? sizeof head : envelope::size);
+    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(head, message.data(), copied, cudaMemcpyDeviceToHost, exec.native_stream()));
     exec.synchronize();
   }
-  const envelope e = parse_envelope_header(std::span<const std::byte>(header, have), message.size());
+  if (first_payload_word != nullptr) *first_payload_word = detail::load_le<std::uint64_t>(head + envelope::size);
+  const envelope e = parse_envelope_header(std::span<const std::byte>(head, have), message.size());
   if ((e.flags & flag_payload_checksum) != 0) {
     crc32c_device(exec, message.data() + envelope::size, e.payload_bytes, crc_space);
     std::uint32_t crc = 0;
@@ -109,6 +112,15 @@ inline envelope read_envelope(const cuda_executor& exec, std::span<const std::by
     exec.synchronize();
     detail::require(crc == e.payload_crc, errc::payload_checksum, "payload CRC-32C does not match");
   }
+  return e;
+}
+
+/// `fetch_envelope`, then the envelope checked against `want` and `limits`: the CPU decoders'
+/// checks in their order. @throws error as `parse_envelope` and `validate_envelope`.
+inline envelope read_envelope(const cuda_executor& exec, std::span<const std::byte> message,
+                              const envelope_expectation& want, const decode_limits& limits, const crc_scratch& crc_space,
+                              std::uint64_t* first_payload_word = nullptr) {
+  const envelope e = fetch_envelope(exec, message, crc_space, first_payload_word);
   validate_envelope(e, want, limits);
   return e;
 }

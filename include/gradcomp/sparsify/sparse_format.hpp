@@ -122,6 +122,31 @@ struct sparse_view {
   }
 };
 
+/// Checks the sizes of a sparse payload of `payload_bytes` bytes whose count field holds `k`
+/// (envelope `e`), where each kept element needs at least `bytes_per_kept` more bytes after the
+/// index section (0: no bound): a known coding, k ≤ n, and an index section that fits. Reads no
+/// payload byte (every backend's decoder calls it before looking at the indices); the view's
+/// `indices` is null. @throws error `malformed_payload` on any inconsistency.
+[[nodiscard]] inline sparse_indices check_sparse_sizes(const envelope& e, std::uint64_t payload_bytes, std::uint64_t k,
+                                                       std::uint64_t bytes_per_kept) {
+  using detail::require;
+  const auto coding = static_cast<index_coding>(e.layout);
+  require(coding == index_coding::list32 || coding == index_coding::list64 || coding == index_coding::bitmap,
+          errc::malformed_payload, [&] { return "unknown index coding " + std::to_string(e.layout); });
+  require(payload_bytes >= 8, errc::malformed_payload, "sparse payload shorter than its count field");
+  const std::uint64_t n = e.elements;
+  require(k <= n, errc::malformed_payload, [&] { return "kept count " + std::to_string(k) + " exceeds n = " + std::to_string(n); });
+  // Bound k and n by the bytes present before multiplying, so no size computation can overflow.
+  const std::uint64_t room = payload_bytes - 8;
+  require(coding == index_coding::bitmap ? n / 8 <= room : k <= room / 4, errc::malformed_payload,
+          "index section does not fit the payload");
+  require(bytes_per_kept == 0 || k <= room / bytes_per_kept, errc::malformed_payload,
+          "kept count does not fit the payload");
+  const sparse_indices view{coding, n, k, nullptr};
+  require(view.bytes() <= payload_bytes, errc::malformed_payload, "index section does not fit the payload");
+  return view;
+}
+
 /// Validates the count field and index section at the start of `payload` (envelope `e`), where
 /// each kept element needs at least `bytes_per_kept` more bytes after the section (0: no bound). Checks sizes
 /// before reading, so no byte outside `payload` is touched.
@@ -129,21 +154,11 @@ struct sparse_view {
 [[nodiscard]] inline sparse_indices parse_sparse_indices(const envelope& e, std::span<const std::byte> payload,
                                                          std::uint64_t bytes_per_kept) {
   using detail::require;
-  const auto coding = static_cast<index_coding>(e.layout);
-  require(coding == index_coding::list32 || coding == index_coding::list64 || coding == index_coding::bitmap,
-          errc::malformed_payload, [&] { return "unknown index coding " + std::to_string(e.layout); });
-  require(payload.size() >= 8, errc::malformed_payload, "sparse payload shorter than its count field");
-  const auto k = detail::load_le<std::uint64_t>(payload.data());
-  const std::uint64_t n = e.elements;
-  require(k <= n, errc::malformed_payload, [&] { return "kept count " + std::to_string(k) + " exceeds n = " + std::to_string(n); });
-  // Bound k and n by the bytes present before multiplying, so no size computation can overflow.
-  const std::uint64_t room = payload.size() - 8;
-  require(coding == index_coding::bitmap ? n / 8 <= room : k <= room / 4, errc::malformed_payload,
-          "index section does not fit the payload");
-  require(bytes_per_kept == 0 || k <= room / bytes_per_kept, errc::malformed_payload,
-          "kept count does not fit the payload");
-  const sparse_indices view{coding, n, k, payload.data() + 8};
-  require(view.bytes() <= payload.size(), errc::malformed_payload, "index section does not fit the payload");
+  const std::uint64_t k = payload.size() >= 8 ? detail::load_le<std::uint64_t>(payload.data()) : 0;
+  sparse_indices view = check_sparse_sizes(e, payload.size(), k, bytes_per_kept);
+  view.indices = payload.data() + 8;
+  const auto coding = view.coding;
+  const std::uint64_t n = view.elements;
 
   const std::byte* const section_end = payload.data() + view.bytes();
   const std::byte* padding = nullptr;

@@ -1,0 +1,192 @@
+#pragma once
+/// @file
+/// Random-k on the GPU, byte-identical to the CPU reference: one thread per kept position j
+/// gathers x[π(j)] (the keyed permutation of core/random_permutation.hpp, built once on the host
+/// and passed to the kernel by value). Decoding checks every value (finite once scaled by n/k),
+/// then zero-fills the output unless accumulating and scatters. `accumulate_encoded` adds another
+/// rank's values on the device and reseals.
+
+#include <gradcomp/cuda/config.cuh>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include <gradcomp/core/backend.hpp>
+#include <gradcomp/core/error.hpp>
+#include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/random_permutation.hpp>
+#include <gradcomp/core/rounded_product.hpp>
+#include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/core/workspace.hpp>
+#include <gradcomp/cuda/device_array.cuh>
+#include <gradcomp/cuda/executor.cuh>
+#include <gradcomp/cuda/grid.cuh>
+#include <gradcomp/cuda/message.cuh>
+#include <gradcomp/cuda/operation.cuh>
+#include <gradcomp/sparsify/randomk.hpp>
+
+namespace gradcomp {
+
+namespace cuda_detail {
+
+/// values[j] = x[π(j)], recording a NaN or Inf at the element it came from.
+template <class T>
+struct randomk_gather {
+  const T* g;
+  random_permutation pick;
+  T* values;
+  device_status* status;
+
+  __device__ void operator()(std::uint64_t j) const {
+    const std::uint64_t i = pick(j);
+    const T v = g[i];
+    if (!is_finite(v)) record_failure(status, errc::non_finite_input, i);
+    values[j] = v;
+  }
+};
+
+/// Records a value that is not finite once scaled.
+template <class T>
+struct randomk_check {
+  const T* values;
+  T scale;
+  device_status* status;
+
+  __device__ void operator()(std::uint64_t j) const {
+    if (!is_finite(mul_rn(values[j], scale))) record_failure(status, errc::malformed_payload, j);
+  }
+};
+
+/// out[π(j)] = value_j·scale, or += when accumulating.
+template <class T>
+struct randomk_scatter {
+  const T* values;
+  T scale;
+  random_permutation pick;
+  T* out;
+  bool accumulate;
+
+  __device__ void operator()(std::uint64_t j) const {
+    const std::uint64_t i = pick(j);
+    const T v = mul_rn(values[j], scale);
+    out[i] = accumulate ? out[i] + v : v;
+  }
+};
+
+/// Records a sum of two messages' values that is not finite.
+template <class T>
+struct randomk_check_sum {
+  const T* sum;
+  const T* add;
+  device_status* status;
+
+  __device__ void operator()(std::uint64_t j) const {
+    if (!is_finite(sum[j] + add[j])) record_failure(status, errc::non_finite_input, j);
+  }
+};
+
+/// sum += add, value by value.
+template <class T>
+struct randomk_add {
+  T* sum;
+  const T* add;
+
+  __device__ void operator()(std::uint64_t j) const { sum[j] = sum[j] + add[j]; }
+};
+
+}  // namespace cuda_detail
+
+/// Random-k on the GPU.
+template <gradient_value T>
+struct backend<randomk_sparsifier<T>, cuda_executor> {
+  static std::size_t workspace_bytes(const randomk_sparsifier<T>&, const cuda_executor&, std::uint64_t) {
+    workspace_arena arena = workspace_arena::measure();
+    cuda_detail::operation::reserve(arena);
+    (void)cuda_detail::crc_scratch::carve(arena);
+    return arena.bytes_needed();
+  }
+
+  static std::size_t encode(const randomk_sparsifier<T>& codec, const cuda_executor& exec, std::span<const T> grad,
+                            std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
+    const std::uint64_t n = grad.size();
+    const std::uint64_t k = codec.k(n);
+    const std::size_t size = codec.max_encoded_bytes(n);
+    cuda_detail::begin_message(exec, out, size);
+    workspace_arena arena(ws);
+    const cuda_detail::operation op(exec, arena);
+    const cuda_detail::crc_scratch crc = cuda_detail::carve_seal(arena, codec.wire().payload_checksum);
+    auto* const values = reinterpret_cast<T*>(out.data() + envelope::size);
+    if (k > 0)
+      cuda_detail::for_each_item(exec, k, cuda_detail::randomk_gather<T>{grad.data(), codec.permutation(n, key), values, op.status()});
+    seal(codec, exec, out.data(), n, key, crc, op);
+    op.finish_encode([](errc, std::uint64_t i, std::uint32_t) {
+      return "gradient value " + std::to_string(i) + " is NaN or Inf; no message was written";
+    });
+    return size;
+  }
+
+  static void decode(const randomk_sparsifier<T>& codec, const cuda_executor& exec, std::span<const std::byte> message,
+                     std::span<T> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
+    workspace_arena arena(ws);
+    const cuda_detail::operation op(exec, arena);
+    const cuda_detail::crc_scratch crc = cuda_detail::crc_scratch::carve(arena);
+    const envelope e = read_checked(codec, exec, message, out.size(), limits, crc);
+    const std::uint64_t n = e.elements;
+    const std::uint64_t k = codec.k(n);
+    const auto* const values = reinterpret_cast<const T*>(message.data() + envelope::size);
+    const T scale = k == 0 || !codec.params().scaled ? T{1} : static_cast<T>(static_cast<double>(n) / static_cast<double>(k));
+    cuda_detail::for_each_item(exec, k, cuda_detail::randomk_check<T>{values, scale, op.status()});
+    op.finish([](errc, std::uint64_t j, std::uint32_t) {
+      return "value at position " + std::to_string(j) + " is non-finite or overflows when scaled";
+    });
+    if (!accumulate && !out.empty()) GRADCOMP_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, out.size_bytes(), exec.native_stream()));
+    if (k == 0) return;
+    cuda_detail::for_each_item(exec, k,
+                               cuda_detail::randomk_scatter<T>{values, scale, codec.permutation(n, e.key), out.data(), accumulate});
+  }
+
+  static void accumulate_encoded(const randomk_sparsifier<T>& codec, const cuda_executor& exec, std::span<std::byte> acc,
+                                 std::span<const std::byte> other) {
+    // The status and CRC scratch of this call (it has no workspace argument).
+    device_array<std::byte> ws(workspace_bytes(codec, exec, 0));
+    workspace_arena arena(ws.span());
+    const cuda_detail::operation op(exec, arena);
+    const cuda_detail::crc_scratch crc = cuda_detail::crc_scratch::carve(arena);
+    const envelope mine = read_checked(codec, exec, acc, cuda_detail::fetch_envelope(exec, acc, crc).elements, {}, crc);
+    const envelope theirs = read_checked(codec, exec, other, mine.elements, {}, crc);
+    detail::require(mine.key == theirs.key, errc::step_mismatch, "messages of different steps or tensors cannot be summed");
+    const std::uint64_t k = codec.k(mine.elements);
+    auto* const sum = reinterpret_cast<T*>(acc.data() + envelope::size);
+    const auto* const add = reinterpret_cast<const T*>(other.data() + envelope::size);
+    cuda_detail::for_each_item(exec, k, cuda_detail::randomk_check_sum<T>{sum, add, op.status()});
+    op.finish([](errc, std::uint64_t j, std::uint32_t) { return "sum overflows at position " + std::to_string(j); });
+    cuda_detail::for_each_item(exec, k, cuda_detail::randomk_add<T>{sum, add});
+    const cuda_detail::crc_scratch seal_crc = codec.wire().payload_checksum ? crc : cuda_detail::crc_scratch{};
+    seal(codec, exec, acc.data(), mine.elements, mine.key, seal_crc, op);
+    exec.synchronize();
+  }
+
+ private:
+  static void seal(const randomk_sparsifier<T>& codec, const cuda_executor& exec, std::byte* out, std::uint64_t n,
+                   message_key key, const cuda_detail::crc_scratch& crc, const cuda_detail::operation& op) {
+    cuda_detail::seal_message(exec, out,
+                              {codec_id::random_k, dtype_of<T>, 0, 0, key, n, codec.k(n) * sizeof(T), codec.params_hash(), 0},
+                              crc, op);
+  }
+
+  /// Reads and checks a random-k message for an `elements`-element buffer (payload: k values).
+  static envelope read_checked(const randomk_sparsifier<T>& codec, const cuda_executor& exec, std::span<const std::byte> message,
+                               std::uint64_t elements, const decode_limits& limits, const cuda_detail::crc_scratch& crc) {
+    const envelope e =
+        cuda_detail::read_envelope(exec, message, {codec_id::random_k, dtype_of<T>, elements, codec.params_hash()}, limits, crc);
+    codec.validate_payload_size(e);
+    return e;
+  }
+};
+
+}  // namespace gradcomp

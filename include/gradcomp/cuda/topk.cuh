@@ -1,0 +1,231 @@
+#pragma once
+/// @file
+/// Exact top-k on the GPU, byte-identical to the CPU reference, with no host synchronisation
+/// before the message is sealed (capturable in a CUDA graph with deferred errors).
+///
+/// Pass 1 histograms the top 11 bits of every magnitude key; one block picks the bin of the k-th
+/// key (and counts NaN and Inf, whose keys fill the top bins). Pass 2 reads the gradient again:
+/// elements above that bin go straight to the kept list; those in it are histogrammed by the next
+/// digit and copied (key and index) to a candidate list of n/16 entries. The remaining digits, and
+/// the selection of the lowest indices among the ties of the k-th key, read only the candidates
+/// (or the gradient again, when they did not fit). A last pass over the candidates appends the
+/// rest of the top k; CUB's radix sort puts the k indices in ascending order, and the message is
+/// written from the sorted list (cuda/sparse_coding.cuh). The gradient is read twice.
+
+#include <gradcomp/cuda/config.cuh>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include <gradcomp/core/backend.hpp>
+#include <gradcomp/core/error.hpp>
+#include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/core/workspace.hpp>
+#include <gradcomp/cuda/executor.cuh>
+#include <gradcomp/cuda/message.cuh>
+#include <gradcomp/cuda/operation.cuh>
+#include <gradcomp/cuda/radix_select.cuh>
+#include <gradcomp/cuda/sparse_coding.cuh>
+#include <gradcomp/sparsify/topk.hpp>
+
+namespace gradcomp {
+
+namespace cuda_detail {
+
+/// The magnitude keys of a gradient, index j at position j.
+template <class T>
+struct gradient_keys {
+  const T* x;
+  std::uint64_t n;
+
+  struct view_type {
+    const T* x;
+    std::uint64_t n;
+    __device__ std::uint64_t size() const { return n; }
+    __device__ std::uint64_t key(std::uint64_t j) const { return magnitude_key(x[j]); }
+    __device__ std::uint64_t index(std::uint64_t j) const { return j; }
+  };
+  __device__ view_type view() const { return {x, n}; }
+};
+
+/// The candidates of pass 2, or the whole gradient again when they did not fit their list.
+template <class T>
+struct candidates_or_gradient {
+  const T* x;
+  std::uint64_t n;
+  const std::uint64_t* keys;
+  const std::uint64_t* indices;
+  const unsigned long long* count;
+  std::uint64_t capacity;
+
+  struct view_type {
+    const T* x;
+    std::uint64_t n;
+    const std::uint64_t* keys;
+    const std::uint64_t* indices;
+    std::uint64_t count;
+    bool overflow;
+    __device__ std::uint64_t size() const { return overflow ? n : count; }
+    __device__ std::uint64_t key(std::uint64_t j) const { return overflow ? magnitude_key(x[j]) : keys[j]; }
+    __device__ std::uint64_t index(std::uint64_t j) const { return overflow ? j : indices[j]; }
+  };
+  __device__ view_type view() const {
+    const std::uint64_t c = *count;
+    return {x, n, keys, indices, c, c > capacity};
+  }
+};
+
+/// Pass 2 of top-k (see the file comment).
+template <class T>
+__global__ void topk_filter_kernel(const T* x, std::uint64_t n, radix_digit top, radix_digit next, const radix_state* state,
+                                   unsigned long long* bins, std::uint64_t* kept, unsigned long long* kept_count,
+                                   std::uint64_t k, std::uint64_t* candidate_keys, std::uint64_t* candidate_indices,
+                                   unsigned long long* candidate_count, std::uint64_t capacity, device_status* status) {
+  __shared__ unsigned int local[radix_bins];
+  for (unsigned b = threadIdx.x; b < radix_bins; b += blockDim.x) local[b] = 0;
+  __syncthreads();
+  const std::uint64_t bin = state->prefix >> top.shift;
+  const std::uint64_t mask = (std::uint64_t{1} << next.width) - 1;
+  for (std::uint64_t i = thread_id(); i < n; i += thread_count()) {
+    const std::uint64_t key = magnitude_key(x[i]);
+    const std::uint64_t digit = key >> top.shift;
+    if (digit > bin) {
+      const std::uint64_t slot = append_slot(kept_count);
+      if (slot < k) kept[slot] = i;
+      else record_failure(status, errc::invalid_argument, slot, 0xFF);
+    } else if (digit == bin) {
+      atomicAdd(&local[(key >> next.shift) & mask], 1u);
+      const std::uint64_t slot = append_slot(candidate_count);
+      if (slot < capacity) {
+        candidate_keys[slot] = key;
+        candidate_indices[slot] = i;
+      }
+    }
+  }
+  __syncthreads();
+  for (unsigned b = threadIdx.x; b < radix_bins; b += blockDim.x)
+    if (local[b] != 0) atomicAdd(&bins[b], static_cast<unsigned long long>(local[b]));
+}
+
+}  // namespace cuda_detail
+
+/// Top-k on the GPU.
+template <gradient_value T>
+struct backend<topk_sparsifier<T>, cuda_executor> {
+  static constexpr int key_bits = float_traits<T>::magnitude_bits;
+
+  /// Candidates pass 2 keeps: a sixteenth of n, or all of a small tensor (as the CPU's list).
+  [[nodiscard]] static std::uint64_t candidate_capacity(std::uint64_t n) noexcept {
+    return std::max<std::uint64_t>(n / 16, std::min<std::uint64_t>(n, 65536));
+  }
+
+  struct scratch {
+    cuda_detail::crc_scratch crc;
+    cuda_detail::radix_scratch radix;
+    std::span<unsigned long long> counts;   ///< [0] kept, [1] candidates.
+    std::span<std::uint64_t> kept;          ///< The top k's indices, unordered.
+    std::span<std::uint64_t> candidate_keys;
+    std::span<std::uint64_t> candidate_indices;
+    cuda_detail::index_sort_scratch sort;
+  };
+
+  static scratch carve_encode(workspace_arena& arena, const topk_sparsifier<T>& codec, std::uint64_t n) {
+    const std::uint64_t k = codec.k(n);
+    scratch s;
+    s.crc = cuda_detail::carve_seal(arena, codec.wire().payload_checksum);
+    s.radix = cuda_detail::radix_scratch::carve(arena);
+    s.counts = arena.take<unsigned long long>(2);
+    s.kept = arena.take<std::uint64_t>(static_cast<std::size_t>(k));
+    s.candidate_keys = arena.take<std::uint64_t>(static_cast<std::size_t>(candidate_capacity(n)));
+    s.candidate_indices = arena.take<std::uint64_t>(static_cast<std::size_t>(candidate_capacity(n)));
+    s.sort = cuda_detail::index_sort_scratch::carve(arena, k, n);
+    return s;
+  }
+
+  static std::size_t workspace_bytes(const topk_sparsifier<T>& codec, const cuda_executor&, std::uint64_t n) {
+    workspace_arena encode_arena = workspace_arena::measure();
+    cuda_detail::operation::reserve(encode_arena);
+    (void)carve_encode(encode_arena, codec, n);
+    workspace_arena decode_arena = workspace_arena::measure();
+    cuda_detail::operation::reserve(decode_arena);
+    (void)cuda_detail::crc_scratch::carve(decode_arena);
+    (void)cuda_detail::sparse_decode_scratch::carve(decode_arena, n);
+    return std::max(encode_arena.bytes_needed(), decode_arena.bytes_needed());
+  }
+
+  static std::size_t encode(const topk_sparsifier<T>& codec, const cuda_executor& exec, std::span<const T> grad,
+                            std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
+    const std::uint64_t n = grad.size();
+    const std::uint64_t k = codec.k(n);
+    const std::uint64_t payload_bytes = sparse_payload_bytes(choose_index_coding(n, k), n, k, sizeof(T));
+    const std::size_t size = static_cast<std::size_t>(envelope::size + payload_bytes);
+    cuda_detail::begin_message(exec, out, size);
+    workspace_arena arena(ws);
+    const cuda_detail::operation op(exec, arena);
+    const scratch s = carve_encode(arena, codec, n);
+    if (k > 0) select(exec, grad.data(), n, k, s, op.status());
+    cuda_detail::write_sparse_payload(exec, out.data() + envelope::size, n, k, grad.data(),
+                                      static_cast<const std::uint64_t*>(s.sort.sorted.data()), op.status());
+    cuda_detail::seal_message(exec, out.data(), {codec_id::topk, dtype_of<T>, static_cast<std::uint8_t>(choose_index_coding(n, k)), 0,
+                                                 key, n, payload_bytes, codec.params_hash(), 0},
+                              s.crc, op);
+    op.finish_encode([n](errc code, std::uint64_t position, std::uint32_t) {
+      if (code == errc::non_finite_input)
+        return std::to_string(position) + " of " + std::to_string(n) + " gradient values are NaN or Inf";
+      return std::string("internal error: the selection kept more than k elements");
+    });
+    return size;
+  }
+
+  static void decode(const topk_sparsifier<T>& codec, const cuda_executor& exec, std::span<const std::byte> message,
+                     std::span<T> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
+    workspace_arena arena(ws);
+    const cuda_detail::operation op(exec, arena);
+    const cuda_detail::crc_scratch crc = cuda_detail::crc_scratch::carve(arena);
+    const cuda_detail::sparse_decode_scratch s = cuda_detail::sparse_decode_scratch::carve(arena, out.size());
+    cuda_detail::decode_sparse_message<T>(exec, message, {codec_id::topk, dtype_of<T>, out.size(), codec.params_hash()}, limits,
+                                          out, accumulate, op, crc, s);
+  }
+
+ private:
+  /// Queues the selection of the k largest magnitudes, leaving their indices sorted in s.sort.
+  static void select(const cuda_executor& exec, const T* g, std::uint64_t n, std::uint64_t k, const scratch& s,
+                     cuda_detail::device_status* status) {
+    namespace cd = cuda_detail;
+    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(s.counts.data(), 0, s.counts.size_bytes(), exec.native_stream()));
+    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(s.kept.data(), 0xFF, s.kept.size_bytes(), exec.native_stream()));
+    cd::radix_begin(exec, s.radix, k);
+    const cd::radix_digit top = cd::radix_digit_of(key_bits, 0);
+    const cd::radix_digit next = cd::radix_digit_of(key_bits, 1);
+    const auto infinite_bin = static_cast<unsigned>(float_traits<T>::infinity_key >> top.shift);
+    cd::radix_pass<cd::radix_order::largest_first>(exec, s.radix, cd::gradient_keys<T>{g, n}, cd::by_key{}, s.radix.value_state(),
+                                                   top, n, infinite_bin, status);
+    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(s.radix.bins.data(), 0, s.radix.bins.size_bytes(), exec.native_stream()));
+    const std::uint64_t capacity = candidate_capacity(n);
+    cd::launch(exec, cd::grid_for(n), cd::block_threads, cd::topk_filter_kernel<T>, g, n, top, next,
+               static_cast<const cd::radix_state*>(s.radix.value_state()), s.radix.bins.data(), s.kept.data(), s.counts.data(),
+               k, s.candidate_keys.data(), s.candidate_indices.data(), s.counts.data() + 1, capacity, status);
+    cd::launch(exec, 1, cd::radix_pick_threads, cd::radix_pick_kernel<cd::radix_order::largest_first>,
+               static_cast<const unsigned long long*>(s.radix.bins.data()), next, s.radix.value_state(), cd::radix_bins,
+               status);
+    const cd::candidates_or_gradient<T> rest{g, n, s.candidate_keys.data(), s.candidate_indices.data(), s.counts.data() + 1,
+                                             capacity};
+    for (int d = 2; d < cd::radix_digit_count(key_bits); ++d)
+      cd::radix_pass<cd::radix_order::largest_first>(exec, s.radix, rest, cd::by_key{}, s.radix.value_state(),
+                                                     cd::radix_digit_of(key_bits, d), n);
+    cd::radix_select_ties(exec, s.radix, rest, cd::index_bits_for(n), n);
+    cd::launch(exec, cd::grid_for(n), cd::block_threads, cd::radix_collect_kernel<cd::candidates_or_gradient<T>>, rest,
+               static_cast<const cd::radix_state*>(s.radix.value_state()),
+               static_cast<const cd::radix_state*>(s.radix.index_state()), top.shift, s.kept.data(), s.counts.data(), k,
+               status);
+    cd::sort_indices(exec, s.sort, s.kept.data(), k, n);
+  }
+};
+
+}  // namespace gradcomp
