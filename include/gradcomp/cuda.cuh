@@ -18,6 +18,7 @@
 #include <gradcomp/cuda/loco.cuh>
 #include <gradcomp/cuda/message.cuh>
 #include <gradcomp/cuda/operation.cuh>
+#include <gradcomp/cuda/pipeline.cuh>
 #include <gradcomp/cuda/qsgd.cuh>
 #include <gradcomp/cuda/radix_select.cuh>
 #include <gradcomp/cuda/randomk.cuh>

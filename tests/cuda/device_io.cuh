@@ -46,6 +46,8 @@ template <class T>
 inline constexpr bool has_cuda_backend<randomk_sparsifier<T>> = true;
 template <class T>
 inline constexpr bool has_cuda_backend<threshold_sparsifier<T>> = true;
+template <class S, class Q>
+inline constexpr bool has_cuda_backend<pipeline<S, Q>> = has_cuda_backend<S> && has_cuda_backend<Q>;
 
 /// A device copy of `host`.
 template <class T>

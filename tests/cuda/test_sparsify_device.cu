@@ -118,6 +118,18 @@ TEST_CASE("cuda: threshold messages and reports equal the CPU's" * doctest::skip
       }
 }
 
+TEST_CASE("cuda: pipeline messages and decodings equal the CPU's" * doctest::skip(!gpu_available())) {
+  for (const std::size_t n : {1u, 1000u, 100000u}) {
+    check_matches_cpu(pipeline(topk_sparsifier<float>(sparsity{.density = 0.01}), uniform_quantizer<float>({.bits = 8, .block = 64})),
+                      n, input_kind::normal, 90 + n);
+    check_matches_cpu(pipeline(topk_sparsifier<double>(sparsity{.density = 0.3}), uniform_quantizer<double>({.bits = 4, .block = 5})),
+                      n, input_kind::ties, 91 + n);
+    check_matches_cpu(pipeline(threshold_sparsifier<float>({.target = {.density = 0.02}}, {.payload_checksum = true}),
+                               qsgd_quantizer<float>({.levels = 7})),
+                      n, input_kind::normal, 92 + n);
+  }
+}
+
 TEST_CASE("cuda: top-k with deferred errors is captured in a CUDA graph and replayed" * doctest::skip(!gpu_available())) {
   const topk_sparsifier<float> codec(sparsity{.density = 0.01});
   constexpr std::size_t n = 1 << 18;

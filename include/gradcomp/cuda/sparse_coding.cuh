@@ -113,7 +113,8 @@ struct sparse_section {
 };
 
 /// One thread per item: index j (ascending, below n) or bitmap word j (its popcount added to
-/// `marked`, no bit at or above n), value j finite, and the padding bytes zero.
+/// `marked`, no bit at or above n), value j finite (unless `values` is null), and the padding
+/// bytes zero.
 template <class T>
 struct sparse_check {
   sparse_section section;
@@ -135,7 +136,8 @@ struct sparse_check {
       if (index >= section.n || (j > 0 && section.list_index(j - 1) >= index))
         record_failure(status, errc::malformed_payload, j, sparse_bad_index);
     }
-    if (j < section.k && !is_finite(values[j])) record_failure(status, errc::malformed_payload, j, sparse_bad_value);
+    if (values != nullptr && j < section.k && !is_finite(values[j]))
+      record_failure(status, errc::malformed_payload, j, sparse_bad_value);
     const std::uint64_t padding = section.used_bytes() + j;
     if (padding < section_bytes && section.indices[padding] != std::byte{0})
       record_failure(status, errc::malformed_payload, padding, sparse_bad_padding);
@@ -212,6 +214,49 @@ struct sparse_decode_scratch {
   }
 };
 
+/// Checks the index section (and, unless null, the k values that follow it) on the device and
+/// throws what is wrong. @throws error `malformed_payload`, `device_failed`.
+template <class T>
+void check_sparse_payload(const cuda_executor& exec, const sparse_section& section, const T* values, const operation& op,
+                          const sparse_decode_scratch& s) {
+  const std::uint64_t section_bytes = index_section_bytes(section.coding, section.n, section.k);
+  GRADCOMP_CUDA_CHECK(cudaMemsetAsync(s.marked.data(), 0, sizeof(unsigned long long), exec.native_stream()));
+  const std::uint64_t items = std::max({section.k, section.coding == index_coding::bitmap ? section.bitmap_words() : 0,
+                                        std::uint64_t{8}});
+  for_each_item(exec, items, sparse_check<T>{section, section_bytes, values, s.marked.data(), op.status()});
+  if (section.coding == index_coding::bitmap)
+    launch(exec, 1, 32, sparse_count_check_kernel<>, static_cast<const unsigned long long*>(s.marked.data()), section.k,
+           op.status());
+  op.finish([](errc, std::uint64_t position, std::uint32_t reason) -> std::string {
+    switch (reason) {
+      case sparse_bad_index: return "index at position " + std::to_string(position) + " is out of range or not ascending";
+      case sparse_bad_count: return "bitmap marks " + std::to_string(position) + " elements, not k";
+      case sparse_beyond_n: return "bitmap marks elements beyond n";
+      case sparse_bad_padding: return "non-zero padding in the index section";
+      default: return "non-finite value at position " + std::to_string(position);
+    }
+  });
+}
+
+/// Queues out[index_j] = values[j] for the checked section (zeros elsewhere), or adds them when
+/// `accumulate`.
+template <class T>
+void scatter_sparse(const cuda_executor& exec, const sparse_section& section, const T* values, std::span<T> out, bool accumulate,
+                    const sparse_decode_scratch& s) {
+  if (!accumulate && !out.empty()) GRADCOMP_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, out.size_bytes(), exec.native_stream()));
+  if (section.k == 0) return;
+  if (section.coding != index_coding::bitmap) {
+    for_each_item(exec, section.k, sparse_scatter_list<T>{section, values, out.data(), accumulate});
+    return;
+  }
+  const std::uint64_t words = section.bitmap_words();
+  for_each_item(exec, words, bitmap_popcounts{section, s.counts.data()});
+  std::size_t temp_bytes = s.scan_temp.size();
+  GRADCOMP_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(s.scan_temp.data(), temp_bytes, s.counts.data(), s.first.data(), words,
+                                                    exec.native_stream()));
+  for_each_item(exec, words, sparse_scatter_bitmap<T>{section, s.first.data(), values, out.data(), accumulate});
+}
+
 /// Decodes the sparse message `message` into `out` (or adds it): the envelope read and checked
 /// against `want` on the host, the payload checked on the device, and only then `out` written.
 /// @throws error as the CPU decoder (`malformed_payload` for any payload inconsistency); `out` is
@@ -229,36 +274,9 @@ void decode_sparse_message(const cuda_executor& exec, std::span<const std::byte>
   });
   const std::byte* const payload = message.data() + envelope::size;
   const sparse_section section{sizes.coding, sizes.elements, sizes.kept, payload + 8};
-  const std::uint64_t section_bytes = index_section_bytes(sizes.coding, sizes.elements, sizes.kept);
   const auto* const values = reinterpret_cast<const T*>(payload + sizes.bytes());
-  GRADCOMP_CUDA_CHECK(cudaMemsetAsync(s.marked.data(), 0, sizeof(unsigned long long), exec.native_stream()));
-  const std::uint64_t items = std::max({section.k, section.coding == index_coding::bitmap ? section.bitmap_words() : 0,
-                                        std::uint64_t{8}});
-  for_each_item(exec, items, sparse_check<T>{section, section_bytes, values, s.marked.data(), op.status()});
-  if (section.coding == index_coding::bitmap)
-    launch(exec, 1, 32, sparse_count_check_kernel<>, static_cast<const unsigned long long*>(s.marked.data()), section.k,
-           op.status());
-  op.finish([](errc, std::uint64_t position, std::uint32_t reason) -> std::string {
-    switch (reason) {
-      case sparse_bad_index: return "index at position " + std::to_string(position) + " is out of range or not ascending";
-      case sparse_bad_count: return "bitmap marks " + std::to_string(position) + " elements, not k";
-      case sparse_beyond_n: return "bitmap marks elements beyond n";
-      case sparse_bad_padding: return "non-zero padding in the index section";
-      default: return "non-finite value at position " + std::to_string(position);
-    }
-  });
-  if (!accumulate && !out.empty()) GRADCOMP_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, out.size_bytes(), exec.native_stream()));
-  if (section.k == 0) return;
-  if (section.coding != index_coding::bitmap) {
-    for_each_item(exec, section.k, sparse_scatter_list<T>{section, values, out.data(), accumulate});
-    return;
-  }
-  const std::uint64_t words = section.bitmap_words();
-  for_each_item(exec, words, bitmap_popcounts{section, s.counts.data()});
-  std::size_t temp_bytes = s.scan_temp.size();
-  GRADCOMP_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(s.scan_temp.data(), temp_bytes, s.counts.data(), s.first.data(), words,
-                                                    exec.native_stream()));
-  for_each_item(exec, words, sparse_scatter_bitmap<T>{section, s.first.data(), values, out.data(), accumulate});
+  check_sparse_payload(exec, section, values, op, s);
+  scatter_sparse(exec, section, values, out, accumulate, s);
 }
 
 }  // namespace gradcomp::cuda_detail
