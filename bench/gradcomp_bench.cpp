@@ -45,6 +45,8 @@
 
 #include <gradcomp/gradcomp.hpp>
 
+#include "bench_report.hpp"
+
 #include <fmt/core.h>
 #include <fmt/format.h>
 
@@ -70,6 +72,8 @@
 #include <vector>
 
 namespace {
+
+using namespace gradcomp_bench;
 
 using clock_type = std::chrono::steady_clock;
 
@@ -131,41 +135,6 @@ struct options {
   bool help = false;
 };
 
-struct usage_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-std::uint64_t parse_unsigned(std::string_view text, std::string_view what) {
-  std::uint64_t value = 0;
-  const char* const end = text.data() + text.size();
-  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  if (ec != std::errc{} || ptr != end || text.empty())
-    throw usage_error(fmt::format("{}: '{}' is not a non-negative integer", what, text));
-  return value;
-}
-
-/// A size: decimal, or 2^K.
-std::uint64_t parse_size(std::string_view text) {
-  std::uint64_t n = 0;
-  if (text.starts_with("2^")) {
-    const std::uint64_t exponent = parse_unsigned(text.substr(2), "--n");
-    if (exponent > 40) throw usage_error(fmt::format("--n: 2^{} is too large", exponent));
-    n = std::uint64_t{1} << exponent;
-  } else {
-    n = parse_unsigned(text, "--n");
-  }
-  if (n < 100) throw usage_error(fmt::format("--n: {} is too small (at least 100 elements)", n));
-  if (n > (std::uint64_t{1} << 32)) throw usage_error(fmt::format("--n: {} is too large (at most 2^32)", n));
-  return n;
-}
-
-int parse_count(std::string_view text, std::string_view what, int low) {
-  const std::uint64_t value = parse_unsigned(text, what);
-  if (value < static_cast<std::uint64_t>(low) || value > 100000)
-    throw usage_error(fmt::format("{}: {} is out of range [{}, 100000]", what, value, low));
-  return static_cast<int>(value);
-}
-
 options parse_options(int argc, char** argv) {
   options opt;
   const std::vector<std::string_view> args(argv + 1, argv + argc);
@@ -191,7 +160,7 @@ options parse_options(int argc, char** argv) {
       no_value();
       opt.sizes = {quick_n};
     } else if (arg == "--n") {
-      opt.sizes = {parse_size(value())};
+      opt.sizes = {parse_size(value(), std::uint64_t{1} << 32)};
     } else if (arg == "--reps") {
       opt.reps = parse_count(value(), "--reps", 1);
     } else if (arg == "--warmup") {
@@ -235,66 +204,7 @@ class buffer {
   T* data_ = nullptr;
 };
 
-std::uint64_t splitmix64(std::uint64_t& state) noexcept {
-  std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-/// N(0, stddev) by Box–Muller on splitmix64: the same values on every platform for a seed.
-void fill_gradient(std::span<float> gradient, std::uint64_t seed, double stddev) {
-  constexpr double two_pi = 6.283185307179586477;
-  constexpr double unit = 0x1.0p-53;
-  std::uint64_t state = seed;
-  for (std::size_t i = 0; i < gradient.size(); i += 2) {
-    const double u1 = (static_cast<double>(splitmix64(state) >> 11) + 1.0) * unit;  // (0, 1]
-    const double u2 = static_cast<double>(splitmix64(state) >> 11) * unit;          // [0, 1)
-    const double r = stddev * std::sqrt(-2.0 * std::log(u1));
-    gradient[i] = static_cast<float>(r * std::cos(two_pi * u2));
-    if (i + 1 < gradient.size()) gradient[i + 1] = static_cast<float>(r * std::sin(two_pi * u2));
-  }
-}
-
-/// FNV-1a over observed outputs, printed at the end so no timed work can be discarded.
-class checksum {
- public:
-  void add(std::uint64_t v) noexcept {
-    for (int b = 0; b < 8; ++b) {
-      hash_ ^= (v >> (8 * b)) & 0xFFu;
-      hash_ *= 0x100000001B3ull;
-    }
-  }
-  void add(float v) noexcept {
-    std::uint32_t bits = 0;
-    std::memcpy(&bits, &v, sizeof bits);
-    add(std::uint64_t{bits});
-  }
-  /// 64 strided elements of a dense buffer.
-  void add_sample(std::span<const float> dense) noexcept {
-    if (dense.empty()) return;
-    const std::size_t stride = std::max<std::size_t>(1, dense.size() / 64);
-    for (std::size_t i = 0; i < dense.size(); i += stride) add(dense[i]);
-  }
-  /// Size, first and last bytes of an encoded message.
-  void add_message(std::span<const std::byte> message) noexcept {
-    add(std::uint64_t{message.size()});
-    if (message.empty()) return;
-    add(std::uint64_t{std::to_integer<std::uint8_t>(message.front())});
-    add(std::uint64_t{std::to_integer<std::uint8_t>(message.back())});
-  }
-  [[nodiscard]] std::uint64_t value() const noexcept { return hash_; }
-
- private:
-  std::uint64_t hash_ = 0xCBF29CE484222325ull;
-};
-
 // ---- timing -----------------------------------------------------------------------------------
-
-struct timing {
-  double best = 0.0;    ///< Fastest timed run, seconds.
-  double median = 0.0;  ///< Median timed run, seconds.
-};
 
 /// Runs `run` warmup + reps times, timing the last reps; `observe` runs after each, untimed.
 template <class Run, class Observe>
@@ -320,30 +230,6 @@ timing measure(const options& opt, Run&& run, Observe&& observe) {
 
 // ---- records ----------------------------------------------------------------------------------
 
-struct record {
-  std::string name;
-  std::uint64_t n = 0;
-  timing time;
-  double copy_median = 0.0;                 ///< memcpy/copy median at the same n, seconds.
-  double compression_ratio = 1.0;           ///< Dense bytes / encoded bytes; 1 for baselines.
-  std::string baseline;                     ///< Name of the baseline record, or empty.
-  std::optional<double> speedup;            ///< Baseline median / this median.
-  std::optional<double> achieved_density;   ///< Threshold and dynamic: kept / n.
-  std::optional<double> max_error;          ///< ZFP decode: largest |x − decoded|.
-  std::optional<double> error_to_bound;     ///< ZFP decode: largest |x − decoded| / the documented bound.
-
-  [[nodiscard]] double dense_bytes() const noexcept { return static_cast<double>(n) * sizeof(float); }
-  [[nodiscard]] double gradient_gbps() const noexcept { return dense_bytes() / time.median / 1e9; }
-  [[nodiscard]] double copy_gbps() const noexcept { return dense_bytes() / copy_median / 1e9; }
-  [[nodiscard]] double ratio_to_copy() const noexcept { return gradient_gbps() / copy_gbps(); }
-};
-
-const record* find_record(const std::vector<record>& records, std::string_view name, std::uint64_t n) {
-  for (const record& r : records)
-    if (r.name == name && r.n == n) return &r;
-  return nullptr;
-}
-
 std::size_t count_nonzero(std::span<const float> dense, float& smallest_magnitude) {
   std::size_t count = 0;
   float smallest = std::numeric_limits<float>::infinity();
@@ -355,10 +241,6 @@ std::size_t count_nonzero(std::span<const float> dense, float& smallest_magnitud
   }
   smallest_magnitude = smallest;
   return count;
-}
-
-void require_check(bool ok, const std::string& what) {
-  if (!ok) throw std::runtime_error("self-check failed: " + what);
 }
 
 /// Measures every operation at one size and appends its records.
@@ -721,31 +603,8 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
 
 // ---- output -----------------------------------------------------------------------------------
 
-std::string optional_text(const std::optional<double>& v, std::string_view spec) {
-  return v ? fmt::format(fmt::runtime(spec), *v) : std::string("-");
-}
-
-void print_table(const std::vector<record>& records) {
-  constexpr std::string_view row = "{:<20} {:<7} {:>10} {:>10} {:>10} {:>9} {:>9} {:>8} {:>9} {:<19} {:>8} {:>9}\n";
-  fmt::print(fmt::runtime(row), "name", "backend", "n", "best ms", "median ms", "grad GB/s", "copy GB/s",
-             "x copy", "compress", "baseline", "speedup", "density");
-  fmt::print("{}\n", std::string(20 + 7 + 10 + 10 + 10 + 9 + 9 + 8 + 9 + 19 + 8 + 9 + 11, '-'));
-  std::uint64_t last_n = 0;
-  for (const record& r : records) {
-    if (last_n != 0 && r.n != last_n) fmt::print("\n");
-    last_n = r.n;
-    fmt::print(fmt::runtime(row), r.name, gradcomp::cpu_executor::name, r.n, fmt::format("{:.3f}", r.time.best * 1e3),
-               fmt::format("{:.3f}", r.time.median * 1e3), fmt::format("{:.2f}", r.gradient_gbps()),
-               fmt::format("{:.2f}", r.copy_gbps()), fmt::format("{:.3f}", r.ratio_to_copy()),
-               fmt::format("{:.1f}", r.compression_ratio), r.baseline.empty() ? std::string("-") : r.baseline,
-               optional_text(r.speedup, "{:.2f}"), optional_text(r.achieved_density, "{:.5f}"));
-  }
-}
-
 void print_targets(const std::vector<record>& records, const std::vector<std::uint64_t>& sizes) {
-  const auto line = [](bool pass, const std::string& text) {
-    fmt::print("{}  {}\n", pass ? "PASS" : "FAIL", text);
-  };
+  const auto line = target_line;
   fmt::print("\ntargets (informational; the exit status does not depend on them):\n");
   for (const std::uint64_t n : sizes) {
     if (const record* r = find_record(records, "topk/encode", n); r != nullptr && r->speedup) {
@@ -792,76 +651,6 @@ void print_targets(const std::vector<record>& records, const std::vector<std::ui
   }
 }
 
-void append_json_string(std::string& s, std::string_view text) {
-  s += '"';
-  for (const char c : text) {
-    if (c == '"' || c == '\\') {
-      s += '\\';
-      s += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      fmt::format_to(std::back_inserter(s), "\\u{:04x}", static_cast<unsigned>(static_cast<unsigned char>(c)));
-    } else {
-      s += c;
-    }
-  }
-  s += '"';
-}
-
-/// Shortest round-trip decimal form; null for a value JSON cannot hold.
-void append_json_number(std::string& s, std::optional<double> v) {
-  if (v && std::isfinite(*v)) fmt::format_to(std::back_inserter(s), "{}", *v);
-  else s += "null";
-}
-
-std::string to_json(const std::vector<record>& records) {
-  std::string s = "[\n";
-  for (std::size_t i = 0; i < records.size(); ++i) {
-    const record& r = records[i];
-    s += "  {\"name\": ";
-    append_json_string(s, r.name);
-    s += ", \"backend\": ";
-    append_json_string(s, gradcomp::cpu_executor::name);
-    fmt::format_to(std::back_inserter(s), ", \"n\": {}", r.n);
-    s += ", \"seconds_best\": ";
-    append_json_number(s, r.time.best);
-    s += ", \"seconds_median\": ";
-    append_json_number(s, r.time.median);
-    s += ", \"gradient_gbps\": ";
-    append_json_number(s, r.gradient_gbps());
-    s += ", \"copy_gbps\": ";
-    append_json_number(s, r.copy_gbps());
-    s += ", \"ratio_to_copy\": ";
-    append_json_number(s, r.ratio_to_copy());
-    s += ", \"compression_ratio\": ";
-    append_json_number(s, r.compression_ratio);
-    s += ", \"baseline\": ";
-    append_json_string(s, r.baseline);
-    s += ", \"speedup_vs_baseline\": ";
-    append_json_number(s, r.speedup);
-    if (r.achieved_density) {
-      s += ", \"achieved_density\": ";
-      append_json_number(s, r.achieved_density);
-    }
-    if (r.max_error) {
-      s += ", \"max_error\": ";
-      append_json_number(s, r.max_error);
-      s += ", \"max_error_to_bound\": ";
-      append_json_number(s, r.error_to_bound);
-    }
-    s += i + 1 < records.size() ? "},\n" : "}\n";
-  }
-  s += "]\n";
-  return s;
-}
-
-void write_file(const std::string& path, const std::string& text) {
-  std::FILE* const file = std::fopen(path.c_str(), "wb");
-  if (file == nullptr) throw std::runtime_error("cannot open '" + path + "' for writing");
-  const bool written = std::fwrite(text.data(), 1, text.size(), file) == text.size();
-  const bool closed = std::fclose(file) == 0;
-  if (!written || !closed) throw std::runtime_error("cannot write '" + path + "'");
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -890,12 +679,12 @@ int main(int argc, char** argv) {
     fmt::print("gradcomp-bench: single thread, float32 ~ N(0, sigma={}), seed {:#x}, density {}, {} warm-up + {} timed "
                "runs; GB/s = 1e9 bytes of gradient (n*4) per second at the median time\n\n",
                gradient_stddev, gradient_seed, target_density, opt.warmup, opt.reps);
-    print_table(records);
+    print_table(records, gradcomp::cpu_executor::name);
     print_targets(records, opt.sizes);
     fmt::print("\nchecksum {:016x}\n", sum.value());
 
     if (!opt.json.empty()) {
-      write_file(opt.json, to_json(records));
+      write_file(opt.json, to_json(records, gradcomp::cpu_executor::name, {}));
       fmt::print("wrote {} records to {}\n", records.size(), opt.json);
     }
   } catch (const std::exception& e) {

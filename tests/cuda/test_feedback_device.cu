@@ -28,8 +28,9 @@ void check_steps_match_cpu(const Wrapper& wrapper, std::size_t n, std::uint64_t 
   stepper<cuda_executor, Wrapper> gpu({}, wrapper, n);
   for (std::uint64_t t = 0; t < steps; ++t) {
     CAPTURE(t);
-    std::vector<T> g = make_input<T>(t % 3 == 2 ? input_kind::ties : input_kind::normal, n, 500 + t);
-    for (T& v : g) v = static_cast<T>(v * static_cast<T>(scale));
+    // Scaled gradients stay N(0, 1e-3·scale): finite, and above FLT_MAX/16 for scale 1e40.
+    std::vector<T> g = make_input<T>(t % 3 == 2 && scale == 1.0 ? input_kind::ties : input_kind::normal, n, 500 + t);
+    for (T& v : g) v = static_cast<T>(static_cast<double>(v) * scale);
     const message_key key{.step = t, .tensor_id = 4};
     CHECK(gpu.step(g, key) == cpu.step(g, key));
     CHECK(bit_patterns(gpu.carried_error()) == bit_patterns(cpu.carried_error()));

@@ -71,20 +71,23 @@ const auto checksummed_messages_round_trip = [](const auto& exec) {
 const auto short_buffers_are_named = [](const auto& exec) {
   using E = std::decay_t<decltype(exec)>;
   using memory = executor_memory<E>;
-  const uniform_quantizer<float> q({.bits = 8, .block = 100});  // 100 blocks: the two-kernel path with scratch
+  const uniform_quantizer<float> q({.bits = 8, .block = 99});  // 99·8 bits: the two-kernel path, with scratch
   const std::vector<float> x = make_input<float>(input_kind::normal, 10000, 3);
+  const std::size_t size = q.max_encoded_bytes(x.size());
   auto g = memory::copy_in(x);
-  auto out = memory::template zeros<std::byte>(q.max_encoded_bytes(x.size()));
+  auto out = memory::copy_in(std::vector<std::byte>(size + 8, std::byte{0xAB}));
   auto ws = memory::template zeros<std::byte>(q.workspace_bytes(exec, x.size()));
   const std::span<const float> grad(memory::span(g));
-  const std::span<std::byte> message = memory::span(out);
-  CHECK(status_of([&] { (void)q.encode(exec, grad, message.first(message.size() - 1), memory::span(ws)); }) ==
-        named(errc::buffer_too_small));
+  const std::span<std::byte> buffer = memory::span(out);
+  CHECK(status_of([&] { (void)q.encode(exec, grad, buffer.first(size - 1), memory::span(ws)); }) == named(errc::buffer_too_small));
   if constexpr (on_gpu<E>) {
-    CHECK(status_of([&] { (void)q.encode(exec, grad, message, memory::span(ws).first(16)); }) == named(errc::workspace_too_small));
-    CHECK(status_of([&] { (void)q.encode(exec, grad, message.subspan(4), memory::span(ws)); }) ==
+    CHECK(status_of([&] { (void)q.encode(exec, grad, buffer.first(size), memory::span(ws).first(0)); }) ==
+          named(errc::workspace_too_small));
+    CHECK(status_of([&] { (void)q.encode(exec, grad, buffer.subspan(4, size), memory::span(ws)); }) ==
           named(errc::invalid_argument));  // a device message must start on 8 bytes
   }
+  // Nothing of the buffer was written by the refused calls.
+  CHECK(memory::copy_out(exec, out, size + 8) == std::vector<std::byte>(size + 8, std::byte{0xAB}));
 };
 
 }  // namespace

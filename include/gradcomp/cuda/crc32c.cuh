@@ -50,13 +50,17 @@ __device__ inline std::uint32_t gf2_apply(const gf2_matrix& m, std::uint32_t v) 
   return out;
 }
 
-/// powers[j] = M_(2^j): the advance over 2^j zero bytes, by squaring (one thread).
+/// powers[j] = M_(2^j): the advance over 2^j zero bytes, by squaring; one warp, lane k computing
+/// column k of each power from the previous one.
 template <class = void>
 __global__ void crc_powers_kernel(gf2_matrix* powers) {
-  if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  for (int k = 0; k < 32; ++k) powers[0].column[k] = crc32c_step(1u << k, std::byte{0});
-  for (int j = 1; j < crc_powers; ++j)
-    for (int k = 0; k < 32; ++k) powers[j].column[k] = gf2_apply(powers[j - 1], powers[j - 1].column[k]);
+  if (blockIdx.x != 0 || threadIdx.x >= 32) return;
+  const unsigned k = threadIdx.x;
+  powers[0].column[k] = crc32c_step(1u << k, std::byte{0});
+  for (int j = 1; j < crc_powers; ++j) {
+    __syncwarp();
+    powers[j].column[k] = gf2_apply(powers[j - 1], powers[j - 1].column[k]);
+  }
 }
 
 /// log2 of the chunk size for a buffer of `size` bytes.

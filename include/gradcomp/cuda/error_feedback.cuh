@@ -164,8 +164,11 @@ struct backend<error_feedback<Codec>, cuda_executor> {
     return state_type{device_array<T>(static_cast<std::size_t>(n)), device_array<T>(static_cast<std::size_t>(n)), 0};
   }
 
-  static std::size_t encode(const ef_type& ef, const cuda_executor& exec, std::span<const T> grad, state_type& state,
+  static std::size_t encode(const ef_type& ef, const cuda_executor& caller, std::span<const T> grad, state_type& state,
                             std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
+    // Deferred errors do not apply: the step waits for its verdict anyway, and its stages must not
+    // leave a sticky word behind.
+    const cuda_executor exec{.stream = caller.stream};
     const std::uint64_t n = grad.size();
     check_size(state, n, "gradient");
     workspace_arena arena(ws);

@@ -143,7 +143,7 @@ struct loco_check_flags {
 };
 
 /// One thread per element: NaN or Inf in g is recorded; |g| above the bound, or an old error
-/// scale above it (once per group), raises `too_large`.
+/// scale above it or NaN (once per group), raises `too_large`, so the reference steps decide.
 template <class T>
 struct loco_check {
   const T* g;
@@ -159,7 +159,7 @@ struct loco_check {
     const T x = g[i];
     if (!is_finite(x)) record_failure(status, errc::non_finite_input, i);
     else if (from_bits<T>(magnitude_key(x)) > limit) atomicOr(&flags->too_large, 1u);
-    if (!reset && i % group == 0 && old_scales[i / group] > limit / T{127}) atomicOr(&flags->too_large, 1u);
+    if (!reset && i % group == 0 && !(old_scales[i / group] <= limit / T{127})) atomicOr(&flags->too_large, 1u);  // NaN too
   }
 };
 
@@ -269,8 +269,11 @@ struct backend<loco<Codec>, cuda_executor> {
                       device_array<T>(static_cast<std::size_t>(lc.group_count(n))), 0, 0};
   }
 
-  static std::size_t encode(const loco_type& lc, const cuda_executor& exec, std::span<const T> grad, state_type& state,
+  static std::size_t encode(const loco_type& lc, const cuda_executor& caller, std::span<const T> grad, state_type& state,
                             std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
+    // Deferred errors do not apply: the step waits for its verdict anyway, and its stages must not
+    // leave a sticky word behind.
+    const cuda_executor exec{.stream = caller.stream};
     const std::uint64_t n = grad.size();
     check_shape(lc, state, n, "gradient");
     workspace_arena arena(ws);

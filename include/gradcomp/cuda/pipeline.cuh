@@ -59,8 +59,11 @@ struct backend<pipeline<S, Q>, cuda_executor> {
     return arena.bytes_needed();
   }
 
-  static std::size_t encode(const pipeline<S, Q>& codec, const cuda_executor& exec, std::span<const T> grad,
+  static std::size_t encode(const pipeline<S, Q>& codec, const cuda_executor& caller, std::span<const T> grad,
                             std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
+    // Deferred errors do not apply: the step waits for its verdict anyway, and its stages must not
+    // leave a sticky word behind.
+    const cuda_executor exec{.stream = caller.stream};
     workspace_arena arena(ws);
     const cuda_detail::operation op(exec, arena);
     const scratch s = carve(arena, codec, exec, grad.size());

@@ -116,10 +116,10 @@ struct backend<randomk_sparsifier<T>, cuda_executor> {
     const std::uint64_t n = grad.size();
     const std::uint64_t k = codec.k(n);
     const std::size_t size = codec.max_encoded_bytes(n);
-    cuda_detail::begin_message(exec, out, size);
     workspace_arena arena(ws);
     const cuda_detail::operation op(exec, arena);
     const cuda_detail::crc_scratch crc = cuda_detail::carve_seal(arena, codec.wire().payload_checksum);
+    cuda_detail::begin_message(exec, out, size);  // after the workspace is carved: a refused call writes nothing
     auto* const values = reinterpret_cast<T*>(out.data() + envelope::size);
     if (k > 0)
       cuda_detail::for_each_item(exec, k, cuda_detail::randomk_gather<T>{grad.data(), codec.permutation(n, key), values, op.status()});

@@ -76,10 +76,10 @@ struct backend<sign_quantizer<T>, cuda_executor> {
                             std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
     const std::uint64_t n = grad.size();
     const std::size_t size = codec.max_encoded_bytes(n);
-    cuda_detail::begin_message(exec, out, size);
     workspace_arena arena(ws);
     const cuda_detail::operation op(exec, arena);
     const cuda_detail::crc_scratch crc = cuda_detail::carve_seal(arena, codec.wire().payload_checksum);
+    cuda_detail::begin_message(exec, out, size);  // after the workspace is carved: a refused call writes nothing
     const cuda_detail::block_layout layout = layout_of(codec, n);
     auto* const scales = reinterpret_cast<T*>(out.data() + envelope::size);
     std::byte* const bits = out.data() + envelope::size + layout.blocks() * sizeof(T);

@@ -165,10 +165,10 @@ struct backend<topk_sparsifier<T>, cuda_executor> {
     const std::uint64_t k = codec.k(n);
     const std::uint64_t payload_bytes = sparse_payload_bytes(choose_index_coding(n, k), n, k, sizeof(T));
     const std::size_t size = static_cast<std::size_t>(envelope::size + payload_bytes);
-    cuda_detail::begin_message(exec, out, size);
     workspace_arena arena(ws);
     const cuda_detail::operation op(exec, arena);
     const scratch s = carve_encode(arena, codec, n);
+    cuda_detail::begin_message(exec, out, size);  // after the workspace is carved: a refused call writes nothing
     if (k > 0) select(exec, grad.data(), n, k, s, op.status());
     cuda_detail::write_sparse_payload(exec, out.data() + envelope::size, n, k, grad.data(),
                                       static_cast<const std::uint64_t*>(s.sort.sorted.data()), op.status());

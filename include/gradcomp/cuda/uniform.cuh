@@ -159,10 +159,10 @@ struct backend<uniform_quantizer<T>, cuda_executor> {
                             std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
     const std::uint64_t n = grad.size();
     const std::size_t size = codec.max_encoded_bytes(n);
-    cuda_detail::begin_message(exec, out, size);
     workspace_arena arena(ws);
     const cuda_detail::operation op(exec, arena);
     const scratch s = carve_encode_after_status(arena, codec, n);
+    cuda_detail::begin_message(exec, out, size);  // after the workspace is carved: a refused call writes nothing
     const cuda_detail::block_layout layout = layout_of(codec, n);
     auto* const scales = reinterpret_cast<T*>(out.data() + envelope::size);
     std::byte* const codes = out.data() + envelope::size + layout.blocks() * sizeof(T);

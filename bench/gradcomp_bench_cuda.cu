@@ -1,0 +1,373 @@
+/// @file
+/// gradcomp-bench-cuda: throughput of gradcomp's CUDA codecs on one GPU, measured against a
+/// device-to-device copy of the same gradient in the same run.
+///
+/// A float32 gradient of n values (default 2^28) is drawn from N(0, σ = 1e-3) with the CPU
+/// bench's seed and copied to the device once. Every operation runs `--warmup` untimed and
+/// `--reps` timed times; each run is timed with CUDA events around its work on one stream, and
+/// best and median are reported. Encoders that allow it run with deferred errors (no host
+/// synchronisation inside); the rest (error feedback, LoCo, threshold, decoders) include their
+/// synchronisations, as a caller sees them. Records:
+///
+///   copy/d2d             cudaMemcpyAsync of the n·4 gradient bytes (the ceiling)
+///   radix_sort/sort      |x| keys and indices, then cub::DeviceRadixSort::SortPairsDescending
+///   topk/encode          exact top-k, density 1%; baseline radix_sort/sort; /decode
+///   threshold/encode     sampled threshold, target density 1% (achieved density recorded); /decode
+///   randomk/encode       random-k, density 1%; /decode
+///   uniform8_rtn/encode  8-bit uniform, blocks of 256, round to nearest; /decode
+///   uniform8_sr/encode   the same with stochastic rounding
+///   uniform4_rtn/encode  4-bit round to nearest; /decode
+///   sign/encode          sign with mean-magnitude scales; /decode
+///   qsgd/encode          QSGD, 15 levels, buckets of 256; /decode
+///   ef_uniform8/encode   error feedback around 8-bit round to nearest (one kernel)
+///   loco_uniform4/encode LoCo around 4-bit round to nearest (check kernel + one kernel)
+///
+/// gradient_gbps = n·4 bytes / median seconds; copy_gbps is the copy's figure for the same n
+/// (bytes copied per second, not read + write); ratio_to_copy is their quotient, as in the CPU
+/// bench. Before timing, each codec's message for the first 2^20 values is compared with the CPU
+/// reference's bytes (`--no-check` skips it). torch.topk is timed by bench/torch_topk.py, which
+/// reads this program's JSON for the comparison. Exit status 77 when no GPU is present.
+
+#include <gradcomp/cuda.cuh>
+
+#include <cub/device/device_radix_sort.cuh>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "bench_report.hpp"
+
+namespace {
+
+using namespace gradcomp_bench;
+using gradcomp::cuda_executor;
+using gradcomp::device_array;
+
+constexpr double target_density = 0.01;
+constexpr double gradient_stddev = 1e-3;
+constexpr std::uint64_t gradient_seed = 0x9E3779B97F4A7C15ull;
+constexpr std::uint64_t check_n = std::uint64_t{1} << 20;
+
+constexpr std::string_view usage_text = R"(usage: gradcomp-bench-cuda [options]
+
+Times gradcomp's CUDA codecs on the current GPU on a float32 gradient drawn from N(0, sigma=1e-3),
+next to a device-to-device copy of the same gradient and, for exact top-k, CUB's radix sort.
+
+options:
+  --n N         n = N elements (decimal, or 2^K); default 2^28
+  --quick       n = 2^20, one warm-up and three timed runs (smoke test)
+  --reps N      timed runs per operation (default 20); best and median are reported
+  --warmup N    untimed runs before the timed ones (default 3)
+  --json FILE   also write the records (with the device name) as a JSON array to FILE
+  --no-check    skip the comparison of each codec's bytes with the CPU reference
+  --help        print this text and exit
+
+Targets are printed as PASS/FAIL lines after the table; they do not change the exit status (0,
+or 77 when no GPU is present).
+)";
+
+struct options {
+  std::uint64_t n = std::uint64_t{1} << 28;
+  int warmup = 3;
+  int reps = 20;
+  std::string json;
+  bool check = true;
+  bool help = false;
+};
+
+options parse_options(int argc, char** argv) {
+  options opt;
+  const std::vector<std::string_view> args(argv + 1, argv + argc);
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string_view arg = args[i];
+    const auto value = [&]() -> std::string_view {
+      if (i + 1 >= args.size()) throw usage_error(fmt::format("{} needs a value", arg));
+      return args[++i];
+    };
+    if (arg == "--help" || arg == "-h") opt.help = true;
+    else if (arg == "--quick") {
+      opt.n = check_n;
+      opt.warmup = 1;
+      opt.reps = 3;
+    } else if (arg == "--n") opt.n = parse_size(value(), std::uint64_t{1} << 31);
+    else if (arg == "--reps") opt.reps = parse_count(value(), "--reps", 1);
+    else if (arg == "--warmup") opt.warmup = parse_count(value(), "--warmup", 0);
+    else if (arg == "--json") opt.json = std::string(value());
+    else if (arg == "--no-check") opt.check = false;
+    else throw usage_error(fmt::format("unknown argument '{}'", arg));
+  }
+  return opt;
+}
+
+/// Times `run` (work queued on `stream`) with CUDA events: warmup + reps runs, the last reps timed.
+timing measure(const options& opt, cudaStream_t stream, const std::function<void()>& run) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  GRADCOMP_CUDA_CHECK(cudaEventCreate(&start));
+  GRADCOMP_CUDA_CHECK(cudaEventCreate(&stop));
+  for (int i = 0; i < opt.warmup; ++i) run();
+  std::vector<double> seconds;
+  for (int i = 0; i < opt.reps; ++i) {
+    GRADCOMP_CUDA_CHECK(cudaEventRecord(start, stream));
+    run();
+    GRADCOMP_CUDA_CHECK(cudaEventRecord(stop, stream));
+    GRADCOMP_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    GRADCOMP_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    seconds.push_back(static_cast<double>(ms) * 1e-3);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(seconds.begin(), seconds.end());
+  const std::size_t mid = seconds.size() / 2;
+  return {seconds.front(), seconds.size() % 2 == 1 ? seconds[mid] : 0.5 * (seconds[mid - 1] + seconds[mid])};
+}
+
+template <class T>
+device_array<T> upload(std::span<const T> host) {
+  device_array<T> d(host.size());
+  GRADCOMP_CUDA_CHECK(cudaMemcpy(d.data(), host.data(), host.size_bytes(), cudaMemcpyHostToDevice));
+  return d;
+}
+
+template <class T>
+std::vector<T> download(const T* device, std::size_t count) {
+  std::vector<T> host(count);
+  GRADCOMP_CUDA_CHECK(cudaMemcpy(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost));
+  return host;
+}
+
+/// Requires the GPU's message of the first `check_n` values to equal the CPU reference's.
+template <class Codec>
+void check_against_cpu(const std::string& name, const Codec& codec, std::span<const float> head) {
+  const gradcomp::cpu_executor cpu;
+  std::vector<std::byte> expected(codec.max_encoded_bytes(head.size()));
+  std::vector<std::byte> cpu_ws(codec.workspace_bytes(cpu, head.size()));
+  expected.resize(codec.encode(cpu, head, expected, cpu_ws, {.step = 1}));
+  const cuda_executor gpu;
+  const device_array<float> g = upload(head);
+  device_array<std::byte> out(codec.max_encoded_bytes(head.size()));
+  device_array<std::byte> ws(codec.workspace_bytes(gpu, head.size()));
+  const std::size_t size = codec.encode(gpu, std::span<const float>(g.span()), out.span(), ws.span(), {.step = 1});
+  require_check(download(out.data(), size) == expected, name + ": the GPU's message differs from the CPU reference's");
+}
+
+/// |x| keys and their indices, the radix-sort baseline's input.
+__global__ void magnitude_pairs_kernel(const float* x, std::uint64_t n, std::uint32_t* keys, std::uint32_t* indices) {
+  for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < n; i += std::uint64_t{gridDim.x} * blockDim.x) {
+    keys[i] = gradcomp::magnitude_key(x[i]);
+    indices[i] = static_cast<std::uint32_t>(i);
+  }
+}
+
+struct bench_run {
+  const options& opt;
+  cudaStream_t stream;
+  std::uint64_t n;
+  const device_array<float>& gradient;
+  std::vector<record>& records;
+  checksum& sum;
+
+  record& add(const std::string& name, const std::function<void()>& run, double compression_ratio = 1.0) {
+    record r;
+    r.name = name;
+    r.n = n;
+    r.time = measure(opt, stream, run);
+    r.compression_ratio = compression_ratio;
+    records.push_back(r);
+    return records.back();
+  }
+
+  /// Encode and decode records of a stateless codec (deferred errors for the encode).
+  template <class Codec>
+  void codec_records(const std::string& name, const Codec& codec, bool decode_too, std::uint32_t* errors) {
+    const cuda_executor deferred{.stream = stream, .deferred_errors = errors};
+    const cuda_executor checked{.stream = stream};
+    device_array<std::byte> out(codec.max_encoded_bytes(n));
+    device_array<std::byte> ws(codec.workspace_bytes(checked, n));
+    const std::span<const float> g(gradient.span());
+    std::size_t size = 0;
+    add(name + "/encode", [&] { size = codec.encode(deferred, g, out.span(), ws.span(), {.step = 1}); });
+    gradcomp::check_deferred_errors(deferred);
+    records.back().compression_ratio = static_cast<double>(n * sizeof(float)) / static_cast<double>(size);
+    sum.add(std::uint64_t{size});
+    if (!decode_too) return;
+    device_array<float> dense(n);
+    const std::span<const std::byte> message(out.data(), size);
+    add(name + "/decode", [&] { codec.decode(checked, message, dense.span(), ws.span()); });
+    sum.add_sample(download(dense.data(), n));
+  }
+};
+
+std::string device_name() {
+  int device = 0;
+  GRADCOMP_CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp props{};
+  GRADCOMP_CUDA_CHECK(cudaGetDeviceProperties(&props, device));
+  return props.name;
+}
+
+void print_targets(const std::vector<record>& records, std::uint64_t n) {
+  fmt::print("\ntargets (informational; the exit status does not depend on them):\n");
+  const std::pair<std::string_view, double> ratios[] = {
+      {"uniform8_rtn/encode", 0.8}, {"uniform8_rtn/decode", 0.8}, {"uniform8_sr/encode", 0.7},
+      {"ef_uniform8/encode", 0.5},  {"loco_uniform4/encode", 0.4}, {"threshold/encode", 0.5},
+  };
+  for (const auto& [name, ratio] : ratios)
+    if (const record* r = find_record(records, name, n); r != nullptr)
+      target_line(r->ratio_to_copy() >= ratio, fmt::format("{} n={}: ratio_to_copy {:.3f} >= {}", name, n, r->ratio_to_copy(), ratio));
+  if (const record* r = find_record(records, "topk/encode", n); r != nullptr && r->speedup)
+    target_line(*r->speedup >= 5.0, fmt::format("topk/encode n={}: {:.2f}x faster than the full radix sort (>= 5)", n, *r->speedup));
+  if (const record* r = find_record(records, "threshold/encode", n); r != nullptr && r->achieved_density) {
+    const double density = *r->achieved_density;
+    target_line(density >= 0.8 * target_density && density <= 1.25 * target_density,
+                fmt::format("threshold/encode n={}: achieved_density {:.5f} within [{:.4f}, {:.4f}]", n, density,
+                            0.8 * target_density, 1.25 * target_density));
+  }
+  fmt::print("torch.topk: run bench/torch_topk.py --gradcomp-json FILE with this run's JSON (target: >= 2x faster)\n");
+}
+
+void run(const options& opt) {
+  const std::uint64_t n = opt.n;
+  std::vector<float> host(n);
+  fill_gradient(host, gradient_seed, gradient_stddev);
+  if (opt.check) {
+    const std::span<const float> head(host.data(), std::min(n, check_n));
+    using namespace gradcomp;
+    check_against_cpu("topk", topk_sparsifier<float>(sparsity{.density = target_density}), head);
+    check_against_cpu("threshold", threshold_sparsifier<float>({.target = {.density = target_density}}), head);
+    check_against_cpu("randomk", randomk_sparsifier<float>({.amount = {.density = target_density}, .seed = 1}), head);
+    check_against_cpu("uniform8_rtn", uniform_quantizer<float>({.bits = 8}), head);
+    check_against_cpu("uniform8_sr", uniform_quantizer<float>({.bits = 8, .round = rounding::stochastic, .seed = 1}), head);
+    check_against_cpu("uniform4_rtn", uniform_quantizer<float>({.bits = 4}), head);
+    check_against_cpu("sign", sign_quantizer<float>(), head);
+    check_against_cpu("qsgd", qsgd_quantizer<float>({.seed = 1}), head);
+  }
+
+  cudaStream_t stream = nullptr;
+  GRADCOMP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const device_array<float> gradient = upload(std::span<const float>(host));
+  device_array<std::uint32_t> errors(1);
+  std::vector<record> records;
+  checksum sum;
+  bench_run bench{opt, stream, n, gradient, records, sum};
+
+  device_array<float> copy(n);
+  bench.add("copy/d2d", [&] {
+    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(copy.data(), gradient.data(), n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+  });
+
+  {  // the radix-sort baseline of exact top-k
+    device_array<std::uint32_t> keys(n), indices(n), sorted_keys(n), sorted_indices(n);
+    std::size_t temp_bytes = 0;
+    GRADCOMP_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(nullptr, temp_bytes, keys.data(), sorted_keys.data(),
+                                                                  indices.data(), sorted_indices.data(), n));
+    device_array<std::byte> temp(temp_bytes);
+    bench.add("radix_sort/sort", [&] {
+      magnitude_pairs_kernel<<<gradcomp::cuda_detail::grid_for(n), 256, 0, stream>>>(gradient.data(), n, keys.data(), indices.data());
+      GRADCOMP_CUDA_CHECK(cudaGetLastError());
+      std::size_t bytes = temp.size();
+      GRADCOMP_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(temp.data(), bytes, keys.data(), sorted_keys.data(),
+                                                                    indices.data(), sorted_indices.data(), n, 0, 32, stream));
+    });
+  }
+
+  using namespace gradcomp;
+  bench.codec_records("topk", topk_sparsifier<float>(sparsity{.density = target_density}), true, errors.data());
+  for (record& r : records)
+    if (r.name == "topk/encode") r.baseline = "radix_sort/sort";
+  bench.codec_records("randomk", randomk_sparsifier<float>({.amount = {.density = target_density}, .seed = 1}), true,
+                      errors.data());
+  {
+    const threshold_sparsifier<float> threshold({.target = {.density = target_density}});
+    const cuda_executor exec{.stream = stream};
+    device_array<std::byte> out(threshold.max_encoded_bytes(n));
+    device_array<std::byte> ws(threshold.workspace_bytes(exec, n));
+    threshold_report<float> report;
+    bench.add("threshold/encode", [&] {
+      report = threshold.encode_with_report(exec, std::span<const float>(gradient.span()), out.span(), ws.span(), {.step = 1});
+    });
+    records.back().achieved_density = report.density;
+    records.back().compression_ratio = static_cast<double>(n * sizeof(float)) / static_cast<double>(report.bytes);
+    device_array<float> dense(n);
+    bench.add("threshold/decode", [&] {
+      threshold.decode(exec, std::span<const std::byte>(out.data(), report.bytes), dense.span(), ws.span());
+    });
+  }
+  bench.codec_records("uniform8_rtn", uniform_quantizer<float>({.bits = 8}), true, errors.data());
+  bench.codec_records("uniform8_sr", uniform_quantizer<float>({.bits = 8, .round = rounding::stochastic, .seed = 1}), false,
+                      errors.data());
+  bench.codec_records("uniform4_rtn", uniform_quantizer<float>({.bits = 4}), true, errors.data());
+  bench.codec_records("sign", sign_quantizer<float>(), true, errors.data());
+  bench.codec_records("qsgd", qsgd_quantizer<float>({.seed = 1}), true, errors.data());
+  const auto feedback_record = [&](const std::string& name, const auto& wrapper) {
+    const cuda_executor exec{.stream = stream};
+    auto state = wrapper.make_state(exec, n);
+    device_array<std::byte> out(wrapper.max_encoded_bytes(n));
+    device_array<std::byte> ws(wrapper.workspace_bytes(exec, n));
+    std::uint64_t step = 0;
+    std::size_t size = 0;
+    bench.add(name, [&] {
+      size = wrapper.encode(exec, std::span<const float>(gradient.span()), state, out.span(), ws.span(), {.step = step++});
+    });
+    records.back().compression_ratio = static_cast<double>(n * sizeof(float)) / static_cast<double>(size);
+  };
+  feedback_record("ef_uniform8/encode", error_feedback(uniform_quantizer<float>({.bits = 8})));
+  feedback_record("loco_uniform4/encode", loco(uniform_quantizer<float>({.bits = 4})));
+
+  const record& copy_record = records.front();
+  for (record& r : records) r.copy_median = copy_record.time.median;
+  for (record& r : records)
+    if (!r.baseline.empty())
+      if (const record* b = find_record(records, r.baseline, n); b != nullptr) r.speedup = b->time.median / r.time.median;
+
+  const std::string device = device_name();
+  fmt::print("gradcomp-bench-cuda on {}: float32 ~ N(0, sigma={}), seed {:#x}, density {}, {} warm-up + {} timed runs; "
+             "GB/s = 1e9 bytes of gradient (n*4) per second at the median time\n\n",
+             device, gradient_stddev, gradient_seed, target_density, opt.warmup, opt.reps);
+  print_table(records, cuda_executor::name);
+  print_targets(records, n);
+  fmt::print("\nchecksum {:016x}\n", sum.value());
+  if (!opt.json.empty()) {
+    write_file(opt.json, to_json(records, cuda_executor::name, device));
+    fmt::print("wrote {} records to {}\n", records.size(), opt.json);
+  }
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options opt;
+  try {
+    opt = parse_options(argc, argv);
+  } catch (const usage_error& e) {
+    fmt::print(stderr, "gradcomp-bench-cuda: {}\n(run gradcomp-bench-cuda --help for the options)\n", e.what());
+    return 2;
+  }
+  if (opt.help) {
+    fmt::print("{}", usage_text);
+    return 0;
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    fmt::print("gradcomp-bench-cuda: no CUDA device; nothing measured\n");
+    return 77;
+  }
+  try {
+    run(opt);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "gradcomp-bench-cuda: error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
