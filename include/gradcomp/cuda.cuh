@@ -14,6 +14,7 @@
 #include <gradcomp/cuda/device_array.cuh>
 #include <gradcomp/cuda/error_feedback.cuh>
 #include <gradcomp/cuda/executor.cuh>
+#include <gradcomp/cuda/finite_check.cuh>
 #include <gradcomp/cuda/grid.cuh>
 #include <gradcomp/cuda/loco.cuh>
 #include <gradcomp/cuda/message.cuh>

@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "support/data.hpp"
 #include "support/executor_io.hpp"
 
 namespace gradcomp::test {
@@ -92,6 +93,24 @@ struct executor_memory<cuda_executor> {
     return to_host(buffer, count);
   }
 };
+
+/// Encodes `kind` input of n values on the CPU and the GPU and requires the same bytes, then
+/// decodes that message on both, into zeros and onto a non-zero buffer, and requires the same bits.
+template <class Codec>
+void check_matches_cpu(const Codec& codec, std::size_t n, input_kind kind, std::uint64_t seed) {
+  using T = typename Codec::value_type;
+  CAPTURE(n);
+  CAPTURE(name(kind));
+  const std::vector<T> x = make_input<T>(kind, n, seed);
+  const message_key key{.step = seed % 97, .tensor_id = 6};
+  const std::vector<std::byte> cpu = encode_on(cpu_executor{}, codec, x, key);
+  CHECK(encode_on(cuda_executor{}, codec, x, key) == cpu);
+  const std::vector<T> start = make_input<T>(input_kind::normal, n, seed + 1);
+  CHECK(bit_patterns(decode_on(cuda_executor{}, codec, cpu, std::vector<T>(n))) ==
+        bit_patterns(decode_on(cpu_executor{}, codec, cpu, std::vector<T>(n))));
+  CHECK(bit_patterns(decode_on(cuda_executor{}, codec, cpu, start, true)) ==
+        bit_patterns(decode_on(cpu_executor{}, codec, cpu, start, true)));
+}
 
 }  // namespace gradcomp::test
 

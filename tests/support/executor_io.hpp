@@ -45,7 +45,8 @@ struct executor_memory {
   }
 };
 
-/// What an operation gave: "ok" or the named error it threw, and the output buffer afterwards.
+/// What an operation gave: `thrown_by`'s text ("no exception", or the named error), and the output
+/// buffer afterwards.
 template <class V>
 struct outcome {
   std::string status;
@@ -53,17 +54,6 @@ struct outcome {
 
   friend bool operator==(const outcome&, const outcome&) = default;
 };
-
-/// "ok", or the named error `f` throws.
-template <class F>
-std::string status_of(F&& f) {
-  try {
-    f();
-  } catch (const error& e) {
-    return named(e.code());
-  }
-  return "ok";
-}
 
 /// Encodes `x` on `exec` into a buffer of `max_encoded_bytes` pre-filled with 0xAB bytes: what
 /// happened, and the buffer afterwards (on success, exactly the message).
@@ -74,17 +64,17 @@ outcome<std::byte> encode_outcome_on(const E& exec, const Codec& codec, const st
   auto out = memory::copy_in(std::vector<std::byte>(codec.max_encoded_bytes(x.size()), std::byte{0xAB}));
   auto ws = memory::template zeros<std::byte>(codec.workspace_bytes(exec, x.size()));
   std::size_t size = codec.max_encoded_bytes(x.size());
-  const std::string status = status_of([&] {
+  const std::string status = thrown_by([&] {
     size = codec.encode(exec, std::span<const T>(memory::span(g)), memory::span(out), memory::span(ws), key);
   });
-  return {status, memory::copy_out(exec, out, status == "ok" ? size : codec.max_encoded_bytes(x.size()))};
+  return {status, memory::copy_out(exec, out, status == "no exception" ? size : codec.max_encoded_bytes(x.size()))};
 }
 
 /// Encodes `x` on `exec` and returns exactly the message (the encode must succeed).
 template <class E, class Codec, class T>
 std::vector<std::byte> encode_on(const E& exec, const Codec& codec, const std::vector<T>& x, message_key key = {}) {
   outcome<std::byte> result = encode_outcome_on(exec, codec, x, key);
-  REQUIRE(result.status == "ok");
+  REQUIRE(result.status == "no exception");
   return result.output;
 }
 
@@ -98,7 +88,7 @@ outcome<T> decode_outcome_on(const E& exec, const Codec& codec, const std::vecto
   auto out = memory::copy_in(into);
   auto ws = memory::template zeros<std::byte>(codec.workspace_bytes(exec, into.size()));
   const std::span<const std::byte> bytes(memory::span(m));
-  const std::string status = status_of([&] {
+  const std::string status = thrown_by([&] {
     if (accumulate) codec.decode_accumulate(exec, bytes, memory::span(out), memory::span(ws), limits);
     else codec.decode(exec, bytes, memory::span(out), memory::span(ws), limits);
   });
@@ -111,7 +101,7 @@ template <class E, class Codec, class T = typename Codec::value_type>
 std::vector<T> decode_on(const E& exec, const Codec& codec, const std::vector<std::byte>& message, const std::vector<T>& into,
                          bool accumulate = false, decode_limits limits = {}) {
   outcome<T> result = decode_outcome_on(exec, codec, message, into, accumulate, limits);
-  REQUIRE(result.status == "ok");
+  REQUIRE(result.status == "no exception");
   return result.output;
 }
 
@@ -141,16 +131,16 @@ class stepper {
     auto out = memory::copy_in(std::vector<std::byte>(wrapper_.max_encoded_bytes(n_), std::byte{0xAB}));
     auto ws = memory::template zeros<std::byte>(wrapper_.workspace_bytes(exec_, n_));
     std::size_t size = wrapper_.max_encoded_bytes(n_);
-    const std::string status = status_of([&] {
+    const std::string status = thrown_by([&] {
       size = wrapper_.encode(exec_, std::span<const T>(memory::span(grad)), state_, memory::span(out), memory::span(ws), key);
     });
-    return {status, memory::copy_out(exec_, out, status == "ok" ? size : wrapper_.max_encoded_bytes(n_))};
+    return {status, memory::copy_out(exec_, out, status == "no exception" ? size : wrapper_.max_encoded_bytes(n_))};
   }
 
   /// One step that must succeed: the message.
   std::vector<std::byte> step(const std::vector<T>& g, message_key key) {
     outcome<std::byte> result = try_step(g, key);
-    REQUIRE(result.status == "ok");
+    REQUIRE(result.status == "no exception");
     return result.output;
   }
 
@@ -161,10 +151,10 @@ class stepper {
     return memory::copy_out(exec_, out, n_);
   }
 
-  /// Replaces the carried error: "ok", or the named error thrown.
+  /// Replaces the carried error: what `thrown_by` says of it.
   std::string set_carried_error(const std::vector<T>& values) {
     auto in = memory::copy_in(values);
-    return status_of([&] { wrapper_.set_carried_error(exec_, std::span<const T>(memory::span(in)), state_); });
+    return thrown_by([&] { wrapper_.set_carried_error(exec_, std::span<const T>(memory::span(in)), state_); });
   }
 
   /// The saved state's bytes.
@@ -174,9 +164,9 @@ class stepper {
     return bytes;
   }
 
-  /// Restores saved bytes: "ok", or the named error thrown.
+  /// Restores saved bytes: what `thrown_by` says of it.
   std::string load(const std::vector<std::byte>& bytes) {
-    return status_of([&] { wrapper_.load_state(exec_, std::span<const std::byte>(bytes), state_); });
+    return thrown_by([&] { wrapper_.load_state(exec_, std::span<const std::byte>(bytes), state_); });
   }
 
   /// The state itself (its step counters, and the backend's buffers).

@@ -17,9 +17,20 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <algorithm>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/philox.hpp>
+#include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/core/workspace.hpp>
+#include <gradcomp/cuda/executor.cuh>
+#include <gradcomp/cuda/grid.cuh>
+#include <gradcomp/cuda/message.cuh>
 #include <gradcomp/cuda/operation.cuh>
 #include <gradcomp/cuda/warp.cuh>
 
@@ -224,6 +235,70 @@ inline std::string describe_block_code_failure(std::uint64_t position, std::uint
     case bad_code: return "the code of element " + std::to_string(position) + " is not allowed under its block's " + scale_name;
     default: return "non-zero padding bits after the last code";
   }
+}
+
+/// The scales of a block-coded message (`message` is its first byte: the scales follow the envelope).
+template <class T, class Byte>
+auto* scales_of(Byte* message) {
+  using scale_type = std::conditional_t<std::is_const_v<Byte>, const T, T>;
+  return reinterpret_cast<scale_type*>(message + envelope::size);
+}
+/// The packed codes of a block-coded message, after its scales.
+template <class T, class Byte>
+Byte* codes_of(Byte* message, const block_layout& layout) {
+  return message + envelope::size + layout.blocks() * sizeof(T);
+}
+
+/// Encodes with the shared kernels and seals: a warp per block runs the statistic
+/// `make_stat(arena, scales)` returns (which writes the block's scale, and may take scratch from
+/// the workspace), then one thread per code word codes under the rule `make_rule(stat)`
+/// returns. The sign and QSGD encoders, and the uniform one whose blocks share code words.
+template <class Codec, class MakeStat, class MakeRule, class Describe>
+std::size_t encode_block_coded(const Codec& codec, const cuda_executor& exec, std::span<const typename Codec::value_type> grad,
+                               std::span<std::byte> out, std::span<std::byte> ws, message_key key, const block_layout& layout,
+                               MakeStat make_stat, MakeRule make_rule, Describe&& describe) {
+  using T = typename Codec::value_type;
+  const std::uint64_t n = grad.size();
+  const std::size_t size = codec.max_encoded_bytes(n);
+  workspace_arena arena(ws);
+  const operation op(exec, arena);
+  const crc_scratch crc = carve_seal(arena, codec.wire().payload_checksum);
+  const auto stat = make_stat(arena, scales_of<T>(out.data()));
+  begin_message(exec, out, size);  // after the workspace is carved: a refused call writes nothing
+  for_each_block(exec, layout.blocks(), block_statistics<T, std::decay_t<decltype(stat)>>{grad.data(), layout, stat, op.status()});
+  const auto rule = make_rule(stat);
+  for_each_item(exec, layout.words(),
+                encode_words<T, std::decay_t<decltype(rule)>>{grad.data(), layout, rule, codes_of<T>(out.data(), layout)});
+  seal_message(exec, out.data(), {Codec::id, dtype_of<T>, 0, 0, key, n, codec.payload_bytes(n), codec.params_hash(), 0}, crc, op);
+  op.finish_encode(std::forward<Describe>(describe));
+  return size;
+}
+
+/// Decodes a block-coded message (uniform, sign, QSGD): the envelope read and checked on the host,
+/// every scale and code checked on the device, then the values written or added.
+/// `layout_of(n)` and `rule_of(key)` give the message's layout and per-value rule; `scale_name`
+/// names the scales in errors.
+template <class Codec, class LayoutOf, class RuleOf>
+void decode_block_coded(const Codec& codec, const cuda_executor& exec, std::span<const std::byte> message,
+                        std::span<typename Codec::value_type> out, std::span<std::byte> ws, const decode_limits& limits,
+                        bool accumulate, LayoutOf layout_of, RuleOf rule_of, const char* scale_name) {
+  using T = typename Codec::value_type;
+  workspace_arena arena(ws);
+  const operation op(exec, arena);
+  const crc_scratch crc = crc_scratch::carve(arena);
+  const envelope e = read_envelope(exec, message, {Codec::id, dtype_of<T>, out.size(), codec.params_hash()}, limits, crc);
+  codec.validate_payload_size(e);
+  const block_layout layout = layout_of(e.elements);
+  const T* const scales = scales_of<T>(message.data());
+  const std::byte* const codes = codes_of<T>(message.data(), layout);
+  const auto rule = rule_of(e.key);
+  using rule_type = std::decay_t<decltype(rule)>;
+  const check_codes<T, rule_type> check{layout, rule, scales, codes, op.status()};
+  for_each_item(exec, check.items(), check);
+  op.finish([scale_name](errc, std::uint64_t position, std::uint32_t reason) {
+    return describe_block_code_failure(position, reason, scale_name);
+  });
+  for_each_item(exec, layout.words(), decode_words<T, rule_type>{layout, rule, scales, codes, out.data(), accumulate});
 }
 
 }  // namespace gradcomp::cuda_detail

@@ -33,6 +33,7 @@
 #include <gradcomp/cuda/block_codes.cuh>
 #include <gradcomp/cuda/device_array.cuh>
 #include <gradcomp/cuda/executor.cuh>
+#include <gradcomp/cuda/finite_check.cuh>
 #include <gradcomp/cuda/grid.cuh>
 #include <gradcomp/cuda/message.cuh>
 #include <gradcomp/cuda/operation.cuh>
@@ -75,66 +76,16 @@ struct ef_residual {
   __device__ void operator()(std::uint64_t i) const { next[i] = h[i] - decoded[i]; }
 };
 
-/// Records the first NaN or Inf of `values` (a carried error to be stored).
+/// The values error feedback codes: h = g + e; the new residual h − decoded is written to
+/// `next` as each value is coded (the uniform encoder's one-warp-per-block kernel, cuda/uniform.cuh).
 template <class T>
-struct find_non_finite {
-  const T* values;
-  device_status* status;
-
-  __device__ void operator()(std::uint64_t i) const {
-    if (!is_finite(values[i])) record_failure(status, errc::non_finite_input, i);
-  }
-};
-
-/// One warp per block of the uniform quantizer (blocks filling whole code words): h = g + e, its
-/// largest magnitude, the scale, the codes, and the new residual h − code·s.
-template <class T>
-struct ef_uniform_blocks {
+struct compensated_values {
   const T* g;
   const T* e;
-  block_layout layout;
-  uniform_rule<T> rule;
-  T* scales;
-  std::byte* codes;
   T* next;
-  device_status* status;
 
-  __device__ void operator()(std::uint64_t j) const {
-    const std::uint64_t begin = j * layout.block;
-    const std::uint64_t count = layout.count(j);
-    typename float_traits<T>::bits_type largest = 0;
-    for (std::uint64_t i = begin + lane_id(); i < begin + count; i += 32) {
-      const auto key = magnitude_key(g[i] + e[i]);
-      largest = key > largest ? key : largest;
-    }
-    largest = warp_max(largest);
-    if (largest >= float_traits<T>::infinity_key) {
-      for (std::uint64_t i = begin + lane_id(); i < begin + count; i += 32)
-        if (!is_finite(g[i] + e[i])) {
-          record_failure(status, errc::non_finite_input, i);
-          break;
-        }
-      return;
-    }
-    const T m = from_bits<T>(largest);
-    const uniform_block_coding<T> coding(m, uniform_step(m, layout.bits), layout.bits);
-    if (lane_id() == 0) scales[j] = coding.s;
-    const std::uint64_t per_word = layout.per_word();
-    const std::uint64_t words = (count + per_word - 1) / per_word;
-    for (std::uint64_t w = lane_id(); w < words; w += 32) {
-      const std::uint64_t first = begin + w * per_word;
-      const std::uint64_t last = first + per_word < begin + count ? first + per_word : begin + count;
-      std::uint32_t word = 0;
-      philox_cache random;
-      for (std::uint64_t i = first; i < last; ++i) {
-        const T h = g[i] + e[i];
-        const std::uint8_t c = rule.code(h, i, coding, random);
-        word |= std::uint32_t{c} << ((i - first) * static_cast<unsigned>(layout.bits));
-        next[i] = h - rule.value(c, coding.s);
-      }
-      store_code_word(codes, first / per_word, word, layout.code_bytes);
-    }
-  }
+  __device__ T operator()(std::uint64_t i) const { return g[i] + e[i]; }
+  __device__ void coded(std::uint64_t i, T h, T decoded) const { next[i] = h - decoded; }
 };
 
 }  // namespace cuda_detail
@@ -210,16 +161,10 @@ struct backend<error_feedback<Codec>, cuda_executor> {
                                         exec.native_stream()));
   }
 
-  /// Checks `error` on the device (status words in a small workspace of its own), then copies it.
+  /// Checks `error` on the device, then copies it.
   static void set_carried_error(const ef_type&, const cuda_executor& exec, std::span<const T> error, state_type& state) {
     check_size(state, error.size(), "error");
-    device_array<std::byte> ws(sizeof(cuda_detail::device_status) + workspace_arena::alignment);
-    workspace_arena arena(ws.span());
-    const cuda_detail::operation op(exec, arena);
-    cuda_detail::for_each_item(exec, error.size(), cuda_detail::find_non_finite<T>{error.data(), op.status()});
-    op.finish([](errc, std::uint64_t i, std::uint32_t) {
-      return "value " + std::to_string(i) + " of the new carried error is NaN or Inf; the state is unchanged";
-    });
+    cuda_detail::require_finite(exec, error, "the new carried error");
     GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(state.residual.data(), error.data(), error.size() * sizeof(T), cudaMemcpyDeviceToDevice,
                                         exec.native_stream()));
   }
@@ -230,7 +175,7 @@ struct backend<error_feedback<Codec>, cuda_executor> {
 
   /// Whether this uniform quantizer's blocks fill whole code words (the one-kernel path).
   static bool one_kernel(const Codec& inner) {
-    return std::uint64_t{inner.params().block} * static_cast<std::uint64_t>(inner.bits()) % 32 == 0;
+    return backend<uniform_quantizer<T>, cuda_executor>::layout_of(inner, 0).whole_words();
   }
 
   static scratch carve(workspace_arena& arena, const ef_type& ef, const cuda_executor& e, std::uint64_t n) {
@@ -278,16 +223,13 @@ struct backend<error_feedback<Codec>, cuda_executor> {
     const std::uint64_t n = grad.size();
     const std::size_t size = inner.max_encoded_bytes(n);
     cuda_detail::begin_message(exec, out, size);
-    const cuda_detail::block_layout layout{n, inner.params().block, inner.bits(), packed_bytes(n, inner.bits())};
-    const uniform_params& p = inner.params();
-    const cuda_detail::uniform_rule<T> rule{p.bits, p.round,
-                                            random_stream{p.seed, key.step, key.tensor_id, random_purpose::stochastic_rounding},
-                                            nullptr, nullptr};
-    auto* const scales = reinterpret_cast<T*>(out.data() + envelope::size);
-    std::byte* const codes = out.data() + envelope::size + layout.blocks() * sizeof(T);
+    using uniform_backend = backend<uniform_quantizer<T>, cuda_executor>;
+    const cuda_detail::block_layout layout = uniform_backend::layout_of(inner, n);
     cuda_detail::for_each_block(exec, layout.blocks(),
-                                cuda_detail::ef_uniform_blocks<T>{grad.data(), state.residual.data(), layout, rule, scales, codes,
-                                                                  state.next.data(), op.status()});
+                                cuda_detail::uniform_encode_blocks<T, cuda_detail::compensated_values<T>>{
+                                    {grad.data(), state.residual.data(), state.next.data()}, layout,
+                                    uniform_backend::rule_of(inner, key), cuda_detail::scales_of<T>(out.data()),
+                                    cuda_detail::codes_of<T>(out.data(), layout), op.status()});
     cuda_detail::seal_message(exec, out.data(),
                               {codec_id::uniform, dtype_of<T>, 0, 0, key, n, inner.payload_bytes(n), inner.params_hash(), 0},
                               s.crc, op);

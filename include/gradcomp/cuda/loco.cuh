@@ -37,6 +37,7 @@
 #include <gradcomp/cuda/device_array.cuh>
 #include <gradcomp/cuda/error_feedback.cuh>
 #include <gradcomp/cuda/executor.cuh>
+#include <gradcomp/cuda/finite_check.cuh>
 #include <gradcomp/cuda/grid.cuh>
 #include <gradcomp/cuda/message.cuh>
 #include <gradcomp/cuda/operation.cuh>
@@ -320,17 +321,10 @@ struct backend<loco<Codec>, cuda_executor> {
     cuda_detail::for_each_item(exec, out.size(), cuda_detail::loco_dequantize<T>{error_of(lc, state, false), out.data()});
   }
 
-  /// Checks `error` on the device (status words in a small workspace of its own), then stores it
-  /// in 8 bits.
+  /// Checks `error` on the device, then stores it in 8 bits.
   static void set_carried_error(const loco_type& lc, const cuda_executor& exec, std::span<const T> error, state_type& state) {
     check_shape(lc, state, error.size(), "error");
-    device_array<std::byte> ws(sizeof(cuda_detail::device_status) + workspace_arena::alignment);
-    workspace_arena arena(ws.span());
-    const cuda_detail::operation op(exec, arena);
-    cuda_detail::for_each_item(exec, error.size(), cuda_detail::find_non_finite<T>{error.data(), op.status()});
-    op.finish([](errc, std::uint64_t i, std::uint32_t) {
-      return "value " + std::to_string(i) + " of the new carried error is NaN or Inf; the state is unchanged";
-    });
+    cuda_detail::require_finite(exec, error, "the new carried error");
     quantize_error(lc, exec, error.data(), state);
   }
 
@@ -341,8 +335,8 @@ struct backend<loco<Codec>, cuda_executor> {
   /// Whether the one-kernel path applies: error groups equal the quantizer's blocks, which fill
   /// whole code words.
   static bool one_kernel(const loco_type& lc) {
-    const auto& p = lc.inner().params();
-    return lc.params().error_group == p.block && std::uint64_t{p.block} * static_cast<std::uint64_t>(p.bits) % 32 == 0;
+    return lc.params().error_group == lc.inner().params().block &&
+           backend<uniform_quantizer<T>, cuda_executor>::layout_of(lc.inner(), 0).whole_words();
   }
 
   static scratch carve(workspace_arena& arena, const loco_type& lc, const cuda_executor& e, std::uint64_t n) {
@@ -418,14 +412,12 @@ struct backend<loco<Codec>, cuda_executor> {
     const std::uint64_t group = lc.params().error_group;
     cuda_detail::for_each_item(exec, n, cuda_detail::loco_check<T>{grad.data(), state.scales.data(), group, reset,
                                                                   s.flags.data(), op.status()});
-    const cuda_detail::block_layout layout{n, inner.params().block, inner.bits(), packed_bytes(n, inner.bits())};
-    const uniform_params& p = inner.params();
-    const cuda_detail::uniform_rule<T> rule{p.bits, p.round,
-                                            random_stream{p.seed, key.step, key.tensor_id, random_purpose::stochastic_rounding},
-                                            nullptr, nullptr};
+    using uniform_backend = backend<uniform_quantizer<T>, cuda_executor>;
+    const cuda_detail::block_layout layout = uniform_backend::layout_of(inner, n);
+    const cuda_detail::uniform_rule<T> rule = uniform_backend::rule_of(inner, key);
     const auto beta = static_cast<T>(lc.params().beta);
-    auto* const scales = reinterpret_cast<T*>(out.data() + envelope::size);
-    std::byte* const codes = out.data() + envelope::size + layout.blocks() * sizeof(T);
+    T* const scales = cuda_detail::scales_of<T>(out.data());
+    std::byte* const codes = cuda_detail::codes_of<T>(out.data(), layout);
     cuda_detail::for_each_block(exec, layout.blocks(),
                                 cuda_detail::loco_uniform_blocks<T>{grad.data(), layout, rule, state.codes.data(),
                                                                     state.scales.data(), reset, beta, T{1} - beta, scales,

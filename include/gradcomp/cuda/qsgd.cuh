@@ -82,62 +82,28 @@ template <gradient_value T>
 struct backend<qsgd_quantizer<T>, cuda_executor> {
   using rule = cuda_detail::qsgd_rule<T>;
 
-  static std::size_t workspace_bytes(const qsgd_quantizer<T>& codec, const cuda_executor&, std::uint64_t) {
-    workspace_arena encode_arena = workspace_arena::measure();
-    cuda_detail::operation::reserve(encode_arena);
-    (void)cuda_detail::carve_seal(encode_arena, codec.wire().payload_checksum);
-    workspace_arena decode_arena = workspace_arena::measure();
-    cuda_detail::operation::reserve(decode_arena);
-    (void)cuda_detail::crc_scratch::carve(decode_arena);
-    return std::max(encode_arena.bytes_needed(), decode_arena.bytes_needed());
+  static std::size_t workspace_bytes(const qsgd_quantizer<T>&, const cuda_executor&, std::uint64_t) {
+    return cuda_detail::status_and_crc_bytes();
   }
 
   static std::size_t encode(const qsgd_quantizer<T>& codec, const cuda_executor& exec, std::span<const T> grad,
                             std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
-    const std::uint64_t n = grad.size();
-    const std::size_t size = codec.max_encoded_bytes(n);
-    workspace_arena arena(ws);
-    const cuda_detail::operation op(exec, arena);
-    const cuda_detail::crc_scratch crc = cuda_detail::carve_seal(arena, codec.wire().payload_checksum);
-    cuda_detail::begin_message(exec, out, size);  // after the workspace is carved: a refused call writes nothing
-    const cuda_detail::block_layout layout = layout_of(codec, n);
-    auto* const norms = reinterpret_cast<T*>(out.data() + envelope::size);
-    std::byte* const codes = out.data() + envelope::size + layout.blocks() * sizeof(T);
-    cuda_detail::for_each_block(exec, layout.blocks(),
-                                cuda_detail::block_statistics<T, cuda_detail::qsgd_bucket_norm_stat<T>>{
-                                    grad.data(), layout, {norms}, op.status()});
-    cuda_detail::for_each_item(exec, layout.words(),
-                               cuda_detail::encode_words<T, rule>{grad.data(), layout, rule_of(codec, key, norms), codes});
-    cuda_detail::seal_message(exec, out.data(),
-                              {codec_id::qsgd, dtype_of<T>, 0, 0, key, n, codec.payload_bytes(n), codec.params_hash(), 0},
-                              crc, op);
-    op.finish_encode([](errc, std::uint64_t position, std::uint32_t reason) {
-      if (reason == cuda_detail::qsgd_norm_overflow)
-        return "the L2 norm of bucket " + std::to_string(position) + " overflows the value type; no message was written";
-      return "gradient value " + std::to_string(position) + " is NaN or Inf; no message was written";
-    });
-    return size;
+    return cuda_detail::encode_block_coded(
+        codec, exec, grad, out, ws, key, layout_of(codec, grad.size()),
+        [](workspace_arena&, T* norms) { return cuda_detail::qsgd_bucket_norm_stat<T>{norms}; },
+        [&](const cuda_detail::qsgd_bucket_norm_stat<T>& stat) { return rule_of(codec, key, stat.norms); },
+        [](errc, std::uint64_t position, std::uint32_t reason) {
+          if (reason == cuda_detail::qsgd_norm_overflow)
+            return "the L2 norm of bucket " + std::to_string(position) + " overflows the value type; no message was written";
+          return "gradient value " + std::to_string(position) + " is NaN or Inf; no message was written";
+        });
   }
 
   static void decode(const qsgd_quantizer<T>& codec, const cuda_executor& exec, std::span<const std::byte> message,
                      std::span<T> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
-    workspace_arena arena(ws);
-    const cuda_detail::operation op(exec, arena);
-    const cuda_detail::crc_scratch crc = cuda_detail::crc_scratch::carve(arena);
-    const envelope e =
-        cuda_detail::read_envelope(exec, message, {codec_id::qsgd, dtype_of<T>, out.size(), codec.params_hash()}, limits, crc);
-    codec.validate_payload_size(e);
-    const cuda_detail::block_layout layout = layout_of(codec, e.elements);
-    const auto* const norms = reinterpret_cast<const T*>(message.data() + envelope::size);
-    const std::byte* const codes = message.data() + envelope::size + layout.blocks() * sizeof(T);
-    const rule r = rule_of(codec, e.key, nullptr);
-    const cuda_detail::check_codes<T, rule> check{layout, r, norms, codes, op.status()};
-    cuda_detail::for_each_item(exec, check.items(), check);
-    op.finish([](errc, std::uint64_t position, std::uint32_t reason) {
-      return cuda_detail::describe_block_code_failure(position, reason, "norm");
-    });
-    cuda_detail::for_each_item(exec, layout.words(),
-                               cuda_detail::decode_words<T, rule>{layout, r, norms, codes, out.data(), accumulate});
+    cuda_detail::decode_block_coded(
+        codec, exec, message, out, ws, limits, accumulate, [&](std::uint64_t n) { return layout_of(codec, n); },
+        [&](message_key key) { return rule_of(codec, key, nullptr); }, "norm");
   }
 
  private:

@@ -105,10 +105,7 @@ struct randomk_add {
 template <gradient_value T>
 struct backend<randomk_sparsifier<T>, cuda_executor> {
   static std::size_t workspace_bytes(const randomk_sparsifier<T>&, const cuda_executor&, std::uint64_t) {
-    workspace_arena arena = workspace_arena::measure();
-    cuda_detail::operation::reserve(arena);
-    (void)cuda_detail::crc_scratch::carve(arena);
-    return arena.bytes_needed();
+    return cuda_detail::status_and_crc_bytes();
   }
 
   static std::size_t encode(const randomk_sparsifier<T>& codec, const cuda_executor& exec, std::span<const T> grad,
@@ -153,7 +150,7 @@ struct backend<randomk_sparsifier<T>, cuda_executor> {
   static void accumulate_encoded(const randomk_sparsifier<T>& codec, const cuda_executor& exec, std::span<std::byte> acc,
                                  std::span<const std::byte> other) {
     // The status and CRC scratch of this call (it has no workspace argument).
-    device_array<std::byte> ws(workspace_bytes(codec, exec, 0));
+    device_array<std::byte> ws(cuda_detail::status_and_crc_bytes());
     workspace_arena arena(ws.span());
     const cuda_detail::operation op(exec, arena);
     const cuda_detail::crc_scratch crc = cuda_detail::crc_scratch::carve(arena);

@@ -279,4 +279,28 @@ void decode_sparse_message(const cuda_executor& exec, std::span<const std::byte>
   scatter_sparse(exec, section, values, out, accumulate, s);
 }
 
+/// Workspace bytes of a sparse decoder for n elements: status, CRC scratch, bitmap ranks.
+inline std::size_t sparse_decoder_bytes(std::uint64_t n) {
+  workspace_arena arena = workspace_arena::measure();
+  operation::reserve(arena);
+  (void)crc_scratch::carve(arena);
+  (void)sparse_decode_scratch::carve(arena, n);
+  return arena.bytes_needed();
+}
+
+/// Decodes a message of an index-sending sparsifier (top-k, threshold) in the workspace
+/// `sparse_decoder_bytes` sizes.
+template <class Codec>
+void decode_sparse_codec(const Codec& codec, const cuda_executor& exec, std::span<const std::byte> message,
+                         std::span<typename Codec::value_type> out, std::span<std::byte> ws, const decode_limits& limits,
+                         bool accumulate) {
+  using T = typename Codec::value_type;
+  workspace_arena arena(ws);
+  const operation op(exec, arena);
+  const crc_scratch crc = crc_scratch::carve(arena);
+  const sparse_decode_scratch s = sparse_decode_scratch::carve(arena, out.size());
+  decode_sparse_message<T>(exec, message, {Codec::id, dtype_of<T>, out.size(), codec.params_hash()}, limits, out, accumulate, op,
+                           crc, s);
+}
+
 }  // namespace gradcomp::cuda_detail

@@ -152,11 +152,7 @@ struct backend<threshold_sparsifier<T>, cuda_executor> {
     workspace_arena encode_arena = workspace_arena::measure();
     cuda_detail::operation::reserve(encode_arena);
     (void)carve_encode(encode_arena, codec, n);
-    workspace_arena decode_arena = workspace_arena::measure();
-    cuda_detail::operation::reserve(decode_arena);
-    (void)cuda_detail::crc_scratch::carve(decode_arena);
-    (void)cuda_detail::sparse_decode_scratch::carve(decode_arena, n);
-    return std::max(encode_arena.bytes_needed(), decode_arena.bytes_needed());
+    return std::max(encode_arena.bytes_needed(), cuda_detail::sparse_decoder_bytes(n));
   }
 
   static threshold_report<T> encode_with_report(const threshold_sparsifier<T>& codec, const cuda_executor& exec,
@@ -233,12 +229,7 @@ struct backend<threshold_sparsifier<T>, cuda_executor> {
 
   static void decode(const threshold_sparsifier<T>& codec, const cuda_executor& exec, std::span<const std::byte> message,
                      std::span<T> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
-    workspace_arena arena(ws);
-    const cuda_detail::operation op(exec, arena);
-    const cuda_detail::crc_scratch crc = cuda_detail::crc_scratch::carve(arena);
-    const cuda_detail::sparse_decode_scratch s = cuda_detail::sparse_decode_scratch::carve(arena, out.size());
-    cuda_detail::decode_sparse_message<T>(exec, message, {codec_id::threshold, dtype_of<T>, out.size(), codec.params_hash()},
-                                          limits, out, accumulate, op, crc, s);
+    cuda_detail::decode_sparse_codec(codec, exec, message, out, ws, limits, accumulate);
   }
 };
 

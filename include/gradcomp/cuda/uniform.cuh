@@ -87,11 +87,23 @@ struct uniform_rule {
   __device__ T value(std::uint8_t c, T s) const { return mul_rn(static_cast<T>(uniform_code_level(c, bits)), s); }
 };
 
-/// One warp per block whose codes fill whole words: largest magnitude, scale, then the codes of
-/// whole words of consecutive values, lane by lane.
+/// The values the one-warp-per-block encoder codes: the gradient itself (error feedback codes
+/// g + e, and keeps what each code leaves: cuda/error_feedback.cuh).
 template <class T>
-struct uniform_encode_blocks {
+struct gradient_values {
   const T* g;
+
+  __device__ T operator()(std::uint64_t i) const { return g[i]; }
+  /// Called with each value and its decoding, once coded.
+  __device__ void coded(std::uint64_t, T, T) const {}
+};
+
+/// One warp per block whose codes fill whole words: largest magnitude of the block's values
+/// (recording the first NaN or Inf), scale, then the codes of whole words of consecutive values,
+/// lane by lane (the second read of the block hits L1).
+template <class T, class Values>
+struct uniform_encode_blocks {
+  Values values;
   block_layout layout;
   uniform_rule<T> rule;
   T* scales;
@@ -100,24 +112,35 @@ struct uniform_encode_blocks {
 
   __device__ void operator()(std::uint64_t j) const {
     const std::uint64_t begin = j * layout.block;
-    const std::uint64_t count = layout.count(j);
-    const auto largest = warp_max_key(g + begin, count);
+    const std::uint64_t end = begin + layout.count(j);
+    typename float_traits<T>::bits_type largest = 0;
+    for (std::uint64_t i = begin + lane_id(); i < end; i += 32) {
+      const auto key = magnitude_key(values(i));
+      largest = key > largest ? key : largest;
+    }
+    largest = warp_max(largest);
     if (largest >= float_traits<T>::infinity_key) {
-      record_non_finite(g + begin, begin, count, status);
+      for (std::uint64_t i = begin + lane_id(); i < end; i += 32)
+        if (!is_finite(values(i))) {
+          record_failure(status, errc::non_finite_input, i);
+          break;
+        }
       return;
     }
     const T m = from_bits<T>(largest);
     const uniform_block_coding<T> coding(m, uniform_step(m, layout.bits), layout.bits);
     if (lane_id() == 0) scales[j] = coding.s;
     const std::uint64_t per_word = layout.per_word();
-    const std::uint64_t words = (count + per_word - 1) / per_word;
-    for (std::uint64_t w = lane_id(); w < words; w += 32) {
-      const std::uint64_t first = begin + w * per_word;
-      const std::uint64_t last = first + per_word < begin + count ? first + per_word : begin + count;
+    for (std::uint64_t first = begin + lane_id() * per_word; first < end; first += 32 * per_word) {
+      const std::uint64_t last = first + per_word < end ? first + per_word : end;
       std::uint32_t word = 0;
       philox_cache random;
-      for (std::uint64_t i = first; i < last; ++i)
-        word |= std::uint32_t{rule.code(g[i], i, coding, random)} << ((i - first) * static_cast<unsigned>(layout.bits));
+      for (std::uint64_t i = first; i < last; ++i) {
+        const T x = values(i);
+        const std::uint8_t c = rule.code(x, i, coding, random);
+        word |= std::uint32_t{c} << ((i - first) * static_cast<unsigned>(layout.bits));
+        values.coded(i, x, rule.value(c, coding.s));
+      }
       store_code_word(codes, first / per_word, word, layout.code_bytes);
     }
   }
@@ -142,96 +165,64 @@ struct uniform_block_step {
 /// Uniform quantization on the GPU.
 template <gradient_value T>
 struct backend<uniform_quantizer<T>, cuda_executor> {
-  struct scratch {
-    std::span<T> maxima;           ///< Per-block largest magnitudes (blocks sharing code words).
-    cuda_detail::crc_scratch crc;  ///< The payload CRC (encode with checksums; every decode).
-  };
-
   static std::size_t workspace_bytes(const uniform_quantizer<T>& codec, const cuda_executor&, std::uint64_t n) {
-    workspace_arena encode_arena = workspace_arena::measure();
-    (void)carve_encode(encode_arena, codec, n);
-    workspace_arena decode_arena = workspace_arena::measure();
-    (void)carve_decode(decode_arena);
-    return std::max(encode_arena.bytes_needed(), decode_arena.bytes_needed());
+    workspace_arena arena = workspace_arena::measure();
+    cuda_detail::operation::reserve(arena);
+    (void)cuda_detail::carve_seal(arena, codec.wire().payload_checksum);
+    if (!layout_of(codec, n).whole_words()) (void)arena.take<T>(static_cast<std::size_t>(codec.block_count(n)));
+    return std::max(arena.bytes_needed(), cuda_detail::status_and_crc_bytes());
   }
 
   static std::size_t encode(const uniform_quantizer<T>& codec, const cuda_executor& exec, std::span<const T> grad,
                             std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
     const std::uint64_t n = grad.size();
+    const cuda_detail::block_layout layout = layout_of(codec, n);
+    if (!layout.whole_words())
+      return cuda_detail::encode_block_coded(
+          codec, exec, grad, out, ws, key, layout,
+          [&](workspace_arena& arena, T* scales) {
+            return cuda_detail::uniform_block_step<T>{layout.bits, scales,
+                                                      arena.take<T>(static_cast<std::size_t>(layout.blocks())).data()};
+          },
+          [&](const cuda_detail::uniform_block_step<T>& stat) { return rule_of(codec, key, stat.maxima, stat.scales); },
+          describe_encode_failure);
     const std::size_t size = codec.max_encoded_bytes(n);
     workspace_arena arena(ws);
     const cuda_detail::operation op(exec, arena);
-    const scratch s = carve_encode_after_status(arena, codec, n);
+    const cuda_detail::crc_scratch crc = cuda_detail::carve_seal(arena, codec.wire().payload_checksum);
     cuda_detail::begin_message(exec, out, size);  // after the workspace is carved: a refused call writes nothing
-    const cuda_detail::block_layout layout = layout_of(codec, n);
-    auto* const scales = reinterpret_cast<T*>(out.data() + envelope::size);
-    std::byte* const codes = out.data() + envelope::size + layout.blocks() * sizeof(T);
-    cuda_detail::uniform_rule<T> rule = rule_of(codec, key);
-    if (layout.whole_words()) {
-      cuda_detail::for_each_block(exec, layout.blocks(),
-                                  cuda_detail::uniform_encode_blocks<T>{grad.data(), layout, rule, scales, codes, op.status()});
-    } else {
-      cuda_detail::for_each_block(exec, layout.blocks(),
-                                  cuda_detail::block_statistics<T, cuda_detail::uniform_block_step<T>>{
-                                      grad.data(), layout, {layout.bits, scales, s.maxima.data()}, op.status()});
-      rule.maxima = s.maxima.data();
-      rule.scales = scales;
-      cuda_detail::for_each_item(exec, layout.words(),
-                                 cuda_detail::encode_words<T, cuda_detail::uniform_rule<T>>{grad.data(), layout, rule, codes});
-    }
+    cuda_detail::for_each_block(exec, layout.blocks(),
+                                cuda_detail::uniform_encode_blocks<T, cuda_detail::gradient_values<T>>{
+                                    {grad.data()}, layout, rule_of(codec, key), cuda_detail::scales_of<T>(out.data()),
+                                    cuda_detail::codes_of<T>(out.data(), layout), op.status()});
     cuda_detail::seal_message(exec, out.data(),
                               {codec_id::uniform, dtype_of<T>, 0, 0, key, n, codec.payload_bytes(n), codec.params_hash(), 0},
-                              s.crc, op);
-    op.finish_encode([](errc, std::uint64_t i, std::uint32_t) {
-      return "gradient value " + std::to_string(i) + " is NaN or Inf; no message was written";
-    });
+                              crc, op);
+    op.finish_encode(describe_encode_failure);
     return size;
   }
 
   static void decode(const uniform_quantizer<T>& codec, const cuda_executor& exec, std::span<const std::byte> message,
                      std::span<T> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
-    workspace_arena arena(ws);
-    const cuda_detail::operation op(exec, arena);
-    const cuda_detail::crc_scratch crc = cuda_detail::crc_scratch::carve(arena);
-    const envelope e = cuda_detail::read_envelope(exec, message, {codec_id::uniform, dtype_of<T>, out.size(), codec.params_hash()},
-                                                  limits, crc);
-    codec.validate_payload_size(e);
-    const cuda_detail::block_layout layout = layout_of(codec, e.elements);
-    const auto* const scales = reinterpret_cast<const T*>(message.data() + envelope::size);
-    const std::byte* const codes = message.data() + envelope::size + layout.blocks() * sizeof(T);
-    const cuda_detail::uniform_rule<T> rule = rule_of(codec, e.key);
-    const cuda_detail::check_codes<T, cuda_detail::uniform_rule<T>> check{layout, rule, scales, codes, op.status()};
-    cuda_detail::for_each_item(exec, check.items(), check);
-    op.finish([](errc, std::uint64_t position, std::uint32_t reason) {
-      return cuda_detail::describe_block_code_failure(position, reason, "scale");
-    });
-    cuda_detail::for_each_item(exec, layout.words(),
-                               cuda_detail::decode_words<T, cuda_detail::uniform_rule<T>>{layout, rule, scales, codes, out.data(), accumulate});
+    cuda_detail::decode_block_coded(
+        codec, exec, message, out, ws, limits, accumulate, [&](std::uint64_t n) { return layout_of(codec, n); },
+        [&](message_key key) { return rule_of(codec, key); }, "scale");
   }
 
- private:
-  static scratch carve_encode_after_status(workspace_arena& arena, const uniform_quantizer<T>& codec, std::uint64_t n) {
-    scratch s;
-    if (!layout_of(codec, n).whole_words()) s.maxima = arena.take<T>(static_cast<std::size_t>(codec.block_count(n)));
-    s.crc = cuda_detail::carve_seal(arena, codec.wire().payload_checksum);
-    return s;
-  }
-  static scratch carve_encode(workspace_arena& arena, const uniform_quantizer<T>& codec, std::uint64_t n) {
-    cuda_detail::operation::reserve(arena);
-    return carve_encode_after_status(arena, codec, n);
-  }
-  static void carve_decode(workspace_arena& arena) {
-    cuda_detail::operation::reserve(arena);
-    (void)cuda_detail::crc_scratch::carve(arena);
-  }
-
+  /// The layout of an n-element message.
   static cuda_detail::block_layout layout_of(const uniform_quantizer<T>& codec, std::uint64_t n) {
     return {n, codec.params().block, codec.bits(), packed_bytes(n, codec.bits())};
   }
-  static cuda_detail::uniform_rule<T> rule_of(const uniform_quantizer<T>& codec, message_key key) {
+  /// The per-value rule for `key` (with the per-block maxima and steps the word-by-word encoder reads).
+  static cuda_detail::uniform_rule<T> rule_of(const uniform_quantizer<T>& codec, message_key key, const T* maxima = nullptr,
+                                              const T* scales = nullptr) {
     const uniform_params& p = codec.params();
-    return {p.bits, p.round, random_stream{p.seed, key.step, key.tensor_id, random_purpose::stochastic_rounding}, nullptr,
-            nullptr};
+    return {p.bits, p.round, random_stream{p.seed, key.step, key.tensor_id, random_purpose::stochastic_rounding}, maxima, scales};
+  }
+
+ private:
+  static std::string describe_encode_failure(errc, std::uint64_t i, std::uint32_t) {
+    return "gradient value " + std::to_string(i) + " is NaN or Inf; no message was written";
   }
 };
 

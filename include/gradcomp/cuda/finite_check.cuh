@@ -1,0 +1,48 @@
+#pragma once
+/// @file
+/// A device check that every value of a span is finite, for the calls that store values a caller
+/// hands in (`set_carried_error` of error feedback and LoCo): its status words live in a small
+/// workspace of its own, since those calls take none.
+
+#include <gradcomp/cuda/config.cuh>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include <gradcomp/core/error.hpp>
+#include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/workspace.hpp>
+#include <gradcomp/cuda/device_array.cuh>
+#include <gradcomp/cuda/executor.cuh>
+#include <gradcomp/cuda/grid.cuh>
+#include <gradcomp/cuda/operation.cuh>
+
+namespace gradcomp::cuda_detail {
+
+/// Records the first NaN or Inf of `values`.
+template <class T>
+struct find_non_finite {
+  const T* values;
+  device_status* status;
+
+  __device__ void operator()(std::uint64_t i) const {
+    if (!is_finite(values[i])) record_failure(status, errc::non_finite_input, i);
+  }
+};
+
+/// Throws `non_finite_input` (naming the first such value of `what`) unless every value of the
+/// device span `values` is finite; waits for the stream. @throws error `device_failed` too.
+template <class T>
+void require_finite(const cuda_executor& exec, std::span<const T> values, const char* what) {
+  device_array<std::byte> ws(sizeof(device_status) + workspace_arena::alignment);
+  workspace_arena arena(ws.span());
+  const operation op(exec, arena);
+  for_each_item(exec, values.size(), find_non_finite<T>{values.data(), op.status()});
+  op.finish([what](errc, std::uint64_t i, std::uint32_t) {
+    return "value " + std::to_string(i) + " of " + what + " is NaN or Inf; the state is unchanged";
+  });
+}
+
+}  // namespace gradcomp::cuda_detail
