@@ -45,7 +45,7 @@ TEST_CASE("cuda: top-k messages and decodings equal the CPU reference's bit for 
     check_topk<float>(n);
     check_topk<double>(n);
   }
-  // Large enough that the 65536-entry candidate list is a sixteenth of n: all_equal overflows it.
+  // Large enough that the candidate list is a sixteenth of n (131072 entries): all_equal overflows it.
   check_topk<float>(std::size_t{1} << 21);
 }
 

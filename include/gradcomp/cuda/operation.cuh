@@ -33,6 +33,18 @@ inline constexpr std::uint64_t max_grid = std::uint64_t{1} << 20;
   return static_cast<unsigned>(std::clamp<std::uint64_t>((items + per_block - 1) / per_block, 1, max_grid));
 }
 
+/// Blocks for a kernel that streams over `items` items and reduces into shared memory per block
+/// (the radix histograms): enough to keep every SM of the current device busy (16 blocks each),
+/// and no more, so each block covers many items before it flushes its bins.
+/// @throws error `device_failed`.
+inline unsigned streaming_grid_for(std::uint64_t items) {
+  int device = 0;
+  int sms = 0;
+  GRADCOMP_CUDA_CHECK(cudaGetDevice(&device));
+  GRADCOMP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return std::min(grid_for(items), 16u * static_cast<unsigned>(std::max(sms, 1)));
+}
+
 /// What the kernels of one operation found wrong: the `errc` of a failure (0 when none), and
 /// (position << 8 | reason) of the failure at the smallest position, where `reason` is a small
 /// code of the operation's own naming the check that failed.

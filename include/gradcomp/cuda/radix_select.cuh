@@ -125,10 +125,22 @@ __global__ void radix_histogram_kernel(Source source, Selection selection, const
   const std::uint64_t size = view.size();
   const std::uint64_t prefix = state->prefix;
   const std::uint64_t mask = (std::uint64_t{1} << digit.width) - 1;
-  for (std::uint64_t j = thread_id(); j < size; j += thread_count()) {
-    if (!selection.takes_part(view, j)) continue;
-    const std::uint64_t key = selection.key(view, j);
-    if (same_above(key, prefix, digit.above())) atomicAdd(&local[(key >> digit.shift) & mask], 1u);
+  // Four elements per thread and round, their keys loaded before any is counted, so that each
+  // thread keeps several loads in flight.
+  constexpr unsigned batch = 4;
+  const std::uint64_t stride = thread_count();
+  for (std::uint64_t first = thread_id(); first < size; first += batch * stride) {
+    bool part[batch];
+    std::uint64_t key[batch];
+#pragma unroll
+    for (unsigned q = 0; q < batch; ++q) {
+      const std::uint64_t j = first + q * stride;
+      part[q] = j < size && selection.takes_part(view, j);
+      key[q] = part[q] ? selection.key(view, j) : 0;
+    }
+#pragma unroll
+    for (unsigned q = 0; q < batch; ++q)
+      if (part[q] && same_above(key[q], prefix, digit.above())) atomicAdd(&local[(key[q] >> digit.shift) & mask], 1u);
   }
   __syncthreads();
   for (unsigned b = threadIdx.x; b < radix_bins; b += blockDim.x)
@@ -239,7 +251,7 @@ void radix_pass(const cuda_executor& exec, const radix_scratch& s, const Source&
                 device_status* status = nullptr) {
   GRADCOMP_CUDA_CHECK(cudaMemsetAsync(s.bins.data(), 0, s.bins.size_bytes(), exec.native_stream()));
   if (max_size > 0)
-    launch(exec, grid_for(max_size), block_threads, radix_histogram_kernel<Source, Selection>, source, selection,
+    launch(exec, streaming_grid_for(max_size), block_threads, radix_histogram_kernel<Source, Selection>, source, selection,
            static_cast<const radix_state*>(state), digit, s.bins.data());
   launch(exec, 1, radix_pick_threads, radix_pick_kernel<Order>, static_cast<const unsigned long long*>(s.bins.data()), digit,
          state, infinite_bin, status);

@@ -34,7 +34,7 @@ namespace gradcomp {
 
 namespace cuda_detail {
 
-/// values[j] = x[π(j)], recording a NaN or Inf at the element it came from.
+/// values[j] = x[π(j)], recording a NaN or Inf at its draw position j.
 template <class T>
 struct randomk_gather {
   const T* g;
@@ -43,9 +43,8 @@ struct randomk_gather {
   device_status* status;
 
   __device__ void operator()(std::uint64_t j) const {
-    const std::uint64_t i = pick(j);
-    const T v = g[i];
-    if (!is_finite(v)) record_failure(status, errc::non_finite_input, i);
+    const T v = g[pick(j)];
+    if (!is_finite(v)) record_failure(status, errc::non_finite_input, j);  // the first in draw order, as on the CPU
     values[j] = v;
   }
 };
@@ -121,8 +120,9 @@ struct backend<randomk_sparsifier<T>, cuda_executor> {
     if (k > 0)
       cuda_detail::for_each_item(exec, k, cuda_detail::randomk_gather<T>{grad.data(), codec.permutation(n, key), values, op.status()});
     seal(codec, exec, out.data(), n, key, crc, op);
-    op.finish_encode([](errc, std::uint64_t i, std::uint32_t) {
-      return "gradient value " + std::to_string(i) + " is NaN or Inf; no message was written";
+    const random_permutation pick = codec.permutation(std::max<std::uint64_t>(n, 1), key);
+    op.finish_encode([&](errc, std::uint64_t j, std::uint32_t) {
+      return "gradient value " + std::to_string(pick(j)) + " is NaN or Inf";
     });
     return size;
   }

@@ -45,7 +45,8 @@ __global__ void store_count_kernel(std::byte* payload, std::uint64_t k) {
 }
 
 /// Index j of an ascending list into the index section, and the value x[list[j]] after it (an
-/// index at or above n, which only a failed selection can leave, is recorded and not read).
+/// index at or above n, which only a failed selection can leave, is recorded and not read; a NaN
+/// or Inf value is recorded when `check_values`).
 template <class T>
 struct sparse_write {
   const T* g;
@@ -54,6 +55,7 @@ struct sparse_write {
   index_coding coding;
   std::byte* indices;
   T* values;
+  bool check_values;
   device_status* status;
 
   __device__ void operator()(std::uint64_t j) const {
@@ -66,22 +68,24 @@ struct sparse_write {
     else if (coding == index_coding::list64) reinterpret_cast<std::uint64_t*>(indices)[j] = i;
     else atomicOr(reinterpret_cast<unsigned int*>(indices) + i / 32, 1u << (i % 32));
     const T v = g[i];
-    if (!is_finite(v)) record_failure(status, errc::non_finite_input, i);
+    if (check_values && !is_finite(v)) record_failure(status, errc::non_finite_input, i);
     values[j] = v;
   }
 };
 
 /// Queues the payload (at `payload`, 8-byte aligned) of the sparse message of the k elements of
-/// the n-element gradient `g` listed in ascending order at `list`, in the encoder's coding.
+/// the n-element gradient `g` listed in ascending order at `list`, in the encoder's coding; with
+/// `check_values`, a kept NaN or Inf is recorded as `non_finite_input` at its index.
 /// @returns the payload's size.
 template <class T>
 std::uint64_t write_sparse_payload(const cuda_executor& exec, std::byte* payload, std::uint64_t n, std::uint64_t k, const T* g,
-                                   const std::uint64_t* list, device_status* status) {
+                                   const std::uint64_t* list, bool check_values, device_status* status) {
   const index_coding coding = choose_index_coding(n, k);
   const std::uint64_t section = index_section_bytes(coding, n, k);
   if (section > 0) GRADCOMP_CUDA_CHECK(cudaMemsetAsync(payload + 8, 0, section, exec.native_stream()));
   launch(exec, 1, 32, store_count_kernel<>, payload, k);
-  for_each_item(exec, k, sparse_write<T>{g, n, list, coding, payload + 8, reinterpret_cast<T*>(payload + 8 + section), status});
+  for_each_item(exec, k,
+                sparse_write<T>{g, n, list, coding, payload + 8, reinterpret_cast<T*>(payload + 8 + section), check_values, status});
   return sparse_payload_bytes(coding, n, k, sizeof(T));
 }
 

@@ -201,7 +201,7 @@ struct backend<threshold_sparsifier<T>, cuda_executor> {
                                                          cd::radix_digit_of(key_bits, d), survivors);
         cd::radix_select_ties(exec, s.radix, candidates, cd::index_bits_for(n), survivors);
         GRADCOMP_CUDA_CHECK(cudaMemsetAsync(s.kept.data(), 0xFF, s.kept.size_bytes(), exec.native_stream()));
-        cd::launch(exec, cd::grid_for(survivors), cd::block_threads, cd::radix_collect_kernel<cd::index_list<T>>, candidates,
+        cd::launch(exec, cd::streaming_grid_for(survivors), cd::block_threads, cd::radix_collect_kernel<cd::index_list<T>>, candidates,
                    static_cast<const cd::radix_state*>(s.radix.value_state()),
                    static_cast<const cd::radix_state*>(s.radix.index_state()), 64, s.kept.data(), s.counts.data() + 1, k,
                    op.status());
@@ -214,7 +214,7 @@ struct backend<threshold_sparsifier<T>, cuda_executor> {
     const std::uint64_t payload_bytes = sparse_payload_bytes(coding, n, kept, sizeof(T));
     const std::size_t size = static_cast<std::size_t>(envelope::size + payload_bytes);
     cd::begin_message(exec, out, size);
-    cd::write_sparse_payload(exec, out.data() + envelope::size, n, kept, grad.data(), list, op.status());
+    cd::write_sparse_payload(exec, out.data() + envelope::size, n, kept, grad.data(), list, true, op.status());
     cd::seal_message(exec, out.data(),
                      {codec_id::threshold, dtype_of<T>, static_cast<std::uint8_t>(coding), 0, key, n, payload_bytes,
                       codec.params_hash(), 0},

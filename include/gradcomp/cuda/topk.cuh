@@ -80,6 +80,26 @@ struct candidates_or_gradient {
     return {x, n, keys, indices, c, c > capacity};
   }
 };
+/// Pass 2's handling of element i with magnitude key `key` (see the file comment).
+__device__ inline void filter_one(std::uint64_t i, std::uint64_t key, int top_shift, std::uint64_t bin, radix_digit next,
+                                  std::uint64_t mask,
+                                  unsigned int* local, std::uint64_t* kept, unsigned long long* kept_count, std::uint64_t k,
+                                  std::uint64_t* candidate_keys, std::uint64_t* candidate_indices,
+                                  unsigned long long* candidate_count, std::uint64_t capacity, device_status* status) {
+  const std::uint64_t digit = key >> top_shift;
+  if (digit > bin) {
+    const std::uint64_t slot = append_slot(kept_count);
+    if (slot < k) kept[slot] = i;
+    else record_failure(status, errc::invalid_argument, slot, 0xFF);
+  } else if (digit == bin) {
+    atomicAdd(&local[(key >> next.shift) & mask], 1u);
+    const std::uint64_t slot = append_slot(candidate_count);
+    if (slot < capacity) {
+      candidate_keys[slot] = key;
+      candidate_indices[slot] = i;
+    }
+  }
+}
 
 /// Pass 2 of top-k (see the file comment).
 template <class T>
@@ -92,20 +112,19 @@ __global__ void topk_filter_kernel(const T* x, std::uint64_t n, radix_digit top,
   __syncthreads();
   const std::uint64_t bin = state->prefix >> top.shift;
   const std::uint64_t mask = (std::uint64_t{1} << next.width) - 1;
-  for (std::uint64_t i = thread_id(); i < n; i += thread_count()) {
-    const std::uint64_t key = magnitude_key(x[i]);
-    const std::uint64_t digit = key >> top.shift;
-    if (digit > bin) {
-      const std::uint64_t slot = append_slot(kept_count);
-      if (slot < k) kept[slot] = i;
-      else record_failure(status, errc::invalid_argument, slot, 0xFF);
-    } else if (digit == bin) {
-      atomicAdd(&local[(key >> next.shift) & mask], 1u);
-      const std::uint64_t slot = append_slot(candidate_count);
-      if (slot < capacity) {
-        candidate_keys[slot] = key;
-        candidate_indices[slot] = i;
-      }
+  // Four elements per thread and round, loaded before any is handled (as the histogram kernel).
+  constexpr unsigned batch = 4;
+  const std::uint64_t stride = thread_count();
+  for (std::uint64_t first = thread_id(); first < n; first += batch * stride) {
+    std::uint64_t keys[batch];
+#pragma unroll
+    for (unsigned q = 0; q < batch; ++q) keys[q] = first + q * stride < n ? magnitude_key(x[first + q * stride]) : 0;
+#pragma unroll
+    for (unsigned q = 0; q < batch; ++q) {
+      const std::uint64_t i = first + q * stride;
+      if (i >= n) break;
+      filter_one(i, keys[q], top.shift, bin, next, mask, local, kept, kept_count, k, candidate_keys, candidate_indices, candidate_count,
+                 capacity, status);
     }
   }
   __syncthreads();
@@ -166,8 +185,9 @@ struct backend<topk_sparsifier<T>, cuda_executor> {
     const scratch s = carve_encode(arena, codec, n);
     cuda_detail::begin_message(exec, out, size);  // after the workspace is carved: a refused call writes nothing
     if (k > 0) select(exec, grad.data(), n, k, s, op.status());
+    // Pass 1 counted the NaN and Inf values already: the writer need not look again.
     cuda_detail::write_sparse_payload(exec, out.data() + envelope::size, n, k, grad.data(),
-                                      static_cast<const std::uint64_t*>(s.sort.sorted.data()), op.status());
+                                      static_cast<const std::uint64_t*>(s.sort.sorted.data()), false, op.status());
     cuda_detail::seal_message(exec, out.data(), {codec_id::topk, dtype_of<T>, static_cast<std::uint8_t>(choose_index_coding(n, k)), 0,
                                                  key, n, payload_bytes, codec.params_hash(), 0},
                               s.crc, op);
@@ -199,7 +219,7 @@ struct backend<topk_sparsifier<T>, cuda_executor> {
                                                    top, n, infinite_bin, status);
     GRADCOMP_CUDA_CHECK(cudaMemsetAsync(s.radix.bins.data(), 0, s.radix.bins.size_bytes(), exec.native_stream()));
     const std::uint64_t capacity = candidate_capacity(n);
-    cd::launch(exec, cd::grid_for(n), cd::block_threads, cd::topk_filter_kernel<T>, g, n, top, next,
+    cd::launch(exec, cd::streaming_grid_for(n), cd::block_threads, cd::topk_filter_kernel<T>, g, n, top, next,
                static_cast<const cd::radix_state*>(s.radix.value_state()), s.radix.bins.data(), s.kept.data(), s.counts.data(),
                k, s.candidate_keys.data(), s.candidate_indices.data(), s.counts.data() + 1, capacity, status);
     cd::launch(exec, 1, cd::radix_pick_threads, cd::radix_pick_kernel<cd::radix_order::largest_first>,
@@ -211,7 +231,7 @@ struct backend<topk_sparsifier<T>, cuda_executor> {
       cd::radix_pass<cd::radix_order::largest_first>(exec, s.radix, rest, cd::by_key{}, s.radix.value_state(),
                                                      cd::radix_digit_of(key_bits, d), n);
     cd::radix_select_ties(exec, s.radix, rest, cd::index_bits_for(n), n);
-    cd::launch(exec, cd::grid_for(n), cd::block_threads, cd::radix_collect_kernel<cd::candidates_or_gradient<T>>, rest,
+    cd::launch(exec, cd::streaming_grid_for(n), cd::block_threads, cd::radix_collect_kernel<cd::candidates_or_gradient<T>>, rest,
                static_cast<const cd::radix_state*>(s.radix.value_state()),
                static_cast<const cd::radix_state*>(s.radix.index_state()), top.shift, s.kept.data(), s.counts.data(), k,
                status);
