@@ -9,6 +9,7 @@
 #include <gradcomp/collective/compressed_all_reduce.hpp>
 #include <gradcomp/collective/compressed_reduce_scatter.hpp>
 #include <gradcomp/lossless/mpc.hpp>
+#include <gradcomp/sketch/lossless_homomorphic.hpp>
 #include <gradcomp/sparsify/threshold.hpp>
 #include <gradcomp/sparsify/topk.hpp>
 #include <gradcomp/transport/in_process.hpp>
@@ -42,6 +43,18 @@ std::vector<T> gradient_of(int rank, std::size_t n, std::uint64_t step = 0) {
   const double scale = std::pow(10.0, rank % 3);
   std::vector<T> v(n);
   for (T& x : v) x = static_cast<T>(scale * normal(engine));
+  return v;
+}
+
+/// Rank r's sparse gradient: about `density` of the n values non-zero, each a non-zero multiple of
+/// 1/16 in [−0.5, 0.5], so that every sum of a lossless homomorphic sketch cell is exact.
+inline std::vector<float> dyadic_sparse_gradient(int rank, std::size_t n, double density, std::uint64_t step = 0) {
+  std::mt19937_64 engine(step * 104729 + static_cast<std::uint64_t>(rank) * 31 + 5);
+  std::uniform_real_distribution<double> coin(0.0, 1.0);
+  std::uniform_int_distribution<int> level(1, 8);
+  std::vector<float> v(n, 0.0f);
+  for (float& x : v)
+    if (coin(engine) < density) x = static_cast<float>(level(engine) * (coin(engine) < 0.5 ? -1 : 1)) / 16.0f;
   return v;
 }
 
@@ -198,11 +211,25 @@ void check_agreement_scenarios(X& t) {
 }
 
 /// CHECKs that the lossless codec's compressed all-reduce and reduce-scatter (every plan this
-/// transport can run) give the uncompressed rank-order sum bit for bit (collective).
+/// transport can run), and lossless homomorphic compression's two-stage all-reduce of sparse
+/// gradients, give the uncompressed rank-order sum bit for bit (collective).
 template <transport X>
 void check_lossless_sums(X& t) {
   const mpc_codec mpc;
   const int P = t.size();
+  const lossless_homomorphic<float> lhc({.block = 256});
+  for (const double density : {0.0, 0.02, 0.3}) {
+    const std::size_t n = 20000;
+    INFO("rank ", t.rank(), ", lossless homomorphic, density ", density);
+    std::vector<float> sum(n, 0.0f);
+    for (int r = 0; r < P; ++r) {
+      const auto g = dyadic_sparse_gradient(r, n, density);
+      for (std::size_t i = 0; i < n; ++i) sum[i] += g[i];
+    }
+    auto data = dyadic_sparse_gradient(t.rank(), n, density);
+    compressed_all_reduce(t, lhc, std::span<float>(data));
+    CHECK(same_bits<float>(data, sum));
+  }
   for (const std::size_t n : {std::size_t{0}, std::size_t{1}, static_cast<std::size_t>(P) + 1, std::size_t{5003}}) {
     INFO("rank ", t.rank(), ", n = ", n);
     std::vector<float> sum(n, 0.0f);

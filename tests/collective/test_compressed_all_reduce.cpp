@@ -9,6 +9,7 @@
 #include <gradcomp/lossless/mpc.hpp>
 #include <gradcomp/quantize/shared_scale.hpp>
 #include <gradcomp/sketch/count_sketch.hpp>
+#include <gradcomp/sketch/lossless_homomorphic.hpp>
 #include <gradcomp/sparsify/threshold.hpp>
 #include <gradcomp/sparsify/topk.hpp>
 #include <gradcomp/transport/in_process.hpp>
@@ -204,6 +205,97 @@ TEST_CASE("compressed_all_reduce sums count sketches: the decode of the sketches
   });
   // The SUM collective adds the cells in rank order, as accumulate_encoded did.
   for (const auto& r : results) CHECK(same_bits<float>(r, expected));
+}
+
+TEST_CASE("compressed_all_reduce with lossless homomorphic compression gives the exact sum of sparse gradients everywhere") {
+  const lossless_homomorphic<float> lhc({.block = 128});
+  for (int P : {1, 2, 3, 4, 8}) {
+    for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{5000}}) {
+      for (const double density : {0.01, 0.1, 0.6}) {  // 0.6: the union is dense, the values travel as they are
+        CAPTURE(P);
+        CAPTURE(n);
+        CAPTURE(density);
+        std::vector<float> expected(n, 0.0f);
+        for (int r = 0; r < P; ++r) {
+          const auto g = dyadic_sparse_gradient(r, n, density);
+          for (std::size_t i = 0; i < n; ++i) expected[i] += g[i];
+        }
+        std::vector<std::uint64_t> sent(static_cast<std::size_t>(P));
+        const auto results = on_ranks(P, [&](in_process_transport& t) {
+          auto data = dyadic_sparse_gradient(t.rank(), n, density);
+          const auto report = compressed_all_reduce(t, lhc, std::span<float>(data));
+          sent[static_cast<std::size_t>(t.rank())] = report.sent_bytes;
+          CHECK(report.dense_bytes == 2 * static_cast<std::uint64_t>(P - 1) * n * sizeof(float) / static_cast<std::uint64_t>(P));
+          return data;
+        });
+        for (const auto& r : results) CHECK(same_bits<float>(r, expected));
+        // Over a transport without bitwise OR the index travels as summed 4-bit fields: same sums.
+        const auto summed_index = on_ranks(P, [&](in_process_transport& t) {
+          collectives_only<in_process_transport> no_or(t);
+          auto data = dyadic_sparse_gradient(t.rank(), n, density);
+          compressed_all_reduce(no_or, lhc, std::span<float>(data));
+          return data;
+        });
+        for (const auto& r : summed_index) CHECK(same_bits<float>(r, expected));
+        // At 1% per rank the index and the sketch are far smaller than the gradient.
+        if (n == 5000 && density == 0.01 && P > 1) CHECK(sent[0] < 2 * static_cast<std::uint64_t>(P - 1) * n * sizeof(float) / 5);
+      }
+    }
+  }
+}
+
+TEST_CASE("compressed_all_reduce with lossless homomorphic compression: a stall sums again uncompressed on every rank") {
+  // One cell per non-zero: peeling stalls (it needs about 1.23), on every rank alike.
+  const lossless_homomorphic<float> tight({.block = 256, .cells_per_nonzero = 1.0});
+  constexpr int P = 3;
+  constexpr std::size_t n = 40000;
+  std::vector<std::vector<float>> gradients;
+  std::vector<float> expected(n, 0.0f);
+  for (int r = 0; r < P; ++r) {
+    auto g = gradient_of(r, n);  // any floats: the resent sum is the rank-order sum
+    for (std::size_t i = 0; i < n; ++i)
+      if ((i * 7 + static_cast<std::size_t>(r)) % 5 != 0) g[i] = 0.0f;
+    for (std::size_t i = 0; i < n; ++i) expected[i] += g[i];
+    gradients.push_back(std::move(g));
+  }
+  std::vector<std::uint64_t> sent(P), dense(P);
+  const auto results = on_ranks(P, [&](in_process_transport& t) {
+    auto data = gradients[static_cast<std::size_t>(t.rank())];
+    const auto report = compressed_all_reduce(t, tight, std::span<float>(data));
+    sent[static_cast<std::size_t>(t.rank())] = report.sent_bytes;
+    dense[static_cast<std::size_t>(t.rank())] = report.dense_bytes;
+    return data;
+  });
+  for (const auto& r : results) CHECK(same_bits<float>(r, expected));
+  for (int r = 0; r < P; ++r) CHECK(sent[static_cast<std::size_t>(r)] > dense[static_cast<std::size_t>(r)]);  // resent
+}
+
+TEST_CASE("compressed_all_reduce with lossless homomorphic compression: disagreements and NaN stop every rank alike") {
+  const lossless_homomorphic<float> lhc({.block = 128});
+  constexpr std::size_t n = 3000;
+  for (int P : {2, 3}) {
+    CAPTURE(P);
+    expect_everywhere(P, errc::parameter_mismatch, [&](in_process_transport& t) {
+      auto data = dyadic_sparse_gradient(t.rank(), n, 0.05);
+      const lossless_homomorphic<float> other({.block = 128, .seed = 1});
+      compressed_all_reduce(t, t.rank() == P - 1 ? other : lhc, std::span<float>(data));
+    });
+    expect_everywhere(P, errc::invalid_argument, [&](in_process_transport& t) {
+      auto data = dyadic_sparse_gradient(t.rank(), n, 0.05);
+      compressed_all_reduce(t, lhc, std::span<float>(data), {.plan = all_reduce_plan::gather_decode});
+    });
+    expect_everywhere(P, errc::non_finite_input, [&](in_process_transport& t) {
+      auto data = dyadic_sparse_gradient(t.rank(), n, 0.05);
+      if (t.rank() == 0) data[17] = std::numeric_limits<float>::infinity();
+      compressed_all_reduce(t, lhc, std::span<float>(data));
+    });
+  }
+  // 16 ranks are more than 4-bit fields can sum.
+  expect_everywhere(16, errc::invalid_argument, [&](in_process_transport& t) {
+    auto data = dyadic_sparse_gradient(t.rank(), 500, 0.05);
+    const lossless_homomorphic<float> sum4({.block = 128, .index = lhc_index_coding::sum4});
+    compressed_all_reduce(t, sum4, std::span<float>(data));
+  });
 }
 
 TEST_CASE("compressed_all_reduce: every disagreement is the same named error on every rank, data untouched") {

@@ -12,6 +12,12 @@
 ///   result is ((D(m_0) + D(m_1)) + …) on every rank.
 /// - `ring`, on request: the hybrid scheme's per-hop ring (collective/ring.hpp), for a transport
 ///   with point-to-point messages.
+/// - `two_stage`, for lossless homomorphic compression (its own overload): the ranks' indexes are
+///   aggregated (bitwise OR where the transport has it, else summed 4- or 8-bit fields), every rank
+///   sizes the sketch from the union alike, the sketches are SUM-reduced and every rank peels the
+///   same sum. Every rank holds the same index and sketch, so a stall happens on every rank alike;
+///   under the `report` policy the ranks then sum `data` again uncompressed, so the result is never
+///   silently wrong.
 ///
 /// Before anything is encoded, the ranks agree (one all-gather of a 40-byte record per call, laid
 /// out in docs/wire-format.md §21): the format version, codec id, dtype, plan, parameter hash,
@@ -31,12 +37,14 @@
 
 #include <gradcomp/collective/compressed_all_gather.hpp>
 #include <gradcomp/collective/compressed_frame.hpp>
+#include <gradcomp/collective/lhc_stages.hpp>
 #include <gradcomp/collective/ring.hpp>
 #include <gradcomp/core/concepts.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/sketch/lossless_homomorphic.hpp>
 #include <gradcomp/transport/transport.hpp>
 
 namespace gradcomp {
@@ -47,6 +55,7 @@ enum class all_reduce_plan : std::uint8_t {
   gather_decode = 1,     ///< All-gather the messages; every rank decodes them in rank order.
   summed_encodings = 2,  ///< SUM-reduce the summable region of the encodings; decode the sum once.
   ring = 3,              ///< The per-hop ring (decode, add, re-encode); needs point-to-point messages.
+  two_stage = 4,         ///< Lossless homomorphic compression: aggregate the indexes, then SUM the sketches.
 };
 
 /// Options of `compressed_all_reduce`.
@@ -326,6 +335,62 @@ compressed_report compressed_all_reduce(X& t, const C& codec, std::span<typename
   double error = 0.0;
   const auto frame = coder.encode(std::span<const T>(data), options.key, 0.0, error);
   return detail::gather_decode_all_reduce(t, coder, frame, data, error);
+}
+
+/// All-reduces `data` with lossless homomorphic compression in its two collective stages (the
+/// `two_stage` plan, this file's comment): `data` becomes the sum over ranks, the same bits on
+/// every rank; exact when the sums in the sketch cells are (docs/sketches.md §2.3), and the
+/// uncompressed rank-order sum after a stall under the `report` policy. `report.sent_bytes` counts
+/// both stages as ring all-reduces (and the uncompressed sum after a stall).
+/// @throws error as the codec overload, on every rank alike, with `data` unchanged: the agreement's
+/// errors (LHC's parameters are hashed), `invalid_argument` for a plan other than `automatic` or
+/// `two_stage` or for more ranks than the index coding can sum, and LHC's own `too_large` and
+/// `non_finite_input` (a sum beyond the value type).
+template <transport X, gradient_value T>
+compressed_report compressed_all_reduce(X& t, const lossless_homomorphic<T>& lhc, std::span<T> data,
+                                        all_reduce_options options = {}) {
+  const all_reduce_plan plan = options.plan == all_reduce_plan::automatic ? all_reduce_plan::two_stage : options.plan;
+  std::string problem;
+  lhc_index_coding coding = lhc.params().index;
+  if (plan != all_reduce_plan::two_stage) {
+    problem = "compressed_all_reduce: lossless homomorphic compression runs the two_stage plan only";
+  } else {
+    try {
+      coding = lhc_index_coding_for<X>(lhc.params(), t.size(), "compressed_all_reduce");
+    } catch (const error& e) {
+      problem = e.what();
+    }
+  }
+  detail::agree_on(t, lhc, std::span<const T>(data), plan, options.key, problem);
+
+  const cpu_executor cpu{};
+  lhc_params staged_params = lhc.params();
+  staged_params.index = coding;
+  const lossless_homomorphic<T> staged(staged_params);
+  const std::uint64_t n = data.size();
+  const auto ranks = static_cast<std::uint64_t>(t.size());
+  compressed_report report;
+  report.dense_bytes = ring_all_reduce_dense_bytes(n * sizeof(T), ranks);
+  // Stage 1: the union of the non-zero positions, on every rank.
+  std::vector<std::byte> index(static_cast<std::size_t>(staged.index_bytes(n)));
+  staged.encode_index(cpu, std::span<const T>(data), std::span<std::byte>(index));
+  aggregate_lhc_index(t, coding, std::span<std::byte>(index));
+  report.sent_bytes += ring_all_reduce_dense_bytes(index.size(), ranks);
+  // Stage 2: the sketches, sized from the union alike on every rank, summed.
+  const lhc_plan sizes = staged.plan(cpu, std::span<const std::byte>(index), n, ranks);
+  std::vector<T> sketch(static_cast<std::size_t>(sizes.sketch_values()));
+  staged.encode_sketch(cpu, std::span<const T>(data), std::span<const std::byte>(index), sizes, std::span<T>(sketch));
+  t.all_reduce_sum(std::span<T>(sketch));
+  report.sent_bytes += ring_all_reduce_dense_bytes(sketch.size() * sizeof(T), ranks);
+  std::vector<std::byte> ws(staged.workspace_bytes(cpu, sizes));
+  try {
+    staged.decode(cpu, std::span<const std::byte>(index), sizes, std::span<const T>(sketch), data, std::span<std::byte>(ws));
+  } catch (const error& e) {
+    if (e.code() != errc::peeling_stalled) throw;
+    t.all_reduce_sum(data);  // every rank stalled alike: the uncompressed sum instead
+    report.sent_bytes += report.dense_bytes;
+  }
+  return report;
 }
 
 /// All-reduces `data` with a stateful wrapper (`error_feedback`, `loco`): each rank encodes its

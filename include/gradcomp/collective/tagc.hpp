@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include <gradcomp/collective/lhc_stages.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
@@ -121,20 +122,11 @@ class tagc_reduce_scatter {
     return tensor_id * static_cast<std::uint64_t>(ranks) + static_cast<std::uint64_t>(shard);
   }
 
-  /// The index coding used over transport `X` with `ranks` ranks: the configured one, except that
-  /// a bitmap over a transport without bitwise OR becomes 4-bit fields (P ≤ 15) or 8-bit fields
-  /// (P ≤ 255). @throws error `invalid_argument` when no coding fits.
+  /// The index coding used over transport `X` with `ranks` ranks (`lhc_index_coding_for`).
+  /// @throws error `invalid_argument` when no coding fits.
   template <transport X>
   [[nodiscard]] lhc_index_coding index_coding(int ranks) const {
-    lhc_index_coding coding = params_.sketch.index;
-    if (coding == lhc_index_coding::bitmap && !transport_with_bitwise_or<X>)
-      coding = ranks <= 15 ? lhc_index_coding::sum4 : lhc_index_coding::sum8;
-    const auto limit = lossless_homomorphic<T>(with_index(coding)).max_contributors();
-    detail::require(static_cast<std::uint64_t>(ranks) <= limit, errc::invalid_argument, [&] {
-      return "tagc: " + std::to_string(ranks) + " ranks exceed the " + std::to_string(limit) +
-             " contributors the index coding can sum";
-    });
-    return coding;
+    return lhc_index_coding_for<X>(params_.sketch, ranks, "tagc");
   }
 
   /// Reduce-scatters `grad` (N = P·m values on every rank) into `shard` (m values): on return
@@ -269,13 +261,7 @@ class tagc_reduce_scatter {
     }
     report.sent_bytes += state.indexes.size();
 
-    const auto aggregate_index = [&](std::span<std::byte> index) {
-      const auto bytes = std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(index.data()), index.size());
-      if constexpr (transport_with_bitwise_or<X>) {
-        if (lhc.params().index == lhc_index_coding::bitmap) return t.all_reduce_or(bytes);
-      }
-      t.all_reduce_sum(bytes);
-    };
+    const auto aggregate_index = [&](std::span<std::byte> index) { aggregate_lhc_index(t, lhc.params().index, index); };
     const auto plan_of = [&](int s) { return lhc.plan(e, index_of(state, s, index_bytes), aligned, P); };
     const auto fill_segment = [&](int s, const lhc_plan& plan, std::span<T> segment) {
       lhc.encode_sketch(e, std::span<const T>(state.sparse).subspan(static_cast<std::size_t>(s) * aligned, aligned),

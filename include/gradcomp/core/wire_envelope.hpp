@@ -26,6 +26,8 @@ enum class codec_id : std::uint16_t {
   sign = 18,            ///< Sign (EF-signSGD / 1-bit): one bit per value, mean magnitude per block.
   uniform_shared = 19,  ///< Uniform b-bit codes with agreed (shared) block scales, summable across ranks.
   count_sketch = 32,    ///< Count sketch (FetchSGD): r rows of c summable cells of hashed, signed values.
+  lossless_homomorphic = 33,  ///< LHC: an index and a sketch summed in two collective stages (no message of its own;
+                              ///< the compressed all-reduce's agreement record names it).
   mpc = 48,             ///< MPC lossless float32 codec (48 on: the lossless float codecs of the hybrid scheme).
   zfp_fixed_rate = 49,  ///< ZFP fixed-rate lossy float32 codec (libzfp's 1-D fixed-rate bit stream).
   pipeline = 64,        ///< A sparsifier's indices with its kept values encoded by a quantizer.

@@ -1,8 +1,8 @@
 #pragma once
 /// @file
 /// A device check that every value of a span is finite, for the calls that store values a caller
-/// hands in (`set_carried_error` of error feedback and LoCo): its status words live in a small
-/// workspace of its own, since those calls take none.
+/// hands in (`set_carried_error` of error feedback and LoCo): its status words live in stream
+/// scratch, since those calls take no workspace.
 
 #include <gradcomp/cuda/config.cuh>
 
@@ -14,7 +14,6 @@
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/workspace.hpp>
-#include <gradcomp/cuda/device_array.cuh>
 #include <gradcomp/cuda/executor.cuh>
 #include <gradcomp/cuda/grid.cuh>
 #include <gradcomp/cuda/operation.cuh>
@@ -36,7 +35,7 @@ struct find_non_finite {
 /// device span `values` is finite; waits for the stream. @throws error `device_failed` too.
 template <class T>
 void require_finite(const cuda_executor& exec, std::span<const T> values, const char* what) {
-  device_array<std::byte> ws(sizeof(device_status) + workspace_arena::alignment);
+  const stream_scratch ws(exec, sizeof(device_status) + workspace_arena::alignment);
   workspace_arena arena(ws.span());
   const operation op(exec, arena);
   for_each_item(exec, values.size(), find_non_finite<T>{values.data(), op.status()});

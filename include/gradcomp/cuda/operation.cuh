@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -76,6 +77,28 @@ void launch(const cuda_executor& exec, unsigned grid, unsigned threads, void (*k
   kernel<<<grid, threads, 0, exec.native_stream()>>>(std::forward<Args>(args)...);
   GRADCOMP_CUDA_CHECK(cudaGetLastError());
 }
+
+/// Scratch for the few calls that take no workspace argument (random-k's `accumulate_encoded`,
+/// `set_carried_error`): stream-ordered memory from the device's pool (`cudaMallocAsync`, cheap
+/// once the pool holds it), returned to the pool on the stream when it goes out of scope.
+class stream_scratch {
+ public:
+  /// `bytes` bytes on `exec`'s stream. @throws error `device_failed`.
+  stream_scratch(const cuda_executor& exec, std::size_t bytes) : stream_(exec.native_stream()), size_(bytes) {
+    GRADCOMP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&data_), bytes, stream_));
+  }
+  stream_scratch(const stream_scratch&) = delete;
+  stream_scratch& operator=(const stream_scratch&) = delete;
+  ~stream_scratch() { cudaFreeAsync(data_, stream_); }
+
+  /// The scratch as a workspace span.
+  [[nodiscard]] std::span<std::byte> span() const noexcept { return {data_, size_}; }
+
+ private:
+  cudaStream_t stream_;
+  std::byte* data_ = nullptr;
+  std::size_t size_;
+};
 
 /// One operation's status: carved from its workspace and cleared when made; `finish` reads it back
 /// and throws what the kernels recorded.

@@ -23,7 +23,6 @@
 #include <gradcomp/core/rounded_product.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
-#include <gradcomp/cuda/device_array.cuh>
 #include <gradcomp/cuda/executor.cuh>
 #include <gradcomp/cuda/grid.cuh>
 #include <gradcomp/cuda/message.cuh>
@@ -150,7 +149,7 @@ struct backend<randomk_sparsifier<T>, cuda_executor> {
   static void accumulate_encoded(const randomk_sparsifier<T>& codec, const cuda_executor& exec, std::span<std::byte> acc,
                                  std::span<const std::byte> other) {
     // The status and CRC scratch of this call (it has no workspace argument).
-    device_array<std::byte> ws(cuda_detail::status_and_crc_bytes());
+    const cuda_detail::stream_scratch ws(exec, cuda_detail::status_and_crc_bytes());
     workspace_arena arena(ws.span());
     const cuda_detail::operation op(exec, arena);
     const cuda_detail::crc_scratch crc = cuda_detail::crc_scratch::carve(arena);

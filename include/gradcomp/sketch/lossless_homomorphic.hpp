@@ -82,6 +82,7 @@
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/murmur3.hpp>
+#include <gradcomp/core/wire_envelope.hpp>
 
 namespace gradcomp {
 
@@ -193,12 +194,29 @@ template <gradient_value T = float>
 class lossless_homomorphic {
  public:
   using value_type = T;  ///< Element type of the gradient and of the sketch cells.
+  /// Names the scheme in the compressed all-reduce's agreement (it writes no message of its own).
+  static constexpr codec_id id = codec_id::lossless_homomorphic;
 
   /// @throws error `invalid_argument` for invalid parameters.
   explicit lossless_homomorphic(lhc_params params = {}) : params_(params) { params_.validate(); }
 
   /// The parameters.
   [[nodiscard]] const lhc_params& params() const noexcept { return params_; }
+  /// Hash of the value type and every parameter, which the ranks of a compressed all-reduce
+  /// compare before their first stage.
+  [[nodiscard]] std::uint64_t params_hash() const noexcept {
+    return params_hasher{}
+        .add(id)
+        .add(dtype_of<T>)
+        .add(params_.block)
+        .add(params_.cells_per_nonzero)
+        .add(params_.index)
+        .add(params_.on_stall)
+        .add(params_.reference_layout)
+        .add(params_.fixed_compress_ratio)
+        .add(params_.seed)
+        .value();
+  }
 
   /// Bytes of the index of an n-element tensor: ⌈n/8⌉ (bitmap), ⌈n/2⌉ (sum4) or n (sum8).
   [[nodiscard]] std::uint64_t index_bytes(std::uint64_t n) const noexcept {
