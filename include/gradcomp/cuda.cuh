@@ -23,6 +23,7 @@
 #include <gradcomp/cuda/qsgd.cuh>
 #include <gradcomp/cuda/radix_select.cuh>
 #include <gradcomp/cuda/randomk.cuh>
+#include <gradcomp/cuda/shared_scale.cuh>
 #include <gradcomp/cuda/sign.cuh>
 #include <gradcomp/cuda/sparse_coding.cuh>
 #include <gradcomp/cuda/threshold.cuh>

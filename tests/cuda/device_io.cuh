@@ -40,6 +40,8 @@ inline constexpr bool has_cuda_backend<uniform_quantizer<T>> = true;
 template <class T>
 inline constexpr bool has_cuda_backend<sign_quantizer<T>> = true;
 template <class T>
+inline constexpr bool has_cuda_backend<shared_scale_quantizer<T>> = true;
+template <class T>
 inline constexpr bool has_cuda_backend<qsgd_quantizer<T>> = true;
 template <class T>
 inline constexpr bool has_cuda_backend<topk_sparsifier<T>> = true;

@@ -62,3 +62,68 @@ TEST_CASE("cuda: QSGD messages and decodings equal the CPU reference's bit for b
 
 GRADCOMP_TEST_ON_EXECUTORS("sign and QSGD: NaN, Inf or an overflowing norm is non_finite_input and leaves no message",
                            non_finite_leaves_no_message)
+
+TEST_CASE("cuda: shared-scale messages, block maxima, sums and decodings equal the CPU's" * doctest::skip(!gpu_available())) {
+  for (const int bits : {1, 2, 4, 8}) {
+    for (const std::uint32_t block : {7u, 64u, 256u}) {
+      for (const rounding mode : {rounding::nearest_even, rounding::stochastic}) {
+        CAPTURE(bits);
+        CAPTURE(block);
+        const shared_scale_quantizer<float> q({.bits = bits, .block = block, .round = mode, .seed = 21, .headroom_bits = 3});
+        // The single-stage encode (this rank's own maxima).
+        check_all_inputs(q);
+        // Three ranks: maxima agreed on the CPU, each rank's encode_shared on both, the sum on both.
+        constexpr std::size_t n = 3001;
+        std::vector<std::vector<float>> g;
+        for (int r = 0; r < 3; ++r) g.push_back(make_input<float>(r == 1 ? input_kind::ties : input_kind::normal, n, 60 + r));
+        std::vector<float> agreed(q.block_count(n), 0.0f), mine(agreed.size());
+        for (const auto& x : g) {
+          q.block_maxima(cpu_executor{}, std::span<const float>(x), std::span<float>(mine));
+          const device_array<float> dx = to_device(x);
+          device_array<float> dmine(mine.size());
+          q.block_maxima(cuda_executor{}, std::span<const float>(dx.span()), dmine.span());
+          CHECK(bit_patterns(to_host(dmine)) == bit_patterns(mine));
+          for (std::size_t j = 0; j < agreed.size(); ++j) agreed[j] = std::max(agreed[j], mine[j]);
+        }
+        const device_array<float> dagreed = to_device(agreed);
+        std::vector<std::byte> sum_cpu;
+        device_array<std::byte> sum_gpu;
+        for (std::uint32_t r = 0; r < 3; ++r) {
+          std::vector<std::byte> cpu(q.max_encoded_bytes(n));
+          q.encode_shared(cpu_executor{}, std::span<const float>(g[r]), std::span<const float>(agreed), cpu, {}, {.step = 5}, r);
+          const device_array<float> dx = to_device(g[r]);
+          device_array<std::byte> gpu(q.max_encoded_bytes(n));
+          device_array<std::byte> ws(q.workspace_bytes(cuda_executor{}, n));
+          q.encode_shared(cuda_executor{}, std::span<const float>(dx.span()), std::span<const float>(dagreed.span()), gpu.span(),
+                          ws.span(), {.step = 5}, r);
+          CHECK(to_host(gpu) == cpu);
+          if (r == 0) {
+            sum_cpu = cpu;
+            sum_gpu = std::move(gpu);
+            continue;
+          }
+          q.accumulate_encoded(cpu_executor{}, std::span<std::byte>(sum_cpu), std::span<const std::byte>(cpu));
+          const device_array<std::byte> other = to_device(cpu);
+          q.accumulate_encoded(cuda_executor{}, sum_gpu.span(), std::span<const std::byte>(other.span()));
+        }
+        CHECK(to_host(sum_gpu) == sum_cpu);
+        CHECK(bit_patterns(decode_on(cuda_executor{}, q, sum_cpu, std::vector<float>(n))) ==
+              bit_patterns(decode_on(cpu_executor{}, q, sum_cpu, std::vector<float>(n))));
+        // A maximum below a rank's own is refused on both, in the same words.
+        std::vector<float> low = agreed;
+        low[1] *= 0.5f;
+        const device_array<float> dlow = to_device(low);
+        const device_array<float> dx = to_device(g[0]);
+        device_array<std::byte> out(q.max_encoded_bytes(n));
+        device_array<std::byte> ws(q.workspace_bytes(cuda_executor{}, n));
+        std::vector<std::byte> cpu_out(q.max_encoded_bytes(n));
+        CHECK(thrown_by([&] {
+                q.encode_shared(cuda_executor{}, std::span<const float>(dx.span()), std::span<const float>(dlow.span()), out.span(),
+                                ws.span(), {}, 0);
+              }) == thrown_by([&] {
+                q.encode_shared(cpu_executor{}, std::span<const float>(g[0]), std::span<const float>(low), cpu_out, {}, {}, 0);
+              }));
+      }
+    }
+  }
+}

@@ -184,11 +184,6 @@ struct backend<shared_scale_quantizer<T>, cpu_executor> {
     return s;
   }
 
-  /// Largest level sum a message may decode: 2^k·L, exact in T.
-  [[nodiscard]] static T largest_level_sum(const codec_type& codec) noexcept {
-    return static_cast<T>(codec.max_contributions() * static_cast<std::uint64_t>(uniform_levels(codec.bits())));
-  }
-
   /// Checks agreed maxima before they set scales: one per block, finite, non-negative, and small
   /// enough that a sum of 2^k contributions decodes finitely.
   static void validate_maxima(const codec_type& codec, std::uint64_t n, std::span<const T> maxima) {
@@ -196,7 +191,7 @@ struct backend<shared_scale_quantizer<T>, cpu_executor> {
       return "agreed maxima hold " + std::to_string(maxima.size()) + " values, the gradient has " +
              std::to_string(codec.block_count(n)) + " blocks";
     });
-    const T largest = largest_level_sum(codec);
+    const T largest = codec.largest_level_sum();
     for (std::uint64_t j = 0; j < maxima.size(); ++j) {
       const T m = maxima[j];
       detail::require(is_finite(m), errc::non_finite_input, [&] {
@@ -257,20 +252,15 @@ struct backend<shared_scale_quantizer<T>, cpu_executor> {
                               const decode_limits& limits) {
     const envelope e = parse_envelope(message);
     validate_envelope(e, {codec_id::uniform_shared, dtype_of<T>, elements, codec.params_hash()}, limits);
+    codec.validate_payload_size(e);
     const std::uint64_t n = e.elements;
-    detail::require(e.layout == 0, errc::malformed_payload, "shared-scale messages have layout 0");
-    detail::require(n <= e.payload_bytes / 8 * codec.fields_per_word() && e.payload_bytes == codec.payload_bytes(n),
-                    errc::malformed_payload, [&] {
-                      return "payload of " + std::to_string(e.payload_bytes) + " bytes does not hold " +
-                             std::to_string(n) + " elements";
-                    });
     const std::size_t offset = codec.summable_offset(n);
     const auto contributions = detail::load_le<std::uint64_t>(message.data() + offset);
     detail::require(contributions >= 1 && contributions <= codec.max_contributions(), errc::malformed_payload, [&] {
       return "contribution count " + std::to_string(contributions) + " is outside [1, " +
              std::to_string(codec.max_contributions()) + "]";
     });
-    const T largest = largest_level_sum(codec);
+    const T largest = codec.largest_level_sum();
     for (std::uint64_t j = 0; j < codec.block_count(n); ++j) {
       const T s = scale_at(message.data(), j);
       detail::require(sign_bit_of(s) == 0 && is_finite(s * largest), errc::malformed_payload,
@@ -291,7 +281,7 @@ struct backend<shared_scale_quantizer<T>, cpu_executor> {
     const int width = codec.field_bits();
     const std::uint64_t per_word = codec.fields_per_word();
     const std::uint64_t mask = (std::uint64_t{1} << width) - 1;
-    const std::uint64_t limit = contributions * uniform_code(uniform_levels(codec.bits()), codec.bits());
+    const std::uint64_t limit = codec.largest_field(contributions);
     for (std::uint64_t w = 0; w < codec.field_words(n); ++w) {
       std::uint64_t word = detail::load_le<std::uint64_t>(words + w * 8);
       const std::uint64_t count = std::min(per_word, n - w * per_word);

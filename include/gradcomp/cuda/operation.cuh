@@ -78,6 +78,13 @@ void launch(const cuda_executor& exec, unsigned grid, unsigned threads, void (*k
   GRADCOMP_CUDA_CHECK(cudaGetLastError());
 }
 
+/// Writes one u64 `value` at the 8-byte aligned device address `at` (a count field, queued in
+/// order with the kernels around it).
+template <class = void>
+__global__ void store_word_kernel(std::byte* at, std::uint64_t value) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) *reinterpret_cast<std::uint64_t*>(at) = value;
+}
+
 /// Scratch for the few calls that take no workspace argument (random-k's `accumulate_encoded`,
 /// `set_carried_error`): stream-ordered memory from the device's pool (`cudaMallocAsync`, cheap
 /// once the pool holds it), returned to the pool on the stream when it goes out of scope.
@@ -128,6 +135,19 @@ class operation {
     if (host.code == 0) return;
     const auto code = static_cast<errc>(host.code);
     throw error(code, describe(code, host.detail >> 8, static_cast<std::uint32_t>(host.detail & 0xFFu)));
+  }
+
+  /// `finish` where the check that failed (the reason of the smallest position), not the first
+  /// code recorded, names the error: `code_of(reason)`, for checks whose order decides the error
+  /// as on the CPU (the reasons numbered in that order).
+  template <class CodeOf, class Describe>
+  void finish_by_reason(CodeOf&& code_of, Describe&& describe) const {
+    device_status host{};
+    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(&host, status_, sizeof host, cudaMemcpyDeviceToHost, exec_.native_stream()));
+    exec_.synchronize();
+    if (host.code == 0) return;
+    const auto reason = static_cast<std::uint32_t>(host.detail & 0xFFu);
+    throw error(code_of(reason), describe(host.detail >> 8, reason));
   }
 
   /// `finish`, unless the executor defers errors (then the message's seal has recorded them).

@@ -38,12 +38,6 @@ enum sparse_reason : std::uint32_t {
   sparse_bad_value = 5,    ///< A NaN or Inf value.
 };
 
-/// Writes the count field of a sparse payload.
-template <class = void>
-__global__ void store_count_kernel(std::byte* payload, std::uint64_t k) {
-  if (blockIdx.x == 0 && threadIdx.x == 0) *reinterpret_cast<std::uint64_t*>(payload) = k;
-}
-
 /// Index j of an ascending list into the index section, and the value x[list[j]] after it (an
 /// index at or above n, which only a failed selection can leave, is recorded and not read; a NaN
 /// or Inf value is recorded when `check_values`).
@@ -83,7 +77,7 @@ std::uint64_t write_sparse_payload(const cuda_executor& exec, std::byte* payload
   const index_coding coding = choose_index_coding(n, k);
   const std::uint64_t section = index_section_bytes(coding, n, k);
   if (section > 0) GRADCOMP_CUDA_CHECK(cudaMemsetAsync(payload + 8, 0, section, exec.native_stream()));
-  launch(exec, 1, 32, store_count_kernel<>, payload, k);
+  launch(exec, 1, 32, store_word_kernel<>, payload, k);  // the count field
   for_each_item(exec, k,
                 sparse_write<T>{g, n, list, coding, payload + 8, reinterpret_cast<T*>(payload + 8 + section), check_values, status});
   return sparse_payload_bytes(coding, n, k, sizeof(T));

@@ -156,6 +156,26 @@ class shared_scale_quantizer : public codec_interface<shared_scale_quantizer<T>,
   [[nodiscard]] std::size_t max_encoded_bytes(std::uint64_t n) const noexcept {
     return static_cast<std::size_t>(envelope::size + payload_bytes(n));
   }
+  /// Checks the layout byte and payload size of a message whose envelope `e` matched this
+  /// quantizer (every backend's decoder calls it). @throws error `malformed_payload`.
+  void validate_payload_size(const envelope& e) const {
+    detail::require(e.layout == 0, errc::malformed_payload, "shared-scale messages have layout 0");
+    const std::uint64_t n = e.elements;
+    detail::require(n <= e.payload_bytes / 8 * fields_per_word() && e.payload_bytes == payload_bytes(n),
+                    errc::malformed_payload, [&] {
+                      return "payload of " + std::to_string(e.payload_bytes) + " bytes does not hold " +
+                             std::to_string(n) + " elements";
+                    });
+  }
+  /// Largest level sum a message may decode, 2^k·L (exact in T): a scale s is valid when
+  /// s·2^k·L is finite.
+  [[nodiscard]] T largest_level_sum() const noexcept {
+    return static_cast<T>(max_contributions() * static_cast<std::uint64_t>(uniform_levels(params_.bits)));
+  }
+  /// Largest value of one field of a sum of P codes: P·(the largest code).
+  [[nodiscard]] std::uint64_t largest_field(std::uint64_t contributions) const noexcept {
+    return contributions * uniform_code(uniform_levels(params_.bits), params_.bits);
+  }
   /// Hash of the parameters, carried in every message and checked by decoders: the id, the hash of
   /// the uniform quantizer with the same levels (bits, block, rounding, seed and dtype), and the
   /// headroom.
