@@ -54,7 +54,10 @@ inline std::vector<float> dyadic_sparse_gradient(int rank, std::size_t n, double
   std::uniform_int_distribution<int> level(1, 8);
   std::vector<float> v(n, 0.0f);
   for (float& x : v)
-    if (coin(engine) < density) x = static_cast<float>(level(engine) * (coin(engine) < 0.5 ? -1 : 1)) / 16.0f;
+    if (coin(engine) < density) {
+      const int magnitude = level(engine);
+      x = static_cast<float>(coin(engine) < 0.5 ? -magnitude : magnitude) / 16.0f;
+    }
   return v;
 }
 

@@ -211,7 +211,7 @@ TEST_CASE("compressed_all_reduce with lossless homomorphic compression gives the
   const lossless_homomorphic<float> lhc({.block = 128});
   for (int P : {1, 2, 3, 4, 8}) {
     for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{5000}}) {
-      for (const double density : {0.01, 0.1, 0.6}) {  // 0.6: the union is dense, the values travel as they are
+      for (const double density : {0.01, 0.1, 0.6}) {  // 0.6: with P ≥ 2 the plan is dense, the values travel as they are
         CAPTURE(P);
         CAPTURE(n);
         CAPTURE(density);
@@ -226,6 +226,9 @@ TEST_CASE("compressed_all_reduce with lossless homomorphic compression gives the
           const auto report = compressed_all_reduce(t, lhc, std::span<float>(data));
           sent[static_cast<std::size_t>(t.rank())] = report.sent_bytes;
           CHECK(report.dense_bytes == 2 * static_cast<std::uint64_t>(P - 1) * n * sizeof(float) / static_cast<std::uint64_t>(P));
+          // Sparse enough to sketch: both stages together send less than the gradient, so the sum
+          // came from peeling, not from a stall's uncompressed resend.
+          if (P > 1 && n >= 1000 && density <= 0.1) CHECK(report.sent_bytes < report.dense_bytes);
           return data;
         });
         for (const auto& r : results) CHECK(same_bits<float>(r, expected));
@@ -275,21 +278,42 @@ TEST_CASE("compressed_all_reduce with lossless homomorphic compression: disagree
   constexpr std::size_t n = 3000;
   for (int P : {2, 3}) {
     CAPTURE(P);
-    expect_everywhere(P, errc::parameter_mismatch, [&](in_process_transport& t) {
-      auto data = dyadic_sparse_gradient(t.rank(), n, 0.05);
+    // Runs `call(t, data)` on every rank; every rank must throw `code` with its data untouched.
+    const auto everywhere = [&](errc code, auto call) {
+      std::atomic<int> matching{0};
+      in_process_group(P).run([&](in_process_transport& t) {
+        auto data = dyadic_sparse_gradient(t.rank(), n, 0.05);
+        if (t.rank() == 0 && code == errc::non_finite_input) data[17] = std::numeric_limits<float>::infinity();
+        const auto before = data;
+        if (thrown_by([&] { call(t, std::span<float>(data)); }) == named(code) && same_bits<float>(data, before)) ++matching;
+      });
+      CHECK(matching.load() == P);
+    };
+    everywhere(errc::parameter_mismatch, [&](in_process_transport& t, std::span<float> data) {
       const lossless_homomorphic<float> other({.block = 128, .seed = 1});
-      compressed_all_reduce(t, t.rank() == P - 1 ? other : lhc, std::span<float>(data));
+      compressed_all_reduce(t, t.rank() == P - 1 ? other : lhc, data);
     });
-    expect_everywhere(P, errc::invalid_argument, [&](in_process_transport& t) {
-      auto data = dyadic_sparse_gradient(t.rank(), n, 0.05);
-      compressed_all_reduce(t, lhc, std::span<float>(data), {.plan = all_reduce_plan::gather_decode});
+    everywhere(errc::invalid_argument, [&](in_process_transport& t, std::span<float> data) {
+      compressed_all_reduce(t, lhc, data, {.plan = all_reduce_plan::gather_decode});
     });
-    expect_everywhere(P, errc::non_finite_input, [&](in_process_transport& t) {
-      auto data = dyadic_sparse_gradient(t.rank(), n, 0.05);
-      if (t.rank() == 0) data[17] = std::numeric_limits<float>::infinity();
-      compressed_all_reduce(t, lhc, std::span<float>(data));
+    everywhere(errc::parameter_mismatch, [&](in_process_transport& t, std::span<float> data) {  // plans differ
+      compressed_all_reduce(t, lhc, data, {.plan = t.rank() == 0 ? all_reduce_plan::gather_decode : all_reduce_plan::two_stage});
     });
+    everywhere(errc::non_finite_input, [&](in_process_transport& t, std::span<float> data) { compressed_all_reduce(t, lhc, data); });
   }
+  // A stall policy of median estimates still gives the exact sum: the all-reduce resends instead.
+  const lossless_homomorphic<float> estimating({.block = 256, .cells_per_nonzero = 1.0, .on_stall = lhc_stall_policy::median_estimate});
+  std::vector<float> expected(20000, 0.0f);
+  for (int r = 0; r < 3; ++r) {
+    const auto g = dyadic_sparse_gradient(r, expected.size(), 0.4);
+    for (std::size_t i = 0; i < expected.size(); ++i) expected[i] += g[i];
+  }
+  const auto results = on_ranks(3, [&](in_process_transport& t) {
+    auto data = dyadic_sparse_gradient(t.rank(), expected.size(), 0.4);
+    compressed_all_reduce(t, estimating, std::span<float>(data));
+    return data;
+  });
+  for (const auto& r : results) CHECK(same_bits<float>(r, expected));
   // 16 ranks are more than 4-bit fields can sum.
   expect_everywhere(16, errc::invalid_argument, [&](in_process_transport& t) {
     auto data = dyadic_sparse_gradient(t.rank(), 500, 0.05);

@@ -32,6 +32,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -340,14 +341,15 @@ compressed_report compressed_all_reduce(X& t, const C& codec, std::span<typename
 /// All-reduces `data` with lossless homomorphic compression in its two collective stages (the
 /// `two_stage` plan, this file's comment): `data` becomes the sum over ranks, the same bits on
 /// every rank; exact when the sums in the sketch cells are (docs/sketches.md §2.3), and the
-/// uncompressed rank-order sum after a stall under the `report` policy. `report.sent_bytes` counts
-/// both stages as ring all-reduces (and the uncompressed sum after a stall).
+/// uncompressed rank-order sum after a stall, whatever `lhc`'s stall policy (median estimates
+/// would be a silently wrong sum). `report.sent_bytes` counts both stages as ring all-reduces
+/// (and the uncompressed sum after a stall).
 /// @throws error as the codec overload, on every rank alike, with `data` unchanged: the agreement's
 /// errors (LHC's parameters are hashed), `invalid_argument` for a plan other than `automatic` or
 /// `two_stage` or for more ranks than the index coding can sum, and LHC's own `too_large` and
 /// `non_finite_input` (a sum beyond the value type).
 template <transport X, gradient_value T>
-compressed_report compressed_all_reduce(X& t, const lossless_homomorphic<T>& lhc, std::span<T> data,
+compressed_report compressed_all_reduce(X& t, const lossless_homomorphic<T>& lhc, std::type_identity_t<std::span<T>> data,
                                         all_reduce_options options = {}) {
   const all_reduce_plan plan = options.plan == all_reduce_plan::automatic ? all_reduce_plan::two_stage : options.plan;
   std::string problem;
@@ -366,6 +368,7 @@ compressed_report compressed_all_reduce(X& t, const lossless_homomorphic<T>& lhc
   const cpu_executor cpu{};
   lhc_params staged_params = lhc.params();
   staged_params.index = coding;
+  staged_params.on_stall = lhc_stall_policy::report;  // a stall is resent uncompressed below
   const lossless_homomorphic<T> staged(staged_params);
   const std::uint64_t n = data.size();
   const auto ranks = static_cast<std::uint64_t>(t.size());
@@ -379,7 +382,13 @@ compressed_report compressed_all_reduce(X& t, const lossless_homomorphic<T>& lhc
   // Stage 2: the sketches, sized from the union alike on every rank, summed.
   const lhc_plan sizes = staged.plan(cpu, std::span<const std::byte>(index), n, ranks);
   std::vector<T> sketch(static_cast<std::size_t>(sizes.sketch_values()));
-  staged.encode_sketch(cpu, std::span<const T>(data), std::span<const std::byte>(index), sizes, std::span<T>(sketch));
+  try {
+    staged.encode_sketch(cpu, std::span<const T>(data), std::span<const std::byte>(index), sizes, std::span<T>(sketch));
+  } catch (const error&) {
+    // Only a transport that corrupted the index gets here. Join the SUM with a poisoned sketch,
+    // so that every rank's decode fails alike instead of the others waiting for this one.
+    std::fill(sketch.begin(), sketch.end(), from_bits<T>(float_traits<T>::infinity_key | 1));
+  }
   t.all_reduce_sum(std::span<T>(sketch));
   report.sent_bytes += ring_all_reduce_dense_bytes(sketch.size() * sizeof(T), ranks);
   std::vector<std::byte> ws(staged.workspace_bytes(cpu, sizes));

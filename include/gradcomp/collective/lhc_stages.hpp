@@ -36,14 +36,15 @@ template <transport X>
 
 /// Aggregates the ranks' indexes of one coding in place: bitwise OR for a bitmap, uint8 SUM for
 /// the summed fields (collective: every rank calls it with the same coding and size).
+/// @throws error `invalid_argument` for a bitmap over a transport without OR (a SUM would carry
+///         between bits; `lhc_index_coding_for` never chooses it), before anything is sent.
 template <transport X>
 void aggregate_lhc_index(X& t, lhc_index_coding coding, std::span<std::byte> index) {
   const auto bytes = std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(index.data()), index.size());
-  if constexpr (transport_with_bitwise_or<X>) {
-    if (coding == lhc_index_coding::bitmap) {
-      t.all_reduce_or(bytes);
-      return;
-    }
+  if (coding == lhc_index_coding::bitmap) {
+    if constexpr (transport_with_bitwise_or<X>) t.all_reduce_or(bytes);
+    else detail::fail(errc::invalid_argument, "a bitmap index needs a transport with bitwise OR; use summed fields");
+    return;
   }
   t.all_reduce_sum(bytes);
 }

@@ -150,8 +150,15 @@ struct shared_encode_words {
     const std::uint64_t last = first + layout.per_word < layout.n ? first + layout.per_word : layout.n;
     std::uint64_t word = 0;
     philox_cache random;
-    for (std::uint64_t i = first; i < last; ++i)
-      word |= std::uint64_t{rule.code(g[i], i, i / layout.block, random)} << ((i - first) * static_cast<unsigned>(layout.width));
+    std::uint64_t j = first / layout.block;
+    uniform_block_coding<T> coding(rule.maxima[j], rule.scales[j], layout.bits);
+    for (std::uint64_t i = first; i < last; ++i) {
+      if (i / layout.block != j) {  // the word runs into the next block
+        j = i / layout.block;
+        coding = uniform_block_coding<T>(rule.maxima[j], rule.scales[j], layout.bits);
+      }
+      word |= std::uint64_t{rule.code(g[i], i, coding, random)} << ((i - first) * static_cast<unsigned>(layout.width));
+    }
     words[w] = word;
   }
 };
