@@ -66,23 +66,13 @@ struct shared_layout {
   [[nodiscard]] __host__ __device__ std::uint64_t count(std::uint64_t j) const { return n - j * block < block ? n - j * block : block; }
 };
 
-/// One warp per block: this rank's largest magnitude (+Inf, and `non_finite_input` recorded, for a
-/// block holding NaN or Inf).
+/// A block's largest magnitude into `maxima` (block_statistics writes 0 for a block holding NaN
+/// or Inf and records it; the caller then sets every maximum to +Inf).
 template <class T>
-struct shared_block_maxima {
-  const T* g;
-  shared_layout layout;
+struct maximum_stat {
   T* maxima;
-  device_status* status;
 
-  __device__ void operator()(std::uint64_t j) const {
-    const std::uint64_t begin = j * layout.block;
-    const std::uint64_t count = layout.count(j);
-    const auto largest = warp_max_key(g + begin, count);
-    const bool finite = largest < float_traits<T>::infinity_key;
-    if (!finite) record_non_finite(g + begin, begin, count, status);
-    if (lane_id() == 0) maxima[j] = from_bits<T>(finite ? largest : float_traits<T>::infinity_key);
-  }
+  __device__ void operator()(std::uint64_t j, const T*, std::uint64_t, T m, device_status*) const { maxima[j] = m; }
 };
 
 /// Sets every maximum to +Inf (a rank whose gradient held NaN or Inf, as on the CPU).
@@ -338,8 +328,10 @@ struct backend<shared_scale_quantizer<T>, cuda_executor> {
       return "maxima hold " + std::to_string(maxima.size()) + " values, the gradient has " +
              std::to_string(codec.block_count(n)) + " blocks";
     });
-    const cuda_detail::shared_layout layout = layout_of(codec, n);
-    cuda_detail::for_each_block(exec, layout.blocks(), cuda_detail::shared_block_maxima<T>{grad.data(), layout, maxima.data(), op.status()});
+    const cuda_detail::block_layout layout{n, codec.params().block, codec.bits(), 0};
+    cuda_detail::for_each_block(exec, layout.blocks(),
+                                cuda_detail::block_statistics<T, cuda_detail::maximum_stat<T>>{grad.data(), layout, {maxima.data()},
+                                                                                                op.status()});
     try {
       op.finish([](errc, std::uint64_t i, std::uint32_t) { return "gradient value " + std::to_string(i) + " is NaN or Inf"; });
     } catch (const error&) {
