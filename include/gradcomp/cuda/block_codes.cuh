@@ -120,24 +120,35 @@ struct philox_cache {
   }
 };
 
-/// Largest magnitude key of the `count` values at `x`, on every lane of the calling warp.
+/// The values a kernel reads, element by element: those at a pointer, as they are. (Error feedback
+/// codes g + e instead and keeps what each code leaves: cuda/error_feedback.cuh.)
 template <class T>
-__device__ typename float_traits<T>::bits_type warp_max_key(const T* x, std::uint64_t count) {
-  typename float_traits<T>::bits_type largest = 0;
-  for (std::uint64_t i = lane_id(); i < count; i += 32) {
-    const auto key = magnitude_key(x[i]);
+struct plain_values {
+  const T* x;
+
+  __device__ T operator()(std::uint64_t i) const { return x[i]; }
+  /// Called with each value and its decoding, once coded (nothing to keep here).
+  __device__ void coded(std::uint64_t, T, T) const {}
+};
+
+/// Largest magnitude key of values(i) for begin ≤ i < end, on every lane of the calling warp.
+template <class Values>
+__device__ auto warp_max_key(const Values& values, std::uint64_t begin, std::uint64_t end) {
+  decltype(magnitude_key(values(begin))) largest = 0;
+  for (std::uint64_t i = begin + lane_id(); i < end; i += 32) {
+    const auto key = magnitude_key(values(i));
     largest = key > largest ? key : largest;
   }
   return warp_max(largest);
 }
 
-/// Records `non_finite_input` at the first NaN or Inf of the `count` values at x (elements from
-/// `first` on; the calling warp's block, known to hold one).
-template <class T>
-__device__ void record_non_finite(const T* x, std::uint64_t first, std::uint64_t count, device_status* status) {
-  for (std::uint64_t i = lane_id(); i < count; i += 32)
-    if (!is_finite(x[i])) {
-      record_failure(status, errc::non_finite_input, first + i);
+/// Records `non_finite_input` at the first NaN or Inf of values(i), begin ≤ i < end (the calling
+/// warp's block, known to hold one).
+template <class Values>
+__device__ void record_non_finite(const Values& values, std::uint64_t begin, std::uint64_t end, device_status* status) {
+  for (std::uint64_t i = begin + lane_id(); i < end; i += 32)
+    if (!is_finite(values(i))) {
+      record_failure(status, errc::non_finite_input, i);
       return;
     }
 }
@@ -155,9 +166,9 @@ struct block_statistics {
   __device__ void operator()(std::uint64_t j) const {
     const std::uint64_t begin = j * layout.block;
     const std::uint64_t count = layout.count(j);
-    const auto largest = warp_max_key(g + begin, count);
+    const auto largest = warp_max_key(plain_values<T>{g}, begin, begin + count);
     const bool finite = largest < float_traits<T>::infinity_key;
-    if (!finite) record_non_finite(g + begin, begin, count, status);
+    if (!finite) record_non_finite(plain_values<T>{g}, begin, begin + count, status);
     if (lane_id() == 0) stat(j, g + begin, count, finite ? from_bits<T>(largest) : T{0}, status);
   }
 };

@@ -25,6 +25,7 @@
 #include <gradcomp/core/crc32c.hpp>
 #include <gradcomp/core/workspace.hpp>
 #include <gradcomp/cuda/executor.cuh>
+#include <gradcomp/cuda/grid.cuh>
 #include <gradcomp/cuda/operation.cuh>
 
 namespace gradcomp::cuda_detail {
@@ -70,19 +71,23 @@ __global__ void crc_powers_kernel(gf2_matrix* powers) {
   return log2;
 }
 
-/// raw CRC of chunk i of `chunks` chunks of `chunk_bytes` (cut from the end; chunk 0 may be short).
-template <class = void>
-__global__ void crc_chunks_kernel(const std::byte* data, std::uint64_t size, std::uint64_t chunks,
-                                         std::uint64_t chunk_bytes, std::uint32_t* raw) {
-  for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < chunks;
-       i += std::uint64_t{gridDim.x} * blockDim.x) {
+/// One thread per chunk: the raw CRC of chunk i of `chunks` chunks of `chunk_bytes` (cut from the
+/// end; chunk 0 may be short).
+struct crc_chunk {
+  const std::byte* data;
+  std::uint64_t size;
+  std::uint64_t chunks;
+  std::uint64_t chunk_bytes;
+  std::uint32_t* raw;
+
+  __device__ void operator()(std::uint64_t i) const {
     const std::uint64_t end = size - (chunks - 1 - i) * chunk_bytes;
     const std::uint64_t begin = end >= chunk_bytes ? end - chunk_bytes : 0;
     std::uint32_t crc = 0;
     for (std::uint64_t b = begin; b < end; ++b) crc = crc32c_step(crc, data[b]);
     raw[i] = crc;
   }
-}
+};
 
 /// Combines groups of 256 consecutive raw CRCs, each covering 2^span_log2 bytes (the first group
 /// front-padded with zeros), into one per group.
@@ -146,7 +151,7 @@ inline void crc32c_device(const cuda_executor& exec, const std::byte* data, std:
   const int chunk_log2 = size == 0 ? crc_min_chunk_log2 : crc_chunk_log2(size);
   const std::uint64_t chunk_bytes = std::uint64_t{1} << chunk_log2;
   std::uint64_t count = (size + chunk_bytes - 1) / chunk_bytes;
-  if (count > 0) launch(exec, grid_for(count), block_threads, crc_chunks_kernel<>, data, size, count, chunk_bytes, s.raw.data());
+  for_each_item(exec, count, crc_chunk{data, size, count, chunk_bytes, s.raw.data()});
   std::uint32_t* in = s.raw.data();
   std::uint32_t* out = s.reduced.data();
   int span_log2 = chunk_log2;

@@ -105,10 +105,7 @@ struct backend<error_feedback<Codec>, cuda_executor> {
   };
 
   static std::size_t workspace_bytes(const ef_type& ef, const cuda_executor& e, std::uint64_t n) {
-    workspace_arena arena = workspace_arena::measure();
-    cuda_detail::operation::reserve(arena);
-    (void)carve(arena, ef, e, n);
-    return arena.bytes_needed();
+    return cuda_detail::operation::workspace_bytes([&](workspace_arena& arena) { (void)carve(arena, ef, e, n); });
   }
 
   static state_type make_state(const ef_type&, const cuda_executor&, std::uint64_t n) {

@@ -132,7 +132,7 @@ struct loco_quantize_error {
   __device__ void operator()(std::uint64_t j) const {
     const std::uint64_t begin = j * group;
     const std::uint64_t count = n - begin < group ? n - begin : group;
-    const T step = uniform_step(from_bits<T>(warp_max_key(v + begin, count)), 8);
+    const T step = uniform_step(from_bits<T>(warp_max_key(plain_values<T>{v}, begin, begin + count)), 8);
     if (lane_id() == 0) scales[j] = step;
     for (std::uint64_t i = begin + lane_id(); i < begin + count; i += 32) codes[i] = loco_error_code(v[i], step);
   }
@@ -259,10 +259,7 @@ struct backend<loco<Codec>, cuda_executor> {
   };
 
   static std::size_t workspace_bytes(const loco_type& lc, const cuda_executor& e, std::uint64_t n) {
-    workspace_arena arena = workspace_arena::measure();
-    cuda_detail::operation::reserve(arena);
-    (void)carve(arena, lc, e, n);
-    return arena.bytes_needed();
+    return cuda_detail::operation::workspace_bytes([&](workspace_arena& arena) { (void)carve(arena, lc, e, n); });
   }
 
   static state_type make_state(const loco_type& lc, const cuda_executor&, std::uint64_t n) {

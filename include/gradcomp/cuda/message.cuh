@@ -128,10 +128,7 @@ inline envelope read_envelope(const cuda_executor& exec, std::span<const std::by
 /// Workspace bytes of an operation that needs only its status and the CRC scratch (the decoders
 /// of the fixed layouts, and the encoders that checksum their payload).
 inline std::size_t status_and_crc_bytes() {
-  workspace_arena arena = workspace_arena::measure();
-  operation::reserve(arena);
-  (void)crc_scratch::carve(arena);
-  return arena.bytes_needed();
+  return operation::workspace_bytes([](workspace_arena& arena) { (void)crc_scratch::carve(arena); });
 }
 
 }  // namespace gradcomp::cuda_detail

@@ -111,8 +111,15 @@ class stream_scratch {
 /// and throws what the kernels recorded.
 class operation {
  public:
-  /// Workspace bytes the status takes (add it to the operation's `workspace_bytes`).
-  static void reserve(workspace_arena& arena) { (void)arena.take<device_status>(1); }
+  /// Workspace bytes of an operation: its status, then what `carve(arena)` takes from a
+  /// measuring arena (the scratch the operation carves after its status, in the same order).
+  template <class Carve>
+  [[nodiscard]] static std::size_t workspace_bytes(Carve&& carve) {
+    workspace_arena arena = workspace_arena::measure();
+    (void)arena.take<device_status>(1);
+    carve(arena);
+    return arena.bytes_needed();
+  }
 
   /// Takes the status from `arena` and clears it on `exec`'s stream.
   /// @throws error `workspace_too_small`, `device_failed`.
@@ -129,9 +136,7 @@ class operation {
   /// gives its detail text. @throws error the recorded `errc`, or `device_failed`.
   template <class Describe>
   void finish(Describe&& describe) const {
-    device_status host{};
-    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(&host, status_, sizeof host, cudaMemcpyDeviceToHost, exec_.native_stream()));
-    exec_.synchronize();
+    const device_status host = read_back();
     if (host.code == 0) return;
     const auto code = static_cast<errc>(host.code);
     throw error(code, describe(code, host.detail >> 8, static_cast<std::uint32_t>(host.detail & 0xFFu)));
@@ -142,9 +147,7 @@ class operation {
   /// as on the CPU (the reasons numbered in that order).
   template <class CodeOf, class Describe>
   void finish_by_reason(CodeOf&& code_of, Describe&& describe) const {
-    device_status host{};
-    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(&host, status_, sizeof host, cudaMemcpyDeviceToHost, exec_.native_stream()));
-    exec_.synchronize();
+    const device_status host = read_back();
     if (host.code == 0) return;
     const auto reason = static_cast<std::uint32_t>(host.detail & 0xFFu);
     throw error(code_of(reason), describe(host.detail >> 8, reason));
@@ -157,6 +160,14 @@ class operation {
   }
 
  private:
+  /// The status, once the stream's work has run. @throws error `device_failed`.
+  [[nodiscard]] device_status read_back() const {
+    device_status host{};
+    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(&host, status_, sizeof host, cudaMemcpyDeviceToHost, exec_.native_stream()));
+    exec_.synchronize();
+    return host;
+  }
+
   const cuda_executor& exec_;
   device_status* status_;
 };

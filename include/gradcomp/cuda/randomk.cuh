@@ -10,7 +10,6 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -119,9 +118,8 @@ struct backend<randomk_sparsifier<T>, cuda_executor> {
     if (k > 0)
       cuda_detail::for_each_item(exec, k, cuda_detail::randomk_gather<T>{grad.data(), codec.permutation(n, key), values, op.status()});
     seal(codec, exec, out.data(), n, key, crc, op);
-    const random_permutation pick = codec.permutation(std::max<std::uint64_t>(n, 1), key);
     op.finish_encode([&](errc, std::uint64_t j, std::uint32_t) {
-      return "gradient value " + std::to_string(pick(j)) + " is NaN or Inf";
+      return "gradient value " + std::to_string(codec.permutation(n, key)(j)) + " is NaN or Inf";
     });
     return size;
   }
@@ -153,7 +151,9 @@ struct backend<randomk_sparsifier<T>, cuda_executor> {
     workspace_arena arena(ws.span());
     const cuda_detail::operation op(exec, arena);
     const cuda_detail::crc_scratch crc = cuda_detail::crc_scratch::carve(arena);
-    const envelope mine = read_checked(codec, exec, acc, cuda_detail::fetch_envelope(exec, acc, crc).elements, {}, crc);
+    const envelope mine = cuda_detail::fetch_envelope(exec, acc, crc);
+    validate_envelope(mine, expectation(codec, mine.elements), {});
+    codec.validate_payload_size(mine);
     const envelope theirs = read_checked(codec, exec, other, mine.elements, {}, crc);
     detail::require(mine.key == theirs.key, errc::step_mismatch, "messages of different steps or tensors cannot be summed");
     const std::uint64_t k = codec.k(mine.elements);
@@ -164,7 +164,6 @@ struct backend<randomk_sparsifier<T>, cuda_executor> {
     cuda_detail::for_each_item(exec, k, cuda_detail::randomk_add<T>{sum, add});
     const cuda_detail::crc_scratch seal_crc = codec.wire().payload_checksum ? crc : cuda_detail::crc_scratch{};
     seal(codec, exec, acc.data(), mine.elements, mine.key, seal_crc, op);
-    exec.synchronize();
   }
 
  private:
@@ -175,11 +174,15 @@ struct backend<randomk_sparsifier<T>, cuda_executor> {
                               crc, op);
   }
 
+  /// What a decoder of an `elements`-element buffer expects of a message's envelope.
+  static envelope_expectation expectation(const randomk_sparsifier<T>& codec, std::uint64_t elements) {
+    return {codec_id::random_k, dtype_of<T>, elements, codec.params_hash()};
+  }
+
   /// Reads and checks a random-k message for an `elements`-element buffer (payload: k values).
   static envelope read_checked(const randomk_sparsifier<T>& codec, const cuda_executor& exec, std::span<const std::byte> message,
                                std::uint64_t elements, const decode_limits& limits, const cuda_detail::crc_scratch& crc) {
-    const envelope e =
-        cuda_detail::read_envelope(exec, message, {codec_id::random_k, dtype_of<T>, elements, codec.params_hash()}, limits, crc);
+    const envelope e = cuda_detail::read_envelope(exec, message, expectation(codec, elements), limits, crc);
     codec.validate_payload_size(e);
     return e;
   }

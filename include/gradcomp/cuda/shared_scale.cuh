@@ -110,7 +110,7 @@ struct shared_check_own {
 
   __device__ void operator()(std::uint64_t j) const {
     const std::uint64_t begin = j * layout.block;
-    const auto largest = warp_max_key(g + begin, layout.count(j));
+    const auto largest = warp_max_key(plain_values<T>{g}, begin, begin + layout.count(j));
     if (lane_id() != 0) return;
     if (largest >= float_traits<T>::infinity_key) record_failure(status, errc::non_finite_input, j, own_not_finite);
     else if (from_bits<T>(largest) > agreed[j]) record_failure(status, errc::parameter_mismatch, j, own_above_agreed);
@@ -236,11 +236,10 @@ struct backend<shared_scale_quantizer<T>, cuda_executor> {
 
   /// Status and CRC scratch, and the single-stage `encode`'s own block maxima.
   static std::size_t workspace_bytes(const codec_type& codec, const cuda_executor&, std::uint64_t n) {
-    workspace_arena arena = workspace_arena::measure();
-    cuda_detail::operation::reserve(arena);
-    (void)cuda_detail::crc_scratch::carve(arena);
-    (void)arena.take<T>(static_cast<std::size_t>(codec.block_count(n)));
-    return arena.bytes_needed();
+    return cuda_detail::operation::workspace_bytes([&](workspace_arena& arena) {
+      (void)cuda_detail::crc_scratch::carve(arena);
+      (void)arena.take<T>(static_cast<std::size_t>(codec.block_count(n)));
+    });
   }
 
   static void block_maxima(const codec_type& codec, const cuda_executor& exec, std::span<const T> grad, std::span<T> maxima) {
@@ -279,7 +278,8 @@ struct backend<shared_scale_quantizer<T>, cuda_executor> {
     workspace_arena arena(ws);
     const cuda_detail::operation op(exec, arena);
     const cuda_detail::crc_scratch crc = cuda_detail::crc_scratch::carve(arena);
-    const envelope e = read_checked(codec, exec, message, out.size(), limits, op, crc);
+    const envelope e = cuda_detail::read_envelope(exec, message, expectation(codec, out.size()), limits, crc);
+    check_payload(codec, exec, message, e, op);
     const cuda_detail::shared_layout layout = layout_of(codec, e.elements);
     cuda_detail::for_each_item(exec, layout.words(), cuda_detail::shared_decode_words<T>{layout, message.data(), out.data(), accumulate});
   }
@@ -290,8 +290,11 @@ struct backend<shared_scale_quantizer<T>, cuda_executor> {
     workspace_arena arena(ws.span());
     const cuda_detail::operation op(exec, arena);
     const cuda_detail::crc_scratch crc = cuda_detail::crc_scratch::carve(arena);
-    const envelope mine = read_checked(codec, exec, acc, cuda_detail::fetch_envelope(exec, acc, crc).elements, {}, op, crc);
-    const envelope theirs = read_checked(codec, exec, other, mine.elements, {}, op, crc);
+    const envelope mine = cuda_detail::fetch_envelope(exec, acc, crc);
+    validate_envelope(mine, expectation(codec, mine.elements), {});
+    check_payload(codec, exec, acc, mine, op);
+    const envelope theirs = cuda_detail::read_envelope(exec, other, expectation(codec, mine.elements), {}, crc);
+    check_payload(codec, exec, other, theirs, op);
     detail::require(mine.key == theirs.key, errc::step_mismatch, "messages of different steps or tensors cannot be summed");
     const cuda_detail::shared_layout layout = layout_of(codec, mine.elements);
     cuda_detail::for_each_item(exec, layout.offset - envelope::size,
@@ -310,7 +313,6 @@ struct backend<shared_scale_quantizer<T>, cuda_executor> {
     cuda_detail::for_each_item(exec, 1 + layout.words(),
                                cuda_detail::add_words{reinterpret_cast<std::uint64_t*>(acc.data() + layout.offset),
                                                       reinterpret_cast<const std::uint64_t*>(other.data() + layout.offset)});
-    exec.synchronize();
   }
 
  private:
@@ -404,22 +406,22 @@ struct backend<shared_scale_quantizer<T>, cuda_executor> {
     return size;
   }
 
-  /// Reads a message's envelope (host) and checks its payload (device) for an `elements`-element buffer.
-  static envelope read_checked(const codec_type& codec, const cuda_executor& exec, std::span<const std::byte> message,
-                               std::uint64_t elements, const decode_limits& limits, const cuda_detail::operation& op,
-                               const cuda_detail::crc_scratch& crc) {
-    const envelope e =
-        cuda_detail::read_envelope(exec, message, {codec_id::uniform_shared, dtype_of<T>, elements, codec.params_hash()}, limits, crc);
+  /// What a decoder of an `elements`-element buffer expects of a message's envelope.
+  static envelope_expectation expectation(const codec_type& codec, std::uint64_t elements) {
+    return {codec_id::uniform_shared, dtype_of<T>, elements, codec.params_hash()};
+  }
+
+  /// Checks the payload of a message whose envelope `e` was read and checked: its size (host),
+  /// then the count, scales, padding and fields (device).
+  static void check_payload(const codec_type& codec, const cuda_executor& exec, std::span<const std::byte> message,
+                            const envelope& e, const cuda_detail::operation& op) {
     codec.validate_payload_size(e);
-    const cuda_detail::shared_layout layout = layout_of(codec, e.elements);
-    const cuda_detail::shared_check_message<T> check{layout, message.data(), codec.largest_level_sum(),
-                                                     std::uint64_t{uniform_code(uniform_levels(codec.bits()), codec.bits())},
-                                                     op.status()};
+    const cuda_detail::shared_check_message<T> check{layout_of(codec, e.elements), message.data(), codec.largest_level_sum(),
+                                                     codec.largest_field(1), op.status()};
     cuda_detail::for_each_item(exec, check.items(), check);
     op.finish([](errc, std::uint64_t position, std::uint32_t reason) {
       return cuda_detail::describe_block_code_failure(position, reason, "scale");
     });
-    return e;
   }
 };
 

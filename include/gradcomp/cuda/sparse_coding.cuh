@@ -279,11 +279,10 @@ void decode_sparse_message(const cuda_executor& exec, std::span<const std::byte>
 
 /// Workspace bytes of a sparse decoder for n elements: status, CRC scratch, bitmap ranks.
 inline std::size_t sparse_decoder_bytes(std::uint64_t n) {
-  workspace_arena arena = workspace_arena::measure();
-  operation::reserve(arena);
-  (void)crc_scratch::carve(arena);
-  (void)sparse_decode_scratch::carve(arena, n);
-  return arena.bytes_needed();
+  return operation::workspace_bytes([n](workspace_arena& arena) {
+    (void)crc_scratch::carve(arena);
+    (void)sparse_decode_scratch::carve(arena, n);
+  });
 }
 
 /// Decodes a message of an index-sending sparsifier (top-k, threshold) in the workspace

@@ -168,10 +168,9 @@ struct backend<topk_sparsifier<T>, cuda_executor> {
   }
 
   static std::size_t workspace_bytes(const topk_sparsifier<T>& codec, const cuda_executor&, std::uint64_t n) {
-    workspace_arena encode_arena = workspace_arena::measure();
-    cuda_detail::operation::reserve(encode_arena);
-    (void)carve_encode(encode_arena, codec, n);
-    return std::max(encode_arena.bytes_needed(), cuda_detail::sparse_decoder_bytes(n));
+    const std::size_t encoder =
+        cuda_detail::operation::workspace_bytes([&](workspace_arena& arena) { (void)carve_encode(arena, codec, n); });
+    return std::max(encoder, cuda_detail::sparse_decoder_bytes(n));
   }
 
   static std::size_t encode(const topk_sparsifier<T>& codec, const cuda_executor& exec, std::span<const T> grad,

@@ -36,6 +36,7 @@
 #include <gradcomp/cuda/message.cuh>
 #include <gradcomp/cuda/operation.cuh>
 #include <gradcomp/cuda/warp.cuh>
+#include <gradcomp/quantize/sign_math.hpp>
 #include <gradcomp/quantize/uniform.hpp>
 #include <gradcomp/quantize/uniform_math.hpp>
 
@@ -80,22 +81,9 @@ struct uniform_rule {
   __device__ std::uint8_t code(T x, std::uint64_t i, std::uint64_t j, philox_cache& random) const {
     return code(x, i, uniform_block_coding<T>(maxima[j], scales[j], bits), random);
   }
-  __device__ bool valid_scale(T s) const {
-    return (to_bits(s) >> (sizeof(T) * 8 - 1)) == 0 && is_finite(s * static_cast<T>(uniform_levels(bits)));
-  }
+  __device__ bool valid_scale(T s) const { return sign_bit_of(s) == 0 && is_finite(s * static_cast<T>(uniform_levels(bits))); }
   __device__ bool valid_code(std::uint8_t c, T) const { return bits == 1 || c != (1u << bits) - 1u; }
   __device__ T value(std::uint8_t c, T s) const { return mul_rn(static_cast<T>(uniform_code_level(c, bits)), s); }
-};
-
-/// The values the one-warp-per-block encoder codes: the gradient itself (error feedback codes
-/// g + e, and keeps what each code leaves: cuda/error_feedback.cuh).
-template <class T>
-struct gradient_values {
-  const T* g;
-
-  __device__ T operator()(std::uint64_t i) const { return g[i]; }
-  /// Called with each value and its decoding, once coded.
-  __device__ void coded(std::uint64_t, T, T) const {}
 };
 
 /// One warp per block whose codes fill whole words: largest magnitude of the block's values
@@ -113,18 +101,9 @@ struct uniform_encode_blocks {
   __device__ void operator()(std::uint64_t j) const {
     const std::uint64_t begin = j * layout.block;
     const std::uint64_t end = begin + layout.count(j);
-    typename float_traits<T>::bits_type largest = 0;
-    for (std::uint64_t i = begin + lane_id(); i < end; i += 32) {
-      const auto key = magnitude_key(values(i));
-      largest = key > largest ? key : largest;
-    }
-    largest = warp_max(largest);
+    const auto largest = warp_max_key(values, begin, end);
     if (largest >= float_traits<T>::infinity_key) {
-      for (std::uint64_t i = begin + lane_id(); i < end; i += 32)
-        if (!is_finite(values(i))) {
-          record_failure(status, errc::non_finite_input, i);
-          break;
-        }
+      record_non_finite(values, begin, end, status);
       return;
     }
     const T m = from_bits<T>(largest);
@@ -166,11 +145,11 @@ struct uniform_block_step {
 template <gradient_value T>
 struct backend<uniform_quantizer<T>, cuda_executor> {
   static std::size_t workspace_bytes(const uniform_quantizer<T>& codec, const cuda_executor&, std::uint64_t n) {
-    workspace_arena arena = workspace_arena::measure();
-    cuda_detail::operation::reserve(arena);
-    (void)cuda_detail::carve_seal(arena, codec.wire().payload_checksum);
-    if (!layout_of(codec, n).whole_words()) (void)arena.take<T>(static_cast<std::size_t>(codec.block_count(n)));
-    return std::max(arena.bytes_needed(), cuda_detail::status_and_crc_bytes());
+    const std::size_t encoder = cuda_detail::operation::workspace_bytes([&](workspace_arena& arena) {
+      (void)cuda_detail::carve_seal(arena, codec.wire().payload_checksum);
+      if (!layout_of(codec, n).whole_words()) (void)arena.take<T>(static_cast<std::size_t>(codec.block_count(n)));
+    });
+    return std::max(encoder, cuda_detail::status_and_crc_bytes());
   }
 
   static std::size_t encode(const uniform_quantizer<T>& codec, const cuda_executor& exec, std::span<const T> grad,
@@ -192,7 +171,7 @@ struct backend<uniform_quantizer<T>, cuda_executor> {
     const cuda_detail::crc_scratch crc = cuda_detail::carve_seal(arena, codec.wire().payload_checksum);
     cuda_detail::begin_message(exec, out, size);  // after the workspace is carved: a refused call writes nothing
     cuda_detail::for_each_block(exec, layout.blocks(),
-                                cuda_detail::uniform_encode_blocks<T, cuda_detail::gradient_values<T>>{
+                                cuda_detail::uniform_encode_blocks<T, cuda_detail::plain_values<T>>{
                                     {grad.data()}, layout, rule_of(codec, key), cuda_detail::scales_of<T>(out.data()),
                                     cuda_detail::codes_of<T>(out.data(), layout), op.status()});
     cuda_detail::seal_message(exec, out.data(),

@@ -1,7 +1,7 @@
 #pragma once
 /// @file
-/// Warp-level pieces shared by the CUDA kernels that give each quantization block (or bucket) one
-/// warp: which block a warp takes, and the largest magnitude key of the warp's values.
+/// Thread and warp indices of a launch (for kernels that stride over their work), and the largest
+/// of a value over a warp (for the kernels that give each quantization block one warp).
 
 #include <gradcomp/cuda/config.cuh>
 
@@ -11,7 +11,7 @@ namespace gradcomp::cuda_detail {
 
 /// This thread's lane in its warp.
 __device__ inline unsigned lane_id() { return threadIdx.x % 32u; }
-/// Global index of this thread's warp, and the number of warps of the launch.
+/// Global index of this thread's warp.
 __device__ inline std::uint64_t warp_id() { return (blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x) / 32u; }
 /// Number of warps of the launch.
 __device__ inline std::uint64_t warp_count() { return std::uint64_t{gridDim.x} * blockDim.x / 32u; }
@@ -26,7 +26,7 @@ __device__ U warp_max(U value) {
   return value;
 }
 
-/// Global index of this thread and the number of threads of the launch.
+/// Global index of this thread.
 __device__ inline std::uint64_t thread_id() { return blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; }
 /// Number of threads of the launch.
 __device__ inline std::uint64_t thread_count() { return std::uint64_t{gridDim.x} * blockDim.x; }
