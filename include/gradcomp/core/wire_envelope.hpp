@@ -224,6 +224,20 @@ inline void validate_envelope(const envelope& e, const envelope_expectation& wan
                   "a payload checksum is required and the message has none");
 }
 
+/// Checks the layout byte (0) and the payload size of a message of a codec with one fixed layout
+/// (every backend's decoder of uniform, sign, QSGD and shared-scale messages): at most
+/// `most_elements` elements (what a payload of this size could hold, checked first so that
+/// `payload_bytes(n)` cannot overflow), and exactly `payload_bytes(n)` payload bytes. `codec`
+/// names the codec in the error. @throws error `malformed_payload`.
+template <class PayloadBytes>
+void validate_fixed_payload(const envelope& e, const char* codec, std::uint64_t most_elements, PayloadBytes&& payload_bytes) {
+  detail::require(e.layout == 0, errc::malformed_payload, [&] { return std::string(codec) + " messages have layout 0"; });
+  const std::uint64_t n = e.elements;
+  detail::require(n <= most_elements && e.payload_bytes == payload_bytes(n), errc::malformed_payload, [&] {
+    return "payload of " + std::to_string(e.payload_bytes) + " bytes does not hold " + std::to_string(n) + " elements";
+  });
+}
+
 /// Payload bytes of a message whose envelope has been parsed.
 [[nodiscard]] inline std::span<const std::byte> payload_of(std::span<const std::byte> message) noexcept {
   return message.subspan(envelope::size);

@@ -159,13 +159,8 @@ class shared_scale_quantizer : public codec_interface<shared_scale_quantizer<T>,
   /// Checks the layout byte and payload size of a message whose envelope `e` matched this
   /// quantizer (every backend's decoder calls it). @throws error `malformed_payload`.
   void validate_payload_size(const envelope& e) const {
-    detail::require(e.layout == 0, errc::malformed_payload, "shared-scale messages have layout 0");
-    const std::uint64_t n = e.elements;
-    detail::require(n <= e.payload_bytes / 8 * fields_per_word() && e.payload_bytes == payload_bytes(n),
-                    errc::malformed_payload, [&] {
-                      return "payload of " + std::to_string(e.payload_bytes) + " bytes does not hold " +
-                             std::to_string(n) + " elements";
-                    });
+    validate_fixed_payload(e, "shared-scale", e.payload_bytes / 8 * fields_per_word(),
+                           [this](std::uint64_t n) { return payload_bytes(n); });
   }
   /// Largest level sum a message may decode, 2^k·L (exact in T): a scale s is valid when
   /// s·2^k·L is finite.

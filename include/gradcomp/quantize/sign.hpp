@@ -78,12 +78,7 @@ class sign_quantizer : public codec_interface<sign_quantizer<T>, T> {
   /// Checks the layout byte and payload size of a message whose envelope `e` matched this
   /// quantizer (every backend's decoder calls it). @throws error `malformed_payload`.
   void validate_payload_size(const envelope& e) const {
-    detail::require(e.layout == 0, errc::malformed_payload, "sign messages have layout 0");
-    const std::uint64_t n = e.elements;
-    detail::require(n <= e.payload_bytes * 8 && e.payload_bytes == payload_bytes(n), errc::malformed_payload, [&] {
-      return "payload of " + std::to_string(e.payload_bytes) + " bytes does not hold " + std::to_string(n) +
-             " elements";
-    });
+    validate_fixed_payload(e, "sign", e.payload_bytes * 8, [this](std::uint64_t n) { return payload_bytes(n); });
   }
   /// Hash of the parameters, carried in every message and checked by decoders.
   [[nodiscard]] std::uint64_t params_hash() const noexcept {

@@ -80,14 +80,8 @@ class uniform_quantizer : public codec_interface<uniform_quantizer<T>, T> {
   /// Checks the layout byte and payload size of a message whose envelope `e` matched this
   /// quantizer (every backend's decoder calls it). @throws error `malformed_payload`.
   void validate_payload_size(const envelope& e) const {
-    detail::require(e.layout == 0, errc::malformed_payload, "uniform messages have layout 0");
-    const std::uint64_t n = e.elements;
-    detail::require(n <= e.payload_bytes * 8 / static_cast<std::uint64_t>(params_.bits) &&
-                        e.payload_bytes == payload_bytes(n),
-                    errc::malformed_payload, [&] {
-                      return "payload of " + std::to_string(e.payload_bytes) + " bytes does not hold " +
-                             std::to_string(n) + " elements";
-                    });
+    validate_fixed_payload(e, "uniform", e.payload_bytes * 8 / static_cast<std::uint64_t>(params_.bits),
+                           [this](std::uint64_t n) { return payload_bytes(n); });
   }
   /// Hash of the parameters, carried in every message and checked by decoders.
   [[nodiscard]] std::uint64_t params_hash() const noexcept {
