@@ -243,6 +243,36 @@ inline std::string to_json(const std::vector<record>& records, std::string_view 
   return s;
 }
 
+/// The main of a bench: parses the options with `parse(argc, argv)` (a usage_error exits 2), prints
+/// `usage` for --help, checks that the --json file can be written before the long run, and
+/// returns what `run(options)` returns (an exception exits 1).
+template <class Parse, class Run>
+int bench_main(std::string_view program, std::string_view usage, int argc, char** argv, Parse parse, Run run) {
+  decltype(parse(argc, argv)) opt;
+  try {
+    opt = parse(argc, argv);
+  } catch (const usage_error& e) {
+    fmt::print(stderr, "{}: {}\n(run {} --help for the options)\n", program, e.what(), program);
+    return 2;
+  }
+  if (opt.help) {
+    fmt::print("{}", usage);
+    return 0;
+  }
+  try {
+    if (!opt.json.empty()) {  // fail before a long run, not after it
+      std::FILE* const probe = std::fopen(opt.json.c_str(), "ab");
+      if (probe == nullptr) throw std::runtime_error("cannot open '" + opt.json + "' for writing");
+      std::fclose(probe);
+    }
+    return run(opt);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "{}: error: {}\n", program, e.what());
+    return 1;
+  }
+}
+
 inline void write_file(const std::string& path, const std::string& text) {
   std::FILE* const file = std::fopen(path.c_str(), "wb");
   if (file == nullptr) throw std::runtime_error("cannot open '" + path + "' for writing");

@@ -654,24 +654,7 @@ void print_targets(const std::vector<record>& records, const std::vector<std::ui
 }  // namespace
 
 int main(int argc, char** argv) {
-  options opt;
-  try {
-    opt = parse_options(argc, argv);
-  } catch (const usage_error& e) {
-    fmt::print(stderr, "gradcomp-bench: {}\n(run gradcomp-bench --help for the options)\n", e.what());
-    return 2;
-  }
-  if (opt.help) {
-    fmt::print("{}", usage_text);
-    return 0;
-  }
-
-  try {
-    if (!opt.json.empty()) {  // fail before a long run, not after it
-      std::FILE* const probe = std::fopen(opt.json.c_str(), "ab");
-      if (probe == nullptr) throw std::runtime_error("cannot open '" + opt.json + "' for writing");
-      std::fclose(probe);
-    }
+  return bench_main("gradcomp-bench", usage_text, argc, argv, parse_options, [](const options& opt) {
     std::vector<record> records;
     checksum sum;
     for (const std::uint64_t n : opt.sizes) run_size(n, opt, records, sum);
@@ -687,10 +670,6 @@ int main(int argc, char** argv) {
       write_file(opt.json, to_json(records, gradcomp::cpu_executor::name, {}));
       fmt::print("wrote {} records to {}\n", records.size(), opt.json);
     }
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    fmt::print(stderr, "gradcomp-bench: error: {}\n", e.what());
-    return 1;
-  }
-  return 0;
+    return 0;
+  });
 }

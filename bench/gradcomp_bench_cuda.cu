@@ -36,7 +36,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <exception>
 #include <functional>
 #include <optional>
 #include <span>
@@ -160,13 +159,17 @@ void check_against_cpu(const std::string& name, const Codec& codec, std::span<co
   require_check(download(out.data(), size) == expected, name + ": the GPU's message differs from the CPU reference's");
 }
 
-/// |x| keys and their indices, the radix-sort baseline's input.
-__global__ void magnitude_pairs_kernel(const float* x, std::uint64_t n, std::uint32_t* keys, std::uint32_t* indices) {
-  for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < n; i += std::uint64_t{gridDim.x} * blockDim.x) {
+/// |x| keys and their indices, the radix-sort baseline's input (one thread per element).
+struct magnitude_pairs {
+  const float* x;
+  std::uint32_t* keys;
+  std::uint32_t* indices;
+
+  __device__ void operator()(std::uint64_t i) const {
     keys[i] = gradcomp::magnitude_key(x[i]);
     indices[i] = static_cast<std::uint32_t>(i);
   }
-}
+};
 
 struct bench_run {
   const options& opt;
@@ -272,8 +275,7 @@ void run(const options& opt) {
                                                                   indices.data(), sorted_indices.data(), n));
     device_array<std::byte> temp(temp_bytes);
     bench.add("radix_sort/sort", [&] {
-      magnitude_pairs_kernel<<<gradcomp::cuda_detail::grid_for(n), 256, 0, stream>>>(gradient.data(), n, keys.data(), indices.data());
-      GRADCOMP_CUDA_CHECK(cudaGetLastError());
+      gradcomp::cuda_detail::for_each_item(cuda_executor{.stream = stream}, n, magnitude_pairs{gradient.data(), keys.data(), indices.data()});
       std::size_t bytes = temp.size();
       GRADCOMP_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(temp.data(), bytes, keys.data(), sorted_keys.data(),
                                                                     indices.data(), sorted_indices.data(), n, 0, 32, stream));
@@ -346,28 +348,13 @@ void run(const options& opt) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  options opt;
-  try {
-    opt = parse_options(argc, argv);
-  } catch (const usage_error& e) {
-    fmt::print(stderr, "gradcomp-bench-cuda: {}\n(run gradcomp-bench-cuda --help for the options)\n", e.what());
-    return 2;
-  }
-  if (opt.help) {
-    fmt::print("{}", usage_text);
-    return 0;
-  }
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    fmt::print("gradcomp-bench-cuda: no CUDA device; nothing measured\n");
-    return 77;
-  }
-  try {
+  return bench_main("gradcomp-bench-cuda", usage_text, argc, argv, parse_options, [](const options& opt) {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+      fmt::print("gradcomp-bench-cuda: no CUDA device; nothing measured\n");
+      return 77;
+    }
     run(opt);
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    fmt::print(stderr, "gradcomp-bench-cuda: error: {}\n", e.what());
-    return 1;
-  }
-  return 0;
+    return 0;
+  });
 }
