@@ -300,6 +300,7 @@ TEST_CASE("zfp payloads equal the transcribed zfp coder bit for bit and decode t
         q.encode(baseline, std::span<const float>(x), again, {}, {.step = 3});
         CHECK(again == m);
         CHECK(same_bits(decode_values(q, m, n), oracle_values(payload, n, rate)));
+        CHECK(same_bits(decode_values(q, m, n, {}, baseline), oracle_values(payload, n, rate)));
         const envelope e = parse_envelope(m);
         CHECK(e.codec == codec_id::zfp_fixed_rate);
         CHECK(e.dtype == value_dtype::float32);
@@ -325,15 +326,43 @@ TEST_CASE("zfp portable kernels write the same stream and decode to the same flo
         const std::vector<std::byte> m = encode_bytes(q, x);
         const std::vector<std::byte> payload = payload_of(m);
         std::vector<std::byte> portable(payload.size() + 8, std::byte{0});
-        if (rate <= 16) encode_blocks<portable_kernels, std::uint64_t>(x.data(), n, rate, portable.data());
-        else encode_blocks<portable_kernels, wide_word>(x.data(), n, rate, portable.data());
+        if (rate <= 16) encode_blocks<portable_kernels, std::uint64_t>(x.data(), n, rate, false, portable.data());
+        else encode_blocks<portable_kernels, wide_word>(x.data(), n, rate, false, portable.data());
         CHECK(std::equal(payload.begin(), payload.end(), portable.begin()));
         std::vector<float> g(n, 7.0f);
         if (rate <= 16)
-          decode_blocks<portable_kernels, std::uint64_t>(payload.data(), payload.data() + payload.size(), n, rate, false, g.data());
+          decode_blocks<portable_kernels, std::uint64_t>(payload.data(), payload.data() + payload.size(), n, rate, false, false, g.data());
         else
-          decode_blocks<portable_kernels, wide_word>(payload.data(), payload.data() + payload.size(), n, rate, false, g.data());
+          decode_blocks<portable_kernels, wide_word>(payload.data(), payload.data() + payload.size(), n, rate, false, false, g.data());
         CHECK(same_bits(g, decode_values(q, m, n)));
+      }
+    }
+  }
+}
+
+TEST_CASE("zfp coders on every executor setting write the same stream and decode to the same floats") {
+  // With AVX2, rates up to 16 code and decode eight blocks in lock step; the rest of the stream
+  // (a partial group of eight) and the baseline setting take the four-block path.
+  const cpu_executor fast;
+  const cpu_executor baseline{.max_simd = cpu_simd::baseline};
+  for (unsigned rate = 3; rate <= 17; ++rate) {
+    const zfp_fixed_rate_codec q({.rate_bits = rate});
+    for (const std::size_t n : {std::size_t{32}, std::size_t{4099}}) {
+      for (int kind = 0; kind < test_input_kinds; ++kind) {
+        CAPTURE(rate);
+        CAPTURE(n);
+        CAPTURE(kind);
+        const std::vector<float> x = test_input(kind, n, 31 * n + rate);
+        std::vector<std::byte> m(q.max_encoded_bytes(n)), again(m.size());
+        q.encode(fast, std::span<const float>(x), m, {});
+        q.encode(baseline, std::span<const float>(x), again, {});
+        CHECK(m == again);
+        const std::vector<float> g = decode_values(q, m, n, {}, baseline);
+        CHECK(same_bits(decode_values(q, m, n, {}, fast), g));
+        std::vector<float> sum(n, 0.25f), sum_baseline(n, 0.25f);
+        q.decode_accumulate(fast, m, std::span<float>(sum), {});
+        q.decode_accumulate(baseline, m, std::span<float>(sum_baseline), {});
+        CHECK(same_bits(sum, sum_baseline));
       }
     }
   }
@@ -515,7 +544,7 @@ TEST_CASE("zfp decoders reject short, long and inconsistent payloads and leave t
 
 TEST_CASE("zfp decodes any payload of the right length without NaN, hostile exponents at most to Inf") {
   std::mt19937_64 engine(77);
-  for (const unsigned rate : {3u, 8u, 13u, 32u}) {
+  for (const unsigned rate : {3u, 8u, 13u, 16u, 32u}) {
     const zfp_fixed_rate_codec q({.rate_bits = rate});
     const std::size_t n = 257;
     const std::vector<std::byte> good = encode_bytes(q, zfp_test_input(zfp_input::normal, n, rate));
@@ -528,6 +557,7 @@ TEST_CASE("zfp decodes any payload of the right length without NaN, hostile expo
       CAPTURE(trial);
       CHECK(std::none_of(g.begin(), g.end(), [](float v) { return std::isnan(v); }));
       CHECK(same_bits(g, oracle_values(p, n, rate)));
+      CHECK(same_bits(decode_values(q, with_payload(good, p), n, {}, cpu_executor{.max_simd = cpu_simd::baseline}), g));
     }
   }
 }

@@ -17,6 +17,11 @@
 ///    loads, the last ones from a zero-padded copy of the stream's end, so no load reaches past
 ///    the message.
 ///
+///  - With AVX2 and R ≤ 16, groups of eight blocks are coded and decoded in lock step, one block
+///    per 32-bit lane, one group-tested plane of every block per round, then the verbatim planes
+///    all at once (`code_eight_blocks_avx2`, `parse_sixteen_blocks_avx2`); the rest of the stream
+///    takes the four-block path.
+///
 /// `portable_kernels` are the scalar twins of `sse2_kernels` and compute the same bits (tested);
 /// they run where SSE2 is missing. Nothing is allocated, and no workspace is used.
 
@@ -28,6 +33,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include <gradcomp/core/backend.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
@@ -38,6 +44,9 @@
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
+#endif
+#if defined(GRADCOMP_HAVE_AVX2)
+#include <immintrin.h>
 #endif
 
 namespace gradcomp {
@@ -397,21 +406,32 @@ struct sse2_kernels {
   /// The cast is f · s1 · s2 in float, both products exact: s1 = 2^(30 − emax) and s2 = 1 where
   /// that is a float (e_b ≥ 30), else s1 = 2^127 and s2 = 2^(30 − emax − 127).
   static void cast_four_blocks(const float* values, std::uint32_t* u, std::uint32_t* biased) noexcept {
+    __m128i x, y, z, w, e;
+    cast_four_components(values, x, y, z, w, e);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(biased), e);
+    __m128 r0 = _mm_castsi128_ps(x), r1 = _mm_castsi128_ps(y), r2 = _mm_castsi128_ps(z), r3 = _mm_castsi128_ps(w);
+    _MM_TRANSPOSE4_PS(r0, r1, r2, r3);  // back to one block per register
+    _mm_storeu_ps(reinterpret_cast<float*>(u), r0);
+    _mm_storeu_ps(reinterpret_cast<float*>(u + 4), r1);
+    _mm_storeu_ps(reinterpret_cast<float*>(u + 8), r2);
+    _mm_storeu_ps(reinterpret_cast<float*>(u + 12), r3);
+  }
+  /// `cast_four_blocks` given word by word: `x` gets word 0 of each block, …, `e` the e_b.
+  static void cast_four_components(const float* values, __m128i& x, __m128i& y, __m128i& z, __m128i& w, __m128i& e) noexcept {
     __m128 c0 = _mm_loadu_ps(values), c1 = _mm_loadu_ps(values + 4), c2 = _mm_loadu_ps(values + 8), c3 = _mm_loadu_ps(values + 12);
     _MM_TRANSPOSE4_PS(c0, c1, c2, c3);  // c_j: value j of the four blocks
     const __m128 magnitude = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
     const __m128i largest = _mm_castps_si128(_mm_max_ps(_mm_max_ps(_mm_and_ps(c0, magnitude), _mm_and_ps(c1, magnitude)),
                                                         _mm_max_ps(_mm_and_ps(c2, magnitude), _mm_and_ps(c3, magnitude))));
-    const __m128i e = _mm_add_epi32(_mm_add_epi32(_mm_srli_epi32(largest, 23), _mm_set1_epi32(1)),
-                                    _mm_cmpeq_epi32(largest, _mm_setzero_si128()));  // e_b, 0 for zeros
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(biased), e);
+    e = _mm_add_epi32(_mm_add_epi32(_mm_srli_epi32(largest, 23), _mm_set1_epi32(1)),
+                      _mm_cmpeq_epi32(largest, _mm_setzero_si128()));  // e_b, 0 for zeros
     // Exponent fields min(284 − e_b, 254) and max(157 − e_b, 127): 16-bit min and max suffice.
     const __m128 s1 = _mm_castsi128_ps(_mm_slli_epi32(_mm_min_epi16(_mm_sub_epi32(_mm_set1_epi32(284), e), _mm_set1_epi32(254)), 23));
     const __m128 s2 = _mm_castsi128_ps(_mm_slli_epi32(_mm_max_epi16(_mm_sub_epi32(_mm_set1_epi32(157), e), _mm_set1_epi32(127)), 23));
-    __m128i x = _mm_cvttps_epi32(_mm_mul_ps(_mm_mul_ps(c0, s1), s2));
-    __m128i y = _mm_cvttps_epi32(_mm_mul_ps(_mm_mul_ps(c1, s1), s2));
-    __m128i z = _mm_cvttps_epi32(_mm_mul_ps(_mm_mul_ps(c2, s1), s2));
-    __m128i w = _mm_cvttps_epi32(_mm_mul_ps(_mm_mul_ps(c3, s1), s2));
+    x = _mm_cvttps_epi32(_mm_mul_ps(_mm_mul_ps(c0, s1), s2));
+    y = _mm_cvttps_epi32(_mm_mul_ps(_mm_mul_ps(c1, s1), s2));
+    z = _mm_cvttps_epi32(_mm_mul_ps(_mm_mul_ps(c2, s1), s2));
+    w = _mm_cvttps_epi32(_mm_mul_ps(_mm_mul_ps(c3, s1), s2));
     // forward_lift
     x = _mm_srai_epi32(_mm_add_epi32(x, w), 1); w = _mm_sub_epi32(w, x);
     z = _mm_srai_epi32(_mm_add_epi32(z, y), 1); y = _mm_sub_epi32(y, z);
@@ -419,25 +439,25 @@ struct sse2_kernels {
     w = _mm_srai_epi32(_mm_add_epi32(w, y), 1); y = _mm_sub_epi32(y, w);
     w = _mm_add_epi32(w, _mm_srai_epi32(y, 1)); y = _mm_sub_epi32(y, _mm_srai_epi32(w, 1));
     const __m128i mask = _mm_set1_epi32(static_cast<int>(negabinary_mask));
-    __m128 r0 = _mm_castsi128_ps(_mm_xor_si128(_mm_add_epi32(x, mask), mask));
-    __m128 r1 = _mm_castsi128_ps(_mm_xor_si128(_mm_add_epi32(y, mask), mask));
-    __m128 r2 = _mm_castsi128_ps(_mm_xor_si128(_mm_add_epi32(z, mask), mask));
-    __m128 r3 = _mm_castsi128_ps(_mm_xor_si128(_mm_add_epi32(w, mask), mask));
-    _MM_TRANSPOSE4_PS(r0, r1, r2, r3);  // back to one block per register
-    _mm_storeu_ps(reinterpret_cast<float*>(u), r0);
-    _mm_storeu_ps(reinterpret_cast<float*>(u + 4), r1);
-    _mm_storeu_ps(reinterpret_cast<float*>(u + 8), r2);
-    _mm_storeu_ps(reinterpret_cast<float*>(u + 12), r3);
+    x = _mm_xor_si128(_mm_add_epi32(x, mask), mask);
+    y = _mm_xor_si128(_mm_add_epi32(y, mask), mask);
+    z = _mm_xor_si128(_mm_add_epi32(z, mask), mask);
+    w = _mm_xor_si128(_mm_add_epi32(w, mask), mask);
   }
   static void finish_four_blocks(const std::uint32_t* u, const std::uint32_t* headers, float* g) noexcept {
     __m128 r0 = _mm_loadu_ps(reinterpret_cast<const float*>(u)), r1 = _mm_loadu_ps(reinterpret_cast<const float*>(u + 4));
     __m128 r2 = _mm_loadu_ps(reinterpret_cast<const float*>(u + 8)), r3 = _mm_loadu_ps(reinterpret_cast<const float*>(u + 12));
     _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+    finish_four_components(_mm_castps_si128(r0), _mm_castps_si128(r1), _mm_castps_si128(r2), _mm_castps_si128(r3), headers, g);
+  }
+  /// `finish_four_blocks` of four blocks given word by word: `r0` holds word 0 of each block, …
+  static void finish_four_components(__m128i r0, __m128i r1, __m128i r2, __m128i r3, const std::uint32_t* headers,
+                                     float* g) noexcept {
     const __m128i mask = _mm_set1_epi32(static_cast<int>(negabinary_mask));
-    __m128i x = _mm_sub_epi32(_mm_xor_si128(_mm_castps_si128(r0), mask), mask);
-    __m128i y = _mm_sub_epi32(_mm_xor_si128(_mm_castps_si128(r1), mask), mask);
-    __m128i z = _mm_sub_epi32(_mm_xor_si128(_mm_castps_si128(r2), mask), mask);
-    __m128i w = _mm_sub_epi32(_mm_xor_si128(_mm_castps_si128(r3), mask), mask);
+    __m128i x = _mm_sub_epi32(_mm_xor_si128(r0, mask), mask);
+    __m128i y = _mm_sub_epi32(_mm_xor_si128(r1, mask), mask);
+    __m128i z = _mm_sub_epi32(_mm_xor_si128(r2, mask), mask);
+    __m128i w = _mm_sub_epi32(_mm_xor_si128(r3, mask), mask);
     // inverse_lift
     y = _mm_add_epi32(y, _mm_srai_epi32(w, 1)); w = _mm_sub_epi32(w, _mm_srai_epi32(y, 1));
     y = _mm_add_epi32(y, w); w = _mm_sub_epi32(_mm_add_epi32(w, w), y);
@@ -451,15 +471,15 @@ struct sse2_kernels {
     const __m128 first = _mm_castsi128_ps(_mm_or_si128(_mm_and_si128(direct, _mm_slli_epi32(_mm_sub_epi32(e, _mm_set1_epi32(30)), 23)),
                                                        _mm_andnot_si128(direct, _mm_set1_epi32(97 << 23))));
     const __m128 second = _mm_castsi128_ps(_mm_or_si128(_mm_and_si128(direct, _mm_set1_epi32(127 << 23)), _mm_andnot_si128(direct, low)));
-    r0 = _mm_mul_ps(_mm_mul_ps(_mm_cvtepi32_ps(x), first), second);
-    r1 = _mm_mul_ps(_mm_mul_ps(_mm_cvtepi32_ps(y), first), second);
-    r2 = _mm_mul_ps(_mm_mul_ps(_mm_cvtepi32_ps(z), first), second);
-    r3 = _mm_mul_ps(_mm_mul_ps(_mm_cvtepi32_ps(w), first), second);
-    _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
-    _mm_storeu_ps(g, r0);
-    _mm_storeu_ps(g + 4, r1);
-    _mm_storeu_ps(g + 8, r2);
-    _mm_storeu_ps(g + 12, r3);
+    __m128 f0 = _mm_mul_ps(_mm_mul_ps(_mm_cvtepi32_ps(x), first), second);
+    __m128 f1 = _mm_mul_ps(_mm_mul_ps(_mm_cvtepi32_ps(y), first), second);
+    __m128 f2 = _mm_mul_ps(_mm_mul_ps(_mm_cvtepi32_ps(z), first), second);
+    __m128 f3 = _mm_mul_ps(_mm_mul_ps(_mm_cvtepi32_ps(w), first), second);
+    _MM_TRANSPOSE4_PS(f0, f1, f2, f3);
+    _mm_storeu_ps(g, f0);
+    _mm_storeu_ps(g + 4, f1);
+    _mm_storeu_ps(g + 8, f2);
+    _mm_storeu_ps(g + 12, f3);
   }
 };
 /// The kernels the codec runs: SSE2 where the target has it.
@@ -516,16 +536,132 @@ template <class Kernels, class Word>
   return static_cast<Word>(2 * biased + 1) | coded << zfp_fixed_rate_codec::header_bits;
 }
 
+#if defined(GRADCOMP_HAVE_AVX2)
+static_assert(sizeof(plane_code) == 4, "the AVX2 encoder gathers plane_codes as 32-bit words");
+
+/// Each 32-bit lane's bits in reverse order.
+GRADCOMP_TARGET_AVX2 inline __m256i reverse_bits(__m256i v) noexcept {
+  const __m256i reversed_nibbles = _mm256_setr_epi8(0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15,
+                                                    0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15);
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  const __m256i bytes = _mm256_or_si256(_mm256_slli_epi16(_mm256_shuffle_epi8(reversed_nibbles, _mm256_and_si256(v, nibble)), 4),
+                                        _mm256_shuffle_epi8(reversed_nibbles, _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble)));
+  return _mm256_shuffle_epi8(bytes, _mm256_setr_epi8(3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12,
+                                                     3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12));
+}
+
+/// Bit j of each lane's low 8 bits (the rest zero) moved to bit 4j.
+GRADCOMP_TARGET_AVX2 inline __m256i spread_nibbles(__m256i t) noexcept {
+  t = _mm256_and_si256(_mm256_or_si256(t, _mm256_slli_epi32(t, 12)), _mm256_set1_epi32(0x000F000F));
+  t = _mm256_and_si256(_mm256_or_si256(t, _mm256_slli_epi32(t, 6)), _mm256_set1_epi32(0x03030303));
+  return _mm256_and_si256(_mm256_or_si256(t, _mm256_slli_epi32(t, 3)), _mm256_set1_epi32(0x11111111));
+}
+
+/// `cast_block` and `code_planes` of eight whole blocks (32 values at `values`) for 4R ≤ 64, in
+/// lock step, one block per 32-bit lane: block b's stream bits (header included; bits from 4R up
+/// arbitrary) at streams[b]. The cast is `sse2_kernels::cast_four_components`, twice. Each
+/// block's words are shifted so that its top set bit is at bit 31 (the planes above cost one 0
+/// bit each); then each round codes the next plane of every block with one gather from
+/// `plane_codes`, while some block with budget left has a value not yet significant; after that
+/// every plane is its 4 bits, and the next 16 planes are appended at once.
+GRADCOMP_TARGET_AVX2 inline void code_eight_blocks_avx2(const float* values, unsigned budget, std::uint64_t* streams) noexcept {
+  __m128i x0, y0, z0, w0, e0, x1, y1, z1, w1, e1;
+  sse2_kernels::cast_four_components(values, x0, y0, z0, w0, e0);
+  sse2_kernels::cast_four_components(values + 16, x1, y1, z1, w1, e1);
+  __m256i x = _mm256_set_m128i(x1, x0), y = _mm256_set_m128i(y1, y0), z = _mm256_set_m128i(z1, z0), w = _mm256_set_m128i(w1, w0);
+  const __m256i e = _mm256_set_m128i(e1, e0), zero = _mm256_setzero_si256(), one = _mm256_set1_epi32(1);
+  // Planes above the top set bit: one 0 bit each.
+  // Leading zeros of each block's OR: the float exponent of its top set bit alone; 32 for none.
+  __m256i top = _mm256_or_si256(_mm256_or_si256(x, y), _mm256_or_si256(z, w));
+  for (const int shift : {1, 2, 4, 8, 16}) top = _mm256_or_si256(top, _mm256_srli_epi32(top, shift));
+  top = _mm256_andnot_si256(_mm256_srli_epi32(top, 1), top);
+  const __m256i exponent = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(top)), 23), _mm256_set1_epi32(0xFF));
+  __m256i length = _mm256_blendv_epi8(_mm256_sub_epi32(_mm256_set1_epi32(127 + 31), exponent), _mm256_set1_epi32(32),
+                                      _mm256_cmpeq_epi32(top, zero));
+  alignas(32) std::uint32_t biased[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(biased), e);
+  x = _mm256_sllv_epi32(x, length);
+  y = _mm256_sllv_epi32(y, length);
+  z = _mm256_sllv_epi32(z, length);
+  w = _mm256_sllv_epi32(w, length);
+  __m256i planes = _mm256_sub_epi32(_mm256_set1_epi32(32), length), significant = zero, low = zero, high = zero;
+  const __m256i limit = _mm256_set1_epi32(static_cast<int>(budget)), word = _mm256_set1_epi32(32), all = _mm256_set1_epi32(15);
+  const auto* const table = reinterpret_cast<const int*>(plane_codes.data());
+  // Group-tested planes, one a round, while a lane with planes and budget left has a value not yet
+  // significant (fully significant lanes take their 4 bits from the table meanwhile).
+  for (;;) {
+    const __m256i active = _mm256_and_si256(_mm256_cmpgt_epi32(planes, zero), _mm256_cmpgt_epi32(limit, length));
+    const __m256i grouped = _mm256_and_si256(active, _mm256_xor_si256(significant, all));
+    if (_mm256_testz_si256(grouped, grouped) != 0) break;
+    const __m256i plane = _mm256_or_si256(_mm256_or_si256(_mm256_srli_epi32(x, 31), _mm256_slli_epi32(_mm256_srli_epi32(y, 31), 1)),
+                                          _mm256_or_si256(_mm256_slli_epi32(_mm256_srli_epi32(z, 31), 2),
+                                                          _mm256_slli_epi32(_mm256_srli_epi32(w, 31), 3)));
+    const __m256i code = _mm256_i32gather_epi32(table, _mm256_add_epi32(_mm256_slli_epi32(significant, 4), plane), 4);
+    const __m256i suffix = _mm256_or_si256(_mm256_or_si256(plane, _mm256_srli_epi32(plane, 1)),
+                                           _mm256_or_si256(_mm256_srli_epi32(plane, 2), _mm256_srli_epi32(plane, 3)));
+    significant = _mm256_or_si256(significant, suffix);
+    const __m256i bits = _mm256_and_si256(_mm256_and_si256(code, _mm256_set1_epi32(0xFFFF)), active);
+    const __m256i count = _mm256_and_si256(_mm256_and_si256(_mm256_srli_epi32(code, 16), _mm256_set1_epi32(0xFF)), active);
+    low = _mm256_or_si256(low, _mm256_sllv_epi32(bits, length));
+    high = _mm256_or_si256(high, _mm256_or_si256(_mm256_sllv_epi32(bits, _mm256_sub_epi32(length, word)),
+                                                 _mm256_srlv_epi32(bits, _mm256_sub_epi32(word, length))));
+    length = _mm256_add_epi32(length, count);
+    // Every lane moves on (an inactive lane's further bits are past its budget or zero), so the
+    // next gather does not wait for this one.
+    x = _mm256_slli_epi32(x, 1);
+    y = _mm256_slli_epi32(y, 1);
+    z = _mm256_slli_epi32(z, 1);
+    w = _mm256_slli_epi32(w, 1);
+    planes = _mm256_sub_epi32(planes, one);
+  }
+  // Then every plane is its 4 bits: the next 16 planes (64 bits, more than any budget leaves)
+  // interleaved from the words' top bits at once; planes past a word's end are zero.
+  __m256i chunk_low = zero, chunk_high = zero;
+  const __m256i byte = _mm256_set1_epi32(0xFF);
+  int value = 0;
+  for (const __m256i v : {x, y, z, w}) {
+    const __m256i planes_first = reverse_bits(v);  // bit j: plane j from the top
+    chunk_low = _mm256_or_si256(chunk_low, _mm256_slli_epi32(spread_nibbles(_mm256_and_si256(planes_first, byte)), value));
+    chunk_high = _mm256_or_si256(chunk_high, _mm256_slli_epi32(spread_nibbles(_mm256_and_si256(_mm256_srli_epi32(planes_first, 8), byte)), value));
+    ++value;
+  }
+  low = _mm256_or_si256(low, _mm256_sllv_epi32(chunk_low, length));
+  high = _mm256_or_si256(high, _mm256_or_si256(_mm256_or_si256(_mm256_sllv_epi32(chunk_high, length),
+                                                               _mm256_srlv_epi32(chunk_low, _mm256_sub_epi32(word, length))),
+                                               _mm256_sllv_epi32(chunk_low, _mm256_sub_epi32(length, word))));
+  alignas(32) std::uint32_t lows[8], highs[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lows), low);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(highs), high);
+  for (unsigned b = 0; b < 8; ++b)
+    streams[b] = biased[b] == 0 ? 0
+                                : (2 * std::uint64_t{biased[b]} + 1) |
+                                      (std::uint64_t{highs[b]} << 32 | lows[b]) << zfp_fixed_rate_codec::header_bits;
+}
+#endif
+
 /// Encodes the blocks of `values` (count finite floats) into a stream at `out`, 4R bits a block;
-/// `Word` holds 4R bits.
+/// `Word` holds 4R bits. Four blocks at a time, or, where `avx2` is set and 4R ≤ 64, eight in
+/// lock step first.
 template <class Kernels, class Word>
-void encode_blocks(const float* values, std::size_t count, unsigned rate, std::byte* out) noexcept {
+void encode_blocks(const float* values, std::size_t count, unsigned rate, bool avx2, std::byte* out) noexcept {
   const unsigned block_bits = 4 * rate;
   const unsigned budget = block_bits - zfp_fixed_rate_codec::header_bits;
   const Word mask = block_bits == 8 * sizeof(Word) ? ~Word{0} : (Word{1} << block_bits) - 1;
   bit_writer writer(out);
   std::uint32_t u[16], biased[4];
   std::size_t i = 0;
+#if defined(GRADCOMP_HAVE_AVX2)
+  if constexpr (sizeof(Word) == 8 && std::is_same_v<Kernels, sse2_kernels>) {
+    if (avx2) {
+      std::uint64_t streams[8];
+      for (; i + 32 <= count; i += 32) {
+        code_eight_blocks_avx2(values + i, budget, streams);
+        for (const std::uint64_t stream : streams) writer.put(stream & mask, block_bits);
+      }
+    }
+  }
+#endif
+  (void)avx2;
   for (; i + 16 <= count; i += 16) {
     Kernels::cast_four_blocks(values + i, u, biased);
     for (unsigned b = 0; b < 4; ++b)
@@ -622,22 +758,221 @@ template <class Kernels, class Word>
   return header;
 }
 
+/// Reads a stream's blocks in order, 4R bits each: `next` gives the stream bits of the next block
+/// (first bit lowest). The last blocks are read from a zero-padded copy of the stream's end, so
+/// that no load reaches past it.
+template <class Word>
+class block_cursor {
+ public:
+  /// Starts at bit `first_bit` of the stream, a block's first bit.
+  block_cursor(const std::byte* payload, const std::byte* end, unsigned block_bits, std::uint64_t first_bit = 0) noexcept
+      : at_(payload + first_bit / 8), end_(end), block_bits_(block_bits), shift_(static_cast<unsigned>(first_bit % 8)) {}
+  block_cursor(const block_cursor&) = delete;
+  block_cursor& operator=(const block_cursor&) = delete;
+
+  [[nodiscard]] Word next() noexcept {
+    if (!in_tail_ && end_ - at_ < reach) {
+      std::memcpy(tail_, at_, static_cast<std::size_t>(end_ - at_));
+      at_ = tail_;
+      in_tail_ = true;
+    }
+    const Word bits = stream_bits<Word>(at_, shift_);
+    shift_ += block_bits_;
+    at_ += shift_ / 8;
+    shift_ %= 8;
+    return bits;
+  }
+
+ private:
+  static constexpr std::ptrdiff_t reach = 24;  // bytes a block's loads may touch from its first byte
+  std::byte tail_[2 * reach] = {};
+  const std::byte* at_;
+  const std::byte* end_;
+  unsigned block_bits_;
+  unsigned shift_;
+  bool in_tail_ = false;
+};
+
+#if defined(GRADCOMP_HAVE_AVX2)
+static_assert(sizeof(plane_step) == 4, "the AVX2 decoder gathers plane_steps as 32-bit words");
+
+/// The decoder state of eight blocks in lock step, one block per 32-bit lane: the unread stream
+/// bits (low, high halves), the bits the budget leaves, the planes left, the `plane_steps` row
+/// (1024 · the significant count), and the four words built so far.
+struct eight_block_decoder {
+  __m256i low, high, left, planes, row, words[4];
+
+  /// Reads eight consecutive blocks, the first at bit `first_bit` of `payload` (at least 16
+  /// readable bytes from each block's first byte), and takes their headers (to headers[0..8)) and
+  /// the empty planes above each first set bit.
+  GRADCOMP_TARGET_AVX2 void start(const std::byte* payload, std::uint64_t first_bit, unsigned block_bits, unsigned budget,
+                                  std::uint32_t* headers) noexcept {
+    const auto bits = static_cast<long long>(block_bits);
+    const __m256i at0 = _mm256_add_epi64(_mm256_set1_epi64x(static_cast<long long>(first_bit)), _mm256_setr_epi64x(0, bits, 2 * bits, 3 * bits));
+    const __m256i at1 = _mm256_add_epi64(at0, _mm256_set1_epi64x(4 * bits));
+    const __m256i s0 = stream_bits(payload, at0), s1 = stream_bits(payload, at1);
+    // Split into the low and high halves of the eight streams, block b in lane b.
+    __m256i lo = _mm256_permute4x64_epi64(_mm256_castps_si256(_mm256_shuffle_ps(_mm256_castsi256_ps(s0), _mm256_castsi256_ps(s1), 0x88)), 0xD8);
+    __m256i hi = _mm256_permute4x64_epi64(_mm256_castps_si256(_mm256_shuffle_ps(_mm256_castsi256_ps(s0), _mm256_castsi256_ps(s1), 0xDD)), 0xD8);
+    const __m256i zero = _mm256_setzero_si256(), one = _mm256_set1_epi32(1), word = _mm256_set1_epi32(32);
+    const __m256i coded = _mm256_cmpeq_epi32(_mm256_and_si256(lo, one), one);  // blocks that are not all zero
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(headers), _mm256_and_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0x1FF)), coded));
+    lo = _mm256_or_si256(_mm256_srli_epi32(lo, zfp_fixed_rate_codec::header_bits), _mm256_slli_epi32(hi, 32 - zfp_fixed_rate_codec::header_bits));
+    hi = _mm256_srli_epi32(hi, zfp_fixed_rate_codec::header_bits);
+    // Trailing zeros of the low half, from the float exponent of its lowest set bit; 32 for none.
+    const __m256i lowest = _mm256_and_si256(lo, _mm256_sub_epi32(zero, lo));
+    const __m256i exponent = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(lowest)), 23), _mm256_set1_epi32(0xFF));
+    const __m256i none = _mm256_cmpeq_epi32(lo, zero);
+    const __m256i zeros = _mm256_blendv_epi8(_mm256_sub_epi32(exponent, _mm256_set1_epi32(127)), word, none);
+    const __m256i consumed = _mm256_blendv_epi8(word, _mm256_min_epu32(zeros, _mm256_set1_epi32(static_cast<int>(std::min(budget, 32u)))), coded);
+    low = _mm256_or_si256(_mm256_srlv_epi32(lo, consumed), _mm256_sllv_epi32(hi, _mm256_sub_epi32(word, consumed)));
+    high = _mm256_srlv_epi32(hi, consumed);
+    planes = _mm256_sub_epi32(word, consumed);
+    left = _mm256_and_si256(_mm256_sub_epi32(_mm256_set1_epi32(static_cast<int>(budget)), consumed), _mm256_cmpgt_epi32(planes, zero));
+    row = zero;
+    for (__m256i& w : words) w = zero;
+  }
+
+  /// The 64 stream bits from each bit position in `at` (four 64-bit lanes) on, first bit lowest:
+  /// two gathers of 8 bytes from each position's byte.
+  GRADCOMP_TARGET_AVX2 static __m256i stream_bits(const std::byte* payload, __m256i at) noexcept {
+    const __m256i byte = _mm256_srli_epi64(at, 3), shift = _mm256_and_si256(at, _mm256_set1_epi64x(7));
+    const __m256i first = _mm256_i64gather_epi64(reinterpret_cast<const long long*>(payload), byte, 1);
+    const __m256i second = _mm256_i64gather_epi64(reinterpret_cast<const long long*>(payload + 8), byte, 1);
+    return _mm256_or_si256(_mm256_srlv_epi64(first, shift), _mm256_sllv_epi64(second, _mm256_sub_epi64(_mm256_set1_epi64x(64), shift)));
+  }
+
+  /// Non-zero in the lanes that still have budget and a value not yet significant.
+  [[nodiscard]] GRADCOMP_TARGET_AVX2 __m256i grouped() const noexcept {
+    return _mm256_andnot_si256(_mm256_cmpeq_epi32(row, _mm256_set1_epi32(4 * 1024)), left);
+  }
+
+  /// Decodes one plane of every block by `plane_steps` (empty where the budget is spent).
+  GRADCOMP_TARGET_AVX2 void table_step() noexcept {
+    const __m256i byte = _mm256_set1_epi32(0xFF);
+    const __m256i index = _mm256_add_epi32(_mm256_add_epi32(row, _mm256_slli_epi32(_mm256_min_epu32(left, _mm256_set1_epi32(7)), 7)),
+                                           _mm256_and_si256(low, _mm256_set1_epi32(127)));
+    const __m256i step = _mm256_i32gather_epi32(reinterpret_cast<const int*>(plane_steps.data()), index, 4);
+    row = _mm256_srli_epi32(step, 16);
+    take(_mm256_and_si256(step, byte), _mm256_and_si256(_mm256_srli_epi32(step, 8), byte));
+  }
+
+  /// Decodes the rest of every block, all of whose values are significant (or whose budget is
+  /// spent): min(budget left, 4 · planes left) verbatim bits, 4 a plane, the last plane
+  /// zero-filled where the budget ends. Word i takes bits i, i + 4, … of those, first plane highest.
+  GRADCOMP_TARGET_AVX2 void verbatim_rest() noexcept {
+    const __m256i zero = _mm256_setzero_si256(), one = _mm256_set1_epi32(1), word = _mm256_set1_epi32(32);
+    const __m256i taken = _mm256_min_epu32(left, _mm256_slli_epi32(planes, 2));
+    const __m256i count = _mm256_srli_epi32(_mm256_add_epi32(taken, _mm256_set1_epi32(3)), 2);  // planes decoded
+    // Bits past `taken` are cleared where they share a plane with taken bits; whole planes past it
+    // are shifted out below.
+    const __m256i lo = _mm256_and_si256(low, _mm256_sub_epi32(_mm256_sllv_epi32(one, taken), one));
+    const __m256i hi = _mm256_and_si256(high, _mm256_sub_epi32(_mm256_sllv_epi32(one, _mm256_sub_epi32(taken, word)), one));
+    const __m256i drop = _mm256_sub_epi32(word, count);
+    for (int i = 0; i < 4; ++i) {
+      const __m256i bits = _mm256_or_si256(gather_nibble_bits(_mm256_srli_epi32(lo, i)),
+                                           _mm256_slli_epi32(gather_nibble_bits(_mm256_srli_epi32(hi, i)), 8));
+      words[i] = _mm256_or_si256(_mm256_sllv_epi32(words[i], count), _mm256_srlv_epi32(reverse_bits(bits), drop));
+    }
+    planes = _mm256_sub_epi32(planes, count);
+    left = zero;
+  }
+
+  /// Bit 4j of each lane moved to bit j (j < 8); the rest zero.
+  GRADCOMP_TARGET_AVX2 static __m256i gather_nibble_bits(__m256i t) noexcept {
+    t = _mm256_and_si256(t, _mm256_set1_epi32(0x11111111));
+    t = _mm256_and_si256(_mm256_or_si256(t, _mm256_srli_epi32(t, 3)), _mm256_set1_epi32(0x03030303));
+    t = _mm256_and_si256(_mm256_or_si256(t, _mm256_srli_epi32(t, 6)), _mm256_set1_epi32(0x000F000F));
+    return _mm256_and_si256(_mm256_or_si256(t, _mm256_srli_epi32(t, 12)), _mm256_set1_epi32(0xFF));
+  }
+
+  /// Pushes plane `bits` (value i at bit i) into the words of each block with planes left, and
+  /// advances the stream by `length`; a block out of planes ends its budget.
+  GRADCOMP_TARGET_AVX2 void take(__m256i bits, __m256i length) noexcept {
+    const __m256i zero = _mm256_setzero_si256(), one = _mm256_set1_epi32(1);
+    const __m256i push = _mm256_and_si256(_mm256_cmpgt_epi32(planes, zero), one);
+    for (int i = 0; i < 4; ++i)
+      words[i] = _mm256_or_si256(_mm256_sllv_epi32(words[i], push), _mm256_and_si256(_mm256_srli_epi32(bits, i), one));
+    low = _mm256_or_si256(_mm256_srlv_epi32(low, length), _mm256_sllv_epi32(high, _mm256_sub_epi32(_mm256_set1_epi32(32), length)));
+    high = _mm256_srlv_epi32(high, length);
+    planes = _mm256_sub_epi32(planes, push);
+    left = _mm256_and_si256(_mm256_sub_epi32(left, length), _mm256_cmpgt_epi32(planes, zero));
+  }
+
+  /// Word i of block b at out[8i + b], the planes not decoded as zeros.
+  GRADCOMP_TARGET_AVX2 void finish(std::uint32_t* out) const noexcept {
+    for (int i = 0; i < 4; ++i)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 8 * i), _mm256_sllv_epi32(words[i], planes));
+  }
+};
+
+/// `parse_block` of sixteen consecutive blocks of at most 64 stream bits each, the first at bit
+/// `first_bit` of `payload`, as two groups of eight in lock step (two independent chains of
+/// gathers): each round decodes one plane of every block by `plane_steps`, until every block is
+/// fully significant or out of budget; then each block's verbatim rest is taken at once. A block
+/// whose budget is spent takes empty steps, which push zero planes; one with no planes left stops
+/// shifting. Word i of block 8g + b goes to words[32g + 8i + b], its header to headers[8g + b].
+GRADCOMP_TARGET_AVX2 inline void parse_sixteen_blocks_avx2(const std::byte* payload, std::uint64_t first_bit, unsigned block_bits,
+                                                           unsigned budget, std::uint32_t* words, std::uint32_t* headers) noexcept {
+  eight_block_decoder a, b;
+  a.start(payload, first_bit, block_bits, budget, headers);
+  b.start(payload, first_bit + 8 * std::uint64_t{block_bits}, block_bits, budget, headers + 8);
+  for (;;) {
+    const __m256i grouped = _mm256_or_si256(a.grouped(), b.grouped());
+    if (_mm256_testz_si256(grouped, grouped) != 0) break;
+    a.table_step();
+    b.table_step();
+  }
+  a.verbatim_rest();
+  b.verbatim_rest();
+  a.finish(words);
+  b.finish(words + 32);
+}
+
+/// Decodes whole groups of sixteen blocks (64 values) from the start of [0, n) with
+/// `parse_sixteen_blocks_avx2` (4R ≤ 64), while every block's 16-byte reach stays inside the
+/// `bytes`-byte stream at `payload`; returns how many values it decoded.
+GRADCOMP_TARGET_AVX2 inline std::size_t decode_sixteens_avx2(const std::byte* payload, std::size_t bytes, unsigned block_bits,
+                                                             unsigned budget, std::size_t n, bool accumulate, float* out) noexcept {
+  alignas(32) std::uint32_t words[64];
+  std::uint32_t headers[16];
+  float g[64];
+  std::size_t first = 0;
+  for (std::uint64_t bit = 0; first + 64 <= n && (bit + 15 * std::uint64_t{block_bits}) / 8 + 16 <= bytes;
+       first += 64, bit += 16 * std::uint64_t{block_bits}) {
+    parse_sixteen_blocks_avx2(payload, bit, block_bits, budget, words, headers);
+    float* const to = accumulate ? g : out + first;
+    for (unsigned quarter = 0; quarter < 4; ++quarter) {
+      const auto word = [&](unsigned i) {
+        return _mm_load_si128(reinterpret_cast<const __m128i*>(words + 32 * (quarter / 2) + 8 * i + 4 * (quarter % 2)));
+      };
+      sse2_kernels::finish_four_components(word(0), word(1), word(2), word(3), headers + 4 * quarter, to + 16 * quarter);
+    }
+    if (accumulate)
+      for (unsigned i = 0; i < 64; ++i) out[first + i] += g[i];
+  }
+  return first;
+}
+#endif
+
 /// Decodes the ⌈n/4⌉ blocks of the stream [payload, end) into (or, accumulating, onto) the n
-/// values at `out`, four blocks at a time; `Word` holds 4R bits. The last blocks are read from a
-/// zero-padded copy of the stream's end, so that no load reaches past it.
+/// values at `out`; `Word` holds 4R bits. Four blocks at a time, or, where `avx2` is set and
+/// 4R ≤ 64, sixteen (two groups of eight in lock step) first.
 template <class Kernels, class Word>
-void decode_blocks(const std::byte* payload, const std::byte* end, std::size_t n, unsigned rate, bool accumulate,
+void decode_blocks(const std::byte* payload, const std::byte* end, std::size_t n, unsigned rate, bool accumulate, bool avx2,
                    float* out) noexcept {
   const unsigned block_bits = 4 * rate;
   const unsigned budget = block_bits - zfp_fixed_rate_codec::header_bits;
-  constexpr std::ptrdiff_t reach = 24;  // bytes a block's loads may touch from its first byte
-  std::byte tail[2 * reach] = {};
-  const std::byte* at = payload;
-  unsigned shift = 0;
-  bool in_tail = false;
+  std::size_t first = 0;
+#if defined(GRADCOMP_HAVE_AVX2)
+  if constexpr (sizeof(Word) == 8 && std::is_same_v<Kernels, sse2_kernels>)
+    if (avx2) first = decode_sixteens_avx2(payload, static_cast<std::size_t>(end - payload), block_bits, budget, n, accumulate, out);
+#endif
+  (void)avx2;
+  block_cursor<Word> cursor(payload, end, block_bits, first / 4 * std::uint64_t{block_bits});
   std::uint32_t u[16], headers[4];
   float g[16];
-  for (std::size_t first = 0; first < n; first += 16) {
+  for (; first < n; first += 16) {
     const std::size_t count = std::min<std::size_t>(16, n - first);
     for (unsigned b = 0; b < 4; ++b) {
       if (4 * b >= count) {  // past the last block
@@ -645,15 +980,7 @@ void decode_blocks(const std::byte* payload, const std::byte* end, std::size_t n
         headers[b] = 0;
         continue;
       }
-      if (!in_tail && end - at < reach) {
-        std::memcpy(tail, at, static_cast<std::size_t>(end - at));
-        at = tail;
-        in_tail = true;
-      }
-      headers[b] = parse_block<Kernels, Word>(stream_bits<Word>(at, shift), budget, u + 4 * b);
-      shift += block_bits;
-      at += shift / 8;
-      shift %= 8;
+      headers[b] = parse_block<Kernels, Word>(cursor.next(), budget, u + 4 * b);
     }
     if (!accumulate && count == 16) {
       Kernels::finish_four_blocks(u, headers, out + first);
@@ -694,15 +1021,15 @@ struct backend<zfp_fixed_rate_codec, cpu_executor> {
 
     const std::uint32_t rate = codec.params().rate_bits;
     std::byte* const payload = out.data() + envelope::size;
-    if (rate <= 16) encode_blocks<fast_kernels, std::uint64_t>(grad.data(), grad.size(), rate, payload);
-    else encode_blocks<fast_kernels, wide_word>(grad.data(), grad.size(), rate, payload);
+    if (rate <= 16) encode_blocks<fast_kernels, std::uint64_t>(grad.data(), grad.size(), rate, exec.avx2(), payload);
+    else encode_blocks<fast_kernels, wide_word>(grad.data(), grad.size(), rate, exec.avx2(), payload);
     cpu::seal_message(out, {codec_id::zfp_fixed_rate, value_dtype::float32, 0, 0, key, n, codec.payload_bytes(n),
                             codec.params_hash(), 0},
                       codec.wire().payload_checksum);
     return size;
   }
 
-  static void decode(const zfp_fixed_rate_codec& codec, const cpu_executor&, std::span<const std::byte> message,
+  static void decode(const zfp_fixed_rate_codec& codec, const cpu_executor& exec, std::span<const std::byte> message,
                      std::span<float> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
     using namespace cpu::zfp_detail;
     const envelope e = parse_envelope(message);
@@ -722,8 +1049,8 @@ struct backend<zfp_fixed_rate_codec, cpu_executor> {
                       "the 4 bits after the last block are not zero");
 
     const std::uint32_t rate = codec.params().rate_bits;
-    if (rate <= 16) decode_blocks<fast_kernels, std::uint64_t>(payload, end, out.size(), rate, accumulate, out.data());
-    else decode_blocks<fast_kernels, wide_word>(payload, end, out.size(), rate, accumulate, out.data());
+    if (rate <= 16) decode_blocks<fast_kernels, std::uint64_t>(payload, end, out.size(), rate, accumulate, exec.avx2(), out.data());
+    else decode_blocks<fast_kernels, wide_word>(payload, end, out.size(), rate, accumulate, exec.avx2(), out.data());
   }
 };
 
