@@ -179,6 +179,30 @@ TEST_CASE("mpc round trips every bit pattern on both kernels, for every size and
   }
 }
 
+TEST_CASE("mpc decodes with non-temporal stores into 32-byte aligned memory to the same bits") {
+  // A plain decode of at least streaming_store_bytes (here 0) into aligned memory streams its
+  // output; the words around the destination stay as they were.
+  const cpu_executor streaming{.streaming_store_bytes = 0};
+  for (const std::uint32_t dim : {1u, 3u, 32u}) {
+    const mpc_codec q({.dim = dim});
+    for (const std::size_t n : {std::size_t{1}, std::size_t{1025}, std::size_t{5000}, std::size_t{70001}}) {
+      CAPTURE(dim);
+      CAPTURE(n);
+      for (const std::vector<float>& x : {random_bits(n, 11 * n + dim), make_input<float>(input_kind::normal, n, n + dim)}) {
+        const std::vector<std::byte> m = encode_bytes(q, x);
+        std::vector<float> storage(n + 16, 7.0f);
+        const std::size_t offset = (32 - reinterpret_cast<std::uintptr_t>(storage.data()) % 32) % 32 / sizeof(float);
+        const std::span<float> out(storage.data() + offset, n);
+        REQUIRE(reinterpret_cast<std::uintptr_t>(out.data()) % 32 == 0);
+        q.decode(streaming, m, out, {});
+        CHECK(same_bits(std::vector<float>(out.begin(), out.end()), x));
+        CHECK(std::all_of(storage.begin(), storage.begin() + static_cast<std::ptrdiff_t>(offset), [](float v) { return v == 7.0f; }));
+        CHECK(std::all_of(storage.begin() + static_cast<std::ptrdiff_t>(offset + n), storage.end(), [](float v) { return v == 7.0f; }));
+      }
+    }
+  }
+}
+
 TEST_CASE("mpc messages stay within max_encoded_bytes and data without zero differences reaches it") {
   const mpc_codec q;
   for (const std::size_t n : sizes) {

@@ -19,6 +19,7 @@
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/cpu/bit_transpose.hpp>
 #include <gradcomp/cpu/message.hpp>
+#include <gradcomp/cpu/staged_writer.hpp>
 #include <gradcomp/lossless/mpc.hpp>
 
 #if defined(GRADCOMP_HAVE_AVX2)
@@ -198,11 +199,19 @@ GRADCOMP_TARGET_AVX2 inline std::uint32_t expand_group_avx2(std::uint32_t bitmap
   return static_cast<std::uint32_t>(_mm256_cvtsi256_si32(carry));
 }
 
-/// `undo_subtract` for dim = 1, the result written to `out` (which may be v).
-GRADCOMP_TARGET_AVX2 inline void undo_subtract_avx2(const std::uint32_t* v, std::size_t count, std::byte* out) noexcept {
+/// Stores eight words at `out`, non-temporally when `streaming` (then `out` is 32-byte aligned).
+GRADCOMP_TARGET_AVX2 inline void store8(std::byte* out, __m256i x, bool streaming) noexcept {
+  if (streaming) _mm256_stream_si256(reinterpret_cast<__m256i*>(out), x);
+  else _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), x);
+}
+
+/// `undo_subtract` for dim = 1, the result written to `out` (which may be v; 32-byte aligned when
+/// `streaming`).
+GRADCOMP_TARGET_AVX2 inline void undo_subtract_avx2(const std::uint32_t* v, std::size_t count, std::byte* out,
+                                                    bool streaming) noexcept {
   __m256i carry = _mm256_setzero_si256();
   std::size_t t = 0;
-  for (; t + 8 <= count; t += 8) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 4 * t), prefix8(load8(v + t), carry));
+  for (; t + 8 <= count; t += 8) store8(out + 4 * t, prefix8(load8(v + t), carry), streaming);
   auto sum = static_cast<std::uint32_t>(_mm256_cvtsi256_si32(carry));
   for (std::size_t j = 0; j < count % 8; ++j) store_word(out + 4 * (t + j), sum += v[t + j]);
 }
@@ -245,7 +254,7 @@ struct baseline_kernels {
     return expand_group(bitmap, src, sum, v);
   }
   static void transpose(std::uint32_t* v) noexcept { transpose_detail::transpose32_baseline(v); }
-  static void undo(std::uint32_t* v, std::size_t count, std::size_t dim, std::byte* out) noexcept {
+  static void undo(std::uint32_t* v, std::size_t count, std::size_t dim, std::byte* out, bool) noexcept {
     undo_subtract(v, count, dim);
     std::memcpy(out, v, 4 * count);
   }
@@ -254,11 +263,14 @@ struct baseline_kernels {
 /// Inverse of steps 4, 3, 2 and 1 for a chunk of `count` words whose bitmaps and carried words
 /// (validated: as many as the bitmaps mark, ending at `words_end`) start at `bitmaps` and
 /// `words`: v[0, count) as bytes at `out` (which may be `v`), using `v` (⌈count/32⌉·32 words) as
-/// scratch. Always inlined, so that in the AVX2 instantiation the AVX2 kernels inline into it.
+/// scratch; with `streaming` (AVX2 only; a whole chunk, `out` 32-byte aligned and not `v`) the
+/// output is written with non-temporal stores. Always inlined, so that in the AVX2 instantiation the AVX2 kernels
+/// inline into it.
 template <class Kernels>
 [[gnu::always_inline]] inline chunk_result inverse_chunk_with(const std::byte* bitmaps, const std::byte* words,
                                                               const std::byte* words_end, std::size_t count,
-                                                              std::size_t dim, std::uint32_t* v, std::byte* out) noexcept {
+                                                              std::size_t dim, std::uint32_t* v, std::byte* out,
+                                                              bool streaming) noexcept {
   const std::size_t groups = (count + group - 1) / group;
   std::uint32_t near_end[group] = {};
   std::uint32_t sum = 0;
@@ -282,7 +294,7 @@ template <class Kernels>
     padding_clear = high == 0;
   }
   for (std::size_t g = 0; g < groups; ++g) Kernels::transpose(v + g * group);
-  Kernels::undo(v, count, dim, out);
+  Kernels::undo(v, count, dim, out, streaming);
   return {words, padding_clear};
 }
 
@@ -294,31 +306,38 @@ struct avx2_kernels {
     return expand_group_avx2(bitmap, src, sum, v);
   }
   GRADCOMP_TARGET_AVX2 static void transpose(std::uint32_t* v) noexcept { transpose_detail::transpose32_avx2(v); }
-  GRADCOMP_TARGET_AVX2 static void undo(std::uint32_t* v, std::size_t count, std::size_t dim, std::byte* out) noexcept {
+  GRADCOMP_TARGET_AVX2 static void undo(std::uint32_t* v, std::size_t count, std::size_t dim, std::byte* out,
+                                         bool streaming) noexcept {
     if (dim == 1) {
-      undo_subtract_avx2(v, count, out);
+      undo_subtract_avx2(v, count, out, streaming);
       return;
     }
     undo_subtract(v, count, dim);
-    std::memcpy(out, v, 4 * count);
+    if (!streaming) {
+      std::memcpy(out, v, 4 * count);
+      return;
+    }
+    for (std::size_t t = 0; t < count; t += 8) store8(out + 4 * t, load8(v + t), true);  // whole chunks only
   }
 };
 
 GRADCOMP_TARGET_AVX2 inline chunk_result inverse_chunk_avx2(const std::byte* bitmaps, const std::byte* words,
                                                             const std::byte* words_end, std::size_t count,
-                                                            std::size_t dim, std::uint32_t* v, std::byte* out) noexcept {
-  return inverse_chunk_with<avx2_kernels>(bitmaps, words, words_end, count, dim, v, out);
+                                                            std::size_t dim, std::uint32_t* v, std::byte* out,
+                                                            bool streaming) noexcept {
+  return inverse_chunk_with<avx2_kernels>(bitmaps, words, words_end, count, dim, v, out, streaming);
 }
 #endif
 
-/// `inverse_chunk_with` on the kernels the executor allows.
+/// `inverse_chunk_with` on the kernels the executor allows (`streaming` only with AVX2).
 inline chunk_result inverse_chunk(const std::byte* bitmaps, const std::byte* words, const std::byte* words_end,
-                                  std::size_t count, std::size_t dim, bool avx2, std::uint32_t* v, std::byte* out) noexcept {
+                                  std::size_t count, std::size_t dim, bool avx2, std::uint32_t* v, std::byte* out,
+                                  bool streaming = false) noexcept {
 #if defined(GRADCOMP_HAVE_AVX2)
-  if (avx2) return inverse_chunk_avx2(bitmaps, words, words_end, count, dim, v, out);
+  if (avx2) return inverse_chunk_avx2(bitmaps, words, words_end, count, dim, v, out, streaming);
 #endif
   (void)avx2;
-  return inverse_chunk_with<baseline_kernels>(bitmaps, words, words_end, count, dim, v, out);
+  return inverse_chunk_with<baseline_kernels>(bitmaps, words, words_end, count, dim, v, out, false);
 }
 
 /// out[0, count) += the floats whose bits are v[0, count).
@@ -400,15 +419,20 @@ struct backend<mpc_codec, cpu_executor> {
     detail::require(tail.padding_clear, errc::malformed_payload,
                     "the last group's transposed words have bits set for elements past the tensor's end");
 
-    // Decoding writes the values' bits straight into `out`; accumulating goes through `values`.
+    // Decoding writes the values' bits straight into `out` (a large plain decode into 32-byte
+    // aligned memory with non-temporal stores, as the uniform decoder does); accumulating goes
+    // through `values`.
     float* const dense = out.data();
+    const bool streaming =
+        avx2 && !accumulate && exec.streams(n * sizeof(float)) && reinterpret_cast<std::uintptr_t>(dense) % 32 == 0;
     alignas(32) std::uint32_t scratch[chunk], values[chunk];
     const std::byte* next = words;
     for (std::uint64_t base = 0; base < last_base; base += chunk) {
       std::byte* const target = accumulate ? reinterpret_cast<std::byte*>(values) : reinterpret_cast<std::byte*>(dense + base);
-      next = inverse_chunk(bitmaps + 4 * (base / group), next, words_end, chunk, dim, avx2, scratch, target).next;
+      next = inverse_chunk(bitmaps + 4 * (base / group), next, words_end, chunk, dim, avx2, scratch, target, streaming).next;
       if (accumulate) add_values(values, chunk, dense + base);
     }
+    if (streaming) cpu::streaming_fence();
     if (accumulate) add_values(last, last_count, dense + last_base);
     else std::memcpy(dense + last_base, last, 4 * last_count);
   }
