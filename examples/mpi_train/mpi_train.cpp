@@ -81,7 +81,7 @@ int run_rank(Inner& t, const command_line& c, const char* transport_name) {
   if (c.list) {
     if (printer)
       for (const auto& row : rows)
-        fmt::print("{}{}\n", row.name, row.make ? "" : "   (its aggregation is simulated in train_demo only)");
+        fmt::print("{}{}\n", row.name, row.make ? "" : "   (needs a transport with point-to-point calls)");
     return 0;
   }
   std::vector<const train::rank_row<X>*> chosen;

@@ -29,6 +29,7 @@
 #include "../train/codec_table.hpp"
 #include "../train/compressor.hpp"
 #include "../train/experiment.hpp"
+#include "../train/gravac_aggregator.hpp"
 #include "../train/tagc_aggregator.hpp"
 #include "timed_transport.hpp"
 
@@ -107,9 +108,134 @@ class tagc_reducer final : public rank_reducer<X> {
   std::vector<bool> compressed_;
 };
 
+/// Sketched SGD (the demo's sketched_sgd_aggregator, one worker per rank): the count sketch of
+/// a = g + e is all-gathered and the sketches summed in rank order (`accumulate_encoded`), every
+/// rank takes the same heavy hitters of the sum, and the ranks' exact values of a there are
+/// all-gathered and summed in rank order; what was sent leaves the residual e = a.
+template <class X>
+class sketched_sgd_reducer final : public rank_reducer<X> {
+ public:
+  sketched_sgd_reducer(gradcomp::count_sketch<float> sketch, std::size_t n)
+      : sketch_(std::move(sketch)),
+        workspace_(sketch_.workspace_bytes(cpu_, n)),
+        compensated_(n, 0.0f),
+        message_(sketch_.max_encoded_bytes(n)),
+        indices_(static_cast<std::size_t>(sketch_.heavy_hitter_count(n))),
+        values_(indices_.size()) {}
+
+  gradcomp::compressed_report reduce(X& t, std::span<float> grad, std::uint64_t) override {
+    const auto P = static_cast<std::size_t>(t.size());
+    auto& a = compensated_;  // holds e on entry
+    std::transform(grad.begin(), grad.end(), a.begin(), a.begin(), std::plus<>());
+    // One fixed key: the hashes depend on the seed only, and accumulate_encoded needs equal keys.
+    const std::size_t bytes = sketch_.encode(cpu_, std::span<const float>(a), std::span<std::byte>(message_),
+                                             std::span<std::byte>(workspace_), gradcomp::message_key{.step = 0, .tensor_id = 0});
+    std::vector<std::vector<std::byte>> sketches = t.all_gather_bytes(std::span<const std::byte>(message_).first(bytes));
+    for (std::size_t r = 1; r < P; ++r) sketch_.accumulate_encoded(cpu_, sketches[0], sketches[r]);
+    const std::size_t k = sketch_.heavy_hitters(cpu_, sketches[0], grad.size(), indices_, workspace_);
+    const auto chosen = std::span<const std::uint64_t>(indices_).first(k);
+    gradcomp::gather_values(std::span<const float>(a), chosen, std::span<float>(values_).first(k));
+    for (const std::uint64_t i : chosen) a[i] = 0.0f;
+    const auto exact = t.all_gather_bytes(std::as_bytes(std::span<const float>(values_).first(k)));
+    std::fill(grad.begin(), grad.end(), 0.0f);
+    for (std::size_t m = 0; m < k; ++m) {
+      float sum = 0.0f;
+      for (const auto& values : exact) {
+        float v;
+        std::memcpy(&v, values.data() + m * sizeof(float), sizeof v);
+        sum += v;
+      }
+      grad[chosen[m]] = sum / static_cast<float>(P);
+    }
+    gradcomp::compressed_report report;
+    report.sent_bytes = (bytes + k * sizeof(float)) * (P - 1);
+    report.dense_bytes = gradcomp::ring_all_reduce_dense_bytes(grad.size_bytes(), P);
+    return report;
+  }
+
+ private:
+  gradcomp::cpu_executor cpu_;
+  gradcomp::count_sketch<float> sketch_;
+  std::vector<std::byte> workspace_;
+  std::vector<float> compensated_;  // the residual e, then a = g + e
+  std::vector<std::byte> message_;
+  std::vector<std::uint64_t> indices_;
+  std::vector<float> values_;
+};
+
+/// GraVAC-controlled top-k with EF (the demo's gravac_aggregator, one worker per rank): this rank
+/// compresses both paths, sends the decided one through `compressed_all_reduce` (the dense
+/// gradient through the plain all-reduce), keeps the residuals the decision names, and feeds its
+/// controller the ranks' `aggregate_observation`, so every rank's controller decides alike. The
+/// step time is the demo's link model of the largest message.
+template <class X>
+class gravac_reducer final : public rank_reducer<X> {
+ public:
+  gravac_reducer(const gradcomp::gravac_options& options, std::vector<parameter> layout, std::size_t batch)
+      : controller_(options),
+        layout_(std::move(layout)),
+        batch_(batch),
+        residual_current_(total_size(layout_), 0.0f),
+        residual_safe_(residual_current_.size(), 0.0f),
+        compensated_current_(residual_current_.size()),
+        compensated_safe_(residual_current_.size()),
+        decoded_current_(residual_current_.size()),
+        decoded_safe_(residual_current_.size()) {}
+
+  gradcomp::compressed_report reduce(X& t, std::span<float> grad, std::uint64_t step) override {
+    const auto P = static_cast<std::size_t>(t.size());
+    const gradcomp::gravac_decision d = controller_.decision();
+    const gradcomp::topk_sparsifier<float> current(d.current), safe(d.safe);
+    const std::size_t safe_bytes = compress_path(safe, grad, residual_safe_, compensated_safe_, decoded_safe_, message_, workspace_);
+    std::size_t current_bytes = safe_bytes;
+    if (d.current.density == d.safe.density) {  // the candidate is not computed
+      compensated_current_ = compensated_safe_;
+      decoded_current_ = decoded_safe_;
+    } else {
+      current_bytes = compress_path(current, grad, residual_current_, compensated_current_, decoded_current_, message_, workspace_);
+    }
+    gradcomp::gravac_observation observed{};
+    observed.gradient = gravac_magnitude(controller_, layout_, grad);
+    observed.current = gravac_magnitude(controller_, layout_, decoded_current_);
+    observed.safe = gravac_magnitude(controller_, layout_, decoded_safe_);
+    if (d.update_current_residual) keep_error(grad, residual_current_, decoded_current_);
+    if (d.update_safe_residual) keep_error(grad, residual_safe_, decoded_safe_);
+
+    gradcomp::compressed_report report;
+    report.dense_bytes = gradcomp::ring_all_reduce_dense_bytes(grad.size_bytes(), P);
+    std::size_t bytes = grad.size_bytes();
+    if (d.send == gradcomp::gravac_choice::dense) {
+      t.all_reduce_sum(grad);
+      report.sent_bytes = report.dense_bytes;
+    } else {
+      const bool send_current = d.send == gradcomp::gravac_choice::current;
+      bytes = send_current ? current_bytes : safe_bytes;
+      // The sum of the ranks' decoded messages in rank order, as the demo adds them.
+      std::vector<float>& sum = send_current ? compensated_current_ : compensated_safe_;
+      const gradcomp::all_reduce_options options{.key = {.step = step}, .plan = gradcomp::all_reduce_plan::gather_decode};
+      report = gradcomp::compressed_all_reduce(t, send_current ? current : safe, std::span<float>(sum), options);
+      std::copy(sum.begin(), sum.end(), grad.begin());
+    }
+    for (float& v : grad) v /= static_cast<float>(P);
+    observed.samples = batch_;
+    observed.seconds = link_.seconds(bytes, P);
+    controller_.next(gradcomp::aggregate_observation(t, observed));
+    return report;
+  }
+
+ private:
+  gradcomp::gravac_controller controller_;
+  std::vector<parameter> layout_;
+  std::size_t batch_;
+  link_model link_;
+  std::vector<float> residual_current_, residual_safe_;
+  std::vector<float> compensated_current_, compensated_safe_, decoded_current_, decoded_safe_;
+  std::vector<std::byte> message_, workspace_;
+};
+
 /// A row of mpi_train: a name and a factory of this rank's reducer for the model's parameter
-/// layout (empty for the demo's rows that aggregate in their own way, which mpi_train lists but
-/// does not run).
+/// layout (empty for a ring row over a transport without point-to-point calls, which mpi_train
+/// lists but does not run).
 template <class X>
 struct rank_row {
   std::string name;
@@ -140,13 +266,21 @@ struct rank_rows {
     else
       rows.push_back({name, {}});
   }
-  void sketched_sgd(const char* name, const gradcomp::count_sketch<float>&) { rows.push_back({name, {}}); }
+  void sketched_sgd(const char* name, const gradcomp::count_sketch<float>& sketch) {
+    rows.push_back({name, [sketch](const std::vector<parameter>& layout) -> std::unique_ptr<rank_reducer<X>> {
+                      return std::make_unique<sketched_sgd_reducer<X>>(sketch, total_size(layout));
+                    }});
+  }
   void tagc(const char* name, const gradcomp::tagc_params& params) {
     rows.push_back({name, [params](const std::vector<parameter>& layout) -> std::unique_ptr<rank_reducer<X>> {
                       return std::make_unique<tagc_reducer<X>>(params, layout);
                     }});
   }
-  void gravac(const char* name, const gradcomp::gravac_options&, std::size_t) { rows.push_back({name, {}}); }
+  void gravac(const char* name, const gradcomp::gravac_options& options, std::size_t batch) {
+    rows.push_back({name, [options, batch](const std::vector<parameter>& layout) -> std::unique_ptr<rank_reducer<X>> {
+                      return std::make_unique<gravac_reducer<X>>(options, layout, batch);
+                    }});
+  }
 };
 
 /// The rows, in the demo's order.

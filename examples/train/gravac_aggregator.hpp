@@ -35,7 +35,30 @@ namespace train {
 struct link_model {
   double compute_seconds = 0.5e-3;   ///< Forward and backward pass of one minibatch.
   double bytes_per_second = 25e6;    ///< A 200 Mbit/s link.
+
+  /// A step whose largest message has `bytes`, among `workers` workers.
+  [[nodiscard]] double seconds(std::size_t bytes, std::size_t workers) const {
+    return compute_seconds + static_cast<double>(bytes * (workers - 1)) / bytes_per_second;
+  }
 };
+
+/// Σ over the layers of `layout` of the layer's magnitude in `x` as `controller` measures it (its
+/// L2 norm, GraVAC's default).
+[[nodiscard]] inline double gravac_magnitude(const gradcomp::gravac_controller& controller, const std::vector<parameter>& layout,
+                                             std::span<const float> x) {
+  double total = 0.0;
+  for (const auto& p : layout) {
+    double squares = 0.0;
+    for (std::size_t i = p.offset; i < p.offset + p.size(); ++i) squares += static_cast<double>(x[i]) * x[i];
+    total += controller.magnitude(squares);
+  }
+  return total;
+}
+
+/// e ← g + e − decoded: what was compensated but not sent.
+inline void keep_error(std::span<const float> g, std::vector<float>& e, std::span<const float> decoded) {
+  for (std::size_t i = 0; i < e.size(); ++i) e[i] = (g[i] + e[i]) - decoded[i];
+}
 
 /// Encodes `compensated` with `sparsifier` and decodes the message into `decoded`, on this worker
 /// alone (what GraVAC measures of a path); `message` and `workspace` are scratch, grown as needed.
@@ -49,6 +72,15 @@ inline std::size_t topk_round_trip(const gradcomp::topk_sparsifier<float>& spars
   const std::size_t bytes = sparsifier.encode(cpu, compensated, message, workspace, key);
   sparsifier.decode(cpu, std::span<const std::byte>(message.data(), bytes), decoded, workspace);
   return bytes;
+}
+
+/// One GraVAC path of a worker: compensated = g + e (e is read, not changed) and decoded its top-k
+/// round trip with `sparsifier`; returns the message's size.
+inline std::size_t compress_path(const gradcomp::topk_sparsifier<float>& sparsifier, std::span<const float> g,
+                                 const std::vector<float>& e, std::vector<float>& compensated, std::vector<float>& decoded,
+                                 std::vector<std::byte>& message, std::vector<std::byte>& workspace) {
+  std::transform(g.begin(), g.end(), e.begin(), compensated.begin(), std::plus<>());
+  return topk_round_trip(sparsifier, compensated, decoded, message, workspace);
 }
 
 class gravac_aggregator final : public aggregator {
@@ -81,9 +113,9 @@ class gravac_aggregator final : public aggregator {
       std::size_t current_bytes = safe_bytes;
       if (same_density) decoded_current_ = decoded_safe_;
       else current_bytes = compress(current, grads[w], residual_current_[w], decoded_current_);
-      observed.gradient += magnitude(grads[w]);
-      observed.current += magnitude(decoded_current_);
-      observed.safe += magnitude(decoded_safe_);
+      observed.gradient += gravac_magnitude(controller_, layout_, grads[w]);
+      observed.current += gravac_magnitude(controller_, layout_, decoded_current_);
+      observed.safe += gravac_magnitude(controller_, layout_, decoded_safe_);
       // Send the decided path and keep its error as the residual (the other path's residual is
       // left as it was: `sent_path_only`).
       std::span<const float> sent = grads[w];
@@ -104,7 +136,7 @@ class gravac_aggregator final : public aggregator {
     }
     for (float& v : mean) v /= static_cast<float>(grads.size());
     observed.samples = batch_ * grads.size();
-    observed.seconds = link_.compute_seconds + static_cast<double>(sent_per_worker * (grads.size() - 1)) / link_.bytes_per_second;
+    observed.seconds = link_.seconds(sent_per_worker, grads.size());
     record(step, d);
     controller_.next(observed);
     return cost;
@@ -127,28 +159,9 @@ class gravac_aggregator final : public aggregator {
     std::string what;
   };
 
-  // Encodes g + e with `sparsifier` (e is read, not changed), decodes the message into `decoded`;
-  // returns the message's size.
   std::size_t compress(const gradcomp::topk_sparsifier<float>& sparsifier, const std::vector<float>& g,
                        const std::vector<float>& e, std::vector<float>& decoded) {
-    std::transform(g.begin(), g.end(), e.begin(), compensated_.begin(), std::plus<>());
-    return topk_round_trip(sparsifier, compensated_, decoded, message_, workspace_);
-  }
-
-  // e ← g + e − decoded: what was compensated but not sent.
-  static void keep_error(const std::vector<float>& g, std::vector<float>& e, const std::vector<float>& decoded) {
-    for (std::size_t i = 0; i < e.size(); ++i) e[i] = (g[i] + e[i]) - decoded[i];
-  }
-
-  // Σ over layers of the layer's magnitude (its L2 norm, GraVAC's default measure).
-  [[nodiscard]] double magnitude(std::span<const float> x) const {
-    double total = 0.0;
-    for (const auto& p : layout_) {
-      double squares = 0.0;
-      for (std::size_t i = p.offset; i < p.offset + p.size(); ++i) squares += static_cast<double>(x[i]) * x[i];
-      total += controller_.magnitude(squares);
-    }
-    return total;
+    return compress_path(sparsifier, g, e, compensated_, decoded, message_, workspace_);
   }
 
   void record(std::uint64_t step, const gradcomp::gravac_decision& d) {
