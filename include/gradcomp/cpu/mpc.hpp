@@ -337,6 +337,7 @@ inline chunk_result inverse_chunk(const std::byte* bitmaps, const std::byte* wor
   if (avx2) return inverse_chunk_avx2(bitmaps, words, words_end, count, dim, v, out, streaming);
 #endif
   (void)avx2;
+  (void)streaming;
   return inverse_chunk_with<baseline_kernels>(bitmaps, words, words_end, count, dim, v, out, false);
 }
 
