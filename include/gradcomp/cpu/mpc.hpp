@@ -206,11 +206,22 @@ GRADCOMP_TARGET_AVX2 inline void store8(std::byte* out, __m256i x, bool streamin
 }
 
 /// `undo_subtract` for dim = 1, the result written to `out` (which may be v; 32-byte aligned when
-/// `streaming`).
-GRADCOMP_TARGET_AVX2 inline void undo_subtract_avx2(const std::uint32_t* v, std::size_t count, std::byte* out,
+/// `streaming`). A whole chunk runs as two independent carry chains over its halves, the second
+/// half's sums (kept in v) shifted by the first half's total afterwards.
+GRADCOMP_TARGET_AVX2 inline void undo_subtract_avx2(std::uint32_t* v, std::size_t count, std::byte* out,
                                                     bool streaming) noexcept {
   __m256i carry = _mm256_setzero_si256();
   std::size_t t = 0;
+  if (count == chunk) {
+    constexpr std::size_t half = chunk / 2;
+    __m256i second = _mm256_setzero_si256();
+    for (; t < half; t += 8) {
+      store8(out + 4 * t, prefix8(load8(v + t), carry), streaming);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + half + t), prefix8(load8(v + half + t), second));
+    }
+    for (; t < chunk; t += 8) store8(out + 4 * t, _mm256_add_epi32(load8(v + t), carry), streaming);
+    return;
+  }
   for (; t + 8 <= count; t += 8) store8(out + 4 * t, prefix8(load8(v + t), carry), streaming);
   auto sum = static_cast<std::uint32_t>(_mm256_cvtsi256_si32(carry));
   for (std::size_t j = 0; j < count % 8; ++j) store_word(out + 4 * (t + j), sum += v[t + j]);
