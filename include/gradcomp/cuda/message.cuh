@@ -131,4 +131,19 @@ inline std::size_t status_and_crc_bytes() {
   return operation::workspace_bytes([](workspace_arena& arena) { (void)crc_scratch::carve(arena); });
 }
 
+/// The status and CRC scratch (`status_and_crc_bytes`) of a call that has no workspace argument
+/// (`block_maxima`, `accumulate_encoded`), from the stream's pool; its operation's status cleared.
+struct pooled_status_and_crc {
+  /// @throws error `device_failed`.
+  explicit pooled_status_and_crc(const cuda_executor& exec)
+      : memory(exec, status_and_crc_bytes()), arena(memory.span()), op(exec, arena), crc(crc_scratch::carve(arena)) {}
+  pooled_status_and_crc(const pooled_status_and_crc&) = delete;
+  pooled_status_and_crc& operator=(const pooled_status_and_crc&) = delete;
+
+  stream_scratch memory;
+  workspace_arena arena;
+  operation op;
+  crc_scratch crc;
+};
+
 }  // namespace gradcomp::cuda_detail

@@ -146,24 +146,20 @@ struct backend<randomk_sparsifier<T>, cuda_executor> {
 
   static void accumulate_encoded(const randomk_sparsifier<T>& codec, const cuda_executor& exec, std::span<std::byte> acc,
                                  std::span<const std::byte> other) {
-    // The status and CRC scratch of this call (it has no workspace argument).
-    const cuda_detail::stream_scratch ws(exec, cuda_detail::status_and_crc_bytes());
-    workspace_arena arena(ws.span());
-    const cuda_detail::operation op(exec, arena);
-    const cuda_detail::crc_scratch crc = cuda_detail::crc_scratch::carve(arena);
-    const envelope mine = cuda_detail::fetch_envelope(exec, acc, crc);
+    const cuda_detail::pooled_status_and_crc scratch(exec);
+    const envelope mine = cuda_detail::fetch_envelope(exec, acc, scratch.crc);
     validate_envelope(mine, expectation(codec, mine.elements), {});
     codec.validate_payload_size(mine);
-    const envelope theirs = read_checked(codec, exec, other, mine.elements, {}, crc);
+    const envelope theirs = read_checked(codec, exec, other, mine.elements, {}, scratch.crc);
     detail::require(mine.key == theirs.key, errc::step_mismatch, "messages of different steps or tensors cannot be summed");
     const std::uint64_t k = codec.k(mine.elements);
     auto* const sum = reinterpret_cast<T*>(acc.data() + envelope::size);
     const auto* const add = reinterpret_cast<const T*>(other.data() + envelope::size);
-    cuda_detail::for_each_item(exec, k, cuda_detail::randomk_check_sum<T>{sum, add, op.status()});
-    op.finish([](errc, std::uint64_t j, std::uint32_t) { return "sum overflows at position " + std::to_string(j); });
+    cuda_detail::for_each_item(exec, k, cuda_detail::randomk_check_sum<T>{sum, add, scratch.op.status()});
+    scratch.op.finish([](errc, std::uint64_t j, std::uint32_t) { return "sum overflows at position " + std::to_string(j); });
     cuda_detail::for_each_item(exec, k, cuda_detail::randomk_add<T>{sum, add});
-    const cuda_detail::crc_scratch seal_crc = codec.wire().payload_checksum ? crc : cuda_detail::crc_scratch{};
-    seal(codec, exec, acc.data(), mine.elements, mine.key, seal_crc, op);
+    const cuda_detail::crc_scratch seal_crc = codec.wire().payload_checksum ? scratch.crc : cuda_detail::crc_scratch{};
+    seal(codec, exec, acc.data(), mine.elements, mine.key, seal_crc, scratch.op);
   }
 
  private:

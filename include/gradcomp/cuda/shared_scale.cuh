@@ -243,10 +243,8 @@ struct backend<shared_scale_quantizer<T>, cuda_executor> {
   }
 
   static void block_maxima(const codec_type& codec, const cuda_executor& exec, std::span<const T> grad, std::span<T> maxima) {
-    const cuda_detail::stream_scratch ws(exec, cuda_detail::status_and_crc_bytes());
-    workspace_arena arena(ws.span());
-    const cuda_detail::operation op(exec, arena);
-    find_block_maxima(codec, exec, grad, maxima, op);
+    const cuda_detail::pooled_status_and_crc scratch(exec);
+    find_block_maxima(codec, exec, grad, maxima, scratch.op);
   }
 
   static std::size_t encode(const codec_type& codec, const cuda_executor& exec, std::span<const T> grad,
@@ -286,20 +284,17 @@ struct backend<shared_scale_quantizer<T>, cuda_executor> {
 
   static void accumulate_encoded(const codec_type& codec, const cuda_executor& exec, std::span<std::byte> acc,
                                  std::span<const std::byte> other) {
-    const cuda_detail::stream_scratch ws(exec, cuda_detail::status_and_crc_bytes());
-    workspace_arena arena(ws.span());
-    const cuda_detail::operation op(exec, arena);
-    const cuda_detail::crc_scratch crc = cuda_detail::crc_scratch::carve(arena);
-    const envelope mine = cuda_detail::fetch_envelope(exec, acc, crc);
+    const cuda_detail::pooled_status_and_crc scratch(exec);
+    const envelope mine = cuda_detail::fetch_envelope(exec, acc, scratch.crc);
     validate_envelope(mine, expectation(codec, mine.elements), {});
-    check_payload(codec, exec, acc, mine, op);
-    const envelope theirs = cuda_detail::read_envelope(exec, other, expectation(codec, mine.elements), {}, crc);
-    check_payload(codec, exec, other, theirs, op);
+    check_payload(codec, exec, acc, mine, scratch.op);
+    const envelope theirs = cuda_detail::read_envelope(exec, other, expectation(codec, mine.elements), {}, scratch.crc);
+    check_payload(codec, exec, other, theirs, scratch.op);
     detail::require(mine.key == theirs.key, errc::step_mismatch, "messages of different steps or tensors cannot be summed");
     const cuda_detail::shared_layout layout = layout_of(codec, mine.elements);
     cuda_detail::for_each_item(exec, layout.offset - envelope::size,
-                               cuda_detail::same_bytes{acc.data() + envelope::size, other.data() + envelope::size, op.status()});
-    op.finish([](errc, std::uint64_t, std::uint32_t) {
+                               cuda_detail::same_bytes{acc.data() + envelope::size, other.data() + envelope::size, scratch.op.status()});
+    scratch.op.finish([](errc, std::uint64_t, std::uint32_t) {
       return std::string("the block scales differ: the ranks did not agree the block maxima");
     });
     std::uint64_t counts[2] = {};
