@@ -28,6 +28,7 @@
 
 #include <gradcomp/feedback/error_feedback.hpp>
 #include <gradcomp/feedback/loco.hpp>
+#include <gradcomp/feedback/step_rollback.hpp>
 #include <gradcomp/pipeline.hpp>
 
 #include <gradcomp/quantize/qsgd.hpp>

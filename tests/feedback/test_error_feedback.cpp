@@ -154,7 +154,7 @@ error_feedback_state<float> small_state() {
 /// A state with recognisable contents, the target of loads that must fail.
 template <class T>
 error_feedback_state<T> sentinel_state(std::size_t n) {
-  return {std::vector<T>(n, T{7}), 42};
+  return {std::vector<T>(n, T{7}), std::vector<T>(n, T{9}), 42};
 }
 
 template <class U>
@@ -196,7 +196,7 @@ TEST_CASE("error feedback messages are the inner codec's") {
   const std::size_t n = 1000;
   CHECK(ef.max_encoded_bytes(n) == inner.max_encoded_bytes(n));
   CHECK(ef.params_hash() == inner.params_hash());
-  CHECK(ef.workspace_bytes(cpu, n) >= inner.workspace_bytes(cpu, n) + 2 * n * sizeof(float));
+  CHECK(ef.workspace_bytes(cpu, n) >= inner.workspace_bytes(cpu, n) + n * sizeof(float));
 
   const std::vector<float> g = gradient<float>(n, 1);
   auto state = ef.make_state(cpu, n);
@@ -390,66 +390,121 @@ TEST_CASE("error feedback steps, saves and restores an empty tensor") {
   CHECK(restored.steps == 1);
 }
 
-TEST_CASE("error feedback around the float uniform quantizer: the one-pass path equals the reference path") {
-  // A residual bound of +Inf makes a step take the reference path; the default bound lets the
-  // fused one-pass path run. Both must write the same messages and residuals, on every executor.
+TEST_CASE("error feedback around the float uniform quantizer sends C(g + e) and keeps g + e minus its decoding") {
+  // The one-pass path (8-bit, 4-bit round to nearest, 8-bit stochastic) against the definition,
+  // computed by the test: a = g + e, the quantizer's own message of a, e = a − its decoding.
   using uq = uniform_quantizer<float>;
-  const cpu_executor settings[] = {{}, {.max_simd = cpu_simd::baseline, .streaming_store_bytes = 0}};
+  const cpu_executor settings[] = {{}, {.max_simd = cpu_simd::baseline, .streaming_store_bytes = 0}, {.streaming_store_bytes = 0}};
   struct config {
     uniform_params params;
     std::size_t n;
   };
   const config configs[] = {{{.bits = 8}, 70001},
                             {{.bits = 8, .block = 64, .round = rounding::stochastic, .seed = 2}, 4099},
-                            {{.bits = 4, .block = 32}, 1000}};
+                            {{.bits = 4, .block = 32}, 1000},
+                            {{.bits = 8, .block = 32}, 31}};
   for (const config& c : configs) {
     for (const cpu_executor& exec : settings) {
-      const error_feedback<uq> ef{uq(c.params)};
+      const uq inner(c.params);
+      const error_feedback<uq> ef{inner};
       const auto step = [&](const std::vector<float>& g, error_feedback_state<float>& state, std::uint64_t t) {
         std::vector<std::byte> out(ef.max_encoded_bytes(c.n));
         std::vector<std::byte> ws(ef.workspace_bytes(exec, c.n));
-        out.resize(ef.encode(exec, std::span<const float>(g), state, out, ws, {.step = t, .tensor_id = 3}));
+        out.resize(ef.encode(exec, std::span<const float>(g), state, out, ws, key_of(t)));
         return out;
       };
-      auto fused = ef.make_state(exec, c.n);
-      auto reference = ef.make_state(exec, c.n);
-      bool messages_equal = true, residuals_equal = true, bound_exact = true;
+      auto state = ef.make_state(exec, c.n);
+      std::vector<float> residual(c.n, 0.0f), a(c.n);
+      bool messages_equal = true, residuals_equal = true;
       for (std::uint64_t t = 0; t < 6; ++t) {
         const std::vector<float> g = make_input<float>(input_kind::normal, c.n, 100 + t);
-        reference.residual_max = std::numeric_limits<float>::infinity();
-        messages_equal = messages_equal && step(g, fused, t) == step(g, reference, t);
-        residuals_equal = residuals_equal && bitwise_equal(fused.residual, reference.residual);
-        float largest = 0;
-        for (const float v : fused.residual) largest = std::max(largest, std::fabs(v));
-        bound_exact = bound_exact && fused.residual_max == largest;
+        for (std::size_t i = 0; i < c.n; ++i) a[i] = g[i] + residual[i];
+        const std::vector<std::byte> expected = encode_bytes(inner, a, key_of(t));
+        const std::vector<float> decoded = decode_values(inner, expected, c.n);
+        for (std::size_t i = 0; i < c.n; ++i) residual[i] = a[i] - decoded[i];
+        messages_equal = messages_equal && step(g, state, t) == expected;
+        residuals_equal = residuals_equal && bitwise_equal(state.residual, residual);
       }
       CAPTURE(c.params.bits);
       CAPTURE(c.params.block);
       CAPTURE(c.n);
+      CAPTURE(static_cast<int>(exec.max_simd));
       CHECK(messages_equal);
       CHECK(residuals_equal);
-      CHECK(bound_exact);
-      CHECK(fused.steps == 6);
-      // NaN in the last element: found by the fused path's first read, before anything is written.
+      CHECK(state.steps == 6);
+
+      // NaN in the last element is found only after every other block has been coded: the message
+      // is left without an envelope, the state as it was, and the next step continues as if the
+      // failed one had not been tried.
       std::vector<float> bad = make_input<float>(input_kind::normal, c.n, 7);
       bad.back() = std::numeric_limits<float>::quiet_NaN();
-      const std::vector<std::byte> before = bits_of(fused);
-      CHECK(thrown_by([&] { step(bad, fused, 6); }) == named(errc::non_finite_input));
-      CHECK(bits_of(fused) == before);
+      const std::vector<std::byte> before = bits_of(state);
+      std::vector<std::byte> out(ef.max_encoded_bytes(c.n), std::byte{0xAB});
+      std::vector<std::byte> ws(ef.workspace_bytes(exec, c.n));
+      CHECK(thrown_by([&] { ef.encode(exec, std::span<const float>(bad), state, out, ws, key_of(6)); }) ==
+            named(errc::non_finite_input));
+      CHECK(bits_of(state) == before);
+      CHECK(thrown_by([&] { (void)decode_values(inner, out, c.n); }) == named(errc::bad_magic));
+      const std::vector<float> g = make_input<float>(input_kind::normal, c.n, 106);
+      for (std::size_t i = 0; i < c.n; ++i) a[i] = g[i] + residual[i];
+      CHECK(step(g, state, 6) == encode_bytes(inner, a, key_of(6)));
     }
   }
 }
 
-TEST_CASE("load_state records a residual bound") {
-  const error_feedback<uniform_quantizer<float>> ef{uniform_quantizer<float>({.bits = 8})};
+TEST_CASE("error feedback rejects a step whose new residual would overflow, and keeps the state") {
+  // 1-bit stochastic rounding decodes a value to ±s, s = max|a| of its block, with either sign: a
+  // value of −m/2 decoded to +m leaves −1.5·m, which overflows for m near the largest float.
+  const uniform_quantizer<float> inner({.bits = 1, .block = 64, .round = rounding::stochastic, .seed = 5});
+  const error_feedback<uniform_quantizer<float>> ef(inner);
   const cpu_executor cpu;
-  auto state = ef.make_state(cpu, 300);
-  ef_step(ef, make_input<float>(input_kind::normal, 300, 1), state);
-  const std::vector<std::byte> bytes = saved(ef, state);
-  auto restored = ef.make_state(cpu, 300);
-  ef.load_state(cpu, bytes, restored);
-  CHECK(restored.residual_max == state.residual_max);
-  CHECK(restored.residual_max > 0.0f);
+  const std::size_t n = 256;
+  auto state = ef.make_state(cpu, n);
+  ef_step(ef, gradient<float>(n, 0), state, key_of(0));
+  const std::vector<std::byte> before = bits_of(state);
+  const float m = std::numeric_limits<float>::max() * 0.9f;
+  std::vector<float> g(n, -m / 2);
+  g[0] = m;
+  // The test's own check that the draw does send some −m/2 as +m (so the residual overflows).
+  const std::vector<float> decoded = decode_values(inner, encode_bytes(inner, [&] {
+    std::vector<float> a(n);
+    for (std::size_t i = 0; i < n; ++i) a[i] = g[i] + state.residual[i];
+    return a;
+  }(), key_of(1)), n);
+  REQUIRE(std::count(decoded.begin(), decoded.end(), decoded[0]) > 1);
+  CHECK(thrown_by([&] { ef_step(ef, g, state, key_of(1)); }) == named(errc::non_finite_input));
+  CHECK(bits_of(state) == before);
+  CHECK(state.steps == 1);
+}
+
+TEST_CASE("step_rollback undoes an error-feedback step without copying the residual") {
+  const error_feedback<topk_sparsifier<float>> ef(topk_sparsifier<float>(sparsity{.density = 0.01}));
+  const cpu_executor cpu;
+  const std::size_t n = 1000;
+  auto state = ef.make_state(cpu, n);
+  for (std::uint64_t t = 0; t < 3; ++t) ef_step(ef, gradient<float>(n, t), state, key_of(t));
+  const std::vector<std::byte> before = bits_of(state);
+
+  SUBCASE("after a step that succeeded") {
+    step_rollback<error_feedback_state<float>> rollback(state);
+    ef_step(ef, gradient<float>(n, 3), state, key_of(3));
+    REQUIRE(bits_of(state) != before);
+    rollback.restore(state);
+    CHECK(bits_of(state) == before);
+    // The state steps on as if the undone step had never run.
+    auto straight = ef.make_state(cpu, n);
+    for (std::uint64_t t = 0; t < 3; ++t) ef_step(ef, gradient<float>(n, t), straight, key_of(t));
+    CHECK(ef_step(ef, gradient<float>(n, 4), state, key_of(4)) == ef_step(ef, gradient<float>(n, 4), straight, key_of(4)));
+    CHECK(bits_of(state) == bits_of(straight));
+  }
+  SUBCASE("after a step that failed") {
+    step_rollback<error_feedback_state<float>> rollback(state);
+    std::vector<float> bad = gradient<float>(n, 3);
+    bad[5] = std::numeric_limits<float>::infinity();
+    CHECK(thrown_by([&] { ef_step(ef, bad, state, key_of(3)); }) == named(errc::non_finite_input));
+    rollback.restore(state);
+    CHECK(bits_of(state) == before);
+  }
 }
 
 TEST_CASE("error feedback's carried error is the residual, and setting it steers the next message") {

@@ -45,6 +45,7 @@
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/feedback/step_rollback.hpp>
 #include <gradcomp/sketch/lossless_homomorphic.hpp>
 #include <gradcomp/transport/transport.hpp>
 
@@ -416,12 +417,12 @@ compressed_report compressed_all_reduce(X& t, const C& codec, typename C::state_
   const all_reduce_plan plan = detail::resolved_plan<C>(options.plan);
   detail::agree_on(t, codec, std::span<const T>(data), plan, options.key, detail::plan_problem<X, C>(plan, true));
   detail::frame_coder<C> coder(codec, data.size(), false);
-  typename C::state_type before = state;
+  step_rollback<typename C::state_type> before(state);
   const auto frame = coder.encode_stateful(std::span<const T>(data), state, options.key);
   try {
     return detail::gather_decode_all_reduce(t, coder, frame, data, 0.0);
   } catch (...) {
-    state = std::move(before);
+    before.restore(state);
     throw;
   }
 }

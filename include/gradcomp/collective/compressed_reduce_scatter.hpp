@@ -30,6 +30,7 @@
 #include <gradcomp/core/concepts.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/error.hpp>
+#include <gradcomp/feedback/step_rollback.hpp>
 #include <gradcomp/transport/transport.hpp>
 
 namespace gradcomp {
@@ -218,7 +219,7 @@ compressed_report compressed_reduce_scatter(X& t, const C& codec, std::span<type
                                                   static_cast<long long>(states.size())));
   if constexpr (detail::can_all_to_all<X>) {
     detail::frame_coder<C> coder(codec, ring_chunk_of(n, t.size(), 0).count, false);
-    const std::vector<typename C::state_type> before(states.begin(), states.end());
+    std::vector<step_rollback<typename C::state_type>> before(states.begin(), states.end());
     try {
       return detail::all_to_all_reduce_scatter(t, coder, n, out, [&](int j) {
         const ring_chunk c = ring_chunk_of(n, t.size(), j);
@@ -226,7 +227,7 @@ compressed_report compressed_reduce_scatter(X& t, const C& codec, std::span<type
                                      states[static_cast<std::size_t>(j)], options.key);
       });
     } catch (...) {
-      std::copy(before.begin(), before.end(), states.begin());
+      for (std::size_t j = 0; j < states.size(); ++j) before[j].restore(states[j]);
       throw;
     }
   }

@@ -1,10 +1,10 @@
 #pragma once
 /// @file
-/// CPU reference of error feedback. One pass forms a = g + e in the workspace and checks it; the
-/// inner codec encodes a and decodes its own message into the workspace; a last pass stores
-/// e = a − decoded. The state is written only by that last pass, after everything that can fail.
-/// Around the float32 uniform quantizer in its vectorised layout, a fused path reads g once to
-/// check it, then does the whole step block by block in one pass (see `encode_fused`).
+/// CPU reference of error feedback. A step writes a = g + e into the state's `next` buffer and
+/// checks it; the inner codec encodes a and decodes its own message into the workspace; a last
+/// pass turns `next` into the new residual a − decoded and checks it, and the two buffers are
+/// exchanged only then. Around the float32 uniform quantizer in its vectorised layout, one pass
+/// does the whole step block by block (see `encode_one_pass`).
 
 #include <algorithm>
 #include <cstddef>
@@ -39,15 +39,21 @@ struct backend<error_feedback<Codec>, cpu_executor> {
   using state_type = error_feedback_state<T>;
   using format = error_feedback_saved_format;
 
+  /// The workspace of a step: the reference path decodes the whole message into `decoded` and
+  /// gives the inner codec `inner`; the one-pass path only needs one block of h = g + e.
   struct scratch {
-    std::span<T> compensated;   ///< a = g + e.
-    std::span<T> decoded;       ///< The inner codec's decoding of its message of a.
-    std::span<std::byte> inner; ///< The inner codec's workspace.
+    std::span<T> decoded;       ///< The inner codec's decoding of its message of a (n values), or one block of h.
+    std::span<std::byte> inner; ///< The inner codec's workspace (reference path).
   };
 
   static scratch carve(workspace_arena& arena, const ef_type& ef, const cpu_executor& e, std::uint64_t n) {
     scratch s;
-    s.compensated = arena.take<T>(static_cast<std::size_t>(n));
+    if constexpr (fusable) {
+      if (cpu::uniform_vectorised(ef.inner())) {
+        s.decoded = arena.take<T>(static_cast<std::size_t>(std::min<std::uint64_t>(n, ef.inner().params().block)));
+        return s;
+      }
+    }
     s.decoded = arena.take<T>(static_cast<std::size_t>(n));
     s.inner = arena.take<std::byte>(ef.inner().workspace_bytes(e, n));
     return s;
@@ -60,7 +66,8 @@ struct backend<error_feedback<Codec>, cpu_executor> {
   }
 
   static state_type make_state(const ef_type&, const cpu_executor&, std::uint64_t n) {
-    return state_type{std::vector<T>(static_cast<std::size_t>(n), T{0}), 0, T{0}};
+    const auto size = static_cast<std::size_t>(n);
+    return state_type{std::vector<T>(size, T{0}), std::vector<T>(size, T{0}), 0};
   }
 
   static std::size_t encode(const ef_type& ef, const cpu_executor& e, std::span<const T> grad, state_type& state,
@@ -70,32 +77,31 @@ struct backend<error_feedback<Codec>, cpu_executor> {
     workspace_arena arena(ws);
     const scratch s = carve(arena, ef, e, n);
     if constexpr (fusable) {
-      if (cpu::uniform_vectorised(ef.inner()) && fused_is_safe(e, grad, state))
-        return encode_fused(ef, e, grad, state, out, s, key);
+      if (cpu::uniform_vectorised(ef.inner())) return encode_one_pass(ef, e, grad, state, out, s, key);
     }
     const T* const g = grad.data();
-    T* const residual = state.residual.data();
-    T* const a = s.compensated.data();
-    // NaN or ±Inf in g makes a NaN or ±Inf too, so testing a alone also catches an overflow of g + e.
-    std::size_t non_finite = 0;
+    const T* const residual = state.residual.data();
+    T* const a = state.next.data();
+    bool finite = true;
     for (std::size_t i = 0; i < n; ++i) {
       a[i] = g[i] + residual[i];
-      non_finite += static_cast<std::size_t>(!is_finite(a[i]));
+      finite = finite && is_finite(a[i]);
     }
-    detail::require(non_finite == 0, errc::non_finite_input, [&] {
-      return std::to_string(non_finite) + " of " + std::to_string(n) +
-             " values of gradient + residual are NaN or Inf; the state is unchanged";
-    });
+    if (!finite) fail_non_finite(grad, state);
 
-    const std::size_t bytes = ef.inner().encode(e, std::span<const T>(s.compensated), out, s.inner, key);
+    const std::size_t bytes = ef.inner().encode(e, std::span<const T>(state.next), out, s.inner, key);
     ef.inner().decode(e, std::span<const std::byte>(out.first(bytes)), s.decoded, s.inner);
     const T* const decoded = s.decoded.data();
-    typename float_traits<T>::bits_type largest = 0;
+    std::size_t overflowed = 0;
     for (std::size_t i = 0; i < n; ++i) {
-      residual[i] = a[i] - decoded[i];
-      largest = std::max(largest, magnitude_key(residual[i]));
+      a[i] -= decoded[i];
+      overflowed += static_cast<std::size_t>(!is_finite(a[i]));
     }
-    state.residual_max = bound_of(largest);
+    detail::require(overflowed == 0, errc::non_finite_input, [&] {
+      return std::to_string(overflowed) + " of " + std::to_string(n) +
+             " values of the new residual (g + e minus its decoding) are NaN or Inf; the state is unchanged";
+    });
+    std::swap(state.residual, state.next);
     ++state.steps;
     return bytes;
   }
@@ -112,9 +118,6 @@ struct backend<error_feedback<Codec>, cpu_executor> {
     const auto saved = ef.check_saved_state(bytes, state.residual.size());
     std::ranges::copy(saved.residual, std::as_writable_bytes(std::span<T>(state.residual)).begin());
     state.steps = saved.steps;
-    typename float_traits<T>::bits_type largest = 0;
-    for (const T v : state.residual) largest = std::max(largest, magnitude_key(v));
-    state.residual_max = bound_of(largest);
   }
 
   static void carried_error(const ef_type&, const cpu_executor&, const state_type& state, std::span<T> out) {
@@ -129,63 +132,63 @@ struct backend<error_feedback<Codec>, cpu_executor> {
     detail::require(largest < float_traits<T>::infinity_key, errc::non_finite_input,
                     "the new carried error holds NaN or Inf; the state is unchanged");
     std::ranges::copy(error, state.residual.begin());
-    state.residual_max = from_bits<T>(largest);
   }
 
  private:
-  /// Whether the fused path exists: error feedback around the float32 uniform quantizer.
+  /// Whether the one-pass path exists: error feedback around the float32 uniform quantizer.
   static constexpr bool fusable = std::is_same_v<Codec, uniform_quantizer<float>>;
 
-  /// The state holds n residual values; `size_mismatch` otherwise.
+  /// Both residual buffers hold n values; `size_mismatch` otherwise.
   static void check_size(const state_type& state, std::size_t n, const char* what) {
-    detail::require(state.residual.size() == n, errc::size_mismatch, [&] {
-      return std::string(what) + " has " + std::to_string(n) + " elements, the state " + std::to_string(state.residual.size());
+    detail::require(state.residual.size() == n && state.next.size() == n, errc::size_mismatch, [&] {
+      return std::string(what) + " has " + std::to_string(n) + " elements, the state " +
+             std::to_string(state.residual.size()) + " (and " + std::to_string(state.next.size()) + " in next)";
     });
   }
 
-  /// The bound recorded for a residual whose largest magnitude key is `key` (NaN records +Inf).
-  [[nodiscard]] static T bound_of(typename float_traits<T>::bits_type key) noexcept {
-    return key > float_traits<T>::infinity_key ? std::numeric_limits<T>::infinity() : from_bits<T>(key);
+  /// Throws `non_finite_input` with the number of values of g + e that are NaN or ±Inf (NaN or
+  /// ±Inf in g, or a finite g whose sum with the residual overflows).
+  [[noreturn]] static void fail_non_finite(std::span<const T> grad, const state_type& state) {
+    std::size_t non_finite = 0;
+    for (std::size_t i = 0; i < grad.size(); ++i)
+      non_finite += static_cast<std::size_t>(!is_finite(grad[i] + state.residual[i]));
+    detail::fail(errc::non_finite_input, std::to_string(non_finite) + " of " + std::to_string(grad.size()) +
+                                             " values of gradient + residual are NaN or Inf; the state is unchanged");
   }
 
-  /// Checks g for NaN/±Inf (`non_finite_input`, nothing written) and whether g and the residual
-  /// are small enough (below FLT_MAX/16) that no h = g + e, decoding or new residual of the fused
-  /// path can overflow; when they are not, the reference path runs (and decides).
-  static bool fused_is_safe(const cpu_executor& e, std::span<const T> grad, const state_type& state) {
-    constexpr T limit = std::numeric_limits<T>::max() / T{16};
-    const T g = cpu::max_magnitude(grad.data(), grad.data() + grad.size(), e.avx2());
-    return g <= limit && state.residual_max <= limit;
-  }
-
-  /// One step in one pass over the blocks: h = g + e, the inner message's block, its decoding ĥ
-  /// and the new residual h − ĥ are computed block by block in the workspace and the residual
-  /// written back. fused_is_safe has ruled out every failure, so the state is written as the pass
-  /// goes; every value equals the reference path's.
-  static std::size_t encode_fused(const ef_type& ef, const cpu_executor& e, std::span<const T> grad,
-                                  state_type& state, std::span<std::byte> out, const scratch& s, message_key key) {
+  /// One step in one pass over the blocks: per block, h = g + e and its largest magnitude (which
+  /// finds NaN and ±Inf), the inner message's codes (cpu/uniform_block_encoder.hpp), and the new
+  /// residual h − decoded written into `next` straight from the codes (streamed when large, per
+  /// the executor). It reads g and e once and writes the codes and the new residual once; a
+  /// failure part-way leaves `residual` as it was. Every value equals the reference path's. The
+  /// new residual needs no check: a code's level has the sign of its value (or is 0) and its
+  /// decoding stays finite (uniform_step), so |h − decoded| ≤ max(|h|, |decoded|) is finite.
+  static std::size_t encode_one_pass(const ef_type& ef, const cpu_executor& e, std::span<const T> grad,
+                                     state_type& state, std::span<std::byte> out, const scratch& s, message_key key) {
     const std::uint64_t n = grad.size();
     const uniform_quantizer<float>& inner = ef.inner();
     cpu::uniform_block_encoder encoder(inner, e, out, n, key);
     const std::uint64_t block = inner.params().block;
     const int bits = inner.bits();
     const bool avx2 = e.avx2();
-    float* const h = s.compensated.data();
-    float* const decoded = s.decoded.data();
+    float* const next = state.next.data();
+    const bool streaming = e.streams(n * sizeof(float)) && cpu::residual_streamable(next);
+    float* const h = s.decoded.data();
     constexpr std::uint64_t ahead = cpu::prefetch_distance / sizeof(float);
     const float* const g = grad.data();
-    float* const residual = state.residual.data();
-    std::uint32_t largest = 0;
+    const float* const residual = state.residual.data();
     for (std::uint64_t begin = 0; begin < n; begin += block) {
       const std::uint64_t count = std::min(block, n - begin);
       cpu::prefetch(g + std::min(n, begin + ahead), g + std::min(n, begin + count + ahead));
       cpu::prefetch(residual + std::min(n, begin + ahead), residual + std::min(n, begin + count + ahead));
-      cpu::ef_compensate(g + begin, residual + begin, count, h, avx2);
-      const float step = encoder.next(h, count);
-      cpu::uniform_decode_block(encoder.codes(), count, bits, step, decoded, false, false, avx2);
-      largest = std::max(largest, cpu::ef_residual(h, decoded, count, residual + begin, avx2));
+      const std::uint32_t largest = cpu::ef_compensate(g + begin, residual + begin, count, h, avx2);
+      if (largest >= float_traits<float>::infinity_key) fail_non_finite(grad, state);
+      const float step = encoder.next(h, count, from_bits<float>(largest));
+      cpu::ef_residual_of_codes(encoder.codes(), bits, step, h, count, next + begin, streaming, avx2);
     }
     const std::size_t size = encoder.finish();
-    state.residual_max = from_bits<float>(largest);
+    if (streaming) cpu::streaming_fence();
+    std::swap(state.residual, state.next);
     ++state.steps;
     return size;
   }

@@ -11,7 +11,9 @@
 #include <cstdint>
 #include <cstring>
 
+#include <gradcomp/core/bit_packing.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
+#include <gradcomp/cpu/uniform_kernels.hpp>
 #include <gradcomp/quantize/uniform_math.hpp>
 
 #if defined(GRADCOMP_HAVE_AVX2)
@@ -23,23 +25,54 @@ namespace gradcomp::cpu {
 namespace kernel_detail {
 
 #if defined(GRADCOMP_HAVE_AVX2)
-GRADCOMP_TARGET_AVX2 inline void add_avx2(const float* a, const float* b, std::uint64_t count, float* sum) noexcept {
-  for (std::uint64_t i = 0; i < count; i += 8)
-    _mm256_storeu_ps(sum + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+/// The largest of eight lanes of magnitude keys.
+GRADCOMP_TARGET_AVX2 inline std::uint32_t largest_lane(__m256i keys) noexcept {
+  alignas(32) std::uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), keys);
+  return *std::max_element(lanes, lanes + 8);
 }
 
-GRADCOMP_TARGET_AVX2 inline std::uint32_t residual_avx2(const float* h, const float* decoded, std::uint64_t count,
-                                                        float* residual) noexcept {
+GRADCOMP_TARGET_AVX2 inline std::uint32_t add_max_avx2(const float* a, const float* b, std::uint64_t count,
+                                                       float* sum) noexcept {
   const __m256i mask = _mm256_set1_epi32(0x7fffffff);
   __m256i largest = _mm256_setzero_si256();
   for (std::uint64_t i = 0; i < count; i += 8) {
-    const __m256 r = _mm256_sub_ps(_mm256_loadu_ps(h + i), _mm256_loadu_ps(decoded + i));
-    _mm256_storeu_ps(residual + i, r);
-    largest = _mm256_max_epi32(largest, _mm256_and_si256(_mm256_castps_si256(r), mask));
+    const __m256 v = _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i));
+    _mm256_storeu_ps(sum + i, v);
+    largest = _mm256_max_epi32(largest, _mm256_and_si256(_mm256_castps_si256(v), mask));
   }
-  alignas(32) std::uint32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), largest);
-  return *std::max_element(lanes, lanes + 8);
+  return largest_lane(largest);
+}
+
+/// h[i] − level_i·s for the 16 codes at code index i (8-bit, or 4-bit packed), stored (streamed
+/// when `Streaming`) at residual + i.
+template <int Bits, bool Streaming>
+GRADCOMP_TARGET_AVX2 inline void residual16_avx2(const std::uint8_t* codes, std::uint64_t i, __m256 step,
+                                                 const float* h, float* residual) noexcept {
+  const __m256i offset = _mm256_set1_epi32(Bits == 8 ? 127 : 7);
+  const __m128i v = load16_codes<Bits>(codes, i);
+  for (int half = 0; half < 2; ++half) {
+    const __m256i q = _mm256_sub_epi32(_mm256_cvtepu8_epi32(half == 0 ? v : _mm_srli_si128(v, 8)), offset);
+    const __m256 r = _mm256_sub_ps(_mm256_loadu_ps(h + i + 8 * half), _mm256_mul_ps(_mm256_cvtepi32_ps(q), step));
+    float* const at = residual + i + 8 * half;
+    if constexpr (Streaming) {
+      _mm_stream_ps(at, _mm256_castps256_ps128(r));
+      _mm_stream_ps(at + 4, _mm256_extractf128_ps(r, 1));
+    } else {
+      _mm256_storeu_ps(at, r);
+    }
+  }
+}
+
+template <int Bits>
+GRADCOMP_TARGET_AVX2 inline void residual_of_codes_avx2(const std::uint8_t* codes, float s, const float* h,
+                                                        std::uint64_t count, float* residual, bool streaming) noexcept {
+  const __m256 step = _mm256_set1_ps(s);
+  if (streaming) {
+    for (std::uint64_t i = 0; i < count; i += 16) residual16_avx2<Bits, true>(codes, i, step, h, residual);
+  } else {
+    for (std::uint64_t i = 0; i < count; i += 16) residual16_avx2<Bits, false>(codes, i, step, h, residual);
+  }
 }
 
 /// code·scale of eight int8 codes.
@@ -83,39 +116,55 @@ GRADCOMP_TARGET_AVX2 inline void quantize_error8_avx2(const float* v, float step
 
 }  // namespace kernel_detail
 
-/// h[i] = g[i] + e[i] for i < count.
-inline void ef_compensate(const float* g, const float* e, std::uint64_t count, float* h, bool avx2) noexcept {
-  std::uint64_t i = 0;
-#if defined(GRADCOMP_HAVE_AVX2)
-  if (avx2) {
-    i = count / 8 * 8;
-    kernel_detail::add_avx2(g, e, i, h);
-  }
-#endif
-  (void)avx2;
-  for (; i < count; ++i) h[i] = g[i] + e[i];
-}
-
-/// residual[i] = h[i] − decoded[i] for i < count; returns the bits of max |residual[i]| (0 when
-/// count is 0).
-[[nodiscard]] inline std::uint32_t ef_residual(const float* h, const float* decoded, std::uint64_t count,
-                                               float* residual, bool avx2) noexcept {
+/// h[i] = g[i] + e[i] for i < count; returns the bits of max |h[i]| (0 when count is 0; at
+/// least `float_traits<float>::infinity_key` when some h[i] is NaN or ±Inf).
+[[nodiscard]] inline std::uint32_t ef_compensate(const float* g, const float* e, std::uint64_t count, float* h,
+                                                 bool avx2) noexcept {
   std::uint64_t i = 0;
   std::uint32_t largest = 0;
 #if defined(GRADCOMP_HAVE_AVX2)
   if (avx2) {
     i = count / 8 * 8;
-    largest = kernel_detail::residual_avx2(h, decoded, i, residual);
+    largest = kernel_detail::add_max_avx2(g, e, i, h);
   }
 #endif
   (void)avx2;
   for (; i < count; ++i) {
-    residual[i] = h[i] - decoded[i];
-    std::uint32_t bits;
-    std::memcpy(&bits, residual + i, sizeof bits);
-    largest = std::max(largest, bits & 0x7fffffffu);
+    h[i] = g[i] + e[i];
+    largest = std::max(largest, kernel_detail::magnitude_bits(h[i]));
   }
   return largest;
+}
+
+/// Whether `ef_residual_of_codes` can stream into `residual` (16-byte aligned, as every
+/// std::vector<float> is on x86-64).
+[[nodiscard]] inline bool residual_streamable(const float* residual) noexcept {
+#if defined(__SSE2__)
+  return reinterpret_cast<std::uintptr_t>(residual) % 16 == 0;
+#else
+  (void)residual;
+  return false;
+#endif
+}
+
+/// residual[i] = h[i] − level_i·s for i < count, where level_i is the level of code i of a block
+/// of packed 8-bit or 4-bit codes starting on a byte: h minus the value uniform_decode_block
+/// decodes, in the same operations. With `streaming` (residual_streamable) the residual is
+/// written with non-temporal stores; the caller orders them (streaming_fence).
+inline void ef_residual_of_codes(const std::uint8_t* codes, int bits, float s, const float* h, std::uint64_t count,
+                                 float* residual, bool streaming, bool avx2) noexcept {
+  std::uint64_t i = 0;
+#if defined(GRADCOMP_HAVE_AVX2)
+  if (avx2) {
+    i = count / kernel_width * kernel_width;
+    if (bits == 8) kernel_detail::residual_of_codes_avx2<8>(codes, s, h, i, residual, streaming);
+    else kernel_detail::residual_of_codes_avx2<4>(codes, s, h, i, residual, streaming);
+  }
+#endif
+  (void)avx2;
+  (void)streaming;
+  for (; i < count; ++i)
+    residual[i] = h[i] - static_cast<float>(uniform_code_level(packed_code(codes, i, bits), bits)) * s;
 }
 
 /// h[i] = g[i] + codes[i]·scale for i < count.

@@ -112,10 +112,12 @@ class uniform_block_encoder {
   /// Codes the next block, values x[0, count) (count = the block size, or less for the last
   /// block), and returns its step s; its codes are at `codes()` until the next call.
   /// @throws error `non_finite_input` when x holds NaN or ±Inf.
-  float next(const float* x, std::uint64_t count) {
+  float next(const float* x, std::uint64_t count) { return next(x, count, max_magnitude(x, x + count, avx2_)); }
+
+  /// `next(x, count)` for a caller that has found m = max |x[0, count)| already (m finite).
+  float next(const float* x, std::uint64_t count, float m) {
     const auto& p = codec_.params();
     const int bits = p.bits;
-    const float m = max_magnitude(x, x + count, avx2_);
     const float s = uniform_step(m, bits);
     std::memcpy(scales_ + block_ * sizeof(float), &s, sizeof s);
     const float inv = m > 0.0f ? static_cast<float>(uniform_levels(bits)) / m : 0.0f;

@@ -9,8 +9,8 @@
 /// envelope and parameter hash), so any rank decodes them with the inner codec.
 ///
 /// Special values: a step whose gradient, or compensated gradient a (g + e may overflow), holds
-/// NaN or ±Inf is rejected with `errc::non_finite_input` before the inner codec runs. A failed
-/// step, whatever the reason, leaves the state bit-identical.
+/// NaN or ±Inf is rejected with `errc::non_finite_input`, and so is a step whose new residual
+/// would not be finite. A failed step, whatever the reason, leaves the state bit-identical.
 ///
 /// Saved state (`save_state`, `load_state`; integers little-endian, no padding):
 ///
@@ -42,6 +42,7 @@
 
 #include <gradcomp/core/backend.hpp>
 #include <gradcomp/feedback/feedback_interface.hpp>
+#include <gradcomp/feedback/step_rollback.hpp>
 #include <gradcomp/core/concepts.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
@@ -50,15 +51,33 @@
 
 namespace gradcomp {
 
-/// State of error feedback for one tensor, in host memory.
+/// State of error feedback for one tensor, in host memory. A step writes the new residual into
+/// `next` and exchanges the two vectors when it succeeds, so a step that fails part-way leaves
+/// `residual` as it was without a pass that checks the gradient first (the CUDA state does the
+/// same).
 template <gradient_value T>
 struct error_feedback_state {
   std::vector<T> residual;  ///< What the codec has not sent yet, one value per element.
+  std::vector<T> next;      ///< Where a step writes the new residual (n values; contents unspecified).
   std::uint64_t steps = 0;  ///< Steps completed.
-  /// An upper bound of max |residual|, kept by `make_state`, `encode` and `load_state`. The CPU
-  /// backend's one-pass path relies on it to rule out an overflow before it writes the residual;
-  /// after raising residual values by hand, raise it too (infinity is always safe).
-  T residual_max = 0;
+};
+
+/// Undoes a step of error feedback without a copy: a step that succeeds leaves the previous
+/// residual in `next` and adds one to `steps`, and a step that fails changes neither.
+template <gradient_value T>
+class step_rollback<error_feedback_state<T>> {
+ public:
+  /// Remembers the step count before the step.
+  explicit step_rollback(const error_feedback_state<T>& state) noexcept : steps_(state.steps) {}
+  /// Puts `state` back as it was when this rollback was made; call at most once.
+  void restore(error_feedback_state<T>& state) noexcept {
+    if (state.steps == steps_) return;  // the step did not happen
+    std::swap(state.residual, state.next);
+    state.steps = steps_;
+  }
+
+ private:
+  std::uint64_t steps_;
 };
 
 /// Layout constants of a saved error-feedback state (see the table in this file's comment).

@@ -1,0 +1,26 @@
+#pragma once
+/// @file
+/// `step_rollback<State>`: undoes one step of a stateful wrapper after the fact, for a caller whose
+/// step succeeded but whose collective failed later (compressed_all_reduce, compressed_reduce_scatter).
+/// Made before the step, `restore` puts the state back as it was, whether the step ran or threw.
+/// In general it keeps a copy of the state; a state that keeps its previous contents by itself
+/// specialises it to keep less (error feedback: `feedback/error_feedback.hpp`).
+
+#include <utility>
+
+namespace gradcomp {
+
+/// Undoes the next step on a state: a copy of the state, restored by `restore`.
+template <class State>
+class step_rollback {
+ public:
+  /// Remembers `state` as it is before the step.
+  explicit step_rollback(const State& state) : saved_(state) {}
+  /// Puts `state` back as it was when this rollback was made; call at most once.
+  void restore(State& state) { state = std::move(saved_); }
+
+ private:
+  State saved_;
+};
+
+}  // namespace gradcomp
