@@ -169,22 +169,17 @@ struct backend<error_feedback<Codec>, cpu_executor> {
     const uniform_quantizer<float>& inner = ef.inner();
     cpu::uniform_block_encoder encoder(inner, e, out, n, key);
     const std::uint64_t block = inner.params().block;
-    const int bits = inner.bits();
     const bool avx2 = e.avx2();
     float* const next = state.next.data();
-    const bool streaming = e.streams(n * sizeof(float)) && cpu::residual_streamable(next);
+    const bool streaming = e.streams(n * sizeof(float)) && cpu::streamable(next);
     float* const h = s.decoded.data();
-    constexpr std::uint64_t ahead = cpu::prefetch_distance / sizeof(float);
     const float* const g = grad.data();
     const float* const residual = state.residual.data();
     for (std::uint64_t begin = 0; begin < n; begin += block) {
       const std::uint64_t count = std::min(block, n - begin);
-      cpu::prefetch(g + std::min(n, begin + ahead), g + std::min(n, begin + count + ahead));
-      cpu::prefetch(residual + std::min(n, begin + ahead), residual + std::min(n, begin + count + ahead));
       const std::uint32_t largest = cpu::ef_compensate(g + begin, residual + begin, count, h, avx2);
       if (largest >= float_traits<float>::infinity_key) fail_non_finite(grad, state);
-      const float step = encoder.next(h, count, from_bits<float>(largest));
-      cpu::ef_residual_of_codes(encoder.codes(), bits, step, h, count, next + begin, streaming, avx2);
+      encoder.next(h, count, from_bits<float>(largest), next + begin, streaming);
     }
     const std::size_t size = encoder.finish();
     if (streaming) cpu::streaming_fence();

@@ -3,7 +3,8 @@
 /// The float32 element steps of the fused CPU paths of error feedback (cpu/error_feedback.hpp) and
 /// LoCo (cpu/loco.hpp), each with an AVX2 kernel and a scalar twin computing the same IEEE
 /// operations in the same order (so the same bits as the reference loops): the compensated
-/// gradient, the new residual, LoCo's moving average of the error and its 8-bit quantization.
+/// gradient (with its largest magnitude), LoCo's moving average of the error and its 8-bit
+/// quantization. Error feedback's new residual comes with the codes (cpu/uniform_kernels.hpp).
 /// LoCo's old errors are dequantized as code·scale; a reset reads them as zero. Each function
 /// takes any count: the AVX2 kernel does the whole vectors, the scalar twin the rest.
 
@@ -11,7 +12,6 @@
 #include <cstdint>
 #include <cstring>
 
-#include <gradcomp/core/bit_packing.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/cpu/uniform_kernels.hpp>
 #include <gradcomp/quantize/uniform_math.hpp>
@@ -42,37 +42,6 @@ GRADCOMP_TARGET_AVX2 inline std::uint32_t add_max_avx2(const float* a, const flo
     largest = _mm256_max_epi32(largest, _mm256_and_si256(_mm256_castps_si256(v), mask));
   }
   return largest_lane(largest);
-}
-
-/// h[i] − level_i·s for the 16 codes at code index i (8-bit, or 4-bit packed), stored (streamed
-/// when `Streaming`) at residual + i.
-template <int Bits, bool Streaming>
-GRADCOMP_TARGET_AVX2 inline void residual16_avx2(const std::uint8_t* codes, std::uint64_t i, __m256 step,
-                                                 const float* h, float* residual) noexcept {
-  const __m256i offset = _mm256_set1_epi32(Bits == 8 ? 127 : 7);
-  const __m128i v = load16_codes<Bits>(codes, i);
-  for (int half = 0; half < 2; ++half) {
-    const __m256i q = _mm256_sub_epi32(_mm256_cvtepu8_epi32(half == 0 ? v : _mm_srli_si128(v, 8)), offset);
-    const __m256 r = _mm256_sub_ps(_mm256_loadu_ps(h + i + 8 * half), _mm256_mul_ps(_mm256_cvtepi32_ps(q), step));
-    float* const at = residual + i + 8 * half;
-    if constexpr (Streaming) {
-      _mm_stream_ps(at, _mm256_castps256_ps128(r));
-      _mm_stream_ps(at + 4, _mm256_extractf128_ps(r, 1));
-    } else {
-      _mm256_storeu_ps(at, r);
-    }
-  }
-}
-
-template <int Bits>
-GRADCOMP_TARGET_AVX2 inline void residual_of_codes_avx2(const std::uint8_t* codes, float s, const float* h,
-                                                        std::uint64_t count, float* residual, bool streaming) noexcept {
-  const __m256 step = _mm256_set1_ps(s);
-  if (streaming) {
-    for (std::uint64_t i = 0; i < count; i += 16) residual16_avx2<Bits, true>(codes, i, step, h, residual);
-  } else {
-    for (std::uint64_t i = 0; i < count; i += 16) residual16_avx2<Bits, false>(codes, i, step, h, residual);
-  }
 }
 
 /// code·scale of eight int8 codes.
@@ -134,37 +103,6 @@ GRADCOMP_TARGET_AVX2 inline void quantize_error8_avx2(const float* v, float step
     largest = std::max(largest, kernel_detail::magnitude_bits(h[i]));
   }
   return largest;
-}
-
-/// Whether `ef_residual_of_codes` can stream into `residual` (16-byte aligned, as every
-/// std::vector<float> is on x86-64).
-[[nodiscard]] inline bool residual_streamable(const float* residual) noexcept {
-#if defined(__SSE2__)
-  return reinterpret_cast<std::uintptr_t>(residual) % 16 == 0;
-#else
-  (void)residual;
-  return false;
-#endif
-}
-
-/// residual[i] = h[i] − level_i·s for i < count, where level_i is the level of code i of a block
-/// of packed 8-bit or 4-bit codes starting on a byte: h minus the value uniform_decode_block
-/// decodes, in the same operations. With `streaming` (residual_streamable) the residual is
-/// written with non-temporal stores; the caller orders them (streaming_fence).
-inline void ef_residual_of_codes(const std::uint8_t* codes, int bits, float s, const float* h, std::uint64_t count,
-                                 float* residual, bool streaming, bool avx2) noexcept {
-  std::uint64_t i = 0;
-#if defined(GRADCOMP_HAVE_AVX2)
-  if (avx2) {
-    i = count / kernel_width * kernel_width;
-    if (bits == 8) kernel_detail::residual_of_codes_avx2<8>(codes, s, h, i, residual, streaming);
-    else kernel_detail::residual_of_codes_avx2<4>(codes, s, h, i, residual, streaming);
-  }
-#endif
-  (void)avx2;
-  (void)streaming;
-  for (; i < count; ++i)
-    residual[i] = h[i] - static_cast<float>(uniform_code_level(packed_code(codes, i, bits), bits)) * s;
 }
 
 /// h[i] = g[i] + codes[i]·scale for i < count.

@@ -162,6 +162,12 @@ struct backend<loco<Codec>, cpu_executor> {
   }
 
  private:
+  /// How far ahead of the block being coded the one-pass step prefetches g, in bytes. Measured
+  /// on the 2-core AMD EPYC VM: without it the step takes 70 ms instead of 54 ms at n = 2^26 (the
+  /// same at 2^24). Error feedback and the plain quantizer, whose steps are lighter, run faster
+  /// without software prefetch (cpu/uniform.hpp).
+  static constexpr std::uint64_t prefetch_bytes = 16384;
+
   /// Whether the fused path exists: LoCo around the float32 uniform quantizer.
   static constexpr bool fusable = std::is_same_v<Codec, uniform_quantizer<float>>;
 
@@ -198,7 +204,7 @@ struct backend<loco<Codec>, cpu_executor> {
     // After a reset the old error reads as +0, as the reference path's T{0} does.
     std::int8_t* const zeros = s.zero_codes.data();
     if (reset) std::ranges::fill(s.zero_codes, std::int8_t{0});
-    constexpr std::uint64_t ahead = cpu::prefetch_distance / sizeof(float);
+    constexpr std::uint64_t ahead = prefetch_bytes / sizeof(float);
     const float* const g = grad.data();
     for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
       const std::uint64_t count = std::min(block, n - begin);

@@ -46,10 +46,6 @@ inline void prefetch(const void* from, const void* to) noexcept {
 #endif
 }
 
-/// How far ahead of the block being encoded its successors are prefetched, in bytes: far enough
-/// for the loads to arrive before they are needed, near enough to stay in L1/L2.
-inline constexpr std::size_t prefetch_distance = 16384;
-
 /// Writes the envelope `e` of a message whose payload (`e.payload_bytes` bytes after the
 /// envelope) is in place, with a payload CRC when `checksum` is set.
 inline void seal_message(std::span<std::byte> out, envelope e, bool checksum) {

@@ -3,10 +3,11 @@
 /// CPU reference of the uniform quantizer: per block, one pass for the maximum magnitude (which
 /// also finds NaN and Inf), then codes computed a chunk at a time and packed whole bytes at a time.
 /// float32 in the common layouts (8-bit codes, or 4-bit round-to-nearest, blocks a multiple of 32)
-/// takes the vectorised kernels of cpu/uniform_kernels.hpp: the encoder prefetches the next blocks
-/// and writes the codes through a staged_writer, the decoder validates every code first and then
-/// writes values directly; large outputs are written with non-temporal stores (cpu_executor). Every
-/// path computes the codes and values of quantize/uniform_math.hpp.
+/// takes the vectorised kernels of cpu/uniform_kernels.hpp: the encoder reads the blocks front to
+/// back (the hardware prefetcher follows) and writes the codes through a staged_writer, the decoder
+/// validates every code first and then writes values directly; large outputs are written with
+/// non-temporal stores (cpu_executor). Every path computes the codes and values of
+/// quantize/uniform_math.hpp.
 
 #include <algorithm>
 #include <cstddef>
@@ -134,17 +135,15 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
     }
   }
 
-  /// The vectorised float32 encoder: per block, prefetch the blocks ahead, then code it.
+  /// The vectorised float32 encoder: the blocks in order, each coded by `uniform_block_encoder`.
   static std::size_t encode_vectorised(const uniform_quantizer<float>& codec, const cpu_executor& exec,
                                        std::span<const float> grad, std::span<std::byte> out, message_key key) {
     const std::uint64_t n = grad.size();
     const std::uint64_t block = codec.params().block;
     const float* const g = grad.data();
-    constexpr std::uint64_t ahead = cpu::prefetch_distance / sizeof(float);
     cpu::uniform_block_encoder encoder(codec, exec, out, n, key);
     for (std::uint64_t begin = 0; begin < n; begin += block) {
       const std::uint64_t end = std::min(n, begin + block);
-      cpu::prefetch(g + std::min(n, begin + ahead), g + std::min(n, end + ahead));
       encoder.next(g + begin, end - begin);
     }
     return encoder.finish();

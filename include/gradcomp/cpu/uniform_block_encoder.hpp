@@ -76,6 +76,18 @@ inline void uniform_decode_block(const std::uint8_t* codes, std::uint64_t count,
   }
 }
 
+/// residual[i] = x[i] − (the value uniform_decode_block gives code i) for i < count, the packed
+/// 8-bit or 4-bit codes starting on a byte: the vectorised kernel for whole groups of 32 (streamed
+/// when `streaming`), value by value after.
+inline void uniform_residual_block(const std::uint8_t* codes, std::uint64_t count, int bits, float s, const float* x,
+                                   float* residual, bool streaming, bool avx2) noexcept {
+  const std::uint64_t whole = count / kernel_width * kernel_width;
+  if (bits == 8) residual_of_codes<8>(codes, whole, s, x, residual, streaming, avx2);
+  else residual_of_codes<4>(codes, whole, s, x, residual, streaming, avx2);
+  for (std::uint64_t i = whole; i < count; ++i)
+    residual[i] = x[i] - static_cast<float>(uniform_code_level(packed_code(codes, i, bits), bits)) * s;
+}
+
 /// Whether `uniform_block_encoder` handles the float32 uniform quantizer `codec`'s layout: 8-bit
 /// codes, or 4-bit round to nearest, in blocks of a multiple of 32 values whose codes fit the
 /// stage.
@@ -115,33 +127,14 @@ class uniform_block_encoder {
   float next(const float* x, std::uint64_t count) { return next(x, count, max_magnitude(x, x + count, avx2_)); }
 
   /// `next(x, count)` for a caller that has found m = max |x[0, count)| already (m finite).
-  float next(const float* x, std::uint64_t count, float m) {
-    const auto& p = codec_.params();
-    const int bits = p.bits;
-    const float s = uniform_step(m, bits);
-    std::memcpy(scales_ + block_ * sizeof(float), &s, sizeof s);
-    const float inv = m > 0.0f ? static_cast<float>(uniform_levels(bits)) / m : 0.0f;
-    const bool multiply = m > 0.0f && is_finite(inv);
-    codes_ = reinterpret_cast<std::uint8_t*>(writer_.reserve(static_cast<std::size_t>(packed_bytes(count, bits))));
-    for (std::uint64_t first = 0; first < count; first += chunk) {
-      const std::uint64_t part = std::min(chunk, count - first);
-      std::uint8_t* const target = codes_ + first * static_cast<std::uint64_t>(bits) / 8;
-      const std::uint16_t* const halves =
-          p.round == rounding::stochastic
-              ? detail::philox_stream_halves(stream_, element_ + first, part, random_halves_, simd_)
-              : nullptr;
-      const std::uint64_t done = multiply ? part / kernel_width * kernel_width : 0;
-      if (bits == 4) encode4_rtn(x + first, done, inv, target, avx2_);
-      else if (p.round == rounding::nearest_even) encode8_rtn(x + first, done, inv, target, avx2_);
-      else encode8_sr(x + first, done, inv, halves, target, avx2_);
-      if (done == part) continue;
-      uniform_scalar_codes(x + first + done, part - done, m, s, bits, p.round,
-                           halves == nullptr ? nullptr : halves + done, scalar_codes_);
-      pack_codes_aligned(scalar_codes_, part - done, bits, target + done * static_cast<std::uint64_t>(bits) / 8);
-    }
-    ++block_;
-    element_ += count;
-    return s;
+  float next(const float* x, std::uint64_t count, float m) { return code_block(x, count, m, nullptr, false); }
+
+  /// `next(x, count, m)` that also writes residual[i] = x[i] − (the decoding of code i) for
+  /// i < count, error feedback's new residual: with 8-bit round-to-nearest codes in the same pass,
+  /// otherwise from the codes just written. With `streaming` (residual `streamable`) the residual
+  /// is written with non-temporal stores; the caller orders them (streaming_fence).
+  float next(const float* x, std::uint64_t count, float m, float* residual, bool streaming) {
+    return code_block(x, count, m, residual, streaming);
   }
 
   /// Writes the staged codes out and seals the envelope, after the last block; returns the size of
@@ -162,6 +155,47 @@ class uniform_block_encoder {
   static std::span<std::byte> begin(std::span<std::byte> out, std::size_t size) {
     begin_message(out, size);
     return out;
+  }
+
+  /// The block step of every `next`: the block's step and codes, and with `residual` its residual.
+  float code_block(const float* x, std::uint64_t count, float m, float* residual, bool streaming) {
+    const auto& p = codec_.params();
+    const int bits = p.bits;
+    const float s = uniform_step(m, bits);
+    std::memcpy(scales_ + block_ * sizeof(float), &s, sizeof s);
+    const float inv = m > 0.0f ? static_cast<float>(uniform_levels(bits)) / m : 0.0f;
+    const bool multiply = m > 0.0f && is_finite(inv);
+    const bool rne = p.round == rounding::nearest_even;
+    codes_ = reinterpret_cast<std::uint8_t*>(writer_.reserve(static_cast<std::size_t>(packed_bytes(count, bits))));
+    for (std::uint64_t first = 0; first < count; first += chunk) {
+      const std::uint64_t part = std::min(chunk, count - first);
+      std::uint8_t* const target = codes_ + first * static_cast<std::uint64_t>(bits) / 8;
+      const std::uint16_t* const halves =
+          rne ? nullptr : detail::philox_stream_halves(stream_, element_ + first, part, random_halves_, simd_);
+      const std::uint64_t done = multiply ? part / kernel_width * kernel_width : 0;
+      std::uint64_t with_residual = 0;  // values whose residual the coding kernel wrote
+      if (bits == 4) {
+        encode4_rtn(x + first, done, inv, target, avx2_);
+      } else if (rne && residual != nullptr) {
+        encode8_rtn_residual(x + first, done, inv, s, target, residual + first, streaming, avx2_);
+        with_residual = done;
+      } else if (rne) {
+        encode8_rtn(x + first, done, inv, target, avx2_);
+      } else {
+        encode8_sr(x + first, done, inv, halves, target, avx2_);
+      }
+      if (done < part) {
+        uniform_scalar_codes(x + first + done, part - done, m, s, bits, p.round,
+                             halves == nullptr ? nullptr : halves + done, scalar_codes_);
+        pack_codes_aligned(scalar_codes_, part - done, bits, target + done * static_cast<std::uint64_t>(bits) / 8);
+      }
+      if (residual != nullptr)
+        uniform_residual_block(target + with_residual * static_cast<std::uint64_t>(bits) / 8, part - with_residual, bits,
+                               s, x + first + with_residual, residual + first + with_residual, streaming, avx2_);
+    }
+    ++block_;
+    element_ += count;
+    return s;
   }
 
   const Quantizer& codec_;

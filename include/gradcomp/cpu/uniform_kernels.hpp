@@ -2,7 +2,8 @@
 /// @file
 /// The vectorised float32 kernels of the uniform quantizer's CPU backend (also used by the fused
 /// error-feedback and LoCo paths): block maximum, 8-bit and 4-bit round-to-nearest codes, 8-bit
-/// stochastic-rounding codes, and 8-bit and 4-bit decoding. Each has a baseline version (SSE2 on
+/// stochastic-rounding codes, 8-bit and 4-bit decoding, and error feedback's residual x − decoded
+/// (from the codes, or with the 8-bit round-to-nearest codes in one pass). Each has a baseline version (SSE2 on
 /// x86-64, scalar elsewhere) and an AVX2 twin; all compute exactly the arithmetic of
 /// quantize/uniform_math.hpp (t = x·inv in float, cvtps2dq/cvttps2dq round and truncate as
 /// round_half_even and floor_to_int do, no fused multiply-add), so every version writes the same
@@ -41,6 +42,22 @@ inline void encode8_sr(const float* x, std::uint64_t count, float inv, const std
 template <int Bits>
 inline void decode_codes(const std::uint8_t* codes, std::uint64_t count, float s, float* dense, bool accumulate,
                          bool streaming, bool avx2) noexcept;
+/// encode8_rtn's codes of x[0, count) and, in the same pass, residual[i] = x[i] − (codes[i] − 127)·s:
+/// x less the value decode_codes gives its code at step s (error feedback's new residual). With
+/// `streaming` (residual `streamable`) the residual is written with non-temporal stores.
+inline void encode8_rtn_residual(const float* x, std::uint64_t count, float inv, float s, std::uint8_t* codes,
+                                 float* residual, bool streaming, bool avx2) noexcept;
+/// residual[i] = x[i] − v[i], v[i] the value decode_codes gives code i at step s (8-bit, or 4-bit
+/// packed). With `streaming` (residual `streamable`) the residual is written with non-temporal
+/// stores.
+template <int Bits>
+inline void residual_of_codes(const std::uint8_t* codes, std::uint64_t count, float s, const float* x,
+                              float* residual, bool streaming, bool avx2) noexcept;
+/// Whether the residual kernels can stream into `residual`: 16-byte aligned, as every
+/// std::vector<float> is on x86-64.
+[[nodiscard]] inline bool streamable(const float* residual) noexcept {
+  return reinterpret_cast<std::uintptr_t>(residual) % 16 == 0;
+}
 /// Whether any 8-bit code of codes[0, bytes) is 0xFF, or (Bits = 4) any nibble is 0xF: the one
 /// code above the largest level 2L.
 template <int Bits>
@@ -164,6 +181,52 @@ GRADCOMP_TARGET_AVX2 inline void decode_avx2(const std::uint8_t* codes, std::uin
       if (accumulate) value = _mm256_add_ps(_mm256_loadu_ps(at), value);
       if (streaming) _mm256_stream_ps(at, value);
       else _mm256_storeu_ps(at, value);
+    }
+  }
+}
+
+/// Stores r at `at` (16-byte aligned when `Streaming`), streamed or not.
+template <bool Streaming>
+GRADCOMP_TARGET_AVX2 inline void store_residual(float* at, __m256 r) noexcept {
+  if constexpr (Streaming) {
+    _mm_stream_ps(at, _mm256_castps256_ps128(r));
+    _mm_stream_ps(at + 4, _mm256_extractf128_ps(r, 1));
+  } else {
+    _mm256_storeu_ps(at, r);
+  }
+}
+
+template <bool Streaming>
+GRADCOMP_TARGET_AVX2 inline void encode8_rtn_residual_avx2(const float* x, std::uint64_t count, float inv, float s,
+                                                           std::uint8_t* codes, float* residual) noexcept {
+  const __m256 scale = _mm256_set1_ps(inv);
+  const __m256 step = _mm256_set1_ps(s);
+  const __m256i offset = _mm256_set1_epi8(127);
+  for (std::uint64_t i = 0; i < count; i += 32) {
+    __m256i q[4];
+    for (int k = 0; k < 4; ++k) {
+      const __m256 v = _mm256_loadu_ps(x + i + 8 * k);
+      q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v, scale));
+      // |t| ≤ 127·(1 + 2^-23) rounds into [−127, 127], so q is the level the code stores.
+      store_residual<Streaming>(residual + i + 8 * k, _mm256_sub_ps(v, _mm256_mul_ps(_mm256_cvtepi32_ps(q[k]), step)));
+    }
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i),
+                        _mm256_add_epi8(_mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)), offset));
+  }
+}
+
+template <int Bits, bool Streaming>
+GRADCOMP_TARGET_AVX2 inline void residual_of_codes_avx2(const std::uint8_t* codes, std::uint64_t count, float s,
+                                                        const float* x, float* residual) noexcept {
+  const __m256 step = _mm256_set1_ps(s);
+  const __m256i offset = _mm256_set1_epi32(Bits == 8 ? 127 : 7);
+  for (std::uint64_t i = 0; i < count; i += 16) {
+    const __m128i v = load16_codes<Bits>(codes, i);
+    for (int half = 0; half < 2; ++half) {
+      const __m256i q = _mm256_sub_epi32(_mm256_cvtepu8_epi32(half == 0 ? v : _mm_srli_si128(v, 8)), offset);
+      const __m256 value = _mm256_mul_ps(_mm256_cvtepi32_ps(q), step);
+      store_residual<Streaming>(residual + i + 8 * half, _mm256_sub_ps(_mm256_loadu_ps(x + i + 8 * half), value));
     }
   }
 }
@@ -338,6 +401,55 @@ inline void decode_codes(const std::uint8_t* codes, std::uint64_t count, float s
   }
   (void)streaming;
 #endif
+}
+
+template <int Bits>
+inline void residual_of_codes(const std::uint8_t* codes, std::uint64_t count, float s, const float* x,
+                              float* residual, bool streaming, bool avx2) noexcept {
+  static_assert(Bits == 8 || Bits == 4, "vectorised residuals exist for 8-bit and 4-bit codes");
+#if defined(GRADCOMP_HAVE_AVX2)
+  if (avx2) {
+    if (streaming) return kernel_detail::residual_of_codes_avx2<Bits, true>(codes, count, s, x, residual);
+    return kernel_detail::residual_of_codes_avx2<Bits, false>(codes, count, s, x, residual);
+  }
+#endif
+  (void)avx2;
+#if defined(__SSE2__)
+  const __m128 step = _mm_set1_ps(s);
+  const __m128i offset = _mm_set1_epi32(Bits == 8 ? 127 : 7);
+  const __m128i zero = _mm_setzero_si128();
+  for (std::uint64_t i = 0; i < count; i += 16) {
+    const __m128i v = kernel_detail::load16_codes<Bits>(codes, i);
+    const __m128i lo = _mm_unpacklo_epi8(v, zero);
+    const __m128i hi = _mm_unpackhi_epi8(v, zero);
+    const __m128i q[4] = {_mm_unpacklo_epi16(lo, zero), _mm_unpackhi_epi16(lo, zero), _mm_unpacklo_epi16(hi, zero),
+                          _mm_unpackhi_epi16(hi, zero)};
+    for (int k = 0; k < 4; ++k) {
+      const __m128 value = _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(q[k], offset)), step);
+      const __m128 r = _mm_sub_ps(_mm_loadu_ps(x + i + 4 * k), value);
+      if (streaming) _mm_stream_ps(residual + i + 4 * k, r);
+      else _mm_storeu_ps(residual + i + 4 * k, r);
+    }
+  }
+#else
+  for (std::uint64_t i = 0; i < count; ++i) {
+    const unsigned code = Bits == 8 ? codes[i] : (codes[i / 2] >> (i % 2 * 4)) & 0x0fu;
+    residual[i] = x[i] - static_cast<float>(static_cast<int>(code) - (Bits == 8 ? 127 : 7)) * s;
+  }
+  (void)streaming;
+#endif
+}
+
+inline void encode8_rtn_residual(const float* x, std::uint64_t count, float inv, float s, std::uint8_t* codes,
+                                 float* residual, bool streaming, bool avx2) noexcept {
+#if defined(GRADCOMP_HAVE_AVX2)
+  if (avx2) {
+    if (streaming) return kernel_detail::encode8_rtn_residual_avx2<true>(x, count, inv, s, codes, residual);
+    return kernel_detail::encode8_rtn_residual_avx2<false>(x, count, inv, s, codes, residual);
+  }
+#endif
+  encode8_rtn(x, count, inv, codes, avx2);
+  residual_of_codes<8>(codes, count, s, x, residual, streaming, avx2);
 }
 
 template <int Bits>
