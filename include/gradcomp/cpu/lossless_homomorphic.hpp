@@ -5,8 +5,8 @@
 /// "in the union" bits from the index, and only the set bits are visited, so zero runs cost a
 /// word test. A block's three row segments are contiguous runs of B cells. Peeling keeps, per cell,
 /// a double accumulator, a counter and the XOR of its elements' indices (which names the element
-/// of a pure cell), and visits only a worklist of cells whose counter reached 1. Every check runs
-/// before an output is written.
+/// of a pure cell), counts row by row, and visits only a worklist of cells whose counter reached
+/// 1, each element's three cells once (see `peel`). Every check runs before an output is written.
 
 #include <algorithm>
 #include <bit>
@@ -44,7 +44,10 @@ inline std::uint64_t lhc_member_word(const std::byte* index, lhc_index_coding co
   const std::uint64_t count = std::min(lhc_word, n - first);
   std::uint64_t bits = 0;
   switch (coding) {
-    case lhc_index_coding::bitmap: std::memcpy(&bits, index + first / 8, (count + 7) / 8); break;
+    case lhc_index_coding::bitmap:
+      if (count == lhc_word) std::memcpy(&bits, index + first / 8, sizeof bits);  // one load, not a call
+      else std::memcpy(&bits, index + first / 8, (count + 7) / 8);
+      break;
     case lhc_index_coding::sum4: {
       const std::byte* at = index + first / 2;
       for (std::uint64_t k = 0; k < count; k += 2) {
@@ -285,9 +288,10 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
   template <class Id, class Counter>
   struct cell_state {
     using id_type = Id;
-    accumulator sum;  ///< The summed sketch value less the values recovered from the cell.
-    Id id;            ///< XOR of the indices of the elements left in the cell.
-    Counter count;    ///< Elements (with their hash) left in the cell.
+    accumulator sum;           ///< The summed sketch value less the values recovered from the cell.
+    Id id;                     ///< XOR of the indices of the elements left in the cell.
+    Counter count;             ///< Elements (with their hash) left in the cell.
+    std::uint8_t pure_in = 0;  ///< Bit r mod 2: the count fell to 1 in round r − 1 (the cell is pure in round r).
   };
 
   /// Calls `f.template operator()<cell_state<Id, Counter>>()` with the narrowest types the plan
@@ -304,11 +308,14 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     else f.template operator()<cell_state<std::uint64_t, std::uint32_t>>();
   }
 
-  /// The decoder's workspace: block layouts, cell states, the worklist of cells, the recovered
-  /// (element, value) log, and for `median_estimate` a bitmap of recovered elements.
+  /// The decoder's workspace: block layouts, the (block, hash) pairs grouped by row, cell states,
+  /// the worklist of cells, the recovered (element, value) log, and for `median_estimate` a bitmap
+  /// of recovered elements.
   template <class Cell>
   struct peel_state {
     std::span<lhc_block_layout> layouts;
+    std::span<std::uint64_t> row_pairs;  ///< 3·G entries b·4 + j, grouped by the row of hash j of block b.
+    std::span<std::uint64_t> row_end;    ///< rows + 1: row r's pairs end at row_end[r] (start at row_end[r − 1]).
     std::span<Cell> cells;
     std::span<std::uint64_t> worklist;
     std::span<std::uint64_t> log_elements;
@@ -321,8 +328,11 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     if (plan.dense || plan.cells == 0) return {};
     const auto cells = static_cast<std::size_t>(plan.cells);
     const auto members = static_cast<std::size_t>(plan.union_nonzeros);
+    const auto blocks = static_cast<std::size_t>(codec.block_count(plan.n));
     peel_state<Cell> s;
-    s.layouts = arena.take<lhc_block_layout>(static_cast<std::size_t>(codec.block_count(plan.n)));
+    s.layouts = arena.take<lhc_block_layout>(blocks);
+    s.row_pairs = arena.take<std::uint64_t>(3 * blocks);
+    s.row_end = arena.take<std::uint64_t>(static_cast<std::size_t>(plan.rows) + 1);
     s.cells = arena.take<Cell>(cells);
     s.worklist = arena.take<std::uint64_t>(cells);
     s.log_elements = arena.take<std::uint64_t>(members);
@@ -402,87 +412,171 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
 #endif
   }
 
-  /// Peels a sparse plan with cell states of type `Cell` (see the file comment of the codec).
-  template <class Cell>
-  static lhc_decode_result peel(const codec_type& codec, std::span<const std::byte> index, const lhc_plan& plan,
-                                std::span<const T> summed_sketch, std::span<T> out, std::span<std::byte> ws) {
-    using id_type = typename Cell::id_type;
-    constexpr std::uint64_t ahead = 8;  // prefetch distance, in worklist or log entries
-    workspace_arena arena(ws);
-    const peel_state<Cell> s = carve<Cell>(arena, codec, plan);
-    const lhc_params& p = codec.params();
-    const std::uint64_t n = plan.n;
-    const std::uint64_t block = p.block;
+  /// The bit of `cell_state::pure_in` that marks a cell pure in round `round` (1, 2, …).
+  [[nodiscard]] static constexpr std::uint8_t pure_bit(std::uint64_t round) noexcept {
+    return static_cast<std::uint8_t>(1u << (round % 2));
+  }
 
-    for (std::uint64_t b = 0; b < s.layouts.size(); ++b)
-      s.layouts[b] = lhc_layout_of_block(b, plan.rows, p.block, p.seed, p.reference_layout);
-    const bool power_of_two = std::has_single_bit(block);
-    const int shift = std::countr_zero(block);
-    const auto cells_of = [&](std::uint64_t i) {
+  /// Calls `visit(i)` for every element i of [first, last) in the union, in ascending order.
+  template <class Visit>
+  static void for_each_member(std::span<const std::byte> index, lhc_index_coding coding, std::uint64_t n,
+                              std::uint64_t first, std::uint64_t last, Visit&& visit) {
+    for (std::uint64_t w = first / detail::lhc_word; w * detail::lhc_word < last; ++w) {
+      std::uint64_t bits = detail::lhc_member_word(index.data(), coding, w, n);
+      const std::uint64_t base = w * detail::lhc_word;
+      if (base < first) bits &= ~std::uint64_t{0} << (first - base);
+      if (last - base < detail::lhc_word) bits &= (std::uint64_t{1} << (last - base)) - 1;
+      for (; bits != 0; bits &= bits - 1) visit(base + static_cast<std::uint64_t>(std::countr_zero(bits)));
+    }
+  }
+
+  /// Where the cells of a plan's elements lie: the block layouts and the block size.
+  struct geometry {
+    std::span<const lhc_block_layout> layouts;
+    std::uint64_t block;
+    bool power_of_two;  ///< B = 2^shift: divisions by B are shifts.
+    int shift;
+
+    /// The row of the cell `cell` (or of a row offset).
+    [[nodiscard]] std::uint64_t row_of(std::uint64_t cell) const noexcept {
+      return power_of_two ? cell >> shift : cell / block;
+    }
+    /// The three cells of element i and their signs (inlined: it is the peeling loop's arithmetic).
+    [[nodiscard, gnu::always_inline]] cell_triple cells_of(std::uint64_t i) const noexcept {
       const std::uint64_t b = power_of_two ? i >> shift : i / block;
-      return cells_in(s.layouts[b], i - b * block, block);
-    };
+      return cells_in(layouts[b], i - b * block, block);
+    }
+  };
 
-    for (std::uint64_t c = 0; c < plan.cells; ++c) s.cells[c] = {summed_sketch[c], 0, 0};
-    detail::lhc_for_each_set(
-        n, [&](std::uint64_t w) { return detail::lhc_member_word(index.data(), p.index, w, n); },
-        [&](std::uint64_t i) {
-          for (const std::uint64_t c : cells_of(i).cell) {
-            ++s.cells[c].count;
-            s.cells[c].id ^= static_cast<id_type>(i);
-          }
+  /// Sets up the cells row by row, so that its updates stay within one row of B cells: groups the
+  /// (block, hash) pairs by row (a counting sort), then per row copies the summed sketch values,
+  /// counts the members of the blocks that hash into the row and XORs their indices, and queues
+  /// the row's cells of count 1, pure in round 1. Returns how many it queued.
+  template <class Cell>
+  static std::uint64_t count_rows(const geometry& where, const peel_state<Cell>& s, std::span<const std::byte> index,
+                                  lhc_index_coding coding, std::uint64_t n, std::span<const T> summed_sketch) {
+    using id_type = typename Cell::id_type;
+    constexpr std::uint64_t ahead = 8;  // prefetch distance, in pairs
+    const std::uint64_t block = where.block;
+    const std::uint64_t rows = s.row_end.size() - 1;
+    std::fill(s.row_end.begin(), s.row_end.end(), std::uint64_t{0});
+    for (const lhc_block_layout& layout : s.layouts)
+      for (const std::uint64_t offset : layout.row_offset) ++s.row_end[where.row_of(offset) + 1];
+    for (std::uint64_t r = 0; r < rows; ++r) s.row_end[r + 1] += s.row_end[r];
+    for (std::uint64_t b = 0; b < s.layouts.size(); ++b)
+      for (std::uint64_t j = 0; j < 3; ++j) s.row_pairs[s.row_end[where.row_of(s.layouts[b].row_offset[j])]++] = b * 4 + j;
+    // row_end[r] is now where row r's pairs end.
+    std::uint64_t queued = 0;
+    for (std::uint64_t r = 0, pair = 0; r < rows; ++r) {
+      Cell* const row = s.cells.data() + r * block;
+      const T* const values = summed_sketch.data() + r * block;
+      for (std::uint64_t column = 0; column < block; ++column) row[column] = {values[column], 0, 0};
+      for (; pair < s.row_end[r]; ++pair) {
+        if (pair + ahead < s.row_pairs.size() && coding == lhc_index_coding::bitmap) {  // the block's bits
+          const std::uint64_t first = s.row_pairs[pair + ahead] / 4 * block / 8;
+          for (std::uint64_t at = first; at < std::min<std::uint64_t>(index.size(), first + (block + 7) / 8); at += 64)
+            prefetch(index.data() + at);
+        }
+        const std::uint64_t b = s.row_pairs[pair] / 4;
+        const std::uint64_t rotation = s.layouts[b].rotation[s.row_pairs[pair] % 4];
+        const std::uint64_t begin = b * block;
+        for_each_member(index, coding, n, begin, std::min(n, begin + block), [&](std::uint64_t i) {
+          std::uint64_t column = i - begin + rotation;
+          if (column >= block) column -= block;
+          ++row[column].count;
+          row[column].id ^= static_cast<id_type>(i);
         });
+      }
+      for (std::uint64_t column = 0; column < block; ++column)
+        if (row[column].count == 1) {
+          row[column].pure_in = pure_bit(1);
+          s.worklist[queued++] = r * block + column;
+        }
+    }
+    return queued;
+  }
 
-    std::uint64_t tail = 0;
-    for (std::uint64_t c = 0; c < plan.cells; ++c)
-      if (s.cells[c].count == 1) s.worklist[tail++] = c;
-    if (!s.recovered.empty()) std::fill(s.recovered.begin(), s.recovered.end(), std::uint64_t{0});
-
-    lhc_decode_result result;
+  /// Peels in synchronous rounds from the `queued` pure cells at the front of the worklist; logs
+  /// the recovered elements and their values and returns how many. A round takes the worklist
+  /// entries queued before it. An entry whose cell still holds one element names that element,
+  /// which is recovered there if this cell is its lowest pure hash (pure: the cell's count was 1
+  /// when the round began, which `pure_in` records), and is then subtracted from its three cells
+  /// at once, queueing those whose count falls to 1. A pure cell holds only the element being
+  /// recovered, so no subtraction of the round reaches it first: this is the synchronous round of
+  /// the codec's definition, each cell's subtractions in the order of the log, done in one visit
+  /// of the element's cells.
+  template <class Cell>
+  static std::uint64_t peel_rounds(const geometry& where, const peel_state<Cell>& s, std::uint64_t queued,
+                                   lhc_decode_result& result) {
+    using id_type = typename Cell::id_type;
+    constexpr std::uint64_t ahead = 8;  // prefetch distance, in worklist entries
     std::uint64_t logged = 0;
-    for (std::uint64_t head = 0; head < tail;) {
-      // (a, b) the pure cells at the start of the round name their elements; each is recovered
-      // from its lowest pure cell only, with nothing changed yet.
+    std::uint64_t tail = queued;
+    for (std::uint64_t head = 0, round = 1; head < tail; ++round) {
       const std::uint64_t round_end = tail;
       const std::uint64_t round_log = logged;
+      const std::uint8_t pure_now = pure_bit(round);
+      const std::uint8_t pure_next = pure_bit(round + 1);
       for (; head < round_end; ++head) {
-        if (head + 2 * ahead < round_end) prefetch(&s.cells[s.worklist[head + 2 * ahead]]);
+        if (head + 3 * ahead < round_end) prefetch(&s.cells[s.worklist[head + 3 * ahead]]);
+        if (head + 2 * ahead < round_end) {  // its cell is in cache by now: ask for its element's layout
+          const Cell& next = s.cells[s.worklist[head + 2 * ahead]];
+          if (next.count == 1) prefetch(&where.layouts[where.power_of_two ? next.id >> where.shift : next.id / where.block]);
+        }
         if (head + ahead < round_end) {  // its cell is in cache by now: ask for its element's cells
           const Cell& next = s.cells[s.worklist[head + ahead]];
           if (next.count == 1)
-            for (const std::uint64_t c : cells_of(next.id).cell) prefetch(&s.cells[c]);
+            for (const std::uint64_t c : where.cells_of(next.id).cell) prefetch(&s.cells[c]);
         }
         const std::uint64_t c = s.worklist[head];
-        if (s.cells[c].count != 1) continue;
+        if (s.cells[c].count != 1) continue;  // fell to 0 last round, or its element is recovered
         const std::uint64_t i = s.cells[c].id;
-        const cell_triple cells = cells_of(i);
-        int j = 0;
-        while (s.cells[cells.cell[j]].count != 1) ++j;
-        if (cells.cell[j] != c) continue;
+        const cell_triple cells = where.cells_of(i);
+        // Its lowest pure hash (c is pure, so there is one), without branches.
+        const bool pure0 = (s.cells[cells.cell[0]].pure_in & pure_now) != 0;
+        const bool pure1 = (s.cells[cells.cell[1]].pure_in & pure_now) != 0;
+        const int j = pure0 ? 0 : pure1 ? 1 : 2;
+        if (cells.cell[j] != c) continue;  // recovered at its lowest pure hash, an entry of this round too
         const accumulator v = signed_value(cells.negative[j], s.cells[c].sum);
         detail::require(fits(v), errc::non_finite_input,
                         [&] { return "the sum at element " + std::to_string(i) + " exceeds the range of the value type"; });
         s.log_elements[logged] = i;
         s.log_values[logged] = v;
         ++logged;
-      }
-      if (logged > round_log) ++result.rounds;
-      // (c) subtract the recovered elements from all their cells.
-      for (std::uint64_t k = round_log; k < logged; ++k) {
-        if (k + ahead < logged)
-          for (const std::uint64_t c : cells_of(s.log_elements[k + ahead]).cell) prefetch(&s.cells[c]);
-        const std::uint64_t i = s.log_elements[k];
-        const accumulator v = s.log_values[k];
-        const cell_triple cells = cells_of(i);
-        for (int j = 0; j < 3; ++j) {
-          Cell& cell = s.cells[cells.cell[j]];
-          cell.sum -= signed_value(cells.negative[j], v);
+        for (int k = 0; k < 3; ++k) {  // queue the cells whose count falls to 1, without branches
+          Cell& cell = s.cells[cells.cell[k]];
+          cell.sum -= signed_value(cells.negative[k], v);
           cell.id ^= static_cast<id_type>(i);
-          if (--cell.count == 1) s.worklist[tail++] = cells.cell[j];
+          const bool one = --cell.count == 1;
+          cell.pure_in = static_cast<std::uint8_t>(cell.pure_in | (one ? pure_next : 0));
+          s.worklist[tail] = cells.cell[k];
+          tail += one ? 1 : 0;
         }
         if (!s.recovered.empty()) s.recovered[i / detail::lhc_word] |= std::uint64_t{1} << (i % detail::lhc_word);
       }
+      if (logged > round_log) ++result.rounds;
     }
+    return logged;
+  }
+
+  /// Peels a sparse plan with cell states of type `Cell` (see the file comment of the codec):
+  /// `count_rows`, then `peel_rounds`, then the median estimates the stall policy asks for, then
+  /// `out`.
+  template <class Cell>
+  static lhc_decode_result peel(const codec_type& codec, std::span<const std::byte> index, const lhc_plan& plan,
+                                std::span<const T> summed_sketch, std::span<T> out, std::span<std::byte> ws) {
+    workspace_arena arena(ws);
+    const peel_state<Cell> s = carve<Cell>(arena, codec, plan);
+    const lhc_params& p = codec.params();
+    const std::uint64_t n = plan.n;
+    for (std::uint64_t b = 0; b < s.layouts.size(); ++b)
+      s.layouts[b] = lhc_layout_of_block(b, plan.rows, p.block, p.seed, p.reference_layout);
+    const geometry where{s.layouts, p.block, std::has_single_bit(p.block), std::countr_zero(p.block)};
+
+    const std::uint64_t pure = count_rows(where, s, index, p.index, n, summed_sketch);
+    if (!s.recovered.empty()) std::fill(s.recovered.begin(), s.recovered.end(), std::uint64_t{0});
+    lhc_decode_result result;
+    std::uint64_t logged = peel_rounds(where, s, pure, result);
     result.recovered = logged;
     result.unrecovered = plan.union_nonzeros - logged;
     if (result.unrecovered != 0) {
@@ -495,7 +589,7 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
       detail::lhc_for_each_set(
           n, [&](std::uint64_t w) { return detail::lhc_member_word(index.data(), p.index, w, n) & ~s.recovered[w]; },
           [&](std::uint64_t i) {
-            const cell_triple cells = cells_of(i);
+            const cell_triple cells = where.cells_of(i);
             accumulator e[3];
             for (int j = 0; j < 3; ++j) e[j] = signed_value(cells.negative[j], s.cells[cells.cell[j]].sum);
             const accumulator median = std::max(std::min(e[0], e[1]), std::min(std::max(e[0], e[1]), e[2]));
