@@ -437,13 +437,15 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     bool power_of_two;  ///< B = 2^shift: divisions by B are shifts.
     int shift;
 
+    /// ⌊x / B⌋: the row of cell (or row offset) x, or the block of element x.
+    [[nodiscard]] std::uint64_t quotient(std::uint64_t x) const noexcept { return power_of_two ? x >> shift : x / block; }
     /// The row of the cell `cell` (or of a row offset).
-    [[nodiscard]] std::uint64_t row_of(std::uint64_t cell) const noexcept {
-      return power_of_two ? cell >> shift : cell / block;
-    }
+    [[nodiscard]] std::uint64_t row_of(std::uint64_t cell) const noexcept { return quotient(cell); }
+    /// The block of element i.
+    [[nodiscard]] std::uint64_t block_of(std::uint64_t i) const noexcept { return quotient(i); }
     /// The three cells of element i and their signs (inlined: it is the peeling loop's arithmetic).
     [[nodiscard, gnu::always_inline]] cell_triple cells_of(std::uint64_t i) const noexcept {
-      const std::uint64_t b = power_of_two ? i >> shift : i / block;
+      const std::uint64_t b = block_of(i);
       return cells_in(layouts[b], i - b * block, block);
     }
   };
@@ -487,11 +489,12 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
           row[column].id ^= static_cast<id_type>(i);
         });
       }
-      for (std::uint64_t column = 0; column < block; ++column)
-        if (row[column].count == 1) {
-          row[column].pure_in = pure_bit(1);
-          s.worklist[queued++] = r * block + column;
-        }
+      for (std::uint64_t column = 0; column < block; ++column) {  // without branches
+        const bool one = row[column].count == 1;
+        row[column].pure_in = one ? pure_bit(1) : std::uint8_t{0};
+        s.worklist[queued] = r * block + column;
+        queued += one ? 1 : 0;
+      }
     }
     return queued;
   }
@@ -519,15 +522,11 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
       const std::uint8_t pure_next = pure_bit(round + 1);
       for (; head < round_end; ++head) {
         if (head + 3 * ahead < round_end) prefetch(&s.cells[s.worklist[head + 3 * ahead]]);
-        if (head + 2 * ahead < round_end) {  // its cell is in cache by now: ask for its element's layout
-          const Cell& next = s.cells[s.worklist[head + 2 * ahead]];
-          if (next.count == 1) prefetch(&where.layouts[where.power_of_two ? next.id >> where.shift : next.id / where.block]);
-        }
-        if (head + ahead < round_end) {  // its cell is in cache by now: ask for its element's cells
-          const Cell& next = s.cells[s.worklist[head + ahead]];
-          if (next.count == 1)
-            for (const std::uint64_t c : where.cells_of(next.id).cell) prefetch(&s.cells[c]);
-        }
+        // The cells ahead are in cache by now: ask for their elements' layouts, then cells. A cell
+        // of this round holds one element or none (id 0), so the requests need no test.
+        if (head + 2 * ahead < round_end) prefetch(&where.layouts[where.block_of(s.cells[s.worklist[head + 2 * ahead]].id)]);
+        if (head + ahead < round_end)
+          for (const std::uint64_t c : where.cells_of(s.cells[s.worklist[head + ahead]].id).cell) prefetch(&s.cells[c]);
         const std::uint64_t c = s.worklist[head];
         if (s.cells[c].count != 1) continue;  // fell to 0 last round, or its element is recovered
         const std::uint64_t i = s.cells[c].id;
