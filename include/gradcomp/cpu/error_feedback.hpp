@@ -42,15 +42,16 @@ struct backend<error_feedback<Codec>, cpu_executor> {
   /// The workspace of a step: the reference path decodes the whole message into `decoded` and
   /// gives the inner codec `inner`; the one-pass path only needs one block of h = g + e.
   struct scratch {
-    std::span<T> decoded;       ///< The inner codec's decoding of its message of a (n values), or one block of h.
-    std::span<std::byte> inner; ///< The inner codec's workspace (reference path).
+    std::span<T> decoded;       ///< Reference path: the inner codec's decoding of its message of a.
+    std::span<std::byte> inner; ///< Reference path: the inner codec's workspace.
+    std::span<T> block;         ///< One-pass path: h = g + e of the block being coded.
   };
 
   static scratch carve(workspace_arena& arena, const ef_type& ef, const cpu_executor& e, std::uint64_t n) {
     scratch s;
     if constexpr (fusable) {
       if (cpu::uniform_vectorised(ef.inner())) {
-        s.decoded = arena.take<T>(static_cast<std::size_t>(std::min<std::uint64_t>(n, ef.inner().params().block)));
+        s.block = arena.take<T>(static_cast<std::size_t>(std::min<std::uint64_t>(n, ef.inner().params().block)));
         return s;
       }
     }
@@ -172,7 +173,7 @@ struct backend<error_feedback<Codec>, cpu_executor> {
     const bool avx2 = e.avx2();
     float* const next = state.next.data();
     const bool streaming = e.streams(n * sizeof(float)) && cpu::streamable(next);
-    float* const h = s.decoded.data();
+    float* const h = s.block.data();
     const float* const g = grad.data();
     const float* const residual = state.residual.data();
     for (std::uint64_t begin = 0; begin < n; begin += block) {

@@ -89,6 +89,19 @@ template <int Bits>
     return _mm_unpacklo_epi8(_mm_and_si128(packed, nibble), _mm_and_si128(_mm_srli_epi16(packed, 4), nibble));
   }
 }
+
+/// The decoded values level·step of codes i .. i + 15, four at a time.
+template <int Bits>
+inline void values16_sse2(const std::uint8_t* codes, std::uint64_t i, __m128 step, __m128 (&values)[4]) noexcept {
+  const __m128i offset = _mm_set1_epi32(Bits == 8 ? 127 : 7);
+  const __m128i zero = _mm_setzero_si128();
+  const __m128i v = load16_codes<Bits>(codes, i);
+  const __m128i lo = _mm_unpacklo_epi8(v, zero);
+  const __m128i hi = _mm_unpackhi_epi8(v, zero);
+  const __m128i q[4] = {_mm_unpacklo_epi16(lo, zero), _mm_unpackhi_epi16(lo, zero), _mm_unpacklo_epi16(hi, zero),
+                        _mm_unpackhi_epi16(hi, zero)};
+  for (int k = 0; k < 4; ++k) values[k] = _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(q[k], offset)), step);
+}
 #endif
 
 #if defined(GRADCOMP_HAVE_AVX2)
@@ -378,16 +391,11 @@ inline void decode_codes(const std::uint8_t* codes, std::uint64_t count, float s
   (void)avx2;
 #if defined(__SSE2__)
   const __m128 step = _mm_set1_ps(s);
-  const __m128i offset = _mm_set1_epi32(Bits == 8 ? 127 : 7);
-  const __m128i zero = _mm_setzero_si128();
   for (std::uint64_t i = 0; i < count; i += 16) {
-    const __m128i v = kernel_detail::load16_codes<Bits>(codes, i);
-    const __m128i lo = _mm_unpacklo_epi8(v, zero);
-    const __m128i hi = _mm_unpackhi_epi8(v, zero);
-    const __m128i q[4] = {_mm_unpacklo_epi16(lo, zero), _mm_unpackhi_epi16(lo, zero), _mm_unpacklo_epi16(hi, zero),
-                          _mm_unpackhi_epi16(hi, zero)};
+    __m128 values[4];
+    kernel_detail::values16_sse2<Bits>(codes, i, step, values);
     for (int k = 0; k < 4; ++k) {
-      __m128 value = _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(q[k], offset)), step);
+      __m128 value = values[k];
       if (accumulate) value = _mm_add_ps(_mm_loadu_ps(dense + i + 4 * k), value);
       if (streaming) _mm_stream_ps(dense + i + 4 * k, value);
       else _mm_storeu_ps(dense + i + 4 * k, value);
@@ -416,17 +424,11 @@ inline void residual_of_codes(const std::uint8_t* codes, std::uint64_t count, fl
   (void)avx2;
 #if defined(__SSE2__)
   const __m128 step = _mm_set1_ps(s);
-  const __m128i offset = _mm_set1_epi32(Bits == 8 ? 127 : 7);
-  const __m128i zero = _mm_setzero_si128();
   for (std::uint64_t i = 0; i < count; i += 16) {
-    const __m128i v = kernel_detail::load16_codes<Bits>(codes, i);
-    const __m128i lo = _mm_unpacklo_epi8(v, zero);
-    const __m128i hi = _mm_unpackhi_epi8(v, zero);
-    const __m128i q[4] = {_mm_unpacklo_epi16(lo, zero), _mm_unpackhi_epi16(lo, zero), _mm_unpacklo_epi16(hi, zero),
-                          _mm_unpackhi_epi16(hi, zero)};
+    __m128 values[4];
+    kernel_detail::values16_sse2<Bits>(codes, i, step, values);
     for (int k = 0; k < 4; ++k) {
-      const __m128 value = _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(q[k], offset)), step);
-      const __m128 r = _mm_sub_ps(_mm_loadu_ps(x + i + 4 * k), value);
+      const __m128 r = _mm_sub_ps(_mm_loadu_ps(x + i + 4 * k), values[k]);
       if (streaming) _mm_stream_ps(residual + i + 4 * k, r);
       else _mm_storeu_ps(residual + i + 4 * k, r);
     }
