@@ -334,7 +334,7 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     s.row_pairs = arena.take<std::uint64_t>(3 * blocks);
     s.row_end = arena.take<std::uint64_t>(static_cast<std::size_t>(plan.rows) + 1);
     s.cells = arena.take<Cell>(cells);
-    s.worklist = arena.take<std::uint64_t>(cells);
+    s.worklist = arena.take<std::uint64_t>(cells + 1);  // + 1: the branchless queueing writes one entry past the last
     s.log_elements = arena.take<std::uint64_t>(members);
     s.log_values = arena.take<accumulator>(members);
     if (codec.params().on_stall == lhc_stall_policy::median_estimate)
