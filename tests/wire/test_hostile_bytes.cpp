@@ -5,8 +5,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <map>
-#include <optional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <random>
@@ -22,45 +23,64 @@ namespace {
 
 enum class outcome { rejected, decoded };
 
-// Decodes `message` with the decoder that matches the golden file, into an output pre-filled with
-// a sentinel; checks that a rejection leaves the sentinel and a success yields finite values.
-outcome try_decode(const std::string& file, std::span<const std::byte> message, std::size_t n,
-                   decode_limits limits = {}) {
-  const cpu_executor cpu;
-  const auto run = [&](const auto& codec) {
-    using T = typename std::decay_t<decltype(codec)>::value_type;
-    std::vector<T> out(n, T{7});
-    // One workspace per decoder and size, kept across the hundreds of thousands of calls below.
-    static std::map<std::pair<std::string, std::size_t>, std::vector<std::byte>> workspaces;
-    std::vector<std::byte>& ws = workspaces[{file, n}];
-    ws.resize(codec.workspace_bytes(cpu, n));
+/// Decodes a message of n elements (with caps `limits`) into an output pre-filled with a
+/// sentinel; checks that a rejection leaves the sentinel and a success yields finite values.
+using decoder = std::function<outcome(std::span<const std::byte> message, std::size_t n, decode_limits limits)>;
+
+/// The decoder of a golden codec, which keeps its output and workspace across the hundreds of
+/// thousands of calls below.
+template <class Codec>
+decoder decoder_of(const Codec& codec) {
+  using T = typename Codec::value_type;
+  struct buffers {
+    std::vector<T> out;
+    std::vector<std::byte> ws;
+  };
+  return [codec, b = std::make_shared<buffers>()](std::span<const std::byte> message, std::size_t n,
+                                                  decode_limits limits) {
+    const cpu_executor cpu;
+    b->out.assign(n, T{7});
+    b->ws.resize(codec.workspace_bytes(cpu, n));
     try {
-      codec.decode(cpu, message, std::span<T>(out), ws, limits);
+      codec.decode(cpu, message, std::span<T>(b->out), b->ws, limits);
     } catch (const error&) {
       bool untouched = true;
-      for (const T v : out) untouched = untouched && v == T{7};
+      for (const T v : b->out) untouched = untouched && v == T{7};
       CHECK(untouched);
       return outcome::rejected;
     }
-    using codec_type = std::decay_t<decltype(codec)>;
-    if constexpr (requires { requires codec_type::may_decode_infinity; }) {  // ZFP: a corrupted exponent may give ±Inf
+    if constexpr (requires { requires Codec::may_decode_infinity; }) {  // ZFP: a corrupted exponent may give ±Inf
       bool no_nan = true;
-      for (const T v : out) no_nan = no_nan && magnitude_key(v) <= float_traits<T>::infinity_key;
+      for (const T v : b->out) no_nan = no_nan && magnitude_key(v) <= float_traits<T>::infinity_key;
       CHECK(no_nan);
-    } else if constexpr (!requires { requires codec_type::is_lossless; }) {  // lossless codecs carry NaN and Inf
+    } else if constexpr (!requires { requires Codec::is_lossless; }) {  // lossless codecs carry NaN and Inf
       bool finite = true;
-      for (const T v : out) finite = finite && is_finite(v);
+      for (const T v : b->out) finite = finite && is_finite(v);
       CHECK(finite);
     }
     return outcome::decoded;
   };
-  if (file == "shared_scale8_sum3_f32.bin") return run(golden_shared_sum_codec());
-  std::optional<outcome> result;
-  for_each_golden_codec([&](const std::string& name, const auto& codec, const auto&, message_key) {
-    if (name == file) result = run(codec);
-  });
-  REQUIRE(result.has_value());
-  return *result;
+}
+
+/// The decoder that matches the golden file, made once.
+const decoder& decoder_for(const std::string& file) {
+  static std::map<std::string, decoder> decoders;
+  if (const auto found = decoders.find(file); found != decoders.end()) return found->second;
+  decoder d;
+  if (file == "shared_scale8_sum3_f32.bin") {
+    d = decoder_of(golden_shared_sum_codec());
+  } else {
+    for_each_golden_codec([&](const std::string& name, const auto& codec, const auto&, message_key) {
+      if (name == file) d = decoder_of(codec);
+    });
+  }
+  REQUIRE(d);
+  return decoders.emplace(file, std::move(d)).first->second;
+}
+
+outcome try_decode(const std::string& file, std::span<const std::byte> message, std::size_t n,
+                   decode_limits limits = {}) {
+  return decoder_for(file)(message, n, limits);
 }
 
 }  // namespace
