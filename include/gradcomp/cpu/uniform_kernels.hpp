@@ -90,17 +90,27 @@ template <int Bits>
   }
 }
 
-/// The decoded values level·step of codes i .. i + 15, four at a time.
-template <int Bits>
-inline void values16_sse2(const std::uint8_t* codes, std::uint64_t i, __m128 step, __m128 (&values)[4]) noexcept {
+/// Calls put(j, values) for every j = i, i + 4, … < count (count a multiple of 16) with the
+/// decoded values level·s of codes j .. j + 3.
+template <int Bits, class Put>
+inline void for_each_values4_sse2(const std::uint8_t* codes, std::uint64_t count, float s, Put&& put) noexcept {
+  const __m128 step = _mm_set1_ps(s);
   const __m128i offset = _mm_set1_epi32(Bits == 8 ? 127 : 7);
   const __m128i zero = _mm_setzero_si128();
-  const __m128i v = load16_codes<Bits>(codes, i);
-  const __m128i lo = _mm_unpacklo_epi8(v, zero);
-  const __m128i hi = _mm_unpackhi_epi8(v, zero);
-  const __m128i q[4] = {_mm_unpacklo_epi16(lo, zero), _mm_unpackhi_epi16(lo, zero), _mm_unpacklo_epi16(hi, zero),
-                        _mm_unpackhi_epi16(hi, zero)};
-  for (int k = 0; k < 4; ++k) values[k] = _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(q[k], offset)), step);
+  for (std::uint64_t i = 0; i < count; i += 16) {
+    const __m128i v = load16_codes<Bits>(codes, i);
+    const __m128i lo = _mm_unpacklo_epi8(v, zero);
+    const __m128i hi = _mm_unpackhi_epi8(v, zero);
+    const __m128i q[4] = {_mm_unpacklo_epi16(lo, zero), _mm_unpackhi_epi16(lo, zero), _mm_unpacklo_epi16(hi, zero),
+                          _mm_unpackhi_epi16(hi, zero)};
+    for (int k = 0; k < 4; ++k) put(i + 4 * static_cast<std::uint64_t>(k), _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(q[k], offset)), step));
+  }
+}
+
+/// Stores four floats at `at` (16-byte aligned when `streaming`), with a non-temporal store or not.
+inline void store4(float* at, __m128 v, bool streaming) noexcept {
+  if (streaming) _mm_stream_ps(at, v);
+  else _mm_storeu_ps(at, v);
 }
 #endif
 
@@ -229,6 +239,8 @@ GRADCOMP_TARGET_AVX2 inline void encode8_rtn_residual_avx2(const float* x, std::
   }
 }
 
+/// decode_avx2's arithmetic, each value subtracted from x (kept apart from decode_avx2, whose
+/// plain loop compiles faster than a shared one taking a callback).
 template <int Bits, bool Streaming>
 GRADCOMP_TARGET_AVX2 inline void residual_of_codes_avx2(const std::uint8_t* codes, std::uint64_t count, float s,
                                                         const float* x, float* residual) noexcept {
@@ -390,17 +402,10 @@ inline void decode_codes(const std::uint8_t* codes, std::uint64_t count, float s
 #endif
   (void)avx2;
 #if defined(__SSE2__)
-  const __m128 step = _mm_set1_ps(s);
-  for (std::uint64_t i = 0; i < count; i += 16) {
-    __m128 values[4];
-    kernel_detail::values16_sse2<Bits>(codes, i, step, values);
-    for (int k = 0; k < 4; ++k) {
-      __m128 value = values[k];
-      if (accumulate) value = _mm_add_ps(_mm_loadu_ps(dense + i + 4 * k), value);
-      if (streaming) _mm_stream_ps(dense + i + 4 * k, value);
-      else _mm_storeu_ps(dense + i + 4 * k, value);
-    }
-  }
+  kernel_detail::for_each_values4_sse2<Bits>(codes, count, s, [&](std::uint64_t j, __m128 value) {
+    if (accumulate) value = _mm_add_ps(_mm_loadu_ps(dense + j), value);
+    kernel_detail::store4(dense + j, value, streaming);
+  });
 #else
   for (std::uint64_t i = 0; i < count; ++i) {
     const unsigned code = Bits == 8 ? codes[i] : (codes[i / 2] >> (i % 2 * 4)) & 0x0fu;
@@ -423,16 +428,9 @@ inline void residual_of_codes(const std::uint8_t* codes, std::uint64_t count, fl
 #endif
   (void)avx2;
 #if defined(__SSE2__)
-  const __m128 step = _mm_set1_ps(s);
-  for (std::uint64_t i = 0; i < count; i += 16) {
-    __m128 values[4];
-    kernel_detail::values16_sse2<Bits>(codes, i, step, values);
-    for (int k = 0; k < 4; ++k) {
-      const __m128 r = _mm_sub_ps(_mm_loadu_ps(x + i + 4 * k), values[k]);
-      if (streaming) _mm_stream_ps(residual + i + 4 * k, r);
-      else _mm_storeu_ps(residual + i + 4 * k, r);
-    }
-  }
+  kernel_detail::for_each_values4_sse2<Bits>(codes, count, s, [&](std::uint64_t j, __m128 value) {
+    kernel_detail::store4(residual + j, _mm_sub_ps(_mm_loadu_ps(x + j), value), streaming);
+  });
 #else
   for (std::uint64_t i = 0; i < count; ++i) {
     const unsigned code = Bits == 8 ? codes[i] : (codes[i / 2] >> (i % 2 * 4)) & 0x0fu;
