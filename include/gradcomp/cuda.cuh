@@ -10,8 +10,10 @@
 
 #include <gradcomp/cuda/block_codes.cuh>
 #include <gradcomp/cuda/check.cuh>
+#include <gradcomp/cuda/count_sketch.cuh>
 #include <gradcomp/cuda/crc32c.cuh>
 #include <gradcomp/cuda/device_array.cuh>
+#include <gradcomp/cuda/dynamic.cuh>
 #include <gradcomp/cuda/error_feedback.cuh>
 #include <gradcomp/cuda/executor.cuh>
 #include <gradcomp/cuda/finite_check.cuh>

@@ -49,8 +49,17 @@ template <class T>
 inline constexpr bool has_cuda_backend<randomk_sparsifier<T>> = true;
 template <class T>
 inline constexpr bool has_cuda_backend<threshold_sparsifier<T>> = true;
+template <class T>
+inline constexpr bool has_cuda_backend<count_sketch<T>> = true;
 template <class S, class Q>
 inline constexpr bool has_cuda_backend<pipeline<S, Q>> = has_cuda_backend<S> && has_cuda_backend<Q>;
+
+/// Whether C's GPU encoder writes the CPU's bytes for every input (the count sketch's atomic adds
+/// match them only where its cell sums are exact, docs/cuda.md §4).
+template <class C>
+inline constexpr bool gpu_encodes_cpu_bytes = has_cuda_backend<C>;
+template <class T>
+inline constexpr bool gpu_encodes_cpu_bytes<count_sketch<T>> = false;
 
 /// A device copy of `host`.
 template <class T>

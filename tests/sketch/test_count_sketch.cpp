@@ -26,6 +26,7 @@
 #include "support/errors.hpp"
 #include "support/golden_io.hpp"
 #include "support/oracles.hpp"
+#include "support/sketch_oracle.hpp"
 
 using namespace gradcomp;
 using namespace gradcomp::test;
@@ -36,34 +37,6 @@ static_assert(homomorphic<count_sketch<double>, cpu_executor>);
 static_assert(!sparsifier<count_sketch<float>>);
 
 namespace {
-
-// ---- the oracle: MurmurHash3_x86_32 of a 4-byte key as in Appleby's reference MurmurHash3.cpp
-// (body block, tail-free, finaliser), and the documented hashing rule, in plain loops
-
-std::uint32_t rotl(std::uint32_t x, int r) { return (x << r) | (x >> (32 - r)); }
-
-std::uint32_t oracle_fmix(std::uint32_t h) {
-  h ^= h >> 16;
-  h *= 0x85ebca6bu;
-  h ^= h >> 13;
-  h *= 0xc2b2ae35u;
-  h ^= h >> 16;
-  return h;
-}
-
-std::uint32_t oracle_murmur(std::uint32_t key, std::uint32_t seed) {
-  std::uint32_t k1 = key * 0xcc9e2d51u;
-  k1 = rotl(k1, 15) * 0x1b873593u;
-  std::uint32_t h1 = rotl(seed ^ k1, 13) * 5u + 0xe6546b64u;
-  return oracle_fmix(h1 ^ 4u);
-}
-
-// H_j(i) per the rule documented in sketch/count_sketch.hpp.
-std::uint32_t oracle_hash(std::uint64_t seed, std::uint32_t row, std::uint64_t i) {
-  const std::uint32_t row_seed = oracle_murmur(static_cast<std::uint32_t>(seed >> 32) ^ row, static_cast<std::uint32_t>(seed));
-  return oracle_murmur(static_cast<std::uint32_t>(i), row_seed ^ oracle_fmix(static_cast<std::uint32_t>(i >> 32)));
-}
-std::uint64_t oracle_bucket(std::uint32_t h, std::uint64_t c) { return (static_cast<std::uint64_t>(h & 0x7fffffffu) * c) >> 31; }
 
 template <class T>
 std::vector<T> oracle_table(const count_sketch_params& p, const std::vector<T>& x) {
@@ -90,13 +63,6 @@ std::vector<T> oracle_estimates(const count_sketch_params& p, const std::vector<
     est[i] = p.rows % 2 == 1 ? v[p.rows / 2] : v[p.rows / 2 - 1] / T{2} + v[p.rows / 2] / T{2};
   }
   return est;
-}
-
-template <class T>
-std::vector<T> cells_of(const std::vector<std::byte>& message) {
-  std::vector<T> cells((message.size() - envelope::size) / sizeof(T));
-  std::memcpy(cells.data(), message.data() + envelope::size, cells.size() * sizeof(T));
-  return cells;
 }
 
 template <class T>

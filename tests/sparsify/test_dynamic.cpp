@@ -614,7 +614,7 @@ TEST_CASE("dynamic load state names every error and leaves the state unchanged")
     fails(b, errc::codec_mismatch);
   }
   {
-    std::vector<std::byte> b(dynamic_sparsifier<double>::saved_state_bytes({}));
+    std::vector<std::byte> b(dynamic_sparsifier<double>::saved_state_bytes(dynamic_state<double>{}));
     dynamic_sparsifier<double>().save_state(cpu, dynamic_state<double>{}, b);
     fails(b, errc::dtype_mismatch);
   }

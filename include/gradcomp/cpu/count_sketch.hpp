@@ -325,14 +325,6 @@ struct backend<count_sketch<T>, cpu_executor> {
     }
   }
 
-  /// Median of v[0, r): the middle value for odd r, the mean a/2 + b/2 of the two middle values for
-  /// even r. Reorders v.
-  [[nodiscard]] static T median(T* v, std::uint32_t r) noexcept {
-    if (r == 3) return std::max(std::min(v[0], v[1]), std::min(std::max(v[0], v[1]), v[2]));
-    std::sort(v, v + r);
-    return r % 2 == 1 ? v[r / 2] : T{0.5} * v[r / 2 - 1] + T{0.5} * v[r / 2];
-  }
-
   /// out[i] = x̂_i for every element of the sketched tensor (out.size() of them), from the cells of a
   /// validated message.
   static void estimate_into(const codec_type& codec, bool avx2, const std::byte* cells, std::span<T> out) {
@@ -347,7 +339,7 @@ struct backend<count_sketch<T>, cpu_executor> {
           for (std::size_t b = 0; b < count; ++b) {
             T column[count_sketch_max_rows] = {};
             for (std::uint32_t j = 0; j < rows; ++j) column[j] = row_estimates[j][b];
-            out[first + b] = median(column, rows);
+            out[first + b] = count_sketch_median(column, rows);
           }
         });
   }

@@ -102,15 +102,8 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
                                     std::uint64_t tensor_id, std::span<const T> grad, std::span<T> out,
                                     std::span<std::byte> ws) {
     const std::size_t n = grad.size();
-    detail::require(out.size() == n, errc::size_mismatch, [&] {
-      return "output has " + std::to_string(out.size()) + " elements, the gradient " + std::to_string(n);
-    });
-    const auto found = state.residuals.find(tensor_id);
+    const auto found = detail::find_dynamic_residual(state.residuals, tensor_id, n, out.size());
     const bool known = found != state.residuals.end();
-    detail::require(!known || found->second.size() == n, errc::size_mismatch, [&] {
-      return "tensor " + std::to_string(tensor_id) + " has a residual of " + std::to_string(found->second.size()) +
-             " elements, this gradient " + std::to_string(n);
-    });
     const T* const g = grad.data();
     key_type tau = 0;
     if (known) {
@@ -417,22 +410,14 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
     });
   }
 
-  /// out = ã and residual = a − ã with a = grad + residual: a kept element (key ≥ tau) goes to out
-  /// whole and leaves a zero of its sign in the residual; a dropped one stays in the residual and
-  /// leaves a zero of its sign in out, so out + residual is a bit for bit. Returns the kept count.
+  /// out = ã and residual = a − ã with a = grad + residual, element by element (`dynamic_split`).
+  /// Returns the kept count.
   static std::uint64_t apply(std::span<const T> grad, std::vector<T>& residual, std::span<T> out, key_type tau) {
-    constexpr key_type sign = ~float_traits<T>::magnitude_mask;
     const T* const g = grad.data();
     T* const r = residual.data();
     T* const o = out.data();
     std::uint64_t kept = 0;
-    for (std::size_t i = 0; i < grad.size(); ++i) {
-      const key_type bits = to_bits<T>(g[i] + r[i]);
-      const key_type keep = (bits & float_traits<T>::magnitude_mask) >= tau ? ~key_type{0} : key_type{0};
-      o[i] = from_bits<T>(bits & (keep | sign));
-      r[i] = from_bits<T>(bits & (~keep | sign));
-      kept += keep & 1u;
-    }
+    for (std::size_t i = 0; i < grad.size(); ++i) kept += dynamic_split(g[i] + r[i], tau, o[i], r[i]) ? 1u : 0u;
     return kept;
   }
 };

@@ -22,11 +22,15 @@ class device_array {
  public:
   /// An empty array (no allocation).
   device_array() noexcept = default;
-  /// `count` zero-filled elements on the current device. @throws error `device_failed`.
+  /// `count` zero-filled elements on the current device, the fill complete on return.
+  /// @throws error `device_failed`.
   explicit device_array(std::size_t count) : size_(count) {
     if (count == 0) return;
     GRADCOMP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_), count * sizeof(T)));
-    const cudaError_t cleared = cudaMemset(data_, 0, count * sizeof(T));
+    cudaError_t cleared = cudaMemset(data_, 0, count * sizeof(T));
+    // The memset is queued on the default stream and is asynchronous: wait for it, so that work
+    // queued on any other stream (a non-blocking one too) finds the zeros and is not overwritten.
+    if (cleared == cudaSuccess) cleared = cudaStreamSynchronize(0);
     if (cleared != cudaSuccess) {
       cudaFree(data_);
       GRADCOMP_CUDA_CHECK(cleared);

@@ -27,7 +27,8 @@
 namespace gradcomp {
 
 /// Runs codecs on a CUDA stream. Cheap to copy; the same inputs and keys give the bytes of the CPU
-/// reference (docs/cuda.md lists the exceptions, none of them in an encoding).
+/// reference, except for the count sketch's cells, whose atomic sums may round differently
+/// (docs/cuda.md §4).
 struct cuda_executor {
   /// Backend name used in benchmark records and messages.
   static constexpr std::string_view name = "cuda";

@@ -1,8 +1,9 @@
 #pragma once
 /// @file
-/// A device check that every value of a span is finite, for the calls that store values a caller
-/// hands in (`set_carried_error` of error feedback and LoCo): its status words live in stream
-/// scratch, since those calls take no workspace.
+/// A device check that every value of a span is finite: a functor for an operation's own status
+/// (the count sketch's cells), and a whole check for the calls that store values a caller hands in
+/// (`set_carried_error` of error feedback and LoCo), whose status words live in stream scratch,
+/// since those calls take no workspace.
 
 #include <gradcomp/cuda/config.cuh>
 
@@ -20,14 +21,16 @@
 
 namespace gradcomp::cuda_detail {
 
-/// Records the first NaN or Inf of `values`.
+/// Records the first NaN or Inf of `values` as `code` (check `reason`).
 template <class T>
 struct find_non_finite {
   const T* values;
   device_status* status;
+  errc code = errc::non_finite_input;
+  std::uint32_t reason = 0;
 
   __device__ void operator()(std::uint64_t i) const {
-    if (!is_finite(values[i])) record_failure(status, errc::non_finite_input, i);
+    if (!is_finite(values[i])) record_failure(status, code, i, reason);
   }
 };
 

@@ -132,11 +132,10 @@ __global__ void topk_filter_kernel(const T* x, std::uint64_t n, radix_digit top,
     if (local[b] != 0) atomicAdd(&bins[b], static_cast<unsigned long long>(local[b]));
 }
 
-}  // namespace cuda_detail
-
-/// Top-k on the GPU.
-template <gradient_value T>
-struct backend<topk_sparsifier<T>, cuda_executor> {
+/// The indices of the k largest magnitudes of a device array (ties to the lower index), in
+/// ascending order: top-k's selection, which the count sketch's heavy hitters reuse.
+template <class T>
+struct largest_magnitudes {
   static constexpr int key_bits = float_traits<T>::magnitude_bits;
 
   /// Candidates pass 2 keeps: a sixteenth of n, or all of a small tensor (as the CPU's list).
@@ -144,26 +143,76 @@ struct backend<topk_sparsifier<T>, cuda_executor> {
     return std::max<std::uint64_t>(n / 16, std::min<std::uint64_t>(n, 65536));
   }
 
+  /// Workspace of a selection of k among n.
   struct scratch {
-    cuda_detail::crc_scratch crc;
-    cuda_detail::radix_scratch radix;
+    radix_scratch radix;
     std::span<unsigned long long> counts;   ///< [0] kept, [1] candidates.
     std::span<std::uint64_t> kept;          ///< The top k's indices, unordered.
     std::span<std::uint64_t> candidate_keys;
     std::span<std::uint64_t> candidate_indices;
-    cuda_detail::index_sort_scratch sort;
+    index_sort_scratch sort;                ///< `sort.sorted`: the result, ascending.
+
+    static scratch carve(workspace_arena& arena, std::uint64_t k, std::uint64_t n) {
+      scratch s;
+      s.radix = radix_scratch::carve(arena);
+      s.counts = arena.take<unsigned long long>(2);
+      s.kept = arena.take<std::uint64_t>(static_cast<std::size_t>(k));
+      s.candidate_keys = arena.take<std::uint64_t>(static_cast<std::size_t>(candidate_capacity(n)));
+      s.candidate_indices = arena.take<std::uint64_t>(static_cast<std::size_t>(candidate_capacity(n)));
+      s.sort = index_sort_scratch::carve(arena, k, n);
+      return s;
+    }
+  };
+
+  /// Queues the selection of the k (1 ≤ k ≤ n) largest magnitudes of `g`, leaving their indices in
+  /// ascending order in `s.sort.sorted`; NaN or Inf in `g` is recorded as `non_finite_input` (with
+  /// their count as its position).
+  static void select(const cuda_executor& exec, const T* g, std::uint64_t n, std::uint64_t k, const scratch& s,
+                     device_status* status) {
+    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(s.counts.data(), 0, s.counts.size_bytes(), exec.native_stream()));
+    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(s.kept.data(), 0xFF, s.kept.size_bytes(), exec.native_stream()));
+    radix_begin(exec, s.radix, k);
+    const radix_digit top = radix_digit_of(key_bits, 0);
+    const radix_digit next = radix_digit_of(key_bits, 1);
+    const auto infinite_bin = static_cast<unsigned>(float_traits<T>::infinity_key >> top.shift);
+    radix_pass<radix_order::largest_first>(exec, s.radix, gradient_keys<T>{g, n}, by_key{}, s.radix.value_state(), top, n,
+                                           infinite_bin, status);
+    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(s.radix.bins.data(), 0, s.radix.bins.size_bytes(), exec.native_stream()));
+    const std::uint64_t capacity = candidate_capacity(n);
+    launch(exec, streaming_grid_for(n), block_threads, topk_filter_kernel<T>, g, n, top, next,
+           static_cast<const radix_state*>(s.radix.value_state()), s.radix.bins.data(), s.kept.data(), s.counts.data(), k,
+           s.candidate_keys.data(), s.candidate_indices.data(), s.counts.data() + 1, capacity, status);
+    launch(exec, 1, radix_pick_threads, radix_pick_kernel<radix_order::largest_first>,
+           static_cast<const unsigned long long*>(s.radix.bins.data()), next, s.radix.value_state(), radix_bins, status);
+    const candidates_or_gradient<T> rest{g, n, s.candidate_keys.data(), s.candidate_indices.data(), s.counts.data() + 1,
+                                         capacity};
+    for (int d = 2; d < radix_digit_count(key_bits); ++d)
+      radix_pass<radix_order::largest_first>(exec, s.radix, rest, by_key{}, s.radix.value_state(), radix_digit_of(key_bits, d),
+                                             n);
+    radix_select_ties(exec, s.radix, rest, index_bits_for(n), n);
+    launch(exec, streaming_grid_for(n), block_threads, radix_collect_kernel<candidates_or_gradient<T>>, rest,
+           static_cast<const radix_state*>(s.radix.value_state()), static_cast<const radix_state*>(s.radix.index_state()),
+           top.shift, s.kept.data(), s.counts.data(), k, status);
+    sort_indices(exec, s.sort, s.kept.data(), k, n);
+  }
+};
+
+}  // namespace cuda_detail
+
+/// Top-k on the GPU.
+template <gradient_value T>
+struct backend<topk_sparsifier<T>, cuda_executor> {
+  using selection = cuda_detail::largest_magnitudes<T>;
+
+  struct scratch {
+    cuda_detail::crc_scratch crc;
+    typename selection::scratch select;
   };
 
   static scratch carve_encode(workspace_arena& arena, const topk_sparsifier<T>& codec, std::uint64_t n) {
-    const std::uint64_t k = codec.k(n);
     scratch s;
     s.crc = cuda_detail::carve_seal(arena, codec.wire().payload_checksum);
-    s.radix = cuda_detail::radix_scratch::carve(arena);
-    s.counts = arena.take<unsigned long long>(2);
-    s.kept = arena.take<std::uint64_t>(static_cast<std::size_t>(k));
-    s.candidate_keys = arena.take<std::uint64_t>(static_cast<std::size_t>(candidate_capacity(n)));
-    s.candidate_indices = arena.take<std::uint64_t>(static_cast<std::size_t>(candidate_capacity(n)));
-    s.sort = cuda_detail::index_sort_scratch::carve(arena, k, n);
+    s.select = selection::scratch::carve(arena, codec.k(n), n);
     return s;
   }
 
@@ -183,10 +232,10 @@ struct backend<topk_sparsifier<T>, cuda_executor> {
     const cuda_detail::operation op(exec, arena);
     const scratch s = carve_encode(arena, codec, n);
     cuda_detail::begin_message(exec, out, size);  // after the workspace is carved: a refused call writes nothing
-    if (k > 0) select(exec, grad.data(), n, k, s, op.status());
+    if (k > 0) selection::select(exec, grad.data(), n, k, s.select, op.status());
     // Pass 1 counted the NaN and Inf values already: the writer need not look again.
     cuda_detail::write_sparse_payload(exec, out.data() + envelope::size, n, k, grad.data(),
-                                      static_cast<const std::uint64_t*>(s.sort.sorted.data()), false, op.status());
+                                      static_cast<const std::uint64_t*>(s.select.sort.sorted.data()), false, op.status());
     cuda_detail::seal_message(exec, out.data(), {codec_id::topk, dtype_of<T>, static_cast<std::uint8_t>(choose_index_coding(n, k)), 0,
                                                  key, n, payload_bytes, codec.params_hash(), 0},
                               s.crc, op);
@@ -201,40 +250,6 @@ struct backend<topk_sparsifier<T>, cuda_executor> {
   static void decode(const topk_sparsifier<T>& codec, const cuda_executor& exec, std::span<const std::byte> message,
                      std::span<T> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
     cuda_detail::decode_sparse_codec(codec, exec, message, out, ws, limits, accumulate);
-  }
-
- private:
-  /// Queues the selection of the k largest magnitudes, leaving their indices sorted in s.sort.
-  static void select(const cuda_executor& exec, const T* g, std::uint64_t n, std::uint64_t k, const scratch& s,
-                     cuda_detail::device_status* status) {
-    namespace cd = cuda_detail;
-    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(s.counts.data(), 0, s.counts.size_bytes(), exec.native_stream()));
-    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(s.kept.data(), 0xFF, s.kept.size_bytes(), exec.native_stream()));
-    cd::radix_begin(exec, s.radix, k);
-    const cd::radix_digit top = cd::radix_digit_of(key_bits, 0);
-    const cd::radix_digit next = cd::radix_digit_of(key_bits, 1);
-    const auto infinite_bin = static_cast<unsigned>(float_traits<T>::infinity_key >> top.shift);
-    cd::radix_pass<cd::radix_order::largest_first>(exec, s.radix, cd::gradient_keys<T>{g, n}, cd::by_key{}, s.radix.value_state(),
-                                                   top, n, infinite_bin, status);
-    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(s.radix.bins.data(), 0, s.radix.bins.size_bytes(), exec.native_stream()));
-    const std::uint64_t capacity = candidate_capacity(n);
-    cd::launch(exec, cd::streaming_grid_for(n), cd::block_threads, cd::topk_filter_kernel<T>, g, n, top, next,
-               static_cast<const cd::radix_state*>(s.radix.value_state()), s.radix.bins.data(), s.kept.data(), s.counts.data(),
-               k, s.candidate_keys.data(), s.candidate_indices.data(), s.counts.data() + 1, capacity, status);
-    cd::launch(exec, 1, cd::radix_pick_threads, cd::radix_pick_kernel<cd::radix_order::largest_first>,
-               static_cast<const unsigned long long*>(s.radix.bins.data()), next, s.radix.value_state(), cd::radix_bins,
-               status);
-    const cd::candidates_or_gradient<T> rest{g, n, s.candidate_keys.data(), s.candidate_indices.data(), s.counts.data() + 1,
-                                             capacity};
-    for (int d = 2; d < cd::radix_digit_count(key_bits); ++d)
-      cd::radix_pass<cd::radix_order::largest_first>(exec, s.radix, rest, cd::by_key{}, s.radix.value_state(),
-                                                     cd::radix_digit_of(key_bits, d), n);
-    cd::radix_select_ties(exec, s.radix, rest, cd::index_bits_for(n), n);
-    cd::launch(exec, cd::streaming_grid_for(n), cd::block_threads, cd::radix_collect_kernel<cd::candidates_or_gradient<T>>, rest,
-               static_cast<const cd::radix_state*>(s.radix.value_state()),
-               static_cast<const cd::radix_state*>(s.radix.index_state()), top.shift, s.kept.data(), s.counts.data(), k,
-               status);
-    cd::sort_indices(exec, s.sort, s.kept.data(), k, n);
   }
 };
 

@@ -19,7 +19,8 @@
 /// disjoint bits. σ·x is x with its sign bit flipped when σ = −1: exact.
 ///
 /// Encoding: S[j][h_j(i)] += σ_j(i)·x_i in the value type, each cell summing its elements in
-/// ascending index order (deterministic, so equal inputs give equal bytes).
+/// ascending index order (deterministic, so equal inputs give equal bytes). The CUDA backend sums
+/// with atomic adds in no fixed order: its cells match these within rounding (docs/cuda.md §4).
 ///
 /// Payload layout after the envelope (layout byte 0), the whole of it summable:
 ///
@@ -58,6 +59,7 @@
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/murmur3.hpp>
+#include <gradcomp/core/rounded_product.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/sparsify/sparsity.hpp>
 
@@ -108,6 +110,32 @@ template <gradient_value T>
 GRADCOMP_HOST_DEVICE inline T count_sketch_signed(std::uint32_t hash, T value) noexcept {
   using bits_type = typename float_traits<T>::bits_type;
   return from_bits<T>(to_bits(value) ^ (static_cast<bits_type>(hash >> 31) << (8 * sizeof(T) - 1)));
+}
+
+/// The median of three row estimates: max(min(a, b), min(max(a, b), c)), each min and max taking
+/// the first of two equal values as std::min and std::max do, so that every backend picks the same
+/// one of +0 and −0.
+template <gradient_value T>
+GRADCOMP_HOST_DEVICE constexpr T count_sketch_median3(T a, T b, T c) noexcept {
+  const T low = b < a ? b : a;
+  const T high = a < b ? b : a;
+  const T middle = c < high ? c : high;
+  return low < middle ? middle : low;
+}
+
+/// x̂ from the r row estimates v[0, r) (1 ≤ r ≤ 16): `count_sketch_median3` for r = 3, else the
+/// middle value of v sorted by a stable insertion sort for odd r, and the mean a/2 + b/2 of the two
+/// middle values for even r (each half rounded on its own, so no backend fuses them). Reorders v.
+template <gradient_value T>
+GRADCOMP_HOST_DEVICE inline T count_sketch_median(T* v, std::uint32_t r) noexcept {
+  if (r == 3) return count_sketch_median3(v[0], v[1], v[2]);
+  for (std::uint32_t i = 1; i < r; ++i) {
+    const T value = v[i];
+    std::uint32_t j = i;
+    for (; j > 0 && value < v[j - 1]; --j) v[j] = v[j - 1];
+    v[j] = value;
+  }
+  return r % 2 == 1 ? v[r / 2] : mul_rn(T{0.5}, v[r / 2 - 1]) + mul_rn(T{0.5}, v[r / 2]);
 }
 
 /// Count sketch of `float` or `double` gradients: a fixed-size, summable message of r·c cells,

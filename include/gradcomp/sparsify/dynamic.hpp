@@ -117,6 +117,42 @@ struct dynamic_result {
   double zero_fraction = 0.0;  ///< (n − kept)/n, the fraction dropped (0 for n = 0).
 };
 
+/// ã_i and the new residual from a_i for the threshold key `tau` (a magnitude key): a kept element
+/// (|a| key ≥ tau) goes to `passed` whole and leaves a zero of its sign in `residual`; a dropped one
+/// stays in `residual` and leaves a zero of its sign in `passed`, so passed + residual is a bit for
+/// bit. Returns whether it was kept. The same on every backend.
+template <gradient_value T>
+GRADCOMP_HOST_DEVICE inline bool dynamic_split(T a, typename float_traits<T>::bits_type tau, T& passed, T& residual) noexcept {
+  using key_type = typename float_traits<T>::bits_type;
+  constexpr key_type sign = ~float_traits<T>::magnitude_mask;
+  const key_type bits = to_bits<T>(a);
+  const key_type keep = (bits & float_traits<T>::magnitude_mask) >= tau ? ~key_type{0} : key_type{0};
+  passed = from_bits<T>(bits & (keep | sign));
+  residual = from_bits<T>(bits & (~keep | sign));
+  return keep != 0;
+}
+
+namespace detail {
+
+/// A step's first checks, on every backend: `out` has the gradient's n elements, and the residual
+/// of `tensor_id` (if `residuals`, a map from id to a sized container, holds one) has n too.
+/// @returns the id's entry, or residuals.end() for an id not seen yet.
+/// @throws error `size_mismatch`.
+template <class Residuals>
+auto find_dynamic_residual(Residuals& residuals, std::uint64_t tensor_id, std::size_t n, std::size_t out_size) {
+  require(out_size == n, errc::size_mismatch, [&] {
+    return "output has " + std::to_string(out_size) + " elements, the gradient " + std::to_string(n);
+  });
+  const auto found = residuals.find(tensor_id);
+  require(found == residuals.end() || found->second.size() == n, errc::size_mismatch, [&] {
+    return "tensor " + std::to_string(tensor_id) + " has a residual of " + std::to_string(found->second.size()) +
+           " elements, this gradient " + std::to_string(n);
+  });
+  return found;
+}
+
+}  // namespace detail
+
 /// Residuals of the dynamic sparsifier, one per tensor id, in host memory.
 template <gradient_value T>
 struct dynamic_state {
@@ -139,8 +175,11 @@ template <gradient_value T = float>
 class dynamic_sparsifier {
  public:
   using value_type = T;                  ///< Element type of the gradient.
-  using state_type = dynamic_state<T>;   ///< Residuals carried across steps.
+  using state_type = dynamic_state<T>;   ///< Residuals carried across steps on the CPU.
   using result_type = dynamic_result<T>; ///< What a step reports.
+  /// The state on executor E: `dynamic_state<T>` on the CPU, `cuda_dynamic_state<T>` on the GPU.
+  template <executor E>
+  using state_on = typename backend<dynamic_sparsifier, E>::state_type;
 
   /// @throws error `invalid_argument` for parameters out of range.
   explicit dynamic_sparsifier(dynamic_params params = {}) : params_(params) { params_.validate(); }
@@ -168,10 +207,10 @@ class dynamic_sparsifier {
     return backend<dynamic_sparsifier, E>::workspace_bytes(*this, e, n);
   }
 
-  /// An empty state: no tensor has a residual yet.
+  /// An empty state in E's memory: no tensor has a residual yet.
   template <executor E>
-  [[nodiscard]] state_type make_state(const E&) const {
-    return state_type{};
+  [[nodiscard]] state_on<E> make_state(const E&) const {
+    return state_on<E>{};
   }
 
   /// τ* of `a` under the current rule, with no state involved.
@@ -188,13 +227,14 @@ class dynamic_sparsifier {
   /// @throws error `size_mismatch` (out's size, or n differs from the id's residual),
   ///         `non_finite_input`, `workspace_too_small`.
   template <executor E>
-  result_type sparsify(const E& e, state_type& state, std::uint64_t tensor_id, std::span<const T> grad,
+  result_type sparsify(const E& e, state_on<E>& state, std::uint64_t tensor_id, std::span<const T> grad,
                        std::span<T> out, std::span<std::byte> ws) const {
     return backend<dynamic_sparsifier, E>::sparsify(*this, e, state, tensor_id, grad, out, ws);
   }
 
-  /// Size of `state` saved (format in this file's comment).
-  [[nodiscard]] static std::size_t saved_state_bytes(const state_type& state) noexcept {
+  /// Size of `state` (on any executor) saved (format in this file's comment).
+  template <class State>
+  [[nodiscard]] static std::size_t saved_state_bytes(const State& state) noexcept {
     std::size_t size = dynamic_saved_format::header_bytes + dynamic_saved_format::checksum_bytes;
     for (const auto& [id, residual] : state.residuals)
       size += dynamic_saved_format::entry_head_bytes + residual.size() * sizeof(T);
@@ -203,13 +243,13 @@ class dynamic_sparsifier {
   /// Writes `state` into `bytes` (at least `saved_state_bytes(state)`). @returns bytes written.
   /// @throws error `buffer_too_small`.
   template <executor E>
-  std::size_t save_state(const E& e, const state_type& state, std::span<std::byte> bytes) const {
+  std::size_t save_state(const E& e, const state_on<E>& state, std::span<std::byte> bytes) const {
     return backend<dynamic_sparsifier, E>::save_state(*this, e, state, bytes);
   }
   /// Replaces `state` by the saved one, checking everything before touching it.
   /// @throws error naming what is wrong with the bytes (order in this file's comment).
   template <executor E>
-  void load_state(const E& e, std::span<const std::byte> bytes, state_type& state) const {
+  void load_state(const E& e, std::span<const std::byte> bytes, state_on<E>& state) const {
     backend<dynamic_sparsifier, E>::load_state(*this, e, bytes, state);
   }
 
