@@ -23,6 +23,8 @@
 ///                        from a multiplicative hash of i (the count sketch's yardstick)
 ///   count_sketch/encode  3 rows × 2^20 columns, MurmurHash3 on the fly; baseline atomics3/add;
 ///                        /decode (estimates, heavy hitters at 1%, the dense output)
+///   zfp8/encode        ZFP fixed rate, R = 8 (one thread per block); /decode
+///   zfp16/encode       ZFP fixed rate, R = 16; /decode
 ///   dynamic/threshold    TAGC's exact threshold for f* = 0.8 (radix selection, waits for τ*)
 ///   dynamic/sparsify     one step of the dynamic sparsifier with error feedback (τ*, ã, R)
 ///   ef_uniform8/encode   error feedback around 8-bit round to nearest (one kernel)
@@ -253,6 +255,9 @@ void print_targets(const std::vector<record>& records, std::uint64_t n) {
       target_line(r->ratio_to_copy() >= ratio, fmt::format("{} n={}: ratio_to_copy {:.3f} >= {}", name, n, r->ratio_to_copy(), ratio));
   if (const record* r = find_record(records, "topk/encode", n); r != nullptr && r->speedup)
     target_line(*r->speedup >= 5.0, fmt::format("topk/encode n={}: {:.2f}x faster than the full radix sort (>= 5)", n, *r->speedup));
+  for (const std::string_view name : {"zfp8/encode", "zfp8/decode", "zfp16/encode", "zfp16/decode"})
+    if (const record* r = find_record(records, name, n); r != nullptr)
+      target_line(r->gradient_gbps() >= 300, fmt::format("{} n={}: {:.0f} GB/s of input >= 300", name, n, r->gradient_gbps()));
   if (const record* r = find_record(records, "count_sketch/encode", n); r != nullptr && r->speedup)
     target_line(*r->speedup >= 1 / 1.5, fmt::format("count_sketch/encode n={}: {:.2f}x the time of 3 random atomicAdds per element "
                                                     "(<= 1.5)", n, 1 / *r->speedup));
@@ -280,6 +285,8 @@ void run(const options& opt) {
     check_against_cpu("uniform4_rtn", uniform_quantizer<float>({.bits = 4}), head);
     check_against_cpu("sign", sign_quantizer<float>(), head);
     check_against_cpu("qsgd", qsgd_quantizer<float>({.seed = 1}), head);
+    check_against_cpu("zfp8", zfp_fixed_rate_codec({.rate_bits = 8}), head);
+    check_against_cpu("zfp16", zfp_fixed_rate_codec({.rate_bits = 16}), head);
   }
 
   cudaStream_t stream = nullptr;
@@ -348,6 +355,8 @@ void run(const options& opt) {
   bench.codec_records("count_sketch", count_sketch<float>({.rows = 3, .columns = sketch_columns}), true, errors.data());
   for (record& r : records)
     if (r.name == "count_sketch/encode") r.baseline = "atomics3/add";
+  bench.codec_records("zfp8", zfp_fixed_rate_codec({.rate_bits = 8}), true, errors.data());
+  bench.codec_records("zfp16", zfp_fixed_rate_codec({.rate_bits = 16}), true, errors.data());
   {
     const dynamic_sparsifier<float> dynamic({.zero_fraction = 0.8});
     const cuda_executor exec{.stream = stream};

@@ -32,3 +32,4 @@
 #include <gradcomp/cuda/topk.cuh>
 #include <gradcomp/cuda/uniform.cuh>
 #include <gradcomp/cuda/warp.cuh>
+#include <gradcomp/cuda/zfp_fixed_rate.cuh>

@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -335,6 +336,70 @@ TEST_CASE("zfp portable kernels write the same stream and decode to the same flo
         else
           decode_blocks<portable_kernels, wide_word>(payload.data(), payload.data() + payload.size(), n, rate, false, false, g.data());
         CHECK(same_bits(g, decode_values(q, m, n)));
+      }
+    }
+  }
+}
+
+TEST_CASE("zfp's per-block coder (the GPU's, zfp_block) writes the codec's stream and decodes to its floats") {
+  // zfp_block::encode_block and decode_block code one block plane by plane with code_plane and
+  // parse_plane; the CUDA backend runs them one block per thread. Here they run on the host,
+  // each block's 4R bits put at bit 4R·b of a stream, against the codec's payload, including
+  // random payloads (hostile bits) and magnitudes at both ends of the float range.
+  const auto stream_bits_at = [](const std::vector<std::byte>& payload, std::uint64_t first, unsigned count) {
+    zfp_block::wide_word bits = 0;
+    for (unsigned j = 0; j < count; ++j) {
+      const std::uint64_t at = first + j;
+      if (at / 8 < payload.size() && ((static_cast<unsigned>(payload[at / 8]) >> (at % 8)) & 1u) != 0)
+        bits |= zfp_block::wide_word{1} << j;
+    }
+    return bits;
+  };
+  std::mt19937_64 engine(77);
+  for (unsigned rate = 3; rate <= 32; ++rate) {
+    const zfp_fixed_rate_codec q({.rate_bits = rate});
+    const unsigned block_bits = 4 * rate;
+    const unsigned budget = block_bits - zfp_block::header_bits;
+    for (const std::size_t n : {std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{4}, std::size_t{1003}}) {
+      for (int kind = 0; kind <= test_input_kinds; ++kind) {
+        CAPTURE(rate);
+        CAPTURE(n);
+        CAPTURE(kind);
+        std::vector<float> x;
+        if (kind < test_input_kinds) {
+          x = test_input(kind, n, 17 * n + rate);
+        } else {  // the ends of the range: subnormals, below 2^-98, and from 2^126 up
+          x = zfp_test_input(zfp_input::mixed, n, rate);
+          for (std::size_t i = 0; i < n; ++i) x[i] = std::ldexp(x[i], (i / 4) % 3 == 0 ? -100 : ((i / 4) % 3 == 1 ? -60 : 86));
+        }
+        const std::vector<std::byte> payload = payload_of(encode_bytes(q, x));
+        std::vector<std::byte> stream(payload.size(), std::byte{0});
+        for (std::size_t b = 0; b * 4 < n; ++b) {
+          const zfp_block::wide_word bits =
+              zfp_block::encode_block(x.data() + 4 * b, static_cast<unsigned>(std::min<std::size_t>(4, n - 4 * b)), budget, block_bits);
+          for (unsigned j = 0; j < block_bits; ++j)
+            if (((bits >> j) & 1u) != 0) {
+              const std::uint64_t at = b * block_bits + j;
+              stream[at / 8] |= static_cast<std::byte>(1u << (at % 8));
+            }
+        }
+        CHECK(stream == payload);
+        // Decoding the codec's payload, and a random payload of the same length.
+        std::vector<std::byte> random(payload.size());
+        for (std::byte& v : random) v = static_cast<std::byte>(engine());
+        if (zfp_fixed_rate_codec::block_count(n) % 2 == 1 && rate % 2 == 1) random.back() &= std::byte{0x0F};
+        for (const std::vector<std::byte>* bytes : std::array<const std::vector<std::byte>*, 2>{&payload, &random}) {
+          std::vector<std::byte> m = encode_bytes(q, x);
+          std::copy(bytes->begin(), bytes->end(), m.begin() + envelope::size);
+          const std::vector<float> expected = decode_values(q, m, n);
+          std::vector<float> g(n);
+          for (std::size_t b = 0; b * 4 < n; ++b) {
+            float four[4];
+            zfp_block::decode_block(stream_bits_at(*bytes, b * block_bits, block_bits), budget, four);
+            for (std::size_t i = 4 * b; i < std::min(n, 4 * b + 4); ++i) g[i] = four[i - 4 * b];
+          }
+          CHECK(same_bits(g, expected));
+        }
       }
     }
   }

@@ -40,6 +40,7 @@
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/cpu/message.hpp>
+#include <gradcomp/lossless/zfp_block.hpp>
 #include <gradcomp/lossless/zfp_fixed_rate.hpp>
 
 #if defined(__SSE2__)
@@ -53,95 +54,7 @@ namespace gradcomp {
 
 namespace cpu::zfp_detail {
 
-/// The negabinary offset: u = (i + mask) ^ mask maps int32 i to its base −2 digits.
-inline constexpr std::uint32_t negabinary_mask = 0xaaaaaaaau;
-
-/// Arithmetic right shift by one of the int32 whose bits are x (C++20 defines both conversions).
-[[nodiscard]] constexpr std::uint32_t half(std::uint32_t x) noexcept {
-  return static_cast<std::uint32_t>(static_cast<std::int32_t>(x) >> 1);
-}
-
-/// zfp's forward lifting transform of one 1-D block, on the int32 values' bits (wrapping, so
-/// that no input is undefined behaviour; valid blocks never wrap, |i| < 2^30).
-constexpr void forward_lift(std::uint32_t* p) noexcept {
-  std::uint32_t x = p[0], y = p[1], z = p[2], w = p[3];
-  x += w; x = half(x); w -= x;
-  z += y; z = half(z); y -= z;
-  x += z; x = half(x); z -= x;
-  w += y; w = half(w); y -= w;
-  w += half(y); y -= half(w);
-  p[0] = x; p[1] = y; p[2] = z; p[3] = w;
-}
-
-/// zfp's inverse lifting transform of one 1-D block (wrapping: decoded coefficients are untrusted).
-constexpr void inverse_lift(std::uint32_t* p) noexcept {
-  std::uint32_t x = p[0], y = p[1], z = p[2], w = p[3];
-  y += half(w); w -= half(y);
-  y += w; w <<= 1; w -= y;
-  z += x; x <<= 1; x -= z;
-  y += z; z <<= 1; z -= y;
-  w += x; x <<= 1; x -= w;
-  p[0] = x; p[1] = y; p[2] = z; p[3] = w;
-}
-
-/// Stream bits of a block up to 4R = 64 (R ≤ 16) and up to 128 (R ≤ 32).
-__extension__ using wide_word = unsigned __int128;
-
-/// How the encoder codes one bit plane: `length` bits (`bits`, first bit lowest), given the
-/// number n of values significant before it and the plane's bits x (value i at bit i).
-struct plane_code {
-  std::uint16_t bits;
-  std::uint8_t length;
-};
-
-/// zfp's `encode_few_ints` for one plane with an unlimited budget: the n significant values'
-/// bits verbatim, then group tests ("is any further bit set?") each followed by a unary scan to
-/// the next set bit; the last value's bit is implied by a positive test. At n = 4 the plane is
-/// its 4 bits.
-constexpr plane_code code_plane(unsigned n, unsigned x) noexcept {
-  unsigned bits = 0, length = 0;
-  const auto emit = [&](unsigned bit) {
-    bits |= bit << length++;
-    return bit != 0;
-  };
-  for (unsigned i = 0; i < n; ++i) emit((x >> i) & 1u);
-  x >>= n;
-  for (; n < 4; x >>= 1, ++n) {
-    if (!emit(x != 0 ? 1u : 0u)) break;
-    for (; n < 3; x >>= 1, ++n)
-      if (emit(x & 1u)) break;
-  }
-  return {static_cast<std::uint16_t>(bits), static_cast<std::uint8_t>(length)};
-}
-
-/// One step of the decoder: a plane's bits, the stream bits it takes, and the row of
-/// `plane_steps` for the next plane (1024 · the significant count after it).
-struct plane_step {
-  std::uint8_t bits;
-  std::uint8_t length;
-  std::uint16_t row;
-};
-
-/// zfp's `decode_few_ints` for one plane, given n, the next stream bits (from bit 0) and how many
-/// of them the block's budget still allows. A budget that ends inside the plane ends it as zfp
-/// does: missing verbatim bits are 0, a missing group test ends the plane, and a scan cut short
-/// takes the value it reached as the significant one.
-constexpr plane_step parse_plane(unsigned n, unsigned stream, unsigned budget) noexcept {
-  unsigned position = 0, x = 0, bits = budget;
-  const auto read = [&] {
-    --bits;
-    return ((stream >> position++) & 1u) != 0;
-  };
-  const unsigned verbatim = n < bits ? n : bits;
-  for (unsigned i = 0; i < verbatim; ++i) x |= (read() ? 1u : 0u) << i;
-  for (; bits != 0 && n < 4; ++n) {
-    if (!read()) break;
-    for (; bits != 0 && n < 3; ++n)
-      if (read()) break;
-    x += 1u << n;
-  }
-  return {static_cast<std::uint8_t>(x), static_cast<std::uint8_t>(position), static_cast<std::uint16_t>(1024 * n)};
-}
+using namespace gradcomp::zfp_block;
 
 /// `code_plane` indexed by 16·mask + x, where mask has bit i set for each value significant
 /// before the plane: significance is prefix-closed, so mask is 0, 1, 3, 7 or 15 (n = 0 … 4 set
@@ -226,50 +139,6 @@ inline constexpr std::array<spread_entry, 16> spread = [] {
     for (unsigned i = 0; i < 4; ++i) t[x].lane[i] = (x >> i) & 1u;
   return t;
 }();
-
-/// The `count` (1 ≤ count ≤ 4) values at `values` as a block of float bits, padded as zfp's
-/// `pad_block` pads a partial block: m = 1 → f1 = f2 = f3 = f0; m = 2 → f2 = f1, f3 = f0;
-/// m = 3 → f3 = f0.
-inline void gather_block(const float* values, std::size_t count, std::uint32_t* f) noexcept {
-  std::memcpy(f, values, 4 * count);
-  switch (count) {
-    case 1: f[1] = f[0]; [[fallthrough]];
-    case 2: f[2] = f[1]; [[fallthrough]];
-    case 3: f[3] = f[0]; break;
-    default: break;
-  }
-}
-
-/// Block-floating-point cast, lift and negabinary of one block of four finite floats (as bits):
-/// the negabinary words in `u`. Returns the biased exponent e_b (0: a block of zeros; `u` is
-/// then all 0).
-inline std::uint32_t cast_block(const std::uint32_t* f, std::uint32_t* u) noexcept {
-  std::uint32_t largest = 0;
-  for (unsigned i = 0; i < 4; ++i) largest = std::max(largest, f[i] & 0x7fffffffu);
-  // frexp exponent of the largest magnitude, biased by 127: (its exponent field) + 1, which for a
-  // subnormal (field 0) is the clamped 1 − 127; 0 for a block of zeros.
-  const std::uint32_t biased = (largest >> 23) + (largest != 0 ? 1u : 0u);
-  // i = trunc(f · 2^(30 − emax)), exact in double for every exponent (libzfp's float scale
-  // overflows below emax = −97).
-  const double scale = std::bit_cast<double>(std::uint64_t{1023 + 157 - biased} << 52);
-  for (unsigned i = 0; i < 4; ++i)
-    u[i] = static_cast<std::uint32_t>(static_cast<std::int32_t>(static_cast<double>(std::bit_cast<float>(f[i])) * scale));
-  forward_lift(u);
-  for (unsigned i = 0; i < 4; ++i) u[i] = (u[i] + negabinary_mask) ^ negabinary_mask;
-  return biased;
-}
-
-/// float(i) · 2^(e_b − 157) for the four decoded int32 `values` (bits) of a block of biased
-/// exponent e_b (0..255), each with one rounding: libzfp's `(float)i * ldexpf(1, emax − 30)`
-/// where that power of two is a float (e_b ≥ 8), and without its flush to zero below. For
-/// e_b ≥ 31 the scale is a normal float; below, 2^−30 is applied first (exactly), then 2^(e_b −
-/// 127), normal or, for e_b = 0 (a header the encoder never writes), the subnormal 2^−127.
-inline void scale_block(const std::uint32_t* values, std::uint32_t biased, float* g) noexcept {
-  const bool direct = biased >= 31;
-  const float first = std::bit_cast<float>((direct ? biased - 30 : 97u) << 23);
-  const float second = direct ? 1.0f : std::bit_cast<float>(biased != 0 ? biased << 23 : 1u << 22);
-  for (unsigned i = 0; i < 4; ++i) g[i] = static_cast<float>(static_cast<std::int32_t>(values[i])) * first * second;
-}
 
 /// Index of the highest set bit of x, −1 for 0.
 [[nodiscard]] inline int top_bit(std::uint32_t x) noexcept { return 31 - std::countl_zero(x); }
@@ -669,7 +538,7 @@ void encode_blocks(const float* values, std::size_t count, unsigned rate, bool a
   }
   for (; i < count; i += 4) {
     std::uint32_t f[4];
-    gather_block(values + i, std::min<std::size_t>(4, count - i), f);
+    gather_block(values + i, static_cast<unsigned>(std::min<std::size_t>(4, count - i)), f);
     biased[0] = cast_block(f, u);
     writer.put(code_planes<Kernels, Word>(u, biased[0], budget) & mask, block_bits);
   }
@@ -1034,12 +903,8 @@ struct backend<zfp_fixed_rate_codec, cpu_executor> {
     using namespace cpu::zfp_detail;
     const envelope e = parse_envelope(message);
     validate_envelope(e, {codec_id::zfp_fixed_rate, value_dtype::float32, out.size(), codec.params_hash()}, limits);
-    detail::require(e.layout == 0, errc::malformed_payload, "ZFP messages have layout 0");
+    codec.check_layout(e);
     const std::uint64_t n = e.elements;
-    detail::require(e.payload_bytes == codec.payload_bytes(n), errc::malformed_payload, [&] {
-      return "payload of " + std::to_string(e.payload_bytes) + " bytes, " + std::to_string(n) + " elements at " +
-             std::to_string(codec.params().rate_bits) + " bits per value take " + std::to_string(codec.payload_bytes(n));
-    });
     if (n == 0) return;
     const std::byte* const payload = message.data() + envelope::size;
     const std::byte* const end = payload + e.payload_bytes;

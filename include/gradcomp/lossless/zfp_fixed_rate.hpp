@@ -50,11 +50,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <string>
 
 #include <gradcomp/core/codec_interface.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/lossless/zfp_block.hpp>
 
 namespace gradcomp {
 
@@ -85,7 +87,7 @@ class zfp_fixed_rate_codec : public codec_interface<zfp_fixed_rate_codec, float>
   /// as in libzfp, or whose exponent field was corrupted.
   static constexpr bool may_decode_infinity = true;
   static constexpr std::uint64_t block = 4;               ///< Values per block.
-  static constexpr std::uint32_t header_bits = 9;         ///< Bits of a non-zero block's header.
+  static constexpr std::uint32_t header_bits = zfp_block::header_bits;  ///< Bits of a non-zero block's header.
 
   /// @throws error `invalid_argument` for invalid parameters.
   explicit zfp_fixed_rate_codec(zfp_params params = {}, wire_options wire = {}) : params_(params), wire_(wire) {
@@ -117,6 +119,15 @@ class zfp_fixed_rate_codec : public codec_interface<zfp_fixed_rate_codec, float>
     constexpr std::uint64_t limit = std::numeric_limits<std::size_t>::max();
     if (payload_bytes(n) > limit - envelope::size) return std::numeric_limits<std::size_t>::max();
     return static_cast<std::size_t>(envelope::size + payload_bytes(n));
+  }
+  /// A decoder's checks of an envelope already validated against this codec: layout 0, and the
+  /// payload size of its element count. @throws error `malformed_payload`.
+  void check_layout(const envelope& e) const {
+    detail::require(e.layout == 0, errc::malformed_payload, "ZFP messages have layout 0");
+    detail::require(e.payload_bytes == payload_bytes(e.elements), errc::malformed_payload, [&] {
+      return "payload of " + std::to_string(e.payload_bytes) + " bytes, " + std::to_string(e.elements) + " elements at " +
+             std::to_string(params_.rate_bits) + " bits per value take " + std::to_string(payload_bytes(e.elements));
+    });
   }
   /// Hash of the parameters, carried in every message and checked by decoders.
   [[nodiscard]] std::uint64_t params_hash() const noexcept {

@@ -1,0 +1,90 @@
+// The float codecs of the hybrid scheme on the GPU: ZFP fixed-rate messages equal the CPU's byte
+// for byte and decode (into zeros and onto values) to the CPU's bits, for every rate from 3 to 32,
+// sizes with partial last blocks and odd block counts, the test inputs and magnitudes at both ends
+// of the float range; payloads with every byte random decode alike. On both executors NaN or Inf
+// leaves no message and non-zero padding bits are malformed_payload with the output untouched.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cuda/device_io.cuh"
+#include "support/data.hpp"
+#include "support/errors.hpp"
+#include "support/zfp_inputs.hpp"
+
+using namespace gradcomp;
+using namespace gradcomp::test;
+
+namespace {
+
+/// The CPU's and the GPU's decodings of `message` (into zeros and onto `start`) have equal bits.
+template <class Codec>
+void check_decodes_alike(const Codec& codec, const std::vector<std::byte>& message, std::size_t n, std::uint64_t seed) {
+  const std::vector<float> start = make_input<float>(input_kind::normal, n, seed);
+  const outcome<float> cpu = decode_outcome_on(cpu_executor{}, codec, message, std::vector<float>(n));
+  const outcome<float> gpu = decode_outcome_on(cuda_executor{}, codec, message, std::vector<float>(n));
+  CHECK(gpu.status == cpu.status);
+  CHECK(bit_patterns(gpu.output) == bit_patterns(cpu.output));
+  const outcome<float> cpu_sum = decode_outcome_on(cpu_executor{}, codec, message, start, true);
+  const outcome<float> gpu_sum = decode_outcome_on(cuda_executor{}, codec, message, start, true);
+  CHECK(gpu_sum.status == cpu_sum.status);
+  CHECK(bit_patterns(gpu_sum.output) == bit_patterns(cpu_sum.output));
+}
+
+const auto zfp_bad_input_changes_nothing = [](const auto& exec) {
+  const zfp_fixed_rate_codec codec({.rate_bits = 5});
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+    std::vector<float> x = make_input<float>(input_kind::normal, 999, 3);
+    x[998] = bad;
+    const outcome<std::byte> result = encode_outcome_on(exec, codec, x);
+    CHECK(result.status == named(errc::non_finite_input));
+    CHECK(thrown_by([&] { (void)parse_envelope(result.output); }) != "no exception");
+  }
+  // 1001 values are 251 blocks of 20 bits: the stream ends mid-byte, with 4 padding bits.
+  const std::vector<float> x = make_input<float>(input_kind::normal, 1001, 4);
+  std::vector<std::byte> message = encode_on(cpu_executor{}, codec, x);
+  message.back() |= std::byte{0x80};
+  const std::vector<float> start(1001, 2.5f);
+  const outcome<float> decoded = decode_outcome_on(exec, codec, message, start);
+  CHECK(decoded.status == named(errc::malformed_payload));
+  CHECK(bit_patterns(decoded.output) == bit_patterns(start));
+};
+
+}  // namespace
+
+TEST_CASE("cuda: ZFP fixed-rate messages and decodings equal the CPU's bit for bit" * doctest::skip(!gpu_available())) {
+  for (unsigned rate = 3; rate <= 32; ++rate) {
+    const zfp_fixed_rate_codec codec({.rate_bits = rate});
+    for (const std::size_t n : {1u, 2u, 3u, 4u, 5u, 1003u, 4099u}) {
+      CAPTURE(rate);
+      for (const input_kind kind : all_input_kinds) check_matches_cpu(codec, n, kind, 100 * rate + n);
+      for (const zfp_input kind : all_zfp_inputs) {
+        const std::vector<float> x = zfp_test_input(kind, n, rate + n);
+        CHECK(encode_on(cuda_executor{}, codec, x) == encode_on(cpu_executor{}, codec, x));
+      }
+      // Both ends of the range: blocks below 2^-98 (the exact cast) and from 2^126 up.
+      std::vector<float> extreme = zfp_test_input(zfp_input::mixed, n, rate);
+      for (std::size_t i = 0; i < n; ++i) extreme[i] = std::ldexp(extreme[i], (i / 4) % 2 == 0 ? -100 : 86);
+      const std::vector<std::byte> message = encode_on(cpu_executor{}, codec, extreme);
+      CHECK(encode_on(cuda_executor{}, codec, extreme) == message);
+      check_decodes_alike(codec, message, n, rate);
+      // Hostile payloads: every byte random (the padding bits cleared, or the CPU refuses it too).
+      std::mt19937_64 engine(rate * n);
+      std::vector<std::byte> random = message;
+      for (std::size_t b = envelope::size; b < random.size(); ++b) random[b] = static_cast<std::byte>(engine());
+      check_decodes_alike(codec, random, n, rate + 1);
+    }
+  }
+  // Large enough for many blocks per thread.
+  check_matches_cpu(zfp_fixed_rate_codec({.rate_bits = 8}), std::size_t{1} << 22, input_kind::normal, 5);
+  check_matches_cpu(zfp_fixed_rate_codec({.rate_bits = 16}, {.payload_checksum = true}), (std::size_t{1} << 21) + 3,
+                    input_kind::normal, 6);
+}
+
+GRADCOMP_TEST_ON_EXECUTORS("ZFP: NaN or Inf leaves no message, and non-zero padding bits are malformed_payload",
+                           zfp_bad_input_changes_nothing)
