@@ -20,6 +20,7 @@
 #include <gradcomp/cuda/grid.cuh>
 #include <gradcomp/cuda/loco.cuh>
 #include <gradcomp/cuda/message.cuh>
+#include <gradcomp/cuda/mpc.cuh>
 #include <gradcomp/cuda/operation.cuh>
 #include <gradcomp/cuda/pipeline.cuh>
 #include <gradcomp/cuda/qsgd.cuh>

@@ -1,11 +1,17 @@
-// The float codecs of the hybrid scheme on the GPU: ZFP fixed-rate messages equal the CPU's byte
+// The float codecs of the hybrid scheme on the GPU. ZFP fixed-rate messages equal the CPU's byte
 // for byte and decode (into zeros and onto values) to the CPU's bits, for every rate from 3 to 32,
 // sizes with partial last blocks and odd block counts, the test inputs and magnitudes at both ends
-// of the float range; payloads with every byte random decode alike. On both executors NaN or Inf
-// leaves no message and non-zero padding bits are malformed_payload with the output untouched.
+// of the float range; payloads with every byte random decode alike. MPC messages equal the CPU's
+// for every d from 1 to 32, sizes around the group and chunk boundaries, smooth, random-bit and
+// special-value inputs, and decode alike, damaged messages included. On both executors: ZFP's NaN
+// or Inf leaves no message; non-zero padding bits (ZFP's nibble, MPC's high bits of a partial last
+// group) and MPC bitmaps that mark more words than the payload carries are malformed_payload with
+// the output untouched.
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <span>
@@ -55,7 +61,67 @@ const auto zfp_bad_input_changes_nothing = [](const auto& exec) {
   CHECK(bit_patterns(decoded.output) == bit_patterns(start));
 };
 
+const auto mpc_bad_payload_changes_nothing = [](const auto& exec) {
+  const mpc_codec codec({.dim = 3});
+  const std::vector<float> x = make_input<float>(input_kind::normal, 1000, 6);  // 1000 = 31·32 + 8
+  const std::vector<std::byte> message = encode_on(cpu_executor{}, codec, x);
+  const std::vector<float> start(1000, -1.5f);
+  // A bit at or above 2^8 in a transposed word of the last group: flip the top bit of the last
+  // kept word, which belongs to that group.
+  std::vector<std::byte> high = message;
+  high.back() ^= std::byte{0x80};
+  // One bit more in a bitmap than the payload carries words for.
+  std::vector<std::byte> marked = message;
+  bool added = false;
+  for (std::size_t g = 0; g < mpc_codec::group_count(x.size()) && !added; ++g) {
+    std::uint32_t bitmap = 0;
+    std::memcpy(&bitmap, marked.data() + envelope::size + 4 * g, 4);
+    if (bitmap == ~std::uint32_t{0}) continue;
+    bitmap |= bitmap + 1;  // the lowest clear bit
+    std::memcpy(marked.data() + envelope::size + 4 * g, &bitmap, 4);
+    added = true;
+  }
+  REQUIRE(added);
+  for (const std::vector<std::byte>* bad : std::array<const std::vector<std::byte>*, 2>{&high, &marked}) {
+    const outcome<float> decoded = decode_outcome_on(exec, codec, *bad, start);
+    CHECK(decoded.status == named(errc::malformed_payload));
+    CHECK(bit_patterns(decoded.output) == bit_patterns(start));
+  }
+};
+
+/// n random bit patterns (NaNs, infinities and subnormals among them).
+std::vector<float> random_bits(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 engine(seed);
+  std::vector<float> x(n);
+  for (float& v : x) v = from_bits<float>(static_cast<std::uint32_t>(engine()));
+  return x;
+}
+
 }  // namespace
+
+TEST_CASE("cuda: MPC messages and decodings equal the CPU's bit for bit" * doctest::skip(!gpu_available())) {
+  for (std::uint32_t dim = 1; dim <= 32; ++dim) {
+    const mpc_codec codec({.dim = dim});
+    for (const std::size_t n : {0u, 1u, 31u, 32u, 33u, 1023u, 1024u, 1025u, 5000u, 70001u}) {
+      CAPTURE(dim);
+      CAPTURE(n);
+      for (const input_kind kind : all_input_kinds) check_matches_cpu(codec, n, kind, 7 * dim + n);
+      const std::vector<float> smooth = zfp_test_input(zfp_input::smooth, n, dim);
+      CHECK(encode_on(cuda_executor{}, codec, smooth) == encode_on(cpu_executor{}, codec, smooth));
+      const std::vector<float> bits = random_bits(n, dim + n);
+      const std::vector<std::byte> message = encode_on(cpu_executor{}, codec, bits);
+      CHECK(encode_on(cuda_executor{}, codec, bits) == message);
+      check_decodes_alike(codec, message, n, dim);
+      // Damaged: a flipped bit in each of a few kept words (the padding check or other values).
+      std::vector<std::byte> damaged = message;
+      for (std::size_t b = envelope::size + 4 * mpc_codec::group_count(n); b < damaged.size(); b += 97)
+        damaged[b] ^= std::byte{0x10};
+      check_decodes_alike(codec, damaged, n, dim + 1);
+    }
+  }
+  check_matches_cpu(mpc_codec(), std::size_t{1} << 22, input_kind::normal, 8);
+  check_matches_cpu(mpc_codec({.dim = 5}, {.payload_checksum = true}), (std::size_t{1} << 21) + 17, input_kind::ties, 9);
+}
 
 TEST_CASE("cuda: ZFP fixed-rate messages and decodings equal the CPU's bit for bit" * doctest::skip(!gpu_available())) {
   for (unsigned rate = 3; rate <= 32; ++rate) {
@@ -88,3 +154,5 @@ TEST_CASE("cuda: ZFP fixed-rate messages and decodings equal the CPU's bit for b
 
 GRADCOMP_TEST_ON_EXECUTORS("ZFP: NaN or Inf leaves no message, and non-zero padding bits are malformed_payload",
                            zfp_bad_input_changes_nothing)
+GRADCOMP_TEST_ON_EXECUTORS("MPC: stray high bits in the last group and over-marking bitmaps are malformed_payload",
+                           mpc_bad_payload_changes_nothing)

@@ -397,14 +397,9 @@ struct backend<mpc_codec, cpu_executor> {
     using namespace cpu::mpc_detail;
     const envelope e = parse_envelope(message);
     validate_envelope(e, {codec_id::mpc, value_dtype::float32, out.size(), codec.params_hash()}, limits);
-    detail::require(e.layout == 0, errc::malformed_payload, "MPC messages have layout 0");
+    const std::uint64_t carried = mpc_codec::carried_words(e);
     const std::uint64_t n = e.elements;
     const std::uint64_t groups = mpc_codec::group_count(n);
-    detail::require(e.payload_bytes % 4 == 0 && e.payload_bytes / 4 >= groups, errc::malformed_payload, [&] {
-      return "payload of " + std::to_string(e.payload_bytes) + " bytes does not hold the " + std::to_string(groups) +
-             " bitmaps of " + std::to_string(n) + " elements";
-    });
-    const std::uint64_t carried = e.payload_bytes / 4 - groups;
     const std::byte* const bitmaps = message.data() + envelope::size;
     const std::byte* const words = bitmaps + 4 * groups;
     const std::byte* const words_end = words + 4 * carried;

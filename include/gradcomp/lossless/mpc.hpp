@@ -46,6 +46,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <string>
 
 #include <gradcomp/core/codec_interface.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
@@ -100,6 +101,18 @@ class mpc_codec : public codec_interface<mpc_codec, float> {
     constexpr std::uint64_t limit = std::numeric_limits<std::size_t>::max();
     if (group_count(n) > (limit - envelope::size) / ((group + 1) * 4)) return std::numeric_limits<std::size_t>::max();
     return static_cast<std::size_t>(envelope::size + max_payload_bytes(n));
+  }
+  /// A decoder's checks of an envelope already validated against this codec: layout 0, and a
+  /// payload of whole words that holds the ⌈n/32⌉ bitmaps. @returns the kept words it carries
+  /// after them. @throws error `malformed_payload`.
+  static std::uint64_t carried_words(const envelope& e) {
+    detail::require(e.layout == 0, errc::malformed_payload, "MPC messages have layout 0");
+    const std::uint64_t groups = group_count(e.elements);
+    detail::require(e.payload_bytes % 4 == 0 && e.payload_bytes / 4 >= groups, errc::malformed_payload, [&] {
+      return "payload of " + std::to_string(e.payload_bytes) + " bytes does not hold the " + std::to_string(groups) +
+             " bitmaps of " + std::to_string(e.elements) + " elements";
+    });
+    return e.payload_bytes / 4 - groups;
   }
   /// Hash of the parameters, carried in every message and checked by decoders.
   [[nodiscard]] std::uint64_t params_hash() const noexcept {
