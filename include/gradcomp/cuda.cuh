@@ -19,6 +19,7 @@
 #include <gradcomp/cuda/finite_check.cuh>
 #include <gradcomp/cuda/grid.cuh>
 #include <gradcomp/cuda/loco.cuh>
+#include <gradcomp/cuda/lossless_homomorphic.cuh>
 #include <gradcomp/cuda/message.cuh>
 #include <gradcomp/cuda/mpc.cuh>
 #include <gradcomp/cuda/operation.cuh>

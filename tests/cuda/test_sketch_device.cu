@@ -68,8 +68,8 @@ void check_within_summation_bound(const count_sketch_params& p, const std::vecto
     const double k = terms[c] > 0 ? terms[c] - 1 : 0;
     const double bound = 2 * (k * u / (1 - k * u)) * magnitude[c];
     const double gap = std::fabs(static_cast<double>(a[c]) - static_cast<double>(b[c]));
-    outside += gap <= bound ? 0 : 1;  // NaN fails
-    differing += to_bits(a[c]) != to_bits(b[c]) ? 1 : 0;
+    outside += gap <= bound ? 0u : 1u;  // NaN fails
+    differing += to_bits(a[c]) != to_bits(b[c]) ? 1u : 0u;
   }
   CAPTURE(differing);
   CHECK(outside == 0);
@@ -185,7 +185,120 @@ const auto bad_input_leaves_nothing = [](const auto& exec) {
   CHECK(mismatch.output == a);
 };
 
+/// One rank's gradient: each element non-zero (N(0, 1)) with probability `density`.
+template <class T>
+std::vector<T> sparse_gradient(std::size_t n, double density, std::uint64_t seed) {
+  std::mt19937_64 engine(seed);
+  std::bernoulli_distribution keep(density);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<T> x(n, T{0});
+  for (T& v : x)
+    if (keep(engine)) v = static_cast<T>(normal(engine));
+  return x;
+}
+
+/// What LHC's encoding side gave on one executor: the index, the plan of the aggregated index,
+/// the sketch, and each call's status.
+template <class T>
+struct lhc_encoding {
+  std::vector<std::byte> index;
+  lhc_plan plan;
+  std::vector<T> sketch;
+  std::string index_status, plan_status, sketch_status;
+
+  friend bool operator==(const lhc_encoding& a, const lhc_encoding& b) {
+    return a.index == b.index && a.plan == b.plan && bit_patterns(a.sketch) == bit_patterns(b.sketch) &&
+           a.index_status == b.index_status && a.plan_status == b.plan_status && a.sketch_status == b.sketch_status;
+  }
+};
+
+/// encode_index of `x`, plan of `global` (the aggregated index) for `contributors` ranks, and
+/// encode_sketch of `x` under that plan (or `forced`, when given), on `exec`.
+template <class E, class T>
+lhc_encoding<T> lhc_encode_on(const E& exec, const lossless_homomorphic<T>& lhc, const std::vector<T>& x,
+                              const std::vector<std::byte>& global, std::uint64_t contributors, const lhc_plan* forced = nullptr) {
+  using memory = executor_memory<E>;
+  const std::size_t n = x.size();
+  auto g = memory::copy_in(x);
+  auto index = memory::copy_in(std::vector<std::byte>(lhc.index_bytes(n), std::byte{0xAB}));
+  lhc_encoding<T> result;
+  result.index_status = thrown_by([&] { lhc.encode_index(exec, std::span<const T>(memory::span(g)), memory::span(index)); });
+  result.index = memory::copy_out(exec, index, lhc.index_bytes(n));
+  auto aggregated = memory::copy_in(global);
+  result.plan_status = thrown_by(
+      [&] { result.plan = lhc.plan(exec, std::span<const std::byte>(memory::span(aggregated)), n, contributors); });
+  const lhc_plan plan = forced != nullptr ? *forced : result.plan;
+  auto sketch = memory::copy_in(std::vector<T>(plan.sketch_values(), T{7}));
+  result.sketch_status = thrown_by([&] {
+    lhc.encode_sketch(exec, std::span<const T>(memory::span(g)), std::span<const std::byte>(memory::span(aggregated)), plan,
+                      memory::span(sketch));
+  });
+  result.sketch = memory::copy_out(exec, sketch, plan.sketch_values());
+  return result;
+}
+
+/// The rank-wise OR (bitmap) or uint8 sum (sum4, sum8) of the CPU's indexes of `ranks`.
+template <class T>
+std::vector<std::byte> aggregated_index(const lossless_homomorphic<T>& lhc, const std::vector<std::vector<T>>& ranks) {
+  std::vector<std::byte> total(lhc.index_bytes(ranks.front().size()), std::byte{0});
+  for (const std::vector<T>& x : ranks) {
+    std::vector<std::byte> mine(total.size());
+    lhc.encode_index(cpu_executor{}, std::span<const T>(x), std::span<std::byte>(mine));
+    for (std::size_t q = 0; q < total.size(); ++q) {
+      const auto a = static_cast<unsigned>(total[q]), b = static_cast<unsigned>(mine[q]);
+      total[q] = static_cast<std::byte>(lhc.params().index == lhc_index_coding::bitmap ? (a | b) : ((a + b) & 0xFFu));
+    }
+  }
+  return total;
+}
+
+template <class T>
+void check_lhc_encodings(const lhc_params& params, std::size_t n, double density) {
+  const lossless_homomorphic<T> lhc(params);
+  CAPTURE(n);
+  CAPTURE(density);
+  CAPTURE(params.block);
+  CAPTURE(params.reference_layout);
+  CAPTURE(static_cast<int>(params.index));
+  std::vector<std::vector<T>> ranks;
+  for (std::uint64_t r = 0; r < 3; ++r) ranks.push_back(sparse_gradient<T>(n, density, 100 * n + r));
+  const std::vector<std::byte> global = aggregated_index(lhc, ranks);
+  for (const std::vector<T>& x : ranks) CHECK(lhc_encode_on(cuda_executor{}, lhc, x, global, 3) == lhc_encode_on(cpu_executor{}, lhc, x, global, 3));
+}
+
 }  // namespace
+
+TEST_CASE("cuda: LHC indexes, plans and sketches equal the CPU's bit for bit, errors and poisoning included" *
+          doctest::skip(!gpu_available())) {
+  for (const lhc_index_coding coding : {lhc_index_coding::bitmap, lhc_index_coding::sum4, lhc_index_coding::sum8})
+    for (const std::size_t n : {0u, 1u, 999u, 100003u})
+      for (const double density : {0.001, 0.05, 0.5}) {
+        check_lhc_encodings<float>({.index = coding}, n, density);
+        check_lhc_encodings<double>({.block = 100, .index = coding, .seed = 3}, n, density);
+        check_lhc_encodings<float>({.index = coding, .reference_layout = true, .fixed_compress_ratio = 2}, n, density);
+      }
+  check_lhc_encodings<float>({}, std::size_t{1} << 22, 0.05);
+  // Errors: NaN (the index marks everything, the sketch is NaN), an element outside the index, a
+  // plan that is not the index's, a field above the rank limit; both executors alike.
+  const lossless_homomorphic<float> lhc({.index = lhc_index_coding::sum4});
+  std::vector<float> x = sparse_gradient<float>(5001, 0.05, 1);
+  const std::vector<std::byte> global = aggregated_index(lhc, std::vector<std::vector<float>>{x});
+  std::vector<float> with_nan = x;
+  with_nan[77] = std::numeric_limits<float>::quiet_NaN();
+  CHECK(lhc_encode_on(cuda_executor{}, lhc, with_nan, global, 1) == lhc_encode_on(cpu_executor{}, lhc, with_nan, global, 1));
+  std::vector<float> outside = x;
+  for (float& v : outside)
+    if (v == 0.0f) {
+      v = 1.0f;
+      break;
+    }
+  CHECK(lhc_encode_on(cuda_executor{}, lhc, outside, global, 1) == lhc_encode_on(cpu_executor{}, lhc, outside, global, 1));
+  const lhc_plan wrong = lhc.plan_for(5001, 5001);
+  CHECK(lhc_encode_on(cuda_executor{}, lhc, x, global, 1, &wrong) == lhc_encode_on(cpu_executor{}, lhc, x, global, 1, &wrong));
+  std::vector<std::byte> too_many = global;
+  too_many[10] = std::byte{0x0F};  // a field of 15 with 2 contributors
+  CHECK(lhc_encode_on(cuda_executor{}, lhc, x, too_many, 2) == lhc_encode_on(cpu_executor{}, lhc, x, too_many, 2));
+}
 
 TEST_CASE("cuda: count-sketch encodings give the CPU's bytes where sums are exact and lie within the summation bound "
           "elsewhere" * doctest::skip(!gpu_available())) {

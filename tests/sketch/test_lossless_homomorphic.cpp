@@ -509,6 +509,52 @@ TEST_CASE("lhc plans follow the sizing rule, the fixed ratio and the dense fallb
   CHECK(thrown_by([] { lossless_homomorphic<float>({.cells_per_nonzero = std::nan("")}); }) == named(errc::invalid_argument));
 }
 
+TEST_CASE_TEMPLATE("lhc sketches computed cell by cell from row-sorted pairs (the GPU's order) equal encode_sketch bit for bit",
+                   T, float, double) {
+  // lhc_cell_from_row adds a cell's contributions in the order of its row's (block, hash) pairs,
+  // sorted stably by row: the CUDA backend computes one cell per thread this way, without atomics.
+  for (const bool reference : {false, true})
+    for (const std::uint32_t block : {1024u, 100u, 7u})
+      for (const std::size_t n : {std::size_t{1}, std::size_t{999}, std::size_t{50'000}})
+        for (const double density : {0.01, 0.3, 1.0}) {
+          CAPTURE(reference);
+          CAPTURE(block);
+          CAPTURE(n);
+          CAPTURE(density);
+          const lossless_homomorphic<T> lhc({.block = block, .reference_layout = reference, .fixed_compress_ratio = reference ? 2.0 : 0.0,
+                                             .seed = reference ? 0u : 5u});
+          const std::vector<T> x = make_gradients<T>(1, n, density, n + block, false).front();
+          const cpu_executor cpu;
+          bytes index(lhc.index_bytes(n));
+          lhc.encode_index(cpu, std::span<const T>(x), std::span<std::byte>(index));
+          const lhc_plan plan = lhc.plan(cpu, std::span<const std::byte>(index), n, 1);
+          if (plan.dense || plan.cells == 0) continue;
+          std::vector<T> expected(plan.sketch_values());
+          lhc.encode_sketch(cpu, std::span<const T>(x), std::span<const std::byte>(index), plan, std::span<T>(expected));
+          const std::uint64_t blocks = lhc.block_count(n);
+          std::vector<lhc_block_layout> layouts;
+          std::vector<std::pair<std::uint64_t, std::uint64_t>> keyed;  // (row, 3·b + j), in (b, j) order
+          for (std::uint64_t b = 0; b < blocks; ++b) {
+            layouts.push_back(lhc_layout_of_block(b, plan.rows, block, lhc.params().seed, reference));
+            for (std::uint64_t j = 0; j < 3; ++j) keyed.emplace_back(layouts.back().row_offset[j] / block, 3 * b + j);
+          }
+          std::stable_sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+          std::vector<std::uint64_t> pairs, row_begin(plan.rows + 1, 0);
+          for (const auto& [row, pair] : keyed) {
+            pairs.push_back(pair);
+            ++row_begin[row + 1];
+          }
+          for (std::uint64_t r = 0; r < plan.rows; ++r) row_begin[r + 1] += row_begin[r];
+          std::vector<T> cells(plan.cells);
+          for (std::uint64_t c = 0; c < plan.cells; ++c)
+            cells[c] = lhc_cell_from_row<T>(x.data(), n, pairs.data(), row_begin[c / block], row_begin[c / block + 1], c % block,
+                                            layouts.data(), block);
+          std::size_t differing = 0;
+          for (std::uint64_t c = 0; c < plan.cells; ++c) differing += to_bits(cells[c]) != to_bits(expected[c]) ? 1u : 0u;
+          CHECK(differing == 0);
+        }
+}
+
 TEST_CASE("lhc many small blocks need 32-bit counters and still decode exactly") {
   const std::size_t n = 300000;
   const lhc_params p{.block = 2, .seed = 1};  // 150000 blocks: a cell may hold more than 65535

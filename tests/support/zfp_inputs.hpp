@@ -40,4 +40,21 @@ inline std::vector<float> zfp_test_input(zfp_input kind, std::size_t n, std::uin
   return x;
 }
 
+/// n values at both ends of the float range, alternating by block of 4: magnitudes below 2^−98
+/// (where libzfp's float cast overflows; subnormals among them) and in [2^126, 2^127) (blocks
+/// whose decoded values may reach ±Inf), random signs; all finite.
+inline std::vector<float> zfp_extreme_input(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 engine(seed);
+  std::uniform_real_distribution<double> mantissa(1.0, 2.0);
+  std::uniform_int_distribution<int> tiny_exponent(-149, -99);
+  std::vector<float> x(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double m = mantissa(engine);
+    const int e = (i / 4) % 2 == 0 ? tiny_exponent(engine) : 126;
+    const double sign = engine() % 2 == 0 ? 1.0 : -1.0;
+    x[i] = static_cast<float>(sign * std::ldexp(m, e));
+  }
+  return x;
+}
+
 }  // namespace gradcomp::test

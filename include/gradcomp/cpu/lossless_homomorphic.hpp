@@ -342,20 +342,11 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     return s;
   }
 
-  static void require_size(std::uint64_t got, std::uint64_t want, const char* what) {
-    detail::require(got == want, errc::size_mismatch, [&] {
-      return std::string(what) + ": got " + std::to_string(got) + ", expected " + std::to_string(want);
-    });
-  }
+  static void require_size(std::uint64_t got, std::uint64_t want, const char* what) { detail::lhc_require_size(got, want, what); }
 
   /// Checks that the bits (bitmap) or the nibble (sum4) past the last element are zero.
   static void require_padding(const codec_type& codec, std::span<const std::byte> index, std::uint64_t n) {
-    const lhc_index_coding coding = codec.params().index;
-    const std::uint64_t per_byte = coding == lhc_index_coding::bitmap ? 8 : coding == lhc_index_coding::sum4 ? 2 : 1;
-    if (n % per_byte == 0) return;
-    const std::uint32_t used_bits = static_cast<std::uint32_t>(n % per_byte) * static_cast<std::uint32_t>(8 / per_byte);
-    detail::require((std::to_integer<std::uint32_t>(index.back()) >> used_bits) == 0, errc::malformed_payload,
-                    "index bits past the last element are not zero");
+    detail::lhc_require_padding(codec.params().index, n, [&] { return std::to_integer<unsigned>(index.back()); });
   }
 
   /// Elements of the union in an aggregated index, after checking its padding and that no field

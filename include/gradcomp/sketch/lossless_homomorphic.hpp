@@ -190,6 +190,59 @@ GRADCOMP_HOST_DEVICE constexpr lhc_block_layout lhc_layout_of_block(std::uint64_
 
 /// Lossless homomorphic compression of `float` or `double` gradients: an index and a count sketch
 /// whose sums over ranks decode, by peeling, to the exact sum of the gradients.
+namespace detail {
+
+/// Elements an index byte of `coding` covers: 8 (bitmap), 2 (sum4) or 1 (sum8).
+[[nodiscard]] GRADCOMP_HOST_DEVICE constexpr unsigned lhc_elements_per_byte(lhc_index_coding coding) noexcept {
+  return coding == lhc_index_coding::bitmap ? 8u : (coding == lhc_index_coding::sum4 ? 2u : 1u);
+}
+
+/// The size checks of every LHC call. @throws error `size_mismatch` naming `what`.
+inline void lhc_require_size(std::uint64_t got, std::uint64_t want, const char* what) {
+  require(got == want, errc::size_mismatch, [&] {
+    return std::string(what) + ": got " + std::to_string(got) + ", expected " + std::to_string(want);
+  });
+}
+
+/// Checks that the bits (bitmap) or the nibble (sum4) past element n − 1 of an index are zero,
+/// given its last byte `last` (read only when n leaves part of it unused).
+/// @throws error `malformed_payload`.
+template <class LastByte>
+void lhc_require_padding(lhc_index_coding coding, std::uint64_t n, LastByte&& last) {
+  const unsigned per = lhc_elements_per_byte(coding);
+  if (n % per == 0) return;
+  const auto used_bits = static_cast<unsigned>(n % per) * (8 / per);
+  require((static_cast<unsigned>(last()) >> used_bits) == 0, errc::malformed_payload,
+          "index bits past the last element are not zero");
+}
+
+}  // namespace detail
+
+/// Cell `column` of a row of one rank's sketch, computed from the row's side: the sum, in T from
+/// +0, of σ_j·x[b·B + t] over the row's (block, hash) pairs `pairs[begin, end)`, each the number
+/// 3·b + j, in ascending order, where t = (column − rot_j) mod B and elements past n are skipped.
+/// With the pairs of every row in ascending order (a stable sort of all 3·G pairs by row), this
+/// adds each cell's elements in ascending element order, which is the CPU encoder's order, so it
+/// gives the CPU's bits: the GPU computes a cell per thread this way. Zero elements add nothing (a
+/// sum that starts at +0 never becomes −0), so they need not be skipped; `layouts[b]` is block
+/// b's layout.
+template <gradient_value T>
+GRADCOMP_HOST_DEVICE inline T lhc_cell_from_row(const T* x, std::uint64_t n, const std::uint64_t* pairs, std::uint64_t begin,
+                                                std::uint64_t end, std::uint64_t column, const lhc_block_layout* layouts,
+                                                std::uint32_t block) noexcept {
+  T sum = T{0};
+  for (std::uint64_t p = begin; p < end; ++p) {
+    const std::uint64_t b = pairs[p] / 3;
+    const auto j = static_cast<unsigned>(pairs[p] % 3);
+    const std::uint32_t rotation = layouts[b].rotation[j];
+    const std::uint64_t t = column >= rotation ? column - rotation : column + block - rotation;
+    const std::uint64_t i = b * block + t;
+    if (i >= n) continue;
+    sum += layouts[b].negative[j] ? -x[i] : x[i];
+  }
+  return sum;
+}
+
 template <gradient_value T = float>
 class lossless_homomorphic {
  public:
