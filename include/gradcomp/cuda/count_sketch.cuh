@@ -8,8 +8,9 @@
 /// every cell for an overflowed sum. The atomics add each cell's elements in whatever order they
 /// arrive, so a cell's rounding can differ from the CPU reference's, which adds them in ascending
 /// index order: this is the one encoding whose bytes are not the CPU's (docs/cuda.md §4). Each
-/// cell sum is within the recursive-summation bound of the exact sum either way, and inputs whose
-/// sums are exact (integers times a power of two, say) give the CPU's bytes.
+/// cell sum is within the recursive-summation bound of the exact sum either way (for float, less
+/// what the atomics' flushing of subnormals to zero loses), and inputs whose sums are exact and
+/// normal (integers times a power of two, say) give the CPU's bytes.
 ///
 /// Decoding is the CPU's arithmetic, bit for bit: the estimate kernel takes every row's signed
 /// cell and the shared median (`count_sketch_median`); the heavy hitters are top-k's exact
@@ -118,17 +119,19 @@ __global__ void count_sketch_estimate_kernel(const T* cells, count_sketch_rows r
   }
 }
 
-/// The decoded tensor's entries at the heavy hitters: out[i] = x̂_i (or out[i] + x̂_i), i = indices[m].
+/// The decoded tensor's entries at the heavy hitters: out[i] = x̂_i (or out[i] + x̂_i), i = indices[m]
+/// (an index at or past n, which the selection never leaves, is skipped).
 template <class T>
 struct place_estimates {
   const std::uint64_t* indices;
   const T* estimates;
   T* out;
+  std::uint64_t n;
   bool accumulate;
 
   __device__ void operator()(std::uint64_t m) const {
     const std::uint64_t i = indices[m];
-    out[i] = accumulate ? out[i] + estimates[i] : estimates[i];
+    if (i < n) out[i] = accumulate ? out[i] + estimates[i] : estimates[i];
   }
 };
 
@@ -161,17 +164,16 @@ struct backend<count_sketch<T>, cuda_executor> {
   using codec_type = count_sketch<T>;
   using selection = cuda_detail::largest_magnitudes<T>;
 
-  /// Decoding's workspace (after the status): the CRC scratch, the n estimates and the selection
-  /// of the heavy hitters. Encoding needs only the status.
+  /// Decoding's workspace after the status and the CRC scratch (which the message's checks use,
+  /// so they are carved first): the n estimates and the selection of the heavy hitters.
+  /// Encoding needs only the status.
   struct scratch {
-    cuda_detail::crc_scratch crc;
     std::span<T> estimates;
     typename selection::scratch select;
   };
 
   static scratch carve_decode(workspace_arena& arena, const codec_type& codec, std::uint64_t n) {
     scratch s;
-    s.crc = cuda_detail::crc_scratch::carve(arena);
     if (n == 0) return s;
     s.estimates = arena.take<T>(static_cast<std::size_t>(n));
     s.select = selection::scratch::carve(arena, codec.heavy_hitter_count(n), n);
@@ -180,7 +182,10 @@ struct backend<count_sketch<T>, cuda_executor> {
 
   /// Decoding's workspace (encoding's, the status alone, is smaller).
   static std::size_t workspace_bytes(const codec_type& codec, const cuda_executor&, std::uint64_t n) {
-    return cuda_detail::operation::workspace_bytes([&](workspace_arena& arena) { (void)carve_decode(arena, codec, n); });
+    return cuda_detail::operation::workspace_bytes([&](workspace_arena& arena) {
+      (void)cuda_detail::crc_scratch::carve(arena);
+      (void)carve_decode(arena, codec, n);
+    });
   }
 
   static std::size_t encode(const codec_type& codec, const cuda_executor& exec, std::span<const T> grad,
@@ -216,13 +221,14 @@ struct backend<count_sketch<T>, cuda_executor> {
     const std::uint64_t n = out.size();
     workspace_arena arena(ws);
     const cuda_detail::operation op(exec, arena);
+    const cuda_detail::crc_scratch crc = cuda_detail::crc_scratch::carve(arena);
+    (void)parse_checked(codec, exec, message, n, limits, op, crc);
     const scratch s = carve_decode(arena, codec, n);
-    (void)parse_checked(codec, exec, message, n, limits, op, s.crc);
     if (n == 0) return;
     if (!accumulate) GRADCOMP_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, n * sizeof(T), exec.native_stream()));
     const std::uint64_t k = select_heavy_hitters(codec, exec, message, n, s, op);
-    cuda_detail::for_each_item(exec, k,
-                               cuda_detail::place_estimates<T>{s.select.sort.sorted.data(), s.estimates.data(), out.data(), accumulate});
+    cuda_detail::for_each_item(
+        exec, k, cuda_detail::place_estimates<T>{s.select.sort.sorted.data(), s.estimates.data(), out.data(), n, accumulate});
     finish_internal(op);
   }
 
@@ -240,14 +246,15 @@ struct backend<count_sketch<T>, cuda_executor> {
                                    const decode_limits& limits) {
     workspace_arena arena(ws);
     const cuda_detail::operation op(exec, arena);
-    const scratch s = carve_decode(arena, codec, n);
-    (void)parse_checked(codec, exec, message, n, limits, op, s.crc);
+    const cuda_detail::crc_scratch crc = cuda_detail::crc_scratch::carve(arena);
+    (void)parse_checked(codec, exec, message, n, limits, op, crc);
     const std::uint64_t k = codec.heavy_hitter_count(n);
     detail::require(indices.size() >= k, errc::buffer_too_small, [&] {
       return "room for " + std::to_string(indices.size()) + " indices, the sketch has " + std::to_string(k) +
              " heavy hitters";
     });
     if (n == 0) return 0;
+    const scratch s = carve_decode(arena, codec, n);
     (void)select_heavy_hitters(codec, exec, message, n, s, op);
     GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(indices.data(), s.select.sort.sorted.data(), k * sizeof(std::uint64_t),
                                         cudaMemcpyDeviceToDevice, exec.native_stream()));

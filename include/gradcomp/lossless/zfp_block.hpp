@@ -10,6 +10,7 @@
 
 #include <gradcomp/core/config.hpp>
 #include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/rounded_product.hpp>
 
 namespace gradcomp::zfp_block {
 
@@ -145,9 +146,9 @@ GRADCOMP_HOST_DEVICE inline void scale_block(const std::uint32_t* values, std::u
   const float first = from_bits<float>((direct ? biased - 30 : 97u) << 23);
   const float second = direct ? 1.0f : from_bits<float>(biased != 0 ? biased << 23 : 1u << 22);
   for (unsigned i = 0; i < 4; ++i) {
-    // Each product rounded on its own, as on the CPU (nvcc must not fuse them).
-    const float scaled = static_cast<float>(static_cast<std::int32_t>(values[i])) * first;
-    g[i] = scaled * second;
+    // Each product rounded on its own, as on the CPU: `mul_rn`, so that nvcc fuses neither with
+    // the other nor with the addition of decode_accumulate.
+    g[i] = mul_rn(mul_rn(static_cast<float>(static_cast<std::int32_t>(values[i])), first), second);
   }
 }
 

@@ -20,7 +20,8 @@
 ///
 /// Encoding: S[j][h_j(i)] += σ_j(i)·x_i in the value type, each cell summing its elements in
 /// ascending index order (deterministic, so equal inputs give equal bytes). The CUDA backend sums
-/// with atomic adds in no fixed order: its cells match these within rounding (docs/cuda.md §4).
+/// with atomic adds in no fixed order (float ones flush subnormals): its cells match these within
+/// rounding (docs/cuda.md §4).
 ///
 /// Payload layout after the envelope (layout byte 0), the whole of it summable:
 ///
