@@ -201,7 +201,7 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
       if (w.non_finite) {
         std::uint64_t count = 0;
         for (std::size_t i = 0; i < n; ++i) count += is_finite<T>(value_at(i)) ? 0u : 1u;
-        require_finite(count, n);
+        detail::require_dynamic_finite(count, n);
       }
       // τ* is the (z − below)-th smallest key of the window (0-based) when the window holds it.
       if (!w.overflow && w.below <= z && z - w.below < w.count) {
@@ -212,7 +212,7 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
       }
     }
     cpu::magnitude_histogram<T>(n, value_at, s.histogram, s.sub_histograms);
-    require_finite(cpu::non_finite_count<T>(s.histogram), n);
+    detail::require_dynamic_finite(cpu::non_finite_count<T>(s.histogram), n);
     if (z == n) return float_traits<T>::infinity_key;
 
     // The z-th smallest key (0-based) is the (n − z)-th largest. The chosen bucket ends at or
@@ -396,18 +396,11 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
         below += key < tau ? 1u : 0u;
         non_finite += key >= float_traits<T>::infinity_key ? 1u : 0u;
       }
-      require_finite(non_finite, n);
+      detail::require_dynamic_finite(non_finite, n);
       if (static_cast<double>(below) / static_cast<double>(n) < sp.params().zero_fraction) lo = mid + 1;
       else hi = mid;
     }
     return lo == 0 ? key_type{0} : table_value_key(lo - 1);
-  }
-
-  static void require_finite(std::uint64_t non_finite, std::uint64_t n) {
-    detail::require(non_finite == 0, errc::non_finite_input, [&] {
-      return std::to_string(non_finite) + " of " + std::to_string(n) +
-             " values of gradient + residual are NaN or Inf; the state is unchanged";
-    });
   }
 
   /// out = ã and residual = a − ã with a = grad + residual, element by element (`dynamic_split`).

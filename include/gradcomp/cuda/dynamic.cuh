@@ -223,12 +223,6 @@ struct backend<dynamic_sparsifier<T>, cuda_executor> {
     workspace_arena arena(ws);
     const cd::operation op(exec, arena);
     const scratch s = carve(arena);
-    const auto require_finite = [n](std::uint64_t non_finite) {
-      detail::require(non_finite == 0, errc::non_finite_input, [&] {
-        return std::to_string(non_finite) + " of " + std::to_string(n) +
-               " values of gradient + residual are NaN or Inf; the state is unchanged";
-      });
-    };
     if (sp.params().mode == dynamic_threshold_mode::tagc_table) {
       if (n == 0) return {0, 0};
       cd::tagc_table_keys<T> table{};
@@ -241,7 +235,7 @@ struct backend<dynamic_sparsifier<T>, cuda_executor> {
       GRADCOMP_CUDA_CHECK(
           cudaMemcpyAsync(bins.data(), s.table_bins.data(), sizeof bins, cudaMemcpyDeviceToHost, exec.native_stream()));
       exec.synchronize();
-      require_finite(bins.back());
+      detail::require_dynamic_finite(bins.back(), n);
       // below[t] = #{|a| < table[t]}: the keys with at most t table values at or below them.
       std::array<std::uint64_t, tagc_threshold_table.size()> below{};
       std::uint64_t running = 0;
@@ -269,10 +263,7 @@ struct backend<dynamic_sparsifier<T>, cuda_executor> {
     cd::radix_state found{};
     GRADCOMP_CUDA_CHECK(
         cudaMemcpyAsync(&found, s.radix.value_state(), sizeof found, cudaMemcpyDeviceToHost, exec.native_stream()));
-    op.finish([&](errc, std::uint64_t non_finite, std::uint32_t) {
-      return std::to_string(non_finite) + " of " + std::to_string(n) +
-             " values of gradient + residual are NaN or Inf; the state is unchanged";
-    });
+    op.finish([n](errc, std::uint64_t non_finite, std::uint32_t) { return detail::dynamic_non_finite_text(non_finite, n); });
     if (z == n) return {float_traits<T>::infinity_key, 0};
     // The target is the rank-th smallest key and the found.rank-th among its ties: rank −
     // found.rank keys lie below it.

@@ -151,6 +151,17 @@ auto find_dynamic_residual(Residuals& residuals, std::uint64_t tensor_id, std::s
   return found;
 }
 
+/// What a step that found `non_finite` NaN or ±Inf values among n of a = g + R reports.
+inline std::string dynamic_non_finite_text(std::uint64_t non_finite, std::uint64_t n) {
+  return std::to_string(non_finite) + " of " + std::to_string(n) +
+         " values of gradient + residual are NaN or Inf; the state is unchanged";
+}
+
+/// Throws `non_finite_input` (`dynamic_non_finite_text`) unless `non_finite` is 0.
+inline void require_dynamic_finite(std::uint64_t non_finite, std::uint64_t n) {
+  require(non_finite == 0, errc::non_finite_input, [&] { return dynamic_non_finite_text(non_finite, n); });
+}
+
 }  // namespace detail
 
 /// Residuals of the dynamic sparsifier, one per tensor id, in host memory.
