@@ -611,6 +611,32 @@ TEST_CASE("lhc tensors shorter than a block or ending in a partial block decode 
   }
 }
 
+TEST_CASE_TEMPLATE("lhc decode writes every element, streamed or not, into a dirty and misaligned buffer", T, float, double) {
+  // The decoder assembles the output span by span (2^14 elements) and writes it front to back:
+  // here through several spans and a partial last one, with and without non-temporal stores, at
+  // an address that is not 64-byte aligned, over a buffer full of NaN.
+  const std::size_t n = 3 * (std::size_t{1} << 14) + 4321;
+  const auto x = make_gradients<T>(3, n, 0.03, 42, true);
+  const protocol_run<T> run = run_protocol(make_lhc<T>({.seed = 9}), x);
+  REQUIRE(run.result.unrecovered == 0);
+  const std::vector<T> expected = rank_order_sum(x);
+  const lossless_homomorphic<T> lhc = make_lhc<T>({.seed = 9});
+  bytes ws(lhc.workspace_bytes(cpu_executor{}, run.plan));
+  for (const std::size_t streaming_bytes : {std::size_t{0}, std::numeric_limits<std::size_t>::max()})
+    for (const std::size_t offset : {std::size_t{0}, std::size_t{1}, std::size_t{5}}) {
+      CAPTURE(streaming_bytes);
+      CAPTURE(offset);
+      const cpu_executor cpu{.streaming_store_bytes = streaming_bytes};
+      std::vector<T> buffer(n + offset, std::numeric_limits<T>::quiet_NaN());
+      const lhc_decode_result result =
+          lhc.decode(cpu, std::span<const std::byte>(run.index), run.plan, std::span<const T>(run.summed),
+                     std::span<T>(buffer).subspan(offset, n), std::span<std::byte>(ws));
+      CHECK(result == run.result);
+      check_equal_values(std::vector<T>(buffer.begin() + static_cast<std::ptrdiff_t>(offset), buffer.end()), expected);
+      for (std::size_t k = 0; k < offset; ++k) CHECK(std::isnan(buffer[k]));  // nothing before the output
+    }
+}
+
 TEST_CASE("lhc blocks that are not a power of two, nor a multiple of 64 bits, decode as the oracle peels") {
   // The decoder's row-by-row counting reads each block's index bits by word and masks the words
   // shared with the neighbouring blocks; its cell arithmetic divides instead of shifting.

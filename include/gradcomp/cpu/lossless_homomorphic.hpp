@@ -6,7 +6,9 @@
 /// word test. A block's three row segments are contiguous runs of B cells. Peeling keeps, per cell,
 /// a double accumulator, a counter and the XOR of its elements' indices (which names the element
 /// of a pure cell), counts row by row, and visits only a worklist of cells whose counter reached
-/// 1, each element's three cells once (see `peel`). Every check runs before an output is written.
+/// 1, each element's three cells once; the recovered values are then grouped by span of the
+/// output, which is written front to back (see `peel`). Every check runs before an output is
+/// written.
 
 #include <algorithm>
 #include <bit>
@@ -27,6 +29,7 @@
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/workspace.hpp>
+#include <gradcomp/cpu/staged_writer.hpp>
 #include <gradcomp/sketch/lossless_homomorphic.hpp>
 
 namespace gradcomp {
@@ -212,7 +215,7 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
                                              std::to_string(members));
   }
 
-  static lhc_decode_result decode(const codec_type& codec, const cpu_executor&, std::span<const std::byte> global_index,
+  static lhc_decode_result decode(const codec_type& codec, const cpu_executor& e, std::span<const std::byte> global_index,
                                   const lhc_plan& plan, std::span<const T> summed_sketch, std::span<T> out,
                                   std::span<std::byte> ws) {
     const std::uint64_t n = out.size();
@@ -231,7 +234,7 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     }
     lhc_decode_result result;
     with_cell_types(codec, plan,
-                    [&]<class Cell>() { result = peel<Cell>(codec, global_index, plan, summed_sketch, out, ws); });
+                    [&]<class Cell>() { result = peel<Cell>(codec, e, global_index, plan, summed_sketch, out, ws); });
     return result;
   }
 
@@ -294,32 +297,58 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     std::uint8_t pure_in = 0;  ///< Bit r mod 2: the count fell to 1 in round r − 1 (the cell is pure in round r).
   };
 
+  /// A worklist entry: a cell whose count fell to 1, and the element then left in it. While the
+  /// cell's count stays 1 that element is its only one, so the entry names the element's three
+  /// cells without a read of the cell.
+  template <class Id>
+  struct pure_entry {
+    Id element;
+    Id cell;
+  };
+
+  /// A recovered element and its value.
+  template <class Id>
+  struct recovered_value {
+    Id element;
+    T value;
+  };
+
+  /// Elements per output span: the logged values are grouped by span, and each span of the output
+  /// is assembled in a cache-resident scratch buffer and written once, front to back.
+  static constexpr std::uint64_t output_span = std::uint64_t{1} << 14;
+
   /// Calls `f.template operator()<cell_state<Id, Counter>>()` with the narrowest types the plan
-  /// allows: a block puts at most one (element, hash) pair in a cell (three in the reference
-  /// layout, where rows may coincide).
+  /// allows (`Id` also holds the cell indices of the worklist): a block puts at most one
+  /// (element, hash) pair in a cell (three in the reference layout, where rows may coincide).
   template <class F>
   static void with_cell_types(const codec_type& codec, const lhc_plan& plan, F&& f) {
     const std::uint64_t per_block = codec.params().reference_layout ? 3 : 1;
     const bool narrow_counts = std::min(plan.union_nonzeros, codec.block_count(plan.n)) * per_block <= 0xffffu;
-    const bool narrow_ids = plan.n <= (std::uint64_t{1} << 32);
+    const bool narrow_ids = plan.n <= (std::uint64_t{1} << 32) && plan.cells <= (std::uint64_t{1} << 32);
     if (narrow_ids && narrow_counts) f.template operator()<cell_state<std::uint32_t, std::uint16_t>>();
     else if (narrow_ids) f.template operator()<cell_state<std::uint32_t, std::uint32_t>>();
     else if (narrow_counts) f.template operator()<cell_state<std::uint64_t, std::uint16_t>>();
     else f.template operator()<cell_state<std::uint64_t, std::uint32_t>>();
   }
 
-  /// The decoder's workspace: block layouts, the (block, hash) pairs grouped by row, cell states,
-  /// the worklist of cells, the recovered (element, value) log, and for `median_estimate` a bitmap
-  /// of recovered elements.
+  /// The decoder's workspace: block layouts, the union's elements, the (block, hash) pairs grouped
+  /// by row, cell states, the worklist of cells, the recovered (element, value) log, the log
+  /// grouped by output span, a scratch span, and for `median_estimate` a bitmap of recovered
+  /// elements.
   template <class Cell>
   struct peel_state {
     std::span<lhc_block_layout> layouts;
+    std::span<typename Cell::id_type> members;  ///< The union's elements, ascending.
+    std::span<std::uint64_t> block_first;       ///< G + 1: block b's members are members[block_first[b] .. block_first[b + 1]).
     std::span<std::uint64_t> row_pairs;  ///< 3·G entries b·4 + j, grouped by the row of hash j of block b.
     std::span<std::uint64_t> row_end;    ///< rows + 1: row r's pairs end at row_end[r] (start at row_end[r − 1]).
     std::span<Cell> cells;
-    std::span<std::uint64_t> worklist;
-    std::span<std::uint64_t> log_elements;
-    std::span<accumulator> log_values;
+    std::span<pure_entry<typename Cell::id_type>> worklist;
+    std::span<recovered_value<typename Cell::id_type>> log;      ///< In the order of recovery.
+    std::span<recovered_value<typename Cell::id_type>> by_span;  ///< Span k's values from span_first[k] on.
+    std::span<std::uint64_t> span_first;  ///< ⌈n / output_span⌉ + 1: where span k's values start (its members before it).
+    std::span<std::uint64_t> span_end;    ///< ⌈n / output_span⌉: where span k's next value goes.
+    std::span<T> scratch;                ///< One output span.
     std::span<std::uint64_t> recovered;
   };
 
@@ -331,12 +360,18 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     const auto blocks = static_cast<std::size_t>(codec.block_count(plan.n));
     peel_state<Cell> s;
     s.layouts = arena.take<lhc_block_layout>(blocks);
+    s.members = arena.take<typename Cell::id_type>(members);
+    s.block_first = arena.take<std::uint64_t>(blocks + 1);
     s.row_pairs = arena.take<std::uint64_t>(3 * blocks);
     s.row_end = arena.take<std::uint64_t>(static_cast<std::size_t>(plan.rows) + 1);
     s.cells = arena.take<Cell>(cells);
-    s.worklist = arena.take<std::uint64_t>(cells + 1);  // + 1: the branchless queueing writes one entry past the last
-    s.log_elements = arena.take<std::uint64_t>(members);
-    s.log_values = arena.take<accumulator>(members);
+    s.worklist = arena.take<pure_entry<typename Cell::id_type>>(cells + 1);  // + 1: the branchless queueing writes one entry past the last
+    const auto spans = static_cast<std::size_t>((plan.n + output_span - 1) / output_span);
+    s.log = arena.take<recovered_value<typename Cell::id_type>>(members);
+    s.by_span = arena.take<recovered_value<typename Cell::id_type>>(members);
+    s.span_first = arena.take<std::uint64_t>(spans + 1);
+    s.span_end = arena.take<std::uint64_t>(spans);
+    s.scratch = arena.take<T>(static_cast<std::size_t>(std::min(plan.n, output_span)));
     if (codec.params().on_stall == lhc_stall_policy::median_estimate)
       s.recovered = arena.take<std::uint64_t>(static_cast<std::size_t>((plan.n + detail::lhc_word - 1) / detail::lhc_word));
     return s;
@@ -441,13 +476,32 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     }
   };
 
+  /// Lists the union's elements block by block, and places the log's output spans.
+  template <class Cell>
+  static void list_members(const geometry& where, const peel_state<Cell>& s, std::span<const std::byte> index,
+                           lhc_index_coding coding, std::uint64_t n) {
+    using id_type = typename Cell::id_type;
+    std::uint64_t listed = 0;
+    for (std::uint64_t b = 0; b + 1 < s.block_first.size(); ++b) {
+      s.block_first[b] = listed;
+      const std::uint64_t begin = b * where.block;
+      for_each_member(index, coding, n, begin, std::min(n, begin + where.block),
+                      [&](std::uint64_t i) { s.members[listed++] = static_cast<id_type>(i); });
+    }
+    s.block_first.back() = listed;
+    for (std::uint64_t k = 0; k < s.span_end.size(); ++k) {
+      const auto first = std::lower_bound(s.members.begin(), s.members.end(), k * output_span);
+      s.span_first[k] = s.span_end[k] = static_cast<std::uint64_t>(first - s.members.begin());
+    }
+    s.span_first.back() = listed;
+  }
+
   /// Sets up the cells row by row, so that its updates stay within one row of B cells: groups the
   /// (block, hash) pairs by row (a counting sort), then per row copies the summed sketch values,
   /// counts the members of the blocks that hash into the row and XORs their indices, and queues
   /// the row's cells of count 1, pure in round 1. Returns how many it queued.
   template <class Cell>
-  static std::uint64_t count_rows(const geometry& where, const peel_state<Cell>& s, std::span<const std::byte> index,
-                                  lhc_index_coding coding, std::uint64_t n, std::span<const T> summed_sketch) {
+  static std::uint64_t count_rows(const geometry& where, const peel_state<Cell>& s, std::span<const T> summed_sketch) {
     using id_type = typename Cell::id_type;
     constexpr std::uint64_t ahead = 8;  // prefetch distance, in pairs
     const std::uint64_t block = where.block;
@@ -465,25 +519,25 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
       const T* const values = summed_sketch.data() + r * block;
       for (std::uint64_t column = 0; column < block; ++column) row[column] = {values[column], 0, 0};
       for (; pair < s.row_end[r]; ++pair) {
-        if (pair + ahead < s.row_pairs.size() && coding == lhc_index_coding::bitmap) {  // the block's bits
-          const std::uint64_t first = s.row_pairs[pair + ahead] / 4 * block / 8;
-          for (std::uint64_t at = first; at < std::min<std::uint64_t>(index.size(), first + (block + 7) / 8); at += 64)
-            prefetch(index.data() + at);
+        if (pair + ahead < s.row_pairs.size()) {  // the members of the block ahead
+          const std::uint64_t later = s.row_pairs[pair + ahead] / 4;
+          for (std::uint64_t k = s.block_first[later]; k < s.block_first[later + 1]; k += 64 / sizeof(id_type))
+            prefetch(&s.members[k]);
         }
         const std::uint64_t b = s.row_pairs[pair] / 4;
-        const std::uint64_t rotation = s.layouts[b].rotation[s.row_pairs[pair] % 4];
-        const std::uint64_t begin = b * block;
-        for_each_member(index, coding, n, begin, std::min(n, begin + block), [&](std::uint64_t i) {
-          std::uint64_t column = i - begin + rotation;
+        // Member i lands in column (i − b·B + rotation) mod B; the sum before the reduction is in [0, 2B).
+        const std::uint64_t shift = s.layouts[b].rotation[s.row_pairs[pair] % 4] - b * block;  // mod 2^64
+        for (std::uint64_t k = s.block_first[b]; k < s.block_first[b + 1]; ++k) {
+          std::uint64_t column = s.members[k] + shift;
           if (column >= block) column -= block;
           ++row[column].count;
-          row[column].id ^= static_cast<id_type>(i);
-        });
+          row[column].id ^= s.members[k];
+        }
       }
       for (std::uint64_t column = 0; column < block; ++column) {  // without branches
         const bool one = row[column].count == 1;
         row[column].pure_in = one ? pure_bit(1) : std::uint8_t{0};
-        s.worklist[queued] = r * block + column;
+        s.worklist[queued] = {row[column].id, static_cast<id_type>(r * block + column)};
         queued += one ? 1 : 0;
       }
     }
@@ -512,15 +566,13 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
       const std::uint8_t pure_now = pure_bit(round);
       const std::uint8_t pure_next = pure_bit(round + 1);
       for (; head < round_end; ++head) {
-        if (head + 3 * ahead < round_end) prefetch(&s.cells[s.worklist[head + 3 * ahead]]);
-        // The cells ahead are in cache by now: ask for their elements' layouts, then cells. A cell
-        // of this round holds one element or none (id 0), so the requests need no test.
-        if (head + 2 * ahead < round_end) prefetch(&where.layouts[where.block_of(s.cells[s.worklist[head + 2 * ahead]].id)]);
+        // The entries ahead name their elements: ask for the elements' layouts, then their cells.
+        if (head + 2 * ahead < round_end) prefetch(&where.layouts[where.block_of(s.worklist[head + 2 * ahead].element)]);
         if (head + ahead < round_end)
-          for (const std::uint64_t c : where.cells_of(s.cells[s.worklist[head + ahead]].id).cell) prefetch(&s.cells[c]);
-        const std::uint64_t c = s.worklist[head];
+          for (const std::uint64_t c : where.cells_of(s.worklist[head + ahead].element).cell) prefetch(&s.cells[c]);
+        const std::uint64_t i = s.worklist[head].element;
+        const std::uint64_t c = s.worklist[head].cell;
         if (s.cells[c].count != 1) continue;  // fell to 0 last round, or its element is recovered
-        const std::uint64_t i = s.cells[c].id;
         const cell_triple cells = where.cells_of(i);
         // Its lowest pure hash (c is pure, so there is one), without branches.
         const bool pure0 = (s.cells[cells.cell[0]].pure_in & pure_now) != 0;
@@ -530,16 +582,14 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
         const accumulator v = signed_value(cells.negative[j], s.cells[c].sum);
         detail::require(fits(v), errc::non_finite_input,
                         [&] { return "the sum at element " + std::to_string(i) + " exceeds the range of the value type"; });
-        s.log_elements[logged] = i;
-        s.log_values[logged] = v;
-        ++logged;
+        s.log[logged++] = {static_cast<id_type>(i), static_cast<T>(v) + T{0}};  // + 0: no −0 in the output
         for (int k = 0; k < 3; ++k) {  // queue the cells whose count falls to 1, without branches
           Cell& cell = s.cells[cells.cell[k]];
           cell.sum -= signed_value(cells.negative[k], v);
           cell.id ^= static_cast<id_type>(i);
           const bool one = --cell.count == 1;
           cell.pure_in = static_cast<std::uint8_t>(cell.pure_in | (one ? pure_next : 0));
-          s.worklist[tail] = cells.cell[k];
+          s.worklist[tail] = {cell.id, static_cast<id_type>(cells.cell[k])};
           tail += one ? 1 : 0;
         }
         if (!s.recovered.empty()) s.recovered[i / detail::lhc_word] |= std::uint64_t{1} << (i % detail::lhc_word);
@@ -550,11 +600,12 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
   }
 
   /// Peels a sparse plan with cell states of type `Cell` (see the file comment of the codec):
-  /// `count_rows`, then `peel_rounds`, then the median estimates the stall policy asks for, then
-  /// `out`.
+  /// `list_members`, `count_rows`, then `peel_rounds`, then the median estimates the stall policy
+  /// asks for, then `out`, front to back.
   template <class Cell>
-  static lhc_decode_result peel(const codec_type& codec, std::span<const std::byte> index, const lhc_plan& plan,
-                                std::span<const T> summed_sketch, std::span<T> out, std::span<std::byte> ws) {
+  static lhc_decode_result peel(const codec_type& codec, const cpu_executor& e, std::span<const std::byte> index,
+                                const lhc_plan& plan, std::span<const T> summed_sketch, std::span<T> out,
+                                std::span<std::byte> ws) {
     workspace_arena arena(ws);
     const peel_state<Cell> s = carve<Cell>(arena, codec, plan);
     const lhc_params& p = codec.params();
@@ -563,7 +614,8 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
       s.layouts[b] = lhc_layout_of_block(b, plan.rows, p.block, p.seed, p.reference_layout);
     const geometry where{s.layouts, p.block, std::has_single_bit(p.block), std::countr_zero(p.block)};
 
-    const std::uint64_t pure = count_rows(where, s, index, p.index, n, summed_sketch);
+    list_members(where, s, index, p.index, n);
+    const std::uint64_t pure = count_rows(where, s, summed_sketch);
     if (!s.recovered.empty()) std::fill(s.recovered.begin(), s.recovered.end(), std::uint64_t{0});
     lhc_decode_result result;
     std::uint64_t logged = peel_rounds(where, s, pure, result);
@@ -575,24 +627,37 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
                " non-zeros were not recovered after " + std::to_string(result.rounds) + " rounds (" +
                std::to_string(plan.cells) + " cells); raise cells_per_nonzero";
       });
-      // Median of the three residual estimates of every element left, appended to the log.
+      // Median of the three residual estimates of every element left, logged.
       detail::lhc_for_each_set(
           n, [&](std::uint64_t w) { return detail::lhc_member_word(index.data(), p.index, w, n) & ~s.recovered[w]; },
           [&](std::uint64_t i) {
             const cell_triple cells = where.cells_of(i);
-            accumulator e[3];
-            for (int j = 0; j < 3; ++j) e[j] = signed_value(cells.negative[j], s.cells[cells.cell[j]].sum);
-            const accumulator median = std::max(std::min(e[0], e[1]), std::min(std::max(e[0], e[1]), e[2]));
+            accumulator estimate[3];
+            for (int j = 0; j < 3; ++j) estimate[j] = signed_value(cells.negative[j], s.cells[cells.cell[j]].sum);
+            const accumulator median = std::max(std::min(estimate[0], estimate[1]),
+                                                std::min(std::max(estimate[0], estimate[1]), estimate[2]));
             detail::require(fits(median), errc::non_finite_input,
                             [&] { return "the estimate at element " + std::to_string(i) + " exceeds the range of the value type"; });
-            s.log_elements[logged] = i;
-            s.log_values[logged] = median;
-            ++logged;
+            s.log[logged++] = {static_cast<typename Cell::id_type>(i), static_cast<T>(median) + T{0}};
           });
       result.estimated = result.unrecovered;
     }
-    std::fill(out.begin(), out.end(), T{0});
-    for (std::uint64_t k = 0; k < logged; ++k) out[s.log_elements[k]] = static_cast<T>(s.log_values[k]) + T{0};
+    // The output span by span: the log grouped by span, then zeros and the span's values in the
+    // scratch span, written out.
+    for (std::uint64_t q = 0; q < logged; ++q) s.by_span[s.span_end[s.log[q].element / output_span]++] = s.log[q];
+    constexpr std::uint64_t stage_values = cpu::staged_writer::capacity / sizeof(T);
+    cpu::staged_writer writer(reinterpret_cast<std::byte*>(out.data()), e.streams(n * sizeof(T)));
+    for (std::uint64_t k = 0; k < s.span_end.size(); ++k) {
+      const std::uint64_t first = k * output_span;
+      const std::uint64_t count = std::min(output_span, n - first);
+      std::fill(s.scratch.begin(), s.scratch.begin() + static_cast<std::ptrdiff_t>(count), T{0});
+      for (std::uint64_t q = s.span_first[k]; q < s.span_end[k]; ++q) s.scratch[s.by_span[q].element - first] = s.by_span[q].value;
+      for (std::uint64_t at = 0; at < count; at += stage_values) {
+        const std::uint64_t bytes = std::min(stage_values, count - at) * sizeof(T);
+        std::memcpy(writer.reserve(bytes), s.scratch.data() + at, bytes);
+      }
+    }
+    writer.finish();
     return result;
   }
 };
