@@ -221,10 +221,8 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     const std::uint64_t n = out.size();
     require_plan(codec, global_index, plan, n);
     require_size(summed_sketch.size(), plan.sketch_values(), "sketch values");
-    for (std::uint64_t c = 0; c < summed_sketch.size(); ++c)
-      detail::require(is_finite(summed_sketch[c]), errc::non_finite_input,
-                      [&] { return "summed sketch value " + std::to_string(c) + " is NaN or Inf"; });
     if (plan.dense) {
+      require_finite(summed_sketch, 0);
       for (std::uint64_t i = 0; i < n; ++i) out[i] = summed_sketch[i] + T{0};
       return {.recovered = plan.union_nonzeros};
     }
@@ -285,16 +283,34 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     return cells;
   }
 
-  /// What peeling keeps of a cell, in one record so that one cache line holds all of it: `Id`
-  /// holds element indices (32-bit when n ≤ 2^32), `Counter` the count (16-bit when no cell can
-  /// exceed 65535).
+  /// What peeling keeps of a cell, in one 16-byte record when `Id` is 32-bit, so that one cache
+  /// line holds all of it: `Id` holds element and cell indices, `Counter` the count and, in its
+  /// two low bits, when the cell became pure.
   template <class Id, class Counter>
   struct cell_state {
     using id_type = Id;
-    accumulator sum;           ///< The summed sketch value less the values recovered from the cell.
-    Id id;                     ///< XOR of the indices of the elements left in the cell.
-    Counter count;             ///< Elements (with their hash) left in the cell.
-    std::uint8_t pure_in = 0;  ///< Bit r mod 2: the count fell to 1 in round r − 1 (the cell is pure in round r).
+    accumulator sum;          ///< The summed sketch value less the values recovered from the cell.
+    Id id;                    ///< XOR of the indices of the elements left in the cell.
+    Counter count_and_pure;   ///< 4 × the elements (with their hash) left in the cell, plus bit r mod 2
+                              ///< when the count fell to 1 in round r − 1 (the cell is pure in round r).
+
+    /// Elements (with their hash) left in the cell.
+    [[nodiscard]] std::uint64_t count() const noexcept { return count_and_pure >> 2; }
+    /// Whether the cell carries the purity bit `bit` (see `pure_bit`).
+    [[nodiscard]] bool pure_in(std::uint8_t bit) const noexcept { return (count_and_pure & bit) != 0; }
+    /// Counts one more element.
+    void add() noexcept { count_and_pure = static_cast<Counter>(count_and_pure + 4); }
+    /// Marks the cell with `bit` if it holds exactly one element, without branches; returns whether it does.
+    bool mark_if_one(std::uint8_t bit) noexcept {
+      const bool one = count() == 1;
+      count_and_pure = static_cast<Counter>(count_and_pure | (one ? bit : 0));
+      return one;
+    }
+    /// Counts one element fewer, then `mark_if_one(bit)`.
+    bool remove(std::uint8_t bit) noexcept {
+      count_and_pure = static_cast<Counter>(count_and_pure - 4);
+      return mark_if_one(bit);
+    }
   };
 
   /// A worklist entry: a cell whose count fell to 1, and the element then left in it. While the
@@ -313,22 +329,32 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     T value;
   };
 
+  /// A (block, hash) pair of a row: where the block's members land in the row, and which they are.
+  struct row_pair {
+    std::uint64_t shift;  ///< rot_j − b·B (mod 2^64): member i lands in column i + shift, less B if that is B or more.
+    std::uint64_t first;  ///< The block's members are members[first .. last).
+    std::uint64_t last;
+  };
+
+  /// Entries past the last member that `list_members` may write.
+  static constexpr std::uint64_t list_slack = 1;
+
   /// Elements per output span: the logged values are grouped by span, and each span of the output
   /// is assembled in a cache-resident scratch buffer and written once, front to back.
   static constexpr std::uint64_t output_span = std::uint64_t{1} << 14;
 
   /// Calls `f.template operator()<cell_state<Id, Counter>>()` with the narrowest types the plan
-  /// allows (`Id` also holds the cell indices of the worklist): a block puts at most one
-  /// (element, hash) pair in a cell (three in the reference layout, where rows may coincide).
+  /// allows: 32-bit `Id` when element and cell indices fit, and a `Counter` that holds 4 × the
+  /// most elements a cell can get. A block puts at most one (element, hash) pair in a cell (three
+  /// in the reference layout, where rows may coincide).
   template <class F>
   static void with_cell_types(const codec_type& codec, const lhc_plan& plan, F&& f) {
     const std::uint64_t per_block = codec.params().reference_layout ? 3 : 1;
-    const bool narrow_counts = std::min(plan.union_nonzeros, codec.block_count(plan.n)) * per_block <= 0xffffu;
+    const std::uint64_t most = std::min(plan.union_nonzeros, codec.block_count(plan.n)) * per_block;
     const bool narrow_ids = plan.n <= (std::uint64_t{1} << 32) && plan.cells <= (std::uint64_t{1} << 32);
-    if (narrow_ids && narrow_counts) f.template operator()<cell_state<std::uint32_t, std::uint16_t>>();
-    else if (narrow_ids) f.template operator()<cell_state<std::uint32_t, std::uint32_t>>();
-    else if (narrow_counts) f.template operator()<cell_state<std::uint64_t, std::uint16_t>>();
-    else f.template operator()<cell_state<std::uint64_t, std::uint32_t>>();
+    if (narrow_ids && most < (std::uint64_t{1} << 14)) f.template operator()<cell_state<std::uint32_t, std::uint16_t>>();
+    else if (narrow_ids && most < (std::uint64_t{1} << 30)) f.template operator()<cell_state<std::uint32_t, std::uint32_t>>();
+    else f.template operator()<cell_state<std::uint64_t, std::uint64_t>>();
   }
 
   /// The decoder's workspace: block layouts, the union's elements, the (block, hash) pairs grouped
@@ -338,9 +364,9 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
   template <class Cell>
   struct peel_state {
     std::span<lhc_block_layout> layouts;
-    std::span<typename Cell::id_type> members;  ///< The union's elements, ascending.
+    std::span<typename Cell::id_type> members;  ///< The union's elements, ascending (and `list_slack` more entries).
     std::span<std::uint64_t> block_first;       ///< G + 1: block b's members are members[block_first[b] .. block_first[b + 1]).
-    std::span<std::uint64_t> row_pairs;  ///< 3·G entries b·4 + j, grouped by the row of hash j of block b.
+    std::span<row_pair> row_pairs;       ///< 3·G (block, hash) pairs, grouped by row.
     std::span<std::uint64_t> row_end;    ///< rows + 1: row r's pairs end at row_end[r] (start at row_end[r − 1]).
     std::span<Cell> cells;
     std::span<pure_entry<typename Cell::id_type>> worklist;
@@ -360,9 +386,9 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     const auto blocks = static_cast<std::size_t>(codec.block_count(plan.n));
     peel_state<Cell> s;
     s.layouts = arena.take<lhc_block_layout>(blocks);
-    s.members = arena.take<typename Cell::id_type>(members);
+    s.members = arena.take<typename Cell::id_type>(members + list_slack);
     s.block_first = arena.take<std::uint64_t>(blocks + 1);
-    s.row_pairs = arena.take<std::uint64_t>(3 * blocks);
+    s.row_pairs = arena.take<row_pair>(3 * blocks);
     s.row_end = arena.take<std::uint64_t>(static_cast<std::size_t>(plan.rows) + 1);
     s.cells = arena.take<Cell>(cells);
     s.worklist = arena.take<pure_entry<typename Cell::id_type>>(cells + 1);  // + 1: the branchless queueing writes one entry past the last
@@ -378,6 +404,13 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
   }
 
   static void require_size(std::uint64_t got, std::uint64_t want, const char* what) { detail::lhc_require_size(got, want, what); }
+
+  /// Checks that `values`, the summed sketch from value `first` on, hold no NaN or ±Inf.
+  static void require_finite(std::span<const T> values, std::uint64_t first) {
+    for (std::uint64_t c = 0; c < values.size(); ++c)
+      detail::require(is_finite(values[c]), errc::non_finite_input,
+                      [&] { return "summed sketch value " + std::to_string(first + c) + " is NaN or Inf"; });
+  }
 
   /// Checks that the bits (bitmap) or the nibble (sum4) past the last element are zero.
   static void require_padding(const codec_type& codec, std::span<const std::byte> index, std::uint64_t n) {
@@ -438,22 +471,9 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
 #endif
   }
 
-  /// The bit of `cell_state::pure_in` that marks a cell pure in round `round` (1, 2, …).
+  /// The bit of `cell_state::count_and_pure` that marks a cell pure in round `round` (1, 2, …).
   [[nodiscard]] static constexpr std::uint8_t pure_bit(std::uint64_t round) noexcept {
     return static_cast<std::uint8_t>(1u << (round % 2));
-  }
-
-  /// Calls `visit(i)` for every element i of [first, last) in the union, in ascending order.
-  template <class Visit>
-  static void for_each_member(std::span<const std::byte> index, lhc_index_coding coding, std::uint64_t n,
-                              std::uint64_t first, std::uint64_t last, Visit&& visit) {
-    for (std::uint64_t w = first / detail::lhc_word; w * detail::lhc_word < last; ++w) {
-      std::uint64_t bits = detail::lhc_member_word(index.data(), coding, w, n);
-      const std::uint64_t base = w * detail::lhc_word;
-      if (base < first) bits &= ~std::uint64_t{0} << (first - base);
-      if (last - base < detail::lhc_word) bits &= (std::uint64_t{1} << (last - base)) - 1;
-      for (; bits != 0; bits &= bits - 1) visit(base + static_cast<std::uint64_t>(std::countr_zero(bits)));
-    }
   }
 
   /// Where the cells of a plan's elements lie: the block layouts and the block size.
@@ -476,30 +496,44 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     }
   };
 
-  /// Lists the union's elements block by block, and places the log's output spans.
+  /// Lists the union's elements in ascending order, and records the rank of the first member of
+  /// each block and of each output span. A word's members are written eight at a time, the writes
+  /// past its last one landing on the entry the next member overwrites (or the slack), so that
+  /// only a word, not each member, takes a branch.
   template <class Cell>
   static void list_members(const geometry& where, const peel_state<Cell>& s, std::span<const std::byte> index,
                            lhc_index_coding coding, std::uint64_t n) {
     using id_type = typename Cell::id_type;
+    const std::uint64_t blocks = s.block_first.size() - 1;
+    const std::uint64_t spans = s.span_end.size();
     std::uint64_t listed = 0;
-    for (std::uint64_t b = 0; b + 1 < s.block_first.size(); ++b) {
-      s.block_first[b] = listed;
-      const std::uint64_t begin = b * where.block;
-      for_each_member(index, coding, n, begin, std::min(n, begin + where.block),
-                      [&](std::uint64_t i) { s.members[listed++] = static_cast<id_type>(i); });
+    for (std::uint64_t w = 0, next_block = 0, next_span = 0; w * detail::lhc_word < n; ++w) {
+      const std::uint64_t base = w * detail::lhc_word;
+      std::uint64_t bits = detail::lhc_member_word(index.data(), coding, w, n);
+      const auto rank_of = [&](std::uint64_t i) {  // i in [base, base + 64): members before it
+        return i == base ? listed
+                         : listed + static_cast<std::uint64_t>(std::popcount(bits & ((std::uint64_t{1} << (i - base)) - 1)));
+      };
+      for (; next_block < blocks && next_block * where.block < base + detail::lhc_word; ++next_block)
+        s.block_first[next_block] = rank_of(next_block * where.block);
+      for (; next_span < spans && next_span * output_span < base + detail::lhc_word; ++next_span)
+        s.span_first[next_span] = s.span_end[next_span] = rank_of(next_span * output_span);
+      while (bits != 0) {
+        for (int q = 0; q < 8; ++q, bits &= bits - 1) {
+          s.members[listed] = static_cast<id_type>(base + static_cast<std::uint64_t>(std::countr_zero(bits)));
+          listed += bits != 0 ? 1 : 0;
+        }
+      }
     }
-    s.block_first.back() = listed;
-    for (std::uint64_t k = 0; k < s.span_end.size(); ++k) {
-      const auto first = std::lower_bound(s.members.begin(), s.members.end(), k * output_span);
-      s.span_first[k] = s.span_end[k] = static_cast<std::uint64_t>(first - s.members.begin());
-    }
-    s.span_first.back() = listed;
+    s.block_first[blocks] = listed;
+    s.span_first[spans] = listed;
   }
 
   /// Sets up the cells row by row, so that its updates stay within one row of B cells: groups the
-  /// (block, hash) pairs by row (a counting sort), then per row copies the summed sketch values,
-  /// counts the members of the blocks that hash into the row and XORs their indices, and queues
-  /// the row's cells of count 1, pure in round 1. Returns how many it queued.
+  /// (block, hash) pairs by row (a counting sort), then per row copies the summed sketch values
+  /// (checking that they are finite), counts the members of the blocks that hash into the row and
+  /// XORs their indices, and queues the row's cells of count 1, pure in round 1. Returns how many
+  /// it queued.
   template <class Cell>
   static std::uint64_t count_rows(const geometry& where, const peel_state<Cell>& s, std::span<const T> summed_sketch) {
     using id_type = typename Cell::id_type;
@@ -511,32 +545,35 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
       for (const std::uint64_t offset : layout.row_offset) ++s.row_end[where.row_of(offset) + 1];
     for (std::uint64_t r = 0; r < rows; ++r) s.row_end[r + 1] += s.row_end[r];
     for (std::uint64_t b = 0; b < s.layouts.size(); ++b)
-      for (std::uint64_t j = 0; j < 3; ++j) s.row_pairs[s.row_end[where.row_of(s.layouts[b].row_offset[j])]++] = b * 4 + j;
+      for (std::uint64_t j = 0; j < 3; ++j)
+        s.row_pairs[s.row_end[where.row_of(s.layouts[b].row_offset[j])]++] = {s.layouts[b].rotation[j] - b * block,
+                                                                             s.block_first[b], s.block_first[b + 1]};
     // row_end[r] is now where row r's pairs end.
     std::uint64_t queued = 0;
     for (std::uint64_t r = 0, pair = 0; r < rows; ++r) {
       Cell* const row = s.cells.data() + r * block;
       const T* const values = summed_sketch.data() + r * block;
-      for (std::uint64_t column = 0; column < block; ++column) row[column] = {values[column], 0, 0};
+      bool finite = true;
+      for (std::uint64_t column = 0; column < block; ++column) {
+        finite &= is_finite(values[column]);
+        row[column] = {values[column], 0, 0};
+      }
+      if (!finite) require_finite(summed_sketch.subspan(r * block, block), r * block);
       for (; pair < s.row_end[r]; ++pair) {
         if (pair + ahead < s.row_pairs.size()) {  // the members of the block ahead
-          const std::uint64_t later = s.row_pairs[pair + ahead] / 4;
-          for (std::uint64_t k = s.block_first[later]; k < s.block_first[later + 1]; k += 64 / sizeof(id_type))
-            prefetch(&s.members[k]);
+          const row_pair& later = s.row_pairs[pair + ahead];
+          for (std::uint64_t k = later.first; k < later.last; k += 64 / sizeof(id_type)) prefetch(&s.members[k]);
         }
-        const std::uint64_t b = s.row_pairs[pair] / 4;
-        // Member i lands in column (i − b·B + rotation) mod B; the sum before the reduction is in [0, 2B).
-        const std::uint64_t shift = s.layouts[b].rotation[s.row_pairs[pair] % 4] - b * block;  // mod 2^64
-        for (std::uint64_t k = s.block_first[b]; k < s.block_first[b + 1]; ++k) {
-          std::uint64_t column = s.members[k] + shift;
+        const row_pair& here = s.row_pairs[pair];
+        for (std::uint64_t k = here.first; k < here.last; ++k) {
+          std::uint64_t column = s.members[k] + here.shift;
           if (column >= block) column -= block;
-          ++row[column].count;
+          row[column].add();
           row[column].id ^= s.members[k];
         }
       }
       for (std::uint64_t column = 0; column < block; ++column) {  // without branches
-        const bool one = row[column].count == 1;
-        row[column].pure_in = one ? pure_bit(1) : std::uint8_t{0};
+        const bool one = row[column].mark_if_one(pure_bit(1));
         s.worklist[queued] = {row[column].id, static_cast<id_type>(r * block + column)};
         queued += one ? 1 : 0;
       }
@@ -548,7 +585,7 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
   /// the recovered elements and their values and returns how many. A round takes the worklist
   /// entries queued before it. An entry whose cell still holds one element names that element,
   /// which is recovered there if this cell is its lowest pure hash (pure: the cell's count was 1
-  /// when the round began, which `pure_in` records), and is then subtracted from its three cells
+  /// when the round began, which its purity bits record), and is then subtracted from its three cells
   /// at once, queueing those whose count falls to 1. A pure cell holds only the element being
   /// recovered, so no subtraction of the round reaches it first: this is the synchronous round of
   /// the codec's definition, each cell's subtractions in the order of the log, done in one visit
@@ -558,6 +595,7 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
                                    lhc_decode_result& result) {
     using id_type = typename Cell::id_type;
     constexpr std::uint64_t ahead = 8;  // prefetch distance, in worklist entries
+    cell_triple staged[ahead];
     std::uint64_t logged = 0;
     std::uint64_t tail = queued;
     for (std::uint64_t head = 0, round = 1; head < tail; ++round) {
@@ -565,18 +603,22 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
       const std::uint64_t round_log = logged;
       const std::uint8_t pure_now = pure_bit(round);
       const std::uint8_t pure_next = pure_bit(round + 1);
+      // The cells of the entries ahead are computed once, into a ring of `ahead`.
+      for (std::uint64_t e = head; e < std::min(head + ahead, round_end); ++e) staged[e % ahead] = where.cells_of(s.worklist[e].element);
       for (; head < round_end; ++head) {
         // The entries ahead name their elements: ask for the elements' layouts, then their cells.
         if (head + 2 * ahead < round_end) prefetch(&where.layouts[where.block_of(s.worklist[head + 2 * ahead].element)]);
-        if (head + ahead < round_end)
-          for (const std::uint64_t c : where.cells_of(s.worklist[head + ahead].element).cell) prefetch(&s.cells[c]);
+        const cell_triple cells = staged[head % ahead];
+        if (head + ahead < round_end) {
+          staged[head % ahead] = where.cells_of(s.worklist[head + ahead].element);
+          for (const std::uint64_t c : staged[head % ahead].cell) prefetch(&s.cells[c]);
+        }
         const std::uint64_t i = s.worklist[head].element;
         const std::uint64_t c = s.worklist[head].cell;
-        if (s.cells[c].count != 1) continue;  // fell to 0 last round, or its element is recovered
-        const cell_triple cells = where.cells_of(i);
+        if (s.cells[c].count() != 1) continue;  // fell to 0 last round, or its element is recovered
         // Its lowest pure hash (c is pure, so there is one), without branches.
-        const bool pure0 = (s.cells[cells.cell[0]].pure_in & pure_now) != 0;
-        const bool pure1 = (s.cells[cells.cell[1]].pure_in & pure_now) != 0;
+        const bool pure0 = s.cells[cells.cell[0]].pure_in(pure_now);
+        const bool pure1 = s.cells[cells.cell[1]].pure_in(pure_now);
         const int j = pure0 ? 0 : pure1 ? 1 : 2;
         if (cells.cell[j] != c) continue;  // recovered at its lowest pure hash, an entry of this round too
         const accumulator v = signed_value(cells.negative[j], s.cells[c].sum);
@@ -587,8 +629,7 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
           Cell& cell = s.cells[cells.cell[k]];
           cell.sum -= signed_value(cells.negative[k], v);
           cell.id ^= static_cast<id_type>(i);
-          const bool one = --cell.count == 1;
-          cell.pure_in = static_cast<std::uint8_t>(cell.pure_in | (one ? pure_next : 0));
+          const bool one = cell.remove(pure_next);
           s.worklist[tail] = {cell.id, static_cast<id_type>(cells.cell[k])};
           tail += one ? 1 : 0;
         }
@@ -645,17 +686,13 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     // The output span by span: the log grouped by span, then zeros and the span's values in the
     // scratch span, written out.
     for (std::uint64_t q = 0; q < logged; ++q) s.by_span[s.span_end[s.log[q].element / output_span]++] = s.log[q];
-    constexpr std::uint64_t stage_values = cpu::staged_writer::capacity / sizeof(T);
     cpu::staged_writer writer(reinterpret_cast<std::byte*>(out.data()), e.streams(n * sizeof(T)));
     for (std::uint64_t k = 0; k < s.span_end.size(); ++k) {
       const std::uint64_t first = k * output_span;
       const std::uint64_t count = std::min(output_span, n - first);
       std::fill(s.scratch.begin(), s.scratch.begin() + static_cast<std::ptrdiff_t>(count), T{0});
       for (std::uint64_t q = s.span_first[k]; q < s.span_end[k]; ++q) s.scratch[s.by_span[q].element - first] = s.by_span[q].value;
-      for (std::uint64_t at = 0; at < count; at += stage_values) {
-        const std::uint64_t bytes = std::min(stage_values, count - at) * sizeof(T);
-        std::memcpy(writer.reserve(bytes), s.scratch.data() + at, bytes);
-      }
+      writer.write(reinterpret_cast<const std::byte*>(s.scratch.data()), count * sizeof(T));
     }
     writer.finish();
     return result;

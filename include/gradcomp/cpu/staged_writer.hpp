@@ -46,6 +46,13 @@ class staged_writer {
     return at;
   }
 
+  /// Writes what is staged, then `bytes` bytes from `data` (any size; from an aligned, cache-resident
+  /// buffer this is the cheapest way to write output that is already assembled).
+  void write(const std::byte* data, std::size_t bytes) noexcept {
+    flush();
+    copy_out(data, bytes);
+  }
+
   /// Writes the staged bytes out; the writer may be used no further.
   void finish() noexcept {
     flush();
@@ -55,26 +62,32 @@ class staged_writer {
 
  private:
   void flush() noexcept {
-    if (fill_ == 0) return;
+    copy_out(stage_, fill_);
+    fill_ = 0;
+  }
+
+  /// Copies `bytes` bytes from `from` to the destination and advances it: with streaming, whole
+  /// destination lines with non-temporal stores, the partial lines at the ends with ordinary ones.
+  void copy_out(const std::byte* from, std::size_t bytes) noexcept {
+    if (bytes == 0) return;
     std::size_t head = 0;
 #if defined(__SSE2__)
     if (streaming_) {
       const auto misalignment = reinterpret_cast<std::uintptr_t>(next_) % 64;
-      head = std::min(fill_, misalignment == 0 ? std::size_t{0} : 64 - misalignment);
-      std::memcpy(next_, stage_, head);
+      head = std::min(bytes, misalignment == 0 ? std::size_t{0} : 64 - misalignment);
+      std::memcpy(next_, from, head);
       std::size_t i = head;
-      for (; fill_ - i >= 64; i += 64) {
+      for (; bytes - i >= 64; i += 64) {
         for (std::size_t k = 0; k < 64; k += 16)
           _mm_stream_si128(reinterpret_cast<__m128i*>(next_ + i + k),
-                           _mm_loadu_si128(reinterpret_cast<const __m128i*>(stage_ + i + k)));
+                           _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i + k)));
       }
       streamed_ = streamed_ || i > head;
       head = i;
     }
 #endif
-    std::memcpy(next_ + head, stage_ + head, fill_ - head);
-    next_ += fill_;
-    fill_ = 0;
+    std::memcpy(next_ + head, from + head, bytes - head);
+    next_ += bytes;
   }
 
   alignas(64) std::byte stage_[capacity];
