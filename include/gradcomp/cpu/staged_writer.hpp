@@ -50,7 +50,8 @@ class staged_writer {
   /// buffer this is the cheapest way to write output that is already assembled).
   void write(const std::byte* data, std::size_t bytes) noexcept {
     flush();
-    copy_out(data, bytes);
+    streamed_ = copy_lines(next_, data, bytes, streaming_) || streamed_;
+    next_ += bytes;
   }
 
   /// Writes the staged bytes out; the writer may be used no further.
@@ -62,32 +63,37 @@ class staged_writer {
 
  private:
   void flush() noexcept {
-    copy_out(stage_, fill_);
+    if (fill_ == 0) return;
+    streamed_ = copy_lines(next_, stage_, fill_, streaming_) || streamed_;
+    next_ += fill_;
     fill_ = 0;
   }
 
-  /// Copies `bytes` bytes from `from` to the destination and advances it: with streaming, whole
-  /// destination lines with non-temporal stores, the partial lines at the ends with ordinary ones.
-  void copy_out(const std::byte* from, std::size_t bytes) noexcept {
-    if (bytes == 0) return;
+  /// Copies `bytes` bytes from `from` to `to`: with `streaming`, the whole 64-byte lines of `to`
+  /// with non-temporal stores and the partial lines at its ends with ordinary ones. Returns
+  /// whether it wrote any line with non-temporal stores.
+  static bool copy_lines(std::byte* to, const std::byte* from, std::size_t bytes, bool streaming) noexcept {
     std::size_t head = 0;
+    bool streamed = false;
 #if defined(__SSE2__)
-    if (streaming_) {
-      const auto misalignment = reinterpret_cast<std::uintptr_t>(next_) % 64;
+    if (streaming) {
+      const auto misalignment = reinterpret_cast<std::uintptr_t>(to) % 64;
       head = std::min(bytes, misalignment == 0 ? std::size_t{0} : 64 - misalignment);
-      std::memcpy(next_, from, head);
+      std::memcpy(to, from, head);
       std::size_t i = head;
       for (; bytes - i >= 64; i += 64) {
         for (std::size_t k = 0; k < 64; k += 16)
-          _mm_stream_si128(reinterpret_cast<__m128i*>(next_ + i + k),
+          _mm_stream_si128(reinterpret_cast<__m128i*>(to + i + k),
                            _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i + k)));
       }
-      streamed_ = streamed_ || i > head;
+      streamed = i > head;
       head = i;
     }
+#else
+    (void)streaming;
 #endif
-    std::memcpy(next_ + head, from + head, bytes - head);
-    next_ += bytes;
+    std::memcpy(to + head, from + head, bytes - head);
+    return streamed;
   }
 
   alignas(64) std::byte stage_[capacity];
