@@ -350,7 +350,8 @@ class lossless_homomorphic {
   }
 
   /// Workspace `decode` needs for `plan`: the peeling state (accumulators, counters, index XORs,
-  /// worklist, recovered values, block layouts), or nothing for a dense or empty plan.
+  /// worklist, block layouts, the union's elements, recovered values and an output span), or
+  /// nothing for a dense or empty plan.
   template <executor E>
   [[nodiscard]] std::size_t workspace_bytes(const E& e, const lhc_plan& plan) const {
     return backend<lossless_homomorphic, E>::workspace_bytes(*this, e, plan);
