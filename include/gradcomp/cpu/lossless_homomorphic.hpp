@@ -465,8 +465,11 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
   /// `?:` on it into a jump that mispredicts half the time (a third of the rounds' time at 2^20).
   [[nodiscard]] static accumulator signed_value(bool negative, accumulator v) noexcept {
     using bits_type = typename float_traits<accumulator>::bits_type;
-    return std::bit_cast<accumulator>(std::bit_cast<bits_type>(v) ^
-                                      (static_cast<bits_type>(negative) << float_traits<accumulator>::magnitude_bits));
+    bits_type bits;  // memcpy, not to_bits or std::bit_cast: nvcc's front end rejects their constraints here
+    std::memcpy(&bits, &v, sizeof bits);
+    bits ^= static_cast<bits_type>(negative) << float_traits<accumulator>::magnitude_bits;
+    std::memcpy(&v, &bits, sizeof v);
+    return v;
   }
 
   /// Asks the cache for the line holding `p` (a hint; no effect where the compiler has none).
