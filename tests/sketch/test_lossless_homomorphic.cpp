@@ -614,7 +614,8 @@ TEST_CASE("lhc tensors shorter than a block or ending in a partial block decode 
 TEST_CASE_TEMPLATE("lhc decode writes every element, streamed or not, into a dirty and misaligned buffer", T, float, double) {
   // The decoder assembles the output span by span (2^14 elements) and writes it front to back:
   // here through several spans and a partial last one, with and without non-temporal stores, at
-  // an address that is not 64-byte aligned, over a buffer full of NaN.
+  // an address that is not 64-byte aligned, over a buffer full of NaN with guard elements on both
+  // sides of the output.
   const std::size_t n = 3 * (std::size_t{1} << 14) + 4321;
   const auto x = make_gradients<T>(3, n, 0.03, 42, true);
   const protocol_run<T> run = run_protocol(make_lhc<T>({.seed = 9}), x);
@@ -627,13 +628,18 @@ TEST_CASE_TEMPLATE("lhc decode writes every element, streamed or not, into a dir
       CAPTURE(streaming_bytes);
       CAPTURE(offset);
       const cpu_executor cpu{.streaming_store_bytes = streaming_bytes};
-      std::vector<T> buffer(n + offset, std::numeric_limits<T>::quiet_NaN());
+      constexpr std::size_t guard = 19;  // past the output, reaching into the next cache line
+      std::vector<T> buffer(offset + n + guard, std::numeric_limits<T>::quiet_NaN());
       const lhc_decode_result result =
           lhc.decode(cpu, std::span<const std::byte>(run.index), run.plan, std::span<const T>(run.summed),
                      std::span<T>(buffer).subspan(offset, n), std::span<std::byte>(ws));
       CHECK(result == run.result);
-      check_equal_values(std::vector<T>(buffer.begin() + static_cast<std::ptrdiff_t>(offset), buffer.end()), expected);
-      for (std::size_t k = 0; k < offset; ++k) CHECK(std::isnan(buffer[k]));  // nothing before the output
+      const auto first = buffer.begin() + static_cast<std::ptrdiff_t>(offset);
+      check_equal_values(std::vector<T>(first, first + static_cast<std::ptrdiff_t>(n)), expected);
+      std::size_t written_outside = 0;
+      for (std::size_t k = 0; k < buffer.size(); ++k)
+        if ((k < offset || k >= offset + n) && !std::isnan(buffer[k])) ++written_outside;
+      CHECK(written_outside == 0);
     }
 }
 

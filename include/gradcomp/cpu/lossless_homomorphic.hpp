@@ -392,7 +392,8 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     s.row_pairs = arena.take<row_pair>(3 * blocks);
     s.row_end = arena.take<std::uint64_t>(static_cast<std::size_t>(plan.rows) + 1);
     s.cells = arena.take<Cell>(cells);
-    s.worklist = arena.take<pure_entry<typename Cell::id_type>>(cells + 1);  // + 1: the branchless queueing writes one entry past the last
+    // + 1: the branchless queueing writes one entry past the last.
+    s.worklist = arena.take<pure_entry<typename Cell::id_type>>(cells + 1);
     const auto spans = static_cast<std::size_t>((plan.n + output_span - 1) / output_span);
     s.log = arena.take<recovered_value<typename Cell::id_type>>(members);
     s.by_span = arena.take<recovered_value<typename Cell::id_type>>(members);
@@ -614,7 +615,8 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
       const std::uint8_t pure_now = pure_bit(round);
       const std::uint8_t pure_next = pure_bit(round + 1);
       // The cells of the entries ahead are computed once, into a ring of `ahead`.
-      for (std::uint64_t e = head; e < std::min(head + ahead, round_end); ++e) staged[e % ahead] = where.cells_of(s.worklist[e].element);
+      for (std::uint64_t e = head; e < std::min(head + ahead, round_end); ++e)
+        staged[e % ahead] = where.cells_of(s.worklist[e].element);
       for (; head < round_end; ++head) {
         // The entries ahead name their elements: ask for the elements' layouts, then their cells.
         if (head + 2 * ahead < round_end) prefetch(&where.layouts[where.block_of(s.worklist[head + 2 * ahead].element)]);
