@@ -199,7 +199,7 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
       }
       for (std::uint64_t bits = nonzero & member; bits != 0; bits &= bits - 1) {
         const std::uint64_t i = first + static_cast<std::uint64_t>(std::countr_zero(bits));
-        const cell_triple cells = cursor.cells_of(i);
+        const lhc_cell_triple cells = cursor.cells_of(i);
         const T x = grad[i];
         for (int j = 0; j < 3; ++j) sketch[cells.cell[j]] += cells.negative[j] ? -x : x;
       }
@@ -237,12 +237,6 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
   }
 
  private:
-  /// The three cells of one element and their signs.
-  struct cell_triple {
-    std::uint64_t cell[3];
-    bool negative[3];
-  };
-
   /// Cells of elements visited in ascending order: recomputes the block layout only when the
   /// block changes.
   class block_cursor {
@@ -251,14 +245,14 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
         : rows_(plan.rows), block_(codec.params().block), seed_(codec.params().seed),
           reference_(codec.params().reference_layout) {}
 
-    [[nodiscard]] cell_triple cells_of(std::uint64_t i) noexcept {
+    [[nodiscard]] lhc_cell_triple cells_of(std::uint64_t i) noexcept {
       if (i >= block_end_) {
         const std::uint64_t b = i / block_;
         layout_ = lhc_layout_of_block(b, rows_, block_, seed_, reference_);
         block_begin_ = b * block_;
         block_end_ = block_begin_ + block_;
       }
-      return cells_in(layout_, i - block_begin_, block_);
+      return lhc_cells_in(layout_, i - block_begin_, block_);
     }
 
    private:
@@ -270,18 +264,6 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     std::uint64_t block_begin_ = 0;
     std::uint64_t block_end_ = 0;
   };
-
-  /// Cells of column t of a block with `layout`.
-  [[nodiscard]] static cell_triple cells_in(const lhc_block_layout& layout, std::uint64_t t, std::uint64_t block) noexcept {
-    cell_triple cells;
-    for (int j = 0; j < 3; ++j) {
-      std::uint64_t column = t + layout.rotation[j];
-      if (column >= block) column -= block;
-      cells.cell[j] = layout.row_offset[j] + column;
-      cells.negative[j] = layout.negative[j];
-    }
-    return cells;
-  }
 
   /// What peeling keeps of a cell, in one 16-byte record when `Id` is 32-bit, so that one cache
   /// line holds all of it: `Id` holds element and cell indices, `Counter` the count and, in its
@@ -411,7 +393,7 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
   static void require_finite(std::span<const T> values, std::uint64_t first) {
     for (std::uint64_t c = 0; c < values.size(); ++c)
       detail::require(is_finite(values[c]), errc::non_finite_input,
-                      [&] { return "summed sketch value " + std::to_string(first + c) + " is NaN or Inf"; });
+                      [&] { return detail::lhc_non_finite_message(first + c); });
   }
 
   /// Checks that the bits (bitmap) or the nibble (sum4) past the last element are zero.
@@ -448,29 +430,7 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
                            std::uint64_t n) {
     require_size(n, plan.n, "elements");
     require_size(index.size(), codec.index_bytes(n), "index bytes");
-    const lhc_plan expected = codec.plan_for(n, count_union(codec, index, n, codec.max_contributors()));
-    detail::require(plan == expected, errc::invalid_argument, [&] {
-      return "the plan (" + std::to_string(plan.union_nonzeros) + " non-zeros, " + std::to_string(plan.rows) +
-             " rows) is not the plan of this index (" + std::to_string(expected.union_nonzeros) + " non-zeros, " +
-             std::to_string(expected.rows) + " rows)";
-    });
-  }
-
-  /// A value of the accumulator that converts to T without overflow.
-  [[nodiscard]] static bool fits(accumulator v) noexcept {
-    return v >= -static_cast<accumulator>(std::numeric_limits<T>::max()) &&
-           v <= static_cast<accumulator>(std::numeric_limits<T>::max());
-  }
-
-  /// −v when `negative`, else v, by flipping the sign bit: a hash's sign is data, and GCC turns
-  /// `?:` on it into a jump that mispredicts half the time (a third of the rounds' time at 2^20).
-  [[nodiscard]] static accumulator signed_value(bool negative, accumulator v) noexcept {
-    using bits_type = typename float_traits<accumulator>::bits_type;
-    bits_type bits;  // memcpy, not to_bits or std::bit_cast: nvcc's front end rejects their constraints here
-    std::memcpy(&bits, &v, sizeof bits);
-    bits ^= static_cast<bits_type>(negative) << float_traits<accumulator>::magnitude_bits;
-    std::memcpy(&v, &bits, sizeof v);
-    return v;
+    detail::lhc_require_plan_of_index(plan, codec.plan_for(n, count_union(codec, index, n, codec.max_contributors())));
   }
 
   /// Asks the cache for the line holding `p` (a hint; no effect where the compiler has none).
@@ -501,9 +461,9 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     /// The block of element i.
     [[nodiscard]] std::uint64_t block_of(std::uint64_t i) const noexcept { return quotient(i); }
     /// The three cells of element i and their signs (inlined: it is the peeling loop's arithmetic).
-    [[nodiscard, gnu::always_inline]] cell_triple cells_of(std::uint64_t i) const noexcept {
+    [[nodiscard, gnu::always_inline]] lhc_cell_triple cells_of(std::uint64_t i) const noexcept {
       const std::uint64_t b = block_of(i);
-      return cells_in(layouts[b], i - b * block, block);
+      return lhc_cells_in(layouts[b], i - b * block, block);
     }
   };
 
@@ -606,7 +566,7 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
                                    lhc_decode_result& result) {
     using id_type = typename Cell::id_type;
     constexpr std::uint64_t ahead = 8;  // prefetch distance, in worklist entries
-    cell_triple staged[ahead];
+    lhc_cell_triple staged[ahead];
     std::uint64_t logged = 0;
     std::uint64_t tail = queued;
     for (std::uint64_t head = 0, round = 1; head < tail; ++round) {
@@ -620,7 +580,7 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
       for (; head < round_end; ++head) {
         // The entries ahead name their elements: ask for the elements' layouts, then their cells.
         if (head + 2 * ahead < round_end) prefetch(&where.layouts[where.block_of(s.worklist[head + 2 * ahead].element)]);
-        const cell_triple cells = staged[head % ahead];
+        const lhc_cell_triple cells = staged[head % ahead];
         if (head + ahead < round_end) {
           staged[head % ahead] = where.cells_of(s.worklist[head + ahead].element);
           for (const std::uint64_t c : staged[head % ahead].cell) prefetch(&s.cells[c]);
@@ -631,15 +591,14 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
         // Its lowest pure hash (c is pure, so there is one), without branches.
         const bool pure0 = s.cells[cells.cell[0]].pure_in(pure_now);
         const bool pure1 = s.cells[cells.cell[1]].pure_in(pure_now);
-        const int j = (pure0 ? 0 : 1) * (pure1 ? 1 : 2);  // 0, else 1, else 2, as arithmetic
+        const int j = lhc_recovering_hash(pure0, pure1);
         if (cells.cell[j] != c) continue;  // recovered at its lowest pure hash, an entry of this round too
-        const accumulator v = signed_value(cells.negative[j], s.cells[c].sum);
-        detail::require(fits(v), errc::non_finite_input,
-                        [&] { return "the sum at element " + std::to_string(i) + " exceeds the range of the value type"; });
+        const accumulator v = lhc_signed(cells.negative[j], s.cells[c].sum);
+        detail::require(lhc_fits<T>(v), errc::non_finite_input, [&] { return detail::lhc_range_message("sum", i); });
         s.log[logged++] = {static_cast<id_type>(i), static_cast<T>(v) + T{0}};  // + 0: no −0 in the output
         for (int k = 0; k < 3; ++k) {  // queue the cells whose count falls to 1, without branches
           Cell& cell = s.cells[cells.cell[k]];
-          cell.sum -= signed_value(cells.negative[k], v);
+          cell.sum -= lhc_signed(cells.negative[k], v);
           cell.id ^= static_cast<id_type>(i);
           const bool one = cell.remove(pure_next);
           s.worklist[tail] = {cell.id, static_cast<id_type>(cells.cell[k])};
@@ -675,22 +634,18 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     result.recovered = logged;
     result.unrecovered = plan.union_nonzeros - logged;
     if (result.unrecovered != 0) {
-      detail::require(p.on_stall == lhc_stall_policy::median_estimate, errc::peeling_stalled, [&] {
-        return std::to_string(result.unrecovered) + " of " + std::to_string(plan.union_nonzeros) +
-               " non-zeros were not recovered after " + std::to_string(result.rounds) + " rounds (" +
-               std::to_string(plan.cells) + " cells); raise cells_per_nonzero";
-      });
+      detail::lhc_require_peeled(p.on_stall, result, plan);
       // Median of the three residual estimates of every element left, logged.
       detail::lhc_for_each_set(
           n, [&](std::uint64_t w) { return detail::lhc_member_word(index.data(), p.index, w, n) & ~s.recovered[w]; },
           [&](std::uint64_t i) {
-            const cell_triple cells = where.cells_of(i);
+            const lhc_cell_triple cells = where.cells_of(i);
             accumulator estimate[3];
-            for (int j = 0; j < 3; ++j) estimate[j] = signed_value(cells.negative[j], s.cells[cells.cell[j]].sum);
+            for (int j = 0; j < 3; ++j) estimate[j] = lhc_signed(cells.negative[j], s.cells[cells.cell[j]].sum);
+            // lhc_median_of_three, written out: GCC allocates this whole function differently around the call
             const accumulator median = std::max(std::min(estimate[0], estimate[1]),
                                                 std::min(std::max(estimate[0], estimate[1]), estimate[2]));
-            detail::require(fits(median), errc::non_finite_input,
-                            [&] { return "the estimate at element " + std::to_string(i) + " exceeds the range of the value type"; });
+            detail::require(lhc_fits<T>(median), errc::non_finite_input, [&] { return detail::lhc_range_message("estimate", i); });
             s.log[logged++] = {static_cast<typename Cell::id_type>(i), static_cast<T>(median) + T{0}};
           });
       result.estimated = result.unrecovered;

@@ -71,6 +71,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <span>
 #include <string>
@@ -188,6 +189,64 @@ GRADCOMP_HOST_DEVICE constexpr lhc_block_layout lhc_layout_of_block(std::uint64_
   return layout;
 }
 
+/// The three cells of one element and their signs.
+struct lhc_cell_triple {
+  std::uint64_t cell[3];  ///< cell_j: row_j·B + (t + rot_j) mod B.
+  bool negative[3];       ///< σ_j = −1.
+};
+
+/// The cells of column t (< `block`) of a block with `layout`.
+[[nodiscard]] GRADCOMP_HOST_DEVICE inline lhc_cell_triple lhc_cells_in(const lhc_block_layout& layout, std::uint64_t t,
+                                                                      std::uint64_t block) noexcept {
+  lhc_cell_triple cells;
+  for (int j = 0; j < 3; ++j) {
+    std::uint64_t column = t + layout.rotation[j];
+    if (column >= block) column -= block;
+    cells.cell[j] = layout.row_offset[j] + column;
+    cells.negative[j] = layout.negative[j];
+  }
+  return cells;
+}
+
+/// The hash an element of a pure cell is recovered from (a rule of peeling that every backend
+/// shares, so that each decides alike): its lowest j whose cell is pure, given
+/// whether the cells of hashes 0 and 1 are (one of its cells is pure, so when neither of those is,
+/// hash 2's is). Arithmetic rather than a choice, so that no compiler turns it into a jump on data.
+[[nodiscard]] GRADCOMP_HOST_DEVICE constexpr int lhc_recovering_hash(bool pure0, bool pure1) noexcept {
+  return (pure0 ? 0 : 1) * (pure1 ? 1 : 2);
+}
+
+/// σ·v: `v` with its sign bit flipped when `negative` (exact). A hash's sign is data, and GCC turns
+/// `negative ? −v : v` into a jump that mispredicts half the time (a third of the CPU rounds' time
+/// at 2^20).
+[[nodiscard]] GRADCOMP_HOST_DEVICE inline double lhc_signed(bool negative, double v) noexcept {
+  std::uint64_t bits;  // memcpy, not to_bits or std::bit_cast: nvcc's front end has rejected their constraints
+  std::memcpy(&bits, &v, sizeof bits);
+  bits ^= static_cast<std::uint64_t>(negative) << float_traits<double>::magnitude_bits;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+
+/// Whether a peeled value `v` converts to T without overflow (|v| ≤ the largest finite T; false
+/// for NaN). A decoded value outside is refused with `non_finite_input`.
+template <gradient_value T>
+[[nodiscard]] GRADCOMP_HOST_DEVICE inline bool lhc_fits(double v) noexcept {
+  const auto largest = static_cast<double>(from_bits<T>(float_traits<T>::infinity_key - 1));
+  return v >= -largest && v <= largest;
+}
+
+/// The estimate of an element left by peeling, from its three residual estimates σ_j·S[cell_j]:
+/// their median, std::max(std::min(e0, e1), std::min(std::max(e0, e1), e2)), each min and max
+/// taking the first of two equal values as std::min and std::max do, so that every backend picks
+/// the same one of +0 and −0. (The CPU decoder writes it with std::min and std::max: a call here
+/// changes GCC's register allocation of its whole decode function.)
+[[nodiscard]] GRADCOMP_HOST_DEVICE constexpr double lhc_median_of_three(double e0, double e1, double e2) noexcept {
+  const double low = e1 < e0 ? e1 : e0;
+  const double high = e0 < e1 ? e1 : e0;
+  const double middle = e2 < high ? e2 : high;
+  return low < middle ? middle : low;
+}
+
 /// Lossless homomorphic compression of `float` or `double` gradients: an index and a count sketch
 /// whose sums over ranks decode, by peeling, to the exact sum of the gradients.
 namespace detail {
@@ -214,6 +273,37 @@ void lhc_require_padding(lhc_index_coding coding, std::uint64_t n, LastByte&& la
   const auto used_bits = static_cast<unsigned>(n % per) * (8 / per);
   require((static_cast<unsigned>(last()) >> used_bits) == 0, errc::malformed_payload,
           "index bits past the last element are not zero");
+}
+
+/// Checks that `plan` is `expected`, the plan of the index a call is given.
+/// @throws error `invalid_argument`.
+inline void lhc_require_plan_of_index(const lhc_plan& plan, const lhc_plan& expected) {
+  require(plan == expected, errc::invalid_argument, [&] {
+    return "the plan (" + std::to_string(plan.union_nonzeros) + " non-zeros, " + std::to_string(plan.rows) +
+           " rows) is not the plan of this index (" + std::to_string(expected.union_nonzeros) + " non-zeros, " +
+           std::to_string(expected.rows) + " rows)";
+  });
+}
+
+/// Checks that peeling left no element, unless `policy` estimates those it left.
+/// @throws error `peeling_stalled`, whose message gives the counts.
+inline void lhc_require_peeled(lhc_stall_policy policy, const lhc_decode_result& result, const lhc_plan& plan) {
+  require(result.unrecovered == 0 || policy == lhc_stall_policy::median_estimate, errc::peeling_stalled, [&] {
+    return std::to_string(result.unrecovered) + " of " + std::to_string(plan.union_nonzeros) +
+           " non-zeros were not recovered after " + std::to_string(result.rounds) + " rounds (" +
+           std::to_string(plan.cells) + " cells); raise cells_per_nonzero";
+  });
+}
+
+/// The detail of `non_finite_input` for a peeled value beyond T's range: `what` ("sum" for a
+/// recovered element, "estimate" for a median) at element i.
+inline std::string lhc_range_message(const char* what, std::uint64_t i) {
+  return std::string("the ") + what + " at element " + std::to_string(i) + " exceeds the range of the value type";
+}
+
+/// The detail of `non_finite_input` for NaN or Inf at value c of the summed sketch.
+inline std::string lhc_non_finite_message(std::uint64_t c) {
+  return "summed sketch value " + std::to_string(c) + " is NaN or Inf";
 }
 
 }  // namespace detail
