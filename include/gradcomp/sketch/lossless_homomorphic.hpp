@@ -51,8 +51,12 @@
 /// count 1 at the start of a round are pure; every element of a pure cell is recovered once, from
 /// the lowest j whose cell is pure, as σ_j·S[cell_j]; then every recovered element is subtracted
 /// from its cells and their counters decremented. Rounds repeat until no cell is pure. The sketch is
-/// peeled in `lhc_accumulator_t<T>` (double), so peeling itself adds no rounding for float sketches.
-/// The result is the same on every machine and thread count.
+/// peeled in `lhc_accumulator_t<T>` (double), so peeling itself adds no rounding for float sketches;
+/// where the double rounds, the order of a cell's subtractions is fixed (docs/sketches.md §2.5): a
+/// round lists its candidate cells (the first round every cell of count 1 in cell order, later
+/// rounds the cells whose counts fell to 1, in that order), an element is recovered at the entry of
+/// its lowest pure cell, and each cell's subtractions come in the order of (entry, j). The result
+/// is the same on every machine, thread count and backend.
 ///
 /// Exactness: a recovered value is σ_j·S[c] minus the values recovered before it from that cell.
 /// When every partial sum (the cell sums of each rank, the SUM reduction, the peeling) is exact, the
