@@ -319,9 +319,10 @@ decoding<T> replay(const lossless_homomorphic<T>& lhc, const lhc_input<T>& in, c
 /// A tensor built so that one cell's value depends on the order of its subtractions: one round
 /// subtracts from cell X first an element of 2^60, then one of 1, and X's last element, recovered
 /// from X later, is 2^-60 (the other elements are k·2^-12). The sketch holds X's 2^60 + 1 + …
-/// rounded to 2^60, so subtracting 2^60 first leaves −1 for the 1 to cancel exactly, while
-/// subtracting the 1 first is lost against 2^60 (53 bits): X's last element decodes 1 apart.
-/// The cell is found from the replay's trace of a tensor of the same non-zeros.
+/// rounded to 2^60. Subtracting 2^60 first leaves 0, from which the 1 is subtracted exactly;
+/// subtracting the 1 first is lost against 2^60 (53 bits), and then 2^60 leaves 0: X's last
+/// element decodes 1 apart. The cell is found from the replay's trace of a tensor with the same
+/// non-zeros.
 template <class T>
 std::vector<T> order_sensitive_tensor(const lossless_homomorphic<T>& lhc, std::size_t n, std::uint64_t seed) {
   std::vector<T> x = make_ranks<T>(1, n, 0.1, seed, values::grid).front();
