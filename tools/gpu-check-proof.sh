@@ -12,11 +12,16 @@
 #        judges the made-up bench JSON of tools/test_gpu_check.py;
 #      - without GRADCOMP_GOLDEN_DIR the moved binary's golden test fails (the variable is what
 #        finds them).
-# Needs root (unshare -m), nvcc and the packages gpu-carry.sh copies. About 3 minutes on 2 cores.
+# Needs root (unshare -m), nvcc and the packages gpu-carry.sh copies (exit status 77, nothing
+# proved, without the first two). About 4 minutes on 2 cores.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 if ! unshare --mount true 2>/dev/null; then
   echo "gpu-check-proof: cannot make a mount namespace here (needs root): nothing proved" >&2
+  exit 77
+fi
+if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+  echo "gpu-check-proof: no nvcc: nothing proved" >&2
   exit 77
 fi
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-proof.XXXXXX")"

@@ -4,7 +4,7 @@
 #   tools/gpu-check.sh [--dry-run] [--build | --carried] [--budget SECONDS]
 #                      [--bench-json FILE] [--torch-json FILE] [OUT]
 #
-# In order, each step with a time limit inside the budget (default 450 s):
+# In order, each step with a time limit inside the budget (default 450 s; 7200 for a dry run):
 #   1. the GPU and toolchain found (nvidia-smi, nvcc, compute-sanitizer, CMake, torch, NCCL);
 #   2. the binaries: the ones tools/gpu-carry.sh built on the CPU machine (.gpu-carry/bin) while
 #      their source digest matches this tree, else (or with --build) built here with the carried
@@ -30,7 +30,7 @@ set -uo pipefail
 
 usage() { sed -n '2,/^set -uo/{/^set -uo/d;s/^# \{0,1\}//;p}' "$0"; }
 
-dry_run=0 mode=auto budget=450 out=build/gpu-check bench_in="" torch_in=""
+dry_run=0 mode=auto budget="" out=build/gpu-check bench_in="" torch_in=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
@@ -45,6 +45,8 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+# The budget is the GPU machine's; a dry run's build on a busy CPU machine may take longer.
+[ -n "$budget" ] || budget=$([ $dry_run -eq 1 ] && echo 7200 || echo 450)
 out="$(realpath -m "$out")"
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root" || exit 2
@@ -314,7 +316,9 @@ else
   skip torch_topk missing "python3 cannot import torch"
 fi
 
-if [ -z "$nccl_bin" ]; then
+if [ -z "$test_bin" ]; then
+  skip nccl_allreduce missing "no binaries"
+elif [ -z "$nccl_bin" ]; then
   skip nccl_allreduce missing "not built (no NCCL found at build time)"
 elif [ $dry_run -eq 1 ]; then
   skip nccl_allreduce dry-run "$(grep -c 'libnccl.so.2 => /' "$logs/libraries.log") libnccl.so.2 found by the loader"

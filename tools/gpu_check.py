@@ -304,7 +304,7 @@ def sanitizer_row(logs, step):
     tool = step["name"]
     chosen = len((read(os.path.join(logs, f"{tool}-cases.txt")) or "").splitlines())
     if not ran(step):
-        fine = step["status"] == "dry-run" or (step["status"] == "no time" and tool in OPTIONAL_STEPS)
+        fine = step["status"] == "dry-run" or (step["status"] in ("no time", "missing") and tool in OPTIONAL_STEPS)
         return not fine, f"{chosen} cases chosen, not run ({step['detail'] or step['status']})"
     text = read(os.path.join(logs, f"{tool}.log")) or ""
     found, run = parse_sanitizer(text), parse_doctest(text)
