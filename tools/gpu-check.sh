@@ -102,6 +102,7 @@ pack() {
 run_logged() {
   local name="$1" cap="$2" log="$3" t0=$SECONDS rc status=ok
   shift 3
+  if [ "$cap" -lt 5 ]; then skip "$name" "no time" "$cap s left for it"; return 1; fi
   echo "== [$(elapsed)] $name (at most $cap s)"
   timeout --kill-after=10 "$cap" "$@" >"$log" 2>&1
   rc=$?
@@ -109,11 +110,17 @@ run_logged() {
   [ $rc -ne 124 ] && [ $rc -ne 137 ] || status=timeout
   record "$name" "$status" $((SECONDS - t0)) "exit $rc"
   echo "   $status in $((SECONDS - t0)) s (exit $rc)"
-  [ $status = ok ] || tail -n 6 "$log" | cut -c1-160 | sed 's/^/   | /'
+  if [ $status != ok ]; then  # the first failures (doctest's, compute-sanitizer's) and the end
+    { grep -E ': (ERROR|FATAL ERROR): |^========= [A-Z]' "$log" |
+        grep -vE '^========= (COMPUTE-SANITIZER|ERROR SUMMARY|LEAK SUMMARY|RACECHECK SUMMARY)' | head -n 4
+      tail -n 3 "$log"; } | cut -c1-160 | sed 's/^/   | /'
+  fi
   pack
   return $rc
 }
 skip() { record "$1" "$2" 0 "$3"; echo "== [$(elapsed)] $1: $2${3:+ ($3)}"; }
+# A device name as a file name: "NVIDIA H200" -> nvidia-h200.
+slug() { echo "$1" | tr 'A-Z ' 'a-z-' | tr -cd 'a-z0-9._-'; }
 
 # ---- 1. GPU and toolchain -----------------------------------------------------------------------
 
@@ -182,6 +189,8 @@ record toolchain "$status" $((SECONDS - t0)) "${missing[*]:+missing: ${missing[*
 # ---- 2. binaries --------------------------------------------------------------------------------
 
 test_bin="" bench_bin="" nccl_bin="" run_libs=""
+# A copy to the GPU machine may not keep the execute bits.
+[ ! -d "$carry/bin" ] || chmod +x "$carry"/bin/* 2>/dev/null
 digest="$(python3 tools/gpu_check.py digest "$root")"
 carried_digest="$(sed -n 's/^tree //p' "$carry/manifest.txt" 2>/dev/null)"
 if [ "$mode" = auto ]; then
@@ -204,7 +213,9 @@ else
   else
     nccl_env=()
     [ -z "$nccl_header" ] || [ -z "$nccl_library" ] || nccl_env=("NCCL_INCLUDE_DIR=$(dirname "$nccl_header")" "NCCL_LIBRARY=$nccl_library")
-    if run_logged binaries "$(cap_for 300 200)" "$logs/build.log" env "${nccl_env[@]}" tools/gpu-carry.sh compile; then
+    # 16 cores build in about 90 s; a dry run's build on this machine's 2 may take many minutes.
+    if run_logged binaries "$(cap_for $((dry_run == 1 ? 7200 : 300)) 200)" "$logs/build.log" env "${nccl_env[@]}" \
+         bash tools/gpu-carry.sh compile; then
       test_bin="$build_dir/tests/gradcomp_cuda_tests" bench_bin="$build_dir/bench/gradcomp-bench-cuda"
       nccl_bin="$build_dir/examples/nccl_allreduce"
       note "built here with the carried doctest and fmt, $(nproc) jobs"
@@ -286,14 +297,13 @@ elif [ $dry_run -eq 1 ]; then
   "${on_path[@]}" "$bench_bin" --help >"$logs/bench.log" 2>&1
   if [ -n "$bench_in" ]; then
     device="$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[0].get("device", "unknown"))' "$bench_in")"
-    cp "$bench_in" "$out/gradcomp-bench-cuda-$(echo "$device" | tr 'A-Z ' 'a-z-' | tr -cd 'a-z0-9._-').json"
+    cp "$bench_in" "$out/gradcomp-bench-cuda-$(slug "$device").json"
     skip bench dry-run "judging $bench_in"
   else
     skip bench dry-run "--help runs; no --bench-json given"
   fi
 else
-  device="$(echo "${gpu_name:-unknown}" | tr 'A-Z ' 'a-z-' | tr -cd 'a-z0-9._-')"
-  bench_json="$out/gradcomp-bench-cuda-$device.json"
+  bench_json="$out/gradcomp-bench-cuda-$(slug "${gpu_name:-unknown}").json"
   run_logged bench "$(cap_for 150 60)" "$logs/bench.log" "${on_path[@]}" "$bench_bin" --json "$bench_json"
   [ -s "$bench_json" ] || rm -f "$bench_json"
 fi
@@ -309,9 +319,8 @@ if [ $dry_run -eq 1 ]; then
     skip torch_topk dry-run "no --torch-json given"
   fi
 elif python3 -c 'import torch' >/dev/null 2>&1; then
-  device="$(echo "${gpu_name:-unknown}" | tr 'A-Z ' 'a-z-' | tr -cd 'a-z0-9._-')"
   run_logged torch_topk "$(cap_for 60 30)" "$logs/torch_topk.log" python3 bench/torch_topk.py "${torch_args[@]}" \
-    --json "$out/torch-topk-$device.json"
+    --json "$out/torch-topk-$(slug "${gpu_name:-unknown}").json"
 else
   skip torch_topk missing "python3 cannot import torch"
 fi

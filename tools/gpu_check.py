@@ -55,21 +55,27 @@ def tree_digest(root):
 
 DOCTEST_TOTALS = re.compile(r"^\[doctest\] test cases: *(\d+) \| *(\d+) passed \| *(\d+) failed \| *(\d+) skipped", re.M)
 DOCTEST_DURATION = re.compile(r"^(\d+\.\d+) s: (.+)$", re.M)
-DOCTEST_LISTED = re.compile(r"^\[doctest\] unskipped test cases passing the current filters: (\d+)", re.M)
-DOCTEST_FAILED_CASE = re.compile(r"^TEST CASE:  (.+)$", re.M)
+DOCTEST_CASE = re.compile(r"^TEST CASE:  (.+)$")
+DOCTEST_FAILURE = re.compile(r": (ERROR|FATAL ERROR): ")
 
 
 def parse_doctest(text):
-    """A doctest run's output: {'complete', 'run', 'passed', 'failed', 'durations' {name: s}, 'reported'}.
+    """A doctest run's output: {'complete', 'run', 'passed', 'failed', 'durations' {name: s}, 'failing'}.
 
     'run' counts the cases that ran ("skipped" in doctest's totals also counts the cases a filter
     left out, so it is not used); without the totals line (crash, timeout) the run is incomplete
-    and the counts come from the per-case duration lines. 'reported' names the cases whose
-    output shows a failure, an exception or a crash (the cases doctest prints a header for
-    without --duration)."""
+    and the counts come from the per-case duration lines. 'failing' names the cases with a failed
+    check, an exception or a crash, in the order they ran."""
     durations = {name: float(s) for s, name in DOCTEST_DURATION.findall(text)}
+    failing, case = [], None
+    for line in text.splitlines():
+        header = DOCTEST_CASE.match(line)
+        if header:
+            case = header.group(1)
+        elif case is not None and DOCTEST_FAILURE.search(line) and case not in failing:
+            failing.append(case)
     totals = DOCTEST_TOTALS.findall(text)
-    result = {"complete": bool(totals), "durations": durations}
+    result = {"complete": bool(totals), "durations": durations, "failing": failing}
     if totals:
         run, passed, failed, _ = (int(v) for v in totals[-1])
         result.update(run=run, passed=passed, failed=failed)
@@ -200,17 +206,17 @@ def judge_targets(bench, torch_records):
     else:
         d = r["achieved_density"]
         rows.append((verdict(0.008 <= d <= 0.0125), "threshold density", f"{d:.5f} (0.8-1.25 x 0.01)"))
-    r = at.get("topk/encode")
-    if r is None or r.get("speedup_vs_baseline") is None:
+    topk = at.get("topk/encode")
+    if topk is None or topk.get("speedup_vs_baseline") is None:
         missing("topk vs radix sort")
     else:
-        s = r["speedup_vs_baseline"]
-        rows.append((verdict(s >= 5), "topk vs radix sort", f"{s:.2f}x faster than {r['baseline']} (>= 5)"))
+        s = topk["speedup_vs_baseline"]
+        rows.append((verdict(s >= 5), "topk vs radix sort", f"{s:.2f}x faster than {topk['baseline']} (>= 5)"))
     torch_at = [t for t in torch_records if t.get("n") == N_TARGET and t.get("seconds_median")]
-    if r is None or not torch_at:
+    if topk is None or not torch_at:
         missing("topk vs torch.topk", "no topk/encode or torch_topk record at n = 2^28")
     else:
-        s = torch_at[0]["seconds_median"] / r["seconds_median"]
+        s = torch_at[0]["seconds_median"] / topk["seconds_median"]
         rows.append((verdict(s >= 2), "topk vs torch.topk", f"{s:.2f}x faster (>= 2)"))
     r = at.get("count_sketch/encode")
     if r is None or not r.get("speedup_vs_baseline"):
@@ -281,6 +287,12 @@ def ran(step):
     return step["status"] in ("ok", "fail", "timeout")
 
 
+def some_names(names, shown=2, width=60):
+    """'a | b and 3 more', each name cut to width characters."""
+    cut = [n if len(n) <= width else n[:width - 3] + "..." for n in names[:shown]]
+    return " | ".join(cut) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
 def test_row(logs, step, dry):
     """(problem, detail, counts) of one tests:FILE step, from its log and its listing. A case that
     skips is a problem on the GPU (GRADCOMP_REQUIRE_GPU=1 should fail it anyway), not in a dry run."""
@@ -291,10 +303,11 @@ def test_row(logs, step, dry):
         return step["status"] != "dry-run", f"{listed} cases, not run ({step['detail'] or step['status']})", counts
     run = parse_doctest(read(os.path.join(logs, f"tests-{file}.log")) or "")
     counts["run"] = run["run"]
+    failing = f"; failing: {some_names(run['failing'])}" if run["failing"] else ""
     if not run["complete"]:
-        return True, f"{run['run']} of {listed} cases finished, then {step['status']} ({step['detail']})", counts
+        return True, f"{run['run']} of {listed} cases finished, then {step['status']} ({step['detail']}){failing}", counts
     counts.update(passed=run["passed"], failed=run["failed"], skipped=listed - run["run"])
-    detail = f"{run['run']} run: {run['passed']} passed, {run['failed']} failed, {counts['skipped']} skipped"
+    detail = f"{run['run']} run: {run['passed']} passed, {run['failed']} failed, {counts['skipped']} skipped{failing}"
     return run["failed"] > 0 or (counts["skipped"] != 0 and not dry) or step["status"] != "ok", detail, counts
 
 
@@ -322,7 +335,7 @@ def sanitizer_row(logs, step):
         detail += f", {found['leaks']} leaks"
     failed = run["failed"] or 0
     if failed:
-        detail += f"; {failed} cases failed under it"
+        detail += f"; {failed} cases failed under it: {some_names(run['failing'])}"
     return bool(found["errors"] or found["warnings"] or found["leaks"] or failed or step["status"] != "ok"), detail
 
 

@@ -110,6 +110,7 @@ class Parsers(unittest.TestCase):
         self.assertEqual((run["run"], run["passed"], run["failed"]), (4, 2, 2))
         self.assertEqual(run["durations"], {"cpu: passes, with a comma": 0.000006, "cuda: passes, with a comma": 0.03008,
                                             "cuda: fails": 0.000154, "cuda: throws": 0.000075})
+        self.assertEqual(run["failing"], ["cuda: fails", "cuda: throws"])
 
     def test_doctest_run_cut_short(self):
         cut = DOCTEST_RUN[:DOCTEST_RUN.index("0.000154 s")]
@@ -260,7 +261,7 @@ class Summary(unittest.TestCase):
                  ("bench", "ok", "50", "exit 0"), ("synccheck", "no time", "0", "")]
         rc, text = self.run_summary(steps, h200_records())
         self.assertEqual(rc, 1, text)
-        self.assertIn("4 run: 2 passed, 2 failed, 1 skipped", text)
+        self.assertIn("4 run: 2 passed, 2 failed, 1 skipped; failing: cuda: fails | cuda: throws", text)
         self.assertIn("1 of 1 cases done; 0 errors, 0 leaks", text)
         self.assertIn("FAIL    loco_uniform4/encode   0.350 of the copy (>= 0.4)", text)
         self.assertIn("MISSING zfp8/decode", text)
