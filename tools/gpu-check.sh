@@ -193,8 +193,15 @@ test_bin="" bench_bin="" nccl_bin="" run_libs=""
 [ ! -d "$carry/bin" ] || chmod +x "$carry"/bin/* 2>/dev/null
 digest="$(python3 tools/gpu_check.py digest "$root")"
 carried_digest="$(sed -n 's/^tree //p' "$carry/manifest.txt" 2>/dev/null)"
+why_build="--build"
 if [ "$mode" = auto ]; then
-  if [ -x "$carry/bin/gradcomp_cuda_tests" ] && [ "$carried_digest" = "$digest" ]; then mode=carried; else mode=build; fi
+  if [ ! -x "$carry/bin/gradcomp_cuda_tests" ]; then
+    mode=build why_build="no carried binaries"
+  elif [ "$carried_digest" != "$digest" ]; then
+    mode=build why_build="carried binaries are stale (built from tree $carried_digest, this tree is $digest)"
+  else
+    mode=carried
+  fi
 fi
 if [ "$mode" = carried ]; then
   if [ ! -x "$carry/bin/gradcomp_cuda_tests" ]; then
@@ -218,7 +225,7 @@ else
          bash tools/gpu-carry.sh compile; then
       test_bin="$build_dir/tests/gradcomp_cuda_tests" bench_bin="$build_dir/bench/gradcomp-bench-cuda"
       nccl_bin="$build_dir/examples/nccl_allreduce"
-      note "built here with the carried doctest and fmt, $(nproc) jobs"
+      note "built here with the carried doctest and fmt, $(nproc) jobs: $why_build"
     fi
   fi
 fi
