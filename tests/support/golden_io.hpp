@@ -1,6 +1,7 @@
 #pragma once
 // Reading golden wire files, and rewriting them after a deliberate format change
-// (GRADCOMP_UPDATE_GOLDEN=1, said so in the commit).
+// (GRADCOMP_UPDATE_GOLDEN=1, said so in the commit). GRADCOMP_GOLDEN_DIR in the environment
+// overrides the folder compiled in.
 #include <cstddef>
 #include <cstdlib>
 #include <filesystem>
@@ -13,7 +14,14 @@
 
 namespace gradcomp::test {
 
-inline std::filesystem::path golden_path(const std::string& file) { return std::filesystem::path(GRADCOMP_GOLDEN_DIR) / file; }
+/// The folder of the golden files: $GRADCOMP_GOLDEN_DIR where it is set (binaries run away from the
+/// tree they were built in, as tools/gpu-check.sh runs them), else the source tree's, compiled in.
+inline std::filesystem::path golden_dir() {
+  const char* const from_environment = std::getenv("GRADCOMP_GOLDEN_DIR");
+  return from_environment != nullptr && *from_environment != '\0' ? from_environment : GRADCOMP_GOLDEN_DIR;
+}
+
+inline std::filesystem::path golden_path(const std::string& file) { return golden_dir() / file; }
 
 /// The bytes of a golden file (empty if it does not exist).
 inline std::vector<std::byte> read_golden(const std::string& file) {
