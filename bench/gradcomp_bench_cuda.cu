@@ -36,7 +36,9 @@
 /// bench. Before timing, each codec's message for the first 2^20 values is compared with the CPU
 /// reference's bytes (`--no-check` skips it); the count sketch, whose atomic adds round in no fixed
 /// order, is left out of that check (tests/cuda/test_sketch_device.cu bounds its cells instead). torch.topk is timed by bench/torch_topk.py, which
-/// reads this program's JSON for the comparison. Exit status 77 when no GPU is present.
+/// reads this program's JSON for the comparison. Exit status 77 when there is no GPU to run on (no
+/// CUDA driver, or no device), 1 when the driver is present but fails, or when GRADCOMP_REQUIRE_GPU
+/// is set and there is no GPU: the tests' rule (tests/cuda/gpu_presence.hpp, docs/cuda.md §6).
 
 #include <gradcomp/cuda.cuh>
 
@@ -49,11 +51,13 @@
 #include <functional>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "bench_report.hpp"
+#include "cuda/gpu_presence.hpp"
 
 namespace {
 
@@ -80,8 +84,9 @@ options:
   --no-check    skip the comparison of each codec's bytes with the CPU reference
   --help        print this text and exit
 
-Targets are printed as PASS/FAIL lines after the table; they do not change the exit status (0,
-or 77 when no GPU is present).
+Targets are printed as PASS/FAIL lines after the table; they do not change the exit status: 0,
+or 77 when there is no CUDA driver or no device (1 instead with GRADCOMP_REQUIRE_GPU=1 in the
+environment), or 1 when the driver is present but fails.
 )";
 
 struct options {
@@ -420,11 +425,12 @@ void run(const options& opt) {
 
 int main(int argc, char** argv) {
   return bench_main("gradcomp-bench-cuda", usage_text, argc, argv, parse_options, [](const options& opt) {
-    int devices = 0;
-    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-      fmt::print("gradcomp-bench-cuda: no CUDA device; nothing measured\n");
+    const gradcomp::test::gpu_presence& presence = gradcomp::test::gpu_presence_here();
+    if (presence.verdict == gradcomp::test::gpu_verdict::skip) {
+      fmt::print("gradcomp-bench-cuda: {}; nothing measured\n", presence.reason);
       return 77;
     }
+    if (presence.verdict == gradcomp::test::gpu_verdict::fail) throw std::runtime_error(presence.reason);
     run(opt);
     return 0;
   });

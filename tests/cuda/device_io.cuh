@@ -1,8 +1,9 @@
 #pragma once
 // The CUDA side of the executor-generic tests: executor_memory<cuda_executor> (host vectors copied
-// to device memory and back, support/executor_io.hpp), whether a GPU is present, which codecs have
-// a CUDA backend, and GRADCOMP_TEST_ON_EXECUTORS, which runs one test body on cpu_executor and on
-// cuda_executor, the CUDA case skipped where no GPU (or no driver) is present.
+// to device memory and back on the executor's stream, support/executor_io.hpp), which codecs have
+// a CUDA backend, the CPU-against-GPU check, and GRADCOMP_TEST_ON_EXECUTORS, which runs one test
+// body on cpu_executor and on the CUDA tests' non-blocking stream (cuda/gpu_case.cuh says when the
+// CUDA half runs, skips or fails).
 #include <gradcomp/cuda.cuh>
 
 #include <doctest/doctest.h>
@@ -14,19 +15,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "cuda/gpu_case.cuh"
 #include "support/data.hpp"
 #include "support/executor_io.hpp"
 
 namespace gradcomp::test {
-
-/// Whether a CUDA device can run kernels here (any CUDA error at the device query means no).
-inline bool gpu_available() {
-  static const bool available = [] {
-    int count = 0;
-    return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-  }();
-  return available;
-}
 
 /// Whether E is the CUDA executor.
 template <class E>
@@ -65,38 +58,54 @@ inline constexpr bool gpu_encodes_cpu_bytes = has_cuda_backend<C>;
 template <class T>
 inline constexpr bool gpu_encodes_cpu_bytes<count_sketch<T>> = false;
 
-/// A device copy of `host`.
+/// A device copy of `host`, queued on `exec`'s stream (the host vector may go once this returns).
 template <class T>
-device_array<T> to_device(const std::vector<T>& host) {
-  device_array<T> d(host.size());
-  if (!host.empty()) GRADCOMP_CUDA_CHECK(cudaMemcpy(d.data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+device_array<T> to_device(const cuda_executor& exec, const std::vector<T>& host) {
+  device_array<T> d(host.size(), exec);
+  if (!host.empty())
+    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(d.data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, exec.native_stream()));
   return d;
 }
 
-/// A host copy of the first `count` elements of a device array.
+/// `count` device values, every byte `poison_byte` (the fill queued on `exec`'s stream).
 template <class T>
-std::vector<T> to_host(const device_array<T>& device, std::size_t count) {
+device_array<T> poisoned(const cuda_executor& exec, std::size_t count) {
+  device_array<T> d(count, exec);
+  if (count > 0) GRADCOMP_CUDA_CHECK(cudaMemsetAsync(d.data(), poison_byte, count * sizeof(T), exec.native_stream()));
+  return d;
+}
+
+/// A host copy of the first `count` elements of a device array, after `exec`'s queued work.
+template <class T>
+std::vector<T> to_host(const cuda_executor& exec, const device_array<T>& device, std::size_t count) {
   std::vector<T> host(count);
-  if (count > 0) GRADCOMP_CUDA_CHECK(cudaMemcpy(host.data(), device.data(), count * sizeof(T), cudaMemcpyDeviceToHost));
+  if (count > 0)
+    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(host.data(), device.data(), count * sizeof(T), cudaMemcpyDeviceToHost, exec.native_stream()));
+  exec.synchronize();
   return host;
 }
 
-/// A host copy of a device array.
+/// A host copy of a device array, after `exec`'s queued work.
 template <class T>
-std::vector<T> to_host(const device_array<T>& device) {
-  return to_host(device, device.size());
+std::vector<T> to_host(const cuda_executor& exec, const device_array<T>& device) {
+  return to_host(exec, device, device.size());
 }
 
-/// Host vectors in device memory: copied in with cudaMemcpy, copied out after the stream's work.
+/// Host vectors in device memory, copied in and out in order on the executor's stream.
 template <>
 struct executor_memory<cuda_executor> {
   template <class T>
-  static device_array<T> copy_in(const std::vector<T>& host) {
-    return to_device(host);
+  static device_array<T> copy_in(const cuda_executor& exec, const std::vector<T>& host) {
+    return to_device(exec, host);
   }
   template <class T>
-  static device_array<T> zeros(std::size_t count) {
-    return device_array<T>(count);
+  static void poison(const cuda_executor& exec, std::span<T> buffer) {
+    if (!buffer.empty())
+      GRADCOMP_CUDA_CHECK(cudaMemsetAsync(buffer.data(), poison_byte, buffer.size_bytes(), exec.native_stream()));
+  }
+  template <class T>
+  static device_array<T> poisoned(const cuda_executor& exec, std::size_t count) {
+    return test::poisoned<T>(exec, count);
   }
   template <class T>
   static std::span<T> span(device_array<T>& buffer) {
@@ -104,13 +113,13 @@ struct executor_memory<cuda_executor> {
   }
   template <class T>
   static std::vector<T> copy_out(const cuda_executor& exec, const device_array<T>& buffer, std::size_t count) {
-    exec.synchronize();
-    return to_host(buffer, count);
+    return to_host(exec, buffer, count);
   }
 };
 
-/// Encodes `kind` input of n values on the CPU and the GPU and requires the same bytes, then
-/// decodes that message on both, into zeros and onto a non-zero buffer, and requires the same bits.
+/// Encodes `kind` input of n values on the CPU and on the CUDA tests' stream and requires the same
+/// bytes, then decodes that message on both, into poisoned values (every one must be written) and
+/// onto a non-zero buffer, and requires the same bits.
 template <class Codec>
 void check_matches_cpu(const Codec& codec, std::size_t n, input_kind kind, std::uint64_t seed) {
   using T = typename Codec::value_type;
@@ -119,20 +128,21 @@ void check_matches_cpu(const Codec& codec, std::size_t n, input_kind kind, std::
   const std::vector<T> x = make_input<T>(kind, n, seed);
   const message_key key{.step = seed % 97, .tensor_id = 6};
   const std::vector<std::byte> cpu = encode_on(cpu_executor{}, codec, x, key);
-  CHECK(encode_on(cuda_executor{}, codec, x, key) == cpu);
+  CHECK(encode_on(test_gpu(), codec, x, key) == cpu);
   const std::vector<T> start = make_input<T>(input_kind::normal, n, seed + 1);
-  CHECK(bit_patterns(decode_on(cuda_executor{}, codec, cpu, std::vector<T>(n))) ==
-        bit_patterns(decode_on(cpu_executor{}, codec, cpu, std::vector<T>(n))));
-  CHECK(bit_patterns(decode_on(cuda_executor{}, codec, cpu, start, true)) ==
+  CHECK(bit_patterns(decode_on(test_gpu(), codec, cpu, poisoned_values<T>(n))) ==
+        bit_patterns(decode_on(cpu_executor{}, codec, cpu, poisoned_values<T>(n))));
+  CHECK(bit_patterns(decode_on(test_gpu(), codec, cpu, start, true)) ==
         bit_patterns(decode_on(cpu_executor{}, codec, cpu, start, true)));
 }
 
 }  // namespace gradcomp::test
 
 /// Two test cases running `body(executor)`: "cpu: <name>" on cpu_executor and "cuda: <name>" on
-/// cuda_executor, the second skipped where no GPU is present. `body` is a generic lambda.
+/// the CUDA tests' non-blocking stream (test_gpu()), the second run where proceed_on_gpu() says so.
+/// `body` is a generic lambda.
 #define GRADCOMP_TEST_ON_EXECUTORS(name, body)                                                   \
   TEST_CASE("cpu: " name) { body(::gradcomp::cpu_executor{}); }                                  \
-  TEST_CASE("cuda: " name * doctest::skip(!::gradcomp::test::gpu_available())) {                 \
-    body(::gradcomp::cuda_executor{});                                                           \
+  TEST_CASE("cuda: " name) {                                                                     \
+    if (::gradcomp::test::proceed_on_gpu()) body(::gradcomp::test::test_gpu());                  \
   }

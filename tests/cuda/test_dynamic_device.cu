@@ -24,8 +24,8 @@ const dynamic_threshold_mode modes[] = {dynamic_threshold_mode::exact, dynamic_t
 template <class E, class T>
 T threshold_on(const E& exec, const dynamic_sparsifier<T>& sp, const std::vector<T>& a) {
   using memory = executor_memory<E>;
-  auto values = memory::copy_in(a);
-  auto ws = memory::template zeros<std::byte>(sp.workspace_bytes(exec, a.size()));
+  auto values = memory::copy_in(exec, a);
+  auto ws = memory::template poisoned<std::byte>(exec, sp.workspace_bytes(exec, a.size()));
   return sp.threshold(exec, std::span<const T>(memory::span(values)), memory::span(ws));
 }
 
@@ -61,9 +61,9 @@ run_record<T> run_on(const E& exec, const std::vector<step_input<T>>& steps, con
   run_record<T> record;
   for (const step_input<T>& s : steps) {
     sp.set_params(s.params);
-    auto g = memory::copy_in(s.grad);
-    auto out = memory::copy_in(std::vector<T>(s.grad.size(), T{7}));
-    auto ws = memory::template zeros<std::byte>(sp.workspace_bytes(exec, s.grad.size()));
+    auto g = memory::copy_in(exec, s.grad);
+    auto out = memory::template poisoned<T>(exec, s.grad.size());
+    auto ws = memory::template poisoned<std::byte>(exec, sp.workspace_bytes(exec, s.grad.size()));
     dynamic_result<T> result{};
     record.statuses.push_back(thrown_by([&] {
       result = sp.sparsify(exec, state, s.id, std::span<const T>(memory::span(g)), memory::span(out), memory::span(ws));
@@ -114,7 +114,7 @@ const auto bad_steps_change_nothing = [](const auto& exec) {
 
 }  // namespace
 
-TEST_CASE("cuda: dynamic sparsifier thresholds equal the CPU's bit for bit" * doctest::skip(!gpu_available())) {
+GRADCOMP_CUDA_TEST_CASE("dynamic sparsifier thresholds equal the CPU's bit for bit") {
   for (const dynamic_threshold_mode mode : modes)
     for (const double f : {0.0, 0.3, 0.8, 0.99, 1.0})
       for (const std::size_t n : {0u, 1u, 7u, 1000u, 100003u, 1u << 20})
@@ -125,28 +125,27 @@ TEST_CASE("cuda: dynamic sparsifier thresholds equal the CPU's bit for bit" * do
           CAPTURE(name(kind));
           const dynamic_sparsifier<float> sp({.zero_fraction = f, .mode = mode});
           const std::vector<float> x = make_input<float>(kind, n, 80 + n);
-          CHECK(to_bits(threshold_on(cuda_executor{}, sp, x)) == to_bits(threshold_on(cpu_executor{}, sp, x)));
+          CHECK(to_bits(threshold_on(test_gpu(), sp, x)) == to_bits(threshold_on(cpu_executor{}, sp, x)));
           const dynamic_sparsifier<double> wide({.zero_fraction = f, .mode = mode});
           const std::vector<double> y = make_input<double>(kind, n, 81 + n);
-          CHECK(to_bits(threshold_on(cuda_executor{}, wide, y)) == to_bits(threshold_on(cpu_executor{}, wide, y)));
+          CHECK(to_bits(threshold_on(test_gpu(), wide, y)) == to_bits(threshold_on(cpu_executor{}, wide, y)));
         }
 }
 
-TEST_CASE("cuda: dynamic sparsifier steps give the CPU's outputs, reports and saved states, and resume across executors" *
-          doctest::skip(!gpu_available())) {
+GRADCOMP_CUDA_TEST_CASE("dynamic sparsifier steps give the CPU's outputs, reports and saved states, and resume across executors") {
   for (const std::size_t n : {1u, 1000u, 100003u}) {
     CAPTURE(n);
     const std::vector<step_input<float>> steps = mixed_steps<float>(n);
     const run_record<float> cpu = run_on(cpu_executor{}, steps);
-    CHECK(run_on(cuda_executor{}, steps) == cpu);
+    CHECK(run_on(test_gpu(), steps) == cpu);
     const std::vector<step_input<double>> wide = mixed_steps<double>(n);
-    CHECK(run_on(cuda_executor{}, wide) == run_on(cpu_executor{}, wide));
+    CHECK(run_on(test_gpu(), wide) == run_on(cpu_executor{}, wide));
     // Resume the second half from the state saved after the first half, on the other executor.
     const std::vector<step_input<float>> first(steps.begin(), steps.begin() + 6);
     const std::vector<step_input<float>> second(steps.begin() + 6, steps.end());
     const std::vector<std::byte> halfway = run_on(cpu_executor{}, first).saved.back();
-    CHECK(run_on(cuda_executor{}, second, halfway) == run_on(cpu_executor{}, second, halfway));
-    CHECK(run_on(cuda_executor{}, second, halfway).saved.back() == cpu.saved.back());
+    CHECK(run_on(test_gpu(), second, halfway) == run_on(cpu_executor{}, second, halfway));
+    CHECK(run_on(test_gpu(), second, halfway).saved.back() == cpu.saved.back());
   }
 }
 

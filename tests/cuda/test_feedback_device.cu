@@ -25,7 +25,7 @@ template <class Wrapper>
 void check_steps_match_cpu(const Wrapper& wrapper, std::size_t n, std::uint64_t steps, double scale = 1.0) {
   using T = typename Wrapper::value_type;
   stepper<cpu_executor, Wrapper> cpu({}, wrapper, n);
-  stepper<cuda_executor, Wrapper> gpu({}, wrapper, n);
+  stepper<cuda_executor, Wrapper> gpu(test_gpu(), wrapper, n);
   for (std::uint64_t t = 0; t < steps; ++t) {
     CAPTURE(t);
     // Scaled gradients stay N(0, 1e-3·scale): finite, and above FLT_MAX/16 for scale 1e40.
@@ -98,7 +98,7 @@ const auto carried_error_round_trips = [](const auto& exec) {
 
 }  // namespace
 
-TEST_CASE("cuda: error feedback steps equal the CPU's: messages, residuals and saved states" * doctest::skip(!gpu_available())) {
+GRADCOMP_CUDA_TEST_CASE("error feedback steps equal the CPU's: messages, residuals and saved states") {
   check_steps_match_cpu(error_feedback(uniform_quantizer<float>({.bits = 8})), 5000, 8);
   check_steps_match_cpu(error_feedback(uniform_quantizer<float>({.bits = 4, .block = 64, .round = rounding::stochastic, .seed = 9})),
                         4099, 8);
@@ -109,7 +109,7 @@ TEST_CASE("cuda: error feedback steps equal the CPU's: messages, residuals and s
   check_steps_match_cpu(error_feedback(uniform_quantizer<float>({.bits = 8}, {.payload_checksum = true})), 1000, 3);
 }
 
-TEST_CASE("cuda: LoCo steps equal the CPU's, resets and large magnitudes included" * doctest::skip(!gpu_available())) {
+GRADCOMP_CUDA_TEST_CASE("LoCo steps equal the CPU's, resets and large magnitudes included") {
   const loco_params period4{.beta = 0.8f, .reset_period = 4, .error_group = 256};
   check_steps_match_cpu(loco(uniform_quantizer<float>({.bits = 4}), period4), 5000, 10);
   check_steps_match_cpu(loco(uniform_quantizer<float>({.bits = 8, .block = 64, .round = rounding::stochastic, .seed = 5}),
@@ -122,13 +122,13 @@ TEST_CASE("cuda: LoCo steps equal the CPU's, resets and large magnitudes include
   check_steps_match_cpu(loco(uniform_quantizer<float>({.bits = 4})), 2000, 4, 1e40);
 }
 
-TEST_CASE("cuda: states saved on the CPU resume on the GPU and the other way round" * doctest::skip(!gpu_available())) {
+GRADCOMP_CUDA_TEST_CASE("states saved on the CPU resume on the GPU and the other way round") {
   const auto resume = [](const auto& wrapper) {
     using W = std::decay_t<decltype(wrapper)>;
     using T = typename W::value_type;
     constexpr std::size_t n = 3000;
     stepper<cpu_executor, W> cpu({}, wrapper, n);
-    stepper<cuda_executor, W> gpu({}, wrapper, n);
+    stepper<cuda_executor, W> gpu(test_gpu(), wrapper, n);
     for (std::uint64_t t = 0; t < 3; ++t) (void)cpu.step(make_input<T>(input_kind::normal, n, 40 + t), {.step = t});
     CHECK(gpu.load(cpu.save()) == "no exception");
     stepper<cpu_executor, W> back({}, wrapper, n);

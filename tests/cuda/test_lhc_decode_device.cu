@@ -155,10 +155,10 @@ decoding<T> decode_on(const E& exec, const lossless_homomorphic<T>& lhc, const b
                       const std::vector<T>& sketch, std::size_t n, std::size_t short_by = 0) {
   using memory = executor_memory<E>;
   decoding<T> d = poisoned<T>(n);
-  auto index_in = memory::copy_in(index);
-  auto sketch_in = memory::copy_in(sketch);
-  auto buffer = memory::copy_in(d.buffer);
-  auto ws = memory::copy_in(bytes(lhc.workspace_bytes(exec, plan) - short_by, std::byte{0xA5}));
+  auto index_in = memory::copy_in(exec, index);
+  auto sketch_in = memory::copy_in(exec, sketch);
+  auto buffer = memory::copy_in(exec, d.buffer);
+  auto ws = memory::template poisoned<std::byte>(exec, lhc.workspace_bytes(exec, plan) - short_by);
   try {
     d.result = lhc.decode(exec, std::span<const std::byte>(memory::span(index_in)), plan, std::span<const T>(memory::span(sketch_in)),
                           memory::span(buffer).subspan(guard, n), memory::span(ws));
@@ -180,7 +180,7 @@ void check_gpu_decodes_as_cpu(const lossless_homomorphic<T>& lhc, const lhc_inpu
   CAPTURE(lhc.params().reference_layout);
   CAPTURE(static_cast<int>(lhc.params().on_stall));
   const decoding<T> cpu = decode_on(cpu_executor{}, lhc, in.index, in.plan, in.sketch, in.plan.n);
-  const decoding<T> gpu = decode_on(cuda_executor{}, lhc, in.index, in.plan, in.sketch, in.plan.n);
+  const decoding<T> gpu = decode_on(test_gpu(), lhc, in.index, in.plan, in.sketch, in.plan.n);
   CHECK(gpu.untouched_outside());
   CHECK(gpu.code == cpu.code);
   CHECK(gpu.message == cpu.message);
@@ -465,8 +465,8 @@ TEST_CASE_TEMPLATE("lhc GPU rounds replayed on the host: stalls, estimates, out-
 
 // ---- on the GPU --------------------------------------------------------------------------------------
 
-TEST_CASE_TEMPLATE("cuda: LHC decode equals the CPU's on the CPU tests' cases" * doctest::skip(!gpu_available()), T, float,
-                   double) {
+TEST_CASE_TEMPLATE("cuda: LHC decode equals the CPU's on the CPU tests' cases", T, float, double) {
+  if (!proceed_on_gpu()) return;
   // Exact sums of 2 to 16 ranks at 1.3 cells per non-zero.
   for (const std::size_t ranks : {2u, 4u, 8u, 16u})
     for (const double density : {0.002, 0.02, 0.08})
@@ -498,9 +498,8 @@ TEST_CASE_TEMPLATE("cuda: LHC decode equals the CPU's on the CPU tests' cases" *
     check_gpu_decodes_as_cpu<T>({.block = 64, .cells_per_nonzero = 2, .seed = 2}, make_ranks<T>(4, n, 0.02, n + 1, values::grid));
 }
 
-TEST_CASE_TEMPLATE("cuda: LHC decode equals the CPU's on random 1% and 10% patterns of 1 to 8 ranks" *
-                       doctest::skip(!gpu_available()),
-                   T, float, double) {
+TEST_CASE_TEMPLATE("cuda: LHC decode equals the CPU's on random 1% and 10% patterns of 1 to 8 ranks", T, float, double) {
+  if (!proceed_on_gpu()) return;
   std::uint64_t seed = 0;
   for (const lhc_index_coding coding : {lhc_index_coding::bitmap, lhc_index_coding::sum4, lhc_index_coding::sum8})
     for (const std::uint32_t block : {1024u, 100u, 37u})
@@ -523,9 +522,8 @@ TEST_CASE_TEMPLATE("cuda: LHC decode equals the CPU's on random 1% and 10% patte
     check_gpu_decodes_as_cpu<T>({}, make_ranks<T>(8, std::size_t{1} << 22, density, 4242, values::normal));
 }
 
-TEST_CASE_TEMPLATE("cuda: LHC decode of values from 2^-60 to 2^60 on one cell equals the CPU's" *
-                       doctest::skip(!gpu_available()),
-                   T, float, double) {
+TEST_CASE_TEMPLATE("cuda: LHC decode of values from 2^-60 to 2^60 on one cell equals the CPU's", T, float, double) {
+  if (!proceed_on_gpu()) return;
   for (const std::uint32_t block : {64u, 37u}) {
     const lossless_homomorphic<T> lhc({.block = block, .seed = block});
     check_gpu_decodes_as_cpu<T>(lhc, encode_ranks(lhc, {order_sensitive_tensor(lhc, 4096, block)}));
@@ -536,9 +534,8 @@ TEST_CASE_TEMPLATE("cuda: LHC decode of values from 2^-60 to 2^60 on one cell eq
                                   make_ranks<T>(ranks, std::size_t{1} << 20, 0.05, ranks * block, values::wide));
 }
 
-TEST_CASE_TEMPLATE("cuda: LHC decode stalls, out-of-range sums and NaN as the CPU does, the output untouched" *
-                       doctest::skip(!gpu_available()),
-                   T, float, double) {
+TEST_CASE_TEMPLATE("cuda: LHC decode stalls, out-of-range sums and NaN as the CPU does, the output untouched", T, float, double) {
+  if (!proceed_on_gpu()) return;
   for (const lhc_stall_policy policy : {lhc_stall_policy::report, lhc_stall_policy::median_estimate})
     for (const double factor : {1.0, 1.15})
       for (const std::uint32_t block : {1024u, 37u})
@@ -570,14 +567,14 @@ TEST_CASE_TEMPLATE("cuda: LHC decode stalls, out-of-range sums and NaN as the CP
   check_gpu_decodes_as_cpu(dense, in);
 }
 
-TEST_CASE("cuda: LHC decode refuses bad sizes, plans, indexes and workspaces as the CPU does" * doctest::skip(!gpu_available())) {
+GRADCOMP_CUDA_TEST_CASE("LHC decode refuses bad sizes, plans, indexes and workspaces as the CPU does") {
   const lossless_homomorphic<float> lhc({.block = 128});
   const std::size_t n = 20000;
   const lhc_input<float> in = encode_ranks(lhc, make_ranks<float>(2, n, 0.02, 99, values::grid));
   REQUIRE_FALSE(in.plan.dense);
   const auto both = [&](const bytes& index, const lhc_plan& plan, const std::vector<float>& sketch, std::size_t out,
                         std::size_t short_by = 0) {
-    const decoding<float> gpu = decode_on(cuda_executor{}, lhc, index, plan, sketch, out, short_by);
+    const decoding<float> gpu = decode_on(test_gpu(), lhc, index, plan, sketch, out, short_by);
     const decoding<float> cpu = decode_on(cpu_executor{}, lhc, index, plan, sketch, out, short_by);
     CHECK_FALSE(cpu.code.empty());
     CHECK(gpu.untouched_outside());
@@ -601,7 +598,7 @@ TEST_CASE("cuda: LHC decode refuses bad sizes, plans, indexes and workspaces as 
   const lossless_homomorphic<float> sum4({.index = lhc_index_coding::sum4});
   bytes odd(sum4.index_bytes(n - 1), std::byte{0});
   odd.back() = std::byte{0x10};  // the nibble past the last element
-  const decoding<float> gpu = decode_on(cuda_executor{}, sum4, odd, sum4.plan_for(n - 1, 0), {}, n - 1);
+  const decoding<float> gpu = decode_on(test_gpu(), sum4, odd, sum4.plan_for(n - 1, 0), {}, n - 1);
   const decoding<float> cpu = decode_on(cpu_executor{}, sum4, odd, sum4.plan_for(n - 1, 0), {}, n - 1);
   CHECK(cpu.code == named(errc::malformed_payload));
   CHECK(gpu == cpu);

@@ -1,6 +1,6 @@
 // The float codecs of the hybrid scheme on the GPU. ZFP fixed-rate messages equal the CPU's byte
-// for byte and decode (into zeros and onto values) to the CPU's bits, for every rate from 3 to 32,
-// sizes with partial last blocks and odd block counts, the test inputs and magnitudes at both ends
+// for byte and decode (into poisoned values and onto values) to the CPU's bits, for every rate from
+// 3 to 32, sizes with partial last blocks and odd block counts, the test inputs and magnitudes at both ends
 // of the float range; payloads with every byte random decode alike. MPC messages equal the CPU's
 // for every d from 1 to 32, sizes around the group and chunk boundaries, smooth, random-bit and
 // special-value inputs, and decode alike, damaged messages included. On both executors: ZFP's NaN
@@ -37,17 +37,17 @@ std::vector<std::uint32_t> nan_as_class(const std::vector<float>& values) {
   return bits;
 }
 
-/// The CPU's and the GPU's decodings of `message` have equal bits (into zeros), and equal bits but
-/// for NaN payloads when added onto `start`.
+/// The CPU's and the GPU's decodings of `message` have equal bits (into poisoned values), and equal
+/// bits but for NaN payloads when added onto `start`.
 template <class Codec>
 void check_decodes_alike(const Codec& codec, const std::vector<std::byte>& message, std::size_t n, std::uint64_t seed) {
   const std::vector<float> start = make_input<float>(input_kind::normal, n, seed);
-  const outcome<float> cpu = decode_outcome_on(cpu_executor{}, codec, message, std::vector<float>(n));
-  const outcome<float> gpu = decode_outcome_on(cuda_executor{}, codec, message, std::vector<float>(n));
+  const outcome<float> cpu = decode_outcome_on(cpu_executor{}, codec, message, poisoned_values<float>(n));
+  const outcome<float> gpu = decode_outcome_on(test_gpu(), codec, message, poisoned_values<float>(n));
   CHECK(gpu.status == cpu.status);
   CHECK(bit_patterns(gpu.output) == bit_patterns(cpu.output));
   const outcome<float> cpu_sum = decode_outcome_on(cpu_executor{}, codec, message, start, true);
-  const outcome<float> gpu_sum = decode_outcome_on(cuda_executor{}, codec, message, start, true);
+  const outcome<float> gpu_sum = decode_outcome_on(test_gpu(), codec, message, start, true);
   CHECK(gpu_sum.status == cpu_sum.status);
   CHECK(nan_as_class(gpu_sum.output) == nan_as_class(cpu_sum.output));
 }
@@ -109,7 +109,7 @@ std::vector<float> random_bits(std::size_t n, std::uint64_t seed) {
 
 }  // namespace
 
-TEST_CASE("cuda: MPC messages and decodings equal the CPU's bit for bit" * doctest::skip(!gpu_available())) {
+GRADCOMP_CUDA_TEST_CASE("MPC messages and decodings equal the CPU's bit for bit") {
   for (std::uint32_t dim = 1; dim <= 32; ++dim) {
     const mpc_codec codec({.dim = dim});
     for (const std::size_t n : {0u, 1u, 31u, 32u, 33u, 1023u, 1024u, 1025u, 5000u, 70001u}) {
@@ -117,10 +117,10 @@ TEST_CASE("cuda: MPC messages and decodings equal the CPU's bit for bit" * docte
       CAPTURE(n);
       for (const input_kind kind : all_input_kinds) check_matches_cpu(codec, n, kind, 7 * dim + n);
       const std::vector<float> smooth = zfp_test_input(zfp_input::smooth, n, dim);
-      CHECK(encode_on(cuda_executor{}, codec, smooth) == encode_on(cpu_executor{}, codec, smooth));
+      CHECK(encode_on(test_gpu(), codec, smooth) == encode_on(cpu_executor{}, codec, smooth));
       const std::vector<float> bits = random_bits(n, dim + n);
       const std::vector<std::byte> message = encode_on(cpu_executor{}, codec, bits);
-      CHECK(encode_on(cuda_executor{}, codec, bits) == message);
+      CHECK(encode_on(test_gpu(), codec, bits) == message);
       check_decodes_alike(codec, message, n, dim);
       // Damaged: a flipped bit in each of a few kept words (the padding check or other values).
       std::vector<std::byte> damaged = message;
@@ -133,7 +133,7 @@ TEST_CASE("cuda: MPC messages and decodings equal the CPU's bit for bit" * docte
   check_matches_cpu(mpc_codec({.dim = 5}, {.payload_checksum = true}), (std::size_t{1} << 21) + 17, input_kind::ties, 9);
 }
 
-TEST_CASE("cuda: ZFP fixed-rate messages and decodings equal the CPU's bit for bit" * doctest::skip(!gpu_available())) {
+GRADCOMP_CUDA_TEST_CASE("ZFP fixed-rate messages and decodings equal the CPU's bit for bit") {
   for (unsigned rate = 3; rate <= 32; ++rate) {
     const zfp_fixed_rate_codec codec({.rate_bits = rate});
     for (const std::size_t n : {1u, 2u, 3u, 4u, 5u, 1003u, 4099u}) {
@@ -141,12 +141,12 @@ TEST_CASE("cuda: ZFP fixed-rate messages and decodings equal the CPU's bit for b
       for (const input_kind kind : all_input_kinds) check_matches_cpu(codec, n, kind, 100 * rate + n);
       for (const zfp_input kind : all_zfp_inputs) {
         const std::vector<float> x = zfp_test_input(kind, n, rate + n);
-        CHECK(encode_on(cuda_executor{}, codec, x) == encode_on(cpu_executor{}, codec, x));
+        CHECK(encode_on(test_gpu(), codec, x) == encode_on(cpu_executor{}, codec, x));
       }
       // Both ends of the range: blocks below 2^-98 (the exact cast) and from 2^126 up.
       const std::vector<float> extreme = zfp_extreme_input(n, rate);
       const std::vector<std::byte> message = encode_on(cpu_executor{}, codec, extreme);
-      CHECK(encode_on(cuda_executor{}, codec, extreme) == message);
+      CHECK(encode_on(test_gpu(), codec, extreme) == message);
       check_decodes_alike(codec, message, n, rate);
       // Hostile payloads: every byte random (the padding bits cleared, or the CPU refuses it too).
       std::mt19937_64 engine(rate * n);

@@ -1,6 +1,6 @@
 // Philox4x32-10 and the random permutation compiled by nvcc: the host half checks the published
-// known-answer vectors through the same header; the device half (skipped without a GPU) checks
-// that kernels draw exactly the host's numbers.
+// known-answer vectors through the same header; the device half checks that kernels draw exactly
+// the host's numbers.
 #include <gradcomp/core/philox.hpp>
 #include <gradcomp/core/random_permutation.hpp>
 
@@ -11,12 +11,9 @@
 #include <cstdint>
 #include <vector>
 
-namespace {
+#include "cuda/gpu_case.cuh"
 
-bool gpu_available() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
+namespace {
 
 __global__ void draw(gradcomp::random_stream stream, std::uint32_t* words, std::uint64_t* images, std::uint64_t n) {
   const std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x;
@@ -36,19 +33,21 @@ TEST_CASE("philox compiled by nvcc reproduces the Random123 known answers on the
   CHECK(out.word[3] == 0x24126ea1u);
 }
 
-TEST_CASE("device draws equal host draws for the same key" * doctest::skip(!gpu_available())) {
+GRADCOMP_CUDA_TEST_CASE("device draws equal host draws for the same key") {
   constexpr std::uint64_t n = 4099;
   const gradcomp::random_stream stream{0x1234567890abcdefull, 17, 5, gradcomp::random_purpose::random_k};
+  const cudaStream_t queue = gradcomp::test::test_gpu().native_stream();
   std::uint32_t* words = nullptr;
   std::uint64_t* images = nullptr;
   REQUIRE(cudaMalloc(&words, n * sizeof *words) == cudaSuccess);
   REQUIRE(cudaMalloc(&images, n * sizeof *images) == cudaSuccess);
-  draw<<<(n + 255) / 256, 256>>>(stream, words, images, n);
-  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  draw<<<(n + 255) / 256, 256, 0, queue>>>(stream, words, images, n);
+  REQUIRE(cudaGetLastError() == cudaSuccess);
   std::vector<std::uint32_t> device_words(n);
   std::vector<std::uint64_t> device_images(n);
-  REQUIRE(cudaMemcpy(device_words.data(), words, n * sizeof *words, cudaMemcpyDeviceToHost) == cudaSuccess);
-  REQUIRE(cudaMemcpy(device_images.data(), images, n * sizeof *images, cudaMemcpyDeviceToHost) == cudaSuccess);
+  REQUIRE(cudaMemcpyAsync(device_words.data(), words, n * sizeof *words, cudaMemcpyDeviceToHost, queue) == cudaSuccess);
+  REQUIRE(cudaMemcpyAsync(device_images.data(), images, n * sizeof *images, cudaMemcpyDeviceToHost, queue) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(queue) == cudaSuccess);
   cudaFree(words);
   cudaFree(images);
   const gradcomp::random_permutation host_permutation(n, stream);

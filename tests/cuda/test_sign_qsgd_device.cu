@@ -40,7 +40,7 @@ const auto non_finite_leaves_no_message = [](const auto& exec) {
 
 }  // namespace
 
-TEST_CASE("cuda: sign messages and decodings equal the CPU reference's bit for bit" * doctest::skip(!gpu_available())) {
+GRADCOMP_CUDA_TEST_CASE("sign messages and decodings equal the CPU reference's bit for bit") {
   for (const std::uint32_t block : {1u, 5u, 32u, 100u, 256u}) {
     CAPTURE(block);
     check_all_inputs(sign_quantizer<float>({.block = block}));
@@ -49,7 +49,7 @@ TEST_CASE("cuda: sign messages and decodings equal the CPU reference's bit for b
   check_all_inputs(sign_quantizer<float>({.block = 64}, {.payload_checksum = true}));
 }
 
-TEST_CASE("cuda: QSGD messages and decodings equal the CPU reference's bit for bit" * doctest::skip(!gpu_available())) {
+GRADCOMP_CUDA_TEST_CASE("QSGD messages and decodings equal the CPU reference's bit for bit") {
   for (const std::uint32_t levels : {1u, 3u, 7u, 15u, 127u}) {
     for (const std::uint32_t bucket : {1u, 9u, 64u, 256u}) {
       CAPTURE(levels);
@@ -63,7 +63,7 @@ TEST_CASE("cuda: QSGD messages and decodings equal the CPU reference's bit for b
 GRADCOMP_TEST_ON_EXECUTORS("sign and QSGD: NaN, Inf or an overflowing norm is non_finite_input and leaves no message",
                            non_finite_leaves_no_message)
 
-TEST_CASE("cuda: shared-scale messages, block maxima, sums and decodings equal the CPU's" * doctest::skip(!gpu_available())) {
+GRADCOMP_CUDA_TEST_CASE("shared-scale messages, block maxima, sums and decodings equal the CPU's") {
   for (const int bits : {1, 2, 4, 8}) {
     for (const std::uint32_t block : {7u, 64u, 256u}) {
       for (const rounding mode : {rounding::nearest_even, rounding::stochastic}) {
@@ -79,48 +79,48 @@ TEST_CASE("cuda: shared-scale messages, block maxima, sums and decodings equal t
         std::vector<float> agreed(q.block_count(n), 0.0f), mine(agreed.size());
         for (const auto& x : g) {
           q.block_maxima(cpu_executor{}, std::span<const float>(x), std::span<float>(mine));
-          const device_array<float> dx = to_device(x);
-          device_array<float> dmine(mine.size());
-          q.block_maxima(cuda_executor{}, std::span<const float>(dx.span()), dmine.span());
-          CHECK(bit_patterns(to_host(dmine)) == bit_patterns(mine));
+          const device_array<float> dx = to_device(test_gpu(), x);
+          device_array<float> dmine = poisoned<float>(test_gpu(), mine.size());
+          q.block_maxima(test_gpu(), std::span<const float>(dx.span()), dmine.span());
+          CHECK(bit_patterns(to_host(test_gpu(), dmine)) == bit_patterns(mine));
           for (std::size_t j = 0; j < agreed.size(); ++j) agreed[j] = std::max(agreed[j], mine[j]);
         }
-        const device_array<float> dagreed = to_device(agreed);
+        const device_array<float> dagreed = to_device(test_gpu(), agreed);
         std::vector<std::byte> sum_cpu;
         device_array<std::byte> sum_gpu;
         for (std::uint32_t r = 0; r < 3; ++r) {
           std::vector<std::byte> cpu(q.max_encoded_bytes(n));
           q.encode_shared(cpu_executor{}, std::span<const float>(g[r]), std::span<const float>(agreed), cpu, {}, {.step = 5}, r);
-          const device_array<float> dx = to_device(g[r]);
-          device_array<std::byte> gpu(q.max_encoded_bytes(n));
-          device_array<std::byte> ws(q.workspace_bytes(cuda_executor{}, n));
-          q.encode_shared(cuda_executor{}, std::span<const float>(dx.span()), std::span<const float>(dagreed.span()), gpu.span(),
+          const device_array<float> dx = to_device(test_gpu(), g[r]);
+          device_array<std::byte> gpu = poisoned<std::byte>(test_gpu(), q.max_encoded_bytes(n));
+          device_array<std::byte> ws = poisoned<std::byte>(test_gpu(), q.workspace_bytes(test_gpu(), n));
+          q.encode_shared(test_gpu(), std::span<const float>(dx.span()), std::span<const float>(dagreed.span()), gpu.span(),
                           ws.span(), {.step = 5}, r);
-          CHECK(to_host(gpu) == cpu);
+          CHECK(to_host(test_gpu(), gpu) == cpu);
           if (r == 0) {
             sum_cpu = cpu;
             sum_gpu = std::move(gpu);
             continue;
           }
           q.accumulate_encoded(cpu_executor{}, std::span<std::byte>(sum_cpu), std::span<const std::byte>(cpu));
-          const device_array<std::byte> other = to_device(cpu);
-          q.accumulate_encoded(cuda_executor{}, sum_gpu.span(), std::span<const std::byte>(other.span()));
+          const device_array<std::byte> other = to_device(test_gpu(), cpu);
+          q.accumulate_encoded(test_gpu(), sum_gpu.span(), std::span<const std::byte>(other.span()));
         }
-        CHECK(to_host(sum_gpu) == sum_cpu);
-        CHECK(bit_patterns(decode_on(cuda_executor{}, q, sum_cpu, std::vector<float>(n))) ==
-              bit_patterns(decode_on(cpu_executor{}, q, sum_cpu, std::vector<float>(n))));
+        CHECK(to_host(test_gpu(), sum_gpu) == sum_cpu);
+        CHECK(bit_patterns(decode_on(test_gpu(), q, sum_cpu, poisoned_values<float>(n))) ==
+              bit_patterns(decode_on(cpu_executor{}, q, sum_cpu, poisoned_values<float>(n))));
         // A maximum below rank 0's own is refused on both.
         std::vector<float> own(agreed.size());
         q.block_maxima(cpu_executor{}, std::span<const float>(g[0]), std::span<float>(own));
         std::vector<float> low = agreed;
         low[1] = own[1] * 0.5f;
-        const device_array<float> dlow = to_device(low);
-        const device_array<float> dx = to_device(g[0]);
-        device_array<std::byte> out(q.max_encoded_bytes(n));
-        device_array<std::byte> ws(q.workspace_bytes(cuda_executor{}, n));
+        const device_array<float> dlow = to_device(test_gpu(), low);
+        const device_array<float> dx = to_device(test_gpu(), g[0]);
+        device_array<std::byte> out = poisoned<std::byte>(test_gpu(), q.max_encoded_bytes(n));
+        device_array<std::byte> ws = poisoned<std::byte>(test_gpu(), q.workspace_bytes(test_gpu(), n));
         std::vector<std::byte> cpu_out(q.max_encoded_bytes(n));
         CHECK(thrown_by([&] {
-                q.encode_shared(cuda_executor{}, std::span<const float>(dx.span()), std::span<const float>(dlow.span()), out.span(),
+                q.encode_shared(test_gpu(), std::span<const float>(dx.span()), std::span<const float>(dlow.span()), out.span(),
                                 ws.span(), {}, 0);
               }) == named(errc::parameter_mismatch));
         CHECK(thrown_by([&] {

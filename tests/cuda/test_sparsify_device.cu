@@ -40,7 +40,7 @@ const auto non_finite_leaves_no_message = [](const auto& exec) {
 
 }  // namespace
 
-TEST_CASE("cuda: top-k messages and decodings equal the CPU reference's bit for bit" * doctest::skip(!gpu_available())) {
+GRADCOMP_CUDA_TEST_CASE("top-k messages and decodings equal the CPU reference's bit for bit") {
   for (const std::size_t n : {1u, 2u, 1000u, 4099u, 100000u}) {
     check_topk<float>(n);
     check_topk<double>(n);
@@ -49,7 +49,7 @@ TEST_CASE("cuda: top-k messages and decodings equal the CPU reference's bit for 
   check_topk<float>(std::size_t{1} << 21);
 }
 
-TEST_CASE("cuda: random-k messages, decodings and summed messages equal the CPU's" * doctest::skip(!gpu_available())) {
+GRADCOMP_CUDA_TEST_CASE("random-k messages, decodings and summed messages equal the CPU's") {
   for (const bool scaled : {true, false})
     for (const std::size_t n : {1u, 1000u, 100003u})
       for (const double density : {0.001, 0.05, 1.0}) {
@@ -63,19 +63,19 @@ TEST_CASE("cuda: random-k messages, decodings and summed messages equal the CPU'
   const std::vector<float> b = make_input<float>(input_kind::normal, 10000, 2);
   std::vector<std::byte> sum_cpu = encode_on(cpu_executor{}, codec, a, {.step = 4});
   const std::vector<std::byte> other = encode_on(cpu_executor{}, codec, b, {.step = 4});
-  device_array<std::byte> sum_gpu = to_device(sum_cpu);
-  const device_array<std::byte> other_gpu = to_device(other);
+  device_array<std::byte> sum_gpu = to_device(test_gpu(), sum_cpu);
+  const device_array<std::byte> other_gpu = to_device(test_gpu(), other);
   codec.accumulate_encoded(cpu_executor{}, std::span<std::byte>(sum_cpu), std::span<const std::byte>(other));
-  codec.accumulate_encoded(cuda_executor{}, sum_gpu.span(), std::span<const std::byte>(other_gpu.span()));
-  CHECK(to_host(sum_gpu) == sum_cpu);
+  codec.accumulate_encoded(test_gpu(), sum_gpu.span(), std::span<const std::byte>(other_gpu.span()));
+  CHECK(to_host(test_gpu(), sum_gpu) == sum_cpu);
   const std::vector<std::byte> later = encode_on(cpu_executor{}, codec, b, {.step = 5});
-  const device_array<std::byte> later_gpu = to_device(later);
-  CHECK(thrown_by([&] { codec.accumulate_encoded(cuda_executor{}, sum_gpu.span(), std::span<const std::byte>(later_gpu.span())); }) ==
+  const device_array<std::byte> later_gpu = to_device(test_gpu(), later);
+  CHECK(thrown_by([&] { codec.accumulate_encoded(test_gpu(), sum_gpu.span(), std::span<const std::byte>(later_gpu.span())); }) ==
         named(errc::step_mismatch));
-  CHECK(to_host(sum_gpu) == sum_cpu);
+  CHECK(to_host(test_gpu(), sum_gpu) == sum_cpu);
 }
 
-TEST_CASE("cuda: threshold messages and reports equal the CPU's" * doctest::skip(!gpu_available())) {
+GRADCOMP_CUDA_TEST_CASE("threshold messages and reports equal the CPU's") {
   for (const bool refine : {true, false})
     for (const std::size_t n : {1u, 1000u, 100000u, 1u << 20})
       for (const input_kind kind : {input_kind::normal, input_kind::ties, input_kind::signed_zeros}) {
@@ -86,14 +86,14 @@ TEST_CASE("cuda: threshold messages and reports equal the CPU's" * doctest::skip
         check_matches_cpu(wide, n, kind, 71 + n);
         // The report: bytes, kept, target, threshold and density.
         const std::vector<float> x = make_input<float>(kind, n, 72 + n);
-        std::vector<std::byte> out(codec.max_encoded_bytes(n));
-        std::vector<std::byte> ws(codec.workspace_bytes(cpu_executor{}, n));
+        std::vector<std::byte> out = poisoned_values<std::byte>(codec.max_encoded_bytes(n));
+        std::vector<std::byte> ws = poisoned_values<std::byte>(codec.workspace_bytes(cpu_executor{}, n));
         const threshold_report<float> cpu = codec.encode_with_report(cpu_executor{}, std::span<const float>(x), out, ws, {});
-        const device_array<float> g = to_device(x);
-        device_array<std::byte> out_gpu(codec.max_encoded_bytes(n));
-        device_array<std::byte> ws_gpu(codec.workspace_bytes(cuda_executor{}, n));
+        const device_array<float> g = to_device(test_gpu(), x);
+        device_array<std::byte> out_gpu = poisoned<std::byte>(test_gpu(), codec.max_encoded_bytes(n));
+        device_array<std::byte> ws_gpu = poisoned<std::byte>(test_gpu(), codec.workspace_bytes(test_gpu(), n));
         const threshold_report<float> gpu =
-            codec.encode_with_report(cuda_executor{}, std::span<const float>(g.span()), out_gpu.span(), ws_gpu.span(), {});
+            codec.encode_with_report(test_gpu(), std::span<const float>(g.span()), out_gpu.span(), ws_gpu.span(), {});
         CHECK(gpu.bytes == cpu.bytes);
         CHECK(gpu.kept == cpu.kept);
         CHECK(gpu.target == cpu.target);
@@ -102,7 +102,7 @@ TEST_CASE("cuda: threshold messages and reports equal the CPU's" * doctest::skip
       }
 }
 
-TEST_CASE("cuda: pipeline messages and decodings equal the CPU's" * doctest::skip(!gpu_available())) {
+GRADCOMP_CUDA_TEST_CASE("pipeline messages and decodings equal the CPU's") {
   for (const std::size_t n : {1u, 1000u, 100000u}) {
     check_matches_cpu(pipeline(topk_sparsifier<float>(sparsity{.density = 0.01}), uniform_quantizer<float>({.bits = 8, .block = 64})),
                       n, input_kind::normal, 90 + n);
@@ -114,33 +114,31 @@ TEST_CASE("cuda: pipeline messages and decodings equal the CPU's" * doctest::ski
   }
 }
 
-TEST_CASE("cuda: top-k with deferred errors is captured in a CUDA graph and replayed" * doctest::skip(!gpu_available())) {
+GRADCOMP_CUDA_TEST_CASE("top-k with deferred errors is captured in a CUDA graph and replayed") {
   const topk_sparsifier<float> codec(sparsity{.density = 0.01});
   constexpr std::size_t n = 1 << 18;
   const std::vector<float> x = make_input<float>(input_kind::normal, n, 12);
-  const device_array<float> g = to_device(x);
-  device_array<std::byte> out(codec.max_encoded_bytes(n));
-  device_array<std::uint32_t> errors(1);
-  cudaStream_t stream = nullptr;
-  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
-  const cuda_executor exec{.stream = stream, .deferred_errors = errors.data()};
-  device_array<std::byte> ws(codec.workspace_bytes(exec, n));
+  const test_stream stream;
+  device_array<std::uint32_t> errors = to_device(stream.executor(), std::vector<std::uint32_t>{0});  // zeroed, as documented
+  const cuda_executor exec = stream.executor(errors.data());
+  const device_array<float> g = to_device(exec, x);
+  device_array<std::byte> out(codec.max_encoded_bytes(n), exec);
+  device_array<std::byte> ws = poisoned<std::byte>(exec, codec.workspace_bytes(exec, n));
+  exec.synchronize();  // the copies and fills above are not part of the graph
   cudaGraph_t graph = nullptr;
-  REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+  REQUIRE(cudaStreamBeginCapture(exec.native_stream(), cudaStreamCaptureModeThreadLocal) == cudaSuccess);
   const std::size_t size = codec.encode(exec, std::span<const float>(g.span()), out.span(), ws.span(), {.step = 2});
-  REQUIRE(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
+  REQUIRE(cudaStreamEndCapture(exec.native_stream(), &graph) == cudaSuccess);
   cudaGraphExec_t instance = nullptr;
   REQUIRE(cudaGraphInstantiate(&instance, graph, 0) == cudaSuccess);
   for (int replay = 0; replay < 2; ++replay) {
-    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, out.size(), stream));
-    REQUIRE(cudaGraphLaunch(instance, stream) == cudaSuccess);
-    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
-    CHECK(to_host(out, size) == encode_on(cpu_executor{}, codec, x, {.step = 2}));
+    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(out.data(), poison_byte, out.size(), exec.native_stream()));
+    REQUIRE(cudaGraphLaunch(instance, exec.native_stream()) == cudaSuccess);
+    CHECK(to_host(exec, out, size) == encode_on(cpu_executor{}, codec, x, {.step = 2}));
   }
   CHECK(thrown_by([&] { check_deferred_errors(exec); }) == "no exception");
   cudaGraphExecDestroy(instance);
   cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 GRADCOMP_TEST_ON_EXECUTORS("sparsifiers: NaN or Inf in the gradient is non_finite_input and leaves no message",

@@ -59,9 +59,9 @@ const auto short_buffers_are_named = [](const auto& exec) {
   const uniform_quantizer<float> q({.bits = 8, .block = 99});  // 99·8 bits: the two-kernel path, with scratch
   const std::vector<float> x = make_input<float>(input_kind::normal, 10000, 3);
   const std::size_t size = q.max_encoded_bytes(x.size());
-  auto g = memory::copy_in(x);
-  auto out = memory::copy_in(std::vector<std::byte>(size + 8, std::byte{0xAB}));
-  auto ws = memory::template zeros<std::byte>(q.workspace_bytes(exec, x.size()));
+  auto g = memory::copy_in(exec, x);
+  auto out = memory::copy_in(exec, std::vector<std::byte>(size + 8, std::byte{0xAB}));
+  auto ws = memory::template poisoned<std::byte>(exec, q.workspace_bytes(exec, x.size()));
   const std::span<const float> grad(memory::span(g));
   const std::span<std::byte> buffer = memory::span(out);
   CHECK(thrown_by([&] { (void)q.encode(exec, grad, buffer.first(size - 1), memory::span(ws)); }) == named(errc::buffer_too_small));
@@ -77,7 +77,7 @@ const auto short_buffers_are_named = [](const auto& exec) {
 
 }  // namespace
 
-TEST_CASE("cuda: uniform messages and decodings equal the CPU reference's bit for bit" * doctest::skip(!gpu_available())) {
+GRADCOMP_CUDA_TEST_CASE("uniform messages and decodings equal the CPU reference's bit for bit") {
   for (const int bits : {1, 2, 4, 8}) {
     for (const std::uint32_t block : {1u, 7u, 32u, 100u, 256u}) {
       for (const rounding mode : {rounding::nearest_even, rounding::stochastic}) {
@@ -98,10 +98,10 @@ GRADCOMP_TEST_ON_EXECUTORS("uniform: checksummed messages decode, and a corrupte
                            checksummed_messages_round_trip)
 GRADCOMP_TEST_ON_EXECUTORS("uniform: short outputs and workspaces are named errors", short_buffers_are_named)
 
-TEST_CASE("cuda: deferred errors leave the message unsealed and are reported by check_deferred_errors" *
-          doctest::skip(!gpu_available())) {
-  device_array<std::uint32_t> word(1);
-  const cuda_executor deferred{.stream = {}, .deferred_errors = word.data()};
+GRADCOMP_CUDA_TEST_CASE("deferred errors leave the message unsealed and are reported by check_deferred_errors") {
+  device_array<std::uint32_t> word = to_device(test_gpu(), std::vector<std::uint32_t>{0});  // zeroed, as documented
+  cuda_executor deferred = test_gpu();
+  deferred.deferred_errors = word.data();
   const uniform_quantizer<float> q({.bits = 8});
   std::vector<float> x = make_input<float>(input_kind::normal, 3000, 4);
   x[2500] = std::numeric_limits<float>::quiet_NaN();
@@ -109,7 +109,7 @@ TEST_CASE("cuda: deferred errors leave the message unsealed and are reported by 
   CHECK(failed.status == "no exception");  // nothing thrown: the failure waits in the word
   CHECK(std::vector<std::byte>(failed.output.begin(), failed.output.begin() + 56) == std::vector<std::byte>(56));
   CHECK(thrown_by([&] { check_deferred_errors(deferred); }) == named(errc::non_finite_input));
-  CHECK(to_host(word) == std::vector<std::uint32_t>{0});  // cleared
+  CHECK(to_host(deferred, word) == std::vector<std::uint32_t>{0});  // cleared
 
   x[2500] = 0.5f;
   CHECK(encode_on(deferred, q, x) == encode_on(cpu_executor{}, q, x));

@@ -2,7 +2,14 @@
 // Running codecs and stateful wrappers on any executor with host vectors at the interface, so that
 // one test body runs on cpu_executor and cuda_executor alike. `executor_memory<E>` says how host
 // vectors reach E's memory and come back: on the CPU they are used as they are; the CUDA tests
-// specialise it (cuda/device_io.cuh) to copy them to device memory and back.
+// specialise it (cuda/device_io.cuh) to copy them to device memory and back, in order on the
+// executor's stream.
+//
+// Poison. Every buffer an operation must write before it reads (workspaces, outputs, the scratch
+// half of a state) is handed over filled with the byte `poison_byte`, never with zeros, so that a
+// kernel or loop that relies on memory it did not clear, or leaves part of an output unwritten,
+// shows in the result. A test that needs zeros (a sum onto zeros, a zeroed deferred-error word)
+// copies them in explicitly.
 #include <gradcomp/core/concepts.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/error.hpp>
@@ -12,6 +19,7 @@
 #include <doctest/doctest.h>
 
 #include <cstddef>
+#include <cstring>
 #include <span>
 #include <string>
 #include <vector>
@@ -20,18 +28,36 @@
 
 namespace gradcomp::test {
 
+/// The byte that fills buffers handed to operations before they write them (0xA5A5A5A5 is a
+/// negative float of about −2.9e−16, 0xA5A5A5A5A5A5A5A5 a negative double of about −2.5e−127:
+/// finite values that no test input holds).
+inline constexpr unsigned char poison_byte = 0xA5;
+
+/// `count` values whose every byte is `poison_byte`, on the host.
+template <class T>
+std::vector<T> poisoned_values(std::size_t count) {
+  std::vector<T> values(count);
+  if (count > 0) std::memset(static_cast<void*>(values.data()), poison_byte, count * sizeof(T));
+  return values;
+}
+
 /// Host vectors in executor E's memory: on the CPU, the vectors themselves.
 template <class E>
 struct executor_memory {
   /// E's copy of `host`.
   template <class T>
-  static std::vector<T> copy_in(const std::vector<T>& host) {
+  static std::vector<T> copy_in(const E&, const std::vector<T>& host) {
     return host;
   }
-  /// `count` zero values in E's memory.
+  /// Fills `buffer` with `poison_byte`.
   template <class T>
-  static std::vector<T> zeros(std::size_t count) {
-    return std::vector<T>(count);
+  static void poison(const E&, std::span<T> buffer) {
+    if (!buffer.empty()) std::memset(static_cast<void*>(buffer.data()), poison_byte, buffer.size_bytes());
+  }
+  /// `count` values in E's memory, every byte `poison_byte`.
+  template <class T>
+  static std::vector<T> poisoned(const E&, std::size_t count) {
+    return poisoned_values<T>(count);
   }
   /// The buffer as a span.
   template <class T>
@@ -60,9 +86,9 @@ struct outcome {
 template <class E, class Codec, class T>
 outcome<std::byte> encode_outcome_on(const E& exec, const Codec& codec, const std::vector<T>& x, message_key key = {}) {
   using memory = executor_memory<E>;
-  auto g = memory::copy_in(x);
-  auto out = memory::copy_in(std::vector<std::byte>(codec.max_encoded_bytes(x.size()), std::byte{0xAB}));
-  auto ws = memory::template zeros<std::byte>(codec.workspace_bytes(exec, x.size()));
+  auto g = memory::copy_in(exec, x);
+  auto out = memory::copy_in(exec, std::vector<std::byte>(codec.max_encoded_bytes(x.size()), std::byte{0xAB}));
+  auto ws = memory::template poisoned<std::byte>(exec, codec.workspace_bytes(exec, x.size()));
   std::size_t size = codec.max_encoded_bytes(x.size());
   const std::string status = thrown_by([&] {
     size = codec.encode(exec, std::span<const T>(memory::span(g)), memory::span(out), memory::span(ws), key);
@@ -84,9 +110,9 @@ template <class E, class Codec, class T = typename Codec::value_type>
 outcome<T> decode_outcome_on(const E& exec, const Codec& codec, const std::vector<std::byte>& message,
                              const std::vector<T>& into, bool accumulate = false, decode_limits limits = {}) {
   using memory = executor_memory<E>;
-  auto m = memory::copy_in(message);
-  auto out = memory::copy_in(into);
-  auto ws = memory::template zeros<std::byte>(codec.workspace_bytes(exec, into.size()));
+  auto m = memory::copy_in(exec, message);
+  auto out = memory::copy_in(exec, into);
+  auto ws = memory::template poisoned<std::byte>(exec, codec.workspace_bytes(exec, into.size()));
   const std::span<const std::byte> bytes(memory::span(m));
   const std::string status = thrown_by([&] {
     if (accumulate) codec.decode_accumulate(exec, bytes, memory::span(out), memory::span(ws), limits);
@@ -121,15 +147,19 @@ class stepper {
   using T = typename Wrapper::value_type;
   using memory = executor_memory<E>;
 
+  /// A new state for n values; the half of it that a step writes before reading (error
+  /// feedback's `next`, "contents unspecified") poisoned.
   stepper(E exec, const Wrapper& wrapper, std::size_t n)
-      : exec_(exec), wrapper_(wrapper), n_(n), state_(wrapper.make_state(exec, n)) {}
+      : exec_(exec), wrapper_(wrapper), n_(n), state_(wrapper.make_state(exec, n)) {
+    if constexpr (requires { state_.next; }) memory::poison(exec_, memory::span(state_.next));
+  }
 
   /// One step on `g`: the message, or the named error thrown and what the failed step left in a
   /// message buffer pre-filled with 0xAB bytes.
   outcome<std::byte> try_step(const std::vector<T>& g, message_key key) {
-    auto grad = memory::copy_in(g);
-    auto out = memory::copy_in(std::vector<std::byte>(wrapper_.max_encoded_bytes(n_), std::byte{0xAB}));
-    auto ws = memory::template zeros<std::byte>(wrapper_.workspace_bytes(exec_, n_));
+    auto grad = memory::copy_in(exec_, g);
+    auto out = memory::copy_in(exec_, std::vector<std::byte>(wrapper_.max_encoded_bytes(n_), std::byte{0xAB}));
+    auto ws = memory::template poisoned<std::byte>(exec_, wrapper_.workspace_bytes(exec_, n_));
     std::size_t size = wrapper_.max_encoded_bytes(n_);
     const std::string status = thrown_by([&] {
       size = wrapper_.encode(exec_, std::span<const T>(memory::span(grad)), state_, memory::span(out), memory::span(ws), key);
@@ -146,14 +176,14 @@ class stepper {
 
   /// The error the state carries into the next step.
   std::vector<T> carried_error() const {
-    auto out = memory::template zeros<T>(n_);
+    auto out = memory::template poisoned<T>(exec_, n_);
     wrapper_.carried_error(exec_, state_, memory::span(out));
     return memory::copy_out(exec_, out, n_);
   }
 
   /// Replaces the carried error: what `thrown_by` says of it.
   std::string set_carried_error(const std::vector<T>& values) {
-    auto in = memory::copy_in(values);
+    auto in = memory::copy_in(exec_, values);
     return thrown_by([&] { wrapper_.set_carried_error(exec_, std::span<const T>(memory::span(in)), state_); });
   }
 

@@ -3,6 +3,11 @@
 /// `device_array<T>`: an owning array in device memory, the storage of the CUDA backend's states
 /// (error-feedback residuals, LoCo's 8-bit error). States are made once per tensor, not per step,
 /// so allocating here is off the hot path; everything per step runs in the caller's workspace.
+///
+/// Zero fill. Given an executor, the array is zero-filled in order on its stream (`cudaMemsetAsync`):
+/// work queued after it on that stream finds the zeros, and the host does not wait. Without one,
+/// the fill runs on the legacy default stream and is waited for, so work on any stream finds the
+/// zeros (at the price of a host wait that also stalls a graph capture in global mode).
 
 #include <gradcomp/cuda/config.cuh>
 
@@ -13,6 +18,7 @@
 #include <utility>
 
 #include <gradcomp/cuda/check.cuh>
+#include <gradcomp/cuda/executor.cuh>
 
 namespace gradcomp {
 
@@ -24,17 +30,17 @@ class device_array {
   device_array() noexcept = default;
   /// `count` zero-filled elements on the current device, the fill complete on return.
   /// @throws error `device_failed`.
-  explicit device_array(std::size_t count) : size_(count) {
+  explicit device_array(std::size_t count) : device_array(count, cuda_executor{}) {
+    // The memset was queued on the legacy default stream and is asynchronous: wait for it, so that
+    // work queued on any other stream (a non-blocking one too) finds the zeros and is not overwritten.
+    if (data_ != nullptr) finish_fill(cudaStreamSynchronize(0));
+  }
+  /// `count` elements on the current device, zero-filled in order on `exec`'s stream (work queued
+  /// there afterwards finds the zeros; the host does not wait). @throws error `device_failed`.
+  device_array(std::size_t count, const cuda_executor& exec) : size_(count) {
     if (count == 0) return;
     GRADCOMP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_), count * sizeof(T)));
-    cudaError_t cleared = cudaMemset(data_, 0, count * sizeof(T));
-    // The memset is queued on the default stream and is asynchronous: wait for it, so that work
-    // queued on any other stream (a non-blocking one too) finds the zeros and is not overwritten.
-    if (cleared == cudaSuccess) cleared = cudaStreamSynchronize(0);
-    if (cleared != cudaSuccess) {
-      cudaFree(data_);
-      GRADCOMP_CUDA_CHECK(cleared);
-    }
+    finish_fill(cudaMemsetAsync(data_, 0, count * sizeof(T), exec.native_stream()));
   }
   device_array(device_array&& other) noexcept
       : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
@@ -62,6 +68,12 @@ class device_array {
   [[nodiscard]] std::span<const T> span() const noexcept { return {data_, size_}; }
 
  private:
+  /// Frees the memory and throws when a step of the zero fill failed.
+  void finish_fill(cudaError_t status) {
+    if (status == cudaSuccess) return;
+    release();
+    GRADCOMP_CUDA_CHECK(status);
+  }
   void release() noexcept {
     if (data_ != nullptr) cudaFree(data_);
     data_ = nullptr;

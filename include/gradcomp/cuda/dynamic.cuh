@@ -169,24 +169,26 @@ struct backend<dynamic_sparsifier<T>, cuda_executor> {
     const threshold_found t = find_threshold(sp, exec, {grad.data(), known ? found->second.data() : nullptr, n}, ws);
     // Nothing can fail past this point but the allocation of a new id's residual, which changes
     // nothing if it throws.
-    device_array<T>& residual = known ? found->second : state.residuals.emplace(tensor_id, device_array<T>(n)).first->second;
+    device_array<T>& residual = known ? found->second : state.residuals.emplace(tensor_id, device_array<T>(n, exec)).first->second;
     cuda_detail::for_each_item(exec, n, cuda_detail::dynamic_apply<T>{grad.data(), residual.data(), out.data(), t.tau, !known});
     ++state.steps;
     const double zero_fraction = n == 0 ? 0.0 : static_cast<double>(n - t.kept) / static_cast<double>(n);
     return {from_bits<T>(t.tau), t.kept, zero_fraction};
   }
 
-  /// The CPU's bytes: the residuals copied to the host first (waits for the stream).
+  /// The CPU's bytes: the residuals copied to the host first, in order on the stream after the
+  /// steps queued there (one wait at the end).
   static std::size_t save_state(const sparsifier& sp, const cuda_executor& exec, const state_type& state,
                                 std::span<std::byte> bytes) {
     dynamic_state<T> host;
     host.steps = state.steps;
-    exec.synchronize();
     for (const auto& [id, residual] : state.residuals) {
       std::vector<T>& values = host.residuals.emplace(id, std::vector<T>(residual.size())).first->second;
       if (!values.empty())
-        GRADCOMP_CUDA_CHECK(cudaMemcpy(values.data(), residual.data(), values.size() * sizeof(T), cudaMemcpyDeviceToHost));
+        GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(values.data(), residual.data(), values.size() * sizeof(T), cudaMemcpyDeviceToHost,
+                                            exec.native_stream()));
     }
+    exec.synchronize();
     return cpu_backend::save_state(sp, cpu_executor{}, host, bytes);
   }
 
@@ -197,7 +199,7 @@ struct backend<dynamic_sparsifier<T>, cuda_executor> {
     cpu_backend::load_state(sp, cpu_executor{}, bytes, host);
     std::map<std::uint64_t, device_array<T>> residuals;
     for (const auto& [id, values] : host.residuals) {
-      device_array<T>& residual = residuals.emplace(id, device_array<T>(values.size())).first->second;
+      device_array<T>& residual = residuals.emplace(id, device_array<T>(values.size(), exec)).first->second;
       if (!values.empty())
         GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(residual.data(), values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice,
                                             exec.native_stream()));

@@ -20,14 +20,24 @@
 #include <gradcomp/cuda/check.cuh>
 #include <gradcomp/cuda/executor.cuh>
 
+#ifndef GRADCOMP_CUDA_MAX_GRID
+/// The most blocks of one launch of the backend's kernels (default 2^20). A program may define it
+/// lower, the same in every translation unit (a different value in two units of one program breaks
+/// the one-definition rule): gradcomp's CUDA tests use 3, so that every grid-stride loop runs more
+/// than one round at their sizes (docs/cuda.md §6). Results do not depend on it.
+#  define GRADCOMP_CUDA_MAX_GRID (std::uint64_t{1} << 20)
+#endif
+
 namespace gradcomp::cuda_detail {
 
 /// Threads per block of the backend's kernels (8 warps).
 inline constexpr unsigned block_threads = 256;
 /// Warps per block of the kernels that give each quantization block (or bucket) one warp.
 inline constexpr unsigned block_warps = block_threads / 32;
-/// Most blocks of a launch; kernels stride over the rest of their work.
-inline constexpr std::uint64_t max_grid = std::uint64_t{1} << 20;
+/// Most blocks of a launch; kernels stride over the rest of their work. Every grid of the backend
+/// comes from `grid_for` (directly, or through `streaming_grid_for`), so this caps them all.
+inline constexpr std::uint64_t max_grid = GRADCOMP_CUDA_MAX_GRID;
+static_assert(max_grid >= 1 && max_grid <= 0x7FFFFFFF, "GRADCOMP_CUDA_MAX_GRID must be a 1-D grid size, 1 to 2^31 - 1");
 
 /// Blocks for `items` items at `per_block` items per block (at least 1, at most `max_grid`).
 [[nodiscard]] inline unsigned grid_for(std::uint64_t items, std::uint64_t per_block = block_threads) noexcept {
