@@ -570,7 +570,7 @@ TEST_CASE("LoCo steps, saves and restores an empty tensor") {
   CHECK(restored.total_steps == 1);
 }
 
-TEST_CASE("LoCo's carried error is the dequantized 8-bit error; a new one is stored within half a step") {
+TEST_CASE("LoCo's carried error is the dequantized 8-bit error, and a new one is stored within half a step") {
   const std::size_t n = 1000;  // groups of 256: three full, one of 232
   const loco<uq<float>> lc(uq<float>({.bits = 4}));
   const cpu_executor cpu;
