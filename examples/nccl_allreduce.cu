@@ -104,10 +104,10 @@ void run_rank(ncclComm_t comm, int device, rank_result& out) {
     const std::vector<float> gradient = gradient_of(t.rank());
     auto state = topk_ef.make_state(gradcomp::cpu_executor{}, n);
     out.topk = run_steps(gradient, [&](std::span<float> data, std::uint64_t step) {
-      return gradcomp::compressed_all_reduce(t, topk_ef, state, data, {.key = {.step = step}});
+      return gradcomp::compressed_all_reduce(gradcomp::cpu_executor{}, t, topk_ef, state, data, {.key = {.step = step}});
     });
     out.mpc = run_steps(gradient, [&](std::span<float> data, std::uint64_t step) {
-      return gradcomp::compressed_all_reduce(t, mpc, data, {.key = {.step = step}});
+      return gradcomp::compressed_all_reduce(gradcomp::cpu_executor{}, t, mpc, data, {.key = {.step = step}});
     });
   } catch (const std::exception& e) {
     out.failure = e.what();

@@ -68,12 +68,10 @@ class codec_reducer final : public rank_reducer<X> {
     if constexpr (stateful_codec<Codec>) state_ = codec_.make_state(gradcomp::cpu_executor{}, n);
   }
   gradcomp::compressed_report reduce(X& t, std::span<float> grad, std::uint64_t step) override {
-    const gradcomp::all_reduce_options options{.key = {.step = step}, .plan = plan_};
-    gradcomp::compressed_report report;
-    if constexpr (stateful_codec<Codec>) report = gradcomp::compressed_all_reduce(t, codec_, state_, grad, options);
-    else report = gradcomp::compressed_all_reduce(t, codec_, grad, options);
-    for (float& v : grad) v /= static_cast<float>(t.size());
-    return report;
+    const gradcomp::all_reduce_options options{.key = {.step = step}, .plan = plan_, .average = true};
+    const gradcomp::cpu_executor cpu;
+    if constexpr (stateful_codec<Codec>) return gradcomp::compressed_all_reduce(cpu, t, codec_, state_, grad, options);
+    else return gradcomp::compressed_all_reduce(cpu, t, codec_, grad, options);
   }
 
  private:
@@ -102,8 +100,8 @@ class tagc_reducer final : public rank_reducer<X> {
   }
 
  private:
-  gradcomp::tagc_reduce_scatter<float> tagc_;
-  gradcomp::tagc_reduce_scatter<float>::state_type state_;
+  gradcomp::tagc<float> tagc_;
+  gradcomp::tagc_state<float, gradcomp::cpu_executor> state_;
   std::vector<parameter> layout_;
   std::vector<bool> compressed_;
 };
@@ -213,7 +211,8 @@ class gravac_reducer final : public rank_reducer<X> {
       // The sum of the ranks' decoded messages in rank order, as the demo adds them.
       std::vector<float>& sum = send_current ? compensated_current_ : compensated_safe_;
       const gradcomp::all_reduce_options options{.key = {.step = step}, .plan = gradcomp::all_reduce_plan::gather_decode};
-      report = gradcomp::compressed_all_reduce(t, send_current ? current : safe, std::span<float>(sum), options);
+      report = gradcomp::compressed_all_reduce(gradcomp::cpu_executor{}, t, send_current ? current : safe, std::span<float>(sum),
+                                               options);
       std::copy(sum.begin(), sum.end(), grad.begin());
     }
     for (float& v : grad) v /= static_cast<float>(P);

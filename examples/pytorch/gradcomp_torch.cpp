@@ -249,10 +249,10 @@ class codec_of final : public codec_handle {
     // The plan from the codec's traits: a SUM all-reduce of the encodings for a homomorphic
     // codec, else the all-gather and decoding in rank order (the only plan of a stateful one).
     const gradcomp::all_reduce_options options{.key = key};
-    if constexpr (has_state) return gradcomp::compressed_all_reduce(t, codec_, state_in(state, data.size()), data, options);
+    if constexpr (has_state) return gradcomp::compressed_all_reduce(cpu_, t, codec_, state_in(state, data.size()), data, options);
     else {
       gradcomp::detail::require(state == nullptr, gradcomp::errc::invalid_argument, "this codec keeps no state");
-      return gradcomp::compressed_all_reduce(t, codec_, data, options);
+      return gradcomp::compressed_all_reduce(cpu_, t, codec_, data, options);
     }
   }
 
@@ -301,7 +301,7 @@ class tagc_scheme {
 
   [[nodiscard]] py::bytes save_state(const state_handle& handle) const {
     const auto& s = state_in(handle);
-    std::string bytes(gradcomp::tagc_reduce_scatter<float>::saved_state_bytes(s), '\0');
+    std::string bytes(gradcomp::tagc<float>::saved_state_bytes(s), '\0');
     bytes.resize(tagc_.save_state(cpu_, s, std::as_writable_bytes(std::span<char>(bytes))));
     return py::bytes(bytes);
   }
@@ -342,12 +342,12 @@ class tagc_scheme {
 
  private:
   struct state_of_scheme final : state_handle {
-    explicit state_of_scheme(gradcomp::tagc_reduce_scatter<float>::state_type s) : state(std::move(s)) {}
+    explicit state_of_scheme(gradcomp::tagc_state<float, gradcomp::cpu_executor> s) : state(std::move(s)) {}
     [[nodiscard]] std::uint64_t size() const override { return 0; }  // any bucket
-    gradcomp::tagc_reduce_scatter<float>::state_type state;
+    gradcomp::tagc_state<float, gradcomp::cpu_executor> state;
   };
 
-  using state_type = gradcomp::tagc_reduce_scatter<float>::state_type;
+  using state_type = gradcomp::tagc_state<float, gradcomp::cpu_executor>;
   static state_type& state_in(state_handle& handle) {
     auto* s = dynamic_cast<state_of_scheme*>(&handle);
     gradcomp::detail::require(s != nullptr, gradcomp::errc::invalid_argument, "the state belongs to a codec, not to TAGC");
@@ -355,7 +355,7 @@ class tagc_scheme {
   }
   static const state_type& state_in(const state_handle& handle) { return state_in(const_cast<state_handle&>(handle)); }
 
-  gradcomp::tagc_reduce_scatter<float> tagc_;
+  gradcomp::tagc<float> tagc_;
   gradcomp::cpu_executor cpu_{};
 };
 

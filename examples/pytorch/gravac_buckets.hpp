@@ -171,7 +171,8 @@ class gravac_buckets {
       const bool current = decision_.send == gradcomp::gravac_choice::current;
       std::vector<float> sum = current ? current_in : safe_in;
       const gradcomp::all_reduce_options options{.key = key, .plan = gradcomp::all_reduce_plan::gather_decode};
-      sent = gradcomp::compressed_all_reduce(t, gradcomp::topk_sparsifier<float>(current ? decision_.current : decision_.safe),
+      sent = gradcomp::compressed_all_reduce(gradcomp::cpu_executor{}, t,
+                                             gradcomp::topk_sparsifier<float>(current ? decision_.current : decision_.safe),
                                              std::span<float>(sum), options)
                  .sent_bytes;
       std::copy(sum.begin(), sum.end(), data.begin());

@@ -120,9 +120,9 @@ struct replayer {
               ++mismatches;
             }
           }
-          gradcomp::compressed_all_reduce(t, c, it->second, std::span<float>(data), options);
+          gradcomp::compressed_all_reduce(cpu, t, c, it->second, std::span<float>(data), options);
         } else {
-          gradcomp::compressed_all_reduce(t, c, std::span<float>(data), options);
+          gradcomp::compressed_all_reduce(cpu, t, c, std::span<float>(data), options);
         }
         for (float& v : data) v /= static_cast<float>(t.size());
       } catch (const gradcomp::error& e) {

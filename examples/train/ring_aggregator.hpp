@@ -35,7 +35,7 @@ class ring_aggregator final : public aggregator {
       const auto r = static_cast<std::size_t>(t.rank());
       const auto started = clock_type::now();
       std::vector<float> sum = grads[r];
-      const auto report = gradcomp::ring_all_reduce(t, codec_, std::span<float>(sum), gradcomp::message_key{.step = step});
+      const auto report = gradcomp::ring_all_reduce(gradcomp::cpu_executor{}, t, codec_, std::span<float>(sum), {.key = {.step = step}});
       const auto elapsed = clock_type::now() - started;
       // Every rank holds the same sum; rank 0 writes the mean.
       if (r == 0)

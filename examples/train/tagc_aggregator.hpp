@@ -45,8 +45,8 @@ inline std::vector<bool> tagc_compressed_tensors(const gradcomp::layer_policy<gr
 /// [first, first + values.size()) of the tensor. Tensor l keys its error feedback as
 /// `tensor_ids[l]` (default: l). Returns the gradient bytes this rank sent.
 template <gradcomp::transport X, class ShardDone>
-std::size_t tagc_rank_step(X& t, const gradcomp::tagc_reduce_scatter<float>& tagc,
-                           gradcomp::tagc_reduce_scatter<float>::state_type& state, const std::vector<parameter>& layout,
+std::size_t tagc_rank_step(X& t, const gradcomp::tagc<float>& scheme,
+                           gradcomp::tagc_state<float, gradcomp::cpu_executor>& state, const std::vector<parameter>& layout,
                            const std::vector<bool>& compressed, std::span<const float> grad, ShardDone shard_done,
                            std::span<const std::uint32_t> tensor_ids = {}) {
   const auto P = static_cast<std::size_t>(t.size());
@@ -61,7 +61,8 @@ std::size_t tagc_rank_step(X& t, const gradcomp::tagc_reduce_scatter<float>& tag
     shard.resize(m);
     if (compressed[l]) {
       const auto id = tensor_ids.empty() ? static_cast<std::uint32_t>(l) : tensor_ids[l];
-      sent += tagc.reduce_scatter(gradcomp::cpu_executor{}, t, state, id, std::span<const float>(padded), std::span<float>(shard))
+      sent += gradcomp::compressed_reduce_scatter(gradcomp::cpu_executor{}, t, scheme, state, std::span<const float>(padded),
+                                                  std::span<float>(shard), {.key = {.tensor_id = id}, .average = true})
                   .sent_bytes;
     } else {
       t.reduce_scatter_sum(std::span<const float>(padded), std::span<float>(shard));
@@ -79,14 +80,14 @@ std::size_t tagc_rank_step(X& t, const gradcomp::tagc_reduce_scatter<float>& tag
 /// all-gather, not counted in the returned gradient bytes), so that `grad` becomes the whole mean
 /// on every rank.
 template <gradcomp::transport X>
-std::size_t tagc_rank_all_reduce(X& t, const gradcomp::tagc_reduce_scatter<float>& tagc,
-                                 gradcomp::tagc_reduce_scatter<float>::state_type& state,
+std::size_t tagc_rank_all_reduce(X& t, const gradcomp::tagc<float>& scheme,
+                                 gradcomp::tagc_state<float, gradcomp::cpu_executor>& state,
                                  const std::vector<parameter>& layout, const std::vector<bool>& compressed,
                                  std::span<float> grad, std::span<const std::uint32_t> tensor_ids = {}) {
   const auto P = static_cast<std::size_t>(t.size());
   std::vector<float> mine;  // this rank's shards of every tensor's mean, in tensor order
   const std::size_t sent = tagc_rank_step(
-      t, tagc, state, layout, compressed, std::span<const float>(grad),
+      t, scheme, state, layout, compressed, std::span<const float>(grad),
       [&](std::size_t, std::size_t, std::span<const float> values) { mine.insert(mine.end(), values.begin(), values.end()); },
       tensor_ids);
   const auto shards = t.all_gather_bytes(std::as_bytes(std::span<const float>(mine)));
@@ -134,11 +135,11 @@ class tagc_aggregator final : public aggregator {
   [[nodiscard]] bool times_decode() const override { return false; }
 
  private:
-  gradcomp::tagc_reduce_scatter<float> tagc_;
+  gradcomp::tagc<float> tagc_;
   gradcomp::in_process_group group_;
   std::vector<parameter> layout_;
   std::vector<bool> compressed_;
-  std::vector<gradcomp::tagc_reduce_scatter<float>::state_type> states_;
+  std::vector<gradcomp::tagc_state<float, gradcomp::cpu_executor>> states_;
 };
 
 /// A demo row running TAGC with `params` and TAGC's layer policy (weights compressed, biases dense).

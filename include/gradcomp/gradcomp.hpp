@@ -14,6 +14,7 @@
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/murmur3.hpp>
 #include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/memory_space.hpp>
 #include <gradcomp/core/philox.hpp>
 #include <gradcomp/core/random_permutation.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
@@ -45,11 +46,15 @@
 #include <gradcomp/lossless/mpc.hpp>
 #include <gradcomp/lossless/zfp_fixed_rate.hpp>
 
+#include <gradcomp/collective/agreement.hpp>
+#include <gradcomp/collective/collective_memory.hpp>
 #include <gradcomp/collective/compressed_all_gather.hpp>
 #include <gradcomp/collective/compressed_all_reduce.hpp>
 #include <gradcomp/collective/compressed_frame.hpp>
 #include <gradcomp/collective/compressed_point_to_point.hpp>
 #include <gradcomp/collective/compressed_reduce_scatter.hpp>
+#include <gradcomp/collective/executor_transport.hpp>
+#include <gradcomp/collective/lhc_stages.hpp>
 #include <gradcomp/collective/ring.hpp>
 #include <gradcomp/collective/tagc.hpp>
 #include <gradcomp/control/gravac.hpp>
@@ -57,4 +62,6 @@
 #include <gradcomp/control/message_policy.hpp>
 
 #include <gradcomp/transport/in_process.hpp>
+#include <gradcomp/transport/rank_ordered.hpp>
+#include <gradcomp/transport/received_bytes.hpp>
 #include <gradcomp/transport/transport.hpp>

@@ -159,48 +159,48 @@ std::vector<scenario_outcome> run_agreement_scenarios(X& t) {
     o.untouched = same_bits<float>(data, before);
     outcomes.push_back(std::move(o));
   };
-  scenario("element count", errc::size_mismatch, [&](std::span<float> d) { compressed_all_reduce(t, topk, d); },
+  scenario("element count", errc::size_mismatch, [&](std::span<float> d) { compressed_all_reduce(cpu_executor{}, t, topk, d); },
            differs ? n + 1 : n);
   scenario("codec parameters", errc::parameter_mismatch, [&](std::span<float> d) {
-    compressed_all_reduce(t, differs ? topk_sparsifier<float>(sparsity{.density = 0.06}) : topk, d);
+    compressed_all_reduce(cpu_executor{}, t, differs ? topk_sparsifier<float>(sparsity{.density = 0.06}) : topk, d);
   });
   scenario("codec id", errc::codec_mismatch, [&](std::span<float> d) {
-    if (differs) compressed_all_reduce(t, threshold_sparsifier<float>(), d);
-    else compressed_all_reduce(t, topk, d);
+    if (differs) compressed_all_reduce(cpu_executor{}, t, threshold_sparsifier<float>(), d);
+    else compressed_all_reduce(cpu_executor{}, t, topk, d);
   });
   scenario("dtype", errc::dtype_mismatch, [&](std::span<float> d) {
     if (!differs) {
-      compressed_all_reduce(t, topk, d);
+      compressed_all_reduce(cpu_executor{}, t, topk, d);
       return;
     }
     auto wide = gradient_of<double>(t.rank(), n);
-    compressed_all_reduce(t, topk_sparsifier<double>(sparsity{.density = 0.05}), std::span<double>(wide));
+    compressed_all_reduce(cpu_executor{}, t, topk_sparsifier<double>(sparsity{.density = 0.05}), std::span<double>(wide));
   });
   scenario("step", errc::step_mismatch,
-           [&](std::span<float> d) { compressed_all_reduce(t, topk, d, {.key = {.step = differs ? 8u : 7u}}); });
+           [&](std::span<float> d) { compressed_all_reduce(cpu_executor{}, t, topk, d, {.key = {.step = differs ? 8u : 7u}}); });
   scenario("tensor id", errc::step_mismatch,
-           [&](std::span<float> d) { compressed_all_reduce(t, topk, d, {.key = {.tensor_id = differs ? 1u : 0u}}); });
+           [&](std::span<float> d) { compressed_all_reduce(cpu_executor{}, t, topk, d, {.key = {.tensor_id = differs ? 1u : 0u}}); });
   scenario("plan", errc::parameter_mismatch, [&](std::span<float> d) {
     const auto plan = differs ? all_reduce_plan::summed_encodings : all_reduce_plan::gather_decode;
-    compressed_all_reduce(t, mpc_codec(), d, {.plan = plan});
+    compressed_all_reduce(cpu_executor{}, t, mpc_codec(), d, {.plan = plan});
   });
   for (const std::size_t cut : {std::size_t{1}, std::size_t{30}}) {
     scenario("truncated message (" + std::to_string(cut) + " bytes cut)", errc::truncated, [&](std::span<float> d) {
       truncating_transport<X> cutting(t, odd, cut);
-      compressed_all_reduce(cutting, topk, d);
+      compressed_all_reduce(cpu_executor{}, cutting, topk, d);
     });
   }
-  scenario("NaN in one gradient", errc::non_finite_input, [&](std::span<float> d) { compressed_all_reduce(t, topk, d); }, n,
+  scenario("NaN in one gradient", errc::non_finite_input, [&](std::span<float> d) { compressed_all_reduce(cpu_executor{}, t, topk, d); }, n,
            true);
   scenario("reduce-scatter output of another size on one rank", errc::invalid_argument, [&](std::span<float> d) {
     std::vector<float> out(ring_chunk_of(n, t.size(), t.rank()).count + (differs ? 1 : 0));
-    compressed_reduce_scatter(t, topk, std::span<const float>(d), std::span<float>(out));
+    compressed_reduce_scatter(cpu_executor{}, t, topk, std::span<const float>(d), std::span<float>(out));
   });
   scenario("plan the codec cannot run", errc::invalid_argument, [&](std::span<float> d) {
-    compressed_all_reduce(t, topk, d, {.plan = all_reduce_plan::summed_encodings});
+    compressed_all_reduce(cpu_executor{}, t, topk, d, {.plan = all_reduce_plan::summed_encodings});
   });
   // After all of that, the group still works.
-  scenario("a normal call afterwards", errc{}, [&](std::span<float> d) { compressed_all_reduce(t, mpc_codec(), d); });
+  scenario("a normal call afterwards", errc{}, [&](std::span<float> d) { compressed_all_reduce(cpu_executor{}, t, mpc_codec(), d); });
   return outcomes;
 }
 
@@ -230,7 +230,7 @@ void check_lossless_sums(X& t) {
       for (std::size_t i = 0; i < n; ++i) sum[i] += g[i];
     }
     auto data = dyadic_sparse_gradient(t.rank(), n, density);
-    compressed_all_reduce(t, lhc, std::span<float>(data));
+    compressed_all_reduce(cpu_executor{}, t, lhc, std::span<float>(data));
     CHECK(same_bits<float>(data, sum));
   }
   for (const std::size_t n : {std::size_t{0}, std::size_t{1}, static_cast<std::size_t>(P) + 1, std::size_t{5003}}) {
@@ -241,7 +241,7 @@ void check_lossless_sums(X& t) {
       for (std::size_t i = 0; i < n; ++i) sum[i] += g[i];
     }
     auto data = gradient_of(t.rank(), n);
-    compressed_all_reduce(t, mpc, std::span<float>(data), {.plan = all_reduce_plan::gather_decode});
+    compressed_all_reduce(cpu_executor{}, t, mpc, std::span<float>(data), {.plan = all_reduce_plan::gather_decode});
     CHECK(same_bits<float>(data, sum));
     const ring_chunk mine = ring_chunk_of(n, P, t.rank());
     const std::span<const float> expected = std::span<const float>(sum).subspan(mine.offset, mine.count);
@@ -250,7 +250,7 @@ void check_lossless_sums(X& t) {
     for (const reduce_scatter_plan plan : plans) {
       const auto g = gradient_of(t.rank(), n);
       std::vector<float> out(mine.count, -1.0f);
-      compressed_reduce_scatter(t, mpc, std::span<const float>(g), std::span<float>(out), {.plan = plan});
+      compressed_reduce_scatter(cpu_executor{}, t, mpc, std::span<const float>(g), std::span<float>(out), {.plan = plan});
       CHECK(same_bits<float>(out, expected));
     }
   }

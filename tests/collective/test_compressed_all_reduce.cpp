@@ -58,7 +58,7 @@ TEST_CASE("compressed_all_reduce with a lossless codec gives the rank-order sum 
       }
       const auto results = on_ranks(P, [&](in_process_transport& t) {
         auto data = gradient_of(t.rank(), n);
-        const auto report = compressed_all_reduce(t, mpc, std::span<float>(data));
+        const auto report = compressed_all_reduce(cpu_executor{}, t, mpc, std::span<float>(data));
         CHECK(report.error_bound == 0.0);
         CHECK(report.dense_bytes == 2 * static_cast<std::uint64_t>(P - 1) * n * sizeof(float) / static_cast<std::uint64_t>(P));
         return data;
@@ -80,7 +80,7 @@ TEST_CASE("compressed_all_reduce with top-k equals the naive top-k of every rank
     }
     const auto results = on_ranks(P, [&](in_process_transport& t) {
       auto data = gradient_of(t.rank(), n);
-      const auto report = compressed_all_reduce(t, topk, std::span<float>(data), {.key = {.step = 3}});
+      const auto report = compressed_all_reduce(cpu_executor{}, t, topk, std::span<float>(data), {.key = {.step = 3}});
       CHECK(report.sent_bytes > 0);
       CHECK(report.sent_bytes < report.dense_bytes);
       return data;
@@ -119,7 +119,7 @@ TEST_CASE("compressed_all_reduce with error feedback: a replay of P independent 
     auto state = ef.make_state(cpu, n);
     for (std::uint64_t s = 0; s < steps; ++s) {
       auto data = gradient_of(t.rank(), n, s);
-      compressed_all_reduce(t, ef, state, std::span<float>(data), {.key = {.step = s}});
+      compressed_all_reduce(cpu_executor{}, t, ef, state, std::span<float>(data), {.key = {.step = s}});
       sums[static_cast<std::size_t>(t.rank())].push_back(data);
     }
     residuals[static_cast<std::size_t>(t.rank())] = state.residual;
@@ -154,7 +154,7 @@ TEST_CASE("compressed_all_reduce sums shared-scale encodings: within P half-step
     CAPTURE(P);
     const auto results = on_ranks(P, [&](in_process_transport& t) {
       auto data = gradient_of(t.rank(), n);
-      const auto report = compressed_all_reduce(t, q, std::span<float>(data));
+      const auto report = compressed_all_reduce(cpu_executor{}, t, q, std::span<float>(data));
       CHECK(report.sent_bytes < report.dense_bytes + (P == 1 ? 1u : 0u));
       return data;
     });
@@ -179,7 +179,7 @@ TEST_CASE("compressed_all_reduce sums shared-scale encodings: within P half-step
   // Nine ranks overflow three headroom bits: every rank reports it.
   expect_everywhere(9, errc::malformed_payload, [&](in_process_transport& t) {
     auto data = gradient_of(t.rank(), n);
-    compressed_all_reduce(t, q, std::span<float>(data));
+    compressed_all_reduce(cpu_executor{}, t, q, std::span<float>(data));
   });
 }
 
@@ -200,7 +200,7 @@ TEST_CASE("compressed_all_reduce sums count sketches: the decode of the sketches
   }
   const auto results = on_ranks(P, [&](in_process_transport& t) {
     auto data = gradient_of(t.rank(), n);
-    compressed_all_reduce(t, cs, std::span<float>(data));
+    compressed_all_reduce(cpu_executor{}, t, cs, std::span<float>(data));
     return data;
   });
   // The SUM collective adds the cells in rank order, as accumulate_encoded did.
@@ -223,7 +223,7 @@ TEST_CASE("compressed_all_reduce with lossless homomorphic compression gives the
         std::vector<std::uint64_t> sent(static_cast<std::size_t>(P));
         const auto results = on_ranks(P, [&](in_process_transport& t) {
           auto data = dyadic_sparse_gradient(t.rank(), n, density);
-          const auto report = compressed_all_reduce(t, lhc, std::span<float>(data));
+          const auto report = compressed_all_reduce(cpu_executor{}, t, lhc, std::span<float>(data));
           sent[static_cast<std::size_t>(t.rank())] = report.sent_bytes;
           CHECK(report.dense_bytes == 2 * static_cast<std::uint64_t>(P - 1) * n * sizeof(float) / static_cast<std::uint64_t>(P));
           // Sparse enough to sketch: both stages together send less than the gradient, so the sum
@@ -236,7 +236,7 @@ TEST_CASE("compressed_all_reduce with lossless homomorphic compression gives the
         const auto summed_index = on_ranks(P, [&](in_process_transport& t) {
           collectives_only<in_process_transport> no_or(t);
           auto data = dyadic_sparse_gradient(t.rank(), n, density);
-          compressed_all_reduce(no_or, lhc, std::span<float>(data));
+          compressed_all_reduce(cpu_executor{}, no_or, lhc, std::span<float>(data));
           return data;
         });
         for (const auto& r : summed_index) CHECK(same_bits<float>(r, expected));
@@ -264,7 +264,7 @@ TEST_CASE("compressed_all_reduce with lossless homomorphic compression: a stall 
   std::vector<std::uint64_t> sent(P), dense(P);
   const auto results = on_ranks(P, [&](in_process_transport& t) {
     auto data = gradients[static_cast<std::size_t>(t.rank())];
-    const auto report = compressed_all_reduce(t, tight, std::span<float>(data));
+    const auto report = compressed_all_reduce(cpu_executor{}, t, tight, std::span<float>(data));
     sent[static_cast<std::size_t>(t.rank())] = report.sent_bytes;
     dense[static_cast<std::size_t>(t.rank())] = report.dense_bytes;
     return data;
@@ -291,15 +291,15 @@ TEST_CASE("compressed_all_reduce with lossless homomorphic compression: disagree
     };
     everywhere(errc::parameter_mismatch, [&](in_process_transport& t, std::span<float> data) {
       const lossless_homomorphic<float> other({.block = 128, .seed = 1});
-      compressed_all_reduce(t, t.rank() == P - 1 ? other : lhc, data);
+      compressed_all_reduce(cpu_executor{}, t, t.rank() == P - 1 ? other : lhc, data);
     });
     everywhere(errc::invalid_argument, [&](in_process_transport& t, std::span<float> data) {
-      compressed_all_reduce(t, lhc, data, {.plan = all_reduce_plan::gather_decode});
+      compressed_all_reduce(cpu_executor{}, t, lhc, data, {.plan = all_reduce_plan::gather_decode});
     });
     everywhere(errc::parameter_mismatch, [&](in_process_transport& t, std::span<float> data) {  // plans differ
-      compressed_all_reduce(t, lhc, data, {.plan = t.rank() == 0 ? all_reduce_plan::gather_decode : all_reduce_plan::two_stage});
+      compressed_all_reduce(cpu_executor{}, t, lhc, data, {.plan = t.rank() == 0 ? all_reduce_plan::gather_decode : all_reduce_plan::two_stage});
     });
-    everywhere(errc::non_finite_input, [&](in_process_transport& t, std::span<float> data) { compressed_all_reduce(t, lhc, data); });
+    everywhere(errc::non_finite_input, [&](in_process_transport& t, std::span<float> data) { compressed_all_reduce(cpu_executor{}, t, lhc, data); });
   }
   // A stall policy of median estimates still gives the exact sum: the all-reduce resends instead.
   const lossless_homomorphic<float> estimating({.block = 256, .cells_per_nonzero = 1.0, .on_stall = lhc_stall_policy::median_estimate});
@@ -310,7 +310,7 @@ TEST_CASE("compressed_all_reduce with lossless homomorphic compression: disagree
   }
   const auto results = on_ranks(3, [&](in_process_transport& t) {
     auto data = dyadic_sparse_gradient(t.rank(), expected.size(), 0.4);
-    compressed_all_reduce(t, estimating, std::span<float>(data));
+    compressed_all_reduce(cpu_executor{}, t, estimating, std::span<float>(data));
     return data;
   });
   for (const auto& r : results) CHECK(same_bits<float>(r, expected));
@@ -318,7 +318,7 @@ TEST_CASE("compressed_all_reduce with lossless homomorphic compression: disagree
   expect_everywhere(16, errc::invalid_argument, [&](in_process_transport& t) {
     auto data = dyadic_sparse_gradient(t.rank(), 500, 0.05);
     const lossless_homomorphic<float> sum4({.block = 128, .index = lhc_index_coding::sum4});
-    compressed_all_reduce(t, sum4, std::span<float>(data));
+    compressed_all_reduce(cpu_executor{}, t, sum4, std::span<float>(data));
   });
 }
 
@@ -349,18 +349,18 @@ TEST_CASE("compressed_all_reduce: a NaN or Inf on one rank makes every rank skip
         const cpu_executor cpu;
         auto state = ef.make_state(cpu, n);
         auto warm = gradient_of(t.rank(), n, 1);
-        compressed_all_reduce(t, ef, state, std::span<float>(warm), {.key = {.step = 1}});
+        compressed_all_reduce(cpu_executor{}, t, ef, state, std::span<float>(warm), {.key = {.step = 1}});
         const auto saved = state.residual;
         auto data = gradient_of(t.rank(), n, 2);
         if (t.rank() == P - 1) data[n / 3] = bad;
         const auto before = data;
-        if (thrown_by([&] { compressed_all_reduce(t, ef, state, std::span<float>(data), {.key = {.step = 2}}); }) ==
+        if (thrown_by([&] { compressed_all_reduce(cpu_executor{}, t, ef, state, std::span<float>(data), {.key = {.step = 2}}); }) ==
             named(errc::non_finite_input))
           ++matching;
         if (same_bits<float>(data, before) && same_bits<float>(state.residual, saved) && state.steps == 1) ++unchanged;
         // The next step goes on normally on every rank.
         auto next = gradient_of(t.rank(), n, 3);
-        compressed_all_reduce(t, ef, state, std::span<float>(next), {.key = {.step = 3}});
+        compressed_all_reduce(cpu_executor{}, t, ef, state, std::span<float>(next), {.key = {.step = 3}});
         if (state.steps == 2) ++recovered;
       });
       CHECK(matching.load() == P);
@@ -379,7 +379,7 @@ TEST_CASE("compressed_all_reduce: an encoding that fails after the agreement res
     const cpu_executor cpu;
     auto state = ef.make_state(cpu, n);
     auto warm = gradient_of(t.rank(), n, 1);
-    compressed_all_reduce(t, ef, state, std::span<float>(warm), {.key = {.step = 1}});
+    compressed_all_reduce(cpu_executor{}, t, ef, state, std::span<float>(warm), {.key = {.step = 1}});
     auto data = gradient_of(t.rank(), n, 2);
     if (t.rank() == 1) {
       // Finite gradient and residual whose sum overflows: only the encoding finds out.
@@ -388,7 +388,7 @@ TEST_CASE("compressed_all_reduce: an encoding that fails after the agreement res
     }
     const auto saved = state.residual;
     const auto steps = state.steps;
-    if (thrown_by([&] { compressed_all_reduce(t, ef, state, std::span<float>(data), {.key = {.step = 2}}); }) ==
+    if (thrown_by([&] { compressed_all_reduce(cpu_executor{}, t, ef, state, std::span<float>(data), {.key = {.step = 2}}); }) ==
         named(errc::non_finite_input))
       ++matching;
     if (same_bits<float>(state.residual, saved) && state.steps == steps) ++restored;

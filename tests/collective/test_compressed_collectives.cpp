@@ -118,7 +118,7 @@ ring_run run_all_reduce(int P, std::size_t n, const C& codec, std::uint64_t seed
   ring_run run{std::vector<std::vector<float>>(static_cast<std::size_t>(P)), std::vector<compressed_report>(static_cast<std::size_t>(P))};
   in_process_group(P).run([&](in_process_transport& t) {
     auto data = values_of(t.rank(), n, seed);
-    const auto report = ring_all_reduce(t, codec, std::span<float>(data));
+    const auto report = ring_all_reduce(cpu_executor{}, t, codec, std::span<float>(data));
     run.results[static_cast<std::size_t>(t.rank())] = data;
     run.reports[static_cast<std::size_t>(t.rank())] = report;
   });
@@ -131,7 +131,7 @@ ring_run run_reduce_scatter(int P, std::size_t n, const C& codec) {
   in_process_group(P).run([&](in_process_transport& t) {
     const auto data = values_of(t.rank(), n);
     std::vector<float> out(ring_chunk_of(n, P, t.rank()).count);
-    const auto report = ring_reduce_scatter(t, codec, std::span<const float>(data), std::span<float>(out));
+    const auto report = ring_reduce_scatter(cpu_executor{}, t, codec, std::span<const float>(data), std::span<float>(out));
     run.results[static_cast<std::size_t>(t.rank())] = out;
     run.reports[static_cast<std::size_t>(t.rank())] = report;
   });
@@ -240,7 +240,7 @@ TEST_CASE("ring with ZFP fixed rate: the replayed ring bit for bit on every rank
     for (int r = 0; r < P; ++r) CHECK(same_bits(all.results[static_cast<std::size_t>(r)], expected));
     CHECK(all.reports[0].error_bound > 0.0);
     CHECK(max_difference(all.results[0], exact) <= all.reports[0].error_bound + 1e-5 * max_magnitude(exact));
-    // Fixed rate: every frame of a chunk has the same size, 9 + 56 + ⌈⌈count/4⌉·8/2⌉ bytes.
+    // Fixed rate: every frame of a chunk has the same size, 16 + 56 + ⌈⌈count/4⌉·8/2⌉ bytes.
     CHECK(all.reports[0].sent_bytes < all.reports[0].dense_bytes / 3);
   }
 }
@@ -260,7 +260,7 @@ TEST_CASE("ring lossy error grows with P: measured error and bound for P = 2, 4,
     }
     in_process_group(P).run([&](in_process_transport& t) {
       auto data = x[static_cast<std::size_t>(t.rank())];
-      run.reports[static_cast<std::size_t>(t.rank())] = ring_all_reduce(t, lossy_codec, std::span<float>(data));
+      run.reports[static_cast<std::size_t>(t.rank())] = ring_all_reduce(cpu_executor{}, t, lossy_codec, std::span<float>(data));
       run.results[static_cast<std::size_t>(t.rank())] = data;
     });
     std::vector<float> exact;
@@ -284,7 +284,7 @@ TEST_CASE("ring lossy error grows with P: measured error and bound for P = 2, 4,
 void all_reduce_keeping_data_on_error(in_process_transport& t, std::vector<float> data) {
   const auto before = data;
   try {
-    ring_all_reduce(t, lossy_codec, std::span<float>(data));
+    ring_all_reduce(cpu_executor{}, t, lossy_codec, std::span<float>(data));
   } catch (...) {
     CHECK(same_bits(data, before));
     throw;
@@ -313,7 +313,7 @@ TEST_CASE("ring failures reach every rank with the same error and leave the data
       if (t.rank() == 0) data[0] = std::numeric_limits<float>::infinity();
       std::vector<float> out(ring_chunk_of(n, P, t.rank()).count, 5.0f);
       try {
-        ring_reduce_scatter(t, lossy_codec, std::span<const float>(data), std::span<float>(out));
+        ring_reduce_scatter(cpu_executor{}, t, lossy_codec, std::span<const float>(data), std::span<float>(out));
       } catch (...) {
         CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 5.0f; }));
         throw;
@@ -326,15 +326,15 @@ TEST_CASE("ring failures reach every rank with the same error and leave the data
     expect_everywhere(P, errc::parameter_mismatch, [](in_process_transport& t) {
       auto data = values_of(t.rank(), n);
       const uniform_quantizer<float> other(uniform_params{.bits = 8, .block = 64});
-      if (t.rank() == 0) ring_all_reduce(t, other, std::span<float>(data));
-      else ring_all_reduce(t, lossy_codec, std::span<float>(data));
+      if (t.rank() == 0) ring_all_reduce(cpu_executor{}, t, other, std::span<float>(data));
+      else ring_all_reduce(cpu_executor{}, t, lossy_codec, std::span<float>(data));
     });
   }
   // A wrong output size is the caller's error, reported before any communication.
   in_process_group(1).run([](in_process_transport& t) {
     const std::vector<float> data(10, 1.0f);
     std::vector<float> out(3);
-    CHECK(thrown_by([&] { ring_reduce_scatter(t, lossy_codec, std::span<const float>(data), std::span<float>(out)); }) ==
+    CHECK(thrown_by([&] { ring_reduce_scatter(cpu_executor{}, t, lossy_codec, std::span<const float>(data), std::span<float>(out)); }) ==
           named(errc::invalid_argument));
   });
 }
@@ -349,10 +349,10 @@ TEST_CASE("compressed_all_gather decodes every block from the same bytes on ever
     in_process_group(P).run([&](in_process_transport& t) {
       const auto mine = values_of(t.rank(), m);
       std::vector<float> out(m * static_cast<std::size_t>(P));
-      compressed_all_gather(t, mpc, std::span<const float>(mine), std::span<float>(out));
+      compressed_all_gather(cpu_executor{}, t, mpc, std::span<const float>(mine), std::span<float>(out));
       lossless[static_cast<std::size_t>(t.rank())] = out;
       reports[static_cast<std::size_t>(t.rank())] =
-          compressed_all_gather(t, lossy_codec, std::span<const float>(mine), std::span<float>(out));
+          compressed_all_gather(cpu_executor{}, t, lossy_codec, std::span<const float>(mine), std::span<float>(out));
       lossy[static_cast<std::size_t>(t.rank())] = out;
     });
     std::vector<float> exact, decoded;
@@ -376,13 +376,13 @@ TEST_CASE("compressed_all_gather decodes every block from the same bytes on ever
   in_process_group(3).run([&](in_process_transport& t) {
     const auto mine = values_of(t.rank(), t.rank() == 2 ? m + 1 : m);
     std::vector<float> out(mine.size() * 3);
-    if (thrown_by([&] { compressed_all_gather(t, lossy_codec, std::span<const float>(mine), std::span<float>(out)); }) ==
+    if (thrown_by([&] { compressed_all_gather(cpu_executor{}, t, lossy_codec, std::span<const float>(mine), std::span<float>(out)); }) ==
         named(errc::size_mismatch))
       ++failed;
     auto nan = values_of(t.rank(), m);
     if (t.rank() == 1) nan[3] = std::numeric_limits<float>::quiet_NaN();
     std::vector<float> all(m * 3, 2.0f);
-    if (thrown_by([&] { compressed_all_gather(t, lossy_codec, std::span<const float>(nan), std::span<float>(all)); }) ==
+    if (thrown_by([&] { compressed_all_gather(cpu_executor{}, t, lossy_codec, std::span<const float>(nan), std::span<float>(all)); }) ==
         named(errc::non_finite_input))
       ++failed;
     CHECK(std::all_of(all.begin(), all.end(), [](float v) { return v == 2.0f; }));
@@ -396,29 +396,29 @@ TEST_CASE("compressed_send and compressed_recv: exact with MPC, bounded with a l
   in_process_group(2).run([&](in_process_transport& t) {
     if (t.rank() == 0) {
       const auto data = values_of(0, n);
-      const auto lossless = compressed_send(t, mpc, std::span<const float>(data), 1);
+      const auto lossless = compressed_send(cpu_executor{}, t, mpc, std::span<const float>(data), 1);
       CHECK(lossless.error_bound == 0.0);
-      const auto lossy = compressed_send(t, lossy_codec, std::span<const float>(data), 1);
+      const auto lossy = compressed_send(cpu_executor{}, t, lossy_codec, std::span<const float>(data), 1);
       CHECK(lossy.error_bound == max_difference(data, round_trip(lossy_codec, data)));
       CHECK(lossy.sent_bytes < lossless.dense_bytes);
       auto bad = data;
       bad[7] = -std::numeric_limits<float>::infinity();
-      CHECK(thrown_by([&] { compressed_send(t, lossy_codec, std::span<const float>(bad), 1); }) ==
+      CHECK(thrown_by([&] { compressed_send(cpu_executor{}, t, lossy_codec, std::span<const float>(bad), 1); }) ==
             named(errc::non_finite_input));
-      compressed_send(t, mpc, std::span<const float>(data), 1);
+      compressed_send(cpu_executor{}, t, mpc, std::span<const float>(data), 1);
     } else {
       const auto data = values_of(0, n);
       std::vector<float> out(n);
-      compressed_recv(t, mpc, std::span<float>(out), 0);
+      compressed_recv(cpu_executor{}, t, mpc, std::span<float>(out), 0);
       CHECK(same_bits(out, data));
-      const auto report = compressed_recv(t, lossy_codec, std::span<float>(out), 0);
+      const auto report = compressed_recv(cpu_executor{}, t, lossy_codec, std::span<float>(out), 0);
       CHECK(same_bits(out, round_trip(lossy_codec, data)));
       CHECK(report.error_bound == max_difference(data, out));
       std::vector<float> untouched(n, 3.0f);
-      CHECK(thrown_by([&] { compressed_recv(t, lossy_codec, std::span<float>(untouched), 0); }) ==
+      CHECK(thrown_by([&] { compressed_recv(cpu_executor{}, t, lossy_codec, std::span<float>(untouched), 0); }) ==
             named(errc::non_finite_input));
       std::vector<float> wrong_size(n - 1, 3.0f);
-      CHECK(thrown_by([&] { compressed_recv(t, mpc, std::span<float>(wrong_size), 0); }) == named(errc::size_mismatch));
+      CHECK(thrown_by([&] { compressed_recv(cpu_executor{}, t, mpc, std::span<float>(wrong_size), 0); }) == named(errc::size_mismatch));
       CHECK(std::all_of(untouched.begin(), untouched.end(), [](float v) { return v == 3.0f; }));
       CHECK(std::all_of(wrong_size.begin(), wrong_size.end(), [](float v) { return v == 3.0f; }));
     }
@@ -426,8 +426,9 @@ TEST_CASE("compressed_send and compressed_recv: exact with MPC, bounded with a l
 }
 
 TEST_CASE("compressed frames: hostile headers are rejected by name") {
-  std::vector<std::byte> frame(9, std::byte{0});
-  CHECK(thrown_by([&] { (void)detail::read_frame(std::span<const std::byte>(frame).first(8)); }) == named(errc::truncated));
+  std::vector<std::byte> frame(16, std::byte{0});
+  CHECK(detail::frame_header_bytes == 16);  // the codec message starts on an 8-byte boundary
+  CHECK(thrown_by([&] { (void)detail::read_frame(std::span<const std::byte>(frame).first(15)); }) == named(errc::truncated));
   frame[0] = std::byte{static_cast<unsigned char>(errc::non_finite_input)};
   CHECK(detail::read_frame(frame).status == static_cast<std::uint8_t>(errc::non_finite_input));
   frame.push_back(std::byte{1});  // a failed frame that carries bytes
@@ -435,6 +436,17 @@ TEST_CASE("compressed frames: hostile headers are rejected by name") {
   frame.pop_back();
   frame[0] = std::byte{200};  // no such errc
   CHECK(thrown_by([&] { (void)detail::read_frame(frame); }) == named(errc::malformed_payload));
+  frame[0] = std::byte{0};
+  for (std::size_t i = 1; i < 8; ++i) {  // the reserved bytes must be zero
+    frame[i] = std::byte{1};
+    CHECK(thrown_by([&] { (void)detail::read_frame(frame); }) == named(errc::malformed_payload));
+    frame[i] = std::byte{0};
+  }
+  // The bound is the float64 at byte 8.
+  const double bound = 0.375;
+  std::memcpy(frame.data() + 8, &bound, sizeof bound);
+  CHECK(detail::read_frame(frame).bound == bound);
+  CHECK(detail::read_frame(frame).message.empty());
 }
 
 }  // namespace

@@ -84,9 +84,9 @@ TEST_CASE("compressed_reduce_scatter with a lossless codec: each rank's chunk of
         const auto mine = chunk(n, P, t.rank());
         const auto expected = slice(sum, mine);
         std::vector<float> a(mine.second, -1.0f), b(mine.second, -1.0f);
-        compressed_reduce_scatter(t, mpc, std::span<const float>(g), std::span<float>(a));  // all_to_all
+        compressed_reduce_scatter(cpu_executor{}, t, mpc, std::span<const float>(g), std::span<float>(a));  // all_to_all
         collectives_only<in_process_transport> plain(t);
-        compressed_reduce_scatter(plain, mpc, std::span<const float>(g), std::span<float>(b));  // gather_decode
+        compressed_reduce_scatter(cpu_executor{}, plain, mpc, std::span<const float>(g), std::span<float>(b));  // gather_decode
         if (same_bits<float>(a, expected) && same_bits<float>(b, expected)) ++exact;
       });
       CHECK(exact.load() == P);
@@ -110,7 +110,7 @@ TEST_CASE("compressed_reduce_scatter all_to_all with top-k: the naive top-k of e
       }
       const auto g = gradient_of(t.rank(), n);
       std::vector<float> out(mine.second);
-      const auto report = compressed_reduce_scatter(t, topk, std::span<const float>(g), std::span<float>(out),
+      const auto report = compressed_reduce_scatter(cpu_executor{}, t, topk, std::span<const float>(g), std::span<float>(out),
                                                     {.key = {.step = 2}, .plan = reduce_scatter_plan::all_to_all});
       if (same_bits<float>(out, expected)) ++exact;
       if (report.sent_bytes < report.dense_bytes) ++cheaper;
@@ -135,16 +135,16 @@ TEST_CASE("compressed_reduce_scatter all_to_all gives the same bits and report o
         std::vector<float> a(mine), b(mine), c(mine), d(mine);
         point_to_point_only<in_process_transport> p2p(t);
         const reduce_scatter_options options{.key = {.step = 3}};
-        const auto ra = compressed_reduce_scatter(t, topk, std::span<const float>(g), std::span<float>(a), options);
-        const auto rb = compressed_reduce_scatter(p2p, topk, std::span<const float>(g), std::span<float>(b), options);
+        const auto ra = compressed_reduce_scatter(cpu_executor{}, t, topk, std::span<const float>(g), std::span<float>(a), options);
+        const auto rb = compressed_reduce_scatter(cpu_executor{}, p2p, topk, std::span<const float>(g), std::span<float>(b), options);
         std::vector<error_feedback_state<float>> sa, sb;
         for (int j = 0; j < P; ++j) {
           sa.push_back(ef.make_state(cpu, chunk(n, P, j).second));
           sb.push_back(ef.make_state(cpu, chunk(n, P, j).second));
         }
-        const auto rc = compressed_reduce_scatter(t, ef, std::span<error_feedback_state<float>>(sa),
+        const auto rc = compressed_reduce_scatter(cpu_executor{}, t, ef, std::span<error_feedback_state<float>>(sa),
                                                   std::span<const float>(g), std::span<float>(c), options);
-        const auto rd = compressed_reduce_scatter(p2p, ef, std::span<error_feedback_state<float>>(sb),
+        const auto rd = compressed_reduce_scatter(cpu_executor{}, p2p, ef, std::span<error_feedback_state<float>>(sb),
                                                   std::span<const float>(g), std::span<float>(d), options);
         const bool reports = ra.sent_bytes == rb.sent_bytes && ra.dense_bytes == rb.dense_bytes &&
                              rc.sent_bytes == rd.sent_bytes && rc.dense_bytes == rd.dense_bytes;
@@ -189,7 +189,7 @@ TEST_CASE("compressed_reduce_scatter with error feedback keeps one state per chu
     for (std::uint64_t s = 0; s < steps; ++s) {
       const auto g = gradient_of(t.rank(), n, s);
       std::vector<float> out(chunk(n, P, t.rank()).second);
-      compressed_reduce_scatter(t, ef, std::span(states), std::span<const float>(g), std::span<float>(out), {.key = {.step = s}});
+      compressed_reduce_scatter(cpu_executor{}, t, ef, std::span(states), std::span<const float>(g), std::span<float>(out), {.key = {.step = s}});
       same = same && same_bits<float>(out, expected[static_cast<std::size_t>(t.rank())][s]);
     }
     if (same) ++exact;
@@ -212,7 +212,7 @@ TEST_CASE("compressed_reduce_scatter failures: the same named error on every ran
     if (t.rank() == 1) g[5] = std::numeric_limits<float>::quiet_NaN();
     std::vector<float> out(chunk(n, P, t.rank()).second, 7.0f);
     try {
-      compressed_reduce_scatter(t, ef, std::span(states), std::span<const float>(g), std::span<float>(out));
+      compressed_reduce_scatter(cpu_executor{}, t, ef, std::span(states), std::span<const float>(g), std::span<float>(out));
     } catch (...) {
       CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 7.0f; }));
       for (const auto& s : states) CHECK(s.steps == 0);
@@ -233,7 +233,7 @@ TEST_CASE("compressed_reduce_scatter failures: the same named error on every ran
     const auto saved = states;
     std::vector<float> out(chunk(n, P, t.rank()).second);
     try {
-      compressed_reduce_scatter(t, ef, std::span(states), std::span<const float>(g), std::span<float>(out));
+      compressed_reduce_scatter(cpu_executor{}, t, ef, std::span(states), std::span<const float>(g), std::span<float>(out));
     } catch (...) {
       for (std::size_t j = 0; j < states.size(); ++j) {
         CHECK(states[j].steps == saved[j].steps);
@@ -246,13 +246,13 @@ TEST_CASE("compressed_reduce_scatter failures: the same named error on every ran
   everywhere(errc::size_mismatch, [&](in_process_transport& t) {
     const auto g = gradient_of(t.rank(), t.rank() == 0 ? n + 3 : n);
     std::vector<float> out(chunk(g.size(), P, t.rank()).second);
-    compressed_reduce_scatter(t, topk, std::span<const float>(g), std::span<float>(out));
+    compressed_reduce_scatter(cpu_executor{}, t, topk, std::span<const float>(g), std::span<float>(out));
   });
   everywhere(errc::parameter_mismatch, [&](in_process_transport& t) {
     auto g = gradient_of(t.rank(), n);
     std::vector<float> out(chunk(n, P, t.rank()).second);
-    if (t.rank() == 0) compressed_all_reduce(t, topk, std::span<float>(g));
-    else compressed_reduce_scatter(t, topk, std::span<const float>(g), std::span<float>(out));
+    if (t.rank() == 0) compressed_all_reduce(cpu_executor{}, t, topk, std::span<float>(g));
+    else compressed_reduce_scatter(cpu_executor{}, t, topk, std::span<const float>(g), std::span<float>(out));
   });
   // Invalid arguments on one rank only (an output of another size, too few states): the agreement
   // carries that rank's verdict, so every rank throws and none waits in the exchange. Then a plan
@@ -261,7 +261,7 @@ TEST_CASE("compressed_reduce_scatter failures: the same named error on every ran
     const auto g = gradient_of(t.rank(), n);
     std::vector<float> out(chunk(n, P, t.rank()).second + (t.rank() == 1 ? 1 : 0), 7.0f);
     try {
-      compressed_reduce_scatter(t, topk, std::span<const float>(g), std::span<float>(out));
+      compressed_reduce_scatter(cpu_executor{}, t, topk, std::span<const float>(g), std::span<float>(out));
     } catch (...) {
       CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 7.0f; }));
       throw;
@@ -273,12 +273,12 @@ TEST_CASE("compressed_reduce_scatter failures: the same named error on every ran
     for (int j = 0; j < (t.rank() == 2 ? P - 1 : P); ++j) states.push_back(ef.make_state(cpu, chunk(n, P, j).second));
     const auto g = gradient_of(t.rank(), n);
     std::vector<float> out(chunk(n, P, t.rank()).second);
-    compressed_reduce_scatter(t, ef, std::span(states), std::span<const float>(g), std::span<float>(out));
+    compressed_reduce_scatter(cpu_executor{}, t, ef, std::span(states), std::span<const float>(g), std::span<float>(out));
   });
   everywhere(errc::invalid_argument, [&](in_process_transport& t) {
     const auto g = gradient_of(t.rank(), n);
     std::vector<float> out(chunk(n, P, t.rank()).second);
-    compressed_reduce_scatter(t, topk, std::span<const float>(g), std::span<float>(out),
+    compressed_reduce_scatter(cpu_executor{}, t, topk, std::span<const float>(g), std::span<float>(out),
                               {.plan = static_cast<reduce_scatter_plan>(7)});
   });
   // The ring plan without point-to-point messages: every rank alike.
@@ -286,7 +286,7 @@ TEST_CASE("compressed_reduce_scatter failures: the same named error on every ran
     collectives_only<in_process_transport> plain(t);
     const auto g = gradient_of(t.rank(), n);
     std::vector<float> out(chunk(n, P, t.rank()).second);
-    compressed_reduce_scatter(plain, topk, std::span<const float>(g), std::span<float>(out), {.plan = reduce_scatter_plan::ring});
+    compressed_reduce_scatter(cpu_executor{}, plain, topk, std::span<const float>(g), std::span<float>(out), {.plan = reduce_scatter_plan::ring});
   });
 }
 

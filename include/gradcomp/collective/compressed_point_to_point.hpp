@@ -3,34 +3,42 @@
 /// Compressed point-to-point messages for any codec (pipeline-parallel activations in the hybrid
 /// scheme, ALGORITHMS.md §5): the sender encodes once and sends the frame
 /// (collective/compressed_frame.hpp), the receiver decodes. A sender that cannot encode sends a
-/// failed frame before it throws, so its receiver throws the same error instead of waiting.
+/// failed frame before it throws, so its receiver throws the same error instead of waiting. Runs
+/// on any executor whose memory space is the transport's.
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <vector>
 
+#include <gradcomp/collective/collective_memory.hpp>
 #include <gradcomp/collective/compressed_frame.hpp>
+#include <gradcomp/collective/executor_transport.hpp>
 #include <gradcomp/core/concepts.hpp>
-#include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/transport/transport.hpp>
 
 namespace gradcomp {
 
-/// Sends `data` to rank `dest`, encoded with `codec`. `report.max_error` and `error_bound` are the
-/// measured error of the encoding (with `measure_error`; 0 for a lossless codec).
+/// Options of `compressed_send`.
+struct point_to_point_options {
+  message_key key{};          ///< Step and tensor: keys the codec.
+  bool measure_error = true;  ///< Measure the lossy encoding's error (`report.max_error`, `report.error_bound`).
+};
+
+/// Sends `data` to rank `dest`, encoded with `codec` on executor `e`. `report.max_error` and
+/// `error_bound` are the measured error of the encoding (with `measure_error`; 0 for a lossless
+/// codec).
 /// @throws error the codec's encoding error (`non_finite_input`, …), after sending a failed frame.
-template <transport_with_point_to_point X, class C>
-  requires codec_for<C, cpu_executor>
-compressed_report compressed_send(X& t, const C& codec, std::span<const typename C::value_type> data, int dest,
-                                  message_key key = {}, bool measure_error = true) {
-  detail::frame_coder<C> coder(codec, data.size(), measure_error);
+template <executor E, transport_with_point_to_point X, class C>
+  requires codec_for<C, E>
+compressed_report compressed_send(const E& e, X& t, const C& codec, std::span<const typename C::value_type> data, int dest,
+                                  point_to_point_options options = {}) {
+  detail::require_executor_transport<E, X>(e, t);
+  detail::frame_coder<C, E> coder(e, codec, data.size(), options.measure_error);
   compressed_report report;
-  const auto frame = coder.encode(data, key, 0.0, report.max_error);
+  const auto frame = coder.encode(data, options.key, 0.0, report.max_error);
   t.send_bytes(frame, dest);
-  const auto status = std::to_integer<std::uint8_t>(frame[0]);
-  if (status != 0) detail::fail_from_frame(status, "compressed_send");
+  if (coder.last_status() != 0) detail::fail_from_frame(coder.last_status(), "compressed_send");
   report.sent_bytes = frame.size();
   report.dense_bytes = data.size() * sizeof(typename C::value_type);
   report.error_bound = report.max_error;
@@ -38,18 +46,18 @@ compressed_report compressed_send(X& t, const C& codec, std::span<const typename
 }
 
 /// Receives from rank `source` a message sent by `compressed_send` with the same codec and
-/// decodes it into `out`. `report.error_bound` is the sender's measured error.
+/// decodes it into `out` on executor `e`. `report.error_bound` is the sender's measured error.
 /// @throws error the sender's failure, or what decoding finds (`size_mismatch` when `out` has
 /// another size than the sent data, `parameter_mismatch`, …); `out` is unchanged on error.
-template <transport_with_point_to_point X, class C>
-  requires codec_for<C, cpu_executor>
-compressed_report compressed_recv(X& t, const C& codec, std::span<typename C::value_type> out, int source) {
-  const std::vector<std::byte> received = t.recv_bytes(source);
-  const detail::frame_view f = detail::read_frame(received);
+template <executor E, transport_with_point_to_point X, class C>
+  requires codec_for<C, E>
+compressed_report compressed_recv(const E& e, X& t, const C& codec, std::span<typename C::value_type> out, int source) {
+  detail::require_executor_transport<E, X>(e, t);
+  const auto received = t.recv_bytes(source);
+  const detail::frame_view f = detail::read_frame(e, std::span<const std::byte>(received));
   if (f.status != 0) detail::fail_from_frame(f.status, "compressed_recv");
-  const cpu_executor cpu;
-  std::vector<std::byte> workspace(codec.workspace_bytes(cpu, out.size()));
-  codec.decode(cpu, f.message, out, workspace);
+  collective_buffer<E, std::byte> workspace(e, codec.workspace_bytes(e, out.size()));
+  codec.decode(e, f.message, out, workspace.span());
   compressed_report report;
   report.error_bound = f.bound;
   return report;

@@ -1,7 +1,8 @@
 #pragma once
 /// @file
-/// Compressed reduce-scatter over any transport: every rank's n values go in; rank r gets chunk r
-/// (`ring_chunk_of(n, P, r)`) of the sum over ranks of what the codec carries. The plan:
+/// Compressed reduce-scatter over any transport, on any executor: every rank's n values go in;
+/// rank r gets chunk r (`ring_chunk_of(n, P, r)`) of the sum over ranks of what the codec carries
+/// (the mean with `average`). The executor comes first, as in `compressed_all_reduce`. The plans:
 ///
 /// - `all_to_all` (LoCo's scheme, the default where the transport has an all-to-all or
 ///   point-to-point messages): every rank encodes each chunk once and sends chunk j to rank j, in
@@ -12,9 +13,11 @@
 ///   hop).
 /// - `gather_decode`, for a transport with neither: every rank's whole message is all-gathered
 ///   and rank r decodes its chunk of the rank-order sum.
+/// - `tagc`: TAGC's sharded sketch, the plan of a `tagc` scheme (collective/tagc.hpp).
 ///
-/// The ranks agree first, exactly as in `compressed_all_reduce` (docs/wire-format.md §21), so a
-/// mismatch or a non-finite gradient is the same named error on every rank, with nothing encoded.
+/// The ranks agree first, exactly as in `compressed_all_reduce` (collective/agreement.hpp,
+/// docs/wire-format.md §21), so a mismatch, a rank's invalid arguments or a non-finite gradient is
+/// the same named error on every rank, with nothing encoded.
 
 #include <algorithm>
 #include <cstddef>
@@ -24,11 +27,13 @@
 #include <utility>
 #include <vector>
 
+#include <gradcomp/collective/agreement.hpp>
+#include <gradcomp/collective/collective_memory.hpp>
 #include <gradcomp/collective/compressed_all_reduce.hpp>
 #include <gradcomp/collective/compressed_frame.hpp>
+#include <gradcomp/collective/executor_transport.hpp>
 #include <gradcomp/collective/ring.hpp>
 #include <gradcomp/core/concepts.hpp>
-#include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/feedback/step_rollback.hpp>
 #include <gradcomp/transport/transport.hpp>
@@ -41,12 +46,16 @@ enum class reduce_scatter_plan : std::uint8_t {
   all_to_all = 1,     ///< Each chunk encoded once and sent to its owner, who decodes the P messages in rank order; needs either.
   ring = 2,           ///< The per-hop ring; needs point-to-point messages and a stateless codec.
   gather_decode = 3,  ///< All-gather of whole messages; each rank decodes its chunk of the rank-order sum.
+  tagc = 4,           ///< TAGC's sharded sketch (collective/tagc.hpp): the only plan of a `tagc` scheme.
 };
 
 /// Options of `compressed_reduce_scatter`.
 struct reduce_scatter_options {
-  message_key key{};                                       ///< Step and tensor, checked across ranks.
+  message_key key{};                                          ///< Step and tensor, checked across ranks.
   reduce_scatter_plan plan = reduce_scatter_plan::automatic;  ///< How to aggregate.
+  /// Divide the sum by P in the value type (v / T(P)): every rank gets its chunk of the mean.
+  /// `error_bound` is divided alike.
+  bool average = false;
   bool measure_error = false;  ///< Measure lossy encodings' errors (`report.max_error`, `report.error_bound`).
 };
 
@@ -65,17 +74,17 @@ template <class X>
 
 /// The value the agreement record carries for a reduce-scatter plan (16 + plan, so that an
 /// all-reduce and a reduce-scatter never agree).
-[[nodiscard]] constexpr all_reduce_plan agreement_plan(reduce_scatter_plan plan) noexcept {
-  return static_cast<all_reduce_plan>(16 + static_cast<int>(plan));
+[[nodiscard]] constexpr std::uint8_t agreement_plan(reduce_scatter_plan plan) noexcept {
+  return static_cast<std::uint8_t>(16 + static_cast<int>(plan));
 }
 
 /// Reads frame `bytes` and decodes it onto `sum`; returns 0 or the code that stopped it.
-template <class C>
-[[nodiscard]] std::uint8_t accumulate_frame(frame_coder<C>& coder, std::span<const std::byte> bytes,
+template <class C, executor E>
+[[nodiscard]] std::uint8_t accumulate_frame(frame_coder<C, E>& coder, std::span<const std::byte> bytes,
                                             std::span<typename C::value_type> sum, double& bound) {
   frame_view f;
   try {
-    f = read_frame(bytes);
+    f = coder.read(bytes);
   } catch (const gradcomp::error& e) {
     return static_cast<std::uint8_t>(e.code());
   }
@@ -86,97 +95,121 @@ template <class C>
 
 /// The `all_to_all` plan: `encode_chunk(j)` returns the frame of chunk j (valid until the next
 /// call). With `transport_with_all_to_all`, every frame is encoded (and copied) first and one
-/// `all_to_all_bytes` delivers them; otherwise P − 1 shifted `sendrecv_bytes`. Writes this rank's
-/// chunk sum into `out` unless some rank failed, which every rank throws.
-template <transport X, class C, class EncodeChunk>
+/// `all_to_all_bytes` delivers them; otherwise P − 1 shifted `sendrecv_bytes`, each received frame
+/// kept until the P are there. Writes this rank's chunk sum into `out` unless some rank failed,
+/// which every rank throws.
+template <transport X, class C, executor E, class EncodeChunk>
   requires can_all_to_all<X>
-compressed_report all_to_all_reduce_scatter(X& t, frame_coder<C>& coder, std::uint64_t n,
+compressed_report all_to_all_reduce_scatter(X& t, frame_coder<C, E>& coder, std::uint64_t n,
                                             std::span<typename C::value_type> out, EncodeChunk encode_chunk) {
   using T = typename C::value_type;
+  using memory = collective_memory<E>;
+  const E& e = coder.executor();
   const int ranks = t.size(), rank = t.rank();
   compressed_report report;
-  std::vector<std::vector<std::byte>> received(static_cast<std::size_t>(ranks));
+  // all_to_all_bytes: the frames to send, by destination; sendrecv_bytes: the frames received, by source.
+  std::vector<collective_buffer<E, std::byte>> frames(static_cast<std::size_t>(ranks));
+  const auto keep = [&](int p, std::span<const std::byte> frame) {
+    auto& kept = frames[static_cast<std::size_t>(p)];
+    kept.resize(e, frame.size());
+    memory::copy(e, frame, kept.span());
+  };
   for (int k = 0; k < ranks; ++k) {
     const int dest = (rank + k) % ranks, source = (rank - k + ranks) % ranks;
     const std::span<const std::byte> frame = encode_chunk(dest);
     if constexpr (transport_with_all_to_all<X>) {
-      received[static_cast<std::size_t>(dest)].assign(frame.begin(), frame.end());  // the frames to send, for now
+      keep(dest, frame);
     } else if (k == 0) {
-      received[static_cast<std::size_t>(rank)].assign(frame.begin(), frame.end());
+      keep(rank, frame);
     } else {
-      received[static_cast<std::size_t>(source)] = t.sendrecv_bytes(frame, dest, source);
+      const auto received = t.sendrecv_bytes(frame, dest, source);
+      keep(source, std::span<const std::byte>(received));
     }
     if (k == 0) continue;
     report.sent_bytes += frame.size();
     report.dense_bytes += ring_chunk_of(n, ranks, dest).count * sizeof(T);
   }
-  if constexpr (transport_with_all_to_all<X>) {
-    const std::vector<std::span<const std::byte>> to_each(received.begin(), received.end());
-    received = t.all_to_all_bytes(to_each);
-  }
-  std::vector<T> sum(out.size(), T{0});
+  collective_buffer<E, T> sum(e, out.size());
+  memory::fill(e, sum.span(), T{0});
   std::uint8_t status = 0;
   double bound = 0.0;
-  for (const auto& frame : received) {
-    status = accumulate_frame(coder, frame, std::span<T>(sum), bound);
-    if (status != 0) break;
+  const auto accumulate = [&](const auto& received) {
+    for (std::size_t p = 0; p < static_cast<std::size_t>(ranks) && status == 0; ++p)
+      status = accumulate_frame(coder, std::span<const std::byte>(received[p]), sum.span(), bound);
+  };
+  if constexpr (transport_with_all_to_all<X>) {
+    std::vector<std::span<const std::byte>> to_each;
+    to_each.reserve(frames.size());
+    for (const auto& f : frames) to_each.push_back(f.span());
+    accumulate(t.all_to_all_bytes(std::span<const std::span<const std::byte>>(to_each)));
+  } else {
+    std::vector<std::span<const std::byte>> received;
+    received.reserve(frames.size());
+    for (const auto& f : frames) received.push_back(f.span());
+    accumulate(received);
   }
   agree_on_status(t, static_cast<errc>(status), "compressed_reduce_scatter");
   report.error_bound = bound;
-  std::copy(sum.begin(), sum.end(), out.begin());
+  memory::copy(e, std::span<const T>(sum.span()), out);
   return report;
 }
 
 /// Why this rank's arguments cannot run (empty: they can): `out` of another size than this
-/// rank's chunk, a plan that is no `reduce_scatter_plan` or cannot run here (`runnable`), or
-/// (`states` ≥ 0) a stateful call without one state per chunk. Carried by the agreement record, so
-/// every rank throws when one rank's arguments are wrong.
-[[nodiscard]] inline std::string reduce_scatter_problem(std::size_t out_size, std::uint64_t n, int ranks, int rank,
-                                                        reduce_scatter_plan plan, bool runnable, long long states = -1) {
+/// rank's chunk, a plan that is no `reduce_scatter_plan` of a codec or cannot run here (`runnable`),
+/// or (`states` ≥ 0) a stateful call without one state per chunk. Carried by the agreement record,
+/// so every rank throws when one rank's arguments are wrong.
+[[nodiscard]] inline local_problem reduce_scatter_problem(std::size_t out_size, std::uint64_t n, int ranks, int rank,
+                                                          reduce_scatter_plan plan, bool runnable, long long states = -1) {
   const std::string where = "compressed_reduce_scatter: ";
   if (out_size != ring_chunk_of(n, ranks, rank).count)
-    return where + "out holds " + std::to_string(out_size) + " values, not this rank's chunk of " +
-           std::to_string(ring_chunk_of(n, ranks, rank).count);
+    return {errc::invalid_argument, where + "out holds " + std::to_string(out_size) + " values, not this rank's chunk of " +
+                                        std::to_string(ring_chunk_of(n, ranks, rank).count)};
   if (plan > reduce_scatter_plan::gather_decode || !runnable)
-    return where + "plan " + std::to_string(static_cast<int>(plan)) +
-           " does not apply (all_to_all needs an all-to-all or point-to-point messages; ring point-to-point messages "
-           "and a stateless codec)";
+    return {errc::invalid_argument,
+            where + "plan " + std::to_string(static_cast<int>(plan)) +
+                " does not apply (all_to_all needs an all-to-all or point-to-point messages; ring point-to-point "
+                "messages and a stateless codec; tagc a tagc scheme)"};
   if (states >= 0 && states != ranks)
-    return where + "a stateful codec needs one state per chunk (P = " + std::to_string(ranks) + "), not " +
-           std::to_string(states);
+    return {errc::invalid_argument, where + "a stateful codec needs one state per chunk (P = " + std::to_string(ranks) +
+                                        "), not " + std::to_string(states)};
   return {};
 }
 
 }  // namespace detail
 
-/// Reduce-scatters `data` (n values on every rank) compressed with `codec`: `out`, this rank's
-/// chunk (`ring_chunk_of(n, P, rank)`), becomes that chunk of the sum over ranks of what the codec
-/// carries. `report.dense_bytes` is what an uncompressed reduce-scatter sends from this rank.
+/// Reduce-scatters `data` (n values on every rank, in executor `e`'s memory) compressed with
+/// `codec`: `out`, this rank's chunk (`ring_chunk_of(n, P, rank)`), becomes that chunk of the sum
+/// over ranks of what the codec carries (the mean with `options.average`). `report.dense_bytes` is
+/// what an uncompressed reduce-scatter sends from this rank.
 /// @throws error on every rank alike, with `out` unchanged: the agreement's errors (see
 /// `compressed_all_reduce`), `non_finite_input` for NaN or ±Inf in any rank's data, the code of a
 /// rank whose encoding or decoding failed; `invalid_argument` when any rank's `out` is not its
 /// chunk's size or its plan cannot run here (that rank's message names the problem).
-template <transport X, class C>
-  requires codec_for<C, cpu_executor>
-compressed_report compressed_reduce_scatter(X& t, const C& codec, std::span<const typename C::value_type> data,
+template <executor E, transport X, class C>
+  requires codec_for<C, E>
+compressed_report compressed_reduce_scatter(const E& e, X& t, const C& codec, std::span<const typename C::value_type> data,
                                             std::span<typename C::value_type> out, reduce_scatter_options options = {}) {
   using T = typename C::value_type;
+  detail::require_executor_transport<E, X>(e, t);
   const auto plan = detail::resolved_plan<X>(options.plan);
   const auto n = static_cast<std::uint64_t>(data.size());
   constexpr bool p2p = transport_with_point_to_point<X>;
-  detail::agree_on(t, codec, data, detail::agreement_plan(plan), options.key,
+  detail::agree_on(e, t, codec, data, detail::agreement_plan(plan), options.key,
                    detail::reduce_scatter_problem(out.size(), n, t.size(), t.rank(), plan,
                                                   plan == reduce_scatter_plan::gather_decode ||
-                                                      (plan == reduce_scatter_plan::ring ? p2p : detail::can_all_to_all<X>)));
+                                                      (plan == reduce_scatter_plan::ring ? p2p : detail::can_all_to_all<X>)),
+                   "compressed_reduce_scatter");
   if constexpr (p2p) {
     if (plan == reduce_scatter_plan::ring)
-      return ring_reduce_scatter(t, codec, data, out, options.key, {.measure_error = options.measure_error});
+      return ring_reduce_scatter(e, t, codec, data, out,
+                                 {.key = options.key, .average = options.average, .measure_error = options.measure_error});
   }
-  if constexpr (detail::can_all_to_all<X>) {
-    if (plan == reduce_scatter_plan::all_to_all) {
-      detail::frame_coder<C> coder(codec, ring_chunk_of(n, t.size(), 0).count, options.measure_error);
+  compressed_report report;
+  if (plan == reduce_scatter_plan::all_to_all) {
+    if constexpr (detail::can_all_to_all<X>) {
+      detail::frame_coder<C, E> coder(e, codec, ring_chunk_of(n, t.size(), 0).count, options.measure_error);
       double max_error = 0.0;
-      compressed_report report = detail::all_to_all_reduce_scatter(t, coder, n, out, [&](int j) {
+      report = detail::all_to_all_reduce_scatter(t, coder, n, out, [&](int j) {
         const ring_chunk c = ring_chunk_of(n, t.size(), j);
         double error = 0.0;
         const auto frame = coder.encode(data.subspan(static_cast<std::size_t>(c.offset), static_cast<std::size_t>(c.count)),
@@ -185,47 +218,57 @@ compressed_report compressed_reduce_scatter(X& t, const C& codec, std::span<cons
         return frame;
       });
       report.max_error = max_error;
-      return report;
     }
+  } else {
+    // gather_decode: the all-reduce's gather, then this rank's chunk.
+    detail::frame_coder<C, E> coder(e, codec, n, options.measure_error);
+    collective_buffer<E, T> sum(e, data.size());
+    double error = 0.0;
+    const auto frame = coder.encode(data, options.key, 0.0, error);
+    report = detail::gather_decode_all_reduce(t, coder, frame, sum.span(), error);
+    const ring_chunk mine = ring_chunk_of(n, t.size(), t.rank());
+    report.dense_bytes = (n - mine.count) * sizeof(T);
+    collective_memory<E>::copy(
+        e, std::span<const T>(sum.span()).subspan(static_cast<std::size_t>(mine.offset), static_cast<std::size_t>(mine.count)),
+        out);
   }
-  // gather_decode: the all-reduce's gather, then this rank's chunk.
-  detail::frame_coder<C> coder(codec, n, options.measure_error);
-  std::vector<T> sum(data.begin(), data.end());
-  double error = 0.0;
-  const auto frame = coder.encode(data, options.key, 0.0, error);
-  compressed_report report = detail::gather_decode_all_reduce(t, coder, frame, std::span<T>(sum), error);
-  const ring_chunk mine = ring_chunk_of(n, t.size(), t.rank());
-  report.dense_bytes = (n - mine.count) * sizeof(T);
-  std::copy_n(sum.begin() + static_cast<std::ptrdiff_t>(mine.offset), mine.count, out.begin());
+  report.error_bound *= detail::apply_average(e, t.size(), out, options.average);
   return report;
 }
 
-/// Reduce-scatters `data` with a stateful wrapper (`error_feedback`, `loco`) by `all_to_all`:
-/// `states` holds P states, state j for chunk j (`make_state(e, ring_chunk_of(n, P, j).count)`),
-/// each carrying what the codec dropped from that chunk into later steps.
+/// Reduce-scatters `data` with a stateful wrapper (`error_feedback`, `loco`) by `all_to_all` on
+/// executor `e`: `states` holds P states, state j for chunk j (`make_state(e, ring_chunk_of(n, P,
+/// j).count)`, in E's memory), each carrying what the codec dropped from that chunk into later
+/// steps.
 /// @throws error as the stateless overload; `invalid_argument` unless `states` holds P states and
 /// the transport has an all-to-all or point-to-point messages. The states are untouched when the
 /// agreement fails, and restored when a later stage fails on any rank.
-template <transport X, class C>
-  requires stateful<C, cpu_executor> && codec<C>
-compressed_report compressed_reduce_scatter(X& t, const C& codec, std::span<typename C::state_type> states,
+template <executor E, transport X, class C>
+  requires stateful<C, E> && codec<C>
+compressed_report compressed_reduce_scatter(const E& e, X& t, const C& codec, std::span<state_type_of<C, E>> states,
                                             std::span<const typename C::value_type> data,
                                             std::span<typename C::value_type> out, reduce_scatter_options options = {}) {
+  detail::require_executor_transport<E, X>(e, t);
   const auto plan = options.plan == reduce_scatter_plan::automatic ? reduce_scatter_plan::all_to_all : options.plan;
   const auto n = static_cast<std::uint64_t>(data.size());
-  detail::agree_on(t, codec, data, detail::agreement_plan(plan), options.key,
+  detail::agree_on(e, t, codec, data, detail::agreement_plan(plan), options.key,
                    detail::reduce_scatter_problem(out.size(), n, t.size(), t.rank(), plan,
                                                   detail::can_all_to_all<X> && plan == reduce_scatter_plan::all_to_all,
-                                                  static_cast<long long>(states.size())));
+                                                  static_cast<long long>(states.size())),
+                   "compressed_reduce_scatter");
   if constexpr (detail::can_all_to_all<X>) {
-    detail::frame_coder<C> coder(codec, ring_chunk_of(n, t.size(), 0).count, false);
-    std::vector<step_rollback<typename C::state_type>> before(states.begin(), states.end());
+    detail::frame_coder<C, E> coder(e, codec, ring_chunk_of(n, t.size(), 0).count, false);
+    std::vector<step_rollback<state_type_of<C, E>>> before;
+    before.reserve(states.size());
+    for (const auto& state : states) before.push_back(rollback_point(e, state));
     try {
-      return detail::all_to_all_reduce_scatter(t, coder, n, out, [&](int j) {
+      compressed_report report = detail::all_to_all_reduce_scatter(t, coder, n, out, [&](int j) {
         const ring_chunk c = ring_chunk_of(n, t.size(), j);
         return coder.encode_stateful(data.subspan(static_cast<std::size_t>(c.offset), static_cast<std::size_t>(c.count)),
                                      states[static_cast<std::size_t>(j)], options.key);
       });
+      detail::apply_average(e, t.size(), out, options.average);
+      return report;
     } catch (...) {
       for (std::size_t j = 0; j < states.size(); ++j) before[j].restore(states[j]);
       throw;

@@ -31,20 +31,23 @@
 #include <span>
 #include <string>
 #include <utility>
-#include <vector>
 
+#include <gradcomp/collective/collective_memory.hpp>
 #include <gradcomp/collective/compressed_all_gather.hpp>
 #include <gradcomp/collective/compressed_frame.hpp>
+#include <gradcomp/collective/executor_transport.hpp>
 #include <gradcomp/core/concepts.hpp>
-#include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/error.hpp>
-#include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/transport/transport.hpp>
 
 namespace gradcomp {
 
 /// Options of the ring collectives.
 struct ring_options {
+  message_key key{};  ///< Step and tensor: keys the codec.
+  /// Divide the result by P (in the value type, after the sum): the mean instead of the sum. The
+  /// error bound is divided alike.
+  bool average = false;
   /// Decode every lossy message once more to measure its error, for `report.error_bound` and
   /// `report.max_error` (one extra decode per hop). Without it both stay 0.
   bool measure_error = true;
@@ -69,18 +72,23 @@ struct ring_chunk {
 namespace detail {
 
 /// What the hops of the ring reduce-scatter leave on one rank.
-template <class T>
+template <class T, executor E>
 struct ring_sum {
-  std::vector<T> values;    ///< The sum of this rank's chunk (valid when `status` is 0).
-  double bound = 0.0;       ///< The error bound accumulated over its encodings.
-  std::uint8_t status = 0;  ///< 0, or the code of the first failure this rank saw.
+  collective_buffer<E, T> values;  ///< The sum of this rank's chunk in its first `count` values (valid when `status` is 0).
+  std::size_t count = 0;           ///< Values of this rank's chunk.
+  double bound = 0.0;              ///< The error bound accumulated over its encodings.
+  std::uint8_t status = 0;         ///< 0, or the code of the first failure this rank saw.
+
+  [[nodiscard]] std::span<T> chunk() noexcept { return values.span().first(count); }
 };
 
 /// The P − 1 hops of the ring reduce-scatter of `data` (P ≥ 2).
-template <transport_with_point_to_point X, class C>
-ring_sum<typename C::value_type> ring_hops(X& t, frame_coder<C>& coder, std::span<const typename C::value_type> data,
-                                           message_key key, compressed_report& report) {
+template <transport_with_point_to_point X, class C, executor E>
+ring_sum<typename C::value_type, E> ring_hops(X& t, frame_coder<C, E>& coder, std::span<const typename C::value_type> data,
+                                              message_key key, compressed_report& report) {
   using T = typename C::value_type;
+  using memory = collective_memory<E>;
+  const E& e = coder.executor();
   const int ranks = t.size();
   const int rank = t.rank();
   const auto n = static_cast<std::uint64_t>(data.size());
@@ -88,34 +96,36 @@ ring_sum<typename C::value_type> ring_hops(X& t, frame_coder<C>& coder, std::spa
     const ring_chunk c = ring_chunk_of(n, ranks, ((rank - hop_offset) % ranks + ranks) % ranks);
     return data.subspan(static_cast<std::size_t>(c.offset), static_cast<std::size_t>(c.count));
   };
-  ring_sum<T> sum;
+  const auto take = [&](ring_sum<T, E>& sum, std::span<const T> values) {
+    sum.count = values.size();
+    memory::copy(e, values, sum.chunk());
+  };
+  ring_sum<T, E> sum;
+  sum.values.resize(e, static_cast<std::size_t>(ring_chunk_of(n, ranks, 0).count));
   if constexpr (!codec_is_lossless<C>) {
     // A value the codec may not carry fails here, before any hop, even where no encoding would
     // see it (this rank's own contribution to its own chunk).
-    if (!std::all_of(data.begin(), data.end(), [](T v) { return is_finite(v); }))
-      sum.status = static_cast<std::uint8_t>(errc::non_finite_input);
+    if (!memory::all_finite(e, data)) sum.status = static_cast<std::uint8_t>(errc::non_finite_input);
   }
-  const auto first = chunk_at(1);
-  sum.values.assign(first.begin(), first.end());
+  take(sum, chunk_at(1));
   for (int s = 0; s < ranks - 1; ++s) {
     double error = 0.0;
     const auto frame = sum.status != 0 ? coder.failure(static_cast<errc>(sum.status))
-                                       : coder.encode(sum.values, key, sum.bound, error);
-    if (sum.status == 0) sum.status = std::to_integer<std::uint8_t>(frame[0]);
+                                       : coder.encode(std::span<const T>(sum.chunk()), key, sum.bound, error);
+    if (sum.status == 0) sum.status = coder.last_status();
     report.sent_bytes += frame.size();
-    report.dense_bytes += sum.values.size() * sizeof(T);
+    report.dense_bytes += sum.count * sizeof(T);
     report.max_error = std::max(report.max_error, error);
-    const std::vector<std::byte> received = t.sendrecv_bytes(frame, (rank + 1) % ranks, (rank + ranks - 1) % ranks);
-    const auto own = chunk_at(s + 2);
-    sum.values.assign(own.begin(), own.end());
+    const auto received = t.sendrecv_bytes(frame, (rank + 1) % ranks, (rank + ranks - 1) % ranks);
+    take(sum, chunk_at(s + 2));
     if (sum.status != 0) continue;
     frame_view f;
     try {
-      f = read_frame(received);
-    } catch (const gradcomp::error& e) {
-      f.status = static_cast<std::uint8_t>(e.code());
+      f = coder.read(std::span<const std::byte>(received));
+    } catch (const gradcomp::error& failure) {
+      f.status = static_cast<std::uint8_t>(failure.code());
     }
-    sum.status = f.status != 0 ? f.status : coder.decode(f, sum.values, true);
+    sum.status = f.status != 0 ? f.status : coder.decode(f, sum.chunk(), true);
     sum.bound = f.bound;
   }
   return sum;
@@ -123,17 +133,20 @@ ring_sum<typename C::value_type> ring_hops(X& t, frame_coder<C>& coder, std::spa
 
 }  // namespace detail
 
-/// Ring reduce-scatter of `data` (n values on every rank) with `codec` re-encoding the partial
-/// sums at every hop: `out` (chunk rank() of `ring_chunk_of`, its count values) becomes the sum
-/// over ranks of that chunk. One MAX all-reduce of two doubles at the end makes every rank agree
-/// on failures and on `report.error_bound`.
+/// Ring reduce-scatter of `data` (n values on every rank) with `codec` on executor `e`,
+/// re-encoding the partial sums at every hop: `out` (chunk rank() of `ring_chunk_of`, its count
+/// values) becomes the sum over ranks of that chunk (the mean with `options.average`). One MAX
+/// all-reduce of two doubles at the end makes every rank agree on failures and on
+/// `report.error_bound`.
 /// @throws error `invalid_argument` when `out` is not this rank's chunk size (this rank only); on
 /// every rank alike, the first failure of any rank (`non_finite_input`, `size_mismatch`,
 /// `parameter_mismatch`, …). `out` is unchanged on error.
-template <transport_with_point_to_point X, class C>
-  requires codec_for<C, cpu_executor>
-compressed_report ring_reduce_scatter(X& t, const C& codec, std::span<const typename C::value_type> data,
-                                      std::span<typename C::value_type> out, message_key key = {}, ring_options options = {}) {
+template <executor E, transport_with_point_to_point X, class C>
+  requires codec_for<C, E>
+compressed_report ring_reduce_scatter(const E& e, X& t, const C& codec, std::span<const typename C::value_type> data,
+                                      std::span<typename C::value_type> out, ring_options options = {}) {
+  using T = typename C::value_type;
+  detail::require_executor_transport<E, X>(e, t);
   const ring_chunk mine = ring_chunk_of(data.size(), t.size(), t.rank());
   detail::require(out.size() == mine.count, errc::invalid_argument, [&] {
     return "ring_reduce_scatter: out holds " + std::to_string(out.size()) + " values, not this rank's chunk of " +
@@ -141,39 +154,42 @@ compressed_report ring_reduce_scatter(X& t, const C& codec, std::span<const type
   });
   compressed_report report;
   if (t.size() == 1) {
-    std::copy(data.begin(), data.end(), out.begin());
+    collective_memory<E>::copy(e, data, out);
     return report;
   }
-  detail::frame_coder<C> coder(codec, ring_chunk_of(data.size(), t.size(), 0).count, options.measure_error);
-  const auto sum = detail::ring_hops(t, coder, data, key, report);
+  detail::frame_coder<C, E> coder(e, codec, ring_chunk_of(data.size(), t.size(), 0).count, options.measure_error);
+  auto sum = detail::ring_hops(t, coder, data, options.key, report);
   std::array<double, 2> agreed{static_cast<double>(sum.status), sum.bound};
-  t.all_reduce_max(std::span<double>(agreed));
+  control_all_reduce_max(t, std::span<double>(agreed));
   if (agreed[0] != 0.0) detail::fail_from_frame(static_cast<std::uint8_t>(agreed[0]), "ring_reduce_scatter");
-  report.error_bound = agreed[1];
-  std::copy(sum.values.begin(), sum.values.end(), out.begin());
+  collective_memory<E>::copy(e, std::span<const T>(sum.chunk()), out);
+  report.error_bound = agreed[1] * detail::apply_average(e, t.size(), out, options.average);
   return report;
 }
 
-/// Ring all-reduce of `data` (n values on every rank, in place) with `codec`: the ring
-/// reduce-scatter, then each chunk sum encoded once by its owner and all-gathered, every rank
-/// decoding every chunk from the same bytes. Every rank ends with identical values.
+/// Ring all-reduce of `data` (n values on every rank, in place) with `codec` on executor `e`:
+/// the ring reduce-scatter, then each chunk sum encoded once by its owner and all-gathered, every
+/// rank decoding every chunk from the same bytes. Every rank ends with identical values: the sum
+/// (the mean with `options.average`).
 /// @throws error on every rank alike, the first failure of any rank (`non_finite_input`,
 /// `size_mismatch`, `parameter_mismatch`, …); `data` is unchanged on error.
-template <transport_with_point_to_point X, class C>
-  requires codec_for<C, cpu_executor>
-compressed_report ring_all_reduce(X& t, const C& codec, std::span<typename C::value_type> data, message_key key = {},
+template <executor E, transport_with_point_to_point X, class C>
+  requires codec_for<C, E>
+compressed_report ring_all_reduce(const E& e, X& t, const C& codec, std::span<typename C::value_type> data,
                                   ring_options options = {}) {
   using T = typename C::value_type;
+  detail::require_executor_transport<E, X>(e, t);
   compressed_report report;
   const int ranks = t.size();
   if (ranks == 1) return report;
   const auto n = static_cast<std::uint64_t>(data.size());
-  detail::frame_coder<C> coder(codec, ring_chunk_of(n, ranks, 0).count, options.measure_error);
-  const auto sum = detail::ring_hops(t, coder, std::span<const T>(data), key, report);
+  detail::frame_coder<C, E> coder(e, codec, ring_chunk_of(n, ranks, 0).count, options.measure_error);
+  auto sum = detail::ring_hops(t, coder, std::span<const T>(data), options.key, report);
   double error = 0.0;
-  const auto frame = sum.status != 0 ? coder.failure(static_cast<errc>(sum.status)) : coder.encode(sum.values, key, sum.bound, error);
+  const auto frame = sum.status != 0 ? coder.failure(static_cast<errc>(sum.status))
+                                     : coder.encode(std::span<const T>(sum.chunk()), options.key, sum.bound, error);
   report.sent_bytes += frame.size() * static_cast<std::uint64_t>(ranks - 1);
-  report.dense_bytes += sum.values.size() * sizeof(T) * static_cast<std::uint64_t>(ranks - 1);
+  report.dense_bytes += sum.count * sizeof(T) * static_cast<std::uint64_t>(ranks - 1);
   report.max_error = std::max(report.max_error, error);
   report.error_bound = detail::gather_and_decode(
       t, coder, frame, data,
@@ -182,6 +198,7 @@ compressed_report ring_all_reduce(X& t, const C& codec, std::span<typename C::va
         return std::pair{chunk.offset, chunk.count};
       },
       false, "ring_all_reduce");
+  report.error_bound *= detail::apply_average(e, t.size(), data, options.average);
   return report;
 }
 

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include <gradcomp/core/memory_space.hpp>
+
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__SSE2__) && (defined(__GNUC__) || defined(__clang__)) && \
     !defined(__CUDACC__) && !defined(GRADCOMP_NO_AVX2)
 /// Defined when the AVX2 kernels are compiled (x86 with SSE2, GCC or Clang, not disabled with
@@ -56,6 +58,8 @@ enum class cpu_simd : std::uint8_t {
 struct cpu_executor {
   /// Backend name used in benchmark records and messages.
   static constexpr std::string_view name = "cpu";
+  /// Gradients, messages and workspace are host memory.
+  static constexpr memory_space memory = memory_space::host;
 
   /// Widest instruction set kernels may use (lower it to compare kernels or rule one out).
   cpu_simd max_simd = cpu_simd::avx512;

@@ -22,6 +22,7 @@
 #include <string_view>
 
 #include <gradcomp/core/error.hpp>
+#include <gradcomp/core/memory_space.hpp>
 #include <gradcomp/cuda/check.cuh>
 
 namespace gradcomp {
@@ -32,6 +33,8 @@ namespace gradcomp {
 struct cuda_executor {
   /// Backend name used in benchmark records and messages.
   static constexpr std::string_view name = "cuda";
+  /// Gradients, messages, workspace and states are device memory of the stream's device.
+  static constexpr memory_space memory = memory_space::device;
 
   /// The stream every kernel and copy of an operation is queued on (the legacy default stream
   /// unless set).
@@ -43,6 +46,13 @@ struct cuda_executor {
   /// once it holds a code, later deferred encodes leave their messages unsealed too until the
   /// caller clears it. Read it with `check_deferred_errors`.
   std::uint32_t* deferred_errors = nullptr;
+  /// Optional memory pool of the stream's device for the scratch buffers of the compressed
+  /// collectives (frames, sums, sketches; cuda/collective_memory.cuh). Unset, they come from the
+  /// device's default pool, whose release threshold (0 unless the application raised it) returns
+  /// freed memory to the system at every synchronisation; a pool of the caller's with a high
+  /// `cudaMemPoolAttrReleaseThreshold` keeps it for the next step. gradcomp never changes a pool's
+  /// attributes.
+  cudaMemPool_t memory_pool = nullptr;
 
   /// The native stream.
   [[nodiscard]] cudaStream_t native_stream() const noexcept { return stream.get(); }

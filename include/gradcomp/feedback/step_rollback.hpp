@@ -4,8 +4,12 @@
 /// step succeeded but whose collective failed later (compressed_all_reduce, compressed_reduce_scatter).
 /// Made before the step, `restore` puts the state back as it was, whether the step ran or threw.
 /// In general it keeps a copy of the state; a state that keeps its previous contents by itself
-/// specialises it to keep less (error feedback: `feedback/error_feedback.hpp`).
+/// specialises it to keep less (error feedback: `feedback/error_feedback.hpp` on the host,
+/// `cuda/step_rollback.cuh` on the GPU), and a state in device memory specialises it to copy on the
+/// executor's stream (LoCo on the GPU: `cuda/step_rollback.cuh`). `rollback_point(e, state)` makes
+/// the right one for executor `e`.
 
+#include <type_traits>
 #include <utility>
 
 namespace gradcomp {
@@ -22,5 +26,14 @@ class step_rollback {
  private:
   State saved_;
 };
+
+/// The rollback of `state`, made before a step on executor `e`: `step_rollback<State>(e, state)`
+/// where the specialisation takes the executor (a device state copied on its stream), else
+/// `step_rollback<State>(state)`.
+template <class E, class State>
+[[nodiscard]] step_rollback<State> rollback_point(const E& e, const State& state) {
+  if constexpr (std::is_constructible_v<step_rollback<State>, const E&, const State&>) return step_rollback<State>(e, state);
+  else return step_rollback<State>(state);
+}
 
 }  // namespace gradcomp

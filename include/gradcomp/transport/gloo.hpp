@@ -16,23 +16,22 @@
 /// t.all_reduce_sum(std::span<float>(grad));   // every rank: the rank-order sum
 /// ```
 ///
-/// Reductions give the bits of the in-process transport: every element is combined in rank order,
-/// ((x₀ ⊕ x₁) ⊕ x₂) ⊕ …, on every rank. Gloo's allreduce does not promise an order, so every
-/// reduction uses the block scheme of rank_ordered.hpp: `gloo::alltoallv` hands rank r block r of
-/// every rank, rank r combines them in rank order, and `gloo::allgatherv` returns the blocks
-/// (`reduce_sum`: `gloo::gather` of the blocks, padded to ⌈n/P⌉, to the root).
+/// Reductions give the bits of the in-process transport: sums, maxima, the OR, `reduce_sum` and
+/// `reduce_scatter_sum` are the block scheme of rank_ordered.hpp (`rank_ordered_reductions`, whose
+/// comment documents them and their argument checks), over `gloo::alltoallv` (step 1) and
+/// `gloo::allgatherv` (`reduce_sum`: `gloo::gather` of the blocks, padded to ⌈n/P⌉, to the root).
+///
+/// Device data: this adapter takes host buffers. A `cuda_executor` reaches it through
+/// `staged_transport<gloo_transport>` (transport/staged.cuh), which stages device buffers through
+/// pinned host buffers.
 ///
 /// Errors: the context's timeout is the user's (`gloo::Context::setTimeout`); every call waits at
 /// most that long for a peer, so a peer that is missing or stopped surfaces as an error after it
 /// (a peer whose process exited, as soon as its connection closes). Any exception of Gloo (an I/O
 /// error, a timeout, a failed enforcement) becomes `errc::transport_failed`, naming the call and
 /// quoting Gloo's message; Gloo then considers the context's pairs in an unknown state, so make a
-/// new context before going on. Arguments a rank can check alone (a root or peer outside the group,
-/// a reduce-scatter input that is not size() blocks of the output, an all-to-all of other than
-/// size() buffers) throw `errc::invalid_argument` before anything is sent; when every rank passes
-/// the same arguments, as collectives require, every rank throws and none is left waiting. Ranks
-/// that disagree on a collective's count or root are not detected (Gloo reports some such cases,
-/// others time out).
+/// new context before going on. A peer outside the group and an all-to-all of other than size()
+/// buffers throw `errc::invalid_argument` before anything is sent.
 ///
 /// Point-to-point messages go through Gloo's unbound buffers: a message is an 8-byte size header,
 /// then its bytes (none for an empty message), both on one slot that Gloo's collectives never use.
@@ -75,8 +74,14 @@ namespace gradcomp {
 
 /// One rank of a Gloo context. Move-only, so that the messages it keeps for itself stay with one
 /// object; several transports may share a context if they never run at once.
-class gloo_transport {
+class gloo_transport : public detail::rank_ordered_reductions<gloo_transport> {
+  using reductions = detail::rank_ordered_reductions<gloo_transport>;
+  friend reductions;
+
  public:
+  /// Names the adapter in messages.
+  static constexpr const char* transport_name = "gloo_transport";
+
   /// Wraps `context`, which must be connected (for example by `connectFullMesh`).
   /// @throws error `invalid_argument` for a null context.
   explicit gloo_transport(std::shared_ptr<gloo::Context> context) : context_(std::move(context)) {
@@ -95,65 +100,9 @@ class gloo_transport {
   /// Number of ranks.
   [[nodiscard]] int size() const noexcept { return context_->size; }
 
-  /// Element-wise sum over ranks in rank order (unsigned types wrap), in place on every rank.
-  /// @throws error `transport_failed`.
-  template <detail::transport_value V>
-  void all_reduce_sum(std::span<V> data) {
-    all_reduce_in_rank_order(data, detail::sum_op{});
-  }
-
-  /// Element-wise maximum over ranks, `a < b ? b : a` in rank order as the in-process transport
-  /// takes it (so NaN and ±0 come out alike), in place on every rank.
-  /// @throws error `transport_failed`.
-  template <detail::transport_value V>
-  void all_reduce_max(std::span<V> data) {
-    all_reduce_in_rank_order(data, detail::max_op{});
-  }
-
   /// Element-wise bitwise OR over ranks, in place on every rank.
   /// @throws error `transport_failed`.
-  void all_reduce_or(std::span<std::uint8_t> data) { all_reduce_in_rank_order(data, detail::or_op{}); }
-
-  /// Rank `root`'s `data` becomes the element-wise sum over ranks in rank order; other ranks'
-  /// data is unchanged.
-  /// @throws error `invalid_argument` for a root outside the group; `transport_failed`.
-  template <detail::transport_value V>
-  void reduce_sum(std::span<V> data, int root) {
-    const int to = member(root, "reduce_sum", "root");
-    const detail::block_split split(data.size(), size());
-    std::vector<V> mine = detail::reduce_own_block<V>(
-        split, rank(), detail::sum_op{}, [&](std::span<V> received) { exchange_blocks(data.data(), split, received); });
-    const std::size_t width = split.largest();
-    mine.resize(width);  // gloo::gather takes blocks of one size
-    std::vector<V> gathered(rank() == to ? width * index(size()) : 0);
-    guarded("gloo::gather", [&] {
-      gloo::GatherOptions options(context_);
-      options.setInput(mine.data(), width);
-      if (rank() == to) options.setOutput(gathered.data(), gathered.size());
-      options.setRoot(to);
-      gloo::gather(options);
-    });
-    if (rank() != to) return;
-    for (int b = 0; b < size(); ++b) {
-      const auto at = gathered.begin() + static_cast<std::ptrdiff_t>(index(b) * width);
-      std::copy(at, at + static_cast<std::ptrdiff_t>(split.count(b)), data.begin() + static_cast<std::ptrdiff_t>(split.first(b)));
-    }
-  }
-
-  /// `in` holds size() blocks of `out.size()` values; `out` becomes the sum over ranks, in rank
-  /// order, of block rank().
-  /// @throws error `invalid_argument` when `in.size() ≠ size() · out.size()`; `transport_failed`.
-  template <detail::transport_value V>
-  void reduce_scatter_sum(std::span<const V> in, std::span<V> out) {
-    detail::require(in.size() == out.size() * index(size()), errc::invalid_argument, [&] {
-      return "gloo_transport::reduce_scatter_sum: the input holds " + std::to_string(in.size()) + " values, not size() = " +
-             std::to_string(size()) + " blocks of the output's " + std::to_string(out.size());
-    });
-    const detail::block_split split(in.size(), size());
-    const std::vector<V> mine = detail::reduce_own_block<V>(
-        split, rank(), detail::sum_op{}, [&](std::span<V> received) { exchange_blocks(in.data(), split, received); });
-    std::copy(mine.begin(), mine.end(), out.begin());
-  }
+  void all_reduce_or(std::span<std::uint8_t> data) { all_reduce_in_rank_order(data, detail::or_op{}, "all_reduce_or"); }
 
   /// Every rank's `data` becomes rank `root`'s (`gloo::broadcast`).
   /// @throws error `invalid_argument` for a root outside the group; `transport_failed`.
@@ -322,23 +271,46 @@ class gloo_transport {
     }
   }
 
-  /// `r` if it is a rank of the group. @throws error `invalid_argument` otherwise.
-  [[nodiscard]] int member(int r, const char* call, const char* role) const {
-    detail::require(r >= 0 && r < size(), errc::invalid_argument, [&] {
-      return std::string("gloo_transport::") + call + ": " + role + " " + std::to_string(r) + " is outside the group of " +
-             std::to_string(size()) + " ranks";
-    });
-    return r;
-  }
-
-  /// Step 1 of the block scheme: `received` (P blocks of this rank's block size) gets block
-  /// rank() of every rank's `data`, in rank order.
+  /// Step 1 of the block scheme (`gloo::alltoallv`).
   template <class V>
-  void exchange_blocks(const V* data, const detail::block_split& split, std::span<V> received) {
+  void exchange_blocks(std::span<const V> data, const detail::block_split& split, std::span<V> received, const char*) {
     std::vector<std::int64_t> sent_counts(index(size()));
     for (int b = 0; b < size(); ++b) sent_counts[index(b)] = static_cast<std::int64_t>(split.count(b));
-    alltoallv(data, std::move(sent_counts), received.data(),
+    alltoallv(data.data(), std::move(sent_counts), received.data(),
               std::vector<std::int64_t>(index(size()), static_cast<std::int64_t>(split.count(rank()))));
+  }
+
+  /// Step 3 of the block scheme: `gloo::allgatherv` in place, or `gloo::gather` of the blocks padded
+  /// to ⌈n/P⌉ (it takes blocks of one size) to `root`.
+  template <class V>
+  void gather_blocks(std::span<V> data, std::span<const V> mine, const detail::block_split& split, int root, const char*) {
+    if (root == detail::all_ranks) {
+      std::copy(mine.begin(), mine.end(), data.begin() + static_cast<std::ptrdiff_t>(split.first(rank())));
+      std::vector<std::size_t> counts(index(size()));
+      for (int b = 0; b < size(); ++b) counts[index(b)] = split.count(b);
+      guarded("gloo::allgatherv", [&] {
+        gloo::AllgathervOptions options(context_);  // in place: this rank's block is in `data` already
+        options.setOutput(data.data(), counts);
+        gloo::allgatherv(options);
+      });
+      return;
+    }
+    const std::size_t width = split.largest();
+    std::vector<V> padded(width, V{0});
+    std::copy(mine.begin(), mine.end(), padded.begin());
+    std::vector<V> gathered(rank() == root ? width * index(size()) : 0);
+    guarded("gloo::gather", [&] {
+      gloo::GatherOptions options(context_);
+      options.setInput(padded.data(), width);
+      if (rank() == root) options.setOutput(gathered.data(), gathered.size());
+      options.setRoot(root);
+      gloo::gather(options);
+    });
+    if (rank() != root) return;
+    for (int b = 0; b < size(); ++b) {
+      const auto at = gathered.begin() + static_cast<std::ptrdiff_t>(index(b) * width);
+      std::copy(at, at + static_cast<std::ptrdiff_t>(split.count(b)), data.begin() + static_cast<std::ptrdiff_t>(split.first(b)));
+    }
   }
 
   /// `gloo::alltoallv`: `sent_counts[p]` values from `in` (laid end to end) go to rank p, and
@@ -350,23 +322,6 @@ class gloo_transport {
       options.setInput(const_cast<V*>(in), std::move(sent_counts));  // read only
       options.setOutput(out, std::move(received_counts));
       gloo::alltoallv(options);
-    });
-  }
-
-  /// The block scheme: each rank combines its block of every rank's `data` in rank order, then
-  /// every rank gathers the combined blocks in place.
-  template <class V, class Op>
-  void all_reduce_in_rank_order(std::span<V> data, Op op) {
-    const detail::block_split split(data.size(), size());
-    const std::vector<V> mine = detail::reduce_own_block<V>(
-        split, rank(), op, [&](std::span<V> received) { exchange_blocks(data.data(), split, received); });
-    std::copy(mine.begin(), mine.end(), data.begin() + static_cast<std::ptrdiff_t>(split.first(rank())));
-    std::vector<std::size_t> counts(index(size()));
-    for (int b = 0; b < size(); ++b) counts[index(b)] = split.count(b);
-    guarded("gloo::allgatherv", [&] {
-      gloo::AllgathervOptions options(context_);  // in place: this rank's block is in `data` already
-      options.setOutput(data.data(), counts);
-      gloo::allgatherv(options);
     });
   }
 

@@ -20,23 +20,21 @@
 /// throws `errc::transport_failed` with the call's name and MPI's error string instead of
 /// aborting. The user's communicator and its error handler are left as they are.
 ///
-/// Reductions give the bits of the in-process transport: every element is combined in rank order,
-/// ((x₀ ⊕ x₁) ⊕ x₂) ⊕ …, on every rank. MPI does not promise an order for `MPI_Allreduce`, so sums,
-/// maxima and `reduce_sum` use the block scheme of rank_ordered.hpp: `MPI_Alltoallv` hands rank r
-/// block r of every rank, rank r combines them in rank order, and `MPI_Allgatherv` (`MPI_Gatherv` to
-/// the root for `reduce_sum`) returns the blocks. Unsigned sums take that path too, although any
-/// order would do: Open MPI 4.1's AVX reductions saturate a uint8 `MPI_SUM` at 255 instead of
-/// wrapping (open-mpi/ompi#8045). Only the OR, where every implementation agrees, is an
-/// `MPI_Allreduce` (`MPI_BOR`).
+/// Reductions give the bits of the in-process transport: sums, maxima, `reduce_sum` and
+/// `reduce_scatter_sum` are the block scheme of rank_ordered.hpp (`rank_ordered_reductions`, whose
+/// comment documents them and their argument checks), over `MPI_Alltoallv` (step 1) and
+/// `MPI_Allgatherv` (`MPI_Gatherv` to the root for `reduce_sum`). Only the OR, where every
+/// implementation agrees, is an `MPI_Allreduce` (`MPI_BOR`).
 ///
 /// MPI 3.1 counts and displacements are `int`: a call whose counts or displacements would exceed
 /// `INT_MAX` throws `errc::invalid_argument` on every rank alike and sends nothing (but the sizes,
 /// which `all_to_all_bytes` exchanges before the ranks agree on the verdict); it never truncates.
-/// Arguments a rank can check alone (a root or peer outside the group, a reduce-scatter input that
-/// is not size() blocks of the output, an all-to-all of other than size() buffers) throw
-/// `errc::invalid_argument` before anything is sent; when every rank passes the same arguments, as collectives require, every rank throws and
-/// none is left waiting. Ranks that disagree on a collective's count or root are not detected (MPI
-/// reports some such cases as `transport_failed`, and others hang).
+/// A peer outside the group and an all-to-all of other than size() buffers throw
+/// `errc::invalid_argument` before anything is sent.
+///
+/// Device data: this adapter takes host buffers. A `cuda_executor` reaches it through
+/// `staged_transport<mpi_transport>` (transport/staged.cuh), which stages device buffers through
+/// pinned host buffers; CUDA-aware MPI is not used.
 ///
 /// Point-to-point messages carry any number of bytes: `recv_bytes` probes for the size
 /// (`MPI_Probe`, `MPI_Get_count`) before receiving. `send_bytes` is `MPI_Send`, which may wait until
@@ -64,8 +62,14 @@ namespace gradcomp {
 
 /// One rank of an MPI communicator; one object per rank, used by one thread at a time.
 /// Move-only: it owns a duplicate of the user's communicator.
-class mpi_transport {
+class mpi_transport : public detail::rank_ordered_reductions<mpi_transport> {
+  using reductions = detail::rank_ordered_reductions<mpi_transport>;
+  friend reductions;
+
  public:
+  /// Names the adapter in messages.
+  static constexpr const char* transport_name = "mpi_transport";
+
   /// Duplicates `comm` (collective over `comm`: every rank constructs its transport together) and
   /// sets `MPI_ERRORS_RETURN` on the duplicate. MPI must be initialized.
   /// @throws error `transport_failed` when `MPI_Comm_dup` fails and `comm`'s error handler returns
@@ -91,7 +95,8 @@ class mpi_transport {
 
   /// Takes over `other`'s communicator; `other` may then only be destroyed or assigned to.
   mpi_transport(mpi_transport&& other) noexcept
-      : comm_(std::exchange(other.comm_, MPI_COMM_NULL)),
+      : reductions(std::move(other)),
+        comm_(std::exchange(other.comm_, MPI_COMM_NULL)),
         rank_(other.rank_),
         size_(other.size_),
         self_(std::move(other.self_)) {}
@@ -100,6 +105,7 @@ class mpi_transport {
   mpi_transport& operator=(mpi_transport&& other) noexcept {
     if (this != &other) {
       release();
+      reductions::operator=(std::move(other));
       comm_ = std::exchange(other.comm_, MPI_COMM_NULL);
       rank_ = other.rank_;
       size_ = other.size_;
@@ -113,66 +119,11 @@ class mpi_transport {
   /// Number of ranks.
   [[nodiscard]] int size() const noexcept { return size_; }
 
-  /// Element-wise sum over ranks in rank order (unsigned types wrap), in place on every rank.
-  /// @throws error `invalid_argument` when the count exceeds MPI's int; `transport_failed`.
-  template <detail::transport_value V>
-  void all_reduce_sum(std::span<V> data) {
-    all_reduce_in_rank_order(data, detail::sum_op{}, "all_reduce_sum");
-  }
-
-  /// Element-wise maximum over ranks, `a < b ? b : a` in rank order as the in-process transport
-  /// takes it (so NaN and ±0 come out alike), in place on every rank.
-  /// @throws error `invalid_argument` when the count exceeds MPI's int; `transport_failed`.
-  template <detail::transport_value V>
-  void all_reduce_max(std::span<V> data) {
-    all_reduce_in_rank_order(data, detail::max_op{}, "all_reduce_max");
-  }
-
   /// Element-wise bitwise OR over ranks (`MPI_BOR`), in place on every rank.
   /// @throws error `invalid_argument` when the count exceeds MPI's int; `transport_failed`.
   void all_reduce_or(std::span<std::uint8_t> data) {
     check(MPI_Allreduce(MPI_IN_PLACE, data.data(), int_count(data.size(), "all_reduce_or"), MPI_UINT8_T, MPI_BOR, comm_),
           "MPI_Allreduce");
-  }
-
-  /// Rank `root`'s `data` becomes the element-wise sum over ranks in rank order; other ranks'
-  /// data is unchanged.
-  /// @throws error `invalid_argument` for a root outside the group or a count above MPI's int;
-  ///         `transport_failed`.
-  template <detail::transport_value V>
-  void reduce_sum(std::span<V> data, int root) {
-    const int to = member(root, "reduce_sum", "root");
-    const detail::block_split split(data.size(), size_);
-    const int_blocks blocks = int_blocks_of(split, data.size(), "reduce_sum");
-    std::vector<V> mine = detail::reduce_own_block<V>(split, rank_, detail::sum_op{}, [&](std::span<V> received) {
-      exchange_blocks(data.data(), blocks, received);
-    });
-    const void* send = mine.data();
-    if (rank_ == to) {
-      std::copy(mine.begin(), mine.end(), data.begin() + static_cast<std::ptrdiff_t>(split.first(rank_)));
-      send = MPI_IN_PLACE;
-    }
-    check(MPI_Gatherv(send, blocks.counts[index(rank_)], datatype<V>(), data.data(), blocks.counts.data(),
-                      blocks.firsts.data(), datatype<V>(), to, comm_),
-          "MPI_Gatherv");
-  }
-
-  /// `in` holds size() blocks of `out.size()` values; `out` becomes the sum over ranks, in rank
-  /// order, of block rank().
-  /// @throws error `invalid_argument` when `in.size() ≠ size() · out.size()` or the count exceeds
-  ///         MPI's int; `transport_failed`.
-  template <detail::transport_value V>
-  void reduce_scatter_sum(std::span<const V> in, std::span<V> out) {
-    detail::require(in.size() == out.size() * static_cast<std::size_t>(size_), errc::invalid_argument, [&] {
-      return "mpi_transport::reduce_scatter_sum: the input holds " + std::to_string(in.size()) +
-             " values, not size() = " + std::to_string(size_) + " blocks of the output's " + std::to_string(out.size());
-    });
-    const detail::block_split split(in.size(), size_);
-    const int_blocks blocks = int_blocks_of(split, in.size(), "reduce_scatter_sum");
-    const std::vector<V> mine = detail::reduce_own_block<V>(split, rank_, detail::sum_op{}, [&](std::span<V> received) {
-      exchange_blocks(in.data(), blocks, received);
-    });
-    std::copy(mine.begin(), mine.end(), out.begin());
   }
 
   /// Every rank's `data` becomes rank `root`'s (`MPI_Bcast`).
@@ -365,40 +316,35 @@ class mpi_transport {
     return blocks;
   }
 
-  /// `r` if it is a rank of the group. @throws error `invalid_argument` otherwise.
-  [[nodiscard]] int member(int r, const char* call, const char* role) const {
-    detail::require(r >= 0 && r < size_, errc::invalid_argument, [&] {
-      return std::string("mpi_transport::") + call + ": " + role + " " + std::to_string(r) + " is outside the group of " +
-             std::to_string(size_) + " ranks";
-    });
-    return r;
-  }
-
-  /// Step 1 of the block scheme: `received` (P blocks of this rank's block size) gets block
-  /// rank() of every rank's `data`, in rank order.
+  /// Step 1 of the block scheme (`MPI_Alltoallv`).
   template <class V>
-  void exchange_blocks(const V* data, const int_blocks& blocks, std::span<V> received) {
+  void exchange_blocks(std::span<const V> data, const detail::block_split& split, std::span<V> received, const char* call) {
+    const int_blocks blocks = int_blocks_of(split, data.size(), call);
     const int m = blocks.counts[index(rank_)];
     std::vector<int> received_counts(index(size_), m);
     std::vector<int> received_firsts(index(size_));
     for (int p = 0; p < size_; ++p) received_firsts[index(p)] = p * m;
-    check(MPI_Alltoallv(data, blocks.counts.data(), blocks.firsts.data(), datatype<V>(), received.data(),
+    check(MPI_Alltoallv(data.data(), blocks.counts.data(), blocks.firsts.data(), datatype<V>(), received.data(),
                         received_counts.data(), received_firsts.data(), datatype<V>(), comm_),
           "MPI_Alltoallv");
   }
 
-  /// The block scheme: each rank combines its block of every rank's `data` in rank order, then
-  /// every rank gathers the combined blocks in place.
-  template <class V, class Op>
-  void all_reduce_in_rank_order(std::span<V> data, Op op, const char* call) {
-    const detail::block_split split(data.size(), size_);
+  /// Step 3 of the block scheme, in place: `MPI_Allgatherv`, or `MPI_Gatherv` to `root`.
+  template <class V>
+  void gather_blocks(std::span<V> data, std::span<const V> mine, const detail::block_split& split, int root,
+                     const char* call) {
     const int_blocks blocks = int_blocks_of(split, data.size(), call);
-    const std::vector<V> mine = detail::reduce_own_block<V>(
-        split, rank_, op, [&](std::span<V> received) { exchange_blocks(data.data(), blocks, received); });
-    std::copy(mine.begin(), mine.end(), data.begin() + static_cast<std::ptrdiff_t>(split.first(rank_)));
-    check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.data(), blocks.counts.data(), blocks.firsts.data(),
-                         datatype<V>(), comm_),
-          "MPI_Allgatherv");
+    const bool receives = root == detail::all_ranks || root == rank_;
+    if (receives) std::copy(mine.begin(), mine.end(), data.begin() + static_cast<std::ptrdiff_t>(split.first(rank_)));
+    if (root == detail::all_ranks) {
+      check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.data(), blocks.counts.data(), blocks.firsts.data(),
+                           datatype<V>(), comm_),
+            "MPI_Allgatherv");
+      return;
+    }
+    check(MPI_Gatherv(receives ? MPI_IN_PLACE : mine.data(), blocks.counts[index(rank_)], datatype<V>(), data.data(),
+                      blocks.counts.data(), blocks.firsts.data(), datatype<V>(), root, comm_),
+          "MPI_Gatherv");
   }
 
   /// Receives the next message from `from` (another rank), of the size it has.

@@ -96,8 +96,14 @@ namespace gradcomp {
 
 /// One rank of an NCCL communicator; one object per rank, used by one thread at a time.
 /// Move-only: it owns its device buffer; the communicator and the stream stay the user's.
-class nccl_transport {
+class nccl_transport : public detail::rank_ordered_reductions<nccl_transport> {
+  using reductions = detail::rank_ordered_reductions<nccl_transport>;
+  friend reductions;
+
  public:
+  /// Names the adapter in messages.
+  static constexpr const char* transport_name = "nccl_transport";
+
   /// Wraps `comm` and `stream`, which must outlive the transport (`stream` may be the default
   /// stream, 0, though a stream of its own keeps the copies off other work). Allocates nothing.
   /// @throws error `invalid_argument` for a null communicator; `transport_failed` when NCCL cannot
@@ -117,7 +123,8 @@ class nccl_transport {
 
   /// Takes over `other`'s device buffer; `other` may then only be destroyed or assigned to.
   nccl_transport(nccl_transport&& other) noexcept
-      : comm_(std::exchange(other.comm_, nullptr)),
+      : reductions(std::move(other)),
+        comm_(std::exchange(other.comm_, nullptr)),
         stream_(other.stream_),
         rank_(other.rank_),
         size_(other.size_),
@@ -130,6 +137,7 @@ class nccl_transport {
   nccl_transport& operator=(nccl_transport&& other) noexcept {
     if (this != &other) {
       release();
+      reductions::operator=(std::move(other));
       comm_ = std::exchange(other.comm_, nullptr);
       stream_ = other.stream_;
       rank_ = other.rank_;
@@ -146,50 +154,6 @@ class nccl_transport {
   [[nodiscard]] int rank() const noexcept { return rank_; }
   /// Number of ranks.
   [[nodiscard]] int size() const noexcept { return size_; }
-
-  /// Element-wise sum over ranks in rank order (unsigned types wrap), in place on every rank.
-  /// @throws error `transport_failed`.
-  template <detail::transport_value V>
-  void all_reduce_sum(std::span<V> data) {
-    all_reduce_in_rank_order(data, detail::sum_op{});
-  }
-
-  /// Element-wise maximum over ranks, `a < b ? b : a` in rank order as the in-process transport
-  /// takes it (so NaN and ±0 come out alike), in place on every rank.
-  /// @throws error `transport_failed`.
-  template <detail::transport_value V>
-  void all_reduce_max(std::span<V> data) {
-    all_reduce_in_rank_order(data, detail::max_op{});
-  }
-
-  /// Rank `root`'s `data` becomes the element-wise sum over ranks in rank order; other ranks'
-  /// data is unchanged.
-  /// @throws error `invalid_argument` for a root outside the group; `transport_failed`.
-  template <detail::transport_value V>
-  void reduce_sum(std::span<V> data, int root) {
-    const int to = member(root, "reduce_sum", "root");
-    const device_scope scope(device_);
-    const detail::block_split split(data.size(), size_);
-    const std::vector<V> mine = detail::reduce_own_block<V>(
-        split, rank_, detail::sum_op{}, [&](std::span<V> received) { exchange_blocks<V>(data, split, received); });
-    gather_blocks(std::as_writable_bytes(data), std::as_bytes(std::span<const V>(mine)), layout_of(split, sizeof(V)), to);
-  }
-
-  /// `in` holds size() blocks of `out.size()` values; `out` becomes the sum over ranks, in rank
-  /// order, of block rank().
-  /// @throws error `invalid_argument` when `in.size() ≠ size() · out.size()`; `transport_failed`.
-  template <detail::transport_value V>
-  void reduce_scatter_sum(std::span<const V> in, std::span<V> out) {
-    detail::require(in.size() == out.size() * index(size_), errc::invalid_argument, [&] {
-      return "nccl_transport::reduce_scatter_sum: the input holds " + std::to_string(in.size()) +
-             " values, not size() = " + std::to_string(size_) + " blocks of the output's " + std::to_string(out.size());
-    });
-    const device_scope scope(device_);
-    const detail::block_split split(in.size(), size_);
-    const std::vector<V> mine = detail::reduce_own_block<V>(
-        split, rank_, detail::sum_op{}, [&](std::span<V> received) { exchange_blocks<V>(in, split, received); });
-    std::copy(mine.begin(), mine.end(), out.begin());
-  }
 
   /// Every rank's `data` becomes rank `root`'s (`ncclBroadcast`).
   /// @throws error `invalid_argument` for a root outside the group; `transport_failed`.
@@ -221,7 +185,7 @@ class nccl_transport {
     block_layout layout;
     for (const std::uint64_t s : sizes) layout.append(static_cast<std::size_t>(s));
     std::vector<std::byte> flat(layout.total);
-    gather_blocks(std::span(flat), mine, layout, all_ranks);
+    gather_bytes(std::span(flat), mine, layout, detail::all_ranks);
     return detail::cut_into(std::span<const std::byte>(flat), std::span<const std::size_t>(layout.counts));
   }
 
@@ -297,8 +261,6 @@ class nccl_transport {
  private:
   /// `transfer`'s peer when there is nothing to send, or nothing to receive.
   static constexpr int no_peer = -1;
-  /// `gather_blocks`'s root when every rank receives every block.
-  static constexpr int all_ranks = -1;
   /// Alignment of the regions of the device buffer, which NCCL moves fastest when aligned.
   static constexpr std::size_t alignment = 256;
 
@@ -373,15 +335,6 @@ class nccl_transport {
     });
   }
 
-  /// `r` if it is a rank of the group. @throws error `invalid_argument` otherwise.
-  [[nodiscard]] int member(int r, const char* call, const char* role) const {
-    detail::require(r >= 0 && r < size_, errc::invalid_argument, [&] {
-      return std::string("nccl_transport::") + call + ": " + role + " " + std::to_string(r) +
-             " is outside the group of " + std::to_string(size_) + " ranks";
-    });
-    return r;
-  }
-
   /// The device buffer, grown to at least `bytes` (its contents are lost when it grows). Every call
   /// ends by synchronizing the stream, so no earlier call's work still uses the old buffer.
   [[nodiscard]] std::byte* device_buffer(std::size_t bytes) {
@@ -437,7 +390,8 @@ class nccl_transport {
   /// rank() of every rank's `data`, in rank order (grouped sends and receives, this rank's own
   /// block included, as NCCL's all-to-all).
   template <class V>
-  void exchange_blocks(std::span<const V> data, const detail::block_split& split, std::span<V> received) {
+  void exchange_blocks(std::span<const V> data, const detail::block_split& split, std::span<V> received, const char*) {
+    const device_scope scope(device_);
     const block_layout blocks = layout_of(split, sizeof(V));
     const std::size_t mine = blocks.counts[index(rank_)];
     std::byte* in = device_buffer(aligned(data.size_bytes()) + received.size_bytes());
@@ -448,6 +402,13 @@ class nccl_transport {
     exchange(in, blocks, out, received_blocks);
     to_host(std::as_writable_bytes(received), out);
     synchronize();
+  }
+
+  /// Step 3 of the block scheme: the combined blocks to every rank (`all_ranks`) or to `root`.
+  template <class V>
+  void gather_blocks(std::span<V> data, std::span<const V> mine, const detail::block_split& split, int root, const char*) {
+    const device_scope scope(device_);
+    gather_bytes(std::as_writable_bytes(data), std::as_bytes(mine), layout_of(split, sizeof(V)), root);
   }
 
   /// Queues NCCL's all-to-all in one group, this rank included: block p of `sent` (device memory
@@ -461,11 +422,11 @@ class nccl_transport {
     });
   }
 
-  /// Step 3 of the block scheme, and the bytes of `all_gather_bytes`: this rank's block is `mine`,
+  /// The bytes of step 3 and of `all_gather_bytes`: this rank's block is `mine`,
   /// block rank() of `layout`; rank `root` (every rank for `all_ranks`) receives every block at its
   /// place in `out`, of `layout.total` bytes, the other ranks' `out` is left unchanged.
-  void gather_blocks(std::span<std::byte> out, std::span<const std::byte> mine, const block_layout& layout, int root) {
-    const auto receives = [root](int r) { return root == all_ranks || r == root; };
+  void gather_bytes(std::span<std::byte> out, std::span<const std::byte> mine, const block_layout& layout, int root) {
+    const auto receives = [root](int r) { return root == detail::all_ranks || r == root; };
     std::byte* blocks = device_buffer(layout.total);
     std::byte* my_block = blocks + layout.firsts[index(rank_)];
     to_device(my_block, mine);
@@ -478,18 +439,6 @@ class nccl_transport {
     });
     if (receives(rank_)) to_host(out, blocks);
     synchronize();
-  }
-
-  /// The block scheme: each rank combines its block of every rank's `data` in rank order, then
-  /// every rank gathers the combined blocks into `data`.
-  template <class V, class Op>
-  void all_reduce_in_rank_order(std::span<V> data, Op op) {
-    const device_scope scope(device_);
-    const detail::block_split split(data.size(), size_);
-    const std::vector<V> mine = detail::reduce_own_block<V>(
-        split, rank_, op, [&](std::span<V> received) { exchange_blocks<V>(data, split, received); });
-    gather_blocks(std::as_writable_bytes(data), std::as_bytes(std::span<const V>(mine)), layout_of(split, sizeof(V)),
-                  all_ranks);
   }
 
   /// Sends `data` to `to` (unless `no_peer`) and receives the next message from `from` (unless

@@ -9,12 +9,23 @@
 /// Every call is collective: all ranks of the communicator make the same calls in the same order
 /// with the same counts. Reductions combine the contributions of ranks 0, 1, …, P−1 in that order,
 /// so every rank (and every run) gets the same bits.
+///
+/// **Memory spaces.** A transport declares where its buffers live with a
+/// `static constexpr memory_space memory` member (core/memory_space.hpp); without one it takes host
+/// buffers. A device transport (`nccl_transport`, `staged_transport`) takes device spans in every
+/// call above and also offers two calls on small host buffers, the control plane of the
+/// collectives (the agreement record, status words): `all_gather_control` and
+/// `all_reduce_max_control`. The collectives reach them through `control_all_gather` and
+/// `control_all_reduce_max`, which are the ordinary calls on a host transport.
 
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
+
+#include <gradcomp/core/memory_space.hpp>
+#include <gradcomp/transport/received_bytes.hpp>
 
 namespace gradcomp {
 
@@ -30,7 +41,12 @@ namespace gradcomp {
 ///   `out` becomes the sum over ranks of block r.
 /// - `broadcast(data, root)`: every rank's `data` becomes rank `root`'s.
 /// - `all_gather_bytes(mine)`: every rank receives every rank's byte buffer (sizes may differ),
-///   in rank order.
+///   in rank order, as `received_buffers` (received_bytes.hpp): host transports return
+///   `std::vector<std::vector<std::byte>>`, device transports a `received_bytes` view.
+///
+/// A device transport (`memory_space_of<X> == memory_space::device`) also has
+/// `all_gather_control(mine)` → `std::vector<std::vector<std::byte>>` and
+/// `all_reduce_max_control(span<double>)`, the same collectives on host buffers.
 template <class X>
 concept transport = requires(X& t, const X& ct, std::span<float> f, std::span<double> d, std::span<std::uint8_t> u8,
                              std::span<std::uint64_t> u64, std::span<const float> cf, std::span<const double> cd,
@@ -48,8 +64,12 @@ concept transport = requires(X& t, const X& ct, std::span<float> f, std::span<do
   t.reduce_scatter_sum(cf, f);
   t.reduce_scatter_sum(cd, d);
   t.broadcast(bytes, root);
-  { t.all_gather_bytes(cbytes) } -> std::same_as<std::vector<std::vector<std::byte>>>;
-};
+  { t.all_gather_bytes(cbytes) } -> received_buffers;
+} && (memory_space_of<X> == memory_space::host ||
+      requires(X& t, std::span<const std::byte> cbytes, std::span<double> d) {
+        { t.all_gather_control(cbytes) } -> std::same_as<std::vector<std::vector<std::byte>>>;
+        t.all_reduce_max_control(d);
+      });
 
 /// A transport that can also reduce bytes with bitwise OR (MPI_BOR, Gloo's custom reductions),
 /// which the bitmap index of lossless homomorphic compression needs. Stock NCCL cannot; schemes
@@ -67,15 +87,18 @@ concept transport_with_bitwise_or = transport<X> && requires(X& t, std::span<std
 ///
 /// - `send_bytes(data, dest)`: sends a byte buffer to `dest`; it may block until `dest` receives
 ///   it (MPI without buffering does), so two ranks must not both send first to each other.
-/// - `recv_bytes(source)`: waits for the next buffer from `source` and returns it (any size).
+/// - `recv_bytes(source)`: waits for the next buffer from `source` and returns it (any size): a
+///   `std::vector<std::byte>` on a host transport, a `std::span<const std::byte>` of the
+///   transport's memory (valid until its next call, starting on an 8-byte boundary) on a device
+///   transport.
 /// - `sendrecv_bytes(data, dest, source)`: sends to `dest` and receives from `source` at once, so
 ///   a ring in which every rank sends to its successor and receives from its predecessor cannot
 ///   deadlock.
 template <class X>
 concept transport_with_point_to_point = transport<X> && requires(X& t, std::span<const std::byte> cbytes, int peer) {
   t.send_bytes(cbytes, peer);
-  { t.recv_bytes(peer) } -> std::same_as<std::vector<std::byte>>;
-  { t.sendrecv_bytes(cbytes, peer, peer) } -> std::same_as<std::vector<std::byte>>;
+  { t.recv_bytes(peer) } -> std::convertible_to<std::span<const std::byte>>;
+  { t.sendrecv_bytes(cbytes, peer, peer) } -> std::convertible_to<std::span<const std::byte>>;
 };
 
 /// A transport that can also exchange a byte buffer between every pair of ranks at once
@@ -85,10 +108,31 @@ concept transport_with_point_to_point = transport<X> && requires(X& t, std::span
 ///
 /// - `all_to_all_bytes(to_each)`: `to_each` holds P buffers, buffer j for rank j (sizes may differ
 ///   between buffers and ranks, empty ones included; buffer rank() comes back to this rank). Returns
-///   P buffers, buffer i the one rank i sent to this rank.
+///   P buffers (`received_buffers`), buffer i the one rank i sent to this rank.
 template <class X>
 concept transport_with_all_to_all = transport<X> && requires(X& t, std::span<const std::span<const std::byte>> to_each) {
-  { t.all_to_all_bytes(to_each) } -> std::same_as<std::vector<std::vector<std::byte>>>;
+  { t.all_to_all_bytes(to_each) } -> received_buffers;
 };
+
+/// Whether transport X takes device buffers.
+template <class X>
+inline constexpr bool device_transport = memory_space_of<X> == memory_space::device;
+
+/// Every rank's small host buffer `mine`, in rank order (the control plane: the agreement record):
+/// `all_gather_control` on a device transport, `all_gather_bytes` on a host one.
+template <transport X>
+[[nodiscard]] auto control_all_gather(X& t, std::span<const std::byte> mine) {
+  if constexpr (device_transport<X>) return t.all_gather_control(mine);
+  else return t.all_gather_bytes(mine);
+}
+
+/// Element-wise maximum over ranks of a few host doubles, in place (the control plane: status
+/// words, error bounds): `all_reduce_max_control` on a device transport, `all_reduce_max` on a host
+/// one.
+template <transport X>
+void control_all_reduce_max(X& t, std::span<double> words) {
+  if constexpr (device_transport<X>) t.all_reduce_max_control(words);
+  else t.all_reduce_max(words);
+}
 
 }  // namespace gradcomp
