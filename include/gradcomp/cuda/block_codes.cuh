@@ -5,12 +5,15 @@
 /// packed b-bit codes (core/bit_packing.hpp order); the codes start 4-byte aligned, since device
 /// messages start on 8 bytes and the envelope and the scales take a multiple of 4 bytes.
 ///
-/// The shared kernels (cuda/grid.cuh shapes): a warp per block finds the block's largest magnitude
-/// (recording the first NaN or Inf) and lane 0 writes the block's scale; then one thread per
-/// 32-bit code word codes its 32/b values, each under its own block's scale (`encode_words`); a
-/// decoder checks every scale and code (`check_codes`), and once the host has the verdict writes
-/// or adds each value (`decode_words`). A codec supplies the per-value rule: its code, whether a
-/// code is valid under a scale, and the value it decodes to.
+/// The shared kernels (cuda/grid.cuh shapes): the block's scale first, either by a warp per block
+/// (its largest magnitude, recording the first NaN or Inf; lane 0 writes the scale) or, for the
+/// scales that sum the block in the documented order (sign, QSGD), by a warp per 32 blocks that
+/// stages them in shared memory and sums block b on lane b (tiles, cuda/lane_layout.cuh); then
+/// one thread per 32-bit code word codes its 32/b values, each under its own block's scale
+/// (`encode_words`). A decoder checks every scale and code (`check_codes`), and once the host has
+/// the verdict writes or adds each value (`decode_words`: with 128-bit stores where each word's
+/// values are whole quads of an aligned output). A codec supplies the per-value rule: its code,
+/// whether a code is valid under a scale, and the value it decodes to.
 
 #include <gradcomp/cuda/config.cuh>
 
@@ -30,6 +33,7 @@
 #include <gradcomp/core/workspace.hpp>
 #include <gradcomp/cuda/executor.cuh>
 #include <gradcomp/cuda/grid.cuh>
+#include <gradcomp/cuda/lane_layout.cuh>
 #include <gradcomp/cuda/message.cuh>
 #include <gradcomp/cuda/operation.cuh>
 #include <gradcomp/cuda/warp.cuh>
@@ -41,6 +45,23 @@ enum block_code_reason : std::uint32_t {
   bad_scale = 1,    ///< A scale (or norm) that is negative or not finite (or too large to decode).
   bad_code = 2,     ///< A code that its block's scale does not allow.
   bad_padding = 3,  ///< Non-zero bits after the last code.
+};
+
+/// x / d for a divisor d ≥ 1 fixed at launch, exactly: a shift when d is a power of two, a 32-bit
+/// division when x and d fit in 32 bits, else a 64-bit one.
+struct index_divisor {
+  std::uint64_t d;  ///< The divisor.
+  int shift;        ///< log2 d when d is a power of two, else −1.
+
+  GRADCOMP_HOST_DEVICE constexpr explicit index_divisor(std::uint64_t divisor) noexcept : d(divisor), shift(-1) {
+    if ((d & (d - 1)) == 0)
+      for (shift = 0; (d >> shift) > 1;) ++shift;
+  }
+  GRADCOMP_HOST_DEVICE constexpr std::uint64_t operator()(std::uint64_t x) const noexcept {
+    if (shift >= 0) return x >> shift;
+    if (((x | d) >> 32) == 0) return static_cast<std::uint32_t>(x) / static_cast<std::uint32_t>(d);
+    return x / d;
+  }
 };
 
 /// Sizes of a block-coded payload.
@@ -77,6 +98,21 @@ struct block_layout {
       }
       f(i, static_cast<unsigned>(i - first), j);
     }
+  }
+
+  /// for_each_in_word where every word lies in one block (whole_words()): the block is found once
+  /// per word, by `word_block` (which divides by the B·b/32 words per block).
+  template <class F>
+  __device__ void for_each_in_whole_word(std::uint64_t w, const index_divisor& word_block, F&& f) const {
+    const std::uint64_t first = w * per_word();
+    const std::uint64_t last = first + per_word() < n ? first + per_word() : n;
+    const std::uint64_t j = word_block(w);
+    for (std::uint64_t i = first; i < last; ++i) f(i, static_cast<unsigned>(i - first), j);
+  }
+
+  /// The divisor that finds a word's block where whole_words() (1 otherwise: unused).
+  [[nodiscard]] GRADCOMP_HOST_DEVICE index_divisor word_block() const {
+    return index_divisor(whole_words() ? block * static_cast<unsigned>(bits) / 32 : 1);
   }
 };
 
@@ -116,7 +152,9 @@ struct philox_cache {
       block = i / 4;
       words = stream.block(block);
     }
-    return words.word[i % 4];
+    // Selected without a run-time array index, so that the words stay in registers.
+    const auto k = static_cast<unsigned>(i % 4);
+    return k < 2 ? (k == 0 ? words.word[0] : words.word[1]) : (k == 2 ? words.word[2] : words.word[3]);
   }
 };
 
@@ -129,6 +167,14 @@ struct plain_values {
   __device__ T operator()(std::uint64_t i) const { return x[i]; }
   /// Called with each value and its decoding, once coded (nothing to keep here).
   __device__ void coded(std::uint64_t, T, T) const {}
+
+  /// Whether the quad kernels may read with 128-bit loads.
+  [[nodiscard]] bool aligned() const { return vector_aligned(x); }
+  /// Reads the calling lane's quads of the block from element `begin`.
+  __device__ void load(std::uint64_t begin, bool vector, lane_quads<T>& h) const { h.load(x + begin, vector); }
+  /// Called with each quad (its first element, how many of its values lie in the block, the values
+  /// and their decodings) once coded: nothing to keep here.
+  __device__ void coded_quad(std::uint64_t, unsigned, bool, const T (&)[quad_values], const T (&)[quad_values]) const {}
 };
 
 /// Largest magnitude key of values(i) for begin ≤ i < end, on every lane of the calling warp.
@@ -173,6 +219,79 @@ struct block_statistics {
   }
 };
 
+/// One warp per 32 consecutive blocks, for the scales that sum a block in the documented order
+/// (`Stat::sum_type`, e.g. sign_magnitude_sum): the blocks are staged in shared memory a 128-byte
+/// column chunk at a time with coalesced loads (tiles, cuda/lane_layout.cuh), and lane b finds
+/// block b's largest magnitude m and adds its values to its sum in index order (after a first
+/// pass for m when the terms need it). Lane b then calls `stat(j, sum, count, m, status)`, which
+/// writes the block's scale; a block holding NaN or Inf gets m = 0 and its first such value is
+/// recorded as `non_finite_input`.
+template <class T, class Stat>
+__global__ void block_sums_kernel(const T* g, block_layout layout, Stat stat, device_status* status) {
+  using sum_type = typename Stat::sum_type;
+  constexpr unsigned columns = tile_columns<T>;
+  __shared__ T tiles[block_warps][32][columns + 1];  // + 1: lane b's reads of row b hit distinct banks
+  T (&tile)[32][columns + 1] = tiles[threadIdx.x / 32];
+  const unsigned lane = lane_id();
+  const std::uint64_t blocks = layout.blocks();
+  for (std::uint64_t first = warp_id() * 32; first < blocks; first += warp_count() * 32) {
+    const std::uint64_t j = first + lane;  // this lane's block
+    const std::uint64_t count = j < blocks ? layout.count(j) : 0;
+    const auto for_each_value = [&](auto&& f) {  // f(x) for the values of block j, in index order
+      for (std::uint64_t k = 0; k < layout.block; k += columns) {
+        const unsigned column = tile_column<T>(lane);
+#pragma unroll 8
+        for (unsigned step = 0; step < columns; ++step) {
+          const unsigned row = tile_row<T>(step, lane);
+          const std::uint64_t i = tile_element(layout.n, layout.block, first, row, k, column);
+          if (i != no_element) tile[row][column] = g[i];
+        }
+        __syncwarp();
+        for (unsigned c = 0; c < columns && k + c < count; ++c) f(tile[lane][c]);
+        __syncwarp();
+      }
+    };
+    typename float_traits<T>::bits_type largest = 0;
+    const auto find_largest = [&](T x) {
+      const auto key = magnitude_key(x);
+      largest = key > largest ? key : largest;
+    };
+    const auto finite_max = [&] { return largest < float_traits<T>::infinity_key ? from_bits<T>(largest) : T{0}; };
+    sum_type sum(T{0});
+    if constexpr (sum_type::needs_max) {
+      for_each_value(find_largest);
+      sum = sum_type(finite_max());
+      for_each_value([&](T x) { sum.add(x); });
+    } else {
+      for_each_value([&](T x) {
+        find_largest(x);
+        sum.add(x);
+      });
+    }
+    if (count == 0) continue;
+    if (largest >= float_traits<T>::infinity_key)
+      for (std::uint64_t i = j * layout.block; i < j * layout.block + count; ++i)
+        if (!is_finite(g[i])) {
+          record_failure(status, errc::non_finite_input, i);
+          break;
+        }
+    stat(j, sum, count, finite_max(), status);
+  }
+}
+
+/// Queues the per-block statistic `stat` over the gradient `g`: block_sums_kernel for the scales
+/// that sum their block (`Stat::sum_type`), block_statistics (a warp per block) for the others.
+template <class T, class Stat>
+void for_each_block_statistic(const cuda_executor& exec, const T* g, const block_layout& layout, const Stat& stat,
+                              device_status* status) {
+  if constexpr (requires { typename Stat::sum_type; }) {
+    const std::uint64_t groups = (layout.blocks() + 31) / 32;
+    if (groups != 0) launch(exec, grid_for(groups, block_warps), block_threads, block_sums_kernel<T, Stat>, g, layout, stat, status);
+  } else {
+    for_each_block(exec, layout.blocks(), block_statistics<T, Stat>{g, layout, stat, status});
+  }
+}
+
 /// One thread per code word: the codes `rule.code(x, i, j, random)` of its values packed.
 template <class T, class Rule>
 struct encode_words {
@@ -192,7 +311,8 @@ struct encode_words {
 };
 
 /// One thread per item: scale t (`rule.valid_scale`) and code word t (`rule.valid_code` for each
-/// code, zero padding bits), recording failures.
+/// code, zero padding bits), recording failures. Where every word lies in one block, the word's
+/// block and scale are found once.
 template <class T, class Rule>
 struct check_codes {
   block_layout layout;
@@ -200,6 +320,13 @@ struct check_codes {
   const T* scales;
   const std::byte* codes;
   device_status* status;
+  index_divisor word_block;  ///< layout.word_block().
+
+  /// The check of a layout's scales and codes.
+  static check_codes make(const block_layout& layout, const Rule& rule, const T* scales, const std::byte* codes,
+                          device_status* status) {
+    return {layout, rule, scales, codes, status, layout.word_block()};
+  }
 
   /// Items to check: the larger of the scale and word counts.
   [[nodiscard]] std::uint64_t items() const { return layout.words() > layout.blocks() ? layout.words() : layout.blocks(); }
@@ -209,18 +336,26 @@ struct check_codes {
     if (t >= layout.words()) return;
     const std::uint32_t word = load_code_word(codes, t, layout.code_bytes);
     unsigned used = 0;
-    layout.for_each_in_word(t, [&](std::uint64_t i, unsigned c, std::uint64_t j) {
+    const auto check = [&](std::uint64_t i, unsigned c, T s) {
       used = c + 1;
-      if (!rule.valid_code(code_in_word(word, c, layout.bits), scales[j]))
-        record_failure(status, errc::malformed_payload, i, bad_code);
-    });
+      if (!rule.valid_code(code_in_word(word, c, layout.bits), s)) record_failure(status, errc::malformed_payload, i, bad_code);
+    };
+    if (layout.whole_words()) {
+      const T s = scales[word_block(t)];
+      layout.for_each_in_whole_word(t, word_block, [&](std::uint64_t i, unsigned c, std::uint64_t) { check(i, c, s); });
+    } else {
+      layout.for_each_in_word(t, [&](std::uint64_t i, unsigned c, std::uint64_t j) { check(i, c, scales[j]); });
+    }
     if (used < layout.per_word() && (word >> (used * static_cast<unsigned>(layout.bits))) != 0)
       record_failure(status, errc::malformed_payload, layout.n, bad_padding);
   }
 };
 
 /// One thread per code word: `rule.value(code, scale)` of its values written into `out`, or added
-/// to it when `accumulate`.
+/// to it when `accumulate`. For 8- and 4-bit codes where every word's values lie in one block
+/// (B·b a multiple of 32) and `out` is 16-byte aligned, a whole word's 4 or 8 values (whole quads)
+/// go out in 128-bit stores under its block's scale, read once; otherwise (and for a partial last
+/// word) value by value.
 template <class T, class Rule>
 struct decode_words {
   block_layout layout;
@@ -229,13 +364,48 @@ struct decode_words {
   const std::byte* codes;
   T* out;
   bool accumulate;
+  bool vector;               ///< Whole words by 128-bit stores (see above).
+  index_divisor word_block;  ///< layout.word_block().
+
+  /// The decoder of a layout into `out`.
+  static decode_words make(const block_layout& layout, const Rule& rule, const T* scales, const std::byte* codes, T* out,
+                           bool accumulate) {
+    const bool vector = (layout.bits == 8 || layout.bits == 4) && layout.whole_words() && vector_aligned(out);
+    return {layout, rule, scales, codes, out, accumulate, vector, layout.word_block()};
+  }
 
   __device__ void operator()(std::uint64_t w) const {
     const std::uint32_t word = load_code_word(codes, w, layout.code_bytes);
-    layout.for_each_in_word(w, [&](std::uint64_t i, unsigned c, std::uint64_t j) {
-      const T v = rule.value(code_in_word(word, c, layout.bits), scales[j]);
+    if (vector && (w + 1) * layout.per_word() <= layout.n) return layout.bits == 8 ? write_word<4>(w, word) : write_word<8>(w, word);
+    const auto write = [&](std::uint64_t i, unsigned c, T s) {
+      const T v = rule.value(code_in_word(word, c, layout.bits), s);
       out[i] = accumulate ? out[i] + v : v;
-    });
+    };
+    if (layout.whole_words()) {
+      const T s = scales[word_block(w)];
+      layout.for_each_in_whole_word(w, word_block, [&](std::uint64_t i, unsigned c, std::uint64_t) { write(i, c, s); });
+    } else {
+      layout.for_each_in_word(w, [&](std::uint64_t i, unsigned c, std::uint64_t j) { write(i, c, scales[j]); });
+    }
+  }
+
+ private:
+  /// The PerWord values of whole word w, quad by quad.
+  template <unsigned PerWord>
+  __device__ void write_word(std::uint64_t w, std::uint32_t word) const {
+    const T s = scales[word_block(w)];
+    T* const at = out + w * PerWord;
+#pragma unroll
+    for (unsigned q = 0; q < PerWord / quad_values; ++q) {
+      T v[quad_values]{};
+      if (accumulate) load_quad(at + quad_values * q, quad_values, true, v);
+#pragma unroll
+      for (unsigned e = 0; e < quad_values; ++e) {
+        const T value = rule.value(code_in_word(word, quad_values * q + e, layout.bits), s);
+        v[e] = accumulate ? v[e] + value : value;
+      }
+      store_quad(at + quad_values * q, quad_values, true, v);
+    }
   }
 };
 
@@ -276,7 +446,7 @@ std::size_t encode_block_coded(const Codec& codec, const cuda_executor& exec, st
   const crc_scratch crc = carve_seal(arena, codec.wire().payload_checksum);
   const auto stat = make_stat(arena, scales_of<T>(out.data()));
   begin_message(exec, out, size);  // after the workspace is carved: a refused call writes nothing
-  for_each_block(exec, layout.blocks(), block_statistics<T, std::decay_t<decltype(stat)>>{grad.data(), layout, stat, op.status()});
+  for_each_block_statistic(exec, grad.data(), layout, stat, op.status());
   const auto rule = make_rule(stat);
   for_each_item(exec, layout.words(),
                 encode_words<T, std::decay_t<decltype(rule)>>{grad.data(), layout, rule, codes_of<T>(out.data(), layout)});
@@ -304,12 +474,12 @@ void decode_block_coded(const Codec& codec, const cuda_executor& exec, std::span
   const std::byte* const codes = codes_of<T>(message.data(), layout);
   const auto rule = rule_of(e.key);
   using rule_type = std::decay_t<decltype(rule)>;
-  const check_codes<T, rule_type> check{layout, rule, scales, codes, op.status()};
+  const auto check = check_codes<T, rule_type>::make(layout, rule, scales, codes, op.status());
   for_each_item(exec, check.items(), check);
   op.finish([scale_name](errc, std::uint64_t position, std::uint32_t reason) {
     return describe_block_code_failure(position, reason, scale_name);
   });
-  for_each_item(exec, layout.words(), decode_words<T, rule_type>{layout, rule, scales, codes, out.data(), accumulate});
+  for_each_item(exec, layout.words(), decode_words<T, rule_type>::make(layout, rule, scales, codes, out.data(), accumulate));
 }
 
 }  // namespace gradcomp::cuda_detail

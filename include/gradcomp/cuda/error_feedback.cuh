@@ -10,7 +10,8 @@
 /// Around the uniform quantizer whose blocks fill whole code words, one kernel does the step: a
 /// warp per block forms h = g + e, finds its largest magnitude, writes the scale and the codes,
 /// and writes h − code·s as the new residual (one read of g and e, one write of the codes and of
-/// the new residual). Around any other codec with a CUDA backend: h = g + e into the workspace
+/// the new residual; for 8- and 4-bit codes and blocks of at most 256 values the block stays in
+/// registers and moves by 128-bit accesses, cuda/uniform.cuh). Around any other codec with a CUDA backend: h = g + e into the workspace
 /// (checked on the host), the inner codec's encode and decode, and the new residual h − decoded.
 
 #include <gradcomp/cuda/config.cuh>
@@ -86,6 +87,29 @@ struct compensated_values {
 
   __device__ T operator()(std::uint64_t i) const { return g[i] + e[i]; }
   __device__ void coded(std::uint64_t i, T h, T decoded) const { next[i] = h - decoded; }
+
+  /// Whether the quad kernel may use 128-bit loads and stores.
+  [[nodiscard]] bool aligned() const { return vector_aligned(g) && vector_aligned(e) && vector_aligned(next); }
+  /// Reads h = g + e of the calling lane's quads of the block from element `begin`.
+  __device__ void load(std::uint64_t begin, bool vector, lane_quads<T>& h) const {
+    T residual[quad_rows][quad_values];
+#pragma unroll
+    for (unsigned r = 0; r < quad_rows; ++r) {
+      const std::uint64_t first = begin + quad_offset(r, lane_id());
+      load_quad(g + first, h.count[r], vector, h.x[r]);
+      load_quad(e + first, h.count[r], vector, residual[r]);
+#pragma unroll
+      for (unsigned k = 0; k < quad_values; ++k) h.x[r][k] = h.x[r][k] + residual[r][k];
+    }
+  }
+  /// Writes h − decoded of a coded quad as its new residual.
+  __device__ void coded_quad(std::uint64_t first, unsigned count, bool vector, const T (&h)[quad_values],
+                             const T (&decoded)[quad_values]) const {
+    T residual[quad_values];
+#pragma unroll
+    for (unsigned k = 0; k < quad_values; ++k) residual[k] = h[k] - decoded[k];
+    store_quad(next + first, count, vector, residual);
+  }
 };
 
 }  // namespace cuda_detail
@@ -222,11 +246,10 @@ struct backend<error_feedback<Codec>, cuda_executor> {
     cuda_detail::begin_message(exec, out, size);
     using uniform_backend = backend<uniform_quantizer<T>, cuda_executor>;
     const cuda_detail::block_layout layout = uniform_backend::layout_of(inner, n);
-    cuda_detail::for_each_block(exec, layout.blocks(),
-                                cuda_detail::uniform_encode_blocks<T, cuda_detail::compensated_values<T>>{
-                                    {grad.data(), state.residual.data(), state.next.data()}, layout,
-                                    uniform_backend::rule_of(inner, key), cuda_detail::scales_of<T>(out.data()),
-                                    cuda_detail::codes_of<T>(out.data(), layout), op.status()});
+    cuda_detail::encode_whole_word_blocks(
+        exec, cuda_detail::compensated_values<T>{grad.data(), state.residual.data(), state.next.data()}, layout,
+        uniform_backend::rule_of(inner, key), cuda_detail::scales_of<T>(out.data()), cuda_detail::codes_of<T>(out.data(), layout),
+        op.status());
     cuda_detail::seal_message(exec, out.data(),
                               {codec_id::uniform, dtype_of<T>, 0, 0, key, n, inner.payload_bytes(n), inner.params_hash(), 0},
                               s.crc, op);

@@ -6,11 +6,14 @@
 /// element as on the CPU, and the step counters on the host.
 ///
 /// Around the uniform quantizer whose blocks fill whole code words and equal the error groups (the
-/// defaults), a check kernel reads g (NaN or Inf is `non_finite_input`) and decides, as the CPU's
-/// fused path does, whether g and the old error are small enough (below FLT_MAX/16) that nothing
-/// later can overflow; then one kernel does the step with a warp per block: h = g + dequant8(e),
-/// its scale and codes, ĥ, the new error v = β·dequant8(e) + (1 − β)·(h − ĥ) and its 8-bit codes,
-/// written over the old ones (each lane rewrites only the elements it read). When the magnitudes
+/// defaults), check kernels read g (NaN or Inf is `non_finite_input`) and the old error scales and
+/// decide, as the CPU's fused path does, whether g and the old error are small enough (below
+/// FLT_MAX/16) that nothing later can overflow; then one kernel does the step with a warp per
+/// block: h = g + dequant8(e), its scale and codes, ĥ, the new error v = β·dequant8(e) +
+/// (1 − β)·(h − ĥ) and its 8-bit codes, written over the old ones (each lane rewrites only the
+/// elements it read; for 8- and 4-bit codes and blocks of at most 256 values the block stays in
+/// registers and is read once, cuda/lane_layout.cuh). The message is sealed before the host
+/// reads the verdict. When the magnitudes
 /// are too large for that, and around any other codec, the reference steps run: h into the
 /// workspace (checked), the inner codec's encode and decode, v (checked; a failure zeroes the
 /// message's envelope), and the error quantized group by group into the state.
@@ -143,28 +146,80 @@ struct loco_check_flags {
   std::uint32_t too_large;  ///< Some |g| or old error scale exceeds the bound: take the reference steps.
 };
 
-/// One thread per element: NaN or Inf in g is recorded; |g| above the bound, or an old error
-/// scale above it or NaN (once per group), raises `too_large`, so the reference steps decide.
+/// The bound below which the one-kernel path cannot overflow (the CPU's fused path's: FLT_MAX/16
+/// for |g|, that over 127 for an old error scale).
 template <class T>
-struct loco_check {
+inline constexpr T loco_fused_limit = std::numeric_limits<T>::max() / T{16};
+
+/// One thread per quad of g (4 values; 128-bit loads when `vector`): NaN or Inf is recorded
+/// (its first in the quad); |g| above the bound raises `too_large`, so the reference steps decide.
+template <class T>
+struct loco_check_gradient {
   const T* g;
-  const T* old_scales;
-  std::uint64_t group;
-  bool reset;
+  std::uint64_t n;
+  bool vector;  ///< g is 16-byte aligned.
   loco_check_flags* flags;
   device_status* status;
 
-  static constexpr T limit = std::numeric_limits<T>::max() / T{16};
+  /// Items to check: the quads of g.
+  [[nodiscard]] std::uint64_t items() const { return (n + quad_values - 1) / quad_values; }
 
-  __device__ void operator()(std::uint64_t i) const {
-    const T x = g[i];
-    if (!is_finite(x)) record_failure(status, errc::non_finite_input, i);
-    else if (from_bits<T>(magnitude_key(x)) > limit) atomicOr(&flags->too_large, 1u);
-    if (!reset && i % group == 0 && !(old_scales[i / group] <= limit / T{127})) atomicOr(&flags->too_large, 1u);  // NaN too
+  __device__ void operator()(std::uint64_t q) const {
+    const std::uint64_t first = q * quad_values;
+    T x[quad_values];
+    load_quad(g + first, quad_count(n, first), vector, x);
+    bool large = false;
+#pragma unroll
+    for (unsigned e = 0; e < quad_values; ++e) {  // values past n read as 0
+      if (!is_finite(x[e])) {
+        record_failure(status, errc::non_finite_input, first + e);
+        return;
+      }
+      large = large || from_bits<T>(magnitude_key(x[e])) > loco_fused_limit<T>;
+    }
+    if (large) atomicOr(&flags->too_large, 1u);
   }
 };
 
-/// One warp per block (= error group, filling whole code words): the whole LoCo step. Every pass
+/// One thread per error group: an old error scale above the bound, or NaN, raises `too_large`.
+template <class T>
+struct loco_check_scales {
+  const T* scales;
+  loco_check_flags* flags;
+
+  __device__ void operator()(std::uint64_t j) const {
+    if (!(scales[j] <= loco_fused_limit<T> / T{127})) atomicOr(&flags->too_large, 1u);  // NaN too
+  }
+};
+
+/// The four error codes of a quad at `p`, byte e of the result (0 past `count`): one 32-bit load
+/// when whole and `vector`.
+__device__ inline std::uint32_t load_error_codes(const std::int8_t* p, unsigned count, bool vector) {
+  if (vector && count == quad_values) return *reinterpret_cast<const std::uint32_t*>(p);
+  std::uint32_t word = 0;
+#pragma unroll
+  for (unsigned e = 0; e < quad_values; ++e)
+    if (e < count) word |= std::uint32_t{static_cast<std::uint8_t>(p[e])} << (8 * e);
+  return word;
+}
+
+/// Error code e of a quad's codes as load_error_codes packs them.
+__device__ inline std::int8_t error_code_at(std::uint32_t codes, unsigned e) { return static_cast<std::int8_t>(codes >> (8 * e)); }
+
+/// Writes the first `count` error codes of a quad (byte e of `codes`) to `p`, as load_error_codes
+/// reads them.
+__device__ inline void store_error_codes(std::int8_t* p, unsigned count, bool vector, std::uint32_t codes) {
+  if (vector && count == quad_values) {
+    *reinterpret_cast<std::uint32_t*>(p) = codes;
+    return;
+  }
+#pragma unroll
+  for (unsigned e = 0; e < quad_values; ++e)
+    if (e < count) p[e] = error_code_at(codes, e);
+}
+
+/// One warp per block (= error group, filling whole code words) where the quads do not fit: the
+/// whole LoCo step in three passes over the block (the later ones hit L1). Every pass
 /// maps the same elements to the same lane (the lanes take whole code words), and warp-wide
 /// maxima separate the passes, so the old error codes a lane rewrites are read by no other lane.
 template <class T>
@@ -238,6 +293,63 @@ struct loco_uniform_blocks {
       }
     });
     if (lane_id() == 0) error_scales[j] = error_step;
+  }
+};
+
+/// One warp per block (= error group) of Bits-bit codes (8 or 4) and at most 256 values, the
+/// whole LoCo step in registers (quads, cuda/lane_layout.cuh), with the operands of
+/// loco_uniform_blocks: each lane reads its quads of g and of the old error codes once (128-bit
+/// and 32-bit loads when `vector`) and forms h = g + dequant8(e); the warp's largest |h| gives the
+/// message's scale; each lane codes h, keeps v = β·dequant8(e) + (1 − β)·(h − ĥ), and stores whole
+/// message code words; the warp's largest |v| gives the error step, and each lane writes the new
+/// error codes over the old ones it read (v / step is an IEEE division per value, as on the CPU: a
+/// reciprocal would round differently).
+template <class T, int Bits, rounding Mode>
+struct loco_uniform_quads {
+  loco_uniform_blocks<T> step;  ///< The gradient, layout, rule, state, β and outputs.
+  bool vector;                  ///< `step.g` is 16-byte aligned and `step.codes` 4-byte aligned.
+
+  __device__ void operator()(std::uint64_t j) const {
+    const loco_uniform_blocks<T>& s = step;
+    if (failed(s.status) || s.flags->too_large != 0) return;  // the host reports or takes the reference steps
+    const std::uint64_t begin = j * s.layout.block;
+    const std::uint64_t count = s.layout.count(j);
+    const unsigned lane = lane_id();
+    const T old_scale = s.reset ? T{0} : s.error_scales[j];
+    lane_quads<T> h(count);
+    h.load(s.g + begin, vector);
+    std::uint32_t old_codes[quad_rows] = {};  // dequant8(e) is recomputed from them (one product)
+    const auto old = [&](unsigned r, unsigned e) {
+      return s.reset ? T{0} : mul_rn(static_cast<T>(error_code_at(old_codes[r], e)), old_scale);
+    };
+#pragma unroll
+    for (unsigned r = 0; r < quad_rows; ++r) {
+      old_codes[r] = load_error_codes(s.codes + begin + quad_offset(r, lane), h.count[r], vector);
+#pragma unroll
+      for (unsigned e = 0; e < quad_values; ++e) h.x[r][e] = h.x[r][e] + old(r, e);
+    }
+    const T m = from_bits<T>(warp_max(h.largest_key()));
+    const uniform_block_coding<T> coding(m, uniform_step(m, Bits), Bits);
+    if (lane == 0) s.scales[j] = coding.s;
+
+    std::uint32_t pieces[quad_rows];
+    code_quads<Bits, Mode>(s.rule, coding, begin, h, pieces, [&](unsigned r, const T (&decoded)[quad_values]) {
+#pragma unroll
+      for (unsigned e = 0; e < quad_values; ++e)  // v over h, which is not read again
+        h.x[r][e] = e < h.count[r] ? loco_blend(old(r, e), h.x[r][e], decoded[e], s.beta, s.keep) : T{0};
+    });
+    store_quad_words<Bits>(s.message_codes, s.layout.code_bytes, begin * Bits / 32, count, pieces);
+
+    const T error_step = uniform_step(from_bits<T>(warp_max(h.largest_key())), 8);
+#pragma unroll
+    for (unsigned r = 0; r < quad_rows; ++r) {
+      std::uint32_t word = 0;
+#pragma unroll
+      for (unsigned e = 0; e < quad_values; ++e)
+        word |= std::uint32_t{static_cast<std::uint8_t>(loco_error_code(h.x[r][e], error_step))} << (8 * e);
+      store_error_codes(s.codes + begin + quad_offset(r, lane), h.count[r], vector, word);
+    }
+    if (lane == 0) s.error_scales[j] = error_step;
   }
 };
 
@@ -406,28 +518,43 @@ struct backend<loco<Codec>, cuda_executor> {
     const std::size_t size = inner.max_encoded_bytes(n);
     cuda_detail::begin_message(exec, out, size);
     GRADCOMP_CUDA_CHECK(cudaMemsetAsync(s.flags.data(), 0, sizeof(cuda_detail::loco_check_flags), exec.native_stream()));
-    const std::uint64_t group = lc.params().error_group;
-    cuda_detail::for_each_item(exec, n, cuda_detail::loco_check<T>{grad.data(), state.scales.data(), group, reset,
-                                                                  s.flags.data(), op.status()});
+    const cuda_detail::loco_check_gradient<T> check{grad.data(), n, cuda_detail::vector_aligned(grad.data()), s.flags.data(),
+                                                    op.status()};
+    cuda_detail::for_each_item(exec, check.items(), check);
+    if (!reset)
+      cuda_detail::for_each_item(exec, state.scales.size(), cuda_detail::loco_check_scales<T>{state.scales.data(), s.flags.data()});
     using uniform_backend = backend<uniform_quantizer<T>, cuda_executor>;
     const cuda_detail::block_layout layout = uniform_backend::layout_of(inner, n);
     const cuda_detail::uniform_rule<T> rule = uniform_backend::rule_of(inner, key);
     const auto beta = static_cast<T>(lc.params().beta);
     T* const scales = cuda_detail::scales_of<T>(out.data());
     std::byte* const codes = cuda_detail::codes_of<T>(out.data(), layout);
-    cuda_detail::for_each_block(exec, layout.blocks(),
-                                cuda_detail::loco_uniform_blocks<T>{grad.data(), layout, rule, state.codes.data(),
-                                                                    state.scales.data(), reset, beta, T{1} - beta, scales,
-                                                                    codes, s.flags.data(), op.status()});
-    cuda_detail::loco_check_flags flags{};
-    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(&flags, s.flags.data(), sizeof flags, cudaMemcpyDeviceToHost, exec.native_stream()));
-    op.finish([&](errc, std::uint64_t i, std::uint32_t) {
-      return "gradient value " + std::to_string(i) + " of " + std::to_string(n) + " is NaN or Inf; the state is unchanged";
-    });
-    if (flags.too_large != 0) return false;
+    const cuda_detail::loco_uniform_blocks<T> step{grad.data(), layout, rule, state.codes.data(), state.scales.data(), reset,
+                                                   beta, T{1} - beta, scales, codes, s.flags.data(), op.status()};
+    if (cuda_detail::quads_fit(layout.block, layout.bits)) {
+      const bool vector = cuda_detail::vector_aligned(grad.data()) && reinterpret_cast<std::uintptr_t>(state.codes.data()) % 4 == 0;
+      cuda_detail::with_quad_constants(layout.bits, rule.mode, [&](auto bits, auto mode) {
+        cuda_detail::for_each_block(exec, layout.blocks(),
+                                    cuda_detail::loco_uniform_quads<T, decltype(bits)::value, decltype(mode)::value>{step, vector});
+      });
+    } else {
+      cuda_detail::for_each_block(exec, layout.blocks(), step);
+    }
+    // Sealed before the wait; the seal writes nothing after a recorded failure (NaN or Inf in g).
     cuda_detail::seal_message(exec, out.data(),
                               {codec_id::uniform, dtype_of<T>, 0, 0, key, n, inner.payload_bytes(n), inner.params_hash(), 0},
                               s.crc, op);
+    op.finish([&](errc, std::uint64_t i, std::uint32_t) {
+      return "gradient value " + std::to_string(i) + " of " + std::to_string(n) + " is NaN or Inf; the state is unchanged";
+    });
+    cuda_detail::loco_check_flags flags{};  // the stream is idle now: this read does not wait for the step
+    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(&flags, s.flags.data(), sizeof flags, cudaMemcpyDeviceToHost, exec.native_stream()));
+    exec.synchronize();
+    if (flags.too_large != 0) {
+      // Nothing was coded, but the seal ran: unseal before the reference steps write the message.
+      GRADCOMP_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, envelope::size, exec.native_stream()));
+      return false;
+    }
     bytes = size;
     return true;
   }

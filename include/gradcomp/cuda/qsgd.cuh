@@ -1,8 +1,9 @@
 #pragma once
 /// @file
-/// The QSGD quantizer on the GPU, byte-identical to the CPU reference: a warp per bucket finds its
-/// largest magnitude and lane 0 sums its squared norm in the documented left-to-right order
-/// (quantize/qsgd_math.hpp, the very function the CPU calls); then one thread per 32-bit word
+/// The QSGD quantizer on the GPU, byte-identical to the CPU reference: a warp per 32 buckets stages
+/// them in shared memory and lane b finds bucket b's largest magnitude and sums its squares in the
+/// documented left-to-right order (quantize/qsgd_math.hpp, the sum the CPU forms; block sums,
+/// cuda/block_codes.cuh); then one thread per 32-bit word
 /// codes its values, drawing element i's uniform from word i of the Philox stream. Decoding
 /// checks every norm and code first, then writes ±norm·level/s (cuda/block_codes.cuh).
 
@@ -37,14 +38,17 @@ namespace cuda_detail {
 /// Reason of a bucket whose L2 norm overflows the value type (after the block-code reasons).
 inline constexpr std::uint32_t qsgd_norm_overflow = 4;
 
-/// A bucket's L2 norm into the message (`non_finite_input` when it overflows the value type).
+/// A bucket's L2 norm into the message, from its sum of squares in the documented order
+/// (block_sums_kernel forms it; `non_finite_input` when the norm overflows the value type).
 template <class T>
 struct qsgd_bucket_norm_stat {
+  using sum_type = qsgd_square_sum<T>;
+
   T* norms;
 
-  __device__ void operator()(std::uint64_t j, const T* x, std::uint64_t count, T m, device_status* status) const {
+  __device__ void operator()(std::uint64_t j, const sum_type& sum, std::uint64_t, T m, device_status* status) const {
     T norm = T{0};
-    if (!qsgd_bucket_norm(x, count, m, norm)) {
+    if (!sum.norm(m, norm)) {
       record_failure(status, errc::non_finite_input, j, qsgd_norm_overflow);
       norm = T{0};
     }

@@ -88,6 +88,8 @@ __device__ inline std::uint64_t append_slot(unsigned long long* counter) {
 
 /// Selecting among the elements' own keys: every element takes part.
 struct by_key {
+  /// Whether the pass has nothing to count (never: the keys are still being selected).
+  __device__ bool nothing_to_count() const { return false; }
   template <class View>
   __device__ bool takes_part(const View&, std::uint64_t) const {
     return true;
@@ -102,6 +104,11 @@ struct by_key {
 /// lowest indices of the ties).
 struct by_index_among_ties {
   const radix_state* ties_of;
+
+  /// Whether the pass has nothing to count: every tie is kept (the rank is all of them), so the
+  /// index passes return at once and the last kept index stays the largest
+  /// (radix_begin_ties_kernel).
+  __device__ bool nothing_to_count() const { return ties_of->rank == ties_of->matching; }
 
   template <class View>
   __device__ bool takes_part(const View& view, std::uint64_t j) const {
@@ -118,6 +125,7 @@ struct by_index_among_ties {
 template <class Source, class Selection>
 __global__ void radix_histogram_kernel(Source source, Selection selection, const radix_state* state, radix_digit digit,
                                        unsigned long long* bins) {
+  if (selection.nothing_to_count()) return;  // the same for every thread: before any barrier
   __shared__ unsigned int local[radix_bins];
   for (unsigned b = threadIdx.x; b < radix_bins; b += blockDim.x) local[b] = 0;
   __syncthreads();
@@ -195,10 +203,15 @@ __global__ void radix_begin_kernel(radix_state* state, radix_state start) {
   if (blockIdx.x == 0 && threadIdx.x == 0) *state = start;
 }
 
-/// Starts the selection of the r lowest indices among the ties of `value_state`'s target.
+/// Starts the selection of the r lowest indices among the ties of `value_state`'s target. When
+/// every tie is kept (r is all of them), the last kept index is the largest there is, and the
+/// index passes count nothing (by_index_among_ties::nothing_to_count), so the pick leaves it.
 template <class = void>
 __global__ void radix_begin_ties_kernel(const radix_state* value_state, radix_state* index_state) {
-  if (blockIdx.x == 0 && threadIdx.x == 0) *index_state = radix_state{0, value_state->rank, 0};
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    const bool all_kept = value_state->rank == value_state->matching;
+    *index_state = radix_state{all_kept ? ~std::uint64_t{0} : 0, value_state->rank, 0};
+  }
 }
 
 /// Appends the index of every element whose key shares the top bits from `decided_above` with the

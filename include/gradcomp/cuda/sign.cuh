@@ -1,8 +1,9 @@
 #pragma once
 /// @file
-/// The sign quantizer on the GPU, byte-identical to the CPU reference: a warp per block finds its
-/// largest magnitude and lane 0 sums its mean magnitude in the documented left-to-right order
-/// (quantize/sign_math.hpp, the very function the CPU calls); then one thread per 32-bit word
+/// The sign quantizer on the GPU, byte-identical to the CPU reference: a warp per 32 blocks stages
+/// them in shared memory and lane b finds block b's largest magnitude and sums its mean magnitude
+/// in the documented left-to-right order (quantize/sign_math.hpp, the sum the CPU forms; block
+/// sums, cuda/block_codes.cuh); then one thread per 32-bit word
 /// writes 32 sign bits (0 under a zero scale). Decoding checks every scale and bit first, then
 /// writes ±scale (cuda/block_codes.cuh).
 
@@ -32,13 +33,16 @@ namespace gradcomp {
 
 namespace cuda_detail {
 
-/// A block's mean-magnitude scale into the message.
+/// A block's mean-magnitude scale into the message, from its sum in the documented order
+/// (block_sums_kernel forms it).
 template <class T>
 struct sign_block_scale_stat {
+  using sum_type = sign_magnitude_sum<T>;
+
   T* scales;
 
-  __device__ void operator()(std::uint64_t j, const T* x, std::uint64_t count, T m, device_status*) const {
-    scales[j] = sign_block_scale(x, count, m);
+  __device__ void operator()(std::uint64_t j, const sum_type& sum, std::uint64_t count, T m, device_status*) const {
+    scales[j] = sum.scale(count, m);
   }
 };
 

@@ -40,34 +40,45 @@ GRADCOMP_HOST_DEVICE constexpr int qsgd_code_bits(std::uint32_t levels) noexcept
   return needed <= 2 ? 2 : (needed <= 4 ? 4 : 8);
 }
 
+/// The sum of squares behind a bucket's norm, Σx_i² (block_sum's order and scaling;
+/// qsgd_bucket_norm is its loop).
+template <gradient_value T>
+struct qsgd_square_sum : block_sum<T> {
+  using block_sum<T>::block_sum;
+
+  /// Adds the next value's square.
+  GRADCOMP_HOST_DEVICE void add(T x) noexcept {
+    const double v = this->scaled(x);
+    this->acc += mul_rn(v, v);
+  }
+
+  /// The norm into `out` once the bucket's values are added (0 when `max_abs` is 0); false
+  /// (leaving `out` unset) when it is not representable in T.
+  GRADCOMP_HOST_DEVICE bool norm(T max_abs, T& out) const noexcept {
+    if (!(max_abs > T{0})) {
+      out = T{0};
+      return true;
+    }
+    if constexpr (sizeof(T) == 4) {
+      const double root = detail::square_root(this->acc);
+      if (!(root <= static_cast<double>(3.40282346638528859811704183484516925e+38))) return false;  // FLT_MAX
+      out = static_cast<T>(root);
+      return true;
+    } else {
+      out = detail::scale_by_pow2(detail::square_root(this->acc), this->exponent);
+      return is_finite(out);
+    }
+  }
+};
+
 /// Norm of a bucket of `count` ≥ 1 finite values whose largest magnitude is `max_abs`, computed in
 /// the documented order. Returns false (leaving `norm` unset) when the norm is not representable in T.
 template <gradient_value T>
 GRADCOMP_HOST_DEVICE inline bool qsgd_bucket_norm(const T* x, std::uint64_t count, T max_abs, T& norm) noexcept {
-  if (!(max_abs > T{0})) {
-    norm = T{0};
-    return true;
-  }
-  if constexpr (sizeof(T) == 4) {
-    double acc = 0.0;
-    for (std::uint64_t i = 0; i < count; ++i) {
-      const auto v = static_cast<double>(x[i]);
-      acc += mul_rn(v, v);
-    }
-    const double root = detail::square_root(acc);
-    if (!(root <= static_cast<double>(3.40282346638528859811704183484516925e+38))) return false;  // FLT_MAX
-    norm = static_cast<T>(root);
-    return true;
-  } else {
-    const int e = detail::binary_exponent(max_abs);
-    double acc = 0.0;
-    for (std::uint64_t i = 0; i < count; ++i) {
-      const double v = detail::scale_by_pow2(x[i], -e);
-      acc += mul_rn(v, v);
-    }
-    norm = detail::scale_by_pow2(detail::square_root(acc), e);
-    return is_finite(norm);
-  }
+  qsgd_square_sum<T> sum(max_abs);
+  if (max_abs > T{0})
+    for (std::uint64_t i = 0; i < count; ++i) sum.add(x[i]);
+  return sum.norm(max_abs, norm);
 }
 
 /// Level in [0, s] of a value of magnitude `abs_x` in a bucket of norm `norm` > 0; `u` ∈ [0, 1).

@@ -65,25 +65,62 @@ GRADCOMP_HOST_DEVICE inline std::uint8_t sign_bit_of(T value) noexcept {
   return static_cast<std::uint8_t>(to_bits(value) >> (sizeof(T) * 8 - 1));
 }
 
+/// A block's sum in double, term by term in index order (the documented order), for backends that
+/// see the block's values one at a time. A value enters as `scaled(x)`: a float as it is, a double
+/// times 2^−E (E = ilogb of the block's largest magnitude), so that the sum can neither overflow
+/// nor lose subnormals.
+template <gradient_value T>
+struct block_sum {
+  /// Whether the terms depend on the block's largest magnitude (double).
+  static constexpr bool needs_max = sizeof(T) == 8;
+
+  double acc = 0.0;  ///< The sum so far.
+  int exponent = 0;  ///< E (double, m > 0).
+
+  /// An empty sum for a block whose largest magnitude is `max_abs` (unused for float).
+  GRADCOMP_HOST_DEVICE explicit block_sum(T max_abs) noexcept {
+    if constexpr (needs_max)
+      if (max_abs > T{0}) exponent = detail::binary_exponent(max_abs);
+  }
+
+  /// x as the sum's terms take it.
+  [[nodiscard]] GRADCOMP_HOST_DEVICE double scaled(T x) const noexcept {
+    if constexpr (sizeof(T) == 4) return static_cast<double>(x);
+    else return detail::scale_by_pow2(x, -exponent);
+  }
+};
+
+/// The sum behind a block's scale, Σ|x_i| (sign_block_scale is its loop).
+template <gradient_value T>
+struct sign_magnitude_sum : block_sum<T> {
+  using block_sum<T>::block_sum;
+
+  /// Adds the next value's term.
+  GRADCOMP_HOST_DEVICE void add(T x) noexcept { this->acc += this->scaled(from_bits<T>(magnitude_key(x))); }
+
+  /// The scale of the block once its `count` values are added (0 when `max_abs` is 0).
+  [[nodiscard]] GRADCOMP_HOST_DEVICE T scale(std::uint64_t count, T max_abs) const noexcept {
+    if (!(max_abs > T{0})) return T{0};
+    if constexpr (sizeof(T) == 4) {
+      double mean = this->acc / static_cast<double>(count);
+      const auto m = static_cast<double>(max_abs);
+      mean = mean < m ? mean : m;
+      return static_cast<T>(mean);
+    } else {
+      const double mean = detail::scale_by_pow2(this->acc / static_cast<double>(count), this->exponent);
+      return mean < max_abs ? mean : max_abs;
+    }
+  }
+};
+
 /// Scale of a block of `count` ≥ 1 finite values whose largest magnitude is `max_abs`: their mean
 /// magnitude, summed in the documented order (this file's comment).
 template <gradient_value T>
 GRADCOMP_HOST_DEVICE inline T sign_block_scale(const T* x, std::uint64_t count, T max_abs) noexcept {
   if (!(max_abs > T{0})) return T{0};
-  if constexpr (sizeof(T) == 4) {
-    double acc = 0.0;
-    for (std::uint64_t i = 0; i < count; ++i) acc += static_cast<double>(from_bits<T>(magnitude_key(x[i])));
-    double mean = acc / static_cast<double>(count);
-    const auto m = static_cast<double>(max_abs);
-    mean = mean < m ? mean : m;
-    return static_cast<T>(mean);
-  } else {
-    const int e = detail::binary_exponent(max_abs);
-    double acc = 0.0;
-    for (std::uint64_t i = 0; i < count; ++i) acc += detail::scale_by_pow2(from_bits<T>(magnitude_key(x[i])), -e);
-    const double mean = detail::scale_by_pow2(acc / static_cast<double>(count), e);
-    return mean < max_abs ? mean : max_abs;
-  }
+  sign_magnitude_sum<T> sum(max_abs);
+  for (std::uint64_t i = 0; i < count; ++i) sum.add(x[i]);
+  return sum.scale(count, max_abs);
 }
 
 /// Decoded value of a bit under a block scale: +0 for a zero scale, else ±scale.
