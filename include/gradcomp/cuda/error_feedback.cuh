@@ -132,8 +132,8 @@ struct backend<error_feedback<Codec>, cuda_executor> {
     return cuda_detail::operation::workspace_bytes([&](workspace_arena& arena) { (void)carve(arena, ef, e, n); });
   }
 
-  static state_type make_state(const ef_type&, const cuda_executor&, std::uint64_t n) {
-    return state_type{device_array<T>(static_cast<std::size_t>(n)), device_array<T>(static_cast<std::size_t>(n)), 0};
+  static state_type make_state(const ef_type&, const cuda_executor& exec, std::uint64_t n) {
+    return state_type{device_array<T>(static_cast<std::size_t>(n), exec), device_array<T>(static_cast<std::size_t>(n), exec), 0};
   }
 
   static std::size_t encode(const ef_type& ef, const cuda_executor& caller, std::span<const T> grad, state_type& state,

@@ -374,9 +374,9 @@ struct backend<loco<Codec>, cuda_executor> {
     return cuda_detail::operation::workspace_bytes([&](workspace_arena& arena) { (void)carve(arena, lc, e, n); });
   }
 
-  static state_type make_state(const loco_type& lc, const cuda_executor&, std::uint64_t n) {
-    return state_type{device_array<std::int8_t>(static_cast<std::size_t>(n)),
-                      device_array<T>(static_cast<std::size_t>(lc.group_count(n))), 0, 0};
+  static state_type make_state(const loco_type& lc, const cuda_executor& exec, std::uint64_t n) {
+    return state_type{device_array<std::int8_t>(static_cast<std::size_t>(n), exec),
+                      device_array<T>(static_cast<std::size_t>(lc.group_count(n)), exec), 0, 0};
   }
 
   static std::size_t encode(const loco_type& lc, const cuda_executor& caller, std::span<const T> grad, state_type& state,

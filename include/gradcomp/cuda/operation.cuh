@@ -45,15 +45,19 @@ static_assert(max_grid >= 1 && max_grid <= 0x7FFFFFFF, "GRADCOMP_CUDA_MAX_GRID m
 }
 
 /// Blocks for a kernel that streams over `items` items and reduces into shared memory per block
-/// (the radix histograms): enough to keep every SM of the current device busy (16 blocks each),
-/// and no more, so each block covers many items before it flushes its bins.
+/// (the radix histograms): as many blocks of `block_threads` as the current device keeps resident
+/// at once (its threads per SM over `block_threads`, 8 on Hopper, times its SMs), and no more, so
+/// that all of them run in one wave and each covers many items before it flushes its bins.
 /// @throws error `device_failed`.
 inline unsigned streaming_grid_for(std::uint64_t items) {
   int device = 0;
   int sms = 0;
+  int threads_per_sm = 0;
   GRADCOMP_CUDA_CHECK(cudaGetDevice(&device));
   GRADCOMP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return std::min(grid_for(items), 16u * static_cast<unsigned>(std::max(sms, 1)));
+  GRADCOMP_CUDA_CHECK(cudaDeviceGetAttribute(&threads_per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device));
+  const unsigned resident = std::max(static_cast<unsigned>(threads_per_sm) / block_threads, 1u);
+  return std::min(grid_for(items), resident * static_cast<unsigned>(std::max(sms, 1)));
 }
 
 /// What the kernels of one operation found wrong: the `errc` of a failure (0 when none), and
