@@ -6,17 +6,13 @@
 //
 // The JSON file is an array of records; each carries a "run" object: the CPU model and logical CPU
 // count, the compiler, the C++ flags of the build's configuration, gradcomp's version and the
-// commit built. The commit and flags come from <gradcomp_build_info.hpp>, which the build writes at
-// every build (cmake/write-build-info.cmake): the commit is "unknown" outside a git checkout (a
-// release tarball, a package build) and ends in "-dirty" when tracked files had changes.
+// commit built. The commit and flags come from the library gradcomp_build_info, whose source the
+// build writes at every build (cmake/gradcomp-build-info.cmake): the commit is "unknown" outside a
+// git checkout (a release tarball, a package build) and ends in "-dirty" when tracked files had
+// changes.
 #include <gradcomp/version.hpp>
 
-#if __has_include(<gradcomp_build_info.hpp>)
 #include <gradcomp_build_info.hpp>
-#else
-#define GRADCOMP_BUILD_COMMIT "unknown"
-#define GRADCOMP_BUILD_FLAGS "unknown"
-#endif
 
 #if defined(__APPLE__)
 #include <sys/sysctl.h>
@@ -226,9 +222,9 @@ inline run_context describe_run() {
   return {.cpu = cpu_model(),
           .logical_cpus = std::thread::hardware_concurrency(),
           .compiler = compiler_name(),
-          .flags = GRADCOMP_BUILD_FLAGS,
+          .flags = gradcomp_build_flags(),
           .version = fmt::format("{}.{}.{}", gradcomp::version_major, gradcomp::version_minor, gradcomp::version_patch),
-          .commit = GRADCOMP_BUILD_COMMIT};
+          .commit = gradcomp_build_commit()};
 }
 
 // ---- output ------------------------------------------------------------------------------------
