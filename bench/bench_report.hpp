@@ -177,7 +177,7 @@ struct run_context {
   std::string cpu;          ///< CPU model ("unknown" where the system does not say).
   unsigned logical_cpus = 0;  ///< Logical CPUs of the machine (std::thread::hardware_concurrency).
   std::string compiler;     ///< Compiler and version, from its predefined macros.
-  std::string flags;        ///< C++ flags of the build's configuration (CMAKE_CXX_FLAGS[_<CONFIG>]).
+  std::string flags;        ///< Flags of the build's configuration (CMAKE_CXX_FLAGS[_<CONFIG>], CUDA's for nvcc).
   std::string version;      ///< gradcomp's version.
   std::string commit;       ///< The commit built ("unknown" outside a git checkout; "-dirty" with changes).
 };
@@ -222,7 +222,11 @@ inline run_context describe_run() {
   return {.cpu = cpu_model(),
           .logical_cpus = std::thread::hardware_concurrency(),
           .compiler = compiler_name(),
+#if defined(__CUDACC__)
+          .flags = gradcomp_build_cuda_flags(),
+#else
           .flags = gradcomp_build_flags(),
+#endif
           .version = fmt::format("{}.{}.{}", gradcomp::version_major, gradcomp::version_minor, gradcomp::version_patch),
           .commit = gradcomp_build_commit()};
 }

@@ -13,16 +13,21 @@ file(CONFIGURE OUTPUT "${gradcomp_build_info_dir}/gradcomp_build_info.hpp" CONTE
 const char* gradcomp_build_commit() noexcept;
 /// The C++ flags of the configuration built (CMAKE_CXX_FLAGS and CMAKE_CXX_FLAGS_<CONFIG>).
 const char* gradcomp_build_flags() noexcept;
+/// The same for CUDA sources (CMAKE_CUDA_FLAGS[_<CONFIG>]; empty where CUDA is not enabled).
+const char* gradcomp_build_cuda_flags() noexcept;
 ")
-set(gradcomp_build_flags "${CMAKE_CXX_FLAGS}")
-foreach(config IN ITEMS Debug Release RelWithDebInfo MinSizeRel)
-  string(TOUPPER "${config}" config_upper)
-  string(APPEND gradcomp_build_flags "$<$<CONFIG:${config}>: ${CMAKE_CXX_FLAGS_${config_upper}}>")
+# CMAKE_<LANG>_FLAGS and CMAKE_<LANG>_FLAGS_<CONFIG> of the configuration being built.
+foreach(language IN ITEMS CXX CUDA)
+  set(gradcomp_build_flags_${language} "${CMAKE_${language}_FLAGS}")
+  foreach(config IN ITEMS Debug Release RelWithDebInfo MinSizeRel)
+    string(TOUPPER "${config}" config_upper)
+    string(APPEND gradcomp_build_flags_${language} "$<$<CONFIG:${config}>: ${CMAKE_${language}_FLAGS_${config_upper}}>")
+  endforeach()
 endforeach()
 find_package(Git QUIET)
 add_custom_target(gradcomp_build_info_source
   COMMAND "${CMAKE_COMMAND}" "-DSOURCE_DIR=${PROJECT_SOURCE_DIR}" "-DGIT=${GIT_EXECUTABLE}"
-          "-DFLAGS=${gradcomp_build_flags}" "-DOUTPUT=${gradcomp_build_info_dir}/gradcomp_build_info.cpp"
+          "-DFLAGS=${gradcomp_build_flags_CXX}" "-DCUDA_FLAGS=${gradcomp_build_flags_CUDA}" "-DOUTPUT=${gradcomp_build_info_dir}/gradcomp_build_info.cpp"
           -P "${PROJECT_SOURCE_DIR}/cmake/write-build-info.cmake"
   BYPRODUCTS "${gradcomp_build_info_dir}/gradcomp_build_info.cpp"
   COMMENT "Recording the commit and flags of this build"
