@@ -2,6 +2,9 @@
 
     conan create . -pr:h packaging/conan/profile -pr:b packaging/conan/profile --build=missing --no-remote
 
+With a profile from `conan profile detect` (GCC 12 defaults to gnu17), add `-s compiler.cppstd=20`:
+the recipe refuses a C++ standard below 20.
+
 The package is gradcomp's own CMake install (headers + gradcomp-config.cmake), so consumers call
 find_package(gradcomp CONFIG REQUIRED [COMPONENTS cuda]) exactly as with a plain install. Nothing
 is required from a remote: tests, benchmark and examples are not built here.
@@ -18,11 +21,13 @@ from conan.tools.files import copy, load
 class GradcompConan(ConanFile):
     name = "gradcomp"
     description = "Header-only gradient compression for distributed deep-learning training"
+    license = "Apache-2.0"
+    # No public home page yet: set `url` and `homepage` when the repository is published.
     topics = ("gradient-compression", "distributed-training", "header-only", "cuda")
     package_type = "header-library"
     # Settings are declared only so that CMake can configure the install; package_id() drops them.
     settings = "os", "arch", "compiler", "build_type"
-    exports_sources = "include/*", "cmake/*", "CMakeLists.txt", "LICENSE"
+    exports_sources = "include/*", "cmake/*", "CMakeLists.txt", "LICENSE", "CHANGELOG.md"
     no_copy_source = True
 
     def set_version(self):
@@ -52,9 +57,7 @@ class GradcompConan(ConanFile):
         cmake.configure()
 
     def package(self):
-        license_file = os.path.join(self.source_folder, "LICENSE")
-        if os.path.isfile(license_file):
-            copy(self, "LICENSE", self.source_folder, os.path.join(self.package_folder, "licenses"))
+        copy(self, "LICENSE", self.source_folder, os.path.join(self.package_folder, "licenses"))
         CMake(self).install()
 
     def package_id(self):

@@ -36,12 +36,18 @@
 ///   zfp8/encode          ZFP fixed rate, 8 bits per value (compression ratio 4); /decode (the
 ///                        largest error is checked against lossless.md §2's bound and reported)
 ///   zfp16/encode         ZFP fixed rate, 16 bits per value; /decode
+///   crc32c/checksum      CRC-32C of the n·4 gradient bytes as the envelope's payload checksum
+///                        computes it (SSE4.2's crc32 instruction where the CPU has it); baseline
+///                        crc32c_table/checksum, the byte-wise table
 ///
 /// The CPU executor is the default one (AVX2 where the CPU has it, streamed stores for outputs of
 /// 8 MiB and more).
 ///
 /// gradient_gbps = n·4 bytes / median seconds (1 GB = 1e9 bytes); copy_gbps is memcpy's figure
 /// for the same n (bytes copied per second, not read + write); ratio_to_copy is their quotient.
+///
+/// `--json FILE` writes the records with the run's machine and build (bench_report.hpp);
+/// `--compare A.json B.json` prints each record's ratio_to_copy in both files and its change.
 
 #include <gradcomp/gradcomp.hpp>
 
@@ -106,6 +112,7 @@ constexpr double lhc_cut_sigmas = 1.959964;  // |x| > 1.96σ keeps 5% of a norma
 constexpr std::uint32_t sketch_rows = 3;                        // count sketch: r
 constexpr std::uint64_t sketch_columns = std::uint64_t{1} << 20;  // count sketch: c
 constexpr double sketch_update_ns_target = 4.0;                 // ns per element-row update
+constexpr double crc32c_gbps_target = 1.0;                      // CRC-32C, single thread
 
 constexpr std::string_view usage_text = R"(usage: gradcomp-bench [options]
 
@@ -118,7 +125,11 @@ options:
   --quick       run only n = 2^20 (smoke test)
   --reps N      timed runs per operation (default 7); best and median are reported
   --warmup N    untimed runs before the timed ones (default 2)
-  --json FILE   also write the records as a JSON array to FILE
+  --json FILE   also write the records as a JSON array to FILE, each with the run's machine
+                (CPU model, logical CPUs), compiler, flags, gradcomp version and commit
+  --compare A.json B.json
+                run nothing: print every record's ratio to memcpy in file A and in file B and
+                its change (files of gradcomp-bench or gradcomp-bench-cuda)
   --help        print this text and exit
 
 Targets are printed as PASS/FAIL lines after the table; they are informational and do not
@@ -132,6 +143,7 @@ struct options {
   int warmup = 2;
   int reps = 7;
   std::string json;
+  std::vector<std::string> compare;  ///< --compare A.json B.json
   bool help = false;
 };
 
@@ -168,6 +180,10 @@ options parse_options(int argc, char** argv) {
     } else if (arg == "--json") {
       opt.json = std::string(value());
       if (opt.json.empty()) throw usage_error("--json needs a file name");
+    } else if (arg == "--compare") {
+      if (inline_value || i + 2 >= args.size()) throw usage_error("--compare needs two files: --compare A.json B.json");
+      opt.compare = {std::string(args[i + 1]), std::string(args[i + 2])};
+      i += 2;
     } else {
       throw usage_error(fmt::format("unknown argument '{}'", arg));
     }
@@ -598,6 +614,25 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
     require_check(worst <= 1.0, fmt::format("{} decoded outside its error bound (ratio {})", name, worst));
   }
 
+  // CRC-32C of the gradient's bytes: crc32c() as the envelope calls it, and the table it replaces
+  // where the CPU has SSE4.2. Both must give the same value.
+  fmt::print(stderr, "gradcomp-bench: n = {}: crc32c\n", n);
+  std::fflush(stderr);
+  {
+    const std::byte* const bytes = reinterpret_cast<const std::byte*>(gradient.data());
+    const std::size_t byte_count = size * sizeof(float);
+    std::uint32_t crc = 0, table_crc = 0;
+    const timing table = measure(
+        opt, [&] { table_crc = detail::crc32c_update_portable(0xFFFFFFFFu, bytes, byte_count) ^ 0xFFFFFFFFu; },
+        [&] { sum.add(std::uint64_t{table_crc}); });
+    add("crc32c_table/checksum", table, 1.0);
+    const timing dispatched = measure(opt, [&] { crc = crc32c(bytes, byte_count); }, [&] { sum.add(std::uint64_t{crc}); });
+    record& r = add("crc32c/checksum", dispatched, 1.0);
+    r.baseline = "crc32c_table/checksum";
+    r.speedup = table.median / dispatched.median;
+    require_check(crc == table_crc, fmt::format("crc32c {:#010x} differs from the table's {:#010x}", crc, table_crc));
+  }
+
   for (std::size_t i = first; i < records.size(); ++i) records[i].copy_median = copy.median;
 }
 
@@ -631,6 +666,12 @@ void print_targets(const std::vector<record>& records, const std::vector<std::ui
            fmt::format("count_sketch/encode n={}: {:.2f} ns per element-row update <= {} ({} rows, {} columns)", n, ns,
                        sketch_update_ns_target, sketch_rows, sketch_columns));
     }
+    if (const record* r = find_record(records, "crc32c/checksum", n); r != nullptr)
+      line(r->gradient_gbps() >= crc32c_gbps_target,
+           fmt::format("crc32c/checksum n={}: {:.2f} GB/s >= {} ({}; {:.3f} of memcpy, {:.1f}x the table)", n,
+                       r->gradient_gbps(), crc32c_gbps_target,
+                       gradcomp::cpu_has_sse42() ? "SSE4.2 crc32" : "table: no SSE4.2", r->ratio_to_copy(),
+                       r->speedup.value_or(0.0)));
     for (const ratio_target& t : quantizer_targets) {
       if (const record* r = find_record(records, t.name, n); r != nullptr)
         line(r->ratio_to_copy() >= t.ratio,
@@ -655,19 +696,26 @@ void print_targets(const std::vector<record>& records, const std::vector<std::ui
 
 int main(int argc, char** argv) {
   return bench_main("gradcomp-bench", usage_text, argc, argv, parse_options, [](const options& opt) {
+    if (!opt.compare.empty()) {
+      compare_files(opt.compare[0], opt.compare[1]);
+      return 0;
+    }
     std::vector<record> records;
     checksum sum;
     for (const std::uint64_t n : opt.sizes) run_size(n, opt, records, sum);
 
     fmt::print("gradcomp-bench: single thread, float32 ~ N(0, sigma={}), seed {:#x}, density {}, {} warm-up + {} timed "
-               "runs; GB/s = 1e9 bytes of gradient (n*4) per second at the median time\n\n",
+               "runs; GB/s = 1e9 bytes of gradient (n*4) per second at the median time\n",
                gradient_stddev, gradient_seed, target_density, opt.warmup, opt.reps);
+    const run_context run = describe_run();
+    fmt::print("machine: {}, {} logical CPUs; built by {} with \"{}\"; gradcomp {} at {}\n\n", run.cpu,
+               run.logical_cpus, run.compiler, run.flags, run.version, run.commit);
     print_table(records, gradcomp::cpu_executor::name);
     print_targets(records, opt.sizes);
     fmt::print("\nchecksum {:016x}\n", sum.value());
 
     if (!opt.json.empty()) {
-      write_file(opt.json, to_json(records, gradcomp::cpu_executor::name, {}));
+      write_file(opt.json, to_json(records, gradcomp::cpu_executor::name, {}, run));
       fmt::print("wrote {} records to {}\n", records.size(), opt.json);
     }
     return 0;

@@ -1,6 +1,10 @@
 #pragma once
 /// @file
-/// Library version, kept in step with the CMake project version.
+/// Library version. CMakeLists.txt's `project(gradcomp VERSION ...)` is the one source; the ctest
+/// `package.version` fails when this header, packaging/vcpkg/ports/gradcomp/vcpkg.json or
+/// CHANGELOG.md disagree with it (conanfile.py reads it from CMakeLists.txt).
+
+#include <gradcomp/core/config.hpp>
 
 namespace gradcomp {
 

@@ -1,7 +1,22 @@
 #pragma once
 /// @file
-/// Compiler configuration shared by every gradcomp header: host/device function markers and the
-/// platform assumptions of the wire format.
+/// Compiler configuration shared by every gradcomp header: the C++20 check, host/device function
+/// markers and the platform assumptions of the wire format.
+
+// The language check comes before any include: a C++17 compiler would otherwise stop at the first
+// C++20 name (std::endian, concepts) with no word about the cause. MSVC reports the standard in
+// _MSVC_LANG (__cplusplus stays 199711L without /Zc:__cplusplus); nvcc and clang in CUDA mode
+// report their -std in __cplusplus. Anything after C++17 passes (GCC 10 and Clang 10 say 201709L
+// and 201707L for -std=c++2a).
+#if defined(_MSVC_LANG)
+#  define GRADCOMP_CPLUSPLUS _MSVC_LANG
+#else
+/// The C++ standard the compiler is in (`__cplusplus`, or `_MSVC_LANG` with MSVC).
+#  define GRADCOMP_CPLUSPLUS __cplusplus
+#endif
+#if GRADCOMP_CPLUSPLUS <= 201703L
+#  error "gradcomp needs C++20, and this compiler is in C++17 or older mode: compile with -std=c++20 (GCC, Clang, nvcc) or /std:c++20 (MSVC); CMake users link gradcomp::gradcomp, which asks for cxx_std_20"
+#endif
 
 #include <bit>
 

@@ -5,7 +5,8 @@
 ///
 /// Kernels are compiled for the target's baseline (SSE2 on x86-64) and, with GCC or Clang on x86,
 /// also for AVX2 (and Philox for AVX-512F), chosen at run time when the CPU has it. Every choice writes the same bytes: the
-/// wider kernels are twins of the baseline ones, not approximations.
+/// wider kernels are twins of the baseline ones, not approximations. CRC-32C (core/crc32c.hpp) uses
+/// the SSE4.2 `crc32` instruction on x86-64 CPUs that have it, whatever the executor's `max_simd`.
 
 #include <cstddef>
 #include <cstdint>
@@ -23,6 +24,12 @@
 /// Compiles the function it marks for AVX-512F; callers must check `cpu_has_avx512()` first.
 #  define GRADCOMP_TARGET_AVX512 __attribute__((target("avx512f")))
 #endif
+#if defined(GRADCOMP_HAVE_AVX2) && defined(__x86_64__)
+/// Defined when the SSE4.2 code (CRC-32C's `crc32` loop, x86-64 only) is compiled.
+#  define GRADCOMP_HAVE_SSE42 1
+/// Compiles the function it marks for SSE4.2; callers must check `cpu_has_sse42()` first.
+#  define GRADCOMP_TARGET_SSE42 __attribute__((target("sse4.2")))
+#endif
 
 namespace gradcomp {
 
@@ -37,6 +44,16 @@ enum class cpu_simd : std::uint8_t {
 [[nodiscard]] inline bool cpu_has_avx2() noexcept {
 #if defined(GRADCOMP_HAVE_AVX2)
   static const bool has = __builtin_cpu_supports("avx2") != 0;
+  return has;
+#else
+  return false;
+#endif
+}
+
+/// Whether this CPU executes SSE4.2 (its `crc32` instruction) and gradcomp's SSE4.2 code is compiled in.
+[[nodiscard]] inline bool cpu_has_sse42() noexcept {
+#if defined(GRADCOMP_HAVE_SSE42)
+  static const bool has = __builtin_cpu_supports("sse4.2") != 0;
   return has;
 #else
   return false;

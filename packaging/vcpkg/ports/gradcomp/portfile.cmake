@@ -23,12 +23,11 @@ vcpkg_cmake_configure(
 )
 vcpkg_cmake_install()
 vcpkg_cmake_config_fixup(PACKAGE_NAME gradcomp CONFIG_PATH share/gradcomp)
+vcpkg_fixup_pkgconfig()
 
-file(REMOVE_RECURSE "${CURRENT_PACKAGES_DIR}/debug" "${CURRENT_PACKAGES_DIR}/lib")
+# LICENSE and CHANGELOG.md, which CMake installs into share/doc/gradcomp, are the port's copyright
+# file here (vcpkg's place for them).
+file(REMOVE_RECURSE "${CURRENT_PACKAGES_DIR}/debug" "${CURRENT_PACKAGES_DIR}/lib" "${CURRENT_PACKAGES_DIR}/share/doc")
 
 file(INSTALL "${CMAKE_CURRENT_LIST_DIR}/usage" DESTINATION "${CURRENT_PACKAGES_DIR}/share/${PORT}")
-if(EXISTS "${SOURCE_PATH}/LICENSE")
-    vcpkg_install_copyright(FILE_LIST "${SOURCE_PATH}/LICENSE")
-else()
-    vcpkg_install_copyright(FILE_LIST "${SOURCE_PATH}/README.md")
-endif()
+vcpkg_install_copyright(FILE_LIST "${SOURCE_PATH}/LICENSE")

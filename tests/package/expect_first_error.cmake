@@ -1,0 +1,22 @@
+# cmake -DEXPECTED=<text> -P expect_first_error.cmake -- <command...>
+# Runs the command and passes when it fails and the first line of its output that says "error"
+# contains EXPECTED: a compile stops at the check that should stop it, not at a consequence.
+set(command)
+set(after_separator FALSE)
+foreach(i RANGE ${CMAKE_ARGC})
+  if(after_separator)
+    list(APPEND command "${CMAKE_ARGV${i}}")
+  elseif("${CMAKE_ARGV${i}}" STREQUAL "--")
+    set(after_separator TRUE)
+  endif()
+endforeach()
+execute_process(COMMAND ${command} RESULT_VARIABLE result OUTPUT_VARIABLE output ERROR_VARIABLE output)
+message("${output}")
+if(result EQUAL 0)
+  message(FATAL_ERROR "the command succeeded; expected a failure with: ${EXPECTED}")
+endif()
+string(REGEX MATCH "[^\n]*error[^\n]*" first_error "${output}")
+string(FIND "${first_error}" "${EXPECTED}" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "the first error is\n  ${first_error}\nnot one containing\n  ${EXPECTED}")
+endif()
