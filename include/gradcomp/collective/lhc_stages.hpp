@@ -2,18 +2,32 @@
 /// @file
 /// The first collective stage of lossless homomorphic compression over a user transport, shared by
 /// the compressed all-reduce's two-stage plan and TAGC's reduce-scatter: which index coding the
-/// transport can aggregate, and the aggregation itself.
+/// transport can aggregate, the aggregation itself (in the transport's memory), and whether LHC
+/// decodes on an executor at all.
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
 
+#include <gradcomp/core/backend.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/sketch/lossless_homomorphic.hpp>
 #include <gradcomp/transport/transport.hpp>
 
 namespace gradcomp {
+
+/// Whether lossless homomorphic compression decodes on executor E: its backend has
+/// `workspace_bytes` and `decode`, which the two-stage all-reduce and TAGC need. True on the CPU;
+/// on the GPU once LHC's peeling decoder has its CUDA backend (the collectives are written over the
+/// executor and need nothing else).
+template <class E>
+concept lhc_decodes_on = requires(const lossless_homomorphic<float>& lhc, const E& e, std::span<const std::byte> index,
+                                  const lhc_plan& plan, std::span<const float> sketch, std::span<float> out,
+                                  std::span<std::byte> ws) {
+  backend<lossless_homomorphic<float>, E>::workspace_bytes(lhc, e, plan);
+  backend<lossless_homomorphic<float>, E>::decode(lhc, e, index, plan, sketch, out, ws);
+};
 
 /// The index coding `params` use over transport `X` with `ranks` ranks: the configured one, except
 /// that a bitmap over a transport without bitwise OR becomes 4-bit fields (P ≤ 15) or 8-bit fields
