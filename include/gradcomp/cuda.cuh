@@ -1,7 +1,9 @@
 #pragma once
 /// @file
-/// Umbrella header of the CUDA backend: `cuda_executor` and the CUDA implementation of every codec
-/// that has one. Include it from a .cu file compiled by nvcc (with -std=c++20); link the target
+/// Umbrella header of the CUDA backend: `cuda_executor`, the CUDA implementation of every codec
+/// that has one, the compressed collectives' device memory operations and state rollback, and
+/// `staged_transport` (a host transport for device buffers). The NCCL adapter is opt-in:
+/// <gradcomp/transport/nccl.cuh>. Include it from a .cu file compiled by nvcc (with -std=c++20); link the target
 /// `gradcomp::cuda`. It includes <gradcomp/gradcomp.hpp>, so the CPU reference is there too.
 
 #include <gradcomp/cuda/config.cuh>
@@ -10,6 +12,7 @@
 
 #include <gradcomp/cuda/block_codes.cuh>
 #include <gradcomp/cuda/check.cuh>
+#include <gradcomp/cuda/collective_memory.cuh>
 #include <gradcomp/cuda/count_sketch.cuh>
 #include <gradcomp/cuda/crc32c.cuh>
 #include <gradcomp/cuda/device_array.cuh>
@@ -26,12 +29,16 @@
 #include <gradcomp/cuda/pipeline.cuh>
 #include <gradcomp/cuda/qsgd.cuh>
 #include <gradcomp/cuda/radix_select.cuh>
+#include <gradcomp/cuda/rank_order_combine.cuh>
 #include <gradcomp/cuda/randomk.cuh>
 #include <gradcomp/cuda/shared_scale.cuh>
 #include <gradcomp/cuda/sign.cuh>
 #include <gradcomp/cuda/sparse_coding.cuh>
+#include <gradcomp/cuda/step_rollback.cuh>
 #include <gradcomp/cuda/threshold.cuh>
 #include <gradcomp/cuda/topk.cuh>
 #include <gradcomp/cuda/uniform.cuh>
 #include <gradcomp/cuda/warp.cuh>
 #include <gradcomp/cuda/zfp_fixed_rate.cuh>
+
+#include <gradcomp/transport/staged.cuh>

@@ -2,7 +2,8 @@
 /// @file
 /// The first collective stage of lossless homomorphic compression over a user transport, shared by
 /// the compressed all-reduce's two-stage plan and TAGC's reduce-scatter: which index coding the
-/// transport can aggregate, and the aggregation itself.
+/// transport can aggregate, the aggregation itself (in the transport's memory), and whether LHC
+/// decodes on an executor at all.
 
 #include <cstddef>
 #include <cstdint>

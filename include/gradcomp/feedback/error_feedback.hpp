@@ -65,19 +65,9 @@ struct error_feedback_state {
 /// Undoes a step of error feedback without a copy: a step that succeeds leaves the previous
 /// residual in `next` and adds one to `steps`, and a step that fails changes neither.
 template <gradient_value T>
-class step_rollback<error_feedback_state<T>> {
+class step_rollback<error_feedback_state<T>> : public exchanging_rollback<error_feedback_state<T>> {
  public:
-  /// Remembers the step count before the step.
-  explicit step_rollback(const error_feedback_state<T>& state) noexcept : steps_(state.steps) {}
-  /// Puts `state` back as it was when this rollback was made; call at most once.
-  void restore(error_feedback_state<T>& state) noexcept {
-    if (state.steps == steps_) return;  // the step did not happen
-    std::swap(state.residual, state.next);
-    state.steps = steps_;
-  }
-
- private:
-  std::uint64_t steps_;
+  using exchanging_rollback<error_feedback_state<T>>::exchanging_rollback;
 };
 
 /// Layout constants of a saved error-feedback state (see the table in this file's comment).

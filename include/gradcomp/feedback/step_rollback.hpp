@@ -9,6 +9,7 @@
 /// executor's stream (LoCo on the GPU: `cuda/step_rollback.cuh`). `rollback_point(e, state)` makes
 /// the right one for executor `e`.
 
+#include <cstdint>
 #include <type_traits>
 #include <utility>
 
@@ -25,6 +26,26 @@ class step_rollback {
 
  private:
   State saved_;
+};
+
+/// Undoes a step of a state that keeps its previous contents by itself (error feedback, on any
+/// executor): a step that succeeds writes the new residual into `next`, exchanges it with
+/// `residual` and adds one to `steps`; a step that fails changes neither. No copy: `restore`
+/// exchanges the two back. The specialisations of `step_rollback` for such states derive from it.
+template <class State>
+class exchanging_rollback {
+ public:
+  /// Remembers the step count before the step.
+  explicit exchanging_rollback(const State& state) noexcept : steps_(state.steps) {}
+  /// Puts `state` back as it was when this rollback was made; call at most once.
+  void restore(State& state) noexcept {
+    if (state.steps == steps_) return;  // the step did not happen
+    std::swap(state.residual, state.next);
+    state.steps = steps_;
+  }
+
+ private:
+  std::uint64_t steps_;
 };
 
 /// The rollback of `state`, made before a step on executor `e`: `step_rollback<State>(e, state)`
