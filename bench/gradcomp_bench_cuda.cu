@@ -31,6 +31,18 @@
 ///   ef_uniform8/encode   error feedback around 8-bit round to nearest (one kernel)
 ///   loco_uniform4/encode LoCo around 4-bit round to nearest (check kernel + one kernel)
 ///
+/// Where NCCL is found (GRADCOMP_BENCH_NCCL), the compressed collectives on one rank of NCCL: the
+/// whole gradient reduced on the GPU through nccl_transport, against NCCL's own all-reduce of the
+/// same buffer in the same run (each run restores the gradient with a device copy first, the
+/// baseline's too); compression_ratio is the gradient's bytes over the bytes one rank puts on each
+/// link, and the run prints the bytes nccl_transport copied to the host per step:
+///
+///   nccl/allreduce          ncclAllReduce (sum) of the n floats, in place
+///   ef_topk1/allreduce      compressed_all_reduce, top-k 1% + error feedback, average; baseline nccl/allreduce
+///   loco_uniform8/allreduce compressed_all_reduce, LoCo around 8-bit; baseline nccl/allreduce
+///   loco_uniform4/allreduce compressed_all_reduce, LoCo around 4-bit; baseline nccl/allreduce
+///   tagc/reduce_scatter     TAGC (f* = 0.95), where LHC decodes on the GPU; baseline nccl/allreduce
+///
 /// gradient_gbps = n·4 bytes / median seconds; copy_gbps is the copy's figure for the same n
 /// (bytes copied per second, not read + write); ratio_to_copy is their quotient, as in the CPU
 /// bench. Before timing, each codec's message for the first 2^20 values is compared with the CPU
@@ -41,6 +53,10 @@
 /// is set and there is no GPU: the tests' rule (tests/cuda/gpu_presence.hpp, docs/cuda.md §6).
 
 #include <gradcomp/cuda.cuh>
+#if defined(GRADCOMP_BENCH_NCCL)
+#  include <gradcomp/transport/nccl.cuh>
+#  include <nccl.h>
+#endif
 
 #include <cub/device/device_radix_sort.cuh>
 #include <cuda_runtime.h>
@@ -49,6 +65,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -285,6 +302,105 @@ void print_targets(const std::vector<record>& records, std::uint64_t n, const st
   fmt::print("torch.topk: run bench/torch_topk.py --gradcomp-json FILE with this run's JSON (target: >= 2x faster)\n");
 }
 
+#if defined(GRADCOMP_BENCH_NCCL)
+/// TAGC's collective record (f* = 0.95, blocks of 1024; the reduce-scatter of one rank is its whole
+/// sum). Its wire bytes are those a first call reports (indexes and segments).
+template <class Restore, class Collective>
+void tagc_record(const cuda_executor& exec, gradcomp::nccl_transport& t, device_array<float>& data, Restore& restore,
+                 Collective& collective) {
+  const gradcomp::tagc<float> scheme(gradcomp::tagc_params{.sparsify = {.zero_fraction = 0.95}});
+  auto state = scheme.make_state(exec);
+  device_array<float> out(data.size());
+  std::uint64_t step = 0;
+  const auto reduce = [&] {
+    return gradcomp::compressed_reduce_scatter(exec, t, scheme, state, std::span<const float>(data.span()), out.span(),
+                                               {.key = {.step = step++}, .average = true});
+  };
+  restore();
+  const std::uint64_t wire_bytes = reduce().sent_bytes;
+  collective("tagc/reduce_scatter", wire_bytes, [&] { (void)reduce(); });
+}
+
+/// The collective records: one-rank NCCL reductions of the whole gradient, compressed, aggregated
+/// and decoded on the GPU (nccl_transport on the bench's stream, a cuda_executor with a memory pool
+/// of the bench's that keeps the per-step scratch), against NCCL's own all-reduce of the same buffer
+/// in the same run. Every run first restores the gradient with a device copy (the baseline's too),
+/// since the reductions work in place. `wire_bytes` is what one rank puts on each link per step (its
+/// frame; TAGC: its indexes and segments); `host_bytes` what nccl_transport copied to the host in
+/// the last run (size and control words: never payload).
+void collective_records(bench_run& bench) {
+  using namespace gradcomp;
+  const std::uint64_t n = bench.n;
+  int device = 0;
+  GRADCOMP_CUDA_CHECK(cudaGetDevice(&device));
+  ncclComm_t comm = nullptr;
+  require_check(ncclCommInitAll(&comm, 1, &device) == ncclSuccess, "ncclCommInitAll of one rank");
+  cudaMemPool_t pool = nullptr;
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device;
+  GRADCOMP_CUDA_CHECK(cudaMemPoolCreate(&pool, &props));
+  std::uint64_t keep_all = std::numeric_limits<std::uint64_t>::max();
+  GRADCOMP_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
+  {
+    nccl_transport t(comm, bench.stream);
+    const cuda_executor exec{.stream = bench.stream, .memory_pool = pool};
+    device_array<float> data(n);
+    const auto restore = [&] {
+      GRADCOMP_CUDA_CHECK(
+          cudaMemcpyAsync(data.data(), bench.gradient.data(), n * sizeof(float), cudaMemcpyDeviceToDevice, bench.stream));
+    };
+    bench.add("nccl/allreduce", [&] {
+      restore();
+      require_check(ncclAllReduce(data.data(), data.data(), n, ncclFloat32, ncclSum, comm, bench.stream) == ncclSuccess,
+                    "ncclAllReduce");
+    });
+    std::vector<std::string> lines;
+    // One record: `reduce()` on the restored gradient, with NCCL's all-reduce as its baseline.
+    const auto collective = [&](const std::string& name, std::uint64_t wire_bytes, const std::function<void()>& reduce) {
+      std::uint64_t host_bytes = 0;
+      bench.add(name, [&] {
+        restore();
+        const std::uint64_t before = t.host_copy_bytes();
+        reduce();
+        host_bytes = t.host_copy_bytes() - before;
+      });
+      record& r = bench.records.back();
+      r.baseline = "nccl/allreduce";
+      r.compression_ratio = static_cast<double>(n * sizeof(float)) / static_cast<double>(wire_bytes);
+      lines.push_back(fmt::format("  {:<26} {:>12} wire bytes per rank and link, {:>6} bytes copied to the host per step", name,
+                                  wire_bytes, host_bytes));
+    };
+    // A wrapper's frame: its message (the size of a first step's, which these codecs keep) and the header.
+    const auto frame_bytes = [&](const auto& wrapper) {
+      auto scratch = wrapper.make_state(exec, n);
+      device_array<std::byte> out(wrapper.max_encoded_bytes(n));
+      device_array<std::byte> ws(wrapper.workspace_bytes(exec, n));
+      return detail::frame_header_bytes +
+             wrapper.encode(exec, std::span<const float>(bench.gradient.span()), scratch, out.span(), ws.span(), {});
+    };
+    const auto all_reduce = [&](const std::string& name, const auto& wrapper) {
+      auto state = wrapper.make_state(exec, n);
+      std::uint64_t step = 0;
+      collective(name, frame_bytes(wrapper), [&] {
+        (void)compressed_all_reduce(exec, t, wrapper, state, data.span(), {.key = {.step = step++}, .average = true});
+      });
+    };
+    all_reduce("ef_topk1/allreduce", error_feedback(topk_sparsifier<float>(sparsity{.density = target_density})));
+    all_reduce("loco_uniform8/allreduce", loco(uniform_quantizer<float>({.bits = 8})));
+    all_reduce("loco_uniform4/allreduce", loco(uniform_quantizer<float>({.bits = 4})));
+    tagc_record(exec, t, data, restore, collective);
+    fmt::print("collectives over nccl_transport (one rank; baseline nccl/allreduce):\n");
+    for (const std::string& line : lines) fmt::print("{}\n", line);
+    fmt::print("\n");
+  }
+  GRADCOMP_CUDA_CHECK(cudaStreamSynchronize(bench.stream));
+  GRADCOMP_CUDA_CHECK(cudaMemPoolDestroy(pool));
+  ncclCommDestroy(comm);
+}
+#endif
+
 void run(const options& opt) {
   const std::uint64_t n = opt.n;
   std::vector<float> host(n);
@@ -400,6 +516,9 @@ void run(const options& opt) {
   };
   feedback_record("ef_uniform8/encode", error_feedback(uniform_quantizer<float>({.bits = 8})));
   feedback_record("loco_uniform4/encode", loco(uniform_quantizer<float>({.bits = 4})));
+#if defined(GRADCOMP_BENCH_NCCL)
+  collective_records(bench);
+#endif
 
   const record& copy_record = records.front();
   for (record& r : records) r.copy_median = copy_record.time.median;
