@@ -155,7 +155,7 @@ TEST_CASE("kernel layout: each lane computes one Philox block, and every value d
   CHECK(quad_random_half(words, 0) != (stream.word(begin / 2) & 0xFFFFu));
 }
 
-TEST_CASE("kernel layout: the block-sum tiles stage every value of 32 blocks once per column chunk") {
+TEST_CASE("kernel layout: the block-sum tiles stage every value of 32 blocks once per column chunk, and no empty chunk") {
   const auto check = [](auto zero, std::uint64_t n, std::uint64_t block) {
     using T = decltype(zero);
     constexpr unsigned columns = tile_columns<T>;
@@ -163,7 +163,10 @@ TEST_CASE("kernel layout: the block-sum tiles stage every value of 32 blocks onc
     const std::uint64_t blocks = (n + block - 1) / block;
     for (std::uint64_t first = 0; first < blocks; first += 32) {
       std::vector<int> staged(n, 0);
-      for (std::uint64_t k = 0; k < block; k += columns) {
+      // The chunks run to the group's longest block, not to the block size: a block far larger
+      // than n (one scale for the whole tensor) would otherwise take up to 2^27 empty chunks.
+      for (std::uint64_t k = 0; k < tile_length(n, block, first); k += columns) {
+        std::uint64_t in_chunk = 0;
         std::set<std::pair<unsigned, unsigned>> cells;
         for (unsigned step = 0; step < columns; ++step)
           for (unsigned lane = 0; lane < 32; ++lane) {
@@ -178,14 +181,16 @@ TEST_CASE("kernel layout: the block-sum tiles stage every value of 32 blocks onc
             CHECK(i / block == first + row);  // the row's own block
             CHECK(i % block == k + column);   // in index order within it
             ++staged[i];
+            ++in_chunk;
           }
         CHECK(cells.size() == 32 * columns);  // one load per cell
+        CHECK(in_chunk > 0);
       }
       for (std::uint64_t i = first * block; i < n && i < (first + 32) * block; ++i) CHECK(staged[i] == 1);
     }
   };
   for (const std::uint64_t n : {1ull, 31ull, 256ull, 1000ull, 8195ull})
-    for (const std::uint64_t block : {1ull, 7ull, 16ull, 33ull, 100ull, 256ull}) {
+    for (const std::uint64_t block : {1ull, 7ull, 16ull, 33ull, 100ull, 256ull, 100'000ull, 0xFFFF'FFFFull}) {
       CAPTURE(n);
       CAPTURE(block);
       check(0.0f, n, block);

@@ -237,8 +237,9 @@ __global__ void block_sums_kernel(const T* g, block_layout layout, Stat stat, de
   for (std::uint64_t first = warp_id() * 32; first < blocks; first += warp_count() * 32) {
     const std::uint64_t j = first + lane;  // this lane's block
     const std::uint64_t count = j < blocks ? layout.count(j) : 0;
+    const std::uint64_t length = tile_length(layout.n, layout.block, first);  // the same on every lane
     const auto for_each_value = [&](auto&& f) {  // f(x) for the values of block j, in index order
-      for (std::uint64_t k = 0; k < layout.block; k += columns) {
+      for (std::uint64_t k = 0; k < length; k += columns) {
         const unsigned column = tile_column<T>(lane);
 #pragma unroll 8
         for (unsigned step = 0; step < columns; ++step) {

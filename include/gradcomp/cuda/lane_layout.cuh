@@ -21,8 +21,8 @@
 ///
 /// **Tiles.** The sign and QSGD encoders sum each block serially in index order (the wire format's
 /// order, quantize/sign_math.hpp). One warp takes 32 consecutive blocks, stages 128-byte column
-/// chunks of all 32 in shared memory with coalesced loads, and lane b sums block b: the sums run
-/// on 32 lanes at once, each in its block's order.
+/// chunks of all 32 (up to the longest of them) in shared memory with coalesced loads, and lane b
+/// sums block b: the sums run on 32 lanes at once, each in its block's order.
 
 #include <gradcomp/cuda/config.cuh>
 
@@ -145,6 +145,15 @@ GRADCOMP_HOST_DEVICE constexpr std::uint64_t tile_element(std::uint64_t n, std::
                                                           std::uint64_t k, unsigned column) noexcept {
   const std::uint64_t i = (first + row) * block + k + column;
   return k + column < block && i < n ? i : no_element;
+}
+
+/// Values of the longest of the 32 blocks from block `first` (the first of them: only the last block
+/// of the tensor is short) of an n-element tensor in blocks of `block` values: a tile's column
+/// chunks run from value 0 up to it, not to `block`, which may exceed n by far (one scale for a
+/// whole tensor), so that no chunk stages nothing.
+GRADCOMP_HOST_DEVICE constexpr std::uint64_t tile_length(std::uint64_t n, std::uint64_t block, std::uint64_t first) noexcept {
+  const std::uint64_t begin = first * block;
+  return n - begin < block ? n - begin : block;
 }
 
 /// Reads the `count` ≤ 4 values of a quad at `p` into `x` (0 past them): one 128-bit load (two for
