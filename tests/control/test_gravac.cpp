@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "support/errors.hpp"
+#include "support/oracles.hpp"
 
 namespace gradcomp::test {
 namespace {
@@ -161,11 +162,13 @@ TEST_CASE("gravac magnitude is the norm or the squared norm as the measure says"
 // Rank r's local statistics at step t: gradients and gains that differ by rank and by step, so
 // that controllers fed local values disagree.
 gravac_observation local_observation(int rank, int step) {
+  // Integers, divisions and products rounded on their own: the same bits wherever a compiler
+  // inlines this and whatever it fuses with the sums below (docs/design.md §6.1).
   const double gradient = 4.0 + rank + step % 3;
   return {.gradient = gradient,
-          .current = gradient * (0.6 + 0.1 * ((rank + step) % 4)),
-          .safe = gradient * (0.8 + 0.05 * rank),
-          .seconds = 0.5 + 0.1 * rank + 0.01 * step,
+          .current = rounded_product(gradient, static_cast<double>(6 + (rank + step) % 4) / 10.0),
+          .safe = rounded_product(gradient, static_cast<double>(16 + rank) / 20.0),
+          .seconds = static_cast<double>(50 + 10 * rank + step) / 100.0,
           .samples = 32};
 }
 

@@ -371,6 +371,31 @@ TEST_CASE("error feedback rejects damaged or mismatched saved states and keeps t
     CHECK(load(small_ef, huge, target) == named(errc::size_mismatch));
   }
 
+  SUBCASE("a NaN or infinite residual behind a valid payload CRC") {
+    const float specials[] = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                              std::numeric_limits<float>::signaling_NaN(), std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity()};
+    for (std::size_t i = 0; i < small_n; ++i)
+      for (const float special : specials) {
+        CAPTURE(i);
+        std::vector<std::byte> bytes = good;
+        std::memcpy(bytes.data() + 37 + 4 * i, &special, sizeof special);
+        const std::uint32_t crc = crc32c(std::span(bytes).subspan(37, 4 * small_n));
+        std::memcpy(bytes.data() + 37 + 4 * small_n, &crc, sizeof crc);
+        CHECK(load(small_ef, bytes, target) == named(errc::malformed_payload));
+      }
+    // The largest finite magnitudes still load.
+    std::vector<std::byte> bytes = good;
+    const float largest[] = {std::numeric_limits<float>::max(), -std::numeric_limits<float>::max()};
+    std::memcpy(bytes.data() + 37, largest, sizeof largest);
+    const std::uint32_t crc = crc32c(std::span(bytes).subspan(37, 4 * small_n));
+    std::memcpy(bytes.data() + 37 + 4 * small_n, &crc, sizeof crc);
+    auto loaded = sentinel_state<float>(small_n);
+    small_ef.load_state(cpu, bytes, loaded);
+    CHECK(loaded.residual[0] == std::numeric_limits<float>::max());
+    CHECK(loaded.residual[1] == -std::numeric_limits<float>::max());
+  }
+
   CHECK(bits_of(target) == untouched);
   small_ef.load_state(cpu, good, target);
   CHECK(bits_of(target) == bits_of(small_state()));

@@ -22,6 +22,7 @@
 #include "support/codec_io.hpp"
 #include "support/data.hpp"
 #include "support/errors.hpp"
+#include "support/oracles.hpp"
 
 using namespace gradcomp;
 using namespace gradcomp::test;
@@ -94,7 +95,7 @@ struct loco_oracle {
   loco_oracle(uq<T> q, float b, std::uint64_t reset_period, std::size_t g, std::size_t n)
       : inner(q), beta(b), period(reset_period), group(g), code(n, 0), scale((n + g - 1) / g, T{0}) {}
 
-  T dequant8(std::size_t i) const { return static_cast<T>(code[i]) * scale[i / group]; }
+  T dequant8(std::size_t i) const { return rounded_product(static_cast<T>(code[i]), scale[i / group]); }
 
   void quant8(const std::vector<T>& v) {
     for (std::size_t j = 0; j < scale.size(); ++j) {
@@ -126,7 +127,7 @@ struct loco_oracle {
     const std::vector<T> hhat = decode_values(inner, q, n);       // ĥ = D(q)
     const T b = static_cast<T>(beta);
     std::vector<T> v(n);  // e ← quant8(β·dequant8(e) + (1 − β)·(h − ĥ))
-    for (std::size_t i = 0; i < n; ++i) v[i] = b * dequant8(i) + (T{1} - b) * (h[i] - hhat[i]);
+    for (std::size_t i = 0; i < n; ++i) v[i] = rounded_product(b, dequant8(i)) + rounded_product(T{1} - b, h[i] - hhat[i]);
     quant8(v);
     ++t;  // t ← t + 1
     return q;  // send q

@@ -12,6 +12,11 @@ namespace gradcomp::fuzz {
 
 /// Largest element count a fuzzed decoder accepts (the caller's cap).
 inline constexpr std::uint64_t max_elements = std::uint64_t{1} << 20;
+/// The cap for decoders whose work grows with the declared n whatever the message's size (the
+/// count sketch estimates every element from a fixed-size sketch): at 2^20 each run would take
+/// milliseconds and fuzzing would crawl, while 2^12 still spans several blocks, tails and the
+/// `too_large` rejection.
+inline constexpr std::uint64_t max_elements_dense_work = std::uint64_t{1} << 12;
 
 /// The message a fuzz input stands for. The first byte chooses the mode: even = the remaining
 /// bytes as they are; odd = the same bytes with the envelope's parameter hash replaced by
@@ -29,25 +34,26 @@ inline std::vector<std::byte> message_from(const std::uint8_t* data, std::size_t
 }
 
 /// Element count a receiver would size its buffer from: the envelope's, if it parses and fits the cap.
-inline std::size_t declared_elements(std::span<const std::byte> message) {
+inline std::size_t declared_elements(std::span<const std::byte> message, std::uint64_t cap = max_elements) {
   try {
     const envelope e = parse_envelope(message);
-    return e.elements <= max_elements ? static_cast<std::size_t>(e.elements) : 0;
+    return e.elements <= cap ? static_cast<std::size_t>(e.elements) : 0;
   } catch (const error&) {
     return 0;
   }
 }
 
-/// Runs decode and decode_accumulate of `codec` on `message`; any gradcomp::error is an accepted
-/// outcome, anything else (a crash, a sanitizer report, a foreign exception) is a finding.
+/// Runs decode and decode_accumulate of `codec` on `message`, with element cap `cap`; any
+/// gradcomp::error is an accepted outcome, anything else (a crash, a sanitizer report, a foreign
+/// exception) is a finding.
 template <class Codec>
-void decode_both(const Codec& codec, std::span<const std::byte> message) {
+void decode_both(const Codec& codec, std::span<const std::byte> message, std::uint64_t cap = max_elements) {
   using T = typename Codec::value_type;
   const cpu_executor cpu;
-  const std::size_t n = declared_elements(message);
+  const std::size_t n = declared_elements(message, cap);
   std::vector<T> out(n);
   std::vector<std::byte> ws(codec.workspace_bytes(cpu, n));
-  const decode_limits limits{.max_elements = max_elements};
+  const decode_limits limits{.max_elements = cap};
   try {
     codec.decode(cpu, message, std::span<T>(out), ws, limits);
     if constexpr (requires { requires Codec::may_decode_infinity; }) {  // ZFP: a corrupted exponent may give ±Inf

@@ -10,6 +10,15 @@
 
 namespace gradcomp::test {
 
+/// a·b rounded to T on its own: an oracle's a·b + c then rounds twice, as the documentation
+/// defines it, whatever the compiler's flags (a volatile result cannot be fused with the sum into a
+/// multiply-add; independent of the library's `mul_rn`).
+template <class T>
+T rounded_product(T a, T b) {
+  const volatile T p = a * b;
+  return p;
+}
+
 /// Indices of the k largest |x|, ties to the lower index, in ascending order: a full std::sort.
 template <class T>
 std::vector<std::size_t> topk_indices_oracle(std::span<const T> x, std::size_t k) {

@@ -1,8 +1,7 @@
 // The special-values matrix of DESIGN.md §5 as one table: every codec (top-k, threshold, random-k;
 // float and double) against NaN, ±Inf, ±0, subnormals, all-zero blocks, the largest finite values,
-// empty and single-element tensors, and a message declaring 2^40 elements. Built twice: with the
-// project's flags and with -O3 -ffast-math, which must not change a single outcome (the library's
-// special-value checks are bit tests, and so are this file's).
+// empty and single-element tensors, and a message declaring 2^40 elements. (-ffast-math, under
+// which these outcomes could change, is refused at compile time: the refused_math_flags.* tests.)
 #include <gradcomp/gradcomp.hpp>
 
 #include <doctest/doctest.h>
@@ -51,7 +50,7 @@ using namespace gradcomp::test;
 
 namespace {
 
-// Bit-level classification, immune to -ffast-math.
+// Bit-level classification, independent of the library's is_finite.
 template <class T>
 bool nonfinite_bits(T v) {
   if constexpr (sizeof(T) == 4) return (std::bit_cast<std::uint32_t>(v) & 0x7f800000u) == 0x7f800000u;

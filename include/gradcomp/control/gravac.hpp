@@ -63,6 +63,7 @@
 #include <vector>
 
 #include <gradcomp/core/error.hpp>
+#include <gradcomp/core/rounded_product.hpp>
 #include <gradcomp/core/saved_state.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/sparsify/sparsity.hpp>
@@ -223,7 +224,7 @@ class windowed_ewma {
     double weights = 0.0;
     double w = 1.0;
     for (std::size_t k = 0; k < count_; ++k) {
-      weighted += w * values_[(next_ + values_.size() - 1 - k) % values_.size()];
+      weighted += mul_rn(w, values_[(next_ + values_.size() - 1 - k) % values_.size()]);  // unfused: same bits on every rank
       weights += w;
       w *= decay_;
     }

@@ -35,6 +35,7 @@
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/rounded_product.hpp>
 #include <gradcomp/core/saved_state.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
@@ -261,8 +262,9 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
     for (std::size_t c = 0; c < sample_chunks; ++c)
       for (std::size_t j = 0; j < sample_chunk; ++j) sample[c * sample_chunk + j] = magnitude_key<T>(value_at(c * stride + j));
     const double p = static_cast<double>(z) / static_cast<double>(n);
-    const double middle = p * static_cast<double>(sample_size);
-    const double margin = 4.0 * std::sqrt(static_cast<double>(sample_size) * p * (1.0 - p)) + 32.0;
+    // Products rounded apart from the sums (`mul_rn`), so the window is the same under any flags.
+    const double middle = mul_rn(p, static_cast<double>(sample_size));
+    const double margin = mul_rn(4.0, std::sqrt(static_cast<double>(sample_size) * p * (1.0 - p))) + 32.0;
     // The ascending rank-th sampled key (0-based) is the (sample_size − rank)-th largest.
     const auto sampled = [&](std::size_t rank) {
       return cpu::select_kth_largest<key_type>(

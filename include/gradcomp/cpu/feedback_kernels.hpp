@@ -4,7 +4,8 @@
 /// LoCo (cpu/loco.hpp), each with an AVX2 kernel and a scalar twin computing the same IEEE
 /// operations in the same order (so the same bits as the reference loops): the compensated
 /// gradient (with its largest magnitude), LoCo's moving average of the error and its 8-bit
-/// quantization. Error feedback's new residual comes with the codes (cpu/uniform_kernels.hpp).
+/// quantization. Products that feed a sum are rounded on their own (`mul_rn`, `rounded`), under
+/// any compiler flags. Error feedback's new residual comes with the codes (cpu/uniform_kernels.hpp).
 /// LoCo's old errors are dequantized as code·scale; a reset reads them as zero. Each function
 /// takes any count: the AVX2 kernel does the whole vectors, the scalar twin the rest.
 
@@ -13,6 +14,7 @@
 #include <cstring>
 
 #include <gradcomp/core/cpu_executor.hpp>
+#include <gradcomp/core/rounded_product.hpp>
 #include <gradcomp/cpu/uniform_kernels.hpp>
 #include <gradcomp/quantize/uniform_math.hpp>
 
@@ -44,10 +46,10 @@ GRADCOMP_TARGET_AVX2 inline std::uint32_t add_max_avx2(const float* a, const flo
   return largest_lane(largest);
 }
 
-/// code·scale of eight int8 codes.
+/// code·scale of eight int8 codes (rounded: it feeds a sum).
 GRADCOMP_TARGET_AVX2 inline __m256 dequant8_avx2(const std::int8_t* codes, __m256 scale) noexcept {
   const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes)));
-  return _mm256_mul_ps(_mm256_cvtepi32_ps(q), scale);
+  return rounded(_mm256_mul_ps(_mm256_cvtepi32_ps(q), scale));
 }
 
 GRADCOMP_TARGET_AVX2 inline void compensate_avx2(const float* g, const std::int8_t* codes, float scale,
@@ -65,7 +67,7 @@ GRADCOMP_TARGET_AVX2 inline void blend_avx2(const float* h, const std::int8_t* c
   for (std::uint64_t i = 0; i < count; i += 8) {
     const __m256 old = dequant8_avx2(codes + i, s);
     const __m256 fresh = _mm256_sub_ps(_mm256_loadu_ps(h + i), _mm256_loadu_ps(v + i));
-    _mm256_storeu_ps(v + i, _mm256_add_ps(_mm256_mul_ps(b, old), _mm256_mul_ps(k, fresh)));
+    _mm256_storeu_ps(v + i, _mm256_add_ps(rounded(_mm256_mul_ps(b, old)), rounded(_mm256_mul_ps(k, fresh))));
   }
 }
 
@@ -116,7 +118,7 @@ inline void loco_compensate(const float* g, const std::int8_t* codes, float scal
   }
 #endif
   (void)avx2;
-  for (; i < count; ++i) h[i] = g[i] + static_cast<float>(codes[i]) * scale;
+  for (; i < count; ++i) h[i] = g[i] + mul_rn(static_cast<float>(codes[i]), scale);
 }
 
 /// v[i] = β·codes[i]·scale + keep·(h[i] − v[i]) for i < count (v holds ĥ).
@@ -130,7 +132,7 @@ inline void loco_blend(const float* h, const std::int8_t* codes, float scale, fl
   }
 #endif
   (void)avx2;
-  for (; i < count; ++i) v[i] = beta * (static_cast<float>(codes[i]) * scale) + keep * (h[i] - v[i]);
+  for (; i < count; ++i) v[i] = mul_rn(beta, static_cast<float>(codes[i]) * scale) + mul_rn(keep, h[i] - v[i]);
 }
 
 /// codes[i] = clamp(round_half_even(v[i] / step), −127, 127) for i < count (step > 0 and every

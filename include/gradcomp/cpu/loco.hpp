@@ -24,6 +24,7 @@
 #include <gradcomp/core/saved_state.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/rounded_product.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
 #include <gradcomp/cpu/feedback_kernels.hpp>
@@ -111,7 +112,7 @@ struct backend<loco<Codec>, cpu_executor> {
     T* const v = s.decoded.data();
     for (std::size_t i = 0; i < n; ++i) {
       const T old = reset ? T{0} : dequant(codes[i], scales[i / group]);
-      v[i] = beta * old + keep * (h[i] - v[i]);
+      v[i] = mul_rn(beta, old) + mul_rn(keep, h[i] - v[i]);
       non_finite += static_cast<std::size_t>(!is_finite(v[i]));
     }
     // The inner message is already in `out`; do not leave it passing for a sent step.
@@ -249,7 +250,7 @@ struct backend<loco<Codec>, cpu_executor> {
   }
 
   /// dequant8 of one element.
-  [[nodiscard]] static T dequant(std::int8_t code, T scale) noexcept { return static_cast<T>(code) * scale; }
+  [[nodiscard]] static T dequant(std::int8_t code, T scale) noexcept { return mul_rn(static_cast<T>(code), scale); }
 
   /// The state holds n codes and ⌈n/G⌉ scales; `size_mismatch` otherwise.
   static void check_shape(const loco_type& lc, const state_type& state, std::size_t n, const char* what) {

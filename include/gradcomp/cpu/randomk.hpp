@@ -13,6 +13,7 @@
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/crc32c.hpp>
 #include <gradcomp/core/error.hpp>
+#include <gradcomp/core/rounded_product.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/cpu/message.hpp>
 #include <gradcomp/sparsify/randomk.hpp>
@@ -61,7 +62,7 @@ struct backend<randomk_sparsifier<T>, cpu_executor> {
     const random_permutation pick = codec.permutation(n, e.key);
     T* const dense = out.data();
     for (std::uint64_t j = 0; j < k; ++j) {
-      const T v = value_at(values, j) * scale;
+      const T v = mul_rn(value_at(values, j), scale);
       if (accumulate) dense[pick(j)] += v;
       else dense[pick(j)] = v;
     }

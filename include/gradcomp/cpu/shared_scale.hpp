@@ -19,6 +19,7 @@
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/philox.hpp>
+#include <gradcomp/core/rounded_product.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
 #include <gradcomp/cpu/message.hpp>
@@ -95,7 +96,7 @@ struct backend<shared_scale_quantizer<T>, cpu_executor> {
       const std::uint64_t end = std::min(n, begin + block);
       const T s = scale_at(message.data(), j);
       for (std::uint64_t i = begin; i < end; ++i) {
-        const T v = static_cast<T>(shared_scale_level_sum(fields.next(), contributions, bits)) * s;
+        const T v = mul_rn(static_cast<T>(shared_scale_level_sum(fields.next(), contributions, bits)), s);
         dense[i] = accumulate ? dense[i] + v : v;
       }
     }

@@ -16,6 +16,7 @@
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/philox.hpp>
+#include <gradcomp/core/rounded_product.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/cpu/message.hpp>
 #include <gradcomp/cpu/philox_simd.hpp>
@@ -27,16 +28,29 @@ namespace gradcomp::cpu {
 
 /// Codes (one per byte) of x[0, count) in a block of largest magnitude m and step s, with the
 /// random halves `halves` (stochastic rounding only): the reference arithmetic, value by value.
+/// The scaled values t (and stochastic rounding's u) come first, a run at a time, into arrays; with
+/// stochastic rounding, which adds u to t, each product x·inv is rounded on its own (`mul_rn`). The
+/// loop that turns them into codes then holds no product to fuse, and vectorises. Round to nearest
+/// only converts t: the plain product.
 template <gradient_value T>
 void uniform_scalar_codes(const T* x, std::uint64_t count, T m, T s, int bits, rounding mode,
                           const std::uint16_t* halves, std::uint8_t* out) noexcept {
+  constexpr std::uint64_t run = 512;
   const auto levels = static_cast<T>(uniform_levels(bits));
   const T inv = m > T{0} ? levels / m : T{0};
   const bool multiply = m > T{0} && is_finite(inv);
-  for (std::uint64_t c = 0; c < count; ++c) {
-    const T u = mode == rounding::stochastic ? static_cast<T>(halves[c]) * static_cast<T>(1.0 / 65536.0) : T{0};
-    const T t = s == T{0} ? T{0} : (multiply ? x[c] * inv : x[c] / s);
-    out[c] = uniform_code(uniform_level(t, bits, mode, u), bits);
+  const bool stochastic = mode == rounding::stochastic;
+  T t[run], u[run];
+  const auto scale_run = [&](const T* from, std::uint64_t n, auto product) {
+    for (std::uint64_t c = 0; c < n; ++c) t[c] = s == T{0} ? T{0} : (multiply ? product(from[c]) : from[c] / s);
+  };
+  for (std::uint64_t first = 0; first < count; first += run) {
+    const std::uint64_t n = std::min(run, count - first);
+    if (stochastic) scale_run(x + first, n, [inv](T v) { return mul_rn(v, inv); });
+    else scale_run(x + first, n, [inv](T v) { return v * inv; });
+    for (std::uint64_t c = 0; c < n; ++c)
+      u[c] = stochastic ? static_cast<T>(halves[first + c]) * static_cast<T>(1.0 / 65536.0) : T{0};
+    for (std::uint64_t c = 0; c < n; ++c) out[first + c] = uniform_code(uniform_level(t[c], bits, mode, u[c]), bits);
   }
 }
 
@@ -71,7 +85,7 @@ inline void uniform_decode_block(const std::uint8_t* codes, std::uint64_t count,
   if (bits == 8) decode_codes<8>(codes, whole, s, out, accumulate, streaming, avx2);
   else decode_codes<4>(codes, whole, s, out, accumulate, streaming, avx2);
   for (std::uint64_t i = whole; i < count; ++i) {
-    const float value = static_cast<float>(uniform_code_level(packed_code(codes, i, bits), bits)) * s;
+    const float value = mul_rn(static_cast<float>(uniform_code_level(packed_code(codes, i, bits), bits)), s);
     out[i] = accumulate ? out[i] + value : value;
   }
 }
@@ -85,7 +99,7 @@ inline void uniform_residual_block(const std::uint8_t* codes, std::uint64_t coun
   if (bits == 8) residual_of_codes<8>(codes, whole, s, x, residual, streaming, avx2);
   else residual_of_codes<4>(codes, whole, s, x, residual, streaming, avx2);
   for (std::uint64_t i = whole; i < count; ++i)
-    residual[i] = x[i] - static_cast<float>(uniform_code_level(packed_code(codes, i, bits), bits)) * s;
+    residual[i] = x[i] - mul_rn(static_cast<float>(uniform_code_level(packed_code(codes, i, bits), bits)), s);
 }
 
 /// Whether `uniform_block_encoder` handles the float32 uniform quantizer `codec`'s layout: 8-bit

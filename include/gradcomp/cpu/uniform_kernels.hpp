@@ -6,8 +6,10 @@
 /// (from the codes, or with the 8-bit round-to-nearest codes in one pass). Each has a baseline version (SSE2 on
 /// x86-64, scalar elsewhere) and an AVX2 twin; all compute exactly the arithmetic of
 /// quantize/uniform_math.hpp (t = x·inv in float, cvtps2dq/cvttps2dq round and truncate as
-/// round_half_even and floor_to_int do, no fused multiply-add), so every version writes the same
-/// bits. Counts are multiples of 32 values; the caller handles the rest with the scalar code.
+/// round_half_even and floor_to_int do), so every version writes the same bits. Every product that
+/// feeds a sum or a difference passes through `rounded` (core/rounded_product.hpp), so that no
+/// compiler flag fuses the two into a multiply-add. Counts are multiples of 32 values; the caller
+/// handles the rest with the scalar code.
 
 #include <algorithm>
 #include <cstdint>
@@ -15,6 +17,7 @@
 
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/rounded_product.hpp>
 #include <gradcomp/quantize/uniform_math.hpp>
 
 #if defined(__SSE2__) || defined(GRADCOMP_HAVE_AVX2)
@@ -103,7 +106,8 @@ inline void for_each_values4_sse2(const std::uint8_t* codes, std::uint64_t count
     const __m128i hi = _mm_unpackhi_epi8(v, zero);
     const __m128i q[4] = {_mm_unpacklo_epi16(lo, zero), _mm_unpackhi_epi16(lo, zero), _mm_unpacklo_epi16(hi, zero),
                           _mm_unpackhi_epi16(hi, zero)};
-    for (int k = 0; k < 4; ++k) put(i + 4 * static_cast<std::uint64_t>(k), _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(q[k], offset)), step));
+    for (int k = 0; k < 4; ++k)
+      put(i + 4 * static_cast<std::uint64_t>(k), rounded(_mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(q[k], offset)), step)));
   }
 }
 
@@ -177,7 +181,7 @@ GRADCOMP_TARGET_AVX2 inline void encode8_sr_avx2(const float* x, std::uint64_t c
     for (int k = 0; k < 4; ++k) {
       const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(halves + i + 8 * k)));
       const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(w), unit);
-      const __m256 y = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * k), scale), u);
+      const __m256 y = _mm256_add_ps(rounded(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * k), scale)), u);
       const __m256i truncated = _mm256_cvttps_epi32(y);
       // Subtract one where the truncation lies above y (all-ones mask = −1).
       q[k] = _mm256_add_epi32(truncated, _mm256_castps_si256(_mm256_cmp_ps(_mm256_cvtepi32_ps(truncated), y, _CMP_GT_OQ)));
@@ -199,7 +203,7 @@ GRADCOMP_TARGET_AVX2 inline void decode_avx2(const std::uint8_t* codes, std::uin
     const __m128i v = load16_codes<Bits>(codes, i);
     for (int half = 0; half < 2; ++half) {
       const __m256i q = _mm256_sub_epi32(_mm256_cvtepu8_epi32(half == 0 ? v : _mm_srli_si128(v, 8)), offset);
-      __m256 value = _mm256_mul_ps(_mm256_cvtepi32_ps(q), step);
+      __m256 value = rounded(_mm256_mul_ps(_mm256_cvtepi32_ps(q), step));
       float* const at = dense + i + 8 * half;
       if (accumulate) value = _mm256_add_ps(_mm256_loadu_ps(at), value);
       if (streaming) _mm256_stream_ps(at, value);
@@ -231,7 +235,7 @@ GRADCOMP_TARGET_AVX2 inline void encode8_rtn_residual_avx2(const float* x, std::
       const __m256 v = _mm256_loadu_ps(x + i + 8 * k);
       q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v, scale));
       // |t| ≤ 127·(1 + 2^-23) rounds into [−127, 127], so q is the level the code stores.
-      store_residual<Streaming>(residual + i + 8 * k, _mm256_sub_ps(v, _mm256_mul_ps(_mm256_cvtepi32_ps(q[k]), step)));
+      store_residual<Streaming>(residual + i + 8 * k, _mm256_sub_ps(v, rounded(_mm256_mul_ps(_mm256_cvtepi32_ps(q[k]), step))));
     }
     const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i),
@@ -250,7 +254,7 @@ GRADCOMP_TARGET_AVX2 inline void residual_of_codes_avx2(const std::uint8_t* code
     const __m128i v = load16_codes<Bits>(codes, i);
     for (int half = 0; half < 2; ++half) {
       const __m256i q = _mm256_sub_epi32(_mm256_cvtepu8_epi32(half == 0 ? v : _mm_srli_si128(v, 8)), offset);
-      const __m256 value = _mm256_mul_ps(_mm256_cvtepi32_ps(q), step);
+      const __m256 value = rounded(_mm256_mul_ps(_mm256_cvtepi32_ps(q), step));
       store_residual<Streaming>(residual + i + 8 * half, _mm256_sub_ps(_mm256_loadu_ps(x + i + 8 * half), value));
     }
   }
@@ -376,7 +380,7 @@ inline void encode8_sr(const float* x, std::uint64_t count, float inv, const std
     __m128i q[4];
     for (int k = 0; k < 4; ++k) {
       const __m128 u = _mm_mul_ps(_mm_cvtepi32_ps(w[k]), unit);
-      const __m128 y = _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(x + i + 4 * k), scale), u);
+      const __m128 y = _mm_add_ps(rounded(_mm_mul_ps(_mm_loadu_ps(x + i + 4 * k), scale)), u);
       const __m128i truncated = _mm_cvttps_epi32(y);
       // Subtract one where the truncation lies above y (all-ones mask = −1).
       q[k] = _mm_add_epi32(truncated, _mm_castps_si128(_mm_cmpgt_ps(_mm_cvtepi32_ps(truncated), y)));
@@ -388,7 +392,7 @@ inline void encode8_sr(const float* x, std::uint64_t count, float inv, const std
 #else
   for (std::uint64_t i = 0; i < count; ++i) {
     const float u = static_cast<float>(halves[i]) * (1.0f / 65536.0f);
-    codes[i] = uniform_code(uniform_level(x[i] * inv, 8, rounding::stochastic, u), 8);
+    codes[i] = uniform_code(uniform_level(mul_rn(x[i], inv), 8, rounding::stochastic, u), 8);
   }
 #endif
 }
@@ -409,7 +413,7 @@ inline void decode_codes(const std::uint8_t* codes, std::uint64_t count, float s
 #else
   for (std::uint64_t i = 0; i < count; ++i) {
     const unsigned code = Bits == 8 ? codes[i] : (codes[i / 2] >> (i % 2 * 4)) & 0x0fu;
-    const float value = static_cast<float>(static_cast<int>(code) - (Bits == 8 ? 127 : 7)) * s;
+    const float value = mul_rn(static_cast<float>(static_cast<int>(code) - (Bits == 8 ? 127 : 7)), s);
     dense[i] = accumulate ? dense[i] + value : value;
   }
   (void)streaming;
@@ -434,7 +438,7 @@ inline void residual_of_codes(const std::uint8_t* codes, std::uint64_t count, fl
 #else
   for (std::uint64_t i = 0; i < count; ++i) {
     const unsigned code = Bits == 8 ? codes[i] : (codes[i / 2] >> (i % 2 * 4)) & 0x0fu;
-    residual[i] = x[i] - static_cast<float>(static_cast<int>(code) - (Bits == 8 ? 127 : 7)) * s;
+    residual[i] = x[i] - mul_rn(static_cast<float>(static_cast<int>(code) - (Bits == 8 ? 127 : 7)), s);
   }
   (void)streaming;
 #endif

@@ -31,10 +31,13 @@
 /// length of the header (`truncated`), magic (`bad_magic`), version (`unsupported_version`),
 /// header CRC (`header_checksum`), codec (`codec_mismatch`), dtype (`dtype_mismatch`), n against
 /// the state's size (`size_mismatch`), parameter hash (`parameter_mismatch`), total length
-/// (`truncated`, `trailing_bytes`), values CRC (`payload_checksum`).
+/// (`truncated`, `trailing_bytes`), values CRC (`payload_checksum`), every residual value finite
+/// (`malformed_payload`: a NaN or ±Inf residual would make every later step of the tensor fail).
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <utility>
@@ -137,6 +140,14 @@ class error_feedback
                     "codec parameters (hash) differ between the saved state and this codec");
     const std::span<const std::byte> values =
         detail::check_state_body<format>(bytes, static_cast<std::size_t>(n) * sizeof(value_type));
+    typename float_traits<value_type>::bits_type largest = 0;
+    for (std::size_t i = 0; i < values.size(); i += sizeof(value_type)) {
+      value_type v;
+      std::memcpy(&v, values.data() + i, sizeof v);
+      largest = std::max(largest, magnitude_key(v));
+    }
+    detail::require(largest < float_traits<value_type>::infinity_key, errc::malformed_payload,
+                    "a saved residual value is NaN or Inf");
     return {detail::load_le<std::uint64_t>(p + 17), values};
   }
 };
