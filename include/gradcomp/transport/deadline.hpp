@@ -82,18 +82,20 @@ class deadline {
 
 /// Calls `done()` until it returns true (then returns true) or `until` passes (then false). It
 /// checks `done()` once more after the deadline, so an operation that completed in time is never
-/// reported late. Between calls it yields for the first few hundred, then sleeps from 1 µs
-/// doubling up to 100 µs: a quick operation is seen at once, a slow one costs little CPU (the
-/// ranks of a job often share cores) and at most about 100 µs of latency.
+/// reported late. For its first 5 ms it only yields between calls, as MPI's own waits spin: a
+/// library that progresses only inside its calls (MPI) keeps its latency, and ranks that share a
+/// core still run. After that it sleeps from 50 µs doubling up to 1 ms, so a long wait costs little
+/// CPU and at most about 1 ms of latency.
 template <class Done>
 [[nodiscard]] bool poll_until(const deadline& until, Done&& done) {
-  constexpr int yields = 256;
-  constexpr auto longest_pause = std::chrono::microseconds(100);
-  auto pause = std::chrono::microseconds(1);
-  for (int polls = 0;; ++polls) {
+  constexpr auto spinning = std::chrono::milliseconds(5);
+  constexpr auto longest_pause = std::chrono::microseconds(1000);
+  const auto start = deadline::clock::now();
+  auto pause = std::chrono::microseconds(50);
+  while (true) {
     if (done()) return true;
     if (until.passed()) return done();
-    if (polls < yields) {
+    if (deadline::clock::now() - start < spinning) {
       std::this_thread::yield();
       continue;
     }
