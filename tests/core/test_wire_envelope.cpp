@@ -471,6 +471,8 @@ TEST_CASE("errc values and names are the documented stable ones") {
       {errc::peeling_stalled, 19, "peeling_stalled"},
       {errc::peer_failed, 20, "peer_failed"},
       {errc::transport_failed, 21, "transport_failed"},
+      {errc::device_failed, 22, "device_failed"},
+      {errc::timeout, 23, "timeout"},
   };
   for (const entry& x : table) {
     CAPTURE(x.name);
@@ -486,6 +488,7 @@ TEST_CASE("gradcomp::error carries its errc and explains itself starting with th
   const gradcomp::error e(errc::size_mismatch, "n is 3, expected 4");
   CHECK(e.code() == errc::size_mismatch);
   CHECK(std::string(e.what()) == "size_mismatch: n is 3, expected 4");
+  CHECK(e.detail_text() == "n is 3, expected 4");
   const std::runtime_error& base = e;
   CHECK(std::string(base.what()).find("n is 3") != std::string::npos);
 }

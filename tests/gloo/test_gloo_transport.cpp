@@ -1,6 +1,7 @@
 // The Gloo transport, one process per rank started by tests/support/run_ranks.sh on 2 and 4
 // ranks: every collective and point-to-point call against the dense reference and the in-process
-// transport (transport_checks.hpp), plus Gloo's failures as transport_failed.
+// transport (transport_checks.hpp), Gloo's failures as transport_failed, and deadlines: a rank that
+// stops calling in the middle of a compressed collective (deadline_checks.hpp).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <gradcomp/transport/gloo.hpp>
 
@@ -10,16 +11,20 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/errors.hpp"
 #include "collective/collective_checks.hpp"
+#include "collective/deadline_checks.hpp"
 #include "transport/transport_checks.hpp"
 
 namespace gradcomp::test {
@@ -29,6 +34,7 @@ static_assert(transport<gloo_transport>);
 static_assert(transport_with_bitwise_or<gloo_transport>);
 static_assert(transport_with_point_to_point<gloo_transport>);
 static_assert(transport_with_all_to_all<gloo_transport>);
+static_assert(transport_with_deadline<gloo_transport>);
 
 // Where the ranks meet (run_ranks.sh's GRADCOMP_STORE), and the context connected there by main.
 std::string store_path;
@@ -126,6 +132,49 @@ TEST_CASE("gloo a peer that never sends surfaces as transport_failed after the c
   std::vector<std::uint64_t> one = {1};
   w.all_reduce_sum(std::span<std::uint64_t>(one));
   CHECK(one[0] == static_cast<std::uint64_t>(w.size()));
+}
+
+TEST_CASE("gloo compressed collectives: one rank stops mid-call, every survivor fails within the deadline, at least one with timeout, data and state unchanged") {
+  // Gloo closes a context's connections when one of its waits times out, so the other survivors of
+  // the same collective may fail at once with transport_failed ("Connection closed by peer")
+  // instead of reaching their own deadline. A receive from the stalled rank waits on that rank's
+  // connection only: every survivor reaches its deadline.
+  int index = 0;
+  for (const deadline_case c : {deadline_case::all_reduce_error_feedback, deadline_case::reduce_scatter_tagc,
+                                deadline_case::ring_all_reduce, deadline_case::send_recv}) {
+    CAPTURE(static_cast<int>(c));
+    const auto context = connect_ranks(world->rank, world->size, "deadline-" + std::to_string(index++), std::chrono::seconds(30));
+    gloo_transport inner(context);
+    const int victim = inner.size() - 1;
+    // The victim keeps its context (its connections) open until the survivors are done: a rank
+    // whose process exits is seen at once, not at the deadline.
+    stalling_transport<gloo_transport> t(inner, victim,
+                                         [] { std::this_thread::sleep_for(case_timeout + deadline_margin + std::chrono::milliseconds(500)); });
+    const deadline_outcome o = run_deadline_case(t, c);
+    std::uint64_t code = 0;
+    if (t.rank() == victim) {
+      CHECK(o.stalled);
+    } else if (o.thrown == named(errc::timeout) || c == deadline_case::send_recv) {
+      check_survivor(o, c, t.rank(), t.size());
+      code = static_cast<std::uint64_t>(errc::timeout);
+    } else {
+      INFO(o.what);
+      CHECK(o.thrown == named(errc::transport_failed));
+      CHECK(o.what.find(expected_prefix(c)) != std::string::npos);
+      CHECK(o.seconds <= std::chrono::duration<double>(case_timeout + deadline_margin).count());
+      CHECK(o.unchanged);
+      code = static_cast<std::uint64_t>(errc::transport_failed);
+    }
+    // Over the world's context (this one is closed): the survivors' codes.
+    gloo_transport w(world);
+    std::vector<std::uint64_t> timeouts = {code == static_cast<std::uint64_t>(errc::timeout) ? 1u : 0u};
+    w.all_reduce_sum(std::span<std::uint64_t>(timeouts));
+    CHECK(timeouts[0] >= 1);
+    if (c == deadline_case::send_recv) CHECK(timeouts[0] == static_cast<std::uint64_t>(t.size() - 1));
+    if (t.rank() == 0)
+      MESSAGE("case " << static_cast<int>(c) << ": " << timeouts[0] << " of " << t.size() - 1 << " survivors timed out; rank 0: "
+                      << o.thrown << " after " << o.seconds << " s (timeout 1 s)");
+  }
 }
 
 }  // namespace

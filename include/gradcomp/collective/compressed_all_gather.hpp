@@ -5,9 +5,11 @@
 /// are all-gathered as bytes, and every rank decodes every block from the same bytes, its own
 /// included, so all ranks hold identical values even under a lossy codec. The error of the result
 /// is one encoding's, never accumulated. Runs on any executor whose memory space is the transport's
-/// (collective/executor_transport.hpp).
+/// (collective/executor_transport.hpp). Every call has a deadline, `options.timeout` from its start
+/// (collective/call_deadline.hpp).
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -15,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include <gradcomp/collective/call_deadline.hpp>
 #include <gradcomp/collective/collective_memory.hpp>
 #include <gradcomp/collective/compressed_frame.hpp>
 #include <gradcomp/collective/executor_transport.hpp>
@@ -28,6 +31,9 @@ namespace gradcomp {
 struct all_gather_options {
   message_key key{};          ///< Step and tensor: keys the codec.
   bool measure_error = true;  ///< Measure the lossy encodings' errors (`report.max_error`, `report.error_bound`).
+  /// How long the call may wait for its peers in all, from its start (`infinite_timeout`: as long
+  /// as the transport's library does); past it every waiting rank throws `timeout`.
+  std::chrono::milliseconds timeout = default_collective_timeout;
 };
 
 namespace detail {
@@ -77,27 +83,30 @@ double gather_and_decode(X& t, frame_coder<C, E>& coder, std::span<const std::by
 /// @throws error `invalid_argument` when out.size() ≠ P·m (this rank only); on every rank alike,
 /// the error of a rank whose block could not be encoded (`non_finite_input` for NaN or Inf under a
 /// codec that does not carry them) or decoded (`size_mismatch` or `parameter_mismatch` when the
-/// ranks disagree on m or on the codec's parameters). `out` is unchanged on error.
+/// ranks disagree on m or on the codec's parameters); `timeout` (each waiting rank) when the
+/// deadline passes first, `transport_failed` when the transport fails. `out` is unchanged on error.
 template <executor E, transport X, class C>
   requires codec_for<C, E>
 compressed_report compressed_all_gather(const E& e, X& t, const C& codec, std::span<const typename C::value_type> mine,
                                         std::span<typename C::value_type> out, all_gather_options options = {}) {
   using T = typename C::value_type;
-  detail::require_executor_transport<E, X>(e, t);
-  const auto m = static_cast<std::uint64_t>(mine.size());
-  const auto ranks = static_cast<std::uint64_t>(t.size());
-  detail::require(out.size() == m * ranks, errc::invalid_argument, [&] {
-    return "compressed_all_gather: out holds " + std::to_string(out.size()) + " values, not P·m = " + std::to_string(m * ranks);
+  return detail::within_deadline(t, options.timeout, "compressed_all_gather", options.key, [&] {
+    detail::require_executor_transport<E, X>(e, t);
+    const auto m = static_cast<std::uint64_t>(mine.size());
+    const auto ranks = static_cast<std::uint64_t>(t.size());
+    detail::require(out.size() == m * ranks, errc::invalid_argument, [&] {
+      return "compressed_all_gather: out holds " + std::to_string(out.size()) + " values, not P·m = " + std::to_string(m * ranks);
+    });
+    detail::frame_coder<C, E> coder(e, codec, m, options.measure_error);
+    compressed_report report;
+    const auto frame = coder.encode(mine, options.key, 0.0, report.max_error);
+    report.sent_bytes = frame.size() * (ranks - 1);
+    report.dense_bytes = m * sizeof(T) * (ranks - 1);
+    report.error_bound = detail::gather_and_decode(
+        t, coder, frame, out, [m](int p) { return std::pair{static_cast<std::uint64_t>(p) * m, m}; }, false,
+        "compressed_all_gather");
+    return report;
   });
-  detail::frame_coder<C, E> coder(e, codec, m, options.measure_error);
-  compressed_report report;
-  const auto frame = coder.encode(mine, options.key, 0.0, report.max_error);
-  report.sent_bytes = frame.size() * (ranks - 1);
-  report.dense_bytes = m * sizeof(T) * (ranks - 1);
-  report.error_bound = detail::gather_and_decode(
-      t, coder, frame, out, [m](int p) { return std::pair{static_cast<std::uint64_t>(p) * m, m}; }, false,
-      "compressed_all_gather");
-  return report;
 }
 
 }  // namespace gradcomp

@@ -29,7 +29,13 @@
 /// own arguments may be wrong, and no rank's gradient may hold NaN or ±Inf. Otherwise every rank
 /// throws the same named error in the same call, with its gradient and its codec state untouched,
 /// so every rank skips the same step.
+///
+/// Every call has a deadline, `options.timeout` from its start (collective/call_deadline.hpp): a
+/// rank that died or stopped calling makes every rank still waiting throw `timeout`, naming the
+/// call, its step and tensor and, where the transport knows them, the ranks that did not arrive;
+/// `data` and the codec state are then as before the call.
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -38,6 +44,7 @@
 #include <utility>
 
 #include <gradcomp/collective/agreement.hpp>
+#include <gradcomp/collective/call_deadline.hpp>
 #include <gradcomp/collective/collective_memory.hpp>
 #include <gradcomp/collective/compressed_all_gather.hpp>
 #include <gradcomp/collective/compressed_frame.hpp>
@@ -74,6 +81,9 @@ struct all_reduce_options {
   /// Decode lossy messages once more to measure their error (`report.max_error`,
   /// `report.error_bound`; `gather_decode` and `ring` only).
   bool measure_error = false;
+  /// How long the call may wait for its peers in all, from its start (`infinite_timeout`: as long
+  /// as the transport's library does); past it every waiting rank throws `timeout`.
+  std::chrono::milliseconds timeout = default_collective_timeout;
 };
 
 /// A homomorphic codec whose messages end in (or are) a region that a SUM collective adds:
@@ -205,31 +215,34 @@ compressed_report summed_all_reduce(const E& e, X& t, const C& codec, std::span<
 /// `parameter_mismatch` (codec parameters or plan), `size_mismatch` (n), `step_mismatch` (step or
 /// tensor id) when the ranks disagree; `non_finite_input` when any rank's gradient holds NaN or
 /// ±Inf; the code of a rank whose encoding or decoding failed. `invalid_argument` (every rank
-/// alike) for a plan the codec or transport cannot run.
+/// alike) for a plan the codec or transport cannot run. `timeout` (each waiting rank) when the
+/// deadline passes first, `transport_failed` when the transport fails.
 template <executor E, transport X, class C>
   requires codec_for<C, E>
 compressed_report compressed_all_reduce(const E& e, X& t, const C& codec, std::span<typename C::value_type> data,
                                         all_reduce_options options = {}) {
   using T = typename C::value_type;
-  detail::require_executor_transport<E, X>(e, t);
-  const all_reduce_plan plan = detail::resolved_plan<C>(options.plan);
-  detail::agree_on(e, t, codec, std::span<const T>(data), static_cast<std::uint8_t>(plan), options.key,
-                   detail::plan_problem<X, C>(plan, false), "compressed_all_reduce");
-  compressed_report report;
-  if (plan == all_reduce_plan::summed_encodings) {
-    if constexpr (summable_encoding<C>) report = detail::summed_all_reduce(e, t, codec, data, options.key);
-  } else if (plan == all_reduce_plan::ring) {
-    if constexpr (transport_with_point_to_point<X>)
-      return ring_all_reduce(e, t, codec, data,
-                             {.key = options.key, .average = options.average, .measure_error = options.measure_error});
-  } else {
-    detail::frame_coder<C, E> coder(e, codec, data.size(), options.measure_error);
-    double error = 0.0;
-    const auto frame = coder.encode(std::span<const T>(data), options.key, 0.0, error);
-    report = detail::gather_decode_all_reduce(t, coder, frame, data, error);
-  }
-  report.error_bound *= detail::apply_average(e, t.size(), data, options.average);
-  return report;
+  return detail::within_deadline(t, options.timeout, "compressed_all_reduce", options.key, [&] {
+    detail::require_executor_transport<E, X>(e, t);
+    const all_reduce_plan plan = detail::resolved_plan<C>(options.plan);
+    detail::agree_on(e, t, codec, std::span<const T>(data), static_cast<std::uint8_t>(plan), options.key,
+                     detail::plan_problem<X, C>(plan, false), "compressed_all_reduce");
+    compressed_report report;
+    if (plan == all_reduce_plan::summed_encodings) {
+      if constexpr (summable_encoding<C>) report = detail::summed_all_reduce(e, t, codec, data, options.key);
+    } else if (plan == all_reduce_plan::ring) {
+      if constexpr (transport_with_point_to_point<X>)
+        return detail::ring_all_reduce_within(
+            e, t, codec, data, {.key = options.key, .average = options.average, .measure_error = options.measure_error});
+    } else {
+      detail::frame_coder<C, E> coder(e, codec, data.size(), options.measure_error);
+      double error = 0.0;
+      const auto frame = coder.encode(std::span<const T>(data), options.key, 0.0, error);
+      report = detail::gather_decode_all_reduce(t, coder, frame, data, error);
+    }
+    report.error_bound *= detail::apply_average(e, t.size(), data, options.average);
+    return report;
+  });
 }
 
 /// All-reduces `data` with lossless homomorphic compression in its two collective stages (the
@@ -241,62 +254,70 @@ compressed_report compressed_all_reduce(const E& e, X& t, const C& codec, std::s
 /// @throws error as the codec overload, on every rank alike, with `data` unchanged: the agreement's
 /// errors (LHC's parameters are hashed), `invalid_argument` for a plan other than `automatic` or
 /// `two_stage` or for more ranks than the index coding can sum, and LHC's own `too_large` and
-/// `non_finite_input` (a sum beyond the value type).
+/// `non_finite_input` (a sum beyond the value type); `timeout` and `transport_failed` as the codec
+/// overload.
 template <executor E, transport X, gradient_value T>
 compressed_report compressed_all_reduce(const E& e, X& t, const lossless_homomorphic<T>& lhc,
                                         std::type_identity_t<std::span<T>> data, all_reduce_options options = {}) {
-  using memory = collective_memory<E>;
-  detail::require_executor_transport<E, X>(e, t);
-  const all_reduce_plan plan = options.plan == all_reduce_plan::automatic ? all_reduce_plan::two_stage : options.plan;
-  detail::local_problem problem;
-  lhc_index_coding coding = lhc.params().index;
-  if (plan != all_reduce_plan::two_stage) {
-    problem = {errc::invalid_argument, "compressed_all_reduce: lossless homomorphic compression runs the two_stage plan only"};
-  } else {
-    try {
-      coding = lhc_index_coding_for<X>(lhc.params(), t.size(), "compressed_all_reduce");
-    } catch (const error& failure) {
-      problem = {failure.code(), failure.what()};
+  return detail::within_deadline(t, options.timeout, "compressed_all_reduce", options.key, [&] {
+    using memory = collective_memory<E>;
+    detail::require_executor_transport<E, X>(e, t);
+    const all_reduce_plan plan = options.plan == all_reduce_plan::automatic ? all_reduce_plan::two_stage : options.plan;
+    detail::local_problem problem;
+    lhc_index_coding coding = lhc.params().index;
+    if (plan != all_reduce_plan::two_stage) {
+      problem = {errc::invalid_argument, "compressed_all_reduce: lossless homomorphic compression runs the two_stage plan only"};
+    } else {
+      try {
+        coding = lhc_index_coding_for<X>(lhc.params(), t.size(), "compressed_all_reduce");
+      } catch (const error& failure) {
+        problem = {failure.code(), failure.what()};
+      }
     }
-  }
-  detail::agree_on(e, t, lhc, std::span<const T>(data), static_cast<std::uint8_t>(plan), options.key, problem,
-                   "compressed_all_reduce");
+    detail::agree_on(e, t, lhc, std::span<const T>(data), static_cast<std::uint8_t>(plan), options.key, problem,
+                     "compressed_all_reduce");
 
-  lhc_params staged_params = lhc.params();
-  staged_params.index = coding;
-  staged_params.on_stall = lhc_stall_policy::report;  // a stall is resent uncompressed below
-  const lossless_homomorphic<T> staged(staged_params);
-  const std::uint64_t n = data.size();
-  const auto ranks = static_cast<std::uint64_t>(t.size());
-  compressed_report report;
-  report.dense_bytes = ring_all_reduce_dense_bytes(n * sizeof(T), ranks);
-  // Stage 1: the union of the non-zero positions, on every rank.
-  collective_buffer<E, std::byte> index(e, static_cast<std::size_t>(staged.index_bytes(n)));
-  staged.encode_index(e, std::span<const T>(data), index.span());
-  aggregate_lhc_index(t, coding, index.span());
-  report.sent_bytes += ring_all_reduce_dense_bytes(index.size(), ranks);
-  // Stage 2: the sketches, sized from the union alike on every rank, summed.
-  const lhc_plan sizes = staged.plan(e, std::span<const std::byte>(index.span()), n, ranks);
-  collective_buffer<E, T> sketch(e, static_cast<std::size_t>(sizes.sketch_values()));
-  try {
-    staged.encode_sketch(e, std::span<const T>(data), std::span<const std::byte>(index.span()), sizes, sketch.span());
-  } catch (const error&) {
-    // Only a transport that corrupted the index gets here. Join the SUM with a poisoned sketch,
-    // so that every rank's decode fails alike instead of the others waiting for this one.
-    memory::fill(e, sketch.span(), from_bits<T>(float_traits<T>::infinity_key | 1));
-  }
-  t.all_reduce_sum(sketch.span());
-  report.sent_bytes += ring_all_reduce_dense_bytes(sketch.size() * sizeof(T), ranks);
-  collective_buffer<E, std::byte> ws(e, staged.workspace_bytes(e, sizes));
-  try {
-    staged.decode(e, std::span<const std::byte>(index.span()), sizes, std::span<const T>(sketch.span()), data, ws.span());
-  } catch (const error& failure) {
-    if (failure.code() != errc::peeling_stalled) throw;
-    t.all_reduce_sum(data);  // every rank stalled alike: the uncompressed sum instead
-    report.sent_bytes += report.dense_bytes;
-  }
-  detail::apply_average(e, t.size(), data, options.average);
-  return report;
+    lhc_params staged_params = lhc.params();
+    staged_params.index = coding;
+    staged_params.on_stall = lhc_stall_policy::report;  // a stall is resent uncompressed below
+    const lossless_homomorphic<T> staged(staged_params);
+    const std::uint64_t n = data.size();
+    const auto ranks = static_cast<std::uint64_t>(t.size());
+    compressed_report report;
+    report.dense_bytes = ring_all_reduce_dense_bytes(n * sizeof(T), ranks);
+    // Stage 1: the union of the non-zero positions, on every rank.
+    collective_buffer<E, std::byte> index(e, static_cast<std::size_t>(staged.index_bytes(n)));
+    staged.encode_index(e, std::span<const T>(data), index.span());
+    aggregate_lhc_index(t, coding, index.span());
+    report.sent_bytes += ring_all_reduce_dense_bytes(index.size(), ranks);
+    // Stage 2: the sketches, sized from the union alike on every rank, summed.
+    const lhc_plan sizes = staged.plan(e, std::span<const std::byte>(index.span()), n, ranks);
+    collective_buffer<E, T> sketch(e, static_cast<std::size_t>(sizes.sketch_values()));
+    try {
+      staged.encode_sketch(e, std::span<const T>(data), std::span<const std::byte>(index.span()), sizes, sketch.span());
+    } catch (const error&) {
+      // Only a transport that corrupted the index gets here. Join the SUM with a poisoned sketch,
+      // so that every rank's decode fails alike instead of the others waiting for this one.
+      memory::fill(e, sketch.span(), from_bits<T>(float_traits<T>::infinity_key | 1));
+    }
+    t.all_reduce_sum(sketch.span());
+    report.sent_bytes += ring_all_reduce_dense_bytes(sketch.size() * sizeof(T), ranks);
+    collective_buffer<E, std::byte> ws(e, staged.workspace_bytes(e, sizes));
+    try {
+      staged.decode(e, std::span<const std::byte>(index.span()), sizes, std::span<const T>(sketch.span()), data, ws.span());
+    } catch (const error& failure) {
+      if (failure.code() != errc::peeling_stalled) throw;
+      // Every rank stalled alike: the uncompressed sum instead, of a copy, so that a transport
+      // that fails or times out midway leaves `data` as it was.
+      collective_buffer<E, T> dense(e, data.size());
+      memory::copy(e, std::span<const T>(data), dense.span());
+      t.all_reduce_sum(dense.span());
+      memory::copy(e, std::span<const T>(dense.span()), data);
+      report.sent_bytes += report.dense_bytes;
+    }
+    detail::apply_average(e, t.size(), data, options.average);
+    return report;
+  });
 }
 
 /// All-reduces `data` with a stateful wrapper (`error_feedback`, `loco`) on executor `e`: each
@@ -305,28 +326,30 @@ compressed_report compressed_all_reduce(const E& e, X& t, const lossless_homomor
 /// decoded messages on every rank (the mean with `options.average`).
 /// @throws error as the stateless overload, on every rank alike. `data` and `state` are unchanged
 /// when the ranks disagree or a gradient is not finite (checked before encoding); when a rank's
-/// encoding or any decoding fails, `data` is unchanged and `state` is restored to what it was
-/// (`step_rollback`).
+/// encoding or any decoding fails, or the deadline passes during the exchange, `data` is unchanged
+/// and `state` is restored to what it was (`step_rollback`).
 template <executor E, transport X, class C>
   requires stateful<C, E> && codec<C>
 compressed_report compressed_all_reduce(const E& e, X& t, const C& codec, state_type_of<C, E>& state,
                                         std::span<typename C::value_type> data, all_reduce_options options = {}) {
   using T = typename C::value_type;
-  detail::require_executor_transport<E, X>(e, t);
-  const all_reduce_plan plan = detail::resolved_plan<C>(options.plan);
-  detail::agree_on(e, t, codec, std::span<const T>(data), static_cast<std::uint8_t>(plan), options.key,
-                   detail::plan_problem<X, C>(plan, true), "compressed_all_reduce");
-  detail::frame_coder<C, E> coder(e, codec, data.size(), false);
-  step_rollback<state_type_of<C, E>> before = rollback_point(e, state);
-  const auto frame = coder.encode_stateful(std::span<const T>(data), state, options.key);
-  try {
-    compressed_report report = detail::gather_decode_all_reduce(t, coder, frame, data, 0.0);
-    detail::apply_average(e, t.size(), data, options.average);
-    return report;
-  } catch (...) {
-    before.restore(state);
-    throw;
-  }
+  return detail::within_deadline(t, options.timeout, "compressed_all_reduce", options.key, [&] {
+    detail::require_executor_transport<E, X>(e, t);
+    const all_reduce_plan plan = detail::resolved_plan<C>(options.plan);
+    detail::agree_on(e, t, codec, std::span<const T>(data), static_cast<std::uint8_t>(plan), options.key,
+                     detail::plan_problem<X, C>(plan, true), "compressed_all_reduce");
+    detail::frame_coder<C, E> coder(e, codec, data.size(), false);
+    step_rollback<state_type_of<C, E>> before = rollback_point(e, state);
+    const auto frame = coder.encode_stateful(std::span<const T>(data), state, options.key);
+    try {
+      compressed_report report = detail::gather_decode_all_reduce(t, coder, frame, data, 0.0);
+      detail::apply_average(e, t.size(), data, options.average);
+      return report;
+    } catch (...) {
+      before.restore(state);
+      throw;
+    }
+  });
 }
 
 }  // namespace gradcomp

@@ -17,9 +17,11 @@
 ///
 /// The ranks agree first, exactly as in `compressed_all_reduce` (collective/agreement.hpp,
 /// docs/wire-format.md §21), so a mismatch, a rank's invalid arguments or a non-finite gradient is
-/// the same named error on every rank, with nothing encoded.
+/// the same named error on every rank, with nothing encoded. Every call has a deadline,
+/// `options.timeout` from its start (collective/call_deadline.hpp), as in `compressed_all_reduce`.
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -28,6 +30,7 @@
 #include <vector>
 
 #include <gradcomp/collective/agreement.hpp>
+#include <gradcomp/collective/call_deadline.hpp>
 #include <gradcomp/collective/collective_memory.hpp>
 #include <gradcomp/collective/compressed_all_reduce.hpp>
 #include <gradcomp/collective/compressed_frame.hpp>
@@ -57,6 +60,9 @@ struct reduce_scatter_options {
   /// `error_bound` is divided alike.
   bool average = false;
   bool measure_error = false;  ///< Measure lossy encodings' errors (`report.max_error`, `report.error_bound`).
+  /// How long the call may wait for its peers in all, from its start (`infinite_timeout`: as long
+  /// as the transport's library does); past it every waiting rank throws `timeout`.
+  std::chrono::milliseconds timeout = default_collective_timeout;
 };
 
 namespace detail {
@@ -184,56 +190,59 @@ compressed_report all_to_all_reduce_scatter(X& t, frame_coder<C, E>& coder, std:
 /// @throws error on every rank alike, with `out` unchanged: the agreement's errors (see
 /// `compressed_all_reduce`), `non_finite_input` for NaN or ±Inf in any rank's data, the code of a
 /// rank whose encoding or decoding failed; `invalid_argument` when any rank's `out` is not its
-/// chunk's size or its plan cannot run here (that rank's message names the problem).
+/// chunk's size or its plan cannot run here (that rank's message names the problem); `timeout`
+/// (each waiting rank) when the deadline passes first, `transport_failed` when the transport fails.
 template <executor E, transport X, class C>
   requires codec_for<C, E>
 compressed_report compressed_reduce_scatter(const E& e, X& t, const C& codec, std::span<const typename C::value_type> data,
                                             std::span<typename C::value_type> out, reduce_scatter_options options = {}) {
   using T = typename C::value_type;
-  detail::require_executor_transport<E, X>(e, t);
-  const auto plan = detail::resolved_plan<X>(options.plan);
-  const auto n = static_cast<std::uint64_t>(data.size());
-  constexpr bool p2p = transport_with_point_to_point<X>;
-  detail::agree_on(e, t, codec, data, detail::agreement_plan(plan), options.key,
-                   detail::reduce_scatter_problem(out.size(), n, t.size(), t.rank(), plan,
-                                                  plan == reduce_scatter_plan::gather_decode ||
-                                                      (plan == reduce_scatter_plan::ring ? p2p : detail::can_all_to_all<X>)),
-                   "compressed_reduce_scatter");
-  if constexpr (p2p) {
-    if (plan == reduce_scatter_plan::ring)
-      return ring_reduce_scatter(e, t, codec, data, out,
-                                 {.key = options.key, .average = options.average, .measure_error = options.measure_error});
-  }
-  compressed_report report;
-  if (plan == reduce_scatter_plan::all_to_all) {
-    if constexpr (detail::can_all_to_all<X>) {
-      detail::frame_coder<C, E> coder(e, codec, ring_chunk_of(n, t.size(), 0).count, options.measure_error);
-      double max_error = 0.0;
-      report = detail::all_to_all_reduce_scatter(t, coder, n, out, [&](int j) {
-        const ring_chunk c = ring_chunk_of(n, t.size(), j);
-        double error = 0.0;
-        const auto frame = coder.encode(data.subspan(static_cast<std::size_t>(c.offset), static_cast<std::size_t>(c.count)),
-                                        options.key, 0.0, error);
-        max_error = std::max(max_error, error);
-        return frame;
-      });
-      report.max_error = max_error;
+  return detail::within_deadline(t, options.timeout, "compressed_reduce_scatter", options.key, [&] {
+    detail::require_executor_transport<E, X>(e, t);
+    const auto plan = detail::resolved_plan<X>(options.plan);
+    const auto n = static_cast<std::uint64_t>(data.size());
+    constexpr bool p2p = transport_with_point_to_point<X>;
+    detail::agree_on(e, t, codec, data, detail::agreement_plan(plan), options.key,
+                     detail::reduce_scatter_problem(out.size(), n, t.size(), t.rank(), plan,
+                                                    plan == reduce_scatter_plan::gather_decode ||
+                                                        (plan == reduce_scatter_plan::ring ? p2p : detail::can_all_to_all<X>)),
+                     "compressed_reduce_scatter");
+    if constexpr (p2p) {
+      if (plan == reduce_scatter_plan::ring)
+        return detail::ring_reduce_scatter_within(
+            e, t, codec, data, out, {.key = options.key, .average = options.average, .measure_error = options.measure_error});
     }
-  } else {
-    // gather_decode: the all-reduce's gather, then this rank's chunk.
-    detail::frame_coder<C, E> coder(e, codec, n, options.measure_error);
-    collective_buffer<E, T> sum(e, data.size());
-    double error = 0.0;
-    const auto frame = coder.encode(data, options.key, 0.0, error);
-    report = detail::gather_decode_all_reduce(t, coder, frame, sum.span(), error);
-    const ring_chunk mine = ring_chunk_of(n, t.size(), t.rank());
-    report.dense_bytes = (n - mine.count) * sizeof(T);
-    collective_memory<E>::copy(
-        e, std::span<const T>(sum.span()).subspan(static_cast<std::size_t>(mine.offset), static_cast<std::size_t>(mine.count)),
-        out);
-  }
-  report.error_bound *= detail::apply_average(e, t.size(), out, options.average);
-  return report;
+    compressed_report report;
+    if (plan == reduce_scatter_plan::all_to_all) {
+      if constexpr (detail::can_all_to_all<X>) {
+        detail::frame_coder<C, E> coder(e, codec, ring_chunk_of(n, t.size(), 0).count, options.measure_error);
+        double max_error = 0.0;
+        report = detail::all_to_all_reduce_scatter(t, coder, n, out, [&](int j) {
+          const ring_chunk c = ring_chunk_of(n, t.size(), j);
+          double error = 0.0;
+          const auto frame = coder.encode(data.subspan(static_cast<std::size_t>(c.offset), static_cast<std::size_t>(c.count)),
+                                          options.key, 0.0, error);
+          max_error = std::max(max_error, error);
+          return frame;
+        });
+        report.max_error = max_error;
+      }
+    } else {
+      // gather_decode: the all-reduce's gather, then this rank's chunk.
+      detail::frame_coder<C, E> coder(e, codec, n, options.measure_error);
+      collective_buffer<E, T> sum(e, data.size());
+      double error = 0.0;
+      const auto frame = coder.encode(data, options.key, 0.0, error);
+      report = detail::gather_decode_all_reduce(t, coder, frame, sum.span(), error);
+      const ring_chunk mine = ring_chunk_of(n, t.size(), t.rank());
+      report.dense_bytes = (n - mine.count) * sizeof(T);
+      collective_memory<E>::copy(
+          e, std::span<const T>(sum.span()).subspan(static_cast<std::size_t>(mine.offset), static_cast<std::size_t>(mine.count)),
+          out);
+    }
+    report.error_bound *= detail::apply_average(e, t.size(), out, options.average);
+    return report;
+  });
 }
 
 /// Reduce-scatters `data` with a stateful wrapper (`error_feedback`, `loco`) by `all_to_all` on
@@ -242,39 +251,41 @@ compressed_report compressed_reduce_scatter(const E& e, X& t, const C& codec, st
 /// steps.
 /// @throws error as the stateless overload; `invalid_argument` unless `states` holds P states and
 /// the transport has an all-to-all or point-to-point messages. The states are untouched when the
-/// agreement fails, and restored when a later stage fails on any rank.
+/// agreement fails, and restored when a later stage fails on any rank or the deadline passes.
 template <executor E, transport X, class C>
   requires stateful<C, E> && codec<C>
 compressed_report compressed_reduce_scatter(const E& e, X& t, const C& codec, std::span<state_type_of<C, E>> states,
                                             std::span<const typename C::value_type> data,
                                             std::span<typename C::value_type> out, reduce_scatter_options options = {}) {
-  detail::require_executor_transport<E, X>(e, t);
-  const auto plan = options.plan == reduce_scatter_plan::automatic ? reduce_scatter_plan::all_to_all : options.plan;
-  const auto n = static_cast<std::uint64_t>(data.size());
-  detail::agree_on(e, t, codec, data, detail::agreement_plan(plan), options.key,
-                   detail::reduce_scatter_problem(out.size(), n, t.size(), t.rank(), plan,
-                                                  detail::can_all_to_all<X> && plan == reduce_scatter_plan::all_to_all,
-                                                  static_cast<long long>(states.size())),
-                   "compressed_reduce_scatter");
-  if constexpr (detail::can_all_to_all<X>) {
-    detail::frame_coder<C, E> coder(e, codec, ring_chunk_of(n, t.size(), 0).count, false);
-    std::vector<step_rollback<state_type_of<C, E>>> before;
-    before.reserve(states.size());
-    for (const auto& state : states) before.push_back(rollback_point(e, state));
-    try {
-      compressed_report report = detail::all_to_all_reduce_scatter(t, coder, n, out, [&](int j) {
-        const ring_chunk c = ring_chunk_of(n, t.size(), j);
-        return coder.encode_stateful(data.subspan(static_cast<std::size_t>(c.offset), static_cast<std::size_t>(c.count)),
-                                     states[static_cast<std::size_t>(j)], options.key);
-      });
-      detail::apply_average(e, t.size(), out, options.average);
-      return report;
-    } catch (...) {
-      for (std::size_t j = 0; j < states.size(); ++j) before[j].restore(states[j]);
-      throw;
+  return detail::within_deadline(t, options.timeout, "compressed_reduce_scatter", options.key, [&]() -> compressed_report {
+    detail::require_executor_transport<E, X>(e, t);
+    const auto plan = options.plan == reduce_scatter_plan::automatic ? reduce_scatter_plan::all_to_all : options.plan;
+    const auto n = static_cast<std::uint64_t>(data.size());
+    detail::agree_on(e, t, codec, data, detail::agreement_plan(plan), options.key,
+                     detail::reduce_scatter_problem(out.size(), n, t.size(), t.rank(), plan,
+                                                    detail::can_all_to_all<X> && plan == reduce_scatter_plan::all_to_all,
+                                                    static_cast<long long>(states.size())),
+                     "compressed_reduce_scatter");
+    if constexpr (detail::can_all_to_all<X>) {
+      detail::frame_coder<C, E> coder(e, codec, ring_chunk_of(n, t.size(), 0).count, false);
+      std::vector<step_rollback<state_type_of<C, E>>> before;
+      before.reserve(states.size());
+      for (const auto& state : states) before.push_back(rollback_point(e, state));
+      try {
+        compressed_report report = detail::all_to_all_reduce_scatter(t, coder, n, out, [&](int j) {
+          const ring_chunk c = ring_chunk_of(n, t.size(), j);
+          return coder.encode_stateful(data.subspan(static_cast<std::size_t>(c.offset), static_cast<std::size_t>(c.count)),
+                                       states[static_cast<std::size_t>(j)], options.key);
+        });
+        detail::apply_average(e, t.size(), out, options.average);
+        return report;
+      } catch (...) {
+        for (std::size_t j = 0; j < states.size(); ++j) before[j].restore(states[j]);
+        throw;
+      }
     }
-  }
-  return {};  // not reached: the agreement threw without an all-to-all or point-to-point messages
+    return {};  // not reached: the agreement threw without an all-to-all or point-to-point messages
+  });
 }
 
 }  // namespace gradcomp

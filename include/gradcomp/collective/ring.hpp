@@ -22,16 +22,20 @@
 /// decode because the ranks disagree on n or on the codec's parameters) travels along the ring as
 /// a failed frame, and every rank throws the same error; the output is then unchanged. Under a
 /// codec that is not lossless, a NaN or Inf anywhere in a rank's input is such a failure
-/// (`non_finite_input`), whether or not an encoding would meet it.
+/// (`non_finite_input`), whether or not an encoding would meet it. A rank that stops calling makes
+/// the others throw `timeout` at the call's deadline (`ring_options::timeout`,
+/// collective/call_deadline.hpp), with the output unchanged.
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
 #include <utility>
 
+#include <gradcomp/collective/call_deadline.hpp>
 #include <gradcomp/collective/collective_memory.hpp>
 #include <gradcomp/collective/compressed_all_gather.hpp>
 #include <gradcomp/collective/compressed_frame.hpp>
@@ -51,6 +55,9 @@ struct ring_options {
   /// Decode every lossy message once more to measure its error, for `report.error_bound` and
   /// `report.max_error` (one extra decode per hop). Without it both stay 0.
   bool measure_error = true;
+  /// How long the call may wait for its peers in all, from its start (`infinite_timeout`: as long
+  /// as the transport's library does); past it every waiting rank throws `timeout`.
+  std::chrono::milliseconds timeout = default_collective_timeout;
 };
 
 /// Values [offset, offset + count) of an n-value tensor: chunk c of P.
@@ -131,6 +138,63 @@ ring_sum<typename C::value_type, E> ring_hops(X& t, frame_coder<C, E>& coder, st
   return sum;
 }
 
+/// `ring_reduce_scatter` without its deadline scope (which its callers set).
+template <executor E, transport_with_point_to_point X, class C>
+  requires codec_for<C, E>
+compressed_report ring_reduce_scatter_within(const E& e, X& t, const C& codec, std::span<const typename C::value_type> data,
+                                             std::span<typename C::value_type> out, const ring_options& options) {
+  using T = typename C::value_type;
+  require_executor_transport<E, X>(e, t);
+  const ring_chunk mine = ring_chunk_of(data.size(), t.size(), t.rank());
+  require(out.size() == mine.count, errc::invalid_argument, [&] {
+    return "ring_reduce_scatter: out holds " + std::to_string(out.size()) + " values, not this rank's chunk of " +
+           std::to_string(mine.count);
+  });
+  compressed_report report;
+  if (t.size() == 1) {
+    collective_memory<E>::copy(e, data, out);
+    return report;
+  }
+  frame_coder<C, E> coder(e, codec, ring_chunk_of(data.size(), t.size(), 0).count, options.measure_error);
+  auto sum = ring_hops(t, coder, data, options.key, report);
+  std::array<double, 2> agreed{static_cast<double>(sum.status), sum.bound};
+  control_all_reduce_max(t, std::span<double>(agreed));
+  if (agreed[0] != 0.0) fail_from_frame(static_cast<std::uint8_t>(agreed[0]), "ring_reduce_scatter");
+  collective_memory<E>::copy(e, std::span<const T>(sum.chunk()), out);
+  report.error_bound = agreed[1] * apply_average(e, t.size(), out, options.average);
+  return report;
+}
+
+/// `ring_all_reduce` without its deadline scope (which its callers set).
+template <executor E, transport_with_point_to_point X, class C>
+  requires codec_for<C, E>
+compressed_report ring_all_reduce_within(const E& e, X& t, const C& codec, std::span<typename C::value_type> data,
+                                         const ring_options& options) {
+  using T = typename C::value_type;
+  require_executor_transport<E, X>(e, t);
+  compressed_report report;
+  const int ranks = t.size();
+  if (ranks == 1) return report;
+  const auto n = static_cast<std::uint64_t>(data.size());
+  frame_coder<C, E> coder(e, codec, ring_chunk_of(n, ranks, 0).count, options.measure_error);
+  auto sum = ring_hops(t, coder, std::span<const T>(data), options.key, report);
+  double error = 0.0;
+  const auto frame = sum.status != 0 ? coder.failure(static_cast<errc>(sum.status))
+                                     : coder.encode(std::span<const T>(sum.chunk()), options.key, sum.bound, error);
+  report.sent_bytes += frame.size() * static_cast<std::uint64_t>(ranks - 1);
+  report.dense_bytes += sum.count * sizeof(T) * static_cast<std::uint64_t>(ranks - 1);
+  report.max_error = std::max(report.max_error, error);
+  report.error_bound = gather_and_decode(
+      t, coder, frame, data,
+      [&](int c) {
+        const ring_chunk chunk = ring_chunk_of(n, ranks, c);
+        return std::pair{chunk.offset, chunk.count};
+      },
+      false, "ring_all_reduce");
+  report.error_bound *= apply_average(e, t.size(), data, options.average);
+  return report;
+}
+
 }  // namespace detail
 
 /// Ring reduce-scatter of `data` (n values on every rank) with `codec` on executor `e`,
@@ -140,31 +204,13 @@ ring_sum<typename C::value_type, E> ring_hops(X& t, frame_coder<C, E>& coder, st
 /// `report.error_bound`.
 /// @throws error `invalid_argument` when `out` is not this rank's chunk size (this rank only); on
 /// every rank alike, the first failure of any rank (`non_finite_input`, `size_mismatch`,
-/// `parameter_mismatch`, …). `out` is unchanged on error.
+/// `parameter_mismatch`, …); `timeout` when the deadline passes first. `out` is unchanged on error.
 template <executor E, transport_with_point_to_point X, class C>
   requires codec_for<C, E>
 compressed_report ring_reduce_scatter(const E& e, X& t, const C& codec, std::span<const typename C::value_type> data,
                                       std::span<typename C::value_type> out, ring_options options = {}) {
-  using T = typename C::value_type;
-  detail::require_executor_transport<E, X>(e, t);
-  const ring_chunk mine = ring_chunk_of(data.size(), t.size(), t.rank());
-  detail::require(out.size() == mine.count, errc::invalid_argument, [&] {
-    return "ring_reduce_scatter: out holds " + std::to_string(out.size()) + " values, not this rank's chunk of " +
-           std::to_string(mine.count);
-  });
-  compressed_report report;
-  if (t.size() == 1) {
-    collective_memory<E>::copy(e, data, out);
-    return report;
-  }
-  detail::frame_coder<C, E> coder(e, codec, ring_chunk_of(data.size(), t.size(), 0).count, options.measure_error);
-  auto sum = detail::ring_hops(t, coder, data, options.key, report);
-  std::array<double, 2> agreed{static_cast<double>(sum.status), sum.bound};
-  control_all_reduce_max(t, std::span<double>(agreed));
-  if (agreed[0] != 0.0) detail::fail_from_frame(static_cast<std::uint8_t>(agreed[0]), "ring_reduce_scatter");
-  collective_memory<E>::copy(e, std::span<const T>(sum.chunk()), out);
-  report.error_bound = agreed[1] * detail::apply_average(e, t.size(), out, options.average);
-  return report;
+  return detail::within_deadline(t, options.timeout, "ring_reduce_scatter", options.key,
+                                 [&] { return detail::ring_reduce_scatter_within(e, t, codec, data, out, options); });
 }
 
 /// Ring all-reduce of `data` (n values on every rank, in place) with `codec` on executor `e`:
@@ -172,34 +218,14 @@ compressed_report ring_reduce_scatter(const E& e, X& t, const C& codec, std::spa
 /// rank decoding every chunk from the same bytes. Every rank ends with identical values: the sum
 /// (the mean with `options.average`).
 /// @throws error on every rank alike, the first failure of any rank (`non_finite_input`,
-/// `size_mismatch`, `parameter_mismatch`, …); `data` is unchanged on error.
+/// `size_mismatch`, `parameter_mismatch`, …); `timeout` when the deadline passes first. `data` is
+/// unchanged on error.
 template <executor E, transport_with_point_to_point X, class C>
   requires codec_for<C, E>
 compressed_report ring_all_reduce(const E& e, X& t, const C& codec, std::span<typename C::value_type> data,
                                   ring_options options = {}) {
-  using T = typename C::value_type;
-  detail::require_executor_transport<E, X>(e, t);
-  compressed_report report;
-  const int ranks = t.size();
-  if (ranks == 1) return report;
-  const auto n = static_cast<std::uint64_t>(data.size());
-  detail::frame_coder<C, E> coder(e, codec, ring_chunk_of(n, ranks, 0).count, options.measure_error);
-  auto sum = detail::ring_hops(t, coder, std::span<const T>(data), options.key, report);
-  double error = 0.0;
-  const auto frame = sum.status != 0 ? coder.failure(static_cast<errc>(sum.status))
-                                     : coder.encode(std::span<const T>(sum.chunk()), options.key, sum.bound, error);
-  report.sent_bytes += frame.size() * static_cast<std::uint64_t>(ranks - 1);
-  report.dense_bytes += sum.count * sizeof(T) * static_cast<std::uint64_t>(ranks - 1);
-  report.max_error = std::max(report.max_error, error);
-  report.error_bound = detail::gather_and_decode(
-      t, coder, frame, data,
-      [&](int c) {
-        const ring_chunk chunk = ring_chunk_of(n, ranks, c);
-        return std::pair{chunk.offset, chunk.count};
-      },
-      false, "ring_all_reduce");
-  report.error_bound *= detail::apply_average(e, t.size(), data, options.average);
-  return report;
+  return detail::within_deadline(t, options.timeout, "ring_all_reduce", options.key,
+                                 [&] { return detail::ring_all_reduce_within(e, t, codec, data, options); });
 }
 
 }  // namespace gradcomp

@@ -31,7 +31,9 @@
 /// chunk, whose residual of a chunk has another size, or whose gradient (or gradient + residual)
 /// holds NaN or Inf makes every rank throw the same error at the same step, before any state
 /// changes. The P owners' outcomes after peeling are agreed by one MAX all-reduce of P host
-/// doubles; a call that fails after sparsifying restores every residual it changed.
+/// doubles; a call that fails after sparsifying restores every residual it changed. Every call has
+/// a deadline, `options.timeout` from its start (collective/call_deadline.hpp): a rank that stops
+/// calling makes the others throw `timeout`, with `out` and every residual as before the call.
 
 #include <algorithm>
 #include <cstddef>
@@ -42,6 +44,7 @@
 #include <vector>
 
 #include <gradcomp/collective/agreement.hpp>
+#include <gradcomp/collective/call_deadline.hpp>
 #include <gradcomp/collective/collective_memory.hpp>
 #include <gradcomp/collective/compressed_frame.hpp>
 #include <gradcomp/collective/compressed_reduce_scatter.hpp>
@@ -92,6 +95,7 @@ struct tagc_state {
   collective_buffer<E, std::byte> indexes; ///< The P indexes, local then aggregated.
   collective_buffer<E, T> segments;        ///< Sketch-and-tail segments.
   collective_buffer<E, T> received;        ///< This rank's summed segment.
+  collective_buffer<E, T> chunk;           ///< This rank's chunk of the result, copied to `out` once every collective is done.
   collective_buffer<E, std::byte> workspace;  ///< Sparsifier and decoder workspace.
   collective_buffer<E, T> saved_residuals;    ///< The residuals before a call, to undo it.
   std::vector<bool> had_residual;             ///< Which chunks had a residual before it.
@@ -234,11 +238,13 @@ class tagc_call {
         out_(out),
         key_(key) {}
 
-  /// Runs the scheme; on error every residual is as it was and `out` is unspecified.
+  /// Runs the scheme; on error every residual and `out` are as they were.
   tagc_report run() {
     save_residuals();
     try {
-      return reduce_scatter();
+      tagc_report report = reduce_scatter();
+      memory::copy(e_, std::span<const T>(result()), out_);
+      return report;
     } catch (...) {
       restore_residuals();
       throw;
@@ -263,6 +269,8 @@ class tagc_call {
     const ring_chunk& c = layout_.chunks[static_cast<std::size_t>(s)];
     return data_.subspan(static_cast<std::size_t>(c.offset), static_cast<std::size_t>(c.count));
   }
+  /// This rank's chunk of the result, assembled here until every collective of the call is done.
+  [[nodiscard]] std::span<T> result() { return state_.chunk.span().first(out_.size()); }
   [[nodiscard]] std::span<T> saved_of(int s) {
     const auto i = static_cast<std::size_t>(s);
     return state_.saved_residuals.span().subspan(layout_.sparse_offset[i], layout_.aligned[i]);
@@ -366,13 +374,15 @@ class tagc_call {
 
     const auto sketch_values = static_cast<std::size_t>(own_plan.sketch_values());
     const std::size_t aligned = layout_.aligned[static_cast<std::size_t>(rank)];
+    reserve(state_.chunk, out_.size());
+    const std::span<T> chunk = result();
     const lossless_homomorphic<T> peeler(with_stall_policy(lhc_.params(), lhc_stall_policy::median_estimate));
     reserve(state_.workspace, peeler.workspace_bytes(e_, own_plan));
     lhc_decode_result peeled{};
     chunk_outcome outcome = chunk_outcome::peeled;
     try {
       peeled = peeler.decode(e_, std::span<const std::byte>(index_of(rank)), own_plan,
-                             std::span<const T>(state_.received.span()).first(sketch_values), out_.first(aligned),
+                             std::span<const T>(state_.received.span()).first(sketch_values), chunk.first(aligned),
                              state_.workspace.span());
       if (peeled.unrecovered > 0 && scheme_.params().sketch.on_stall == lhc_stall_policy::report) outcome = chunk_outcome::stalled;
     } catch (const error& failure) {
@@ -380,7 +390,7 @@ class tagc_call {
       outcome = chunk_outcome::overflowed;  // the sum does not fit T: every rank must learn it
     }
     memory::copy(e_, std::span<const T>(state_.received.span()).subspan(sketch_values, layout_.tail(rank)),
-                 out_.subspan(aligned));
+                 chunk.subspan(aligned));
     report.resent_shards = settle_outcomes(outcome, report);
 
     report.union_nonzeros = own_plan.union_nonzeros;
@@ -416,7 +426,7 @@ class tagc_call {
       memory::copy(e_, chunk.subspan(aligned), segment.subspan(aligned));
       t_.reduce_sum(segment, s);
       report.sent_bytes += chunk.size() * sizeof(T);
-      if (s == t_.rank()) memory::copy(e_, std::span<const T>(segment), out_);
+      if (s == t_.rank()) memory::copy(e_, std::span<const T>(segment), result());
     }
     return resent;
   }
@@ -499,24 +509,27 @@ template <class T, executor E, class State>
 /// `compressed_all_reduce`); `invalid_argument` when a rank's `out` is not its chunk, its plan is
 /// another than `tagc`, or the index coding cannot sum P ranks; `size_mismatch` when a rank's
 /// residual of a chunk has another size; `non_finite_input` when a gradient, gradient + residual,
-/// or a chunk's sum holds NaN or Inf; `peer_failed` or a transport's own error when the transport
-/// fails.
+/// or a chunk's sum holds NaN or Inf; `timeout` (each waiting rank) when the deadline passes first;
+/// `peer_failed` or a transport's own error when the transport fails.
 template <executor E, transport X, gradient_value T>
 tagc_report compressed_reduce_scatter(const E& e, X& t, const tagc<T>& scheme, tagc_state<T, E>& state,
                                       std::type_identity_t<std::span<const T>> data, std::type_identity_t<std::span<T>> out,
                                       reduce_scatter_options options = {}) {
-  detail::require_executor_transport<E, X>(e, t);
-  const int ranks = t.size();
-  const detail::tagc_layout layout(data.size(), ranks, lossless_homomorphic<T>(scheme.params().sketch));
-  const detail::local_problem problem = detail::tagc_problem<T, X>(scheme, state, layout, ranks, t.rank(), out.size(),
-                                                                   options.plan, options.key.tensor_id);
-  const bool finite = !problem.empty() || detail::tagc_inputs_finite(e, state, layout, data, options.key.tensor_id, ranks);
-  detail::agree(t, detail::record_of(scheme, data.size(), detail::agreement_plan(reduce_scatter_plan::tagc), options.key, !finite),
-                problem, "compressed_reduce_scatter (tagc)");
-  tagc_report report =
-      detail::tagc_call<T, E, X>(e, t, scheme, state, scheme.template index_coding<X>(ranks), data, out, options.key).run();
-  detail::apply_average(e, ranks, out, options.average);
-  return report;
+  return detail::within_deadline(t, options.timeout, "compressed_reduce_scatter (tagc)", options.key, [&] {
+    detail::require_executor_transport<E, X>(e, t);
+    const int ranks = t.size();
+    const detail::tagc_layout layout(data.size(), ranks, lossless_homomorphic<T>(scheme.params().sketch));
+    const detail::local_problem problem = detail::tagc_problem<T, X>(scheme, state, layout, ranks, t.rank(), out.size(),
+                                                                     options.plan, options.key.tensor_id);
+    const bool finite = !problem.empty() || detail::tagc_inputs_finite(e, state, layout, data, options.key.tensor_id, ranks);
+    detail::agree(t,
+                  detail::record_of(scheme, data.size(), detail::agreement_plan(reduce_scatter_plan::tagc), options.key, !finite),
+                  problem, "compressed_reduce_scatter (tagc)");
+    tagc_report report =
+        detail::tagc_call<T, E, X>(e, t, scheme, state, scheme.template index_coding<X>(ranks), data, out, options.key).run();
+    detail::apply_average(e, ranks, out, options.average);
+    return report;
+  });
 }
 
 }  // namespace gradcomp

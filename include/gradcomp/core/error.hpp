@@ -36,6 +36,7 @@ enum class errc : std::uint8_t {
   peer_failed = 20,          ///< Another rank of the collective failed or disagreed; this rank stopped too.
   transport_failed = 21,     ///< The communication library (MPI, Gloo) reported an error; the message quotes it.
   device_failed = 22,        ///< A CUDA runtime call or kernel launch failed; the message names the call, file, line and CUDA error.
+  timeout = 23,              ///< A collective's deadline passed before its peers arrived; the message names the call, its key and, where known, the silent ranks.
 };
 
 /// Human-readable name of an error condition.
@@ -63,6 +64,7 @@ enum class errc : std::uint8_t {
     case errc::peer_failed: return "peer_failed";
     case errc::transport_failed: return "transport_failed";
     case errc::device_failed: return "device_failed";
+    case errc::timeout: return "timeout";
   }
   return "unknown";
 }
@@ -93,6 +95,11 @@ class error : public std::runtime_error {
 
   /// The named condition.
   [[nodiscard]] errc code() const noexcept { return code_; }
+
+  /// What was wrong: `what()` without the leading "<errc name>: ".
+  [[nodiscard]] std::string_view detail_text() const noexcept {
+    return std::string_view(what()).substr(to_string(code_).size() + 2);
+  }
 
  private:
   errc code_;

@@ -1,8 +1,8 @@
 #pragma once
 /// @file
 /// The Gloo transport: `gloo_transport` wraps a connected `gloo::Context` the user created and
-/// satisfies `transport`, `transport_with_bitwise_or`, `transport_with_point_to_point` and
-/// `transport_with_all_to_all`. Opt-in: include this header only in a program that uses Gloo (it
+/// satisfies `transport`, `transport_with_bitwise_or`, `transport_with_point_to_point`,
+/// `transport_with_all_to_all` and `transport_with_deadline`. Opt-in: include this header only in a program that uses Gloo (it
 /// includes Gloo's headers; link Gloo, for example CMake's `gloo` target from `find_package(Gloo)`).
 ///
 /// ```cpp
@@ -25,13 +25,19 @@
 /// `staged_transport<gloo_transport>` (transport/staged.cuh), which stages device buffers through
 /// pinned host buffers.
 ///
-/// Errors: the context's timeout is the user's (`gloo::Context::setTimeout`); every call waits at
-/// most that long for a peer, so a peer that is missing or stopped surfaces as an error after it
-/// (a peer whose process exited, as soon as its connection closes). Any exception of Gloo (an I/O
-/// error, a timeout, a failed enforcement) becomes `errc::transport_failed`, naming the call and
-/// quoting Gloo's message; Gloo then considers the context's pairs in an unknown state, so make a
-/// new context before going on. A peer outside the group and an all-to-all of other than size()
-/// buffers throw `errc::invalid_argument` before anything is sent.
+/// Errors and deadlines (docs/transports.md §8): every Gloo operation and every wait of a
+/// point-to-point message takes the time left until the transport's deadline (`set_deadline`) as
+/// its timeout; without a deadline, the context's (`gloo::Context::setTimeout`, the user's), since
+/// Gloo has no unbounded wait. A peer that is missing or stopped therefore surfaces at the deadline
+/// (a peer whose process exited, as soon as its connection closes). An exception of Gloo once the
+/// deadline has passed becomes `errc::timeout`, naming the call (and the peer of a point-to-point
+/// message; Gloo's collectives do not say which rank is missing); any other exception of Gloo (an
+/// I/O error, the context's own timeout, a failed enforcement) becomes `errc::transport_failed`.
+/// Both quote Gloo's message. A rank whose wait times out closes all of the context's connections
+/// (Gloo's reaction to an application timeout), so the other ranks waiting in the same call fail at
+/// once, with `transport_failed` ("Connection closed by peer") where their own deadline has not
+/// passed yet; the context cannot be used again: make a new one. A peer outside the group and an
+/// all-to-all of other than size() buffers throw `errc::invalid_argument` before anything is sent.
 ///
 /// Point-to-point messages go through Gloo's unbound buffers: a message is an 8-byte size header,
 /// then its bytes (none for an empty message), both on one slot that Gloo's collectives never use.
@@ -55,6 +61,7 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -67,6 +74,7 @@
 #include <vector>
 
 #include <gradcomp/core/error.hpp>
+#include <gradcomp/transport/deadline.hpp>
 #include <gradcomp/transport/rank_ordered.hpp>
 #include <gradcomp/transport/transport.hpp>
 
@@ -100,6 +108,12 @@ class gloo_transport : public detail::rank_ordered_reductions<gloo_transport> {
   /// Number of ranks.
   [[nodiscard]] int size() const noexcept { return context_->size; }
 
+  /// Bounds the Gloo operations and waits of later calls by `until` (this file's comment);
+  /// initially none, which leaves them to the context's timeout.
+  void set_deadline(const deadline& until) noexcept { deadline_ = until; }
+  /// The deadline of this transport's waits.
+  [[nodiscard]] deadline current_deadline() const noexcept { return deadline_; }
+
   /// Element-wise bitwise OR over ranks, in place on every rank.
   /// @throws error `transport_failed`.
   void all_reduce_or(std::span<std::uint8_t> data) { all_reduce_in_rank_order(data, detail::or_op{}, "all_reduce_or"); }
@@ -110,6 +124,7 @@ class gloo_transport : public detail::rank_ordered_reductions<gloo_transport> {
     const int from = member(root, "broadcast", "root");
     guarded("gloo::broadcast", [&] {
       gloo::BroadcastOptions options(context_);
+      bound(options);
       options.setOutput(data.data(), data.size());
       options.setRoot(from);
       gloo::broadcast(options);
@@ -124,6 +139,7 @@ class gloo_transport : public detail::rank_ordered_reductions<gloo_transport> {
     std::vector<std::uint64_t> sizes(index(size()));
     guarded("gloo::allgather", [&] {
       gloo::AllgatherOptions options(context_);
+      bound(options);
       options.setInput(&my_size, 1);
       options.setOutput(sizes.data(), sizes.size());
       gloo::allgather(options);
@@ -139,6 +155,7 @@ class gloo_transport : public detail::rank_ordered_reductions<gloo_transport> {
     std::copy(mine.begin(), mine.end(), flat.begin() + static_cast<std::ptrdiff_t>(firsts[index(rank())]));
     guarded("gloo::allgatherv", [&] {
       gloo::AllgathervOptions options(context_);  // in place: this rank's bytes are in `flat` already
+      bound(options);
       options.setOutput(flat.data(), counts);
       gloo::allgatherv(options);
     });
@@ -157,6 +174,7 @@ class gloo_transport : public detail::rank_ordered_reductions<gloo_transport> {
     std::vector<std::uint64_t> received_sizes(index(size()));
     guarded("gloo::alltoall", [&] {
       gloo::AlltoallOptions options(context_);
+      bound(options);
       options.setInput(sent_sizes.data(), sent_sizes.size());
       options.setOutput(received_sizes.data(), received_sizes.size());
       gloo::alltoall(options);
@@ -186,8 +204,8 @@ class gloo_transport : public detail::rank_ordered_reductions<gloo_transport> {
     }
     guarded("send_bytes", [&] {
       outgoing message(*context_, data, to);
-      message.wait();
-    });
+      message.wait(wait_limit());
+    }, " to rank " + std::to_string(to));
   }
 
   /// The next buffer that rank `source` sent to this rank, of any size, waiting for it if needed.
@@ -195,7 +213,7 @@ class gloo_transport : public detail::rank_ordered_reductions<gloo_transport> {
   ///         from this rank itself with nothing sent to itself; `transport_failed`.
   [[nodiscard]] std::vector<std::byte> recv_bytes(int source) {
     const int from = member(source, "recv_bytes", "source");
-    return from == rank() ? self_.take() : guarded("recv_bytes", [&] { return receive(from); });
+    return from == rank() ? self_.take() : guarded("recv_bytes", [&] { return receive(from); }, " from rank " + std::to_string(from));
   }
 
   /// Sends `data` to `dest` and receives the next buffer from `source` at once: the send is
@@ -212,9 +230,9 @@ class gloo_transport : public detail::rank_ordered_reductions<gloo_transport> {
     return guarded("sendrecv_bytes", [&] {
       outgoing message(*context_, data, to);
       std::vector<std::byte> received = receive(from);
-      message.wait();
+      message.wait(wait_limit());
       return received;
-    });
+    }, " to rank " + std::to_string(to) + " and from rank " + std::to_string(from));
   }
 
  private:
@@ -238,9 +256,9 @@ class gloo_transport : public detail::rank_ordered_reductions<gloo_transport> {
     outgoing& operator=(const outgoing&) = delete;
     ~outgoing() = default;
 
-    /// Waits until the message is written into the destination's receive.
-    void wait() {
-      require_completed(header_->waitSend() && (!bytes_ || bytes_->waitSend()), "a send");
+    /// Waits until the message is written into the destination's receive, each wait at most `limit`.
+    void wait(std::chrono::milliseconds limit) {
+      require_completed(header_->waitSend(limit) && (!bytes_ || bytes_->waitSend(limit)), "a send");
     }
 
    private:
@@ -256,10 +274,12 @@ class gloo_transport : public detail::rank_ordered_reductions<gloo_transport> {
     detail::require(completed, errc::transport_failed, [&] { return std::string("gloo_transport: ") + what + " was aborted"; });
   }
 
-  /// Runs `f`, turning Gloo's exceptions into `transport_failed` with the call's name and Gloo's
-  /// message; gradcomp's own errors and allocation failures pass unchanged.
+  /// Runs `f`, turning Gloo's exceptions into `timeout` once the deadline has passed, else into
+  /// `transport_failed`, with the call's name, `peers` (" to rank 2" for a point-to-point message;
+  /// empty for a collective) and Gloo's message; gradcomp's own errors and allocation failures pass
+  /// unchanged.
   template <class F>
-  static std::invoke_result_t<F> guarded(const char* call, F&& f) {
+  std::invoke_result_t<F> guarded(const char* call, F&& f, const std::string& peers = {}) const {
     try {
       return std::forward<F>(f)();
     } catch (const error&) {
@@ -267,8 +287,25 @@ class gloo_transport : public detail::rank_ordered_reductions<gloo_transport> {
     } catch (const std::bad_alloc&) {
       throw;
     } catch (const std::exception& e) {
-      detail::fail(errc::transport_failed, std::string("gloo_transport: ") + call + " failed: " + e.what());
+      if (deadline_.passed())
+        detail::fail(errc::timeout, std::string("gloo_transport: ") + call + peers + " did not complete " +
+                                        deadline_.within() + " (Gloo: " + e.what() +
+                                        "); Gloo closed the context's connections: make a new context");
+      detail::fail(errc::transport_failed, std::string("gloo_transport: ") + call + " failed: " + e.what() +
+                                               (peers.empty() ? std::string() : " (" + peers.substr(1) + ")"));
     }
+  }
+
+  /// Gives a Gloo operation the time left until the deadline as its timeout (none: the context's).
+  template <class Options>
+  void bound(Options& options) const {
+    if (!deadline_.infinite()) options.setTimeout(deadline_.remaining());
+  }
+
+  /// The limit of one wait of a point-to-point message: the time left until the deadline, or the
+  /// context's timeout without one.
+  [[nodiscard]] std::chrono::milliseconds wait_limit() const {
+    return deadline_.infinite() ? context_->getTimeout() : deadline_.remaining();
   }
 
   /// Step 1 of the block scheme (`gloo::alltoallv`).
@@ -290,6 +327,7 @@ class gloo_transport : public detail::rank_ordered_reductions<gloo_transport> {
       for (int b = 0; b < size(); ++b) counts[index(b)] = split.count(b);
       guarded("gloo::allgatherv", [&] {
         gloo::AllgathervOptions options(context_);  // in place: this rank's block is in `data` already
+        bound(options);
         options.setOutput(data.data(), counts);
         gloo::allgatherv(options);
       });
@@ -301,6 +339,7 @@ class gloo_transport : public detail::rank_ordered_reductions<gloo_transport> {
     std::vector<V> gathered(rank() == root ? width * index(size()) : 0);
     guarded("gloo::gather", [&] {
       gloo::GatherOptions options(context_);
+      bound(options);
       options.setInput(padded.data(), width);
       if (rank() == root) options.setOutput(gathered.data(), gathered.size());
       options.setRoot(root);
@@ -319,6 +358,7 @@ class gloo_transport : public detail::rank_ordered_reductions<gloo_transport> {
   void alltoallv(const V* in, std::vector<std::int64_t> sent_counts, V* out, std::vector<std::int64_t> received_counts) {
     guarded("gloo::alltoallv", [&] {
       gloo::AlltoallvOptions options(context_);
+      bound(options);
       options.setInput(const_cast<V*>(in), std::move(sent_counts));  // read only
       options.setOutput(out, std::move(received_counts));
       gloo::alltoallv(options);
@@ -330,22 +370,24 @@ class gloo_transport : public detail::rank_ordered_reductions<gloo_transport> {
     std::uint64_t size = 0;
     const auto header = context_->createUnboundBuffer(&size, sizeof size);
     header->recv(from, message_slot);
-    require_completed(header->waitRecv(), "a receive");
+    require_completed(header->waitRecv(wait_limit()), "a receive");
     std::vector<std::byte> message(static_cast<std::size_t>(size));
     if (!message.empty()) {
       const auto bytes = context_->createUnboundBuffer(message.data(), message.size());
       bytes->recv(from, message_slot);
-      require_completed(bytes->waitRecv(), "a receive");
+      require_completed(bytes->waitRecv(wait_limit()), "a receive");
     }
     return message;
   }
 
   std::shared_ptr<gloo::Context> context_;
   detail::self_messages self_;
+  deadline deadline_{};
 };
 
 static_assert(transport_with_bitwise_or<gloo_transport>);
 static_assert(transport_with_point_to_point<gloo_transport>);
 static_assert(transport_with_all_to_all<gloo_transport>);
+static_assert(transport_with_deadline<gloo_transport>);
 
 }  // namespace gradcomp

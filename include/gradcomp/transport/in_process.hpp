@@ -2,7 +2,7 @@
 /// @file
 /// The in-process transport: P ranks that are threads of one process, for tests, the demo and
 /// single-machine experiments. It satisfies `transport`, `transport_with_bitwise_or`,
-/// `transport_with_point_to_point` and `transport_with_all_to_all`.
+/// `transport_with_point_to_point`, `transport_with_all_to_all` and `transport_with_deadline`.
 ///
 /// Every collective publishes each rank's buffer, waits for all ranks, and lets each rank read
 /// the others' buffers directly; reductions combine ranks 0, 1, …, P−1 in that order, so every
@@ -10,8 +10,9 @@
 /// collective with the same element type, count and root (a root outside the group counts as a
 /// disagreement, and so does an all-to-all of other than P buffers). A disagreement is a
 /// programming error of the caller: every rank throws `errc::size_mismatch` and the group is
-/// marked failed; so does a collective that some rank never makes because its body returned. When any rank fails, the ranks waiting in or entering a
-/// collective throw `errc::peer_failed` instead of hanging.
+/// marked failed; so does a collective that some rank never makes because its body returned. When
+/// any rank fails, the ranks waiting in or entering a collective throw `errc::peer_failed` instead
+/// of hanging.
 ///
 /// Point-to-point messages go through one mailbox per (source, destination) pair: `send_bytes`
 /// copies the buffer into the mailbox and returns at once (a real transport may block instead),
@@ -19,6 +20,16 @@
 /// fail instead of hanging: a receive from a rank whose body has returned with nothing left to
 /// receive, or a state in which every rank still running waits (in a receive or a collective) and
 /// at least one waits in a receive, makes the waiting ranks throw `errc::size_mismatch`.
+///
+/// **Deadlines.** A rank that is still running but stops calling (it computes, sleeps or waits on
+/// something else) cannot be told from a slow one: each rank's `set_deadline` bounds its waits.
+/// A collective waits for every rank to arrive until the deadline, then throws `errc::timeout`
+/// naming the ranks that had not arrived; a receive throws it naming its source. Once all ranks
+/// have arrived, a collective completes without waiting on any caller (the ranks only copy), so
+/// the deadline bounds the arrival only and no rank leaves while another still reads its buffer.
+/// A timeout leaves the group unable to go on (the abandoned collective can never complete): every
+/// rank that enters a call afterwards throws `peer_failed`, while ranks already waiting keep
+/// waiting until their own deadlines, each throwing `timeout` with its own view of who is missing.
 
 #include <algorithm>
 #include <condition_variable>
@@ -36,6 +47,7 @@
 #include <vector>
 
 #include <gradcomp/core/error.hpp>
+#include <gradcomp/transport/deadline.hpp>
 #include <gradcomp/transport/transport.hpp>
 
 namespace gradcomp {
@@ -54,6 +66,22 @@ enum class in_process_collective : std::uint8_t {
   all_gather_bytes,
   all_to_all_bytes,
 };
+
+/// The name of an in-process collective, for messages.
+[[nodiscard]] constexpr const char* name_of(in_process_collective op) noexcept {
+  switch (op) {
+    case in_process_collective::all_reduce_sum: return "all_reduce_sum";
+    case in_process_collective::all_reduce_max: return "all_reduce_max";
+    case in_process_collective::all_reduce_or: return "all_reduce_or";
+    case in_process_collective::reduce_sum: return "reduce_sum";
+    case in_process_collective::reduce_scatter_sum: return "reduce_scatter_sum";
+    case in_process_collective::broadcast: return "broadcast";
+    case in_process_collective::all_gather_bytes: return "all_gather_bytes";
+    case in_process_collective::all_to_all_bytes: return "all_to_all_bytes";
+    case in_process_collective::none: break;
+  }
+  return "a collective";
+}
 
 /// What the ranks of one in-process group share: a barrier that can be aborted, and one slot
 /// per rank describing that rank's side of the current collective.
@@ -74,21 +102,26 @@ class in_process_shared {
         slots_(static_cast<std::size_t>(size)),
         mailboxes_(static_cast<std::size_t>(size) * static_cast<std::size_t>(size)),
         departed_ranks_(static_cast<std::size_t>(size), false),
+        arrived_(static_cast<std::size_t>(size), false),
         receiving_from_(static_cast<std::size_t>(size), -1) {}
 
   [[nodiscard]] int size() const noexcept { return size_; }
   [[nodiscard]] slot& at(int rank) noexcept { return slots_[static_cast<std::size_t>(rank)]; }
 
-  /// Waits until every rank arrives. @throws error `peer_failed` once the group is aborted, and
-  /// `size_mismatch` when a rank has returned from its body while this one calls a collective.
-  void arrive_and_wait() {
+  /// Waits until every rank arrives, at most until `until` (`op` names the collective in
+  /// messages). @throws error `timeout` when `until` passes first, naming the ranks that had not
+  /// arrived; `peer_failed` once the group is aborted or a rank timed out; `size_mismatch` when a
+  /// rank has returned from its body while this one calls a collective.
+  void arrive_and_wait(int rank, const deadline& until, in_process_collective op) {
     std::unique_lock lock(mutex_);
     require_present();
     require_alive();
     const std::uint64_t generation = generation_;
+    arrived_[static_cast<std::size_t>(rank)] = true;
     if (++waiting_ == size_) {
       waiting_ = 0;
       ++generation_;
+      std::fill(arrived_.begin(), arrived_.end(), false);
       ready_.notify_all();
       return;
     }
@@ -96,7 +129,17 @@ class in_process_shared {
       --waiting_;
       fail_deadlock();
     }
-    ready_.wait(lock, [&] { return generation_ != generation || aborted_ || departed_ > 0; });
+    if (!wait(lock, until, [&] { return generation_ != generation || aborted_ || departed_ > 0; })) {
+      --waiting_;  // stays marked as arrived: the others' messages name only the ranks that never came
+      expired_ = true;
+      fail(errc::timeout, [&] {
+        std::string missing;
+        for (int r = 0; r < size_; ++r)
+          if (!arrived_[static_cast<std::size_t>(r)]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        return std::string("in_process_transport::") + name_of(op) + ": rank(s) " + missing + " did not arrive " +
+               until.within() + "; rank " + std::to_string(rank) + " gave up";
+      });
+    }
     if (generation_ == generation) {
       require_present();
       require_alive();
@@ -124,10 +167,12 @@ class in_process_shared {
     ready_.notify_all();
   }
 
-  /// Waits for the oldest message from `source` to `dest` and removes it from the mailbox.
-  /// @throws error `size_mismatch` when it can never arrive (the source returned, or every rank
-  /// still running waits), `peer_failed` once the group is aborted.
-  [[nodiscard]] std::vector<std::byte> take(int source, int dest) {
+  /// Waits for the oldest message from `source` to `dest`, at most until `until`, and removes it
+  /// from the mailbox.
+  /// @throws error `timeout` when `until` passes first; `size_mismatch` when it can never arrive
+  /// (the source returned, or every rank still running waits); `peer_failed` once the group is
+  /// aborted or a rank timed out.
+  [[nodiscard]] std::vector<std::byte> take(int source, int dest, const deadline& until) {
     std::unique_lock lock(mutex_);
     auto& box = mailbox(source, dest);
     if (box.empty()) {
@@ -139,8 +184,16 @@ class in_process_shared {
         waiting_on = -1;
         fail_deadlock();
       }
-      ready_.wait(lock, [&] { return !box.empty() || aborted_ || departed_ranks_[static_cast<std::size_t>(source)]; });
+      const bool woken =
+          wait(lock, until, [&] { return !box.empty() || aborted_ || departed_ranks_[static_cast<std::size_t>(source)]; });
       waiting_on = -1;
+      if (!woken) {
+        expired_ = true;
+        fail(errc::timeout, [&] {
+          return "in_process_transport::recv_bytes: rank " + std::to_string(source) + " sent nothing to rank " +
+                 std::to_string(dest) + " " + until.within();
+        });
+      }
       if (box.empty()) {
         require_sender(source);
         require_alive();
@@ -162,6 +215,19 @@ class in_process_shared {
   void require_alive() const {
     detail::require(!mismatched_, errc::size_mismatch, "the ranks' calls can never complete: they made different calls");
     detail::require(!aborted_, errc::peer_failed, "another rank of the in-process group failed");
+    detail::require(!expired_, errc::peer_failed,
+                    "a rank of the in-process group timed out: the call it abandoned can never complete, so the group "
+                    "cannot go on");
+  }
+
+  /// Waits on `ready_` until `woken()` or `until` passes; false when it passed first.
+  template <class Woken>
+  [[nodiscard]] bool wait(std::unique_lock<std::mutex>& lock, const deadline& until, Woken woken) {
+    if (until.infinite()) {
+      ready_.wait(lock, woken);
+      return true;
+    }
+    return ready_.wait_until(lock, until.at(), woken);
   }
 
   /// True when no rank runs and one waits in a receive with nothing to receive: nothing can
@@ -210,12 +276,14 @@ class in_process_shared {
   std::condition_variable ready_;
   std::vector<std::deque<std::vector<std::byte>>> mailboxes_;  // [source · size + dest]
   std::vector<bool> departed_ranks_;
+  std::vector<bool> arrived_;        // per rank: in the barrier's current generation (or gave up there)
   std::vector<int> receiving_from_;  // per rank: the source it waits to receive from, or −1
   int waiting_ = 0;                  // ranks in the barrier
   std::uint64_t generation_ = 0;
   int departed_ = 0;
   bool aborted_ = false;
   bool mismatched_ = false;  // aborted because the calls can never complete
+  bool expired_ = false;     // a rank timed out: no call can start (ranks already waiting are left to their deadlines)
 };
 
 }  // namespace detail
@@ -227,6 +295,12 @@ class in_process_transport {
   [[nodiscard]] int rank() const noexcept { return rank_; }
   /// Number of ranks.
   [[nodiscard]] int size() const noexcept { return shared_->size(); }
+
+  /// Bounds this rank's later waits (for the other ranks to arrive in a collective, for a message
+  /// in a receive) by `until`; a wait that reaches it throws `errc::timeout`. Initially none.
+  void set_deadline(const deadline& until) noexcept { deadline_ = until; }
+  /// The deadline of this rank's waits.
+  [[nodiscard]] deadline current_deadline() const noexcept { return deadline_; }
 
   /// Element-wise sum over ranks (unsigned types wrap), in place on every rank.
   template <class V>
@@ -250,7 +324,7 @@ class in_process_transport {
     publish(data.data(), data.size(), data.size(), typeid(V), collective::reduce_sum, root);
     std::vector<V> total;
     if (rank_ == root) total = combine<V>(0, data.size(), [](V a, V b) { return static_cast<V>(a + b); });
-    shared_->arrive_and_wait();
+    depart_together();
     if (rank_ == root) std::copy(total.begin(), total.end(), data.begin());
   }
 
@@ -263,7 +337,7 @@ class in_process_transport {
                       "reduce_scatter_sum: the input is not size() blocks of the output");
     const std::vector<V> total =
         combine<V>(out.size() * static_cast<std::size_t>(rank_), out.size(), [](V a, V b) { return static_cast<V>(a + b); });
-    shared_->arrive_and_wait();
+    depart_together();
     std::copy(total.begin(), total.end(), out.begin());
   }
 
@@ -271,7 +345,7 @@ class in_process_transport {
   void broadcast(std::span<std::byte> data, int root) {
     publish(data.data(), data.size(), data.size(), typeid(std::byte), collective::broadcast, root);
     if (rank_ != root && !data.empty()) std::memcpy(data.data(), shared_->at(root).input, data.size());
-    shared_->arrive_and_wait();
+    depart_together();
   }
 
   /// Every rank's byte buffer, in rank order; sizes may differ between ranks.
@@ -283,7 +357,7 @@ class in_process_transport {
       const auto* first = static_cast<const std::byte*>(s.input);
       all[static_cast<std::size_t>(p)].assign(first, first + s.count);
     }
-    shared_->arrive_and_wait();
+    depart_together();
     return all;
   }
 
@@ -298,7 +372,7 @@ class in_process_transport {
       const auto& sent = static_cast<const std::span<const std::byte>*>(shared_->at(p).input)[rank_];
       received[static_cast<std::size_t>(p)].assign(sent.begin(), sent.end());
     }
-    shared_->arrive_and_wait();
+    depart_together();
     return received;
   }
 
@@ -307,9 +381,9 @@ class in_process_transport {
   void send_bytes(std::span<const std::byte> data, int dest) { shared_->post(rank_, peer(dest), data); }
 
   /// The oldest buffer that rank `source` sent to this rank, waiting for it if needed.
-  /// @throws error `invalid_argument` for a rank outside the group; `size_mismatch` when it can
-  /// never arrive; `peer_failed` once the group failed.
-  [[nodiscard]] std::vector<std::byte> recv_bytes(int source) { return shared_->take(peer(source), rank_); }
+  /// @throws error `invalid_argument` for a rank outside the group; `timeout` when the deadline
+  /// passes first; `size_mismatch` when it can never arrive; `peer_failed` once the group failed.
+  [[nodiscard]] std::vector<std::byte> recv_bytes(int source) { return shared_->take(peer(source), rank_, deadline_); }
 
   /// Sends `data` to `dest`, then receives from `source`.
   [[nodiscard]] std::vector<std::byte> sendrecv_bytes(std::span<const std::byte> data, int dest, int source) {
@@ -330,13 +404,13 @@ class in_process_transport {
     return r;
   }
 
-  /// Publishes this rank's side, waits for every rank, and checks that all called the same
-  /// collective (same type, count unless `same_count` is false, and root).
+  /// Publishes this rank's side, waits for every rank (until the deadline), and checks that all
+  /// called the same collective (same type, count unless `same_count` is false, and root).
   void publish(const void* input, std::size_t count, std::size_t result_count, const std::type_info& type,
                collective op, int root, bool same_count = true) {
     auto& mine = shared_->at(rank_);
     mine = {input, count, result_count, &type, op, root};
-    shared_->arrive_and_wait();
+    shared_->arrive_and_wait(rank_, deadline_, op);
     bool agree = root >= 0 && root < size();
     for (int p = 0; p < size(); ++p) {
       const auto& s = shared_->at(p);
@@ -345,6 +419,11 @@ class in_process_transport {
     }
     require_agreement(agree, "the ranks called different collectives, types, counts or roots");
   }
+
+  /// The second barrier of a collective: nobody leaves (and frees or refills its buffer) before
+  /// every rank has read the others'. Every rank passed the first barrier and only copies since,
+  /// so this wait cannot be prolonged by a caller and takes no deadline.
+  void depart_together() { shared_->arrive_and_wait(rank_, deadline{}, collective::none); }
 
   /// Throws on every rank alike (each sees the same slots) and marks the group failed.
   void require_agreement(bool agree, const char* what) {
@@ -369,12 +448,13 @@ class in_process_transport {
   void all_reduce(std::span<V> data, collective op, Op combine_op) {
     publish(data.data(), data.size(), data.size(), typeid(V), op, 0);
     const std::vector<V> result = combine<V>(0, data.size(), combine_op);
-    shared_->arrive_and_wait();
+    depart_together();
     std::copy(result.begin(), result.end(), data.begin());
   }
 
   std::shared_ptr<detail::in_process_shared> shared_;
   int rank_;
+  deadline deadline_{};
 };
 
 /// A group of P in-process ranks. `run(body)` calls `body(transport)` on P threads, one per rank,
@@ -438,5 +518,6 @@ class in_process_group {
 static_assert(transport_with_bitwise_or<in_process_transport>);
 static_assert(transport_with_point_to_point<in_process_transport>);
 static_assert(transport_with_all_to_all<in_process_transport>);
+static_assert(transport_with_deadline<in_process_transport>);
 
 }  // namespace gradcomp

@@ -1,9 +1,8 @@
 #pragma once
 /// @file
 /// The MPI transport: `mpi_transport` wraps a communicator the user created and satisfies
-/// `transport`, `transport_with_bitwise_or`, `transport_with_point_to_point` and
-/// `transport_with_all_to_all`. Opt-in: include
-/// this header only in a program that uses MPI (it includes <mpi.h>; link MPI, for example
+/// `transport`, `transport_with_bitwise_or`, `transport_with_point_to_point`,
+/// `transport_with_all_to_all` and `transport_with_deadline`. Opt-in: include this header only in a program that uses MPI (it includes <mpi.h>; link MPI, for example
 /// CMake's `MPI::MPI_CXX`). It needs MPI 3.1 and a single thread per transport object.
 ///
 /// ```cpp
@@ -22,9 +21,9 @@
 ///
 /// Reductions give the bits of the in-process transport: sums, maxima, `reduce_sum` and
 /// `reduce_scatter_sum` are the block scheme of rank_ordered.hpp (`rank_ordered_reductions`, whose
-/// comment documents them and their argument checks), over `MPI_Alltoallv` (step 1) and
-/// `MPI_Allgatherv` (`MPI_Gatherv` to the root for `reduce_sum`). Only the OR, where every
-/// implementation agrees, is an `MPI_Allreduce` (`MPI_BOR`).
+/// comment documents them and their argument checks), over `MPI_Ialltoallv` (step 1) and
+/// `MPI_Iallgatherv` (`MPI_Igatherv` to the root for `reduce_sum`). Only the OR, where every
+/// implementation agrees, is an `MPI_Iallreduce` (`MPI_BOR`).
 ///
 /// MPI 3.1 counts and displacements are `int`: a call whose counts or displacements would exceed
 /// `INT_MAX` throws `errc::invalid_argument` on every rank alike and sends nothing (but the sizes,
@@ -36,11 +35,25 @@
 /// `staged_transport<mpi_transport>` (transport/staged.cuh), which stages device buffers through
 /// pinned host buffers; CUDA-aware MPI is not used.
 ///
-/// Point-to-point messages carry any number of bytes: `recv_bytes` probes for the size
-/// (`MPI_Probe`, `MPI_Get_count`) before receiving. `send_bytes` is `MPI_Send`, which may wait until
-/// the destination receives; `sendrecv_bytes` starts an `MPI_Isend` before it receives, so a ring
-/// cannot deadlock. Messages to this rank itself are kept by the transport and returned by the
-/// next `recv_bytes(rank())`, as in the in-process transport.
+/// Point-to-point messages carry any number of bytes: `recv_bytes` probes for the size before
+/// receiving. `send_bytes` may wait until the destination receives; `sendrecv_bytes` starts its send
+/// before it receives, so a ring cannot deadlock. Messages to this rank itself are kept by the
+/// transport and returned by the next `recv_bytes(rank())`, as in the in-process transport.
+///
+/// **Deadlines** (`set_deadline`; docs/transports.md §8). Every call is MPI's non-blocking
+/// variant (`MPI_Ialltoallv`, `MPI_Iallgatherv`, `MPI_Igatherv`, `MPI_Iallreduce`, `MPI_Ibcast`,
+/// `MPI_Iallgather`, `MPI_Ialltoall`, `MPI_Isend`, `MPI_Iprobe`, `MPI_Irecv`), completed by
+/// `MPI_Test` polled against the deadline (`MPI_Wait` without one), so a rank that died or
+/// stopped calling makes the others throw `errc::timeout` at the deadline. A collective cannot say
+/// which rank is missing; a receive names its source. MPI cannot cancel a pending collective, and
+/// without the fault-tolerance extension (ULFM) it cannot leave a dead rank out of a communicator.
+/// After a timeout the transport therefore refuses every call (`transport_failed`), and the job
+/// must end (`MPI_Abort`) or be restarted; a new communicator needs every rank, the missing one
+/// included. The abandoned call may still complete later, so everything it reads or writes is the
+/// transport's own memory (the caller's buffers are copied in and out), and that memory is kept
+/// until the process exits. A killed peer may instead surface as an MPI error, which throws
+/// `transport_failed` like any other (under Open MPI 4.1 on one node, by default `mpirun` ends the
+/// whole job when a rank dies; with `--mca orte_enable_recovery 1` the others go on and time out).
 
 #include <mpi.h>
 
@@ -48,6 +61,8 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -55,6 +70,7 @@
 #include <vector>
 
 #include <gradcomp/core/error.hpp>
+#include <gradcomp/transport/deadline.hpp>
 #include <gradcomp/transport/rank_ordered.hpp>
 #include <gradcomp/transport/transport.hpp>
 
@@ -70,8 +86,9 @@ class mpi_transport : public detail::rank_ordered_reductions<mpi_transport> {
   /// Names the adapter in messages.
   static constexpr const char* transport_name = "mpi_transport";
 
-  /// Duplicates `comm` (collective over `comm`: every rank constructs its transport together) and
-  /// sets `MPI_ERRORS_RETURN` on the duplicate. MPI must be initialized.
+  /// Duplicates `comm` (collective over `comm`: every rank constructs its transport together; a
+  /// blocking `MPI_Comm_dup`, which no deadline bounds) and sets `MPI_ERRORS_RETURN` on the
+  /// duplicate. MPI must be initialized.
   /// @throws error `transport_failed` when `MPI_Comm_dup` fails and `comm`'s error handler returns
   ///         (under the default `MPI_ERRORS_ARE_FATAL`, MPI aborts instead).
   explicit mpi_transport(MPI_Comm comm) {
@@ -99,7 +116,11 @@ class mpi_transport : public detail::rank_ordered_reductions<mpi_transport> {
         comm_(std::exchange(other.comm_, MPI_COMM_NULL)),
         rank_(other.rank_),
         size_(other.size_),
-        self_(std::move(other.self_)) {}
+        self_(std::move(other.self_)),
+        deadline_(other.deadline_),
+        abandoned_call_(std::move(other.abandoned_call_)),
+        blocks_(std::move(other.blocks_)),
+        staging_(std::move(other.staging_)) {}
 
   /// Frees this transport's communicator and takes over `other`'s.
   mpi_transport& operator=(mpi_transport&& other) noexcept {
@@ -110,6 +131,10 @@ class mpi_transport : public detail::rank_ordered_reductions<mpi_transport> {
       rank_ = other.rank_;
       size_ = other.size_;
       self_ = std::move(other.self_);
+      deadline_ = other.deadline_;
+      abandoned_call_ = std::move(other.abandoned_call_);
+      blocks_ = std::move(other.blocks_);
+      staging_ = std::move(other.staging_);
     }
     return *this;
   }
@@ -119,90 +144,130 @@ class mpi_transport : public detail::rank_ordered_reductions<mpi_transport> {
   /// Number of ranks.
   [[nodiscard]] int size() const noexcept { return size_; }
 
-  /// Element-wise bitwise OR over ranks (`MPI_BOR`), in place on every rank.
-  /// @throws error `invalid_argument` when the count exceeds MPI's int; `transport_failed`.
+  /// Bounds the waits of later calls by `until` (this file's comment); initially none.
+  void set_deadline(const deadline& until) noexcept { deadline_ = until; }
+  /// The deadline of this transport's waits.
+  [[nodiscard]] deadline current_deadline() const noexcept { return deadline_; }
+
+  /// Element-wise bitwise OR over ranks (`MPI_Iallreduce` with `MPI_BOR`), in place on every rank.
+  /// @throws error `invalid_argument` when the count exceeds MPI's int; `timeout`; `transport_failed`.
   void all_reduce_or(std::span<std::uint8_t> data) {
-    check(MPI_Allreduce(MPI_IN_PLACE, data.data(), int_count(data.size(), "all_reduce_or"), MPI_UINT8_T, MPI_BOR, comm_),
-          "MPI_Allreduce");
+    const int count = int_count(data.size(), "all_reduce_or");
+    require_usable();
+    call_memory memory;
+    const std::span<std::uint8_t> mine = memory.copy(std::span<const std::uint8_t>(data));
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(MPI_Iallreduce(MPI_IN_PLACE, mine.data(), count, MPI_UINT8_T, MPI_BOR, comm_, &request), "MPI_Iallreduce");
+    complete(request, memory, "all_reduce_or", "MPI_Iallreduce");
+    std::copy(mine.begin(), mine.end(), data.begin());
   }
 
-  /// Every rank's `data` becomes rank `root`'s (`MPI_Bcast`).
+  /// Every rank's `data` becomes rank `root`'s (`MPI_Ibcast`).
   /// @throws error `invalid_argument` for a root outside the group or more than INT_MAX bytes;
-  ///         `transport_failed`.
+  ///         `timeout`; `transport_failed`.
   void broadcast(std::span<std::byte> data, int root) {
     const int from = member(root, "broadcast", "root");
-    check(MPI_Bcast(data.data(), int_count(data.size(), "broadcast"), MPI_BYTE, from, comm_), "MPI_Bcast");
+    const int count = int_count(data.size(), "broadcast");
+    require_usable();
+    call_memory memory;
+    const std::span<std::byte> staged = memory.copy(std::span<const std::byte>(data));
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(MPI_Ibcast(staged.data(), count, MPI_BYTE, from, comm_, &request), "MPI_Ibcast");
+    complete(request, memory, "broadcast", "MPI_Ibcast");
+    std::copy(staged.begin(), staged.end(), data.begin());
   }
 
   /// Every rank's byte buffer, in rank order; sizes may differ between ranks. The sizes travel
-  /// first (`MPI_Allgather`), then the bytes (`MPI_Allgatherv`).
+  /// first (`MPI_Iallgather`), then the bytes (`MPI_Iallgatherv`).
   /// @throws error `invalid_argument` (on every rank) when the buffers hold more than INT_MAX
-  ///         bytes together; `transport_failed`.
+  ///         bytes together; `timeout`; `transport_failed`.
   [[nodiscard]] std::vector<std::vector<std::byte>> all_gather_bytes(std::span<const std::byte> mine) {
-    const auto my_size = static_cast<std::uint64_t>(mine.size());
-    std::vector<std::uint64_t> sizes(index(size_));
-    check(MPI_Allgather(&my_size, 1, MPI_UINT64_T, sizes.data(), 1, MPI_UINT64_T, comm_), "MPI_Allgather");
+    require_usable();
+    call_memory memory;
+    const std::span<std::uint64_t> my_size = memory.make<std::uint64_t>(1);
+    my_size[0] = mine.size();
+    const std::span<std::uint64_t> sizes = memory.make<std::uint64_t>(index(size_));
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(MPI_Iallgather(my_size.data(), 1, MPI_UINT64_T, sizes.data(), 1, MPI_UINT64_T, comm_, &request), "MPI_Iallgather");
+    complete(request, memory, "all_gather_bytes", "MPI_Iallgather");
     detail::require(fits_int(sizes), errc::invalid_argument, [] {
       return "mpi_transport::all_gather_bytes: the ranks' buffers hold more than INT_MAX = " + std::to_string(INT_MAX) +
              " bytes together, more than MPI 3.1's int counts and displacements address";
     });
-    const int_blocks blocks = int_blocks_of(sizes);
-    std::vector<std::byte> flat(static_cast<std::size_t>(total_of(sizes)));
-    check(MPI_Allgatherv(mine.data(), blocks.counts[index(rank_)], MPI_BYTE, flat.data(), blocks.counts.data(),
-                         blocks.firsts.data(), MPI_BYTE, comm_),
-          "MPI_Allgatherv");
+    const int_blocks blocks = int_blocks_of(sizes, memory);
+    const std::span<const std::byte> sent = memory.copy(mine);
+    const std::span<std::byte> flat = memory.make<std::byte>(static_cast<std::size_t>(total_of(sizes)));
+    check(MPI_Iallgatherv(sent.data(), blocks.counts[index(rank_)], MPI_BYTE, flat.data(), blocks.counts.data(),
+                          blocks.firsts.data(), MPI_BYTE, comm_, &request),
+          "MPI_Iallgatherv");
+    complete(request, memory, "all_gather_bytes", "MPI_Iallgatherv");
     return detail::cut_into(std::span<const std::byte>(flat), std::span<const int>(blocks.counts));
   }
 
   /// Buffer j of `to_each` goes to rank j; returns the P buffers sent to this rank, buffer i from
-  /// rank i; sizes may differ, empty buffers included. The sizes travel first (`MPI_Alltoall`),
-  /// then a verdict on MPI's int limits (`MPI_Allreduce`, as each rank sees only its own sizes),
-  /// then the bytes (`MPI_Alltoallv`).
+  /// rank i; sizes may differ, empty buffers included. The sizes travel first (`MPI_Ialltoall`),
+  /// then a verdict on MPI's int limits (`MPI_Iallreduce`, as each rank sees only its own sizes),
+  /// then the bytes (`MPI_Ialltoallv`).
   /// @throws error `invalid_argument` for other than size() buffers (this rank, before anything
   ///         is sent), and on every rank alike when the bytes some rank sends or receives exceed
-  ///         INT_MAX together; `transport_failed`.
+  ///         INT_MAX together; `timeout`; `transport_failed`.
   [[nodiscard]] std::vector<std::vector<std::byte>> all_to_all_bytes(std::span<const std::span<const std::byte>> to_each) {
     detail::require_one_buffer_per_rank(to_each.size(), size_, "mpi_transport::all_to_all_bytes");
-    std::vector<std::uint64_t> sent_sizes(index(size_));
+    require_usable();
+    call_memory memory;
+    const std::span<std::uint64_t> sent_sizes = memory.make<std::uint64_t>(index(size_));
     for (std::size_t p = 0; p < sent_sizes.size(); ++p) sent_sizes[p] = to_each[p].size();
-    std::vector<std::uint64_t> received_sizes(index(size_));
-    check(MPI_Alltoall(sent_sizes.data(), 1, MPI_UINT64_T, received_sizes.data(), 1, MPI_UINT64_T, comm_),
-          "MPI_Alltoall");
-    int fits = fits_int(sent_sizes) && fits_int(received_sizes) ? 1 : 0;
-    check(MPI_Allreduce(MPI_IN_PLACE, &fits, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce");
-    detail::require(fits == 1, errc::invalid_argument, [] {
+    const std::span<std::uint64_t> received_sizes = memory.make<std::uint64_t>(index(size_));
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(MPI_Ialltoall(sent_sizes.data(), 1, MPI_UINT64_T, received_sizes.data(), 1, MPI_UINT64_T, comm_, &request),
+          "MPI_Ialltoall");
+    complete(request, memory, "all_to_all_bytes", "MPI_Ialltoall");
+    const std::span<int> fits = memory.make<int>(1);
+    fits[0] = fits_int(sent_sizes) && fits_int(received_sizes) ? 1 : 0;
+    check(MPI_Iallreduce(MPI_IN_PLACE, fits.data(), 1, MPI_INT, MPI_MIN, comm_, &request), "MPI_Iallreduce");
+    complete(request, memory, "all_to_all_bytes", "MPI_Iallreduce");
+    detail::require(fits[0] == 1, errc::invalid_argument, [] {
       return "mpi_transport::all_to_all_bytes: a rank sends or receives more than INT_MAX = " + std::to_string(INT_MAX) +
              " bytes together, more than MPI 3.1's int counts and displacements address";
     });
-    const int_blocks sent = int_blocks_of(sent_sizes);
-    const int_blocks received = int_blocks_of(received_sizes);
-    const std::vector<std::byte> flat_sent = detail::concatenated(to_each);
-    std::vector<std::byte> flat_received(static_cast<std::size_t>(total_of(received_sizes)));
-    check(MPI_Alltoallv(flat_sent.data(), sent.counts.data(), sent.firsts.data(), MPI_BYTE, flat_received.data(),
-                        received.counts.data(), received.firsts.data(), MPI_BYTE, comm_),
-          "MPI_Alltoallv");
+    const int_blocks sent = int_blocks_of(sent_sizes, memory);
+    const int_blocks received = int_blocks_of(received_sizes, memory);
+    const std::span<const std::byte> flat_sent = memory.copy(std::span<const std::byte>(detail::concatenated(to_each)));
+    const std::span<std::byte> flat_received = memory.make<std::byte>(static_cast<std::size_t>(total_of(received_sizes)));
+    check(MPI_Ialltoallv(flat_sent.data(), sent.counts.data(), sent.firsts.data(), MPI_BYTE, flat_received.data(),
+                         received.counts.data(), received.firsts.data(), MPI_BYTE, comm_, &request),
+          "MPI_Ialltoallv");
+    complete(request, memory, "all_to_all_bytes", "MPI_Ialltoallv");
     return detail::cut_into(std::span<const std::byte>(flat_received), std::span<const int>(received.counts));
   }
 
-  /// Sends `data` to rank `dest` (`MPI_Send`, which may wait until `dest` receives it); a message
-  /// to this rank itself is kept and returns at once.
+  /// Sends `data` to rank `dest` (`MPI_Isend`, completed when MPI has taken the message, which may
+  /// wait until `dest` receives it); a message to this rank itself is kept and returns at once.
   /// @throws error `invalid_argument` for a rank outside the group or more than INT_MAX bytes;
-  ///         `transport_failed`.
+  ///         `timeout` naming `dest`; `transport_failed`.
   void send_bytes(std::span<const std::byte> data, int dest) {
     const int to = member(dest, "send_bytes", "destination");
+    const int count = int_count(data.size(), "send_bytes");
     if (to == rank_) {
       self_.post(data);
       return;
     }
-    check(MPI_Send(data.data(), int_count(data.size(), "send_bytes"), MPI_BYTE, to, message_tag, comm_), "MPI_Send");
+    require_usable();
+    call_memory memory;
+    MPI_Request request = start_send(data, count, to, memory);
+    complete(request, memory, "send_bytes", "MPI_Isend", to);
   }
 
   /// The next buffer that rank `source` sent to this rank, of any size, waiting for it if needed.
   /// @throws error `invalid_argument` for a rank outside the group; `size_mismatch` for a receive
-  ///         from this rank itself with nothing sent to itself; `transport_failed`.
+  ///         from this rank itself with nothing sent to itself; `timeout` naming `source`;
+  ///         `transport_failed`.
   [[nodiscard]] std::vector<std::byte> recv_bytes(int source) {
     const int from = member(source, "recv_bytes", "source");
-    return from == rank_ ? self_.take() : receive(from);
+    if (from == rank_) return self_.take();
+    require_usable();
+    call_memory memory;
+    return receive(from, memory, "recv_bytes");
   }
 
   /// Sends `data` to `dest` and receives the next buffer from `source` at once: the send is
@@ -216,30 +281,81 @@ class mpi_transport : public detail::rank_ordered_reductions<mpi_transport> {
       send_bytes(data, to);
       return recv_bytes(from);
     }
-    MPI_Request request = MPI_REQUEST_NULL;
-    check(MPI_Isend(data.data(), int_count(data.size(), "sendrecv_bytes"), MPI_BYTE, to, message_tag, comm_, &request),
-          "MPI_Isend");
-    std::vector<std::byte> received;
-    try {
-      received = receive(from);
-    } catch (...) {
-      // `data` must not be read after this call returns: retire the send before rethrowing.
-      MPI_Cancel(&request);
-      MPI_Wait(&request, MPI_STATUS_IGNORE);
-      throw;
-    }
-    check(MPI_Wait(&request, MPI_STATUS_IGNORE), "MPI_Wait");
+    const int count = int_count(data.size(), "sendrecv_bytes");
+    require_usable();
+    call_memory memory;  // the send's copy stays with the receive's memory if the receive times out
+    MPI_Request request = start_send(data, count, to, memory);
+    std::vector<std::byte> received = receive(from, memory, "sendrecv_bytes");
+    complete(request, memory, "sendrecv_bytes", "MPI_Isend", to);
     return received;
   }
 
  private:
   /// The tag of point-to-point messages on the transport's own communicator.
   static constexpr int message_tag = 0;
+  /// `complete`'s peer when the call is a collective, which cannot say who is missing.
+  static constexpr int no_peer = -1;
 
-  /// The blocks of a block_split as MPI's int counts and displacements.
+  /// The memory of one call's pending MPI operations: the buffers they read and write and their
+  /// count arrays, which MPI may use until they complete. Held by the call until then; a call
+  /// abandoned at its deadline hands it to `abandon`, which keeps it until the process exits.
+  class call_memory {
+   public:
+    /// Room for `count` values of V (contents unspecified), held here.
+    template <class V>
+    [[nodiscard]] std::span<V> make(std::size_t count) {
+      return typed<V>(hold(std::shared_ptr<std::byte[]>(new std::byte[std::max<std::size_t>(count * sizeof(V), 1)])), count);
+    }
+    /// A copy of `from`, held here.
+    template <class V>
+    [[nodiscard]] std::span<V> copy(std::span<const V> from) {
+      const std::span<V> to = make<V>(from.size());
+      std::copy(from.begin(), from.end(), to.begin());
+      return to;
+    }
+    /// Holds `block` (new, or a buffer the transport reuses across calls) for this call.
+    std::byte* hold(std::shared_ptr<std::byte[]> block) {
+      blocks_.push_back(std::move(block));
+      return blocks_.back().get();
+    }
+    /// Gives the memory up to the process: MPI may write it until the process exits. (Out of
+    /// memory here terminates: freeing it could let MPI write into memory reused since.)
+    void abandon() noexcept {
+      static std::mutex guard;
+      static auto* kept = new std::vector<std::shared_ptr<std::byte[]>>();  // never freed, reachable until exit
+      const std::lock_guard lock(guard);
+      kept->insert(kept->end(), blocks_.begin(), blocks_.end());
+    }
+
+   private:
+    template <class V>
+    [[nodiscard]] static std::span<V> typed(std::byte* bytes, std::size_t count) noexcept {
+      return {reinterpret_cast<V*>(bytes), count};  // storage for any V (implicit objects)
+    }
+    std::vector<std::shared_ptr<std::byte[]>> blocks_;
+  };
+
+  /// The blocks of a block_split as MPI's int counts and displacements (in a call's memory).
   struct int_blocks {
-    std::vector<int> counts;
-    std::vector<int> firsts;
+    std::span<int> counts;
+    std::span<int> firsts;
+  };
+
+  /// A grow-only buffer of the transport, reused across calls; a call that uses it holds it in its
+  /// memory (`call_memory::hold`), so that a timeout leaves it to MPI and the next call grows anew.
+  struct reused_buffer {
+    std::shared_ptr<std::byte[]> block;
+    std::size_t bytes = 0;
+
+    /// At least `count` values of V.
+    template <class V>
+    [[nodiscard]] std::span<V> of(std::size_t count) {
+      if (!block || count * sizeof(V) > bytes) {
+        block = std::shared_ptr<std::byte[]>(new std::byte[std::max<std::size_t>(count * sizeof(V), 1)]);
+        bytes = count * sizeof(V);
+      }
+      return {reinterpret_cast<V*>(block.get()), count};  // storage for any V (implicit objects)
+    }
   };
 
   template <class V>
@@ -265,6 +381,62 @@ class mpi_transport : public detail::rank_ordered_reductions<mpi_transport> {
     });
   }
 
+  /// Throws `transport_failed` once a call has timed out (this file's comment).
+  void require_usable() const {
+    detail::require(abandoned_call_.empty(), errc::transport_failed, [&] {
+      return "mpi_transport: unusable since " + abandoned_call_ +
+             " timed out: MPI cannot cancel the pending call, so end the job (MPI_Abort) or restart it";
+    });
+  }
+
+  /// Waits for `request` until the deadline (`MPI_Test` polled; `MPI_Wait` without one). On a
+  /// timeout, hands `memory` to the process, marks the transport unusable and throws `timeout`
+  /// naming `call`, `mpi_call` and `peer` (`no_peer` for a collective). An MPI error while the
+  /// request is pending also hands the memory over, then throws `transport_failed`.
+  void complete(MPI_Request& request, call_memory& memory, const char* call, const char* mpi_call, int peer = no_peer) {
+    bool done = false;
+    try {
+      if (deadline_.infinite()) {
+        check(MPI_Wait(&request, MPI_STATUS_IGNORE), mpi_call);
+        return;
+      }
+      done = poll_until(deadline_, [&] {
+        int flag = 0;
+        check(MPI_Test(&request, &flag, MPI_STATUS_IGNORE), mpi_call);
+        return flag != 0;
+      });
+    } catch (...) {
+      abandon(memory);
+      throw;
+    }
+    if (done) return;
+    abandon(memory);
+    time_out(call, [&] {
+      if (peer == no_peer)
+        return std::string(mpi_call) + " did not complete " + deadline_.within() +
+               ": a rank died or stopped calling (MPI does not say which)";
+      const std::string who = "rank " + std::to_string(peer);
+      return std::string(mpi_call) + " with " + who + " did not complete " + deadline_.within() + ": " + who +
+             " died or stopped calling";
+    });
+  }
+
+  /// Gives `memory` of a call that may still be pending up to the process, and lets go of the
+  /// reused buffers it may hold, so that no later call writes into them.
+  void abandon(call_memory& memory) noexcept {
+    memory.abandon();
+    blocks_ = {};
+    staging_ = {};
+  }
+
+  /// Marks the transport unusable and throws `timeout`: "mpi_transport::`call`: `what()`; …".
+  template <class What>
+  [[noreturn]] void time_out(const char* call, What&& what) {
+    abandoned_call_ = call;
+    detail::fail(errc::timeout, std::string("mpi_transport::") + call + ": " + what() +
+                                    "; the transport is unusable now (MPI cannot cancel the pending call)");
+  }
+
   /// Throws `invalid_argument` unless MPI's int counts and displacements can address `n` elements.
   static void require_fits(bool fits, std::uint64_t n, const char* call) {
     detail::require(fits, errc::invalid_argument, [&] {
@@ -283,9 +455,10 @@ class mpi_transport : public detail::rank_ordered_reductions<mpi_transport> {
   /// The blocks of `split` (of `n` elements) as MPI's counts and displacements; the largest
   /// receive displacement of the all-to-all, (P − 1)·⌈n/P⌉, must fit too. Every rank computes the same, so every rank
   /// throws alike. @throws error `invalid_argument` when they exceed INT_MAX.
-  [[nodiscard]] int_blocks int_blocks_of(const detail::block_split& split, std::size_t n, const char* call) const {
+  [[nodiscard]] int_blocks int_blocks_of(const detail::block_split& split, std::size_t n, const char* call,
+                                         call_memory& memory) const {
     require_fits(n <= INT_MAX && split.largest() * index(size_ - 1) <= INT_MAX, n, call);
-    int_blocks blocks{std::vector<int>(index(size_)), std::vector<int>(index(size_))};
+    const int_blocks blocks{memory.make<int>(index(size_)), memory.make<int>(index(size_))};
     for (int b = 0; b < size_; ++b) {
       blocks.counts[index(b)] = static_cast<int>(split.count(b));
       blocks.firsts[index(b)] = static_cast<int>(split.first(b));
@@ -294,7 +467,7 @@ class mpi_transport : public detail::rank_ordered_reductions<mpi_transport> {
   }
 
   /// The sum of `sizes`, or INT_MAX + 1 once it exceeds INT_MAX (it cannot wrap).
-  [[nodiscard]] static std::uint64_t total_of(const std::vector<std::uint64_t>& sizes) noexcept {
+  [[nodiscard]] static std::uint64_t total_of(std::span<const std::uint64_t> sizes) noexcept {
     std::uint64_t total = 0;
     for (const std::uint64_t s : sizes)
       total = total <= INT_MAX && s <= INT_MAX - total ? total + s : std::uint64_t{INT_MAX} + 1;
@@ -302,11 +475,11 @@ class mpi_transport : public detail::rank_ordered_reductions<mpi_transport> {
   }
 
   /// Whether MPI's int counts and displacements address buffers of `sizes` bytes laid end to end.
-  [[nodiscard]] static bool fits_int(const std::vector<std::uint64_t>& sizes) noexcept { return total_of(sizes) <= INT_MAX; }
+  [[nodiscard]] static bool fits_int(std::span<const std::uint64_t> sizes) noexcept { return total_of(sizes) <= INT_MAX; }
 
   /// Buffers of `sizes` bytes laid end to end as MPI's int counts and displacements; `fits_int(sizes)`.
-  [[nodiscard]] static int_blocks int_blocks_of(const std::vector<std::uint64_t>& sizes) {
-    int_blocks blocks{std::vector<int>(sizes.size()), std::vector<int>(sizes.size())};
+  [[nodiscard]] static int_blocks int_blocks_of(std::span<const std::uint64_t> sizes, call_memory& memory) {
+    const int_blocks blocks{memory.make<int>(sizes.size()), memory.make<int>(sizes.size())};
     int first = 0;
     for (std::size_t p = 0; p < sizes.size(); ++p) {
       blocks.counts[p] = static_cast<int>(sizes[p]);
@@ -316,46 +489,97 @@ class mpi_transport : public detail::rank_ordered_reductions<mpi_transport> {
     return blocks;
   }
 
-  /// Step 1 of the block scheme (`MPI_Alltoallv`).
+  /// Room for step 1 of the block scheme, in the transport's reused buffer `blocks_` (held by the
+  /// exchange and the gather that use it).
   template <class V>
-  void exchange_blocks(std::span<const V> data, const detail::block_split& split, std::span<V> received, const char* call) {
-    const int_blocks blocks = int_blocks_of(split, data.size(), call);
-    const int m = blocks.counts[index(rank_)];
-    std::vector<int> received_counts(index(size_), m);
-    std::vector<int> received_firsts(index(size_));
-    for (int p = 0; p < size_; ++p) received_firsts[index(p)] = p * m;
-    check(MPI_Alltoallv(data.data(), blocks.counts.data(), blocks.firsts.data(), datatype<V>(), received.data(),
-                        received_counts.data(), received_firsts.data(), datatype<V>(), comm_),
-          "MPI_Alltoallv");
+  [[nodiscard]] std::span<V> block_scratch(std::size_t count) {
+    return blocks_.of<V>(count);
   }
 
-  /// Step 3 of the block scheme, in place: `MPI_Allgatherv`, or `MPI_Gatherv` to `root`.
+  /// Step 1 of the block scheme (`MPI_Ialltoallv`), from a copy of `data` into `received`.
+  template <class V>
+  void exchange_blocks(std::span<const V> data, const detail::block_split& split, std::span<V> received, const char* call) {
+    require_usable();
+    call_memory memory;
+    const int_blocks blocks = int_blocks_of(split, data.size(), call, memory);
+    const int m = blocks.counts[index(rank_)];
+    const int_blocks from_each{memory.make<int>(index(size_)), memory.make<int>(index(size_))};
+    for (int p = 0; p < size_; ++p) {
+      from_each.counts[index(p)] = m;
+      from_each.firsts[index(p)] = p * m;
+    }
+    const std::span<V> sent = staging_.of<V>(data.size());
+    std::copy(data.begin(), data.end(), sent.begin());
+    memory.hold(staging_.block);
+    memory.hold(blocks_.block);  // `received` lies in it
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(MPI_Ialltoallv(sent.data(), blocks.counts.data(), blocks.firsts.data(), datatype<V>(), received.data(),
+                         from_each.counts.data(), from_each.firsts.data(), datatype<V>(), comm_, &request),
+          "MPI_Ialltoallv");
+    complete(request, memory, call, "MPI_Ialltoallv");
+  }
+
+  /// Step 3 of the block scheme: `MPI_Iallgatherv`, or `MPI_Igatherv` to `root`, of `mine` (in the
+  /// scratch) into the transport's staging buffer, then into `data` where it is received.
   template <class V>
   void gather_blocks(std::span<V> data, std::span<const V> mine, const detail::block_split& split, int root,
                      const char* call) {
-    const int_blocks blocks = int_blocks_of(split, data.size(), call);
+    require_usable();
+    call_memory memory;
+    const int_blocks blocks = int_blocks_of(split, data.size(), call, memory);
     const bool receives = root == detail::all_ranks || root == rank_;
-    if (receives) std::copy(mine.begin(), mine.end(), data.begin() + static_cast<std::ptrdiff_t>(split.first(rank_)));
-    if (root == detail::all_ranks) {
-      check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.data(), blocks.counts.data(), blocks.firsts.data(),
-                           datatype<V>(), comm_),
-            "MPI_Allgatherv");
-      return;
-    }
-    check(MPI_Gatherv(receives ? MPI_IN_PLACE : mine.data(), blocks.counts[index(rank_)], datatype<V>(), data.data(),
-                      blocks.counts.data(), blocks.firsts.data(), datatype<V>(), root, comm_),
-          "MPI_Gatherv");
+    const std::span<V> gathered = staging_.of<V>(data.size());
+    memory.hold(staging_.block);
+    memory.hold(blocks_.block);  // `mine` lies in it
+    MPI_Request request = MPI_REQUEST_NULL;
+    if (root == detail::all_ranks)
+      check(MPI_Iallgatherv(mine.data(), blocks.counts[index(rank_)], datatype<V>(), gathered.data(), blocks.counts.data(),
+                            blocks.firsts.data(), datatype<V>(), comm_, &request),
+            "MPI_Iallgatherv");
+    else
+      check(MPI_Igatherv(mine.data(), blocks.counts[index(rank_)], datatype<V>(), gathered.data(), blocks.counts.data(),
+                         blocks.firsts.data(), datatype<V>(), root, comm_, &request),
+            "MPI_Igatherv");
+    complete(request, memory, call, root == detail::all_ranks ? "MPI_Iallgatherv" : "MPI_Igatherv");
+    if (receives) std::copy(gathered.begin(), gathered.end(), data.begin());
   }
 
-  /// Receives the next message from `from` (another rank), of the size it has.
-  [[nodiscard]] std::vector<std::byte> receive(int from) {
+  /// Starts sending a copy of `data` (`count` bytes) to `to`, held by `memory`.
+  [[nodiscard]] MPI_Request start_send(std::span<const std::byte> data, int count, int to, call_memory& memory) {
+    const std::span<const std::byte> sent = memory.copy(data);
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(MPI_Isend(sent.data(), count, MPI_BYTE, to, message_tag, comm_, &request), "MPI_Isend");
+    return request;
+  }
+
+  /// Receives the next message from `from` (another rank), of the size it has: `MPI_Iprobe`
+  /// polled until it arrives or the deadline passes, then `MPI_Irecv` into `memory`.
+  [[nodiscard]] std::vector<std::byte> receive(int from, call_memory& memory, const char* call) {
     MPI_Status status;
-    check(MPI_Probe(from, message_tag, comm_, &status), "MPI_Probe");
+    int arrived = 0;
+    const auto probe = [&] {
+      check(MPI_Iprobe(from, message_tag, comm_, &arrived, &status), "MPI_Iprobe");
+      return arrived != 0;
+    };
+    bool found = true;
+    try {
+      if (deadline_.infinite()) check(MPI_Probe(from, message_tag, comm_, &status), "MPI_Probe");
+      else found = poll_until(deadline_, probe);
+    } catch (...) {
+      abandon(memory);
+      throw;
+    }
+    if (!found) {
+      abandon(memory);
+      time_out(call, [&] { return "rank " + std::to_string(from) + " sent nothing " + deadline_.within(); });
+    }
     int count = 0;
     check(MPI_Get_count(&status, MPI_BYTE, &count), "MPI_Get_count");
-    std::vector<std::byte> message(static_cast<std::size_t>(count));
-    check(MPI_Recv(message.data(), count, MPI_BYTE, from, message_tag, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
-    return message;
+    const std::span<std::byte> bytes = memory.make<std::byte>(static_cast<std::size_t>(count));
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(MPI_Irecv(bytes.data(), count, MPI_BYTE, from, message_tag, comm_, &request), "MPI_Irecv");
+    complete(request, memory, call, "MPI_Irecv", from);
+    return {bytes.begin(), bytes.end()};
   }
 
   /// Frees the communicator unless it was moved away or MPI is finalized.
@@ -371,10 +595,15 @@ class mpi_transport : public detail::rank_ordered_reductions<mpi_transport> {
   int rank_ = 0;
   int size_ = 0;
   detail::self_messages self_;
+  deadline deadline_{};
+  std::string abandoned_call_;  ///< The call that timed out (empty: none); the transport refuses calls after it.
+  reused_buffer blocks_;        ///< Step 1's received blocks (the block scratch).
+  reused_buffer staging_;       ///< A copy of the caller's data (step 1) or the gathered blocks (step 3).
 };
 
 static_assert(transport_with_bitwise_or<mpi_transport>);
 static_assert(transport_with_point_to_point<mpi_transport>);
 static_assert(transport_with_all_to_all<mpi_transport>);
+static_assert(transport_with_deadline<mpi_transport>);
 
 }  // namespace gradcomp

@@ -2,10 +2,11 @@
 /// @file
 /// The NCCL transport: `nccl_transport` wraps an NCCL communicator and a CUDA stream the user
 /// created and satisfies `transport`, `transport_with_point_to_point` and
-/// `transport_with_all_to_all` on **device buffers** (`memory_space::device`): the compressed
-/// collectives run it with a `cuda_executor` on the same stream. Opt-in: include this header only
-/// in a .cu file of a program that uses NCCL (it includes <nccl.h> and the CUDA backend's kernels;
-/// link the NCCL library and `gradcomp::cuda`). It needs NCCL ≥ 2.13.
+/// `transport_with_all_to_all` and `transport_with_deadline` on **device buffers**
+/// (`memory_space::device`): the compressed collectives run it with a `cuda_executor` on the same
+/// stream. Opt-in: include this header only in a .cu file of a program that uses NCCL (it includes
+/// <nccl.h> and the CUDA backend's kernels; link the NCCL library and `gradcomp::cuda`). It needs
+/// NCCL ≥ 2.14 (non-blocking communicators).
 ///
 /// ```cpp
 /// cudaSetDevice(local_rank);
@@ -33,7 +34,8 @@
 /// such words (it then waits for the stream); received buffers (`received_bytes`, `recv_bytes`)
 /// live in the transport's device memory and stay valid until its next call. Because everything is
 /// stream-ordered, device data passed to a call must not be changed by other streams until the
-/// stream has done the call's work.
+/// stream has done the call's work. With a deadline (below), every call also waits until the
+/// stream has done its NCCL work before it returns.
 ///
 /// **Memory.** The transport keeps grow-only device buffers, stream-ordered on its stream
 /// (`cudaMallocAsync`; returned with `cudaFreeAsync` by the destructor, so destroy the transport
@@ -65,10 +67,24 @@
 /// Errors: a failing CUDA or NCCL call throws `errc::transport_failed`, naming the call and quoting
 /// `cudaGetErrorString` or `ncclGetErrorString` (with `ncclGetLastError`'s detail where NCCL gives
 /// one). The communicator and the stream may then hold unfinished work: abort the communicator
-/// (`ncclCommAbort`) and make a new one before going on. A blocking NCCL communicator has no
-/// timeout, so a peer that never makes the matching call leaves this rank waiting. A peer outside
-/// the group and an all-to-all of other than size() buffers throw `errc::invalid_argument` before
-/// anything is sent. NCCL's counts are `size_t`: there is no int limit.
+/// (`ncclCommAbort`) and make a new one before going on. A peer outside the group and an all-to-all
+/// of other than size() buffers throw `errc::invalid_argument` before anything is sent. NCCL's
+/// counts are `size_t`: there is no int limit.
+///
+/// **Deadlines** (`set_deadline`; docs/transports.md §8). NCCL has no timeout of its own: a peer
+/// that never makes the matching call leaves this rank's kernels waiting on the GPU forever. With a
+/// deadline, every call waits for its NCCL work by polling `cudaStreamQuery` and
+/// `ncclCommGetAsyncError` against it; an NCCL call that returns `ncclInProgress` (a non-blocking
+/// communicator) is polled likewise until the communicator's state leaves it. At the deadline the
+/// transport aborts the communicator (`ncclCommAbort`, which ends its kernels and releases the
+/// stream) and throws `errc::timeout` (NCCL does not say which rank is missing); an asynchronous
+/// NCCL error does the same with `transport_failed`. The user's obligations: create the
+/// communicator non-blocking (`ncclConfig_t::blocking = 0` with `ncclCommInitRankConfig`), since a
+/// blocking one may block inside an NCCL call (connecting to a dead peer) before the deadline can
+/// be checked; after such an error, never use nor destroy the aborted communicator (the transport
+/// refuses every call with `transport_failed`), and build a new one among the ranks that remain
+/// (a new unique id, through the job's own bootstrap). Without a deadline nothing is polled: calls
+/// return once queued, as above.
 ///
 /// Point-to-point messages carry any number of bytes: an 8-byte size header, then the bytes (none
 /// for an empty message), each moved by `ncclSend` / `ncclRecv`, so the receiver knows the size
@@ -89,6 +105,10 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
+#error "gradcomp/transport/nccl.cuh needs NCCL 2.14 or later (non-blocking communicators, ncclInProgress)"
+#endif
+
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -102,6 +122,7 @@
 #include <gradcomp/cuda/collective_memory.cuh>
 #include <gradcomp/cuda/executor.cuh>
 #include <gradcomp/cuda/rank_order_combine.cuh>
+#include <gradcomp/transport/deadline.hpp>
 #include <gradcomp/transport/rank_ordered.hpp>
 #include <gradcomp/transport/received_bytes.hpp>
 #include <gradcomp/transport/transport.hpp>
@@ -152,13 +173,20 @@ class nccl_transport : public detail::rank_ordered_reductions<nccl_transport> {
   /// and control-plane words only, never payload (this file's comment).
   [[nodiscard]] std::uint64_t host_copy_bytes() const noexcept { return host_copy_bytes_; }
 
+  /// Bounds the waits of later calls by `until` (this file's comment); initially none.
+  void set_deadline(const deadline& until) noexcept { deadline_ = until; }
+  /// The deadline of this transport's waits.
+  [[nodiscard]] deadline current_deadline() const noexcept { return deadline_; }
+
   /// Every rank's `data` (device memory) becomes rank `root`'s (`ncclBroadcast`, in place).
   /// @throws error `invalid_argument` for a root outside the group; `transport_failed`.
   void broadcast(std::span<std::byte> data, int root) {
     const int from = member(root, "broadcast", "root");
     if (data.empty()) return;  // every rank passes the same count: none calls NCCL
+    require_usable();
     const device_scope scope(device_);
     check(ncclBroadcast(data.data(), data.data(), data.size(), ncclUint8, from, comm_, stream()), "ncclBroadcast");
+    await("ncclBroadcast");
   }
 
   /// Every rank's device buffer, in rank order, in the transport's device memory (valid until its
@@ -321,16 +349,85 @@ class nccl_transport : public detail::rank_ordered_reductions<nccl_transport> {
   }
 
   /// Throws `transport_failed`, with the call's name, NCCL's error string and NCCL's detail of the
-  /// last error where it has one, unless `rc` is success.
-  void check(ncclResult_t rc, const char* call) const {
+  /// last error where it has one, unless `rc` is success. `ncclInProgress` (a non-blocking
+  /// communicator) is first polled until the communicator's state leaves it (`settle`).
+  void check(ncclResult_t rc, const char* call) {
+    if (rc == ncclInProgress) rc = settle(call);
     if (rc == ncclSuccess) [[likely]]
       return;
-    detail::fail(errc::transport_failed, [&] {
-      std::string text = std::string("nccl_transport: ") + call + " failed: " + ncclGetErrorString(rc);
-      const char* last = ncclGetLastError(comm_);
-      if (last != nullptr && *last != '\0') text += std::string(" (") + last + ")";
-      return text;
+    detail::fail(errc::transport_failed, [&] { return nccl_failure(rc, call); });
+  }
+
+  /// "nccl_transport: `call` failed: …", with NCCL's detail of the last error where it has one.
+  [[nodiscard]] std::string nccl_failure(ncclResult_t rc, const char* call) const {
+    std::string text = std::string("nccl_transport: ") + call + " failed: " + ncclGetErrorString(rc);
+    const char* last = ncclGetLastError(comm_);
+    if (last != nullptr && *last != '\0') text += std::string(" (") + last + ")";
+    return text;
+  }
+
+  /// Throws `transport_failed` once the transport has aborted the communicator.
+  void require_usable() const {
+    detail::require(aborted_after_.empty(), errc::transport_failed, [&] {
+      return "nccl_transport: the communicator was aborted after " + aborted_after_ +
+             "; make a new one among the ranks that remain (this file's comment)";
     });
+  }
+
+  /// Aborts the communicator after `what` (`ncclCommAbort`: its kernels end, the stream is
+  /// released) and marks the transport unusable.
+  void abort_communicator(const std::string& what) {
+    aborted_after_ = what;
+    static_cast<void>(ncclCommAbort(comm_));
+  }
+
+  /// The communicator's state once it leaves `ncclInProgress`, polled against the deadline; at
+  /// the deadline the communicator is aborted and `timeout` thrown.
+  [[nodiscard]] ncclResult_t settle(const char* call) {
+    ncclResult_t state = ncclInProgress;
+    const bool settled = poll_until(deadline_, [&] {
+      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) state = ncclInternalError;
+      return state != ncclInProgress;
+    });
+    if (!settled) time_out(call);
+    return state;
+  }
+
+  /// With a deadline: waits until the stream has run everything queued so far (`call`'s NCCL work
+  /// last), polling the stream and the communicator's asynchronous error; at the deadline, or on an
+  /// asynchronous error, aborts the communicator and throws `timeout` or `transport_failed`.
+  /// Without a deadline: returns at once (the work runs in stream order).
+  void await(const char* call) {
+    if (deadline_.infinite()) return;
+    ncclResult_t async = ncclSuccess;
+    cudaError_t stream_state = cudaSuccess;
+    const bool done = poll_until(deadline_, [&] {
+      if (ncclCommGetAsyncError(comm_, &async) != ncclSuccess) async = ncclInternalError;
+      if (async != ncclSuccess && async != ncclInProgress) return true;
+      stream_state = cudaStreamQuery(stream());
+      return stream_state != cudaErrorNotReady;
+    });
+    if (!done) time_out(call);
+    if (async != ncclSuccess && async != ncclInProgress) {
+      std::string text = nccl_failure(async, call);
+      abort_communicator(std::string(call) + "'s asynchronous error");
+      detail::fail(errc::transport_failed, text + "; the communicator was aborted");
+    }
+    check(stream_state, "cudaStreamQuery");
+  }
+
+  /// Aborts the communicator and throws `timeout`: `call`'s work did not complete by the deadline.
+  [[noreturn]] void time_out(const char* call) {
+    abort_communicator(std::string(call) + " timed out");
+    detail::fail(errc::timeout, std::string("nccl_transport: ") + call + " did not complete " + deadline_.within() +
+                                    ": a rank died or stopped calling (NCCL does not say which); the communicator "
+                                    "was aborted (ncclCommAbort): make a new one");
+  }
+
+  /// Waits for the stream: `await` with a deadline, else `cudaStreamSynchronize`.
+  void synchronize() {
+    if (deadline_.infinite()) check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+    else await("the copy to the host");
   }
 
   /// The one device-to-host copy of the transport: `from` (device) into `to` (host), waited for and
@@ -338,7 +435,7 @@ class nccl_transport : public detail::rank_ordered_reductions<nccl_transport> {
   void to_host(std::span<std::byte> to, std::span<const std::byte> from) {
     if (to.empty()) return;
     check(cudaMemcpyAsync(to.data(), from.data(), to.size(), cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync");
-    check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+    synchronize();
     host_copy_bytes_ += to.size();
   }
 
@@ -353,9 +450,10 @@ class nccl_transport : public detail::rank_ordered_reductions<nccl_transport> {
   }
 
   /// Runs `queue` (which issues sends and receives) inside one NCCL group, which is closed even
-  /// when `queue` throws, so that NCCL progresses them together.
+  /// when `queue` throws, so that NCCL progresses them together; with a deadline, waits for them.
   template <class Queue>
   void grouped(Queue&& queue) {
+    require_usable();
     check(ncclGroupStart(), "ncclGroupStart");
     try {
       std::forward<Queue>(queue)();
@@ -364,6 +462,7 @@ class nccl_transport : public detail::rank_ordered_reductions<nccl_transport> {
       throw;
     }
     check(ncclGroupEnd(), "ncclGroupEnd");
+    await("the grouped ncclSend/ncclRecv");
   }
 
   /// Every rank's size word, all-gathered (`ncclAllGather`) and read by the host into `layout_`.
@@ -373,7 +472,9 @@ class nccl_transport : public detail::rank_ordered_reductions<nccl_transport> {
     const std::span<std::uint64_t> sizes = sizes_.span();
     device_memory::from_host(exec_, std::as_bytes(std::span<const std::uint64_t>(&my_size, 1)),
                              std::as_writable_bytes(sizes.subspan(index(rank_), 1)));
+    require_usable();
     check(ncclAllGather(sizes.data() + rank_, sizes.data(), 1, ncclUint64, comm_, stream()), "ncclAllGather");
+    await("ncclAllGather");
     words_.resize(index(size_));
     to_host(std::as_writable_bytes(std::span<std::uint64_t>(words_)), std::as_bytes(std::span<const std::uint64_t>(sizes)));
     layout_.assign(std::span<const std::uint64_t>(words_));
@@ -490,11 +591,14 @@ class nccl_transport : public detail::rank_ordered_reductions<nccl_transport> {
   detail::received_layout layout_;                  ///< Where the buffers of `received_` lie.
   std::vector<std::uint64_t> words_;                ///< Host copies of size words.
   std::uint64_t host_copy_bytes_ = 0;
+  deadline deadline_{};
+  std::string aborted_after_;                       ///< Why the communicator was aborted (empty: it was not).
 };
 
 static_assert(transport<nccl_transport>);
 static_assert(transport_with_point_to_point<nccl_transport>);
 static_assert(transport_with_all_to_all<nccl_transport>);
+static_assert(transport_with_deadline<nccl_transport>);
 static_assert(!transport_with_bitwise_or<nccl_transport>);
 static_assert(memory_space_of<nccl_transport> == memory_space::device);
 

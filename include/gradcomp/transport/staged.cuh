@@ -27,8 +27,9 @@
 /// variable-size calls return vectors). CUDA-aware MPI, which could take device buffers directly,
 /// is not used: a build of MPI may or may not be CUDA-aware, and the staging works with every one.
 ///
-/// It has the host transport's capabilities: bitwise OR, point-to-point messages and an all-to-all
-/// where X has them. One object per rank, used by one thread at a time; the host transport and the
+/// It has the host transport's capabilities: bitwise OR, point-to-point messages, an all-to-all and
+/// deadlines where X has them. A deadline is the host transport's (`set_deadline` forwards it): the
+/// adapter's own waits are for copies on its stream, which no peer can hold up. One object per rank, used by one thread at a time; the host transport and the
 /// stream must outlive it, and it must be destroyed before the stream (its device buffer returns to
 /// the pool on the stream). CUDA failures throw `errc::transport_failed`, naming the call; the host
 /// transport's errors pass unchanged.
@@ -49,6 +50,7 @@
 #include <gradcomp/core/memory_space.hpp>
 #include <gradcomp/cuda/collective_memory.cuh>
 #include <gradcomp/cuda/executor.cuh>
+#include <gradcomp/transport/deadline.hpp>
 #include <gradcomp/transport/rank_ordered.hpp>
 #include <gradcomp/transport/received_bytes.hpp>
 #include <gradcomp/transport/transport.hpp>
@@ -92,6 +94,19 @@ class staged_transport {
   [[nodiscard]] cudaStream_t stream() const noexcept { return exec_.native_stream(); }
   /// The host transport.
   [[nodiscard]] X& inner() noexcept { return *inner_; }
+
+  /// Bounds the host transport's waits by `until` (its `set_deadline`).
+  void set_deadline(const deadline& until)
+    requires transport_with_deadline<X>
+  {
+    inner_->set_deadline(until);
+  }
+  /// The host transport's deadline.
+  [[nodiscard]] deadline current_deadline() const
+    requires transport_with_deadline<X>
+  {
+    return inner_->current_deadline();
+  }
 
   /// The host transport's `all_reduce_sum` on a host copy of `data` (device memory).
   template <detail::transport_value V>

@@ -17,6 +17,11 @@
 /// collectives (the agreement record, status words): `all_gather_control` and
 /// `all_reduce_max_control`. The collectives reach them through `control_all_gather` and
 /// `control_all_reduce_max`, which are the ordinary calls on a host transport.
+///
+/// **Deadlines.** A transport that models `transport_with_deadline` holds a `deadline`
+/// (transport/deadline.hpp): every blocking wait of its calls ends there with `errc::timeout`
+/// instead of waiting for a peer that died or stopped calling. The compressed collectives set it for
+/// the span of each call from their options' `timeout` (collective/call_deadline.hpp).
 
 #include <concepts>
 #include <cstddef>
@@ -25,6 +30,7 @@
 #include <vector>
 
 #include <gradcomp/core/memory_space.hpp>
+#include <gradcomp/transport/deadline.hpp>
 #include <gradcomp/transport/received_bytes.hpp>
 
 namespace gradcomp {
@@ -112,6 +118,19 @@ concept transport_with_point_to_point = transport<X> && requires(X& t, std::span
 template <class X>
 concept transport_with_all_to_all = transport<X> && requires(X& t, std::span<const std::span<const std::byte>> to_each) {
   { t.all_to_all_bytes(to_each) } -> received_buffers;
+};
+
+/// A transport whose blocking waits end at a deadline: `set_deadline(d)` bounds every wait of its
+/// later calls by `d` (a default-constructed `deadline`, the initial one, bounds none);
+/// `current_deadline()` returns it. A wait that reaches it throws `errc::timeout`, naming the call
+/// and, where the library can know it, the ranks that did not arrive. What the transport can still
+/// do afterwards depends on its library (docs/transports.md §8): the in-process group and MPI's
+/// communicator cannot complete the abandoned call and refuse further calls, Gloo closes the
+/// context's connections, NCCL's communicator is aborted.
+template <class X>
+concept transport_with_deadline = transport<X> && requires(X& t, const X& ct, const deadline& d) {
+  t.set_deadline(d);
+  { ct.current_deadline() } -> std::same_as<deadline>;
 };
 
 /// Whether transport X takes device buffers.
