@@ -43,9 +43,10 @@ TOP_FOLDERS = ("include", "tools", "bench", "tests", "examples", "docs", "packag
 EXTERNAL_HEADER_ROOTS = ("cub", "thrust", "nv")
 SOURCE_SUFFIXES = (".hpp", ".cuh", ".h", ".cpp", ".cu", ".py", ".sh", ".cmake", ".in")
 SOURCE_NAMES = ("CMakeLists.txt", "run")
-# Folders never scanned: build trees, VCS data, and the checker's own fixture of broken citations.
+# Folders never scanned: build trees, VCS data, and the checker's own folder (its fixture and test cite
+# a fixture tree on purpose).
 SKIP_DIRS = {".git", "build", "__pycache__", "node_modules"}
-FIXTURE_DIR = Path("tests/docs/fixture")
+CHECKER_DIR = Path("tests/docs")
 
 URL = re.compile(r"\b(?:https?|ftp)://[^\s)>\]`'\"]+")
 FENCE = re.compile(r"^\s*(```|~~~)")
@@ -140,7 +141,7 @@ class Checker:
             dirnames[:] = sorted(
                 d for d in dirnames
                 if d not in SKIP_DIRS and not d.startswith("build") and (not d.startswith(".") or d == ".ci")
-                and rel_dir / d != FIXTURE_DIR)
+                and rel_dir / d != CHECKER_DIR)
             for name in sorted(filenames):
                 path = Path(dirpath) / name
                 if name.endswith(".md") or name.endswith(SOURCE_SUFFIXES) or name in SOURCE_NAMES:
