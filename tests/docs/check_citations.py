@@ -60,7 +60,7 @@ SECTION = r"§\s?(\d+(?:\.\d+)*)(?![\d-]*\d)"
 CHAIN_SEP = r"(?:\s*(?:,|and|or|–|—|-|to)\s*)"
 # A file (plain, or as a markdown link with an optional anchor), then a § chain.
 CITED_SECTION = re.compile(
-    r"(?:\[[^\]]*\]\((" + MD_NAME + r")(?:#[^)]*)?\)|(?<![\w/.-])(" + MD_NAME + r"))\)?,?[ \t]+" + SECTION)
+    r"(?:\[[^\]]*\]\((" + MD_NAME + r")(?:#[^)]*)?\)|(?<![\w/.-])(" + MD_NAME + r"))\)?,?\s+" + SECTION)
 ANY_SECTION = re.compile(SECTION)
 CHAINED = re.compile(CHAIN_SEP + SECTION)
 PATH = re.compile(r"(?<![\w./$-])((?:" + "|".join(re.escape(f) for f in TOP_FOLDERS) + r")/[\w./+-]*)")
