@@ -1,6 +1,6 @@
 #pragma once
 // GraVAC over DDP's buckets: top-k with error feedback whose density one gravac_controller chooses
-// for the whole model (ALGORITHMS.md §6; the demo's in-process version is
+// for the whole model (docs/control.md §1; the demo's in-process version is
 // train/gravac_aggregator.hpp). A step is the buckets DDP hands over one after another:
 //
 //   first bucket   the step's decision d = controller.decision() (the same on every rank: the

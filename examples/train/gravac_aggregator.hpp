@@ -1,5 +1,5 @@
 #pragma once
-// GraVAC-controlled top-k with error feedback in the training demo (ALGORITHMS.md §6). Each step,
+// GraVAC-controlled top-k with error feedback in the training demo (docs/control.md §1.7). Each step,
 // every worker compresses g + e_cur at the candidate density θ_cur and g + e_min at the safe
 // density θ_min (each path with its own residual), and sends the path the controller's decision
 // names (or the dense gradient); the messages are all-gathered and summed in rank order. The

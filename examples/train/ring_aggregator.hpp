@@ -1,5 +1,5 @@
 #pragma once
-// The hybrid scheme's ring all-reduce in the training demo (ALGORITHMS.md §5): the workers are
+// The hybrid scheme's ring all-reduce in the training demo (docs/transports.md §5): the workers are
 // ranks of an in-process group, and every step the flat gradient goes through
 // `ring_all_reduce`, which decodes, adds and re-encodes the partial sums at every hop, then
 // all-gathers each chunk's sum encoded once. Under a lossy codec the error grows with the hops;

@@ -1,4 +1,4 @@
-// The concepts of DESIGN.md §2, checked at compile time: the shipped sparsifiers model codec_for
+// The concepts of docs/design.md §2, checked at compile time: the shipped sparsifiers model codec_for
 // and sparsifier on cpu_executor, only random-k is homomorphic, and the controller, stateful and
 // executor concepts accept and reject test-local types as their definitions say.
 

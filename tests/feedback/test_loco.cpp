@@ -1,5 +1,5 @@
 // LoCo around the uniform quantizer: every message byte and the final state against a literal
-// transcription of the update rule (ALGORITHMS.md §3) written here, the periodic reset, failed
+// transcription of the update rule (docs/feedback.md §8.1) written here, the periodic reset, failed
 // steps leaving the state bit-identical, the saved state (layout, bit-identical continuation, every
 // load error), the state's size per element, and the compensation measurably helping.
 #include <gradcomp/feedback/loco.hpp>
@@ -77,7 +77,7 @@ std::vector<T> gradient(std::size_t n, std::uint64_t t) {
 
 message_key key_of(std::uint64_t t) { return {.step = t, .tensor_id = 5}; }
 
-// ---- the oracle: ALGORITHMS.md §3 transcribed line by line -----------------------------------------
+// ---- the oracle: docs/feedback.md §8.1 transcribed line by line ------------------------------------
 
 /// The LoCo update written out literally, with its own 8-bit error storage: per group of G values,
 /// scale = max|v| / 127, code = clamp(nearbyint(v / scale), −127, 127), or scale 0 and codes 0 for

@@ -100,7 +100,7 @@ std::string decode_error(const count_sketch<T>& cs, const std::vector<std::byte>
 }  // namespace
 
 TEST_CASE("the test's MurmurHash3 matches the published vectors and the library's hashing rule") {
-  // MurmurHash3_x86_32 of the 4-byte little-endian keys 0..3 with seeds 0, 1, 2 (ALGORITHMS.md §4).
+  // MurmurHash3_x86_32 of the 4-byte little-endian keys 0..3 with seeds 0, 1, 2 (docs/sketches.md §1.1).
   const std::uint32_t published[4][3] = {{0x2362f9de, 0x78ed212d, 0x06dfadfc},
                                          {0xfbf1402a, 0x5e11e574, 0x13d35112},
                                          {0x40b23b7f, 0xdb9a7e8c, 0x2cdefd20},

@@ -441,7 +441,7 @@ TEST_CASE("lhc index codings aggregate as OR up to their rank limit and refuse m
 // ---- layouts and sizing --------------------------------------------------------------------------------
 
 TEST_CASE("lhc reference layout hashes equal the published MurmurHash3 vectors") {
-  // ALGORITHMS.md §4: murmur3_32 of the block index with seeds 0, 1, 2.
+  // docs/sketches.md §2.4: murmur3_32 of the block index with seeds 0, 1, 2.
   const std::uint32_t published[4][3] = {{0x2362f9deu, 0x78ed212du, 0x06dfadfcu},
                                          {0xfbf1402au, 0x5e11e574u, 0x13d35112u},
                                          {0x40b23b7fu, 0xdb9a7e8cu, 0x2cdefd20u},

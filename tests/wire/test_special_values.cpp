@@ -1,4 +1,4 @@
-// The special-values matrix of DESIGN.md §5 as one table: every codec (top-k, threshold, random-k;
+// The special-values matrix of docs/design.md §8 as one table: every codec (top-k, threshold, random-k;
 // float and double) against NaN, ±Inf, ±0, subnormals, all-zero blocks, the largest finite values,
 // empty and single-element tensors, and a message declaring 2^40 elements. (-ffast-math, under
 // which these outcomes could change, is refused at compile time: the refused_math_flags.* tests.)

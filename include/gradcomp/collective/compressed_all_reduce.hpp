@@ -5,8 +5,8 @@
 /// every rank. The executor comes first and decides where the data lives: `cpu_executor` with host
 /// spans over a host transport, `cuda_executor` with device spans over a device transport
 /// (`nccl_transport`, or a host transport wrapped in `staged_transport`); the two memory spaces must
-/// match (collective/executor_transport.hpp). The plan follows the codec's traits (DESIGN.md §2,
-/// ALGORITHMS.md):
+/// match (collective/executor_transport.hpp). The plan follows the codec's traits (docs/design.md §2,
+/// docs/transports.md §6):
 ///
 /// - `summed_encodings`, for homomorphic codecs with a summable region (count sketch; the
 ///   shared-scale quantizer, whose scales are agreed first by a MAX all-reduce of block maxima):

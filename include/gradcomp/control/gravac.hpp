@@ -2,7 +2,7 @@
 /// @file
 /// GraVAC (Tyagi & Swany 2023): an adaptive controller that searches for the most aggressive
 /// density θ of a sparsifier (top-k by default) whose compressed gradient still keeps enough of
-/// the gradient, judged by compression gain and compression throughput (ALGORITHMS.md §6).
+/// the gradient, judged by compression gain and compression throughput (docs/control.md §1).
 ///
 /// Each step the trainer compresses its gradient twice: at the candidate density θ_cur
 /// ("current") and at the safe density θ_min ("safe"), each with its own error-feedback residual.

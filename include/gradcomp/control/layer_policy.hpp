@@ -3,7 +3,7 @@
 /// Layer selection: which parameters a trainer compresses, and with what. A `layer_policy` is an
 /// ordered list of rules, each a predicate on a parameter's (name, kind, numel, shape) and the
 /// choice to make when it holds; the first rule that holds decides, and a default covers the rest.
-/// `tagc_layer_policy()` is TAGC's choice (ALGORITHMS.md §4): compress the MLP linears and the
+/// `tagc_layer_policy()` is TAGC's choice (docs/sketches.md §4): compress the MLP linears and the
 /// embeddings, keep attention, norms, biases and everything else dense.
 
 #include <cstddef>

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// Per-message codec choice of the hybrid 3D-parallel scheme (Xu et al. 2024, ALGORITHMS.md §5):
+/// Per-message codec choice of the hybrid 3D-parallel scheme (Xu et al. 2024, docs/control.md §2):
 /// a `message_policy` maps each class of message a 3D-parallel trainer sends (data-parallel
 /// gradients, tensor- and pipeline-parallel activations, parameter all-gathers, optimizer states)
 /// to a `message_codec`, a plain description that the trainer turns into codec objects. Ready-made

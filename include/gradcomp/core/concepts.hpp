@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// The concepts every gradcomp component is written against (DESIGN.md §2).
+/// The concepts every gradcomp component is written against (docs/design.md §2).
 
 #include <concepts>
 #include <cstddef>

@@ -15,7 +15,9 @@
 #  define GRADCOMP_CPLUSPLUS __cplusplus
 #endif
 #if GRADCOMP_CPLUSPLUS <= 201703L
+// clang-format off
 #  error "gradcomp needs C++20, and this compiler is in C++17 or older mode: compile with -std=c++20 (GCC, Clang, nvcc) or /std:c++20 (MSVC); CMake users link gradcomp::gradcomp, which asks for cxx_std_20"
+// clang-format on
 #endif
 
 #include <bit>
@@ -36,7 +38,9 @@
 // without them (e.g. with -fno-fast-math after the project's flags).
 #if defined(__FAST_MATH__) || (defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__) || \
     defined(__ASSOCIATIVE_MATH__) || defined(__RECIPROCAL_MATH__) || defined(__NO_SIGNED_ZEROS__)
+// clang-format off
 #  error "gradcomp does not support -ffast-math, -Ofast, -ffinite-math-only, -fassociative-math, -freciprocal-math or -fno-signed-zeros: they change results the library promises bit for bit and break its NaN/Inf checks (docs/design.md §6). Compile this file with -fno-fast-math."
+// clang-format on
 #endif
 
 static_assert(std::endian::native == std::endian::little,

@@ -163,10 +163,9 @@ struct backend<loco<Codec>, cpu_executor> {
   }
 
  private:
-  /// How far ahead of the block being coded the one-pass step prefetches g, in bytes. Measured
-  /// on the 2-core AMD EPYC VM: without it the step takes 70 ms instead of 54 ms at n = 2^26 (the
-  /// same at 2^24). Error feedback and the plain quantizer, whose steps are lighter, run faster
-  /// without software prefetch (cpu/uniform.hpp).
+  /// How far ahead of the block being coded the one-pass step prefetches g, in bytes. The step is
+  /// faster with it; error feedback and the plain quantizer, whose steps are lighter, are faster
+  /// without software prefetch (cpu/uniform.hpp). Measurements: docs/feedback.md §8.4.
   static constexpr std::uint64_t prefetch_bytes = 16384;
 
   /// Whether the fused path exists: LoCo around the float32 uniform quantizer.

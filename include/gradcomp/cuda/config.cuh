@@ -6,7 +6,9 @@
 /// radix select (cuda/radix_select.cuh), built from CUB's block primitives.
 
 #if !defined(__CUDACC__)
+// clang-format off
 #  error "gradcomp's CUDA backend must be compiled as CUDA (nvcc, or clang -x cuda); host-only code includes <gradcomp/gradcomp.hpp>"
+// clang-format on
 #endif
 
 #include <cuda/std/version>

@@ -1,7 +1,7 @@
 #pragma once
 /// @file
 /// LoCo (Xie et al. 2024): low-bit communication with a moving average of compensation errors,
-/// around any codec (ALGORITHMS.md §3).
+/// around any codec (docs/feedback.md §8).
 ///
 /// State: the compensation error e, stored 8-bit (one int8 code per element and one scale per
 /// group of `error_group` elements, about one byte per element), and the step count t since the

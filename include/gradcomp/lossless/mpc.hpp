@@ -2,7 +2,7 @@
 /// @file
 /// MPC: lossless compression of float32 tensors (Yang, Mukka, Hesaaraki, Burtscher, "MPC: A
 /// Massively Parallel Compression Algorithm for Scientific Data", Cluster 2015; the reference is
-/// MPC_float_12.cu, pipeline "LnVs BIT LVs ZE"). ALGORITHMS.md §5, docs/lossless.md §1.
+/// MPC_float_12.cu, pipeline "LnVs BIT LVs ZE"). docs/lossless.md §1.
 ///
 /// The values are taken as their 32-bit patterns v[0..n) and cut into chunks of 1024 words
 /// (the last one shorter). Within a chunk, with t the index in the chunk:

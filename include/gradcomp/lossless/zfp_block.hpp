@@ -28,6 +28,7 @@ inline constexpr std::uint32_t negabinary_mask = 0xaaaaaaaau;
   return static_cast<std::uint32_t>(static_cast<std::int32_t>(x) >> 1);
 }
 
+// clang-format off: the lifting steps in zfp's own grouping, one line per step
 /// zfp's forward lifting transform of one 1-D block, on the int32 values' bits (wrapping, so
 /// that no input is undefined behaviour; valid blocks never wrap, |i| < 2^30).
 GRADCOMP_HOST_DEVICE constexpr void forward_lift(std::uint32_t* p) noexcept {
@@ -39,7 +40,9 @@ GRADCOMP_HOST_DEVICE constexpr void forward_lift(std::uint32_t* p) noexcept {
   w += half(y); y -= half(w);
   p[0] = x; p[1] = y; p[2] = z; p[3] = w;
 }
+// clang-format on
 
+// clang-format off: the lifting steps in zfp's own grouping, one line per step
 /// zfp's inverse lifting transform of one 1-D block (wrapping: decoded coefficients are untrusted).
 GRADCOMP_HOST_DEVICE constexpr void inverse_lift(std::uint32_t* p) noexcept {
   std::uint32_t x = p[0], y = p[1], z = p[2], w = p[3];
@@ -50,6 +53,7 @@ GRADCOMP_HOST_DEVICE constexpr void inverse_lift(std::uint32_t* p) noexcept {
   w += x; x <<= 1; x -= w;
   p[0] = x; p[1] = y; p[2] = z; p[3] = w;
 }
+// clang-format on
 
 /// How the encoder codes one bit plane: `length` bits (`bits`, first bit lowest), given the
 /// number n of values significant before it and the plane's bits x (value i at bit i).

@@ -3,7 +3,7 @@
 /// ZFP fixed-rate mode for 1-D float32 tensors (Lindstrom, "Fixed-Rate Compressed Floating-Point
 /// Arrays", IEEE TVCG 2014), bit for bit the stream of the zfp library (zfp 1.0) in fixed-rate
 /// mode with an unaligned stream: `zfp_stream_set_rate(zfp, R, zfp_type_float, 1, zfp_false)`.
-/// ALGORITHMS.md §5, docs/lossless.md §2.
+/// docs/lossless.md §2.
 ///
 /// The n values are cut into blocks of 4 (a partial last block of m values is padded as zfp pads
 /// it: f1 = f0, f2 = f1, f3 = f0 for what is missing). Each block takes exactly 4R bits of the

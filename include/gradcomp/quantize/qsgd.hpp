@@ -1,7 +1,7 @@
 #pragma once
 /// @file
 /// QSGD (Alistarh et al., NeurIPS 2017): s levels of |x_i|/‖x‖₂ per bucket, rounded
-/// stochastically so that the decoded gradient is unbiased (ALGORITHMS.md §2).
+/// stochastically so that the decoded gradient is unbiased (docs/quantizers.md §12).
 ///
 /// Payload layout after the envelope (layout byte 0):
 ///

@@ -1,7 +1,7 @@
 #pragma once
 /// @file
-/// The shared-scale (homomorphic) mode of the uniform quantizer (ALGORITHMS.md §2, "Shared-scale
-/// mode", as in THC and TernGrad): the ranks first agree on every block's maximum (a MAX
+/// The shared-scale (homomorphic) mode of the uniform quantizer (docs/quantizers.md §14, as in
+/// THC and TernGrad): the ranks first agree on every block's maximum (a MAX
 /// all-reduce of `block_maxima`), so that all of them quantize with the same scales; then their
 /// integer codes, stored in fields with k headroom bits, add up under a plain uint64 SUM collective
 /// for up to 2^k ranks without carrying into the next field.

@@ -1,7 +1,7 @@
 #pragma once
 /// @file
 /// Sign quantization with one mean-magnitude scale per block: EF-signSGD / 1-bit Adam
-/// (ALGORITHMS.md §2). Biased on its own; meant to run under `error_feedback`.
+/// (docs/quantizers.md §11). Biased on its own; meant to run under `error_feedback`.
 ///
 /// Payload layout after the envelope (layout byte 0):
 ///

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// Uniform b-bit quantization with one scale per block (ALGORITHMS.md §2).
+/// Uniform b-bit quantization with one scale per block (docs/quantizers.md §1–§10).
 ///
 /// Payload layout after the envelope (layout byte 0):
 ///

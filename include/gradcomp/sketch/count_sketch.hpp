@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// The count sketch (ALGORITHMS.md §4, as in FetchSGD): r rows of c cells of the value type, into
+/// The count sketch (docs/sketches.md §1, as in FetchSGD): r rows of c cells of the value type, into
 /// which element i adds σ_j(i)·x_i at cell h_j(i) of every row j. It is linear, so the cell-wise
 /// sum of the ranks' sketches is the sketch of the summed gradient: a plain float SUM collective
 /// aggregates the messages (`is_homomorphic`).

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// Lossless homomorphic compression (LHC, Li et al. 2024; ALGORITHMS.md §4): a sparse gradient
+/// Lossless homomorphic compression (LHC, Li et al. 2024; docs/sketches.md §2): a sparse gradient
 /// travels as an index of its non-zero positions and a count sketch of its values, both of which
 /// add up across ranks, and the sum is recovered exactly by peeling.
 ///

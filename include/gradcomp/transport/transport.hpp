@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// The `transport` concept (DESIGN.md §2): the collectives that gradcomp's compressed schemes need
+/// The `transport` concept (docs/transports.md §4): the collectives that gradcomp's compressed schemes need
 /// from a communicator the user already has (MPI, NCCL, Gloo, threads). gradcomp never creates a
 /// communicator; an adapter wraps one and exposes these calls. Capabilities that not every library
 /// offers (a bitwise-OR reduction, point-to-point messages, an all-to-all of bytes) are separate
