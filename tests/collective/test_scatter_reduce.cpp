@@ -1,11 +1,12 @@
 // The scatter_reduce plan of compressed_all_reduce, its cost model, `automatic` and the dense
-// warm-up, over the in-process transport. Oracles written here: the chunks cut independently of
+// warm-up of the all-reduce and the reduce-scatter, over the in-process transport. Oracles written here: the chunks cut independently of
 // ring_chunk_of; every rank's chunk messages encoded with the codec's public encode, decoded and
 // summed in rank order, the sum re-encoded with server error feedback by its definition
 // (a = s + ε, message C(a), ε ← a − D(C(a))); a single-threaded replay of the stateful wrappers'
 // chunk and server states; the cost model's byte counts worked out by hand.
 #include <gradcomp/collective/all_reduce_cost.hpp>
 #include <gradcomp/collective/compressed_all_reduce.hpp>
+#include <gradcomp/collective/compressed_reduce_scatter.hpp>
 #include <gradcomp/control/density_schedule.hpp>
 #include <gradcomp/feedback/error_feedback.hpp>
 #include <gradcomp/feedback/loco.hpp>
@@ -32,13 +33,6 @@
 namespace gradcomp::test {
 namespace {
 
-// Chunk c of n values cut into P, written out independently of ring_chunk_of.
-std::pair<std::size_t, std::size_t> chunk(std::size_t n, int P, int c) {
-  const std::size_t base = n / static_cast<std::size_t>(P), extra = n % static_cast<std::size_t>(P);
-  const auto i = static_cast<std::size_t>(c);
-  return {i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
-}
-
 std::span<const float> part(const std::vector<float>& v, std::pair<std::size_t, std::size_t> c) {
   return std::span<const float>(v).subspan(c.first, c.second);
 }
@@ -50,7 +44,7 @@ const uniform_quantizer<float> four_bit(uniform_params{.bits = 4});
 template <class C>
 std::vector<float> decoded_chunk_sum(const C& codec, int P, std::size_t n, int j, std::uint64_t step) {
   const cpu_executor cpu;
-  const auto c = chunk(n, P, j);
+  const auto c = rank_chunk(n, P, j);
   std::vector<std::byte> message(codec.max_encoded_bytes(c.second)), ws(codec.workspace_bytes(cpu, c.second));
   std::vector<float> sum(c.second, 0.0f);
   for (int r = 0; r < P; ++r) {
@@ -69,14 +63,14 @@ std::vector<std::vector<float>> server_feedback_oracle(const C& codec, int P, st
                                                        std::vector<std::vector<float>>& residuals) {
   const cpu_executor cpu;
   residuals.assign(static_cast<std::size_t>(P), {});
-  for (int j = 0; j < P; ++j) residuals[static_cast<std::size_t>(j)].assign(chunk(n, P, j).second, 0.0f);
+  for (int j = 0; j < P; ++j) residuals[static_cast<std::size_t>(j)].assign(rank_chunk(n, P, j).second, 0.0f);
   std::vector<std::byte> message(codec.max_encoded_bytes(n)), ws(codec.workspace_bytes(cpu, n));
   std::vector<std::vector<float>> results;
   for (std::uint64_t s = 0; s < steps; ++s) {
     const message_key key{.step = s};
     std::vector<float> result(n);
     for (int j = 0; j < P; ++j) {
-      const auto c = chunk(n, P, j);
+      const auto c = rank_chunk(n, P, j);
       const std::vector<float> sum = decoded_chunk_sum(codec, P, n, j, s);
       auto& residual = residuals[static_cast<std::size_t>(j)];
       std::vector<float> compensated(c.second), decoded(c.second);
@@ -214,7 +208,7 @@ TEST_CASE("scatter_reduce server state: residual + delivered chunk = chunk sum +
   };
   in_process_group(P).run([&](in_process_transport& t) {
     const cpu_executor cpu;
-    const auto mine = chunk(n, P, t.rank());
+    const auto mine = rank_chunk(n, P, t.rank());
     auto server = make_server_state(cpu, four_bit, n, P, t.rank());
     for (std::uint64_t s = 0; s < 4; ++s) {
       const std::vector<float> before = server.residual;
@@ -245,15 +239,15 @@ std::vector<std::vector<float>> wrapper_replay(const W& w, int P, std::size_t n,
   std::vector<std::vector<state_type_of<W, cpu_executor>>> workers(static_cast<std::size_t>(P));
   std::vector<state_type_of<W, cpu_executor>> servers;
   for (int j = 0; j < P; ++j) {
-    servers.push_back(w.make_state(cpu, chunk(n, P, j).second));
-    for (int r = 0; r < P; ++r) workers[static_cast<std::size_t>(r)].push_back(w.make_state(cpu, chunk(n, P, j).second));
+    servers.push_back(w.make_state(cpu, rank_chunk(n, P, j).second));
+    for (int r = 0; r < P; ++r) workers[static_cast<std::size_t>(r)].push_back(w.make_state(cpu, rank_chunk(n, P, j).second));
   }
   std::vector<std::byte> message(w.max_encoded_bytes(n)), ws(w.workspace_bytes(cpu, n));
   std::vector<std::vector<float>> results;
   for (std::uint64_t s = 0; s < steps; ++s) {
     std::vector<float> result(n);
     for (int j = 0; j < P; ++j) {
-      const auto c = chunk(n, P, j);
+      const auto c = rank_chunk(n, P, j);
       std::vector<float> sum(c.second, 0.0f);
       for (int r = 0; r < P; ++r) {
         const auto g = gradient_of(r, n, s);
@@ -530,6 +524,40 @@ TEST_CASE("dense warm-up: the first K steps are an uncompressed SUM all-reduce, 
   });
   CHECK(failures == 0);
   for (const auto& e : mismatch) CHECK(e == named(errc::parameter_mismatch));
+}
+
+TEST_CASE("dense warm-up of compressed_reduce_scatter: each rank's chunk of the rank-order sum, bit for bit, any P and n") {
+  const error_feedback ef(topk_sparsifier<float>(sparsity{.density = 0.01}));
+  for (int P : {1, 3, 5}) {
+    for (std::size_t n : {std::size_t{0}, std::size_t{2}, std::size_t{1001}}) {
+      CAPTURE(P);
+      CAPTURE(n);
+      std::vector<float> sum(n, 0.0f);
+      for (int r = 0; r < P; ++r) {
+        const auto g = gradient_of(r, n, 1);
+        for (std::size_t i = 0; i < n; ++i) sum[i] += g[i];
+      }
+      std::atomic<int> failures{0};
+      in_process_group(P).run([&](in_process_transport& t) {
+        const cpu_executor cpu;
+        const auto mine = rank_chunk(n, P, t.rank());
+        const std::vector<float> expected(sum.begin() + static_cast<std::ptrdiff_t>(mine.first),
+                                          sum.begin() + static_cast<std::ptrdiff_t>(mine.first + mine.second));
+        const auto data = gradient_of(t.rank(), n, 1);
+        std::vector<float> out(mine.second, -1.0f), out_ef(mine.second, -1.0f);
+        auto states = make_chunk_states(cpu, ef, n, P);
+        const reduce_scatter_options options{.key = {.step = 1}, .dense_steps = 2};
+        const auto report = compressed_reduce_scatter(cpu, t, topk_sparsifier<float>(), std::span<const float>(data),
+                                                      std::span<float>(out), options);
+        (void)compressed_reduce_scatter(cpu, t, ef, std::span(states), std::span<const float>(data), std::span<float>(out_ef),
+                                        options);
+        if (!same_bits<float>(out, expected) || !same_bits<float>(out_ef, expected) || states[0].steps != 0) ++failures;
+        const std::uint64_t block = (n + static_cast<std::size_t>(P) - 1) / static_cast<std::size_t>(P);
+        if (report.sent_bytes != block * sizeof(float) * static_cast<std::uint64_t>(P - 1)) ++failures;
+      });
+      CHECK(failures == 0);
+    }
+  }
 }
 
 TEST_CASE("density schedule: DGC's exponential warm-up, stage by stage") {

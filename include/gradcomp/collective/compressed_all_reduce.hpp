@@ -6,15 +6,15 @@
 /// spans over a host transport, `cuda_executor` with device spans over a device transport
 /// (`nccl_transport`, or a host transport wrapped in `staged_transport`); the two memory spaces must
 /// match (collective/executor_transport.hpp). The plan follows the codec's traits (docs/design.md
-/// §2, docs/transports.md §2 and §9); what each plan sends is collective/all_reduce_cost.hpp:
+/// §2, docs/transports.md §6 and §9); what each plan sends is collective/all_reduce_cost.hpp:
 ///
 /// - `summed_encodings`, for homomorphic codecs with a summable region (count sketch; the
 ///   shared-scale quantizer, whose scales are agreed first by a MAX all-reduce of block maxima):
 ///   the SUM collective adds the encodings themselves, in place in the message, and every rank
 ///   decodes the sum once.
-/// - `gather_decode`, for every other codec and for stateful wrappers (error feedback, LoCo):
-///   the messages are all-gathered and every rank decodes them in rank order into zeros, so the
-///   result is ((D(m_0) + D(m_1)) + …) on every rank.
+/// - `gather_decode`, for every other codec and for stateful wrappers with one state (error
+///   feedback, LoCo): the messages are all-gathered and every rank decodes them in rank order into
+///   zeros, so the result is ((D(m_0) + D(m_1)) + …) on every rank.
 /// - `scatter_reduce` (collective/scatter_reduce.hpp), for a transport with an all-to-all or
 ///   point-to-point messages: the all-to-all of chunk messages, each owner decodes, sums and
 ///   re-encodes its chunk (with its server state where the call passes one), then an all-gather
