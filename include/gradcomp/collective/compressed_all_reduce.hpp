@@ -133,7 +133,7 @@ concept agreed_scale_encoding = summable_encoding<C> &&
 /// `scatter_reduce` where the transport can run it (`can_all_to_all`: it has an all-to-all or
 /// point-to-point messages) and the cost model (collective/all_reduce_cost.hpp) says that rank 0,
 /// which sends the most, sends fewer bytes than under `gather_decode` (P ≥ 3 for a fixed-size
-/// codec); else `gather_decode`. The same on every rank, so the PyTorch hook calls it too.
+/// codec on a large tensor); else `gather_decode`. The same on every rank, so the PyTorch hook calls it too.
 template <class C>
 [[nodiscard]] all_reduce_plan automatic_plan(const C& codec, std::uint64_t n, int ranks, bool can_all_to_all) {
   if constexpr (summable_encoding<C>) {
