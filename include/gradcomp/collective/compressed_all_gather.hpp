@@ -1,7 +1,7 @@
 #pragma once
 /// @file
 /// Compressed all-gather for any codec (the hybrid scheme's "compress once, forward bytes",
-/// ALGORITHMS.md §5): every rank encodes its block once, the frames (collective/compressed_frame.hpp)
+/// docs/transports.md §5): every rank encodes its block once, the frames (collective/compressed_frame.hpp)
 /// are all-gathered as bytes, and every rank decodes every block from the same bytes, its own
 /// included, so all ranks hold identical values even under a lossy codec. The error of the result
 /// is one encoding's, never accumulated. Runs on any executor whose memory space is the transport's

@@ -1,7 +1,7 @@
 #pragma once
 /// @file
 /// The frame in which the compressed collectives move one codec message between ranks (the
-/// hybrid scheme's point-to-point, all-gather and per-hop ring, ALGORITHMS.md §5, and the
+/// hybrid scheme's point-to-point, all-gather and per-hop ring, docs/transports.md §5, and the
 /// all-gathered or all-to-all plans of the all-reduce and reduce-scatter), and the report they
 /// return.
 ///

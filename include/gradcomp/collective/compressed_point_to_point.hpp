@@ -1,7 +1,7 @@
 #pragma once
 /// @file
 /// Compressed point-to-point messages for any codec (pipeline-parallel activations in the hybrid
-/// scheme, ALGORITHMS.md §5): the sender encodes once and sends the frame
+/// scheme, docs/transports.md §5): the sender encodes once and sends the frame
 /// (collective/compressed_frame.hpp), the receiver decodes. A sender that cannot encode sends a
 /// failed frame before it throws, so its receiver throws the same error instead of waiting. Runs
 /// on any executor whose memory space is the transport's. Both calls have a deadline,

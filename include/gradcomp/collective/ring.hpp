@@ -2,7 +2,7 @@
 /// @file
 /// Ring reduce-scatter and all-reduce with a codec whose messages do not add (MPC, ZFP, a
 /// sparsifier, a quantizer): the hybrid scheme's decompress–add–recompress per hop
-/// (ALGORITHMS.md §5, docs/transports.md §5).
+/// (docs/transports.md §5).
 ///
 /// The n values are cut into P chunks (`ring_chunk_of`). In hop s = 0 … P−2, rank r encodes the
 /// partial sum of chunk (r − s − 1) mod P (its own values at s = 0), sends the frame to rank r + 1

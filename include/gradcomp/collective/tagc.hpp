@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// TAGC's compressed reduce-scatter for sharded training (FSDP, ZeRO; ALGORITHMS.md §4, TAGC), a
+/// TAGC's compressed reduce-scatter for sharded training (FSDP, ZeRO; docs/sketches.md §3), a
 /// scheme passed to `compressed_reduce_scatter` (its `tagc` plan), on any executor:
 ///
 ///     compressed_reduce_scatter(exec, transport, tagc_scheme, state, data, out, options)
