@@ -129,9 +129,13 @@ class GradcompHookState:
     dense_below: buckets of fewer elements go dense (the message header would outweigh them).
     record: a directory; every bucket's input and mean are appended to rank<r>.bin (for
             replay_mpi, which checks them against gradcomp's collectives over MPI).
+    dense_steps: the warm-up, as PyTorch PowerSGD's start_powerSGD_iter: steps 0 .. dense_steps-1
+            are uncompressed all-reduces (a codec's through gradcomp's `dense` plan, after the
+            ranks' agreement), every state untouched; 0 (the default): compress from the first step.
     """
 
-    def __init__(self, codec, model, process_group=None, extension=None, dense_below=0, record=None, log=print):
+    def __init__(self, codec, model, process_group=None, extension=None, dense_below=0, record=None, log=print,
+                 dense_steps=0):
         self.codec_name = codec
         self.ext = extension if extension is not None else load_extension()
         # A TAGC row keeps one state for the whole model (keyed by parameter index), a codec one
@@ -144,6 +148,7 @@ class GradcompHookState:
         self.codec = None if codec == DENSE or scheme else self.ext.Codec(codec)
         self.ops = ProcessGroupOps(process_group)
         self.dense_below = dense_below
+        self.dense_steps = dense_steps
         self.record = record
         self.log = log
         # Every parameter's name and place in the model: a bucket is compressed with its
@@ -287,12 +292,13 @@ class GradcompHookState:
         self._new_state = False
         world = self.ops.size()
         dense = 2 * (world - 1) * data.numel() * 4 // world
+        warm_up = self.step < self.dense_steps
         try:
-            if self.gravac is not None:
+            if self.gravac is not None and not warm_up:
                 params = [(index, size) for (index, _, _), size in zip(self._parameters, sizes)]
                 report = self.gravac.all_reduce_mean(self.ops, data, params, self.step, bucket.index(), bucket.is_last())
                 self.sent_bytes += report["sent_bytes"]
-            elif self.tagc is not None:
+            elif self.tagc is not None and not warm_up:
                 report = self.tagc.all_reduce_mean(self.ops, data, self.tagc_state, self._parameters)
                 self.sent_bytes += report["sent_bytes"]
                 if not torch.isfinite(data).all():  # through a tensor TAGC's policy sends uncompressed
@@ -308,7 +314,8 @@ class GradcompHookState:
             else:
                 state = self._state_for(key, sizes) if self.codec.stateful else None
                 saved = self.codec.save_state(state) if self.record and state is not None else b""
-                report = self.codec.all_reduce_mean(self.ops, data, state, step=self.step, tensor_id=bucket.index())
+                report = self.codec.all_reduce_mean(self.ops, data, state, step=self.step, tensor_id=bucket.index(),
+                                                    dense_steps=self.dense_steps)
                 self.sent_bytes += report["sent_bytes"]
             self.dense_bytes += dense
         except self.ext.GradcompError as e:

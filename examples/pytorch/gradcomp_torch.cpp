@@ -13,10 +13,11 @@
 //     .carried_error(state) -> tensor    the error the state carries, one value per element
 //     .relaid_state(error, like) -> State   a state carrying `error`, counters from `like`
 //                                        (re-laying states when DDP rebuilds its buckets)
-//     .all_reduce_mean(ops, data[, state], step, tensor_id) -> dict
+//     .all_reduce_mean(ops, data[, state], step, tensor_id, dense_steps=0) -> dict
 //                                        gradcomp::compressed_all_reduce over `ops` (a
 //                                        gradcomp_ddp.ProcessGroupOps; the plan from the codec's
-//                                        traits), then divided by P:
+//                                        traits; uncompressed while step < dense_steps, the
+//                                        warm-up), then divided by P:
 //                                        `data` becomes the mean, the same bits on every rank
 //   tagc_names(), Tagc(name)             the table's TAGC rows over a bucket's parameters:
 //     .make_state(), .save_state(state), .load_state(bytes)   one state for the whole model
@@ -159,7 +160,7 @@ class codec_handle {
   [[nodiscard]] virtual torch::Tensor carried_error(const state_handle& state) const = 0;
   [[nodiscard]] virtual std::shared_ptr<state_handle> relaid_state(const torch::Tensor& error, const state_handle& like) const = 0;
   virtual gradcomp::compressed_report all_reduce(process_group_transport& t, std::span<float> data, state_handle* state,
-                                                 gradcomp::message_key key) const = 0;
+                                                 gradcomp::message_key key, std::uint64_t dense_steps) const = 0;
 };
 
 template <class C>
@@ -245,10 +246,11 @@ class codec_of final : public codec_handle {
   }
 
   gradcomp::compressed_report all_reduce(process_group_transport& t, std::span<float> data, state_handle* state,
-                                         gradcomp::message_key key) const override {
+                                         gradcomp::message_key key, std::uint64_t dense_steps) const override {
     // The plan from the codec's traits: a SUM all-reduce of the encodings for a homomorphic
-    // codec, else the all-gather and decoding in rank order (the only plan of a stateful one).
-    const gradcomp::all_reduce_options options{.key = key};
+    // codec, else the all-gather and decoding in rank order (the only plan of a stateful one);
+    // the warm-up's uncompressed all-reduce while key.step < dense_steps, the state untouched.
+    const gradcomp::all_reduce_options options{.key = key, .dense_steps = dense_steps};
     if constexpr (has_state) return gradcomp::compressed_all_reduce(cpu_, t, codec_, state_in(state, data.size()), data, options);
     else {
       gradcomp::detail::require(state == nullptr, gradcomp::errc::invalid_argument, "this codec keeps no state");
@@ -473,10 +475,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("relaid_state", &codec_handle::relaid_state, py::arg("error"), py::arg("like"))
       .def("all_reduce_mean",
            [key](const codec_handle& c, py::object ops, const torch::Tensor& data, state_handle* state, std::uint64_t step,
-                 std::uint32_t tensor_id) {
+                 std::uint32_t tensor_id, std::uint64_t dense_steps) {
              process_group_transport t(std::move(ops));
              const std::span<float> values = floats_of(data, "the data");
-             const gradcomp::compressed_report report = c.all_reduce(t, values, state, key(step, tensor_id));
+             const gradcomp::compressed_report report = c.all_reduce(t, values, state, key(step, tensor_id), dense_steps);
              // The mean as the MPI example takes it: the rank-order sum divided by P in float.
              for (float& v : values) v /= static_cast<float>(t.size());
              py::dict out;
@@ -484,7 +486,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              out["dense_bytes"] = report.dense_bytes;
              return out;
            },
-           py::arg("ops"), py::arg("data"), py::arg("state") = nullptr, py::arg("step") = 0, py::arg("tensor_id") = 0);
+           py::arg("ops"), py::arg("data"), py::arg("state") = nullptr, py::arg("step") = 0, py::arg("tensor_id") = 0,
+           py::arg("dense_steps") = 0);
 
   py::class_<gravac_buckets, std::shared_ptr<gravac_buckets>>(m, "Gravac")
       .def(py::init(&gravac_named), py::arg("name"))

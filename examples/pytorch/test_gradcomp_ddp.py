@@ -247,6 +247,27 @@ class HookStateTest(unittest.TestCase):
         self.assertTrue(torch.equal(means[3], grads[3]))  # 3 values: dense, exact on one rank
         self.assertEqual(list(hook.states), [("0.weight", "0.bias", "1.weight")])
 
+    def test_dense_steps_warm_up_then_compress(self):
+        # One rank: the dense mean is the gradient itself; top-k 1% of 53 values keeps one.
+        m = model()
+        hook = self.hook("top-k 1% + EF", m, dense_steps=2)
+        for step in range(2):
+            means, grads = run_step(hook, m, [[3, 2], [1, 0]], step)
+            for i in means:
+                self.assertTrue(torch.equal(means[i], grads[i]))
+            for name, error in carried_by_parameter(hook, m).items():
+                self.assertEqual(int(torch.count_nonzero(error)), 0, name)
+        means, grads = run_step(hook, m, [[3, 2], [1, 0]], 2)
+        self.assertFalse(all(torch.equal(means[i], grads[i]) for i in means))
+        self.assertTrue(any(int(torch.count_nonzero(e)) > 0 for e in carried_by_parameter(hook, m).values()))
+        # A scheme (TAGC) warms up through the process group's all-reduce, its state untouched.
+        tagc = self.hook("TAGC f*=0.95 (sharded)", m, dense_steps=1)
+        before = tagc.state_dict()["states"]
+        means, grads = run_step(tagc, m, [[3, 2, 1, 0]], 0)
+        for i in means:
+            self.assertTrue(torch.equal(means[i], grads[i]))
+        self.assertEqual(tagc.state_dict()["states"], before)
+
     def check_state_follows_parameters(self, name, steps, sparse_weight):
         # The scheme keys its residuals by the parameter's index in the model: TAGC sparsifies
         # tensor by tensor, so grouping the parameters into other buckets changes no mean; GraVAC

@@ -86,7 +86,7 @@ def worker(rank, args, codec, first_step, last_step, checkpoint_in, checkpoint_o
         if codec != gradcomp_ddp.DENSE:
             extension = gradcomp_ddp.load_extension()
             hook = gradcomp_ddp.GradcompHookState(codec, model, extension=extension, dense_below=args.dense_below,
-                                                  record=record)
+                                                  record=record, dense_steps=args.dense_steps)
             ddp.register_comm_hook(hook, gradcomp_ddp.gradcomp_hook)
         optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
         if checkpoint_in:
@@ -160,6 +160,7 @@ def main():
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0)
     parser.add_argument("--dense-below", type=int, default=0, help="buckets of fewer elements go dense")
+    parser.add_argument("--dense-steps", type=int, default=0, help="warm-up: the first steps go dense")
     parser.add_argument("--port", type=int, default=29500)
     parser.add_argument("--log-every", type=int, default=0)
     parser.add_argument("--max-loss-gap", type=float, default=0.0)

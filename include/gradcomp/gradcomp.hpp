@@ -47,6 +47,8 @@
 #include <gradcomp/lossless/zfp_fixed_rate.hpp>
 
 #include <gradcomp/collective/agreement.hpp>
+#include <gradcomp/collective/all_reduce_cost.hpp>
+#include <gradcomp/collective/all_to_all_chunks.hpp>
 #include <gradcomp/collective/collective_memory.hpp>
 #include <gradcomp/collective/compressed_all_gather.hpp>
 #include <gradcomp/collective/compressed_all_reduce.hpp>
@@ -56,7 +58,9 @@
 #include <gradcomp/collective/executor_transport.hpp>
 #include <gradcomp/collective/lhc_stages.hpp>
 #include <gradcomp/collective/ring.hpp>
+#include <gradcomp/collective/scatter_reduce.hpp>
 #include <gradcomp/collective/tagc.hpp>
+#include <gradcomp/control/density_schedule.hpp>
 #include <gradcomp/control/gravac.hpp>
 #include <gradcomp/control/layer_policy.hpp>
 #include <gradcomp/control/message_policy.hpp>

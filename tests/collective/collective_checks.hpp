@@ -26,6 +26,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -59,6 +60,13 @@ inline std::vector<float> dyadic_sparse_gradient(int rank, std::size_t n, double
       x = static_cast<float>(coin(engine) < 0.5 ? -magnitude : magnitude) / 16.0f;
     }
   return v;
+}
+
+/// Chunk c of n values cut into P, written out independently of ring_chunk_of: {offset, count}.
+inline std::pair<std::size_t, std::size_t> rank_chunk(std::size_t n, int P, int c) {
+  const std::size_t base = n / static_cast<std::size_t>(P), extra = n % static_cast<std::size_t>(P);
+  const auto i = static_cast<std::size_t>(c);
+  return {i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
 }
 
 /// Bitwise equality of two spans.

@@ -138,6 +138,7 @@ enum class deadline_case : int {
   all_reduce_ring_plan,
   all_reduce_lhc,
   all_reduce_error_feedback,
+  all_reduce_scatter_reduce,
   reduce_scatter_all_to_all,
   reduce_scatter_ring_plan,
   reduce_scatter_gather_decode,
@@ -227,6 +228,8 @@ deadline_outcome run_deadline_case(stalling_transport<X>& t, deadline_case c) {
   const loco<uniform_quantizer<float>> lc;
   std::vector<state_type_of<loco<uniform_quantizer<float>>, cpu_executor>> loco_states;
   for (int j = 0; j < P; ++j) loco_states.push_back(lc.make_state(cpu, ring_chunk_of(n, P, j).count));
+  auto ef_chunks = make_chunk_states(cpu, ef, n, P);
+  auto ef_server = make_server_state(cpu, ef, n, P, rank);
   const tagc<float> scheme;
   auto tagc_state = scheme.make_state(cpu);
   const topk_sparsifier<float> topk(sparsity{.density = 0.05});
@@ -254,6 +257,26 @@ deadline_outcome run_deadline_case(stalling_transport<X>& t, deadline_case c) {
       compressed_all_reduce(cpu, t, ef, ef_state, std::span<float>(warm), {.key = warm_key, .timeout = timeout});
       state_of = [&] { return detail_deadline::state_bytes(ef, ef_state, n); };
       call = [&] { compressed_all_reduce(cpu, t, ef, ef_state, std::span<float>(data), {.key = key, .timeout = timeout}); };
+      break;
+    case deadline_case::all_reduce_scatter_reduce:
+      // The victim stops at the all-gather of the re-encoded chunks (after the agreement, the
+      // all-to-all and the status round): every survivor has stepped its chunk and server states.
+      stop_at = 3;
+      compressed_all_reduce(cpu, t, ef, std::span(ef_chunks), ef_server, std::span<float>(warm),
+                            {.key = warm_key, .timeout = timeout});
+      state_of = [&] {
+        std::vector<std::byte> all = detail_deadline::state_bytes(ef, ef_server, ring_chunk_of(n, P, rank).count);
+        for (int j = 0; j < P; ++j) {
+          const auto one =
+              detail_deadline::state_bytes(ef, ef_chunks[static_cast<std::size_t>(j)], ring_chunk_of(n, P, j).count);
+          all.insert(all.end(), one.begin(), one.end());
+        }
+        return all;
+      };
+      call = [&] {
+        compressed_all_reduce(cpu, t, ef, std::span(ef_chunks), ef_server, std::span<float>(data),
+                              {.key = key, .timeout = timeout});
+      };
       break;
     case deadline_case::reduce_scatter_all_to_all:
       call = [&] {

@@ -29,6 +29,11 @@ void every_stateless_collective(const E& e, X& t, const C& codec, std::span<floa
   (void)compressed_all_reduce(e, t, codec, data, {.average = true});
   (void)compressed_reduce_scatter(e, t, codec, in, data, {.average = true});
   (void)compressed_all_gather(e, t, codec, in, data);
+  (void)compressed_all_reduce(e, t, codec, data, {.dense_steps = 1});
+  auto server = make_server_state(e, codec, data.size(), t.size(), t.rank());
+  (void)compressed_all_reduce(e, t, codec, server, data, {.average = true});
+  if constexpr (detail::can_all_to_all<X>)
+    (void)compressed_all_reduce(e, t, codec, data, {.plan = all_reduce_plan::scatter_reduce});
   if constexpr (transport_with_point_to_point<X>) {
     (void)ring_all_reduce(e, t, codec, data);
     (void)ring_reduce_scatter(e, t, codec, in, data);
@@ -54,9 +59,11 @@ void every_collective(const E& e, X& t, std::span<float> data, std::span<const f
   const ef_topk ef;
   (void)compressed_all_reduce(e, t, ef, states.ef, data);
   (void)compressed_reduce_scatter(e, t, ef, states.ef_chunks, in, data);
+  (void)compressed_all_reduce(e, t, ef, states.ef_chunks, states.ef, data);
   const loco_uniform lc;
   (void)compressed_all_reduce(e, t, lc, states.loco, data);
   (void)compressed_reduce_scatter(e, t, lc, states.loco_chunks, in, data);
+  (void)compressed_all_reduce(e, t, lc, states.loco_chunks, states.loco, data, {.dense_steps = 2});
   (void)compressed_all_reduce(e, t, lossless_homomorphic<float>(), data);
   (void)compressed_reduce_scatter(e, t, tagc<float>(), states.tagc, in, data);
 }

@@ -27,13 +27,6 @@
 namespace gradcomp::test {
 namespace {
 
-// Chunk c of n values cut into P, written out independently of ring_chunk_of.
-std::pair<std::size_t, std::size_t> chunk(std::size_t n, int P, int c) {
-  const std::size_t base = n / static_cast<std::size_t>(P), extra = n % static_cast<std::size_t>(P);
-  const auto i = static_cast<std::size_t>(c);
-  return {i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
-}
-
 std::vector<float> slice(const std::vector<float>& v, std::pair<std::size_t, std::size_t> range) {
   return {v.begin() + static_cast<std::ptrdiff_t>(range.first),
           v.begin() + static_cast<std::ptrdiff_t>(range.first + range.second)};
@@ -81,7 +74,7 @@ TEST_CASE("compressed_reduce_scatter with a lossless codec: each rank's chunk of
       std::atomic<int> exact{0};
       in_process_group(P).run([&](in_process_transport& t) {
         const auto g = gradient_of(t.rank(), n);
-        const auto mine = chunk(n, P, t.rank());
+        const auto mine = rank_chunk(n, P, t.rank());
         const auto expected = slice(sum, mine);
         std::vector<float> a(mine.second, -1.0f), b(mine.second, -1.0f);
         compressed_reduce_scatter(cpu_executor{}, t, mpc, std::span<const float>(g), std::span<float>(a));  // all_to_all
@@ -101,7 +94,7 @@ TEST_CASE("compressed_reduce_scatter all_to_all with top-k: the naive top-k of e
     CAPTURE(P);
     std::atomic<int> exact{0}, cheaper{0};
     in_process_group(P).run([&](in_process_transport& t) {
-      const auto mine = chunk(n, P, t.rank());
+      const auto mine = rank_chunk(n, P, t.rank());
       std::vector<float> expected(mine.second, 0.0f);
       for (int r = 0; r < P; ++r) {
         const auto part = slice(gradient_of(r, n), mine);
@@ -131,7 +124,7 @@ TEST_CASE("compressed_reduce_scatter all_to_all gives the same bits and report o
       std::atomic<int> same{0};
       in_process_group(P).run([&](in_process_transport& t) {
         const auto g = gradient_of(t.rank(), n);
-        const std::size_t mine = chunk(n, P, t.rank()).second;
+        const std::size_t mine = rank_chunk(n, P, t.rank()).second;
         std::vector<float> a(mine), b(mine), c(mine), d(mine);
         point_to_point_only<in_process_transport> p2p(t);
         const reduce_scatter_options options{.key = {.step = 3}};
@@ -139,8 +132,8 @@ TEST_CASE("compressed_reduce_scatter all_to_all gives the same bits and report o
         const auto rb = compressed_reduce_scatter(cpu_executor{}, p2p, topk, std::span<const float>(g), std::span<float>(b), options);
         std::vector<error_feedback_state<float>> sa, sb;
         for (int j = 0; j < P; ++j) {
-          sa.push_back(ef.make_state(cpu, chunk(n, P, j).second));
-          sb.push_back(ef.make_state(cpu, chunk(n, P, j).second));
+          sa.push_back(ef.make_state(cpu, rank_chunk(n, P, j).second));
+          sb.push_back(ef.make_state(cpu, rank_chunk(n, P, j).second));
         }
         const auto rc = compressed_reduce_scatter(cpu_executor{}, t, ef, std::span<error_feedback_state<float>>(sa),
                                                   std::span<const float>(g), std::span<float>(c), options);
@@ -166,13 +159,13 @@ TEST_CASE("compressed_reduce_scatter with error feedback keeps one state per chu
   {
     std::vector<std::vector<error_feedback_state<float>>> states(P);
     for (int r = 0; r < P; ++r)
-      for (int j = 0; j < P; ++j) states[static_cast<std::size_t>(r)].push_back(ef.make_state(cpu, chunk(n, P, j).second));
+      for (int j = 0; j < P; ++j) states[static_cast<std::size_t>(r)].push_back(ef.make_state(cpu, rank_chunk(n, P, j).second));
     std::vector<std::byte> message(ef.max_encoded_bytes(n)), ws(ef.workspace_bytes(cpu, n));
     for (std::uint64_t s = 0; s < steps; ++s)
       for (int j = 0; j < P; ++j) {
-        std::vector<float> sum(chunk(n, P, j).second, 0.0f);
+        std::vector<float> sum(rank_chunk(n, P, j).second, 0.0f);
         for (int r = 0; r < P; ++r) {
-          const auto part = slice(gradient_of(r, n, s), chunk(n, P, j));
+          const auto part = slice(gradient_of(r, n, s), rank_chunk(n, P, j));
           const std::size_t bytes = ef.encode(cpu, std::span<const float>(part),
                                               states[static_cast<std::size_t>(r)][static_cast<std::size_t>(j)], message, ws,
                                               {.step = s});
@@ -184,11 +177,11 @@ TEST_CASE("compressed_reduce_scatter with error feedback keeps one state per chu
   std::atomic<int> exact{0};
   in_process_group(P).run([&](in_process_transport& t) {
     std::vector<error_feedback_state<float>> states;
-    for (int j = 0; j < P; ++j) states.push_back(ef.make_state(cpu, chunk(n, P, j).second));
+    for (int j = 0; j < P; ++j) states.push_back(ef.make_state(cpu, rank_chunk(n, P, j).second));
     bool same = true;
     for (std::uint64_t s = 0; s < steps; ++s) {
       const auto g = gradient_of(t.rank(), n, s);
-      std::vector<float> out(chunk(n, P, t.rank()).second);
+      std::vector<float> out(rank_chunk(n, P, t.rank()).second);
       compressed_reduce_scatter(cpu_executor{}, t, ef, std::span(states), std::span<const float>(g), std::span<float>(out), {.key = {.step = s}});
       same = same && same_bits<float>(out, expected[static_cast<std::size_t>(t.rank())][s]);
     }
@@ -207,10 +200,10 @@ TEST_CASE("compressed_reduce_scatter failures: the same named error on every ran
   everywhere(errc::non_finite_input, [&](in_process_transport& t) {
     const cpu_executor cpu;
     std::vector<error_feedback_state<float>> states;
-    for (int j = 0; j < P; ++j) states.push_back(ef.make_state(cpu, chunk(n, P, j).second));
+    for (int j = 0; j < P; ++j) states.push_back(ef.make_state(cpu, rank_chunk(n, P, j).second));
     auto g = gradient_of(t.rank(), n);
     if (t.rank() == 1) g[5] = std::numeric_limits<float>::quiet_NaN();
-    std::vector<float> out(chunk(n, P, t.rank()).second, 7.0f);
+    std::vector<float> out(rank_chunk(n, P, t.rank()).second, 7.0f);
     try {
       compressed_reduce_scatter(cpu_executor{}, t, ef, std::span(states), std::span<const float>(g), std::span<float>(out));
     } catch (...) {
@@ -224,14 +217,14 @@ TEST_CASE("compressed_reduce_scatter failures: the same named error on every ran
   everywhere(errc::non_finite_input, [&](in_process_transport& t) {
     const cpu_executor cpu;
     std::vector<error_feedback_state<float>> states;
-    for (int j = 0; j < P; ++j) states.push_back(ef.make_state(cpu, chunk(n, P, j).second));
+    for (int j = 0; j < P; ++j) states.push_back(ef.make_state(cpu, rank_chunk(n, P, j).second));
     auto g = gradient_of(t.rank(), n);
     if (t.rank() == 2) {
       g[0] = 3e38f;
       states[0].residual[0] = 3e38f;
     }
     const auto saved = states;
-    std::vector<float> out(chunk(n, P, t.rank()).second);
+    std::vector<float> out(rank_chunk(n, P, t.rank()).second);
     try {
       compressed_reduce_scatter(cpu_executor{}, t, ef, std::span(states), std::span<const float>(g), std::span<float>(out));
     } catch (...) {
@@ -245,12 +238,12 @@ TEST_CASE("compressed_reduce_scatter failures: the same named error on every ran
   // Disagreement on n, and a reduce-scatter meeting an all-reduce.
   everywhere(errc::size_mismatch, [&](in_process_transport& t) {
     const auto g = gradient_of(t.rank(), t.rank() == 0 ? n + 3 : n);
-    std::vector<float> out(chunk(g.size(), P, t.rank()).second);
+    std::vector<float> out(rank_chunk(g.size(), P, t.rank()).second);
     compressed_reduce_scatter(cpu_executor{}, t, topk, std::span<const float>(g), std::span<float>(out));
   });
   everywhere(errc::parameter_mismatch, [&](in_process_transport& t) {
     auto g = gradient_of(t.rank(), n);
-    std::vector<float> out(chunk(n, P, t.rank()).second);
+    std::vector<float> out(rank_chunk(n, P, t.rank()).second);
     if (t.rank() == 0) compressed_all_reduce(cpu_executor{}, t, topk, std::span<float>(g));
     else compressed_reduce_scatter(cpu_executor{}, t, topk, std::span<const float>(g), std::span<float>(out));
   });
@@ -259,7 +252,7 @@ TEST_CASE("compressed_reduce_scatter failures: the same named error on every ran
   // value that is no reduce_scatter_plan.
   everywhere(errc::invalid_argument, [&](in_process_transport& t) {
     const auto g = gradient_of(t.rank(), n);
-    std::vector<float> out(chunk(n, P, t.rank()).second + (t.rank() == 1 ? 1 : 0), 7.0f);
+    std::vector<float> out(rank_chunk(n, P, t.rank()).second + (t.rank() == 1 ? 1 : 0), 7.0f);
     try {
       compressed_reduce_scatter(cpu_executor{}, t, topk, std::span<const float>(g), std::span<float>(out));
     } catch (...) {
@@ -270,14 +263,14 @@ TEST_CASE("compressed_reduce_scatter failures: the same named error on every ran
   everywhere(errc::invalid_argument, [&](in_process_transport& t) {
     const cpu_executor cpu;
     std::vector<error_feedback_state<float>> states;
-    for (int j = 0; j < (t.rank() == 2 ? P - 1 : P); ++j) states.push_back(ef.make_state(cpu, chunk(n, P, j).second));
+    for (int j = 0; j < (t.rank() == 2 ? P - 1 : P); ++j) states.push_back(ef.make_state(cpu, rank_chunk(n, P, j).second));
     const auto g = gradient_of(t.rank(), n);
-    std::vector<float> out(chunk(n, P, t.rank()).second);
+    std::vector<float> out(rank_chunk(n, P, t.rank()).second);
     compressed_reduce_scatter(cpu_executor{}, t, ef, std::span(states), std::span<const float>(g), std::span<float>(out));
   });
   everywhere(errc::invalid_argument, [&](in_process_transport& t) {
     const auto g = gradient_of(t.rank(), n);
-    std::vector<float> out(chunk(n, P, t.rank()).second);
+    std::vector<float> out(rank_chunk(n, P, t.rank()).second);
     compressed_reduce_scatter(cpu_executor{}, t, topk, std::span<const float>(g), std::span<float>(out),
                               {.plan = static_cast<reduce_scatter_plan>(7)});
   });
@@ -285,7 +278,7 @@ TEST_CASE("compressed_reduce_scatter failures: the same named error on every ran
   everywhere(errc::invalid_argument, [&](in_process_transport& t) {
     collectives_only<in_process_transport> plain(t);
     const auto g = gradient_of(t.rank(), n);
-    std::vector<float> out(chunk(n, P, t.rank()).second);
+    std::vector<float> out(rank_chunk(n, P, t.rank()).second);
     compressed_reduce_scatter(cpu_executor{}, plain, topk, std::span<const float>(g), std::span<float>(out), {.plan = reduce_scatter_plan::ring});
   });
 }

@@ -5,16 +5,24 @@
 /// every rank. The executor comes first and decides where the data lives: `cpu_executor` with host
 /// spans over a host transport, `cuda_executor` with device spans over a device transport
 /// (`nccl_transport`, or a host transport wrapped in `staged_transport`); the two memory spaces must
-/// match (collective/executor_transport.hpp). The plan follows the codec's traits (docs/design.md §2,
-/// docs/transports.md §6):
+/// match (collective/executor_transport.hpp). The plan follows the codec's traits (docs/design.md
+/// §2, docs/transports.md §6 and §9); what each plan sends is collective/all_reduce_cost.hpp:
 ///
 /// - `summed_encodings`, for homomorphic codecs with a summable region (count sketch; the
 ///   shared-scale quantizer, whose scales are agreed first by a MAX all-reduce of block maxima):
 ///   the SUM collective adds the encodings themselves, in place in the message, and every rank
 ///   decodes the sum once.
-/// - `gather_decode`, for every other codec and for stateful wrappers (error feedback, LoCo):
-///   the messages are all-gathered and every rank decodes them in rank order into zeros, so the
-///   result is ((D(m_0) + D(m_1)) + …) on every rank.
+/// - `gather_decode`, for every other codec and for stateful wrappers with one state (error
+///   feedback, LoCo): the messages are all-gathered and every rank decodes them in rank order into
+///   zeros, so the result is ((D(m_0) + D(m_1)) + …) on every rank.
+/// - `scatter_reduce` (collective/scatter_reduce.hpp), for a transport with an all-to-all or
+///   point-to-point messages: the all-to-all of chunk messages, each owner decodes, sums and
+///   re-encodes its chunk (with its server state where the call passes one), then an all-gather
+///   of the re-encoded chunks; about 2(P − 1)/P of one message, independent of P. `automatic`
+///   picks it in the calls with a server state when the cost model says it sends fewer bytes than
+///   `gather_decode`; a call without one runs it only on request, re-encoding plainly (an
+///   uncompensated second compression, which `automatic` never adds by itself).
+/// - `dense`: the warm-up (`options.dense_steps`): an uncompressed SUM all-reduce, states untouched.
 /// - `ring`, on request: the hybrid scheme's per-hop ring (collective/ring.hpp), for a transport
 ///   with point-to-point messages.
 /// - `two_stage`, for lossless homomorphic compression (its own overload): the ranks' indexes are
@@ -35,6 +43,7 @@
 /// call, its step and tensor and, where the transport knows them, the ranks that did not arrive;
 /// `data` and the codec state are then as before the call.
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -42,8 +51,11 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <gradcomp/collective/agreement.hpp>
+#include <gradcomp/collective/all_reduce_cost.hpp>
+#include <gradcomp/collective/all_to_all_chunks.hpp>
 #include <gradcomp/collective/call_deadline.hpp>
 #include <gradcomp/collective/collective_memory.hpp>
 #include <gradcomp/collective/compressed_all_gather.hpp>
@@ -51,6 +63,7 @@
 #include <gradcomp/collective/executor_transport.hpp>
 #include <gradcomp/collective/lhc_stages.hpp>
 #include <gradcomp/collective/ring.hpp>
+#include <gradcomp/collective/scatter_reduce.hpp>
 #include <gradcomp/core/concepts.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/error.hpp>
@@ -69,6 +82,8 @@ enum class all_reduce_plan : std::uint8_t {
   summed_encodings = 2,  ///< SUM-reduce the summable region of the encodings; decode the sum once.
   ring = 3,              ///< The per-hop ring (decode, add, re-encode); needs point-to-point messages.
   two_stage = 4,         ///< Lossless homomorphic compression: aggregate the indexes, then SUM the sketches.
+  scatter_reduce = 5,    ///< All-to-all of chunks; each owner sums and re-encodes its chunk; all-gather of the chunks.
+  dense = 6,             ///< Uncompressed SUM all-reduce (the warm-up steps); codec states untouched.
 };
 
 /// Options of `compressed_all_reduce`.
@@ -84,6 +99,12 @@ struct all_reduce_options {
   /// How long the call may wait for its peers in all, from its start (`infinite_timeout`: as long
   /// as the transport's library does); past it every waiting rank throws `timeout`.
   std::chrono::milliseconds timeout = default_collective_timeout;
+  /// Warm-up: while `key.step < dense_steps` the call runs the `dense` plan, an uncompressed SUM
+  /// all-reduce (the mean with `average`), whatever `plan` says, with every codec and server
+  /// state untouched; the ranks still agree (the plan is in the record, so ranks that disagree on
+  /// the warm-up throw `parameter_mismatch`). 0 (the default): no warm-up, as PyTorch's PowerSGD
+  /// hook with `start_powerSGD_iter` = 1.
+  std::uint64_t dense_steps = 0;
 };
 
 /// A homomorphic codec whose messages end in (or are) a region that a SUM collective adds:
@@ -107,32 +128,83 @@ concept agreed_scale_encoding = summable_encoding<C> &&
       { c.encode_shared(e, grad, agreed, out, ws, key, rank) } -> std::same_as<std::size_t>;
     };
 
-/// Bytes one rank sends in a ring all-reduce of `bytes` bytes over `ranks` ranks: 2(P − 1)/P of
-/// them (the dense baseline of a compressed all-reduce).
-[[nodiscard]] constexpr std::uint64_t ring_all_reduce_dense_bytes(std::uint64_t bytes, std::uint64_t ranks) noexcept {
-  return ranks == 0 ? 0 : 2 * (ranks - 1) * bytes / ranks;
+/// The plan `automatic` picks for `codec` on n values over `ranks` ranks in a call that can keep a
+/// server state (collective/scatter_reduce.hpp): `summed_encodings` for a summable encoding; else
+/// `scatter_reduce` where the transport can run it (`can_all_to_all`: it has an all-to-all or
+/// point-to-point messages) and the cost model (collective/all_reduce_cost.hpp) says that rank 0,
+/// which sends the most, sends fewer bytes than under `gather_decode` (P ≥ 3 for a fixed-size
+/// codec on a large tensor); else `gather_decode`. The same on every rank, so the PyTorch hook calls it too.
+template <class C>
+[[nodiscard]] all_reduce_plan automatic_plan(const C& codec, std::uint64_t n, int ranks, bool can_all_to_all) {
+  if constexpr (summable_encoding<C>) {
+    return all_reduce_plan::summed_encodings;
+  } else {
+    const auto encoded = [&](std::uint64_t m) { return codec.max_encoded_bytes(m); };
+    const bool cheaper =
+        scatter_reduce_cost(n, ranks, 0, encoded).sent_bytes < gather_decode_cost(n, ranks, encoded).sent_bytes;
+    return can_all_to_all && cheaper ? all_reduce_plan::scatter_reduce : all_reduce_plan::gather_decode;
+  }
 }
 
 namespace detail {
 
-/// The plan `automatic` resolves to for codec `C`.
-template <class C>
-[[nodiscard]] constexpr all_reduce_plan resolved_plan(all_reduce_plan requested) noexcept {
-  if (requested != all_reduce_plan::automatic) return requested;
-  return summable_encoding<C> ? all_reduce_plan::summed_encodings : all_reduce_plan::gather_decode;
+/// The plan a call runs: `dense` during the warm-up, else `options.plan`, `automatic` resolved to
+/// `automatic_choice`.
+[[nodiscard]] constexpr all_reduce_plan resolved_plan(const all_reduce_options& options,
+                                                      all_reduce_plan automatic_choice) noexcept {
+  if (options.key.step < options.dense_steps) return all_reduce_plan::dense;
+  return options.plan == all_reduce_plan::automatic ? automatic_choice : options.plan;
 }
 
-/// Why codec `C` cannot run `plan` over transport `X` (empty: it can).
+/// The plan `automatic` resolves to for codec `C` in a call without a server state.
+template <class C>
+inline constexpr all_reduce_plan stateless_automatic =
+    summable_encoding<C> ? all_reduce_plan::summed_encodings : all_reduce_plan::gather_decode;
+
+/// How a call holds its codec state, which decides the plans it can run.
+enum class call_state : std::uint8_t {
+  none,       ///< A stateless codec, no server state.
+  server,     ///< A stateless codec with a server state for `scatter_reduce`.
+  single,     ///< A stateful wrapper with one state for the n values (`gather_decode`).
+  chunked,    ///< A stateful wrapper with a state per chunk and a server state (`scatter_reduce`).
+};
+
+/// Why codec `C` cannot run `plan` over transport `X` in a call holding `state` (empty: it can).
 template <class X, class C>
-[[nodiscard]] local_problem plan_problem(all_reduce_plan plan, bool stateful_call) {
-  const bool ok = plan == all_reduce_plan::gather_decode ||
-                  (plan == all_reduce_plan::summed_encodings && summable_encoding<C> && !stateful_call) ||
-                  (plan == all_reduce_plan::ring && transport_with_point_to_point<X> && !stateful_call);
+[[nodiscard]] local_problem plan_problem(all_reduce_plan plan, call_state state) {
+  const bool stateless = state == call_state::none || state == call_state::server;
+  bool ok = false;
+  switch (plan) {
+    case all_reduce_plan::dense: ok = true; break;
+    case all_reduce_plan::gather_decode: ok = state != call_state::chunked; break;
+    case all_reduce_plan::summed_encodings: ok = summable_encoding<C> && stateless; break;
+    case all_reduce_plan::ring: ok = transport_with_point_to_point<X> && stateless; break;
+    case all_reduce_plan::scatter_reduce: ok = can_all_to_all<X> && state != call_state::single; break;
+    default: break;
+  }
   if (ok) return {};
   return {errc::invalid_argument,
           "compressed_all_reduce: plan " + std::to_string(static_cast<int>(plan)) +
-              " does not apply to this codec or transport (summed_encodings needs a summable encoding, ring a "
-              "transport with point-to-point messages; a stateful wrapper aggregates with gather_decode)"};
+              " does not apply to this codec, state or transport (summed_encodings needs a summable encoding, ring a "
+              "transport with point-to-point messages, scatter_reduce one with an all-to-all or point-to-point "
+              "messages; a stateful wrapper aggregates with gather_decode (one state) or scatter_reduce (a state per "
+              "chunk and a server state))"};
+}
+
+/// The `dense` plan: an uncompressed SUM all-reduce of a copy of `data` (so that a transport that
+/// fails midway leaves `data` as it was), the mean with `average`.
+template <executor E, transport X, class T>
+compressed_report dense_all_reduce(const E& e, X& t, std::span<T> data, bool average) {
+  using memory = collective_memory<E>;
+  collective_buffer<E, T> sum(e, data.size());
+  memory::copy(e, std::span<const T>(data), sum.span());
+  t.all_reduce_sum(sum.span());
+  memory::copy(e, std::span<const T>(sum.span()), data);
+  apply_average(e, t.size(), data, average);
+  compressed_report report;
+  report.dense_bytes = ring_all_reduce_dense_bytes(data.size() * sizeof(T), static_cast<std::uint64_t>(t.size()));
+  report.sent_bytes = report.dense_bytes;
+  return report;
 }
 
 /// Agreement of a compressed all-reduce or reduce-scatter with `scheme` on `data` (E's memory):
@@ -206,11 +278,78 @@ compressed_report summed_all_reduce(const E& e, X& t, const C& codec, std::span<
 
 }  // namespace detail
 
+namespace detail {
+
+/// A stateless codec's all-reduce of `data` by `plan` (agreed already), re-encoding the chunk sums
+/// of `scatter_reduce` with `*server` (restored when the call fails after its step), or plainly
+/// where `server` is null.
+template <executor E, transport X, class C>
+compressed_report stateless_all_reduce(const E& e, X& t, const C& codec, server_state_t<C, E>* server,
+                                       std::span<typename C::value_type> data, const all_reduce_options& options,
+                                       all_reduce_plan plan) {
+  using T = typename C::value_type;
+  compressed_report report;
+  if (plan == all_reduce_plan::dense) return dense_all_reduce(e, t, data, options.average);
+  if (plan == all_reduce_plan::summed_encodings) {
+    if constexpr (summable_encoding<C>) report = summed_all_reduce(e, t, codec, data, options.key);
+  } else if (plan == all_reduce_plan::ring) {
+    if constexpr (transport_with_point_to_point<X>)
+      return ring_all_reduce_within(e, t, codec, data,
+                                    {.key = options.key, .average = options.average, .measure_error = options.measure_error});
+  } else if (plan == all_reduce_plan::scatter_reduce) {
+    if constexpr (can_all_to_all<X>) {
+      const std::uint64_t n = data.size();
+      frame_coder<C, E> coder(e, codec, ring_chunk_of(n, t.size(), 0).count, options.measure_error && server == nullptr);
+      double max_error = 0.0;
+      const auto encode_chunk = [&](int j) {
+        const ring_chunk c = ring_chunk_of(n, t.size(), j);
+        double error = 0.0;
+        const auto frame = coder.encode(std::span<const T>(data).subspan(static_cast<std::size_t>(c.offset),
+                                                                         static_cast<std::size_t>(c.count)),
+                                        options.key, 0.0, error);
+        max_error = std::max(max_error, error);
+        return frame;
+      };
+      if (server == nullptr) {
+        report = scatter_reduce_all_reduce(t, coder, data, encode_chunk, [&](std::span<const T> sum, double bound) {
+          double error = 0.0;
+          const auto frame = coder.encode(sum, options.key, bound, error);
+          max_error = std::max(max_error, error);
+          return frame;
+        });
+      } else {
+        const server_codec_t<C, E> feedback = server_codec_of(e, codec);
+        frame_coder<server_codec_t<C, E>, E> server_coder(e, feedback, ring_chunk_of(n, t.size(), 0).count, false);
+        step_rollback<server_state_t<C, E>> before = rollback_point(e, *server);
+        try {
+          report = scatter_reduce_all_reduce(t, coder, data, encode_chunk, [&](std::span<const T> sum, double) {
+            return server_coder.encode_stateful(sum, *server, options.key);
+          });
+        } catch (...) {
+          before.restore(*server);
+          throw;
+        }
+      }
+      report.max_error = max_error;
+    }
+  } else {
+    frame_coder<C, E> coder(e, codec, data.size(), options.measure_error);
+    double error = 0.0;
+    const auto frame = coder.encode(std::span<const T>(data), options.key, 0.0, error);
+    report = gather_decode_all_reduce(t, coder, frame, data, error);
+  }
+  report.error_bound *= apply_average(e, t.size(), data, options.average);
+  return report;
+}
+
+}  // namespace detail
+
 /// All-reduces `data` (n values on every rank, in place, in executor `e`'s memory) compressed with
 /// `codec`: `data` becomes the sum over ranks of what the codec carries (the mean with
 /// `options.average`), the same bits on every rank. The plan is `options.plan`, by default chosen
-/// from the codec's traits (this file's comment). `report.dense_bytes` is what an uncompressed ring
-/// all-reduce sends from this rank, 2(P − 1)/P · n · sizeof(T).
+/// from the codec's traits (this file's comment: `summed_encodings` or `gather_decode`; a
+/// requested `scatter_reduce` re-encodes the chunk sums plainly). `report.dense_bytes` is what an
+/// uncompressed ring all-reduce sends from this rank, 2(P − 1)/P · n · sizeof(T).
 /// @throws error on every rank alike, with `data` unchanged: `codec_mismatch`, `dtype_mismatch`,
 /// `parameter_mismatch` (codec parameters or plan), `size_mismatch` (n), `step_mismatch` (step or
 /// tensor id) when the ranks disagree; `non_finite_input` when any rank's gradient holds NaN or
@@ -224,24 +363,33 @@ compressed_report compressed_all_reduce(const E& e, X& t, const C& codec, std::s
   using T = typename C::value_type;
   return detail::within_deadline(t, options.timeout, "compressed_all_reduce", options.key, [&] {
     detail::require_executor_transport<E, X>(e, t);
-    const all_reduce_plan plan = detail::resolved_plan<C>(options.plan);
+    const all_reduce_plan plan = detail::resolved_plan(options, detail::stateless_automatic<C>);
     detail::agree_on(e, t, codec, std::span<const T>(data), static_cast<std::uint8_t>(plan), options.key,
-                     detail::plan_problem<X, C>(plan, false), "compressed_all_reduce");
-    compressed_report report;
-    if (plan == all_reduce_plan::summed_encodings) {
-      if constexpr (summable_encoding<C>) report = detail::summed_all_reduce(e, t, codec, data, options.key);
-    } else if (plan == all_reduce_plan::ring) {
-      if constexpr (transport_with_point_to_point<X>)
-        return detail::ring_all_reduce_within(
-            e, t, codec, data, {.key = options.key, .average = options.average, .measure_error = options.measure_error});
-    } else {
-      detail::frame_coder<C, E> coder(e, codec, data.size(), options.measure_error);
-      double error = 0.0;
-      const auto frame = coder.encode(std::span<const T>(data), options.key, 0.0, error);
-      report = detail::gather_decode_all_reduce(t, coder, frame, data, error);
-    }
-    report.error_bound *= detail::apply_average(e, t.size(), data, options.average);
-    return report;
+                     detail::plan_problem<X, C>(plan, detail::call_state::none), "compressed_all_reduce");
+    return detail::stateless_all_reduce(e, t, codec, nullptr, data, options, plan);
+  });
+}
+
+/// All-reduces `data` as the overload without a server state, with `server` (`make_server_state(e,
+/// codec, n, P, rank)`: error feedback for this rank's chunk, collective/scatter_reduce.hpp) for
+/// the `scatter_reduce` plan: rank r re-encodes its chunk sum s with residual ε as C(s + ε) and
+/// keeps ε ← s + ε − D(C(s + ε)). `automatic` is `automatic_plan(codec, n, P, …)`: `scatter_reduce`
+/// where it sends fewer bytes than `gather_decode`. The other plans leave `server` untouched.
+/// @throws error as the overload without a server state; `server` is untouched when the ranks
+/// disagree or a gradient is not finite, and restored when a later stage fails on any rank or the
+/// deadline passes; `size_mismatch` (every rank alike) when `server` is not of this rank's chunk.
+template <executor E, transport X, class C>
+  requires codec_for<C, E> && (!stateful<C, E>)
+compressed_report compressed_all_reduce(const E& e, X& t, const C& codec, server_state_t<C, E>& server,
+                                        std::span<typename C::value_type> data, all_reduce_options options = {}) {
+  using T = typename C::value_type;
+  return detail::within_deadline(t, options.timeout, "compressed_all_reduce", options.key, [&] {
+    detail::require_executor_transport<E, X>(e, t);
+    const all_reduce_plan plan =
+        detail::resolved_plan(options, automatic_plan(codec, data.size(), t.size(), detail::can_all_to_all<X>));
+    detail::agree_on(e, t, codec, std::span<const T>(data), static_cast<std::uint8_t>(plan), options.key,
+                     detail::plan_problem<X, C>(plan, detail::call_state::server), "compressed_all_reduce");
+    return detail::stateless_all_reduce(e, t, codec, &server, data, options, plan);
   });
 }
 
@@ -322,8 +470,8 @@ compressed_report compressed_all_reduce(const E& e, X& t, const lossless_homomor
 
 /// All-reduces `data` with a stateful wrapper (`error_feedback`, `loco`) on executor `e`: each
 /// rank encodes its gradient with its own `state` (`make_state(e, n)`, in E's memory), and every
-/// rank decodes every message in rank order (`gather_decode`). `data` becomes the sum of the
-/// decoded messages on every rank (the mean with `options.average`).
+/// rank decodes every message in rank order (`gather_decode`, or `dense` in the warm-up). `data`
+/// becomes the sum of the decoded messages on every rank (the mean with `options.average`).
 /// @throws error as the stateless overload, on every rank alike. `data` and `state` are unchanged
 /// when the ranks disagree or a gradient is not finite (checked before encoding); when a rank's
 /// encoding or any decoding fails, or the deadline passes during the exchange, `data` is unchanged
@@ -335,9 +483,10 @@ compressed_report compressed_all_reduce(const E& e, X& t, const C& codec, state_
   using T = typename C::value_type;
   return detail::within_deadline(t, options.timeout, "compressed_all_reduce", options.key, [&] {
     detail::require_executor_transport<E, X>(e, t);
-    const all_reduce_plan plan = detail::resolved_plan<C>(options.plan);
+    const all_reduce_plan plan = detail::resolved_plan(options, all_reduce_plan::gather_decode);
     detail::agree_on(e, t, codec, std::span<const T>(data), static_cast<std::uint8_t>(plan), options.key,
-                     detail::plan_problem<X, C>(plan, true), "compressed_all_reduce");
+                     detail::plan_problem<X, C>(plan, detail::call_state::single), "compressed_all_reduce");
+    if (plan == all_reduce_plan::dense) return detail::dense_all_reduce(e, t, data, options.average);
     detail::frame_coder<C, E> coder(e, codec, data.size(), false);
     step_rollback<state_type_of<C, E>> before = rollback_point(e, state);
     const auto frame = coder.encode_stateful(std::span<const T>(data), state, options.key);
@@ -349,6 +498,63 @@ compressed_report compressed_all_reduce(const E& e, X& t, const C& codec, state_
       before.restore(state);
       throw;
     }
+  });
+}
+
+/// All-reduces `data` with a stateful wrapper by `scatter_reduce` (collective/scatter_reduce.hpp)
+/// on executor `e`: `chunk_states` holds P states, state j carrying what the codec dropped from
+/// chunk j of this rank's gradient (`make_chunk_states(e, codec, n, P)`, as
+/// `compressed_reduce_scatter` takes them), and `server` the wrapper's state for this rank's chunk
+/// sum (`make_server_state(e, codec, n, P, rank)`): LoCo around LoCo, error feedback around error
+/// feedback, as in 1-bit Adam and LoCo. `automatic` is `scatter_reduce` (these states are laid
+/// out for it; `automatic_plan` tells a caller when the one-state overload would send less);
+/// `dense` in the warm-up leaves every state untouched.
+/// @throws error as the stateless overload; `invalid_argument` (every rank alike) unless
+/// `chunk_states` holds P states and the transport has an all-to-all or point-to-point messages.
+/// The states are untouched when the agreement fails, and restored when a later stage fails on any
+/// rank or the deadline passes.
+template <executor E, transport X, class C>
+  requires stateful<C, E> && codec<C>
+compressed_report compressed_all_reduce(const E& e, X& t, const C& codec, std::span<state_type_of<C, E>> chunk_states,
+                                        state_type_of<C, E>& server, std::span<typename C::value_type> data,
+                                        all_reduce_options options = {}) {
+  using T = typename C::value_type;
+  return detail::within_deadline(t, options.timeout, "compressed_all_reduce", options.key, [&]() -> compressed_report {
+    detail::require_executor_transport<E, X>(e, t);
+    const all_reduce_plan plan = detail::resolved_plan(options, all_reduce_plan::scatter_reduce);
+    detail::local_problem problem = detail::plan_problem<X, C>(plan, detail::call_state::chunked);
+    if (problem.empty() && chunk_states.size() != static_cast<std::size_t>(t.size()))
+      problem = {errc::invalid_argument, "compressed_all_reduce: scatter_reduce needs one state per chunk (P = " +
+                                             std::to_string(t.size()) + "), not " + std::to_string(chunk_states.size())};
+    detail::agree_on(e, t, codec, std::span<const T>(data), static_cast<std::uint8_t>(plan), options.key, problem,
+                     "compressed_all_reduce");
+    if (plan == all_reduce_plan::dense) return detail::dense_all_reduce(e, t, data, options.average);
+    if constexpr (detail::can_all_to_all<X>) {
+      const std::uint64_t n = data.size();
+      detail::frame_coder<C, E> coder(e, codec, ring_chunk_of(n, t.size(), 0).count, false);
+      std::vector<step_rollback<state_type_of<C, E>>> before;
+      before.reserve(chunk_states.size() + 1);
+      for (const auto& state : chunk_states) before.push_back(rollback_point(e, state));
+      before.push_back(rollback_point(e, server));
+      try {
+        compressed_report report = detail::scatter_reduce_all_reduce(
+            t, coder, data,
+            [&](int j) {
+              const ring_chunk c = ring_chunk_of(n, t.size(), j);
+              return coder.encode_stateful(
+                  std::span<const T>(data).subspan(static_cast<std::size_t>(c.offset), static_cast<std::size_t>(c.count)),
+                  chunk_states[static_cast<std::size_t>(j)], options.key);
+            },
+            [&](std::span<const T> sum, double) { return coder.encode_stateful(sum, server, options.key); });
+        detail::apply_average(e, t.size(), data, options.average);
+        return report;
+      } catch (...) {
+        for (std::size_t j = 0; j < chunk_states.size(); ++j) before[j].restore(chunk_states[j]);
+        before.back().restore(server);
+        throw;
+      }
+    }
+    return {};  // not reached: the agreement threw without an all-to-all or point-to-point messages
   });
 }
 

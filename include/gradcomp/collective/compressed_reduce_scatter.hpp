@@ -14,6 +14,9 @@
 /// - `gather_decode`, for a transport with neither: every rank's whole message is all-gathered
 ///   and rank r decodes its chunk of the rank-order sum.
 /// - `tagc`: TAGC's sharded sketch, the plan of a `tagc` scheme (collective/tagc.hpp).
+/// - `dense`: the warm-up (`options.dense_steps`, docs/transports.md §9): an uncompressed
+///   reduce-scatter, every chunk padded with zeros to ⌈n/P⌉ values for the transport's
+///   equal-block `reduce_scatter_sum`; codec states untouched.
 ///
 /// The ranks agree first, exactly as in `compressed_all_reduce` (collective/agreement.hpp,
 /// docs/wire-format.md §21), so a mismatch, a rank's invalid arguments or a non-finite gradient is
@@ -30,6 +33,7 @@
 #include <vector>
 
 #include <gradcomp/collective/agreement.hpp>
+#include <gradcomp/collective/all_to_all_chunks.hpp>
 #include <gradcomp/collective/call_deadline.hpp>
 #include <gradcomp/collective/collective_memory.hpp>
 #include <gradcomp/collective/compressed_all_reduce.hpp>
@@ -50,6 +54,7 @@ enum class reduce_scatter_plan : std::uint8_t {
   ring = 2,           ///< The per-hop ring; needs point-to-point messages and a stateless codec.
   gather_decode = 3,  ///< All-gather of whole messages; each rank decodes its chunk of the rank-order sum.
   tagc = 4,           ///< TAGC's sharded sketch (collective/tagc.hpp): the only plan of a `tagc` scheme.
+  dense = 5,          ///< Uncompressed reduce-scatter (the warm-up steps); codec states untouched.
 };
 
 /// Options of `compressed_reduce_scatter`.
@@ -63,13 +68,12 @@ struct reduce_scatter_options {
   /// How long the call may wait for its peers in all, from its start (`infinite_timeout`: as long
   /// as the transport's library does); past it every waiting rank throws `timeout`.
   std::chrono::milliseconds timeout = default_collective_timeout;
+  /// Warm-up: while `key.step < dense_steps` the call runs the `dense` plan whatever `plan` says,
+  /// with every codec state untouched; the ranks still agree on it. 0 (the default): none.
+  std::uint64_t dense_steps = 0;
 };
 
 namespace detail {
-
-/// Whether the `all_to_all` plan runs over transport `X`: with its all-to-all, or with point-to-point messages.
-template <class X>
-inline constexpr bool can_all_to_all = transport_with_all_to_all<X> || transport_with_point_to_point<X>;
 
 /// The plan `automatic` resolves to over transport `X`.
 template <class X>
@@ -78,86 +82,41 @@ template <class X>
   return can_all_to_all<X> ? reduce_scatter_plan::all_to_all : reduce_scatter_plan::gather_decode;
 }
 
+/// The plan a call runs: `dense` during the warm-up, else `chosen`.
+[[nodiscard]] constexpr reduce_scatter_plan warm_up_or(const reduce_scatter_options& options, reduce_scatter_plan chosen) noexcept {
+  return options.key.step < options.dense_steps ? reduce_scatter_plan::dense : chosen;
+}
+
+/// The `dense` plan: chunk j of `data` (`ring_chunk_of(n, P, j)`) goes to block j of a buffer of P
+/// blocks of ⌈n/P⌉ values, zero-padded, which the transport's `reduce_scatter_sum` reduces; `out`
+/// receives the first values of this rank's block (the mean with `average`).
+template <executor E, transport X, class T>
+compressed_report dense_reduce_scatter(const E& e, X& t, std::span<const T> data, std::span<T> out, bool average) {
+  using memory = collective_memory<E>;
+  const auto n = static_cast<std::uint64_t>(data.size());
+  const int ranks = t.size();
+  const auto block = static_cast<std::size_t>(ring_chunk_of(n, ranks, 0).count);
+  collective_buffer<E, T> blocks(e, block * static_cast<std::size_t>(ranks));
+  collective_buffer<E, T> mine(e, block);
+  memory::fill(e, blocks.span(), T{0});
+  for (int j = 0; j < ranks; ++j) {
+    const ring_chunk c = ring_chunk_of(n, ranks, j);
+    memory::copy(e, data.subspan(static_cast<std::size_t>(c.offset), static_cast<std::size_t>(c.count)),
+                 blocks.span().subspan(static_cast<std::size_t>(j) * block, static_cast<std::size_t>(c.count)));
+  }
+  t.reduce_scatter_sum(std::span<const T>(blocks.span()), mine.span());
+  memory::copy(e, std::span<const T>(mine.span()).first(out.size()), out);
+  apply_average(e, ranks, out, average);
+  compressed_report report;
+  report.sent_bytes = block * sizeof(T) * static_cast<std::uint64_t>(ranks - 1);
+  report.dense_bytes = (n - out.size()) * sizeof(T);
+  return report;
+}
+
 /// The value the agreement record carries for a reduce-scatter plan (16 + plan, so that an
 /// all-reduce and a reduce-scatter never agree).
 [[nodiscard]] constexpr std::uint8_t agreement_plan(reduce_scatter_plan plan) noexcept {
   return static_cast<std::uint8_t>(16 + static_cast<int>(plan));
-}
-
-/// Reads frame `bytes` and decodes it onto `sum`; returns 0 or the code that stopped it.
-template <class C, executor E>
-[[nodiscard]] std::uint8_t accumulate_frame(frame_coder<C, E>& coder, std::span<const std::byte> bytes,
-                                            std::span<typename C::value_type> sum, double& bound) {
-  frame_view f;
-  try {
-    f = coder.read(bytes);
-  } catch (const gradcomp::error& e) {
-    return static_cast<std::uint8_t>(e.code());
-  }
-  if (f.status != 0) return f.status;
-  bound += f.bound;
-  return coder.decode(f, sum, true);
-}
-
-/// The `all_to_all` plan: `encode_chunk(j)` returns the frame of chunk j (valid until the next
-/// call). With `transport_with_all_to_all`, every frame is encoded (and copied) first and one
-/// `all_to_all_bytes` delivers them; otherwise P − 1 shifted `sendrecv_bytes`, each received frame
-/// kept until the P are there. Writes this rank's chunk sum into `out` unless some rank failed,
-/// which every rank throws.
-template <transport X, class C, executor E, class EncodeChunk>
-  requires can_all_to_all<X>
-compressed_report all_to_all_reduce_scatter(X& t, frame_coder<C, E>& coder, std::uint64_t n,
-                                            std::span<typename C::value_type> out, EncodeChunk encode_chunk) {
-  using T = typename C::value_type;
-  using memory = collective_memory<E>;
-  const E& e = coder.executor();
-  const int ranks = t.size(), rank = t.rank();
-  compressed_report report;
-  // all_to_all_bytes: the frames to send, by destination; sendrecv_bytes: the frames received, by source.
-  std::vector<collective_buffer<E, std::byte>> frames(static_cast<std::size_t>(ranks));
-  const auto keep = [&](int p, std::span<const std::byte> frame) {
-    auto& kept = frames[static_cast<std::size_t>(p)];
-    kept.resize(e, frame.size());
-    memory::copy(e, frame, kept.span());
-  };
-  for (int k = 0; k < ranks; ++k) {
-    const int dest = (rank + k) % ranks, source = (rank - k + ranks) % ranks;
-    const std::span<const std::byte> frame = encode_chunk(dest);
-    if constexpr (transport_with_all_to_all<X>) {
-      keep(dest, frame);
-    } else if (k == 0) {
-      keep(rank, frame);
-    } else {
-      const auto received = t.sendrecv_bytes(frame, dest, source);
-      keep(source, std::span<const std::byte>(received));
-    }
-    if (k == 0) continue;
-    report.sent_bytes += frame.size();
-    report.dense_bytes += ring_chunk_of(n, ranks, dest).count * sizeof(T);
-  }
-  collective_buffer<E, T> sum(e, out.size());
-  memory::fill(e, sum.span(), T{0});
-  std::uint8_t status = 0;
-  double bound = 0.0;
-  const auto accumulate = [&](const auto& received) {
-    for (std::size_t p = 0; p < static_cast<std::size_t>(ranks) && status == 0; ++p)
-      status = accumulate_frame(coder, std::span<const std::byte>(received[p]), sum.span(), bound);
-  };
-  if constexpr (transport_with_all_to_all<X>) {
-    std::vector<std::span<const std::byte>> to_each;
-    to_each.reserve(frames.size());
-    for (const auto& f : frames) to_each.push_back(f.span());
-    accumulate(t.all_to_all_bytes(std::span<const std::span<const std::byte>>(to_each)));
-  } else {
-    std::vector<std::span<const std::byte>> received;
-    received.reserve(frames.size());
-    for (const auto& f : frames) received.push_back(f.span());
-    accumulate(received);
-  }
-  agree_on_status(t, static_cast<errc>(status), "compressed_reduce_scatter");
-  report.error_bound = bound;
-  memory::copy(e, std::span<const T>(sum.span()), out);
-  return report;
 }
 
 /// Why this rank's arguments cannot run (empty: they can): `out` of another size than this
@@ -170,7 +129,8 @@ compressed_report all_to_all_reduce_scatter(X& t, frame_coder<C, E>& coder, std:
   if (out_size != ring_chunk_of(n, ranks, rank).count)
     return {errc::invalid_argument, where + "out holds " + std::to_string(out_size) + " values, not this rank's chunk of " +
                                         std::to_string(ring_chunk_of(n, ranks, rank).count)};
-  if (plan > reduce_scatter_plan::gather_decode || !runnable)
+  if (plan == reduce_scatter_plan::dense) runnable = true;
+  if ((plan > reduce_scatter_plan::gather_decode && plan != reduce_scatter_plan::dense) || !runnable)
     return {errc::invalid_argument,
             where + "plan " + std::to_string(static_cast<int>(plan)) +
                 " does not apply (all_to_all needs an all-to-all or point-to-point messages; ring point-to-point "
@@ -199,7 +159,7 @@ compressed_report compressed_reduce_scatter(const E& e, X& t, const C& codec, st
   using T = typename C::value_type;
   return detail::within_deadline(t, options.timeout, "compressed_reduce_scatter", options.key, [&] {
     detail::require_executor_transport<E, X>(e, t);
-    const auto plan = detail::resolved_plan<X>(options.plan);
+    const auto plan = detail::warm_up_or(options, detail::resolved_plan<X>(options.plan));
     const auto n = static_cast<std::uint64_t>(data.size());
     constexpr bool p2p = transport_with_point_to_point<X>;
     detail::agree_on(e, t, codec, data, detail::agreement_plan(plan), options.key,
@@ -207,6 +167,7 @@ compressed_report compressed_reduce_scatter(const E& e, X& t, const C& codec, st
                                                     plan == reduce_scatter_plan::gather_decode ||
                                                         (plan == reduce_scatter_plan::ring ? p2p : detail::can_all_to_all<X>)),
                      "compressed_reduce_scatter");
+    if (plan == reduce_scatter_plan::dense) return detail::dense_reduce_scatter(e, t, data, out, options.average);
     if constexpr (p2p) {
       if (plan == reduce_scatter_plan::ring)
         return detail::ring_reduce_scatter_within(
@@ -259,13 +220,15 @@ compressed_report compressed_reduce_scatter(const E& e, X& t, const C& codec, st
                                             std::span<typename C::value_type> out, reduce_scatter_options options = {}) {
   return detail::within_deadline(t, options.timeout, "compressed_reduce_scatter", options.key, [&]() -> compressed_report {
     detail::require_executor_transport<E, X>(e, t);
-    const auto plan = options.plan == reduce_scatter_plan::automatic ? reduce_scatter_plan::all_to_all : options.plan;
+    const auto plan = detail::warm_up_or(
+        options, options.plan == reduce_scatter_plan::automatic ? reduce_scatter_plan::all_to_all : options.plan);
     const auto n = static_cast<std::uint64_t>(data.size());
     detail::agree_on(e, t, codec, data, detail::agreement_plan(plan), options.key,
                      detail::reduce_scatter_problem(out.size(), n, t.size(), t.rank(), plan,
                                                     detail::can_all_to_all<X> && plan == reduce_scatter_plan::all_to_all,
                                                     static_cast<long long>(states.size())),
                      "compressed_reduce_scatter");
+    if (plan == reduce_scatter_plan::dense) return detail::dense_reduce_scatter(e, t, data, out, options.average);
     if constexpr (detail::can_all_to_all<X>) {
       detail::frame_coder<C, E> coder(e, codec, ring_chunk_of(n, t.size(), 0).count, false);
       std::vector<step_rollback<state_type_of<C, E>>> before;
