@@ -9,13 +9,16 @@ Usage: test_when_it_pays.py PRINT_ALL_REDUCE_COST   (the program tests/tools/pri
 2. It gives the bytes the collectives reported in docs/transports.md §9's measured table
    (`report.sent_bytes` of rank 0, n = 2^22, in-process transport): an oracle independent of both.
 3. At the break-even bandwidth a plan takes as long as the dense ring; below it, less.
+4. docs/when-it-pays.md's table is the script's output for bench/results/cpu-2core-vm.json.
 """
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+root = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(root / "tools"))
 import when_it_pays as w  # noqa: E402
 
 failures = []
@@ -60,7 +63,13 @@ for p in (4, 16, 64):
         check(abs(plan.seconds(alpha, beta) - t_dense) <= 1e-9 * t_dense, f"break-even of {plan.plan} P={p}")
         check(plan.seconds(alpha, beta / 2) < dense[1] * alpha + dense[0] / (beta / 2), f"pays below, {plan.plan} P={p}")
 
+script = [sys.executable, str(root / "tools" / "when_it_pays.py"), str(root / "bench" / "results" / "cpu-2core-vm.json")]
+table = subprocess.run(script, check=True, capture_output=True, text=True).stdout.strip()
+doc = (root / "docs" / "when-it-pays.md").read_text()
+block = re.search(r"<!-- when_it_pays table: begin -->\n(.*)\n<!-- when_it_pays table: end -->", doc, re.S)
+check(block is not None and block.group(1).strip() == table, "docs/when-it-pays.md's table differs from the script's output")
+
 for f in failures:
     print("FAIL:", f)
-print(f"{len(py)} model lines compared, {len(measured)} measured cases; {len(failures)} failures")
+print(f"{len(py)} model lines compared, {len(measured)} measured cases, the doc table; {len(failures)} failures")
 sys.exit(1 if failures else 0)
