@@ -5,9 +5,7 @@ include/gradcomp/collective/all_reduce_cost.hpp (docs/when-it-pays.md, docs/tran
 
 Usage:
   when_it_pays.py BENCH.json [--n N] [--alpha SECONDS] [--ranks 4,16,64]
-                  [--figure docs/figures/when-it-pays.png] [--table FILE]
-  when_it_pays.py --model-lines     (the byte model's lines, compared with the C++ model by
-                                     tests/tools/test_when_it_pays.py)
+                  [--bandwidths 1,400] [--figure docs/figures/when-it-pays.png] [--table FILE]
 
 BENCH.json is any file `gradcomp-bench --json` or `gradcomp-bench-cuda --json` wrote: each codec's
 encode and decode time per element is its record's median seconds over the record's n. A codec
@@ -197,8 +195,10 @@ def plan_times(codec: Codec, n: int, ranks: int, enc: float, dec: float) -> list
     """Every plan the codec can run, with e = enc and d = dec seconds per element."""
     if codec.summable is not None:
         sent, rounds = summed_encodings_cost(codec.summable(n), ranks)
-        extra, extra_rounds = dense_ring_cost(codec.extra_dense_bytes(n), ranks) if codec.extra_dense_bytes(n) else (0, 0)
-        return [PlanTime("summed_encodings", enc * n + dec * n, sent + extra, rounds + extra_rounds)]
+        if extra_bytes := codec.extra_dense_bytes(n):
+            extra, extra_rounds = dense_ring_cost(extra_bytes, ranks)
+            sent, rounds = sent + extra, rounds + extra_rounds
+        return [PlanTime("summed_encodings", enc * n + dec * n, sent, rounds)]
     gather = gather_decode_cost(n, ranks, codec.encoded)
     scatter = scatter_reduce_cost(n, ranks, 0, codec.encoded)
     return [
@@ -208,11 +208,12 @@ def plan_times(codec: Codec, n: int, ranks: int, enc: float, dec: float) -> list
 
 
 def break_even(plan: PlanTime, dense: tuple[int, int], alpha: float) -> float:
-    """Bytes per second above which `plan` is slower than the dense ring (inf: never; 0: pays nowhere)."""
+    """Bytes per second below which `plan` beats the dense ring (inf: at every bandwidth; 0: at none
+    where bandwidth, not latency, decides: it sends no fewer bytes)."""
     saved = dense[0] - plan.sent_bytes
-    cost = plan.compute + (plan.rounds - dense[1]) * alpha
     if saved <= 0:
-        return 0.0 if cost >= 0 else math.inf
+        return 0.0
+    cost = plan.compute + (plan.rounds - dense[1]) * alpha
     return math.inf if cost <= 0 else saved / cost
 
 
@@ -232,7 +233,6 @@ def load_bench(path: Path) -> tuple[dict[str, float], dict]:
             per_element[r["name"]] = (r["n"], r["seconds_median"] / r["n"])
     run = dict(records[0].get("run", {})) if records else {}
     run["device"] = records[0].get("device", "") if records else ""
-    run["backend"] = records[0].get("backend", "") if records else ""
     run["bench_n"] = max((n for n, _ in per_element.values()), default=0)
     return {name: s for name, (_, s) in per_element.items()}, run
 
@@ -247,13 +247,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--n", type=int, default=25_000_000, help="gradient values (float32), default 25,000,000")
     ap.add_argument("--alpha", type=float, default=10e-6, help="link latency α per round in seconds, default 10e-6")
     ap.add_argument("--ranks", default="4,16,64", help="comma-separated P, default 4,16,64")
+    ap.add_argument("--bandwidths", default="1,400", help="the figure's bandwidth range LO,HI in Gb/s, default 1,400")
     ap.add_argument("--figure", type=Path, help="write the figure (PNG) here")
     ap.add_argument("--table", type=Path, help="write the break-even table (markdown) here")
-    ap.add_argument("--model-lines", action="store_true", help="print the byte model's lines and exit")
     args = ap.parse_args(argv)
-    if args.model_lines:
-        print("\n".join(model_lines()))
-        return 0
     if args.bench is None:
         ap.error("a bench JSON file is needed")
 
@@ -261,7 +258,7 @@ def main(argv: list[str]) -> int:
     ranks = [int(p) for p in args.ranks.split(",")]
     n = args.n
     machine = run.get("device") or f"{run.get('cpu', 'unknown')}, {run.get('logical_cpus', '?')} logical CPUs"
-    lo, hi = 1.0, 400.0  # Gb/s
+    lo, hi = (float(g) for g in args.bandwidths.split(","))  # Gb/s
     grid = [lo * (hi / lo) ** (i / 199) for i in range(200)]
 
     budget_gbps = 100.0  # the bandwidth of the table's compute-budget column
@@ -280,7 +277,7 @@ def main(argv: list[str]) -> int:
             cells = [codec.label, str(p), f"`{chosen.plan}`", f"{dense[0] / chosen.sent_bytes:.1f}×", f"{budget * 1e3:.1f}"]
             if measured:
                 beta = break_even(chosen, dense, args.alpha)
-                be_text = "never" if beta == 0 else ("always" if math.isinf(beta) else f"{gbps(beta):.3g}")
+                be_text = "never" if beta == 0 else ("always" if math.isinf(beta) else f"{gbps(beta):.3g}" if gbps(beta) < 1000 else f"{gbps(beta):,.0f}")
                 cells += [f"{chosen.compute * 1e3:.1f}", be_text]
                 speedups = []
                 for g in grid:
@@ -328,7 +325,7 @@ def main(argv: list[str]) -> int:
         axes[0].set_ylabel("speedup of the all-reduce step over a dense ring")
         axes[-1].legend(fontsize=8, loc="upper right")
         fig.suptitle(f"n = {n / 1e6:g}M float32, α = {args.alpha * 1e6:g} µs, encode/decode on {machine} "
-                     f"(single thread, no overlap)", fontsize=10)
+                     f"(compute measured by {args.bench.name}, no overlap)", fontsize=10)
         fig.tight_layout()
         args.figure.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(args.figure, dpi=110)
