@@ -68,7 +68,8 @@ def carried_by_parameter(hook, m):
     """The error every parameter's state carries, by parameter name."""
     out = {}
     for key, (state, sizes) in hook.states.items():
-        error = hook.codec.carried_error(state)
+        error, server = hook.codec.bucket_errors(state)
+        assert not server.any()  # one rank: gather_decode, no server state
         offset = 0
         for name, size in zip(key, sizes):
             out[name] = error[offset:offset + size].clone()
@@ -191,13 +192,14 @@ class HookStateTest(unittest.TestCase):
             run_step(hook, m, [[3, 2], [1, 0]], step)
         before = carried_by_parameter(hook, m)
         (old_state, _), = [v for k, v in hook.states.items() if "1.bias" in k]
-        counters = EXT.Codec("uniform 4-bit + LoCo").save_state(old_state)[17:33]  # t and total steps
+        # A bucket state of one LoCo state: u32 count, u64 size, then LoCo's state (t and total steps at 17).
+        counters = EXT.Codec("uniform 4-bit + LoCo").save_bucket_state(old_state)[12 + 17:12 + 33]
         params = list(m.parameters())
         sizes = [params[i].numel() for i in (0, 3)]
         state = hook._state_for(("0.weight", "1.bias"), sizes)
         self.assertEqual(hook.relaid, 1)
-        self.assertEqual(hook.codec.save_state(state)[17:33], counters)
-        error = hook.codec.carried_error(state)
+        self.assertEqual(hook.codec.save_bucket_state(state)[12 + 17:12 + 33], counters)
+        error, _ = hook.codec.bucket_errors(state)
         parts = [before["0.weight"], before["1.bias"]]
         wanted = torch.cat(parts)
         # One 8-bit scale per group of 256 over the new layout: the step is max|e| / 127.
