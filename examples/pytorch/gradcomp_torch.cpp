@@ -175,6 +175,7 @@ class codec_handle {
                                                  gradcomp::message_key key, std::uint64_t dense_steps) const = 0;
   // A bucket's states (bucket_state.hpp).
   [[nodiscard]] virtual gradcomp::all_reduce_plan plan(std::uint64_t n, int ranks) const = 0;
+  [[nodiscard]] virtual std::size_t max_encoded_bytes(std::uint64_t n) const = 0;
   [[nodiscard]] virtual std::shared_ptr<state_handle> make_bucket_state(std::uint64_t n, int ranks, int rank) const = 0;
   [[nodiscard]] virtual py::bytes save_bucket_state(const state_handle& state) const = 0;
   [[nodiscard]] virtual std::shared_ptr<state_handle> load_bucket_state(const std::string& bytes, std::uint64_t n, int ranks,
@@ -286,6 +287,7 @@ class codec_of final : public codec_handle {
   }
 
   [[nodiscard]] gradcomp::all_reduce_plan plan(std::uint64_t n, int ranks) const override { return bucket_plan(codec_, n, ranks); }
+  [[nodiscard]] std::size_t max_encoded_bytes(std::uint64_t n) const override { return codec_.max_encoded_bytes(n); }
 
   [[nodiscard]] std::shared_ptr<state_handle> make_bucket_state(std::uint64_t n, int ranks, int rank) const override {
     return std::make_shared<bucket_of_codec>(gradcomp_torch::make_bucket_state(cpu_, codec_, n, ranks, rank));
@@ -571,6 +573,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("relaid_state", &codec_handle::relaid_state, py::arg("error"), py::arg("like"))
       .def("plan", [](const codec_handle& c, std::uint64_t n, int ranks) { return std::string(plan_name(c.plan(n, ranks))); },
            py::arg("n"), py::arg("ranks"))
+      .def("max_encoded_bytes", &codec_handle::max_encoded_bytes, py::arg("n"))
       .def("make_bucket_state", &codec_handle::make_bucket_state, py::arg("n"), py::arg("ranks"), py::arg("rank"))
       .def("save_bucket_state", &codec_handle::save_bucket_state, py::arg("state"))
       .def("load_bucket_state", &codec_handle::load_bucket_state, py::arg("saved"), py::arg("n"), py::arg("ranks"),
