@@ -64,17 +64,23 @@ def run_step(hook, m, layout, step, rank=0):
     return means, [grads[id(p)].flatten() for p in params]
 
 
-def carried_by_parameter(hook, m):
-    """The error every parameter's state carries, by parameter name."""
+def errors_by_parameter(hook):
+    """The errors the bucket states carry, by parameter name: (worker error, server error)."""
     out = {}
     for key, (state, sizes) in hook.states.items():
-        error, server = hook.codec.bucket_errors(state)
-        assert not server.any()  # one rank: gather_decode, no server state
+        worker, server = hook.codec.bucket_errors(state)
         offset = 0
         for name, size in zip(key, sizes):
-            out[name] = error[offset:offset + size].clone()
+            out[name] = (worker[offset:offset + size].clone(), server[offset:offset + size].clone())
             offset += size
     return out
+
+
+def carried_by_parameter(hook, m):
+    """The error every parameter's state carries, by parameter name (one rank: no server state)."""
+    errors = errors_by_parameter(hook)
+    assert not any(server.any() for _, server in errors.values())
+    return {name: worker for name, (worker, _) in errors.items()}
 
 
 class ExtensionTest(unittest.TestCase):
@@ -333,6 +339,7 @@ def wide_model():
 
 WIDE_LAYOUT = [[0, 1], [2, 3]]  # buckets of 33024 and 16448 values
 STEPS, RESUME_AT = 6, 2
+RELAID_LAYOUT = [(("0.weight", "1.bias"), [0, 3]), (("0.bias", "1.weight"), [1, 2])]
 
 
 def ring_chunk_counts(n, ranks):
@@ -382,6 +389,13 @@ def _hook_worker(rank, world, port, codecs, out):
             means, _ = run_step(resumed, m, WIDE_LAYOUT, step, rank)
             runs["resumed_means"].append(means)
             runs["resumed_states"].append({k: resumed.codec.save_bucket_state(s) for k, (s, _) in resumed.states.items()})
+        # DDP rebuilds the buckets: the states are re-laid into the parameters' new buckets.
+        runs["before_relay"] = errors_by_parameter(hook)
+        params = list(m.parameters())
+        for key, positions in RELAID_LAYOUT:
+            hook._state_for(key, [params[i].numel() for i in positions])
+        runs["after_relay"] = errors_by_parameter(hook)
+        runs["dropped"] = hook.server_values_dropped
         results[name] = runs
     torch.save(results, os.path.join(out, f"rank{rank}.pt"))
     dist.destroy_process_group()
@@ -453,7 +467,35 @@ class ScatterReduceHookTest(unittest.TestCase):
                     for i, mean in runs[r]["means"][step].items():
                         self.assertTrue(same_bits(runs[r]["resumed_means"][k][i], mean), (name, world, r, step, i))
                     self.assertEqual(runs[r]["resumed_states"][k], runs[r]["states"][step], (name, world, r, step))
+            if world > 2 and "LoCo" not in name:  # LoCo stores its error in 8 bits: not exact
+                self.check_relaid(world, codec, runs)
         return sent
+
+    def check_relaid(self, world, codec, runs):
+        """Re-laid states carry the worker errors exactly and the server error of each rank's new
+        chunk; a stateful codec folds the rest of the server error into the worker error (the sum
+        over the ranks of everything carried is unchanged: exact here, every value a multiple of
+        1/64), a stateless one drops it and counts it."""
+        params = dict(wide_model().named_parameters())
+        if codec.stateful:
+            for name in params:
+                total = [sum(w + s for w, s in (r[key][name] for r in runs)) for key in ("before_relay", "after_relay")]
+                self.assertTrue(torch.equal(total[0], total[1]), name)
+            self.assertEqual([r["dropped"] for r in runs], [0] * world)
+            return
+        for rank, r in enumerate(runs):
+            dropped = 0
+            for key, positions in RELAID_LAYOUT:
+                before = torch.cat([r["before_relay"][name][1] for name in key])
+                after = torch.cat([r["after_relay"][name][1] for name in key])
+                counts = ring_chunk_counts(before.numel(), world)
+                own = slice(sum(counts[:rank]), sum(counts[:rank + 1]))
+                kept = torch.zeros_like(before)
+                kept[own] = before[own]
+                self.assertTrue(torch.equal(after, kept), (key, rank))
+                dropped += int((before - kept).count_nonzero())
+            self.assertGreater(dropped, 0)
+            self.assertEqual(r["dropped"], dropped, rank)
 
     def test_two_ranks(self):
         self.check(2, ["uniform 4-bit", "uniform 4-bit + LoCo"])
