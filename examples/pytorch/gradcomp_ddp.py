@@ -321,9 +321,11 @@ class GradcompHookState:
         try:
             if self.gravac is not None and not warm_up:
                 params = [(index, size) for (index, _, _), size in zip(self._parameters, sizes)]
+                self.plans[bucket.index()] = "gravac"
                 report = self.gravac.all_reduce_mean(self.ops, data, params, self.step, bucket.index(), bucket.is_last())
                 self.sent_bytes += report["sent_bytes"]
             elif self.tagc is not None and not warm_up:
+                self.plans[bucket.index()] = "tagc"
                 report = self.tagc.all_reduce_mean(self.ops, data, self.tagc_state, self._parameters)
                 self.sent_bytes += report["sent_bytes"]
                 if not torch.isfinite(data).all():  # through a tensor TAGC's policy sends uncompressed
