@@ -13,17 +13,23 @@
 
 Each bucket goes through gradcomp::compressed_all_reduce (C++, extension gradcomp_torch), whose
 collectives run on the process group through `ProcessGroupOps`: the ranks first all-gather a
-40-byte agreement record (codec, parameters, size, step, bucket, a non-finite flag), then
-all-gather their messages and decode them in rank order; the bucket becomes the mean, the same bits
-on every rank and the same bits as gradcomp's own collectives over MPI give for the same inputs.
+40-byte agreement record (codec, parameters, size, step, bucket, a non-finite flag), then run the
+plan the library's `automatic_plan` picks for the bucket (`hook.plans`): `scatter_reduce` (an
+all-to-all of chunk messages, each owner sums and re-encodes its chunk with a server state, an
+all-gather: about 2(P - 1)/P of one message per rank, whatever P) where it sends less than
+`gather_decode` (all-gather the messages, decode them in rank order), or `summed_encodings`. The
+bucket becomes the mean, the same bits on every rank and the same bits as gradcomp's own
+collectives give for the same inputs. `sent_bytes` is what this rank sent in the step.
 
-Error feedback and LoCo keep one state per bucket, keyed by the names of the bucket's parameters;
-the hook compresses a bucket with its parameters in the model's order, so a rebuild that only
-reorders a bucket leaves its state as it was. When DDP rebuilds its buckets (after the first
-iteration) into other sets of parameters, a bucket whose parameters changed
-takes the carried error of each of its parameters from the states that held them (exact for error
-feedback; LoCo stores it again in 8 bits) and its step counters: nothing is reset. Every re-laying
-is counted (`relaid`) and logged. `state_dict()` / `load_state_dict()` put the states in a
+Every bucket keeps a bucket state (its plan's chunk states, server state or one state; see
+bucket_state.hpp), keyed by the names of the bucket's parameters; the hook compresses a bucket with
+its parameters in the model's order, so a rebuild that only reorders a bucket leaves its state as
+it was. When DDP rebuilds its buckets (after the first iteration) into other sets of parameters, a
+bucket whose parameters changed takes the worker error of each of its parameters from the states
+that held them (exact for error feedback; LoCo stores it again in 8 bits), the server error of its
+rank's new chunk, and the step counters: nothing is reset. Server error of chunks the rank no
+longer owns goes into a stateful codec's worker error, and is dropped and counted
+(`server_values_dropped`) for a stateless codec. Every re-laying is counted (`relaid`) and logged. `state_dict()` / `load_state_dict()` put the states in a
 checkpoint; a restored run continues bit for bit.
 """
 

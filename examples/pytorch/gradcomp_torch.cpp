@@ -13,12 +13,24 @@
 //     .carried_error(state) -> tensor    the error the state carries, one value per element
 //     .relaid_state(error, like) -> State   a state carrying `error`, counters from `like`
 //                                        (re-laying states when DDP rebuilds its buckets)
+//     .plan(n, ranks) -> str             the plan of a bucket of n values (bucket_state.hpp:
+//                                        the library's automatic_plan)
+//     .max_encoded_bytes(n)              the codec's bound on a message of n values
+//     .make_bucket_state(n, ranks, rank), .save_bucket_state(state) -> bytes,
+//     .load_bucket_state(bytes, n, ranks, rank)   a bucket's states for its plan
+//     .bucket_errors(state) -> (worker, server)   the errors they carry, per element
+//     .relaid_bucket_state(worker, server, like, ranks, rank) -> (State, dropped)
+//                                        re-laid states (bucket_state.hpp says what is dropped)
 //     .all_reduce_mean(ops, data[, state], step, tensor_id, dense_steps=0) -> dict
 //                                        gradcomp::compressed_all_reduce over `ops` (a
-//                                        gradcomp_ddp.ProcessGroupOps; the plan from the codec's
-//                                        traits; uncompressed while step < dense_steps, the
-//                                        warm-up), then divided by P:
-//                                        `data` becomes the mean, the same bits on every rank
+//                                        gradcomp_ddp.ProcessGroupOps; with a bucket state its
+//                                        plan, else the plan from the codec's traits;
+//                                        uncompressed while step < dense_steps, the warm-up),
+//                                        then divided by P: `data` becomes the mean, the same
+//                                        bits on every rank; {"sent_bytes", "dense_bytes"}
+//     .in_process_scatter_reduce(data, states, step=0, tensor_id=0)   the tests' reference:
+//                                        the scatter_reduce plan over the in-process transport,
+//                                        rank r on data[r] with bucket state states[r]
 //   tagc_names(), Tagc(name)             the table's TAGC rows over a bucket's parameters:
 //     .make_state(), .save_state(state), .load_state(bytes)   one state for the whole model
 //     .all_reduce_mean(ops, data, state, params)   params: (index in the model, name, shape)
