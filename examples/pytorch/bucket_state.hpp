@@ -45,7 +45,7 @@ struct bucket_state {
   int ranks = 1;
   int rank = 0;
   std::vector<typename detail::worker_state<C, E>::type> workers;  ///< Chunk states, or the one state.
-  std::vector<gradcomp::server_state_t<C, E>> server;               ///< One for `scatter_reduce`, else none.
+  std::vector<gradcomp::server_state_t<C, E>> server;  ///< One for `scatter_reduce`, else none.
 };
 
 /// The plan for a bucket of n values over `ranks` ranks: the library's `automatic_plan` over a
@@ -77,7 +77,8 @@ template <class C, class E>
   if (scatter) s.server.push_back(gradcomp::make_server_state(e, codec, n, ranks, rank));
   if constexpr (bucket_state<C, E>::has_state) {
     if (scatter) s.workers = gradcomp::make_chunk_states(e, codec, n, ranks);
-    else s.workers.push_back(codec.make_state(e, n));
+    else
+      s.workers.push_back(codec.make_state(e, n));
   }
   return s;
 }
@@ -86,9 +87,10 @@ template <class C, class E>
 /// each overload of `compressed_all_reduce` resolves it to `s.plan` (or `dense` in the warm-up).
 template <class C, class E, gradcomp::transport X>
 gradcomp::compressed_report bucket_all_reduce(const E& e, X& t, const C& codec, bucket_state<C, E>& s,
-                                              std::span<typename C::value_type> data, gradcomp::all_reduce_options options) {
-  gradcomp::detail::require(s.n == data.size() && s.ranks == t.size() && s.rank == t.rank(), gradcomp::errc::size_mismatch,
-                            [&] {
+                                              std::span<typename C::value_type> data,
+                                              gradcomp::all_reduce_options options) {
+  gradcomp::detail::require(s.n == data.size() && s.ranks == t.size() && s.rank == t.rank(),
+                            gradcomp::errc::size_mismatch, [&] {
                               return "the bucket holds " + std::to_string(data.size()) + " values on rank " +
                                      std::to_string(t.rank()) + " of " + std::to_string(t.size()) + ", its state " +
                                      std::to_string(s.n) + " on rank " + std::to_string(s.rank) + " of " +
@@ -97,7 +99,8 @@ gradcomp::compressed_report bucket_all_reduce(const E& e, X& t, const C& codec, 
   options.plan = gradcomp::all_reduce_plan::automatic;
   const bool scatter = s.plan == gradcomp::all_reduce_plan::scatter_reduce;
   if constexpr (bucket_state<C, E>::has_state) {
-    if (scatter) return gradcomp::compressed_all_reduce(e, t, codec, std::span(s.workers), s.server.front(), data, options);
+    if (scatter)
+      return gradcomp::compressed_all_reduce(e, t, codec, std::span(s.workers), s.server.front(), data, options);
     return gradcomp::compressed_all_reduce(e, t, codec, s.workers.front(), data, options);
   } else {
     if (scatter) return gradcomp::compressed_all_reduce(e, t, codec, s.server.front(), data, options);
@@ -157,7 +160,8 @@ template <class C, class E>
   if constexpr (bucket_state<C, E>::has_state)
     for (auto& worker : s.workers) load(codec, worker);
   for (auto& server : s.server) load(gradcomp::server_codec_of(e, codec), server);
-  gradcomp::detail::require(at == bytes.size(), gradcomp::errc::trailing_bytes, "a saved bucket state has trailing bytes");
+  gradcomp::detail::require(at == bytes.size(), gradcomp::errc::trailing_bytes,
+                            "a saved bucket state has trailing bytes");
   return s;
 }
 
@@ -165,7 +169,8 @@ template <class C, class E>
 /// gradients still owe (its chunk states or its one state; zeros for a stateless codec), `server`
 /// what its server state owes the sum of its chunk (zeros outside that chunk).
 template <class C, class E>
-void bucket_errors(const E& e, const C& codec, const bucket_state<C, E>& s, std::span<float> worker, std::span<float> server) {
+void bucket_errors(const E& e, const C& codec, const bucket_state<C, E>& s, std::span<float> worker,
+                   std::span<float> server) {
   std::fill(worker.begin(), worker.end(), 0.0f);
   std::fill(server.begin(), server.end(), 0.0f);
   const bool scatter = s.plan == gradcomp::all_reduce_plan::scatter_reduce;
@@ -173,13 +178,15 @@ void bucket_errors(const E& e, const C& codec, const bucket_state<C, E>& s, std:
     for (std::size_t j = 0; j < s.workers.size(); ++j) {
       const gradcomp::ring_chunk c =
           scatter ? gradcomp::ring_chunk_of(s.n, s.ranks, static_cast<int>(j)) : gradcomp::ring_chunk{0, s.n};
-      codec.carried_error(e, s.workers[j], worker.subspan(static_cast<std::size_t>(c.offset), static_cast<std::size_t>(c.count)));
+      codec.carried_error(e, s.workers[j],
+                          worker.subspan(static_cast<std::size_t>(c.offset), static_cast<std::size_t>(c.count)));
     }
   }
   for (const auto& state : s.server) {
     const gradcomp::ring_chunk c = gradcomp::ring_chunk_of(s.n, s.ranks, s.rank);
-    gradcomp::server_codec_of(e, codec).carried_error(
-        e, state, server.subspan(static_cast<std::size_t>(c.offset), static_cast<std::size_t>(c.count)));
+    gradcomp::server_codec_of(e, codec).carried_error(e, state,
+                                                      server.subspan(static_cast<std::size_t>(c.offset),
+                                                                     static_cast<std::size_t>(c.count)));
   }
 }
 
@@ -193,8 +200,8 @@ template <class C, class E>
 [[nodiscard]] std::pair<bucket_state<C, E>, std::uint64_t> relaid_bucket_state(const E& e, const C& codec,
                                                                                std::span<const float> worker,
                                                                                std::span<const float> server,
-                                                                               const bucket_state<C, E>& like, int ranks,
-                                                                               int rank) {
+                                                                               const bucket_state<C, E>& like,
+                                                                               int ranks, int rank) {
   gradcomp::detail::require(worker.size() == server.size(), gradcomp::errc::size_mismatch,
                             "the worker and server errors differ in size");
   const std::uint64_t n = worker.size();
@@ -206,7 +213,8 @@ template <class C, class E>
   for (std::uint64_t i = 0; i < n; ++i) {
     if (i >= own.offset && i < own.offset + own.count) continue;
     if constexpr (bucket_state<C, E>::has_state) rest[i] += server[i];
-    else dropped += server[i] != 0.0f ? 1 : 0;
+    else
+      dropped += server[i] != 0.0f ? 1 : 0;
   }
   // The step counters go on: every bucket of a DDP model steps together.
   std::uint64_t steps = 0, total = 0;
@@ -226,9 +234,10 @@ template <class C, class E>
       const gradcomp::ring_chunk c =
           scatter ? gradcomp::ring_chunk_of(n, ranks, static_cast<int>(j)) : gradcomp::ring_chunk{0, n};
       write(s.workers[j]);
-      codec.set_carried_error(
-          e, std::span<const float>(rest).subspan(static_cast<std::size_t>(c.offset), static_cast<std::size_t>(c.count)),
-          s.workers[j]);
+      codec.set_carried_error(e,
+                              std::span<const float>(rest).subspan(static_cast<std::size_t>(c.offset),
+                                                                   static_cast<std::size_t>(c.count)),
+                              s.workers[j]);
     }
   }
   for (auto& state : s.server) {
