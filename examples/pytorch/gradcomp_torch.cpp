@@ -190,13 +190,14 @@ class codec_handle {
   [[nodiscard]] virtual std::size_t max_encoded_bytes(std::uint64_t n) const = 0;
   [[nodiscard]] virtual std::shared_ptr<state_handle> make_bucket_state(std::uint64_t n, int ranks, int rank) const = 0;
   [[nodiscard]] virtual py::bytes save_bucket_state(const state_handle& state) const = 0;
-  [[nodiscard]] virtual std::shared_ptr<state_handle> load_bucket_state(const std::string& bytes, std::uint64_t n, int ranks,
-                                                                        int rank) const = 0;
+  [[nodiscard]] virtual std::shared_ptr<state_handle> load_bucket_state(const std::string& bytes, std::uint64_t n,
+                                                                        int ranks, int rank) const = 0;
   [[nodiscard]] virtual std::pair<torch::Tensor, torch::Tensor> bucket_errors(const state_handle& state) const = 0;
   [[nodiscard]] virtual std::pair<std::shared_ptr<state_handle>, std::uint64_t> relaid_bucket_state(
-      const torch::Tensor& worker, const torch::Tensor& server, const state_handle& like, int ranks, int rank) const = 0;
-  virtual void in_process_scatter_reduce(const std::vector<torch::Tensor>& data, const std::vector<state_handle*>& states,
-                                         gradcomp::message_key key) const = 0;
+      const torch::Tensor& worker, const torch::Tensor& server, const state_handle& like, int ranks,
+      int rank) const = 0;
+  virtual void in_process_scatter_reduce(const std::vector<torch::Tensor>& data,
+                                         const std::vector<state_handle*>& states, gradcomp::message_key key) const = 0;
 };
 
 template <class C>
@@ -298,7 +299,9 @@ class codec_of final : public codec_handle {
     }
   }
 
-  [[nodiscard]] gradcomp::all_reduce_plan plan(std::uint64_t n, int ranks) const override { return bucket_plan(codec_, n, ranks); }
+  [[nodiscard]] gradcomp::all_reduce_plan plan(std::uint64_t n, int ranks) const override {
+    return bucket_plan(codec_, n, ranks);
+  }
   [[nodiscard]] std::size_t max_encoded_bytes(std::uint64_t n) const override { return codec_.max_encoded_bytes(n); }
 
   [[nodiscard]] std::shared_ptr<state_handle> make_bucket_state(std::uint64_t n, int ranks, int rank) const override {
@@ -324,10 +327,14 @@ class codec_of final : public codec_handle {
     return {worker, server};
   }
 
-  [[nodiscard]] std::pair<std::shared_ptr<state_handle>, std::uint64_t> relaid_bucket_state(
-      const torch::Tensor& worker, const torch::Tensor& server, const state_handle& like, int ranks, int rank) const override {
-    auto [s, dropped] = gradcomp_torch::relaid_bucket_state(cpu_, codec_, floats_of(worker, "the worker error"),
-                                                            floats_of(server, "the server error"), bucket_in(like), ranks, rank);
+  [[nodiscard]] std::pair<std::shared_ptr<state_handle>, std::uint64_t> relaid_bucket_state(const torch::Tensor& worker,
+                                                                                            const torch::Tensor& server,
+                                                                                            const state_handle& like,
+                                                                                            int ranks,
+                                                                                            int rank) const override {
+    auto [s, dropped] =
+        gradcomp_torch::relaid_bucket_state(cpu_, codec_, floats_of(worker, "the worker error"),
+                                            floats_of(server, "the server error"), bucket_in(like), ranks, rank);
     return {std::make_shared<bucket_of_codec>(std::move(s)), dropped};
   }
 
@@ -564,54 +571,65 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<codec_handle, std::shared_ptr<codec_handle>>(m, "Codec")
       .def(py::init(&codec_named), py::arg("name"))
       .def_property_readonly("stateful", &codec_handle::stateful)
-      .def("encode",
-           [key](const codec_handle& c, const torch::Tensor& grad, state_handle* state, std::uint64_t step, std::uint32_t tensor_id) {
-             return c.encode(grad, state, key(step, tensor_id));
-           },
-           py::arg("grad"), py::arg("state") = nullptr, py::arg("step") = 0, py::arg("tensor_id") = 0)
-      .def("decode",
-           [](const codec_handle& c, const torch::Tensor& message, std::int64_t n) {
-             torch::Tensor out = torch::empty({n}, torch::kFloat32);
-             c.decode(message, out, false);
-             return out;
-           },
-           py::arg("message"), py::arg("n"))
-      .def("decode_accumulate", [](const codec_handle& c, const torch::Tensor& message, const torch::Tensor& acc) { c.decode(message, acc, true); },
-           py::arg("message"), py::arg("acc"))
+      .def(
+          "encode",
+          [key](const codec_handle& c, const torch::Tensor& grad, state_handle* state, std::uint64_t step,
+                std::uint32_t tensor_id) { return c.encode(grad, state, key(step, tensor_id)); },
+          py::arg("grad"), py::arg("state") = nullptr, py::arg("step") = 0, py::arg("tensor_id") = 0)
+      .def(
+          "decode",
+          [](const codec_handle& c, const torch::Tensor& message, std::int64_t n) {
+            torch::Tensor out = torch::empty({n}, torch::kFloat32);
+            c.decode(message, out, false);
+            return out;
+          },
+          py::arg("message"), py::arg("n"))
+      .def(
+          "decode_accumulate",
+          [](const codec_handle& c, const torch::Tensor& message, const torch::Tensor& acc) {
+            c.decode(message, acc, true);
+          },
+          py::arg("message"), py::arg("acc"))
       .def("make_state", &codec_handle::make_state, py::arg("n"))
       .def("save_state", &codec_handle::save_state, py::arg("state"))
       .def("load_state", &codec_handle::load_state, py::arg("saved"), py::arg("n"))
       .def("carried_error", &codec_handle::carried_error, py::arg("state"))
       .def("relaid_state", &codec_handle::relaid_state, py::arg("error"), py::arg("like"))
-      .def("plan", [](const codec_handle& c, std::uint64_t n, int ranks) { return std::string(plan_name(c.plan(n, ranks))); },
-           py::arg("n"), py::arg("ranks"))
+      .def(
+          "plan",
+          [](const codec_handle& c, std::uint64_t n, int ranks) { return std::string(plan_name(c.plan(n, ranks))); },
+          py::arg("n"), py::arg("ranks"))
       .def("max_encoded_bytes", &codec_handle::max_encoded_bytes, py::arg("n"))
       .def("make_bucket_state", &codec_handle::make_bucket_state, py::arg("n"), py::arg("ranks"), py::arg("rank"))
       .def("save_bucket_state", &codec_handle::save_bucket_state, py::arg("state"))
       .def("load_bucket_state", &codec_handle::load_bucket_state, py::arg("saved"), py::arg("n"), py::arg("ranks"),
            py::arg("rank"))
       .def("bucket_errors", &codec_handle::bucket_errors, py::arg("state"))
-      .def("relaid_bucket_state", &codec_handle::relaid_bucket_state, py::arg("worker"), py::arg("server"), py::arg("like"),
-           py::arg("ranks"), py::arg("rank"))
-      .def("in_process_scatter_reduce",
-           [key](const codec_handle& c, const std::vector<torch::Tensor>& data, const std::vector<state_handle*>& states,
-                 std::uint64_t step, std::uint32_t tensor_id) { c.in_process_scatter_reduce(data, states, key(step, tensor_id)); },
-           py::arg("data"), py::arg("states"), py::arg("step") = 0, py::arg("tensor_id") = 0)
-      .def("all_reduce_mean",
-           [key](const codec_handle& c, py::object ops, const torch::Tensor& data, state_handle* state, std::uint64_t step,
-                 std::uint32_t tensor_id, std::uint64_t dense_steps) {
-             process_group_transport t(std::move(ops));
-             const std::span<float> values = floats_of(data, "the data");
-             const gradcomp::compressed_report report = c.all_reduce(t, values, state, key(step, tensor_id), dense_steps);
-             // The mean as the MPI example takes it: the rank-order sum divided by P in float.
-             for (float& v : values) v /= static_cast<float>(t.size());
-             py::dict out;
-             out["sent_bytes"] = report.sent_bytes;
-             out["dense_bytes"] = report.dense_bytes;
-             return out;
-           },
-           py::arg("ops"), py::arg("data"), py::arg("state") = nullptr, py::arg("step") = 0, py::arg("tensor_id") = 0,
-           py::arg("dense_steps") = 0);
+      .def("relaid_bucket_state", &codec_handle::relaid_bucket_state, py::arg("worker"), py::arg("server"),
+           py::arg("like"), py::arg("ranks"), py::arg("rank"))
+      .def(
+          "in_process_scatter_reduce",
+          [key](const codec_handle& c, const std::vector<torch::Tensor>& data, const std::vector<state_handle*>& states,
+                std::uint64_t step,
+                std::uint32_t tensor_id) { c.in_process_scatter_reduce(data, states, key(step, tensor_id)); },
+          py::arg("data"), py::arg("states"), py::arg("step") = 0, py::arg("tensor_id") = 0)
+      .def(
+          "all_reduce_mean",
+          [key](const codec_handle& c, py::object ops, const torch::Tensor& data, state_handle* state,
+                std::uint64_t step, std::uint32_t tensor_id, std::uint64_t dense_steps) {
+            process_group_transport t(std::move(ops));
+            const std::span<float> values = floats_of(data, "the data");
+            const gradcomp::compressed_report report =
+                c.all_reduce(t, values, state, key(step, tensor_id), dense_steps);
+            // The mean as the MPI example takes it: the rank-order sum divided by P in float.
+            for (float& v : values) v /= static_cast<float>(t.size());
+            py::dict out;
+            out["sent_bytes"] = report.sent_bytes;
+            out["dense_bytes"] = report.dense_bytes;
+            return out;
+          },
+          py::arg("ops"), py::arg("data"), py::arg("state") = nullptr, py::arg("step") = 0, py::arg("tensor_id") = 0,
+          py::arg("dense_steps") = 0);
 
   py::class_<gravac_buckets, std::shared_ptr<gravac_buckets>>(m, "Gravac")
       .def(py::init(&gravac_named), py::arg("name"))
