@@ -1,7 +1,9 @@
-"""Single-process checks of the extension and the hook state (the multi-process runs are
-train_ddp.py and replay_mpi): the codecs round-trip through Python, errors arrive as GradcompError
-with gradcomp's code, and the per-bucket states survive reordered and rebuilt buckets and
-checkpoints. Buckets here are stand-ins with DDP's GradBucket methods, on a world of one rank."""
+"""Checks of the extension and the hook state (the training runs are train_ddp.py and replay_mpi):
+the codecs round-trip through Python, errors arrive as GradcompError with gradcomp's code, and the
+per-bucket states survive reordered and rebuilt buckets and checkpoints, on a world of one rank;
+and over gloo at P = 2, 3, 4 (ScatterReduceHookTest, spawned ranks) the hook's plans, bytes, means
+and states against gradcomp's scatter_reduce in process. Buckets here are stand-ins with DDP's
+GradBucket methods."""
 
 import os
 import sys
