@@ -14,6 +14,7 @@
 // state first, the server state last) u64 size and the codec's own saved state.
 #include <gradcomp/gradcomp.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
