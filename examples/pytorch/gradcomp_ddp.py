@@ -13,17 +13,23 @@
 
 Each bucket goes through gradcomp::compressed_all_reduce (C++, extension gradcomp_torch), whose
 collectives run on the process group through `ProcessGroupOps`: the ranks first all-gather a
-40-byte agreement record (codec, parameters, size, step, bucket, a non-finite flag), then
-all-gather their messages and decode them in rank order; the bucket becomes the mean, the same bits
-on every rank and the same bits as gradcomp's own collectives over MPI give for the same inputs.
+40-byte agreement record (codec, parameters, size, step, bucket, a non-finite flag), then run the
+plan the library's `automatic_plan` picks for the bucket (`hook.plans`): `scatter_reduce` (an
+all-to-all of chunk messages, each owner sums and re-encodes its chunk with a server state, an
+all-gather: about 2(P - 1)/P of one message per rank, whatever P) where it sends less than
+`gather_decode` (all-gather the messages, decode them in rank order), or `summed_encodings`. The
+bucket becomes the mean, the same bits on every rank and the same bits as gradcomp's own
+collectives give for the same inputs. `sent_bytes` is what this rank sent in the step.
 
-Error feedback and LoCo keep one state per bucket, keyed by the names of the bucket's parameters;
-the hook compresses a bucket with its parameters in the model's order, so a rebuild that only
-reorders a bucket leaves its state as it was. When DDP rebuilds its buckets (after the first
-iteration) into other sets of parameters, a bucket whose parameters changed
-takes the carried error of each of its parameters from the states that held them (exact for error
-feedback; LoCo stores it again in 8 bits) and its step counters: nothing is reset. Every re-laying
-is counted (`relaid`) and logged. `state_dict()` / `load_state_dict()` put the states in a
+Every bucket keeps a bucket state (its plan's chunk states, server state or one state; see
+bucket_state.hpp), keyed by the names of the bucket's parameters; the hook compresses a bucket with
+its parameters in the model's order, so a rebuild that only reorders a bucket leaves its state as
+it was. When DDP rebuilds its buckets (after the first iteration) into other sets of parameters, a
+bucket whose parameters changed takes the worker error of each of its parameters from the states
+that held them (exact for error feedback; LoCo stores it again in 8 bits), the server error of its
+rank's new chunk, and the step counters: nothing is reset. Server error of chunks the rank no
+longer owns goes into a stateful codec's worker error, and is dropped and counted
+(`server_values_dropped`) for a stateless codec. Every re-laying is counted (`relaid`) and logged. `state_dict()` / `load_state_dict()` put the states in a
 checkpoint; a restored run continues bit for bit.
 """
 
@@ -117,6 +123,20 @@ class ProcessGroupOps:
         dist.all_gather(gathered, padded, group=self.group)
         return [g[:int(n)].cpu() for g, n in zip(gathered, sizes)]
 
+    def all_to_all_bytes(self, buffers):
+        """buffers[j] (uint8) goes to rank j; returns the P buffers the ranks sent this one, in
+        rank order: the sizes by one all_to_all_single, then the bytes by another with split sizes
+        (Gloo has both)."""
+        send_sizes = torch.tensor([b.numel() for b in buffers], dtype=torch.int64, device=self.device)
+        recv_sizes = torch.empty(self.size(), dtype=torch.int64, device=self.device)
+        dist.all_to_all_single(recv_sizes, send_sizes, group=self.group)
+        splits = recv_sizes.cpu().tolist()
+        sent = torch.cat(buffers).to(self.device)
+        received = torch.empty(sum(splits), dtype=torch.uint8, device=self.device)
+        dist.all_to_all_single(received, sent, output_split_sizes=splits, input_split_sizes=send_sizes.cpu().tolist(),
+                               group=self.group)
+        return list(received.cpu().split(splits))
+
 
 class GradcompHookState:
     """What `gradcomp_hook` needs across steps: the codec, the per-bucket states, the step.
@@ -155,10 +175,12 @@ class GradcompHookState:
         # parameters in the model's order, so a rebuild that only reorders a bucket changes
         # nothing (neither the state's key nor its layout).
         self._names = {id(p): (index, name) for index, (name, p) in enumerate(model.named_parameters())}
-        self.states = {}      # tuple of parameter names -> (State, sizes)
-        self._orphans = {}    # parameter name -> (carried error, State it came from)
+        self.states = {}      # tuple of parameter names -> (bucket State, sizes)
+        self._orphans = {}    # parameter name -> (worker error, server error, State it came from)
         self.step = 0         # steps completed (every bucket of a step carries this key)
         self.relaid = 0       # buckets whose state was re-laid from other buckets' states
+        self.server_values_dropped = 0  # server-error values (this rank) a re-laying could not carry
+        self.plans = {}       # bucket index -> the plan of its last call (codec.plan, or "dense")
         self.skipped_steps = []
         self.step_skipped = False
         self.sent_bytes = 0   # this rank, the current or last step
@@ -172,17 +194,18 @@ class GradcompHookState:
         if self._in_step:
             raise RuntimeError("state_dict() in the middle of a step")
         states = {}
-        if self.codec is not None and self.codec.stateful:
-            states = {key: (self.codec.save_state(s), sizes) for key, (s, sizes) in self.states.items()}
+        if self.codec is not None:
+            states = {key: (self.codec.save_bucket_state(s), sizes) for key, (s, sizes) in self.states.items()}
         if self.tagc is not None:
             states = {"tagc": self.tagc.save_state(self.tagc_state)}
         if self.gravac is not None:
             states = {"gravac": self.gravac.save()}
-        return {"format": 1, "codec": self.codec_name, "step": self.step, "relaid": self.relaid,
-                "skipped_steps": list(self.skipped_steps), "states": states}
+        return {"format": 2, "codec": self.codec_name, "step": self.step, "relaid": self.relaid,
+                "server_values_dropped": self.server_values_dropped, "skipped_steps": list(self.skipped_steps),
+                "states": states}
 
     def load_state_dict(self, saved):
-        if saved.get("format") != 1 or saved.get("codec") != self.codec_name:
+        if saved.get("format") != 2 or saved.get("codec") != self.codec_name:
             raise ValueError(f"checkpoint of codec {saved.get('codec')!r} (format {saved.get('format')}), "
                              f"this hook runs {self.codec_name!r}")
         if self.tagc is not None:
@@ -190,11 +213,13 @@ class GradcompHookState:
         elif self.gravac is not None:
             self.gravac.load(saved["states"]["gravac"])
         else:
-            self.states = {key: (self.codec.load_state(blob, sum(sizes)), sizes)
+            world, rank = self.ops.size(), self.ops.rank()
+            self.states = {key: (self.codec.load_bucket_state(blob, sum(sizes), world, rank), sizes)
                            for key, (blob, sizes) in saved["states"].items()}
         self._orphans = {}
         self.step = saved["step"]
         self.relaid = saved["relaid"]
+        self.server_values_dropped = saved["server_values_dropped"]
         self.skipped_steps = list(saved["skipped_steps"])
 
     # ---- per bucket --------------------------------------------------------------------------
@@ -215,8 +240,9 @@ class GradcompHookState:
         return (tuple(e[1] for e in entries), [e[2] for e in entries], [e[3] for e in entries])
 
     def _state_for(self, key, sizes):
-        """The state of the bucket of parameters `key`: its own, or one re-laid from the states
-        that hold its parameters, or a fresh one the first time any of them is seen."""
+        """The bucket state (gradcomp_torch.cpp, bucket_state.hpp: the plan `automatic_plan` picks
+        and its chunk and server states) of the bucket of parameters `key`: its own, or one re-laid
+        from the states that hold its parameters, or a fresh one the first time any of them is seen."""
         self._new_state = key not in self.states
         if not self._new_state:
             return self.states[key][0]
@@ -224,26 +250,31 @@ class GradcompHookState:
         # Break up every state that holds one of this bucket's parameters.
         for old in [k for k in self.states if wanted.intersection(k)]:
             state, old_sizes = self.states.pop(old)
-            error = self.codec.carried_error(state)
+            worker, server = self.codec.bucket_errors(state)
             offset = 0
             for name, size in zip(old, old_sizes):
-                self._orphans[name] = (error[offset:offset + size], state)
+                self._orphans[name] = (worker[offset:offset + size], server[offset:offset + size], state)
                 offset += size
+        world, rank = self.ops.size(), self.ops.rank()
         if not wanted.intersection(self._orphans):
-            state = self.codec.make_state(sum(sizes))
+            state = self.codec.make_bucket_state(sum(sizes), world, rank)
         else:
-            pieces, like = [], None
+            workers, servers, like = [], [], None
             for name, size in zip(key, sizes):
                 if name in self._orphans:
-                    piece, like = self._orphans.pop(name)
+                    worker, server, like = self._orphans.pop(name)
                 else:
-                    piece = torch.zeros(size)
-                pieces.append(piece)
-            state = self.codec.relaid_state(torch.cat(pieces).contiguous(), like)
+                    worker, server = torch.zeros(size), torch.zeros(size)
+                workers.append(worker)
+                servers.append(server)
+            state, dropped = self.codec.relaid_bucket_state(torch.cat(workers).contiguous(),
+                                                            torch.cat(servers).contiguous(), like, world, rank)
             self.relaid += 1
-            if self.ops.rank() == 0:
+            self.server_values_dropped += dropped
+            if rank == 0 or dropped:
+                lost = f"; rank {rank} dropped {dropped} server-error values it no longer owns" if dropped else ""
                 self.log(f"gradcomp: step {self.step}: bucket of {len(key)} parameters re-laid from earlier "
-                         f"buckets' states (error carried over, not reset)")
+                         f"buckets' states (error carried over, not reset{lost})")
         self.states[key] = (state, sizes)
         return state
 
@@ -296,14 +327,17 @@ class GradcompHookState:
         try:
             if self.gravac is not None and not warm_up:
                 params = [(index, size) for (index, _, _), size in zip(self._parameters, sizes)]
+                self.plans[bucket.index()] = "gravac"
                 report = self.gravac.all_reduce_mean(self.ops, data, params, self.step, bucket.index(), bucket.is_last())
                 self.sent_bytes += report["sent_bytes"]
             elif self.tagc is not None and not warm_up:
+                self.plans[bucket.index()] = "tagc"
                 report = self.tagc.all_reduce_mean(self.ops, data, self.tagc_state, self._parameters)
                 self.sent_bytes += report["sent_bytes"]
                 if not torch.isfinite(data).all():  # through a tensor TAGC's policy sends uncompressed
                     raise self.ext.GradcompError("non_finite_input", "non_finite_input: a rank's bucket holds NaN or Inf")
             elif self.codec is None or data.numel() < self.dense_below:
+                self.plans[bucket.index()] = "dense"
                 if not torch.isfinite(data).all():
                     data.fill_(float("nan"))  # every rank's sum turns NaN: caught below on every rank
                 self.ops.all_reduce_sum(data)
@@ -312,8 +346,9 @@ class GradcompHookState:
                 data /= world
                 self.sent_bytes += dense
             else:
-                state = self._state_for(key, sizes) if self.codec.stateful else None
-                saved = self.codec.save_state(state) if self.record and state is not None else b""
+                state = self._state_for(key, sizes)
+                saved = self.codec.save_bucket_state(state) if self.record else b""
+                self.plans[bucket.index()] = "dense" if warm_up else self.codec.plan(data.numel(), world)
                 report = self.codec.all_reduce_mean(self.ops, data, state, step=self.step, tensor_id=bucket.index(),
                                                     dense_steps=self.dense_steps)
                 self.sent_bytes += report["sent_bytes"]

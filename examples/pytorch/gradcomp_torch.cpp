@@ -13,12 +13,24 @@
 //     .carried_error(state) -> tensor    the error the state carries, one value per element
 //     .relaid_state(error, like) -> State   a state carrying `error`, counters from `like`
 //                                        (re-laying states when DDP rebuilds its buckets)
+//     .plan(n, ranks) -> str             the plan of a bucket of n values (bucket_state.hpp:
+//                                        the library's automatic_plan)
+//     .max_encoded_bytes(n)              the codec's bound on a message of n values
+//     .make_bucket_state(n, ranks, rank), .save_bucket_state(state) -> bytes,
+//     .load_bucket_state(bytes, n, ranks, rank)   a bucket's states for its plan
+//     .bucket_errors(state) -> (worker, server)   the errors they carry, per element
+//     .relaid_bucket_state(worker, server, like, ranks, rank) -> (State, dropped)
+//                                        re-laid states (bucket_state.hpp says what is dropped)
 //     .all_reduce_mean(ops, data[, state], step, tensor_id, dense_steps=0) -> dict
 //                                        gradcomp::compressed_all_reduce over `ops` (a
-//                                        gradcomp_ddp.ProcessGroupOps; the plan from the codec's
-//                                        traits; uncompressed while step < dense_steps, the
-//                                        warm-up), then divided by P:
-//                                        `data` becomes the mean, the same bits on every rank
+//                                        gradcomp_ddp.ProcessGroupOps; with a bucket state its
+//                                        plan, else the plan from the codec's traits;
+//                                        uncompressed while step < dense_steps, the warm-up),
+//                                        then divided by P: `data` becomes the mean, the same
+//                                        bits on every rank; {"sent_bytes", "dense_bytes"}
+//     .in_process_scatter_reduce(data, states, step=0, tensor_id=0)   the tests' reference:
+//                                        the scatter_reduce plan over the in-process transport,
+//                                        rank r on data[r] with bucket state states[r]
 //   tagc_names(), Tagc(name)             the table's TAGC rows over a bucket's parameters:
 //     .make_state(), .save_state(state), .load_state(bytes)   one state for the whole model
 //     .all_reduce_mean(ops, data, state, params)   params: (index in the model, name, shape)
@@ -49,6 +61,7 @@
 #include <vector>
 
 #include "../train/tagc_aggregator.hpp"
+#include "bucket_state.hpp"
 #include "gravac_buckets.hpp"
 #include "hook_codecs.hpp"
 
@@ -97,20 +110,30 @@ class process_group_transport {
   }
   void broadcast(std::span<std::byte> data, int root) { call("broadcast", tensor_over(data), root); }
   std::vector<std::vector<std::byte>> all_gather_bytes(std::span<const std::byte> mine) {
-    const py::list gathered = call("all_gather_bytes", tensor_over(mine).clone());
+    return buffers_of(call("all_gather_bytes", tensor_over(mine).clone()), "all_gather_bytes");
+  }
+  std::vector<std::vector<std::byte>> all_to_all_bytes(std::span<const std::span<const std::byte>> to_each) {
+    py::list buffers;
+    for (const std::span<const std::byte> b : to_each) buffers.append(tensor_over(b).clone());
+    return buffers_of(call("all_to_all_bytes", buffers), "all_to_all_bytes");
+  }
+
+ private:
+  /// The P uint8 tensors of `list` as byte vectors.
+  std::vector<std::vector<std::byte>> buffers_of(const py::list& list, const char* name) const {
     std::vector<std::vector<std::byte>> out;
-    for (const py::handle item : gathered) {
+    for (const py::handle item : list) {
       const torch::Tensor t = item.cast<torch::Tensor>().contiguous();
       const auto* p = static_cast<const std::byte*>(t.data_ptr());
       out.emplace_back(p, p + t.numel());
     }
     if (out.size() != static_cast<std::size_t>(size_))
-      throw gradcomp::error(gradcomp::errc::transport_failed, "all_gather_bytes returned " + std::to_string(out.size()) +
-                                                                  " buffers for " + std::to_string(size_) + " ranks");
+      throw gradcomp::error(gradcomp::errc::transport_failed, std::string(name) + " returned " +
+                                                                  std::to_string(out.size()) + " buffers for " +
+                                                                  std::to_string(size_) + " ranks");
     return out;
   }
 
- private:
   template <class... A>
   py::object call(const char* name, A&&... args) {
     try {
@@ -126,6 +149,7 @@ class process_group_transport {
 };
 static_assert(gradcomp::transport<process_group_transport>);
 static_assert(gradcomp::transport_with_bitwise_or<process_group_transport>);
+static_assert(gradcomp::transport_with_all_to_all<process_group_transport>);
 
 /// Checks that `t` is a contiguous float32 CPU tensor and views it.
 inline std::span<float> floats_of(const torch::Tensor& t, const char* what) {
@@ -161,6 +185,19 @@ class codec_handle {
   [[nodiscard]] virtual std::shared_ptr<state_handle> relaid_state(const torch::Tensor& error, const state_handle& like) const = 0;
   virtual gradcomp::compressed_report all_reduce(process_group_transport& t, std::span<float> data, state_handle* state,
                                                  gradcomp::message_key key, std::uint64_t dense_steps) const = 0;
+  // A bucket's states (bucket_state.hpp).
+  [[nodiscard]] virtual gradcomp::all_reduce_plan plan(std::uint64_t n, int ranks) const = 0;
+  [[nodiscard]] virtual std::size_t max_encoded_bytes(std::uint64_t n) const = 0;
+  [[nodiscard]] virtual std::shared_ptr<state_handle> make_bucket_state(std::uint64_t n, int ranks, int rank) const = 0;
+  [[nodiscard]] virtual py::bytes save_bucket_state(const state_handle& state) const = 0;
+  [[nodiscard]] virtual std::shared_ptr<state_handle> load_bucket_state(const std::string& bytes, std::uint64_t n,
+                                                                        int ranks, int rank) const = 0;
+  [[nodiscard]] virtual std::pair<torch::Tensor, torch::Tensor> bucket_errors(const state_handle& state) const = 0;
+  [[nodiscard]] virtual std::pair<std::shared_ptr<state_handle>, std::uint64_t> relaid_bucket_state(
+      const torch::Tensor& worker, const torch::Tensor& server, const state_handle& like, int ranks,
+      int rank) const = 0;
+  virtual void in_process_scatter_reduce(const std::vector<torch::Tensor>& data,
+                                         const std::vector<state_handle*>& states, gradcomp::message_key key) const = 0;
 };
 
 template <class C>
@@ -247,10 +284,14 @@ class codec_of final : public codec_handle {
 
   gradcomp::compressed_report all_reduce(process_group_transport& t, std::span<float> data, state_handle* state,
                                          gradcomp::message_key key, std::uint64_t dense_steps) const override {
-    // The plan from the codec's traits: a SUM all-reduce of the encodings for a homomorphic
+    // With a bucket state (make_bucket_state): the plan of bucket_state.hpp, the library's
+    // `automatic_plan`. With a codec state or none: the plan from the codec's traits: a SUM all-reduce of the encodings for a homomorphic
     // codec, else the all-gather and decoding in rank order (the only plan of a stateful one);
     // the warm-up's uncompressed all-reduce while key.step < dense_steps, the state untouched.
     const gradcomp::all_reduce_options options{.key = key, .dense_steps = dense_steps};
+    if (auto* bucket = dynamic_cast<bucket_of_codec*>(state)) {
+      return bucket_all_reduce(cpu_, t, codec_, bucket->state, data, options);
+    }
     if constexpr (has_state) return gradcomp::compressed_all_reduce(cpu_, t, codec_, state_in(state, data.size()), data, options);
     else {
       gradcomp::detail::require(state == nullptr, gradcomp::errc::invalid_argument, "this codec keeps no state");
@@ -258,7 +299,83 @@ class codec_of final : public codec_handle {
     }
   }
 
+  [[nodiscard]] gradcomp::all_reduce_plan plan(std::uint64_t n, int ranks) const override {
+    return bucket_plan(codec_, n, ranks);
+  }
+  [[nodiscard]] std::size_t max_encoded_bytes(std::uint64_t n) const override { return codec_.max_encoded_bytes(n); }
+
+  [[nodiscard]] std::shared_ptr<state_handle> make_bucket_state(std::uint64_t n, int ranks, int rank) const override {
+    return std::make_shared<bucket_of_codec>(gradcomp_torch::make_bucket_state(cpu_, codec_, n, ranks, rank));
+  }
+
+  [[nodiscard]] py::bytes save_bucket_state(const state_handle& state) const override {
+    const std::vector<std::byte> bytes = gradcomp_torch::save_bucket_state(cpu_, codec_, bucket_in(state));
+    return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  }
+
+  [[nodiscard]] std::shared_ptr<state_handle> load_bucket_state(const std::string& bytes, std::uint64_t n, int ranks,
+                                                                int rank) const override {
+    return std::make_shared<bucket_of_codec>(
+        gradcomp_torch::load_bucket_state(cpu_, codec_, std::as_bytes(std::span<const char>(bytes)), n, ranks, rank));
+  }
+
+  [[nodiscard]] std::pair<torch::Tensor, torch::Tensor> bucket_errors(const state_handle& state) const override {
+    const auto& s = bucket_in(state);
+    torch::Tensor worker = torch::empty({static_cast<std::int64_t>(s.n)}, torch::kFloat32);
+    torch::Tensor server = torch::empty({static_cast<std::int64_t>(s.n)}, torch::kFloat32);
+    gradcomp_torch::bucket_errors(cpu_, codec_, s, floats_of(worker, "the output"), floats_of(server, "the output"));
+    return {worker, server};
+  }
+
+  [[nodiscard]] std::pair<std::shared_ptr<state_handle>, std::uint64_t> relaid_bucket_state(const torch::Tensor& worker,
+                                                                                            const torch::Tensor& server,
+                                                                                            const state_handle& like,
+                                                                                            int ranks,
+                                                                                            int rank) const override {
+    auto [s, dropped] =
+        gradcomp_torch::relaid_bucket_state(cpu_, codec_, floats_of(worker, "the worker error"),
+                                            floats_of(server, "the server error"), bucket_in(like), ranks, rank);
+    return {std::make_shared<bucket_of_codec>(std::move(s)), dropped};
+  }
+
+  /// The reference of the hook's tests: gradcomp's `scatter_reduce` plan called directly over the
+  /// in-process transport, rank r on data[r] with the states of states[r], then divided by P.
+  void in_process_scatter_reduce(const std::vector<torch::Tensor>& data, const std::vector<state_handle*>& states,
+                                 gradcomp::message_key key) const override {
+    const auto P = static_cast<int>(data.size());
+    gradcomp::detail::require(states.size() == data.size(), gradcomp::errc::invalid_argument, "one state per rank");
+    std::vector<std::span<float>> values;
+    std::vector<bucket_state<C>*> buckets;
+    for (std::size_t r = 0; r < data.size(); ++r) {
+      values.push_back(floats_of(data[r], "the data"));
+      gradcomp::detail::require(states[r] != nullptr, gradcomp::errc::invalid_argument, "one state per rank");
+      buckets.push_back(&bucket_in(*states[r]));
+    }
+    const gradcomp::all_reduce_options options{.key = key, .plan = gradcomp::all_reduce_plan::scatter_reduce};
+    gradcomp::in_process_group(P).run([&](gradcomp::in_process_transport& t) {
+      const auto r = static_cast<std::size_t>(t.rank());
+      bucket_state<C>& s = *buckets[r];
+      if constexpr (has_state)
+        gradcomp::compressed_all_reduce(cpu_, t, codec_, std::span(s.workers), s.server.at(0), values[r], options);
+      else
+        gradcomp::compressed_all_reduce(cpu_, t, codec_, s.server.at(0), values[r], options);
+      for (float& v : values[r]) v /= static_cast<float>(P);
+    });
+  }
+
  private:
+  struct bucket_of_codec final : state_handle {
+    explicit bucket_of_codec(bucket_state<C> s) : state(std::move(s)) {}
+    [[nodiscard]] std::uint64_t size() const override { return state.n; }
+    bucket_state<C> state;
+  };
+
+  static bucket_state<C>& bucket_in(const state_handle& handle) {
+    auto* s = dynamic_cast<bucket_of_codec*>(const_cast<state_handle*>(&handle));
+    gradcomp::detail::require(s != nullptr, gradcomp::errc::invalid_argument, "not a bucket state of this codec");
+    return s->state;
+  }
+
   struct state_of_codec final : state_handle {
     state_of_codec(auto s, std::uint64_t count) : state(std::move(s)), n(count) {}
     [[nodiscard]] std::uint64_t size() const override { return n; }
@@ -454,40 +571,65 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<codec_handle, std::shared_ptr<codec_handle>>(m, "Codec")
       .def(py::init(&codec_named), py::arg("name"))
       .def_property_readonly("stateful", &codec_handle::stateful)
-      .def("encode",
-           [key](const codec_handle& c, const torch::Tensor& grad, state_handle* state, std::uint64_t step, std::uint32_t tensor_id) {
-             return c.encode(grad, state, key(step, tensor_id));
-           },
-           py::arg("grad"), py::arg("state") = nullptr, py::arg("step") = 0, py::arg("tensor_id") = 0)
-      .def("decode",
-           [](const codec_handle& c, const torch::Tensor& message, std::int64_t n) {
-             torch::Tensor out = torch::empty({n}, torch::kFloat32);
-             c.decode(message, out, false);
-             return out;
-           },
-           py::arg("message"), py::arg("n"))
-      .def("decode_accumulate", [](const codec_handle& c, const torch::Tensor& message, const torch::Tensor& acc) { c.decode(message, acc, true); },
-           py::arg("message"), py::arg("acc"))
+      .def(
+          "encode",
+          [key](const codec_handle& c, const torch::Tensor& grad, state_handle* state, std::uint64_t step,
+                std::uint32_t tensor_id) { return c.encode(grad, state, key(step, tensor_id)); },
+          py::arg("grad"), py::arg("state") = nullptr, py::arg("step") = 0, py::arg("tensor_id") = 0)
+      .def(
+          "decode",
+          [](const codec_handle& c, const torch::Tensor& message, std::int64_t n) {
+            torch::Tensor out = torch::empty({n}, torch::kFloat32);
+            c.decode(message, out, false);
+            return out;
+          },
+          py::arg("message"), py::arg("n"))
+      .def(
+          "decode_accumulate",
+          [](const codec_handle& c, const torch::Tensor& message, const torch::Tensor& acc) {
+            c.decode(message, acc, true);
+          },
+          py::arg("message"), py::arg("acc"))
       .def("make_state", &codec_handle::make_state, py::arg("n"))
       .def("save_state", &codec_handle::save_state, py::arg("state"))
       .def("load_state", &codec_handle::load_state, py::arg("saved"), py::arg("n"))
       .def("carried_error", &codec_handle::carried_error, py::arg("state"))
       .def("relaid_state", &codec_handle::relaid_state, py::arg("error"), py::arg("like"))
-      .def("all_reduce_mean",
-           [key](const codec_handle& c, py::object ops, const torch::Tensor& data, state_handle* state, std::uint64_t step,
-                 std::uint32_t tensor_id, std::uint64_t dense_steps) {
-             process_group_transport t(std::move(ops));
-             const std::span<float> values = floats_of(data, "the data");
-             const gradcomp::compressed_report report = c.all_reduce(t, values, state, key(step, tensor_id), dense_steps);
-             // The mean as the MPI example takes it: the rank-order sum divided by P in float.
-             for (float& v : values) v /= static_cast<float>(t.size());
-             py::dict out;
-             out["sent_bytes"] = report.sent_bytes;
-             out["dense_bytes"] = report.dense_bytes;
-             return out;
-           },
-           py::arg("ops"), py::arg("data"), py::arg("state") = nullptr, py::arg("step") = 0, py::arg("tensor_id") = 0,
-           py::arg("dense_steps") = 0);
+      .def(
+          "plan",
+          [](const codec_handle& c, std::uint64_t n, int ranks) { return std::string(plan_name(c.plan(n, ranks))); },
+          py::arg("n"), py::arg("ranks"))
+      .def("max_encoded_bytes", &codec_handle::max_encoded_bytes, py::arg("n"))
+      .def("make_bucket_state", &codec_handle::make_bucket_state, py::arg("n"), py::arg("ranks"), py::arg("rank"))
+      .def("save_bucket_state", &codec_handle::save_bucket_state, py::arg("state"))
+      .def("load_bucket_state", &codec_handle::load_bucket_state, py::arg("saved"), py::arg("n"), py::arg("ranks"),
+           py::arg("rank"))
+      .def("bucket_errors", &codec_handle::bucket_errors, py::arg("state"))
+      .def("relaid_bucket_state", &codec_handle::relaid_bucket_state, py::arg("worker"), py::arg("server"),
+           py::arg("like"), py::arg("ranks"), py::arg("rank"))
+      .def(
+          "in_process_scatter_reduce",
+          [key](const codec_handle& c, const std::vector<torch::Tensor>& data, const std::vector<state_handle*>& states,
+                std::uint64_t step,
+                std::uint32_t tensor_id) { c.in_process_scatter_reduce(data, states, key(step, tensor_id)); },
+          py::arg("data"), py::arg("states"), py::arg("step") = 0, py::arg("tensor_id") = 0)
+      .def(
+          "all_reduce_mean",
+          [key](const codec_handle& c, py::object ops, const torch::Tensor& data, state_handle* state,
+                std::uint64_t step, std::uint32_t tensor_id, std::uint64_t dense_steps) {
+            process_group_transport t(std::move(ops));
+            const std::span<float> values = floats_of(data, "the data");
+            const gradcomp::compressed_report report =
+                c.all_reduce(t, values, state, key(step, tensor_id), dense_steps);
+            // The mean as the MPI example takes it: the rank-order sum divided by P in float.
+            for (float& v : values) v /= static_cast<float>(t.size());
+            py::dict out;
+            out["sent_bytes"] = report.sent_bytes;
+            out["dense_bytes"] = report.dense_bytes;
+            return out;
+          },
+          py::arg("ops"), py::arg("data"), py::arg("state") = nullptr, py::arg("step") = 0, py::arg("tensor_id") = 0,
+          py::arg("dense_steps") = 0);
 
   py::class_<gravac_buckets, std::shared_ptr<gravac_buckets>>(m, "Gravac")
       .def(py::init(&gravac_named), py::arg("name"))

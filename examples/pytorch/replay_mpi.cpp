@@ -1,8 +1,10 @@
 // replay_mpi: checks a DDP hook run against gradcomp's own collectives over MPI. Every rank reads
 // what gradcomp_ddp recorded on the same rank (DIR/rank<r>.bin: each bucket's input, its mean, and
-// the hook's saved codec state before the call), runs gradcomp::compressed_all_reduce over MPI on
-// the same input with the same codec (by its name in hook_codecs.hpp), plan, message key and
-// state, divides by P as the hook does, and compares the mean bit for bit. The state is its
+// the hook's saved bucket state before the call), runs gradcomp::compressed_all_reduce over MPI on
+// the same input with the same codec (by its name in hook_codecs.hpp), plan (bucket_state.hpp: the
+// library's `automatic_plan`, so `scatter_reduce` with its chunk and server states where that
+// sends less, as at P >= 3), message key and states, divides by P as the hook does, and compares
+// the mean bit for bit. The state is its
 // own from call to call and must save to the bytes the hook saved; it is loaded from the record
 // only where the hook made it for that call (a new bucket, or one re-laid after DDP rebuilt its
 // buckets). A bucket whose input holds NaN or Inf must fail with non_finite_input on every rank,
@@ -15,6 +17,7 @@
 #include <gradcomp/transport/mpi.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <mpi.h>
 
 #include <algorithm>
@@ -25,12 +28,13 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <set>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "../train/compressor.hpp"
+#include "bucket_state.hpp"
 #include "hook_codecs.hpp"
 
 namespace {
@@ -87,6 +91,7 @@ struct replayer {
   bool found = false;
   std::size_t mismatches = 0;
   std::size_t skipped = 0;
+  std::set<std::string> plans;  ///< The plans the buckets ran.
 
   void dense(const char*) {}
   template <class C>
@@ -99,31 +104,25 @@ struct replayer {
   void codec(const char* name, const C& c) {
     if (name != wanted) return;
     found = true;
-    constexpr bool has_state = gradcomp::stateful<C, gradcomp::cpu_executor>;
     const gradcomp::cpu_executor cpu;
-    std::map<std::uint64_t, typename train::detail::state_of<C>::type> states;
+    std::map<std::uint64_t, gradcomp_torch::bucket_state<C>> states;
     for (const bucket_call& call : calls) {
       std::vector<float> data = call.input;
       const gradcomp::all_reduce_options options{.key = {.step = call.step, .tensor_id = call.bucket}};
       try {
-        if constexpr (has_state) {
-          auto [it, fresh] = states.try_emplace(call.key, c.make_state(cpu, data.size()));
-          if (call.new_state) {
-            it->second = c.make_state(cpu, data.size());
-            c.load_state(cpu, call.state, it->second);
-          } else {
-            std::vector<std::byte> mine(c.saved_state_bytes(data.size()));
-            mine.resize(c.save_state(cpu, it->second, mine));
-            if (fresh || mine != call.state) {
-              fmt::print(stderr, "rank {}: step {} bucket {}: the state differs from the hook's\n", t.rank(), call.step,
-                         call.bucket);
-              ++mismatches;
-            }
-          }
-          gradcomp::compressed_all_reduce(cpu, t, c, it->second, std::span<float>(data), options);
-        } else {
-          gradcomp::compressed_all_reduce(cpu, t, c, std::span<float>(data), options);
+        auto it = states.find(call.key);
+        if (call.new_state) {
+          it = states.insert_or_assign(call.key, gradcomp_torch::load_bucket_state(cpu, c, call.state, data.size(),
+                                                                                   t.size(), t.rank())).first;
+        } else if (it == states.end() || gradcomp_torch::save_bucket_state(cpu, c, it->second) != call.state) {
+          fmt::print(stderr, "rank {}: step {} bucket {}: the state differs from the hook's\n", t.rank(), call.step,
+                     call.bucket);
+          ++mismatches;
+          if (it == states.end())
+            it = states.emplace(call.key, gradcomp_torch::make_bucket_state(cpu, c, data.size(), t.size(), t.rank())).first;
         }
+        plans.insert(gradcomp_torch::plan_name(it->second.plan));
+        gradcomp_torch::bucket_all_reduce(cpu, t, c, it->second, std::span<float>(data), options);
         for (float& v : data) v /= static_cast<float>(t.size());
       } catch (const gradcomp::error& e) {
         if (e.code() != gradcomp::errc::non_finite_input) throw;
@@ -153,14 +152,14 @@ int main(int argc, char** argv) {
       std::vector<std::uint64_t> most = counts;
       MPI_Allreduce(counts.data(), most.data(), 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
       if (most[0] != counts[0]) throw std::runtime_error("the ranks recorded different numbers of bucket calls");
-      replayer r{argv[2], t, calls};
+      replayer r{argv[2], t, calls, false, 0, 0, {}};
       gradcomp_torch::visit_hook_codecs(r);
       if (!r.found) throw std::invalid_argument(std::string("no codec named \"") + argv[2] + "\"");
       std::array<std::uint64_t, 1> bad{r.mismatches};
       t.all_reduce_sum(std::span<std::uint64_t>(bad));
       if (t.rank() == 0)
-        fmt::print("replay_mpi: {} bucket calls of [{}] on {} ranks over MPI ({} skipped as non-finite): {}\n",
-                   calls.size(), argv[2], t.size(), r.skipped, bad[0] == 0 ? "every mean and state bit-identical to the hook's"
+        fmt::print("replay_mpi: {} bucket calls of [{}] on {} ranks over MPI (plans {}; {} skipped as non-finite): {}\n",
+                   calls.size(), argv[2], t.size(), fmt::join(r.plans, ", "), r.skipped, bad[0] == 0 ? "every mean and state bit-identical to the hook's"
                                                                           : fmt::format("{} mismatches", bad[0]));
       status = bad[0] == 0 ? 0 : 1;
     } catch (const std::exception& e) {

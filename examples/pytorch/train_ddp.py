@@ -121,8 +121,8 @@ def worker(rank, args, codec, first_step, last_step, checkpoint_in, checkpoint_o
             dense += dense_step
             check_same_everywhere(parameter_digest(model), step)
             if args.log_every and step % args.log_every == 0 and rank == 0:
-                print(f"  [{codec}] step {step:4} loss {losses[-1]:.4f} bytes {hook.sent_bytes if hook else dense_step}",
-                      flush=True)
+                print(f"  [{codec}] step {step:4} loss {losses[-1]:.4f} bytes {hook.sent_bytes if hook else dense_step} "
+                      f"plan {plans_of(hook)}", flush=True)
         if checkpoint_out:
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                         "hook": hook.state_dict() if hook is not None else None}, checkpoint_out.format(rank=rank))
@@ -132,13 +132,18 @@ def worker(rank, args, codec, first_step, last_step, checkpoint_in, checkpoint_o
             with open(result_path, "w") as f:
                 json.dump({"codec": codec, "loss": sum(finite) / max(1, len(finite)), "sent": sent / steps,
                            "dense": dense / steps, "digest": parameter_digest(model).hex(), "skipped": skipped,
-                           "relaid": hook.relaid if hook is not None else 0}, f)
+                           "relaid": hook.relaid if hook is not None else 0, "plan": plans_of(hook)}, f)
     finally:
         dist.destroy_process_group()
     # Leave without running destructors: torch 1.13's gloo objects now and then hang while they
     # are torn down after a run (seen on 2 cores with 4 ranks), and everything is written.
     sys.stdout.flush()
     os._exit(0)
+
+
+def plans_of(hook):
+    """The plans the hook's buckets ran in the last step (DDP's own all-reduce without a hook)."""
+    return "+".join(sorted(set(hook.plans.values()))) if hook is not None and hook.plans else "dense"
 
 
 def run(args, codec, first_step, last_step, checkpoint_in=None, checkpoint_out=None, record=None):
@@ -202,16 +207,19 @@ def main():
     base = results[0]
     width = max(len(r["codec"]) for r in results)
     print(f"\n{args.world} ranks, {args.steps} steps, gloo\n")
-    print(f"{'codec':<{width}}  {'bytes/step':>10} {'ratio':>7} {'final loss':>10} {'vs ' + base['codec']:>9}  "
-          f"{'re-laid':>7}  parameters")
+    plan_width = max(len(r["plan"]) for r in results)
+    print(f"{'codec':<{width}}  {'plan':<{plan_width}}  {'bytes/step':>10} {'ratio':>7} {'final loss':>10} "
+          f"{'vs ' + base['codec']:>9}  {'re-laid':>7}  parameters")
     for r in results:
         gap = 100.0 * (r["loss"] - base["loss"]) / base["loss"]
-        print(f"{r['codec']:<{width}}  {r['sent']:>10.0f} {r['dense'] / r['sent']:>6.2f}x {r['loss']:>10.4f} "
+        print(f"{r['codec']:<{width}}  {r['plan']:<{plan_width}}  {r['sent']:>10.0f} {r['dense'] / r['sent']:>6.2f}x {r['loss']:>10.4f} "
               f"{gap:>+8.1f}%  {r['relaid']:>7}  {r['digest'][:16]}")
         if args.max_loss_gap > 0 and r is not base and not gap <= args.max_loss_gap:
             failures.append(f"[{r['codec']}] ends {gap:+.1f}% from [{base['codec']}], over {args.max_loss_gap}%")
-    print(f"\nbytes/step: what each rank sends per step (an all-gathered message counts P - 1 times); ratio: a ring "
-          f"all-reduce of the dense gradient over that. {time.monotonic() - started:.1f} s")
+    print(f"\nplan: the buckets' plans in the last step (the library's automatic_plan; scatter_reduce sends about "
+          f"2(P - 1)/P of one message whatever P, gather_decode P - 1 messages); bytes/step: what each rank sends per "
+          f"step (report.sent_bytes: an all-gathered message counts P - 1 times); ratio: a ring all-reduce of the dense "
+          f"gradient over that. {time.monotonic() - started:.1f} s")
     for f in failures:
         print("FAILED:", f)
     return 1 if failures else 0
