@@ -39,7 +39,8 @@ void for_each_kept(std::span<const T> x, typename float_traits<T>::bits_type kth
 template <gradient_value T>
 [[nodiscard]] std::uint64_t count_above(std::span<const T> x, typename float_traits<T>::bits_type kth) {
   std::uint64_t above = 0;
-  for (const T v : x) above += magnitude_key(v) > kth ? 1 : 0;
+  for (const T v : x)
+    if (magnitude_key(v) > kth) ++above;
   return above;
 }
 
