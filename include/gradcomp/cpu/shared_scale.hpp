@@ -1,10 +1,10 @@
 #pragma once
 /// @file
-/// CPU reference of the shared-scale quantizer: every check (maxima, this rank's own block maxima,
-/// NaN/Inf, the output size) runs before anything is written; then the scales, and the codes of
-/// the uniform quantizer's reference arithmetic packed into u64 field words 256 elements at a
-/// time, with the stochastic-rounding halves of a chunk drawn together. Decoders validate the whole
-/// message before writing.
+/// CPU backend of the shared-scale quantizer (its specification is reference/shared_scale.hpp):
+/// every check (maxima, this rank's own block maxima, NaN/Inf, the output size) runs before
+/// anything is written; then the scales, and the codes of the uniform quantizer's reference
+/// arithmetic packed into u64 field words 256 elements at a time, with the stochastic-rounding
+/// halves of a chunk drawn together. Decoders validate the whole message before writing.
 
 #include <algorithm>
 #include <cstddef>
