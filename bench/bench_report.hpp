@@ -153,6 +153,7 @@ struct record {
   std::optional<double> achieved_density;   ///< Threshold and dynamic: kept / n.
   std::optional<double> max_error;          ///< ZFP decode: largest |x − decoded|.
   std::optional<double> error_to_bound;     ///< ZFP decode: largest |x − decoded| / the documented bound.
+  std::string backend;                      ///< Executor that ran it, when not the table's (e.g. "reference").
 
   [[nodiscard]] double dense_bytes() const noexcept { return static_cast<double>(n) * sizeof(float); }
   [[nodiscard]] double gradient_gbps() const noexcept { return dense_bytes() / time.median / 1e9; }
@@ -246,7 +247,7 @@ inline void print_table(const std::vector<record>& records, std::string_view bac
   for (const record& r : records) {
     if (last_n != 0 && r.n != last_n) fmt::print("\n");
     last_n = r.n;
-    fmt::print(fmt::runtime(row), r.name, backend, r.n, fmt::format("{:.3f}", r.time.best * 1e3),
+    fmt::print(fmt::runtime(row), r.name, r.backend.empty() ? backend : std::string_view(r.backend), r.n, fmt::format("{:.3f}", r.time.best * 1e3),
                fmt::format("{:.3f}", r.time.median * 1e3), fmt::format("{:.2f}", r.gradient_gbps()),
                fmt::format("{:.2f}", r.copy_gbps()), fmt::format("{:.3f}", r.ratio_to_copy()),
                fmt::format("{:.1f}", r.compression_ratio), r.baseline.empty() ? std::string("-") : r.baseline,
@@ -301,7 +302,7 @@ inline std::string to_json(const std::vector<record>& records, std::string_view 
     s += "  {\"name\": ";
     append_json_string(s, r.name);
     s += ", \"backend\": ";
-    append_json_string(s, backend);
+    append_json_string(s, r.backend.empty() ? backend : std::string_view(r.backend));
     if (!device.empty()) {
       s += ", \"device\": ";
       append_json_string(s, device);

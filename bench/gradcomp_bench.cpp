@@ -18,6 +18,14 @@
 ///   uniform8_rtn/encode  8-bit uniform quantization, blocks of 256, round to nearest; /decode
 ///   uniform8_sr/encode   the same with stochastic rounding
 ///   uniform4_rtn/encode  4-bit round to nearest; /decode
+///   sign/encode          sign quantization, blocks of 256 (one bit and a mean-magnitude scale); /decode
+///   qsgd/encode          QSGD, 15 levels (8-bit codes), buckets of 256; /decode
+///   shared_scale8/encode shared-scale 8-bit quantization, single-stage encode (own maxima); /decode
+///   (backend reference)  topk, randomk, threshold, uniform8_rtn, uniform8_sr, uniform4_rtn, sign,
+///                        qsgd and shared_scale8 again on reference_executor, under the same names
+///                        with backend "reference": baseline the CPU record, speedup CPU median /
+///                        reference median (informational: the reference is written to be read);
+///                        each reference message is checked to equal the CPU backend's
 ///   ef_topk/encode       error feedback around top-k 1% (one step: residual in, residual out)
 ///   ef_uniform8/encode   error feedback around 8-bit round to nearest
 ///   loco_uniform4/encode LoCo around 4-bit round to nearest (8-bit error state)
@@ -269,6 +277,9 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
   const uniform_quantizer<float> uniform8({.bits = 8});
   const uniform_quantizer<float> uniform8_sr({.bits = 8, .round = rounding::stochastic, .seed = 1});
   const uniform_quantizer<float> uniform4({.bits = 4});
+  const sign_quantizer<float> sign({.block = 256});
+  const qsgd_quantizer<float> qsgd({.levels = 15, .bucket = 256, .seed = 1});
+  const shared_scale_quantizer<float> shared_scale({.bits = 8});
   const error_feedback<topk_sparsifier<float>> ef_topk(topk);
   const error_feedback<uniform_quantizer<float>> ef_uniform8(uniform8);
   const loco<uniform_quantizer<float>> loco4(uniform4);
@@ -281,11 +292,14 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
   const auto k = static_cast<std::size_t>(topk.k(n));
   const std::size_t message_bytes =
       std::max({topk.max_encoded_bytes(n), randomk.max_encoded_bytes(n), threshold.max_encoded_bytes(n),
-                uniform8.max_encoded_bytes(n)});
+                uniform8.max_encoded_bytes(n), sign.max_encoded_bytes(n), qsgd.max_encoded_bytes(n),
+                shared_scale.max_encoded_bytes(n)});
   const std::size_t workspace_bytes =
       std::max({topk.workspace_bytes(cpu, n), randomk.workspace_bytes(cpu, n), threshold.workspace_bytes(cpu, n),
                 ef_topk.workspace_bytes(cpu, n), ef_uniform8.workspace_bytes(cpu, n), loco4.workspace_bytes(cpu, n),
-                dynamic.workspace_bytes(cpu, n), std::size_t{1}});
+                dynamic.workspace_bytes(cpu, n), shared_scale.workspace_bytes(cpu, n),
+                topk.workspace_bytes(reference_executor{}, n), threshold.workspace_bytes(reference_executor{}, n),
+                std::size_t{1}});
 
   fmt::print(stderr, "gradcomp-bench: n = {}, k = {}: allocating and filling buffers\n", n, k);
   std::fflush(stderr);
@@ -406,7 +420,7 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
   // Uniform quantization: 8-bit round-to-nearest and stochastic, 4-bit round-to-nearest.
   fmt::print(stderr, "gradcomp-bench: n = {}: uniform\n", n);
   std::fflush(stderr);
-  const auto quantizer_records = [&](const uniform_quantizer<float>& q, const std::string& name, bool with_decode) {
+  const auto quantizer_records = [&](const auto& q, const std::string& name, bool with_decode) {
     std::size_t bytes = 0;
     const timing encode = measure(
         opt, [&] { bytes = q.encode(cpu, gradient, out, ws, key); }, [&] { sum.add_message(message(bytes)); });
@@ -418,6 +432,51 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
   quantizer_records(uniform8, "uniform8_rtn", true);
   quantizer_records(uniform8_sr, "uniform8_sr", false);
   quantizer_records(uniform4, "uniform4_rtn", true);
+  quantizer_records(sign, "sign", true);
+  quantizer_records(qsgd, "qsgd", true);
+  quantizer_records(shared_scale, "shared_scale8", true);
+
+  // The reference tier: each operation above run on reference_executor, the plain scalar backends
+  // that specify the bytes, recorded next to the CPU backend's record (baseline: the CPU record;
+  // speedup: CPU median / reference median, below 1, informational). Each reference message must
+  // equal the CPU backend's. The reference is slow, so it runs at most 1 warmup and 3 timed reps.
+  fmt::print(stderr, "gradcomp-bench: n = {}: reference backends\n", n);
+  std::fflush(stderr);
+  const reference_executor ref;
+  options reference_opt = opt;
+  reference_opt.warmup = std::min(opt.warmup, 1);
+  reference_opt.reps = std::min(opt.reps, 3);
+  const auto reference_records = [&](const auto& codec, const std::string& name, bool with_decode) {
+    const std::size_t cpu_bytes = codec.encode(cpu, gradient, out, ws, key);
+    const std::vector<std::byte> expected(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(cpu_bytes));
+    std::size_t bytes = 0;
+    const timing encode = measure(
+        reference_opt, [&] { bytes = codec.encode(ref, gradient, out, ws, key); }, [&] { sum.add_message(message(bytes)); });
+    require_check(bytes == cpu_bytes && std::equal(expected.begin(), expected.end(), out.begin()),
+                  fmt::format("{}: the reference's message differs from the CPU backend's", name));
+    const double cpu_encode = find_record(records, name + "/encode", n)->time.median;
+    record& r = add(name + "/encode", encode, dense_bytes / static_cast<double>(bytes));
+    r.backend = reference_executor::name;
+    r.baseline = name + "/encode";
+    r.speedup = cpu_encode / encode.median;
+    if (!with_decode) return;
+    const timing decode =
+        measure(reference_opt, [&] { codec.decode(ref, message(bytes), dense, ws); }, [&] { sum.add_sample(dense); });
+    const double cpu_decode = find_record(records, name + "/decode", n)->time.median;
+    record& d = add(name + "/decode", decode, dense_bytes / static_cast<double>(bytes));
+    d.backend = reference_executor::name;
+    d.baseline = name + "/decode";
+    d.speedup = cpu_decode / decode.median;
+  };
+  reference_records(topk, "topk", true);
+  reference_records(randomk, "randomk", true);
+  reference_records(threshold, "threshold", true);
+  reference_records(uniform8, "uniform8_rtn", true);
+  reference_records(uniform8_sr, "uniform8_sr", false);
+  reference_records(uniform4, "uniform4_rtn", true);
+  reference_records(sign, "sign", true);
+  reference_records(qsgd, "qsgd", true);
+  reference_records(shared_scale, "shared_scale8", true);
 
   // Error feedback around top-k (the generic wrapper: add residual, encode, decode, subtract).
   fmt::print(stderr, "gradcomp-bench: n = {}: ef_topk\n", n);
@@ -683,8 +742,11 @@ void print_targets(const std::vector<record>& records, const std::vector<std::ui
              fmt::format("{} n={}: max error {:.3g} (N(0, {}) gradient), {:.3f} of the documented bound", r.name, n,
                          *r.max_error, gradient_stddev, r.error_to_bound.value_or(0.0)));
     for (const record& r : records) {
+      // The reference tier has no speed target; sign, QSGD and shared-scale have none yet.
       if (r.n != n || !r.name.ends_with("/decode") || r.name.starts_with("uniform8_rtn") || r.name.starts_with("lhc/") ||
-          r.name.starts_with("count_sketch/") || r.name.starts_with("mpc") || r.name.starts_with("zfp"))
+          r.name.starts_with("count_sketch/") || r.name.starts_with("mpc") || r.name.starts_with("zfp") ||
+          r.name.starts_with("sign/") || r.name.starts_with("qsgd/") || r.name.starts_with("shared_scale8/") ||
+          !r.backend.empty())
         continue;
       line(r.ratio_to_copy() >= ratio_to_copy_target,
            fmt::format("{} n={}: ratio_to_copy {:.3f} >= {}", r.name, n, r.ratio_to_copy(), ratio_to_copy_target));

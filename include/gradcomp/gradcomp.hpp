@@ -16,6 +16,7 @@
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/memory_space.hpp>
 #include <gradcomp/core/philox.hpp>
+#include <gradcomp/core/reference_executor.hpp>
 #include <gradcomp/core/random_permutation.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>

@@ -5,6 +5,7 @@
 // draws are reproducible from (seed, step, tensor), special values and bad messages get named
 // errors, and golden files pin the bytes.
 #include <gradcomp/core/philox.hpp>
+#include <gradcomp/core/reference_executor.hpp>
 #include <gradcomp/quantize/qsgd.hpp>
 
 #include <doctest/doctest.h>
@@ -25,7 +26,9 @@
 #include "support/codec_io.hpp"
 #include "support/data.hpp"
 #include "support/errors.hpp"
+#include "support/executor_io.hpp"
 #include "support/golden_cases.hpp"
+#include "support/reference_check.hpp"
 
 using namespace gradcomp;
 using namespace gradcomp::test;
@@ -97,12 +100,12 @@ void check_message(const std::vector<T>& x, unsigned s, std::uint32_t bucket, st
   const qsgd_quantizer<T> q({.levels = s, .bucket = bucket, .seed = seed});
   const int bits = width_of(s);
   REQUIRE(q.bits() == bits);
-  const std::vector<std::byte> m = encode_bytes(q, x, key);
+  const std::vector<std::byte> m = encode_on(reference_executor{}, q, x, key);
   const std::size_t n = x.size();
   const std::size_t buckets = (n + bucket - 1) / bucket;
   REQUIRE(m.size() == header + buckets * sizeof(T) + (n * static_cast<std::size_t>(bits) + 7) / 8);
   const std::size_t codes_offset = header + buckets * sizeof(T);
-  const std::vector<T> decoded = decode_values(q, m, n);
+  const std::vector<T> decoded = decode_on(reference_executor{}, q, m, poisoned_values<T>(n));
   bool norms_ok = true, codes_ok = true, grid_ok = true, values_ok = true, zeros_exact = true;
   for (std::size_t j = 0; j < buckets; ++j) {
     const std::size_t first = j * bucket, last = std::min(n, first + bucket);
@@ -334,7 +337,7 @@ TEST_CASE("QSGD decoders reject bad norms, impossible codes, padding, layouts an
   };
   for (const float bad : {-1.0f, -0.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
     CAPTURE(bad);
-    CHECK(thrown_by([&] { decode_values(q, with_norm(0, bad), 99); }) == named(errc::malformed_payload));
+    CHECK(decode_status_everywhere(q, with_norm(0, bad), 99) == named(errc::malformed_payload));
   }
   // The largest finite norm is fine: |value| ≤ norm.
   const std::vector<float> huge = decode_values(q, with_norm(1, std::numeric_limits<float>::max()), 99);
@@ -347,31 +350,31 @@ TEST_CASE("QSGD decoders reject bad norms, impossible codes, padding, layouts an
     return reseal(m);
   };
   CHECK(decode_values(q, with_code(5, 4u), 99).size() == 99);  // level s is fine
-  CHECK(thrown_by([&] { decode_values(q, with_code(5, 5u), 99); }) == named(errc::malformed_payload));   // level 5 > s
-  CHECK(thrown_by([&] { decode_values(q, with_code(6, 0xFu), 99); }) == named(errc::malformed_payload));  // level 7, negative
-  CHECK(thrown_by([&] { decode_values(q, with_code(7, 8u), 99); }) == named(errc::malformed_payload));    // −0 level
-  CHECK(thrown_by([&] { decode_values(q, with_code(70, 1u), 99); }) == named(errc::malformed_payload));   // code under norm 0
+  CHECK(decode_status_everywhere(q, with_code(5, 5u), 99) == named(errc::malformed_payload));   // level 5 > s
+  CHECK(decode_status_everywhere(q, with_code(6, 0xFu), 99) == named(errc::malformed_payload));  // level 7, negative
+  CHECK(decode_status_everywhere(q, with_code(7, 8u), 99) == named(errc::malformed_payload));    // −0 level
+  CHECK(decode_status_everywhere(q, with_code(70, 1u), 99) == named(errc::malformed_payload));   // code under norm 0
   // Padding after 99 four-bit codes: bits 4..7 of the last byte.
   std::vector<std::byte> pad = good;
   pad.back() |= std::byte{0x10};
-  CHECK(thrown_by([&] { decode_values(q, reseal(pad), 99); }) == named(errc::malformed_payload));
+  CHECK(decode_status_everywhere(q, reseal(pad), 99) == named(errc::malformed_payload));
   std::vector<std::byte> layout = good;
   envelope e = parse_envelope(layout);
   e.layout = 2;
   write_envelope(e, layout);
-  CHECK(thrown_by([&] { decode_values(q, layout, 99); }) == named(errc::malformed_payload));
+  CHECK(decode_status_everywhere(q, layout, 99) == named(errc::malformed_payload));
   std::vector<std::byte> short_payload(good.begin(), good.end() - 1);
   e = parse_envelope(good);
   e.payload_bytes -= 1;
   write_envelope(e, short_payload);
-  CHECK(thrown_by([&] { decode_values(q, short_payload, 99); }) == named(errc::malformed_payload));
-  CHECK(thrown_by([&] { decode_values(qsgd_quantizer<float>({.levels = 4, .bucket = 32, .seed = 4}), good, 99); }) ==
+  CHECK(decode_status_everywhere(q, short_payload, 99) == named(errc::malformed_payload));
+  CHECK(decode_status_everywhere(qsgd_quantizer<float>({.levels = 4, .bucket = 32, .seed = 4}), good, 99) ==
         named(errc::parameter_mismatch));
-  CHECK(thrown_by([&] { decode_values(qsgd_quantizer<float>({.levels = 5, .bucket = 32, .seed = 3}), good, 99); }) ==
+  CHECK(decode_status_everywhere(qsgd_quantizer<float>({.levels = 5, .bucket = 32, .seed = 3}), good, 99) ==
         named(errc::parameter_mismatch));
-  CHECK(thrown_by([&] { decode_values(qsgd_quantizer<float>({.levels = 4, .bucket = 33, .seed = 3}), good, 99); }) ==
+  CHECK(decode_status_everywhere(qsgd_quantizer<float>({.levels = 4, .bucket = 33, .seed = 3}), good, 99) ==
         named(errc::parameter_mismatch));
-  CHECK(thrown_by([&] { decode_values(qsgd_quantizer<double>({.levels = 4, .bucket = 32, .seed = 3}), good, 99); }) ==
+  CHECK(decode_status_everywhere(qsgd_quantizer<double>({.levels = 4, .bucket = 32, .seed = 3}), good, 99) ==
         named(errc::dtype_mismatch));
   CHECK(thrown_by([] { qsgd_quantizer<float> bad({.levels = 0}); }) == named(errc::invalid_argument));
   CHECK(thrown_by([] { qsgd_quantizer<float> bad({.levels = 128}); }) == named(errc::invalid_argument));
@@ -427,4 +430,18 @@ TEST_CASE("golden QSGD files reproduce byte for byte and decode within a level o
   };
   check_file(x, q32, m32, 32, 15);
   check_file(y, q64, m64, 16, 3);
+}
+
+TEST_CASE_TEMPLATE("every cpu_executor setting writes the reference's QSGD bytes and decodes them alike", T, float, double) {
+  for (const std::uint32_t levels : {1u, 3u, 7u, 15u, 127u}) {
+    for (const std::uint32_t bucket : {1u, 32u, 100u, 256u}) {
+      CAPTURE(levels);
+      CAPTURE(bucket);
+      check_inputs_same_as_reference(qsgd_quantizer<T>({.levels = levels, .bucket = bucket, .seed = 4}));
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("QSGD rejects NaN and Inf on every executor alike", T, float, double) {
+  check_non_finite_same_as_reference(qsgd_quantizer<T>({.levels = 15, .bucket = 64}));
 }

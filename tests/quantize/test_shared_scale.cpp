@@ -4,6 +4,7 @@
 // carry and refuses more; mismatched scales, keys, parameters and sizes, bad maxima, NaN/Inf and
 // corrupted payloads get named errors and leave the output untouched; stochastic rounding is
 // unbiased and draws independent numbers on each rank.
+#include <gradcomp/core/reference_executor.hpp>
 #include <gradcomp/quantize/shared_scale.hpp>
 #include <gradcomp/quantize/uniform.hpp>
 
@@ -22,6 +23,7 @@
 #include "support/data.hpp"
 #include "support/errors.hpp"
 #include "support/oracles.hpp"
+#include "support/reference_check.hpp"
 
 using namespace gradcomp;
 using namespace gradcomp::test;
@@ -169,6 +171,7 @@ std::string decode_error(const shared_scale_quantizer<T>& q, const std::vector<s
                          decode_limits limits = {}) {
   std::vector<T> out(n, T{7});
   const std::string e = thrown_by([&] { q.decode(cpu_executor{}, m, std::span<T>(out), {}, limits); });
+  CHECK(decode_status_everywhere(q, m, n, limits) == e);
   bool untouched = true;
   for (const T v : out) untouched = untouched && v == T{7};
   CHECK(untouched);
@@ -517,16 +520,34 @@ TEST_CASE("shared-scale decode_accumulate adds exactly the decoded values") {
   CHECK(sums);
 }
 
-TEST_CASE("shared-scale messages are the same bytes with and without the AVX2 kernels") {
-  const std::vector<float> x = make_input<float>(input_kind::normal, 3001, 14);
-  const shared_scale_quantizer<float> q({.bits = 2, .block = 100, .round = rounding::stochastic, .seed = 3});
-  std::vector<std::vector<std::byte>> messages;
-  for (const cpu_executor exec : {cpu_executor{}, cpu_executor{.max_simd = cpu_simd::baseline}}) {
-    std::vector<float> maxima(q.block_count(x.size()));
-    q.block_maxima(exec, std::span<const float>(x), std::span<float>(maxima));
-    std::vector<std::byte> out(q.max_encoded_bytes(x.size()));
-    q.encode_shared(exec, std::span<const float>(x), std::span<const float>(maxima), out, {}, {.step = 5}, 2);
-    messages.push_back(std::move(out));
+TEST_CASE_TEMPLATE("every cpu_executor setting writes the reference's shared-scale bytes and decodes them alike", T,
+                   float, double) {
+  for (const int bits : {1, 2, 4, 8}) {
+    for (const rounding round : {rounding::nearest_even, rounding::stochastic}) {
+      for (const std::uint32_t block : {1u, 32u, 100u}) {
+        const shared_scale_quantizer<T> q({.bits = bits, .block = block, .round = round, .seed = 3, .headroom_bits = 3});
+        CAPTURE(bits);
+        CAPTURE(static_cast<int>(round));
+        CAPTURE(block);
+        // The single-stage encode (this rank's maxima, rank 0) on every input kind and edge size.
+        check_inputs_same_as_reference(q);
+        // encode_shared with agreed maxima above this rank's own, as rank 2.
+        const std::vector<T> x = make_input<T>(input_kind::normal, 1001, 14);
+        std::vector<T> agreed(q.block_count(x.size()));
+        q.block_maxima(reference_executor{}, std::span<const T>(x), std::span<T>(agreed));
+        for (T& m : agreed) m *= T{1.5};
+        const auto shared_on = [&](const auto& exec) {
+          std::vector<std::byte> out(q.max_encoded_bytes(x.size()));
+          q.encode_shared(exec, std::span<const T>(x), std::span<const T>(agreed), out, {}, {.step = 5}, 2);
+          return out;
+        };
+        const std::vector<std::byte> expected = shared_on(reference_executor{});
+        for (const cpu_executor& cpu : cpu_settings()) CHECK(shared_on(cpu) == expected);
+      }
+    }
   }
-  CHECK(messages[0] == messages[1]);
+}
+
+TEST_CASE_TEMPLATE("shared-scale rejects NaN and Inf on every executor alike", T, float, double) {
+  check_non_finite_same_as_reference(shared_scale_quantizer<T>({.bits = 4, .block = 64}));
 }

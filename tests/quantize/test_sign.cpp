@@ -2,6 +2,7 @@
 // oracle in this file, summed in the documented order, so equality is bitwise), bits are the
 // IEEE sign bits, zero blocks decode to exact +0, error feedback keeps Σ decoded + residual = Σ g,
 // special values and bad messages get named errors, and golden files pin the bytes.
+#include <gradcomp/core/reference_executor.hpp>
 #include <gradcomp/feedback/error_feedback.hpp>
 #include <gradcomp/quantize/sign.hpp>
 
@@ -24,7 +25,9 @@
 #include "support/data.hpp"
 #include "support/ef_invariant.hpp"
 #include "support/errors.hpp"
+#include "support/executor_io.hpp"
 #include "support/golden_cases.hpp"
+#include "support/reference_check.hpp"
 
 using namespace gradcomp;
 using namespace gradcomp::test;
@@ -71,11 +74,11 @@ unsigned bit_in(const std::vector<std::byte>& m, std::size_t bits_offset, std::s
 template <class T>
 void check_against_oracle(const std::vector<T>& x, std::uint32_t block) {
   const sign_quantizer<T> q({.block = block});
-  const std::vector<std::byte> m = encode_bytes(q, x, {.step = 2});
+  const std::vector<std::byte> m = encode_on(reference_executor{}, q, x, {.step = 2});
   const std::size_t n = x.size();
   const std::size_t blocks = (n + block - 1) / block;
   REQUIRE(m.size() == header + blocks * sizeof(T) + (n + 7) / 8);
-  const std::vector<T> decoded = decode_values(q, m, n);
+  const std::vector<T> decoded = decode_on(reference_executor{}, q, m, poisoned_values<T>(n));
   const std::size_t bits_offset = header + blocks * sizeof(T);
   bool scales_ok = true, bits_ok = true, values_ok = true, mean_close = true;
   for (std::size_t j = 0; j < blocks; ++j) {
@@ -195,37 +198,37 @@ TEST_CASE("sign decoders reject bad scales, stray bits, padding, layouts and oth
   };
   for (const float bad : {-1.0f, -0.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
     CAPTURE(bad);
-    CHECK(thrown_by([&] { decode_values(q, with_scale(3, bad), 100); }) == named(errc::malformed_payload));
+    CHECK(decode_status_everywhere(q, with_scale(3, bad), 100) == named(errc::malformed_payload));
   }
   // A set bit in a block of scale 0.
   std::vector<std::byte> stray = with_scale(1, 0.0f);
   bool any_set = false;
   for (std::size_t i = 32; i < 64; ++i) any_set = any_set || bit_in(stray, header + 16, i) != 0u;
   REQUIRE(any_set);
-  CHECK(thrown_by([&] { decode_values(q, stray, 100); }) == named(errc::malformed_payload));
+  CHECK(decode_status_everywhere(q, stray, 100) == named(errc::malformed_payload));
   std::vector<std::byte> zeros = encode_bytes(q, std::vector<float>(100, 0.0f));
   zeros[header + 16 + 5] = std::byte{0x01};
-  CHECK(thrown_by([&] { decode_values(q, reseal(zeros), 100); }) == named(errc::malformed_payload));
+  CHECK(decode_status_everywhere(q, reseal(zeros), 100) == named(errc::malformed_payload));
   // Padding after 100 bits: bits 4..7 of the last byte.
   std::vector<std::byte> pad = good;
   pad.back() |= std::byte{0x10};
-  CHECK(thrown_by([&] { decode_values(q, reseal(pad), 100); }) == named(errc::malformed_payload));
+  CHECK(decode_status_everywhere(q, reseal(pad), 100) == named(errc::malformed_payload));
   // Another layout byte.
   std::vector<std::byte> layout = good;
   envelope e = parse_envelope(layout);
   e.layout = 1;
   write_envelope(e, layout);
-  CHECK(thrown_by([&] { decode_values(q, layout, 100); }) == named(errc::malformed_payload));
+  CHECK(decode_status_everywhere(q, layout, 100) == named(errc::malformed_payload));
   // A payload one byte short, declared consistently.
   std::vector<std::byte> short_payload(good.begin(), good.end() - 1);
   e = parse_envelope(good);
   e.payload_bytes -= 1;
   write_envelope(e, short_payload);
-  CHECK(thrown_by([&] { decode_values(q, short_payload, 100); }) == named(errc::malformed_payload));
+  CHECK(decode_status_everywhere(q, short_payload, 100) == named(errc::malformed_payload));
   // Other parameters, codec, dtype.
-  CHECK(thrown_by([&] { decode_values(sign_quantizer<float>({.block = 64}), good, 100); }) == named(errc::parameter_mismatch));
-  CHECK(thrown_by([&] { decode_values(sign_quantizer<double>({.block = 32}), good, 100); }) == named(errc::dtype_mismatch));
-  CHECK(thrown_by([&] { decode_values(q, good, 99); }) == named(errc::size_mismatch));
+  CHECK(decode_status_everywhere(sign_quantizer<float>({.block = 64}), good, 100) == named(errc::parameter_mismatch));
+  CHECK(decode_status_everywhere(sign_quantizer<double>({.block = 32}), good, 100) == named(errc::dtype_mismatch));
+  CHECK(decode_status_everywhere(q, good, 99) == named(errc::size_mismatch));
   CHECK(thrown_by([] { sign_quantizer<float> bad({.block = 0}); }) == named(errc::invalid_argument));
   CHECK(sign_quantizer<float>({.block = 32}).params_hash() != sign_quantizer<float>({.block = 64}).params_hash());
   CHECK(sign_quantizer<float>().params_hash() != sign_quantizer<double>().params_hash());
@@ -275,4 +278,15 @@ TEST_CASE("golden sign files reproduce byte for byte and decode to ±mean|x| of 
   bool zero_block = true;
   for (std::size_t i = 32; i < 48; ++i) zero_block = zero_block && d64[i] == 0.0 && !std::signbit(d64[i]);
   CHECK(zero_block);
+}
+
+TEST_CASE_TEMPLATE("every cpu_executor setting writes the reference's sign bytes and decodes them alike", T, float, double) {
+  for (const std::uint32_t block : {1u, 7u, 32u, 256u}) {
+    CAPTURE(block);
+    check_inputs_same_as_reference(sign_quantizer<T>({.block = block}));
+  }
+}
+
+TEST_CASE_TEMPLATE("sign rejects NaN and Inf on every executor alike", T, float, double) {
+  check_non_finite_same_as_reference(sign_quantizer<T>({.block = 64}));
 }

@@ -1,5 +1,6 @@
 // Random-k: k distinct indices shared by every rank with the same key, values summable across
 // ranks without decoding, unbiased when scaled.
+#include <gradcomp/core/reference_executor.hpp>
 #include <gradcomp/sparsify/randomk.hpp>
 
 #include <doctest/doctest.h>
@@ -13,6 +14,7 @@
 
 #include "support/codec_io.hpp"
 #include "support/data.hpp"
+#include "support/reference_check.hpp"
 
 using namespace gradcomp;
 using namespace gradcomp::test;
@@ -183,4 +185,20 @@ TEST_CASE("random-k rejects a selected NaN or Inf and ignores unselected ones") 
   } catch (const error& e) {
     CHECK(e.code() == errc::non_finite_input);
   }
+}
+
+TEST_CASE_TEMPLATE("every cpu_executor setting writes the reference's random-k bytes and decodes them alike", T, float,
+                   double) {
+  for (const double density : {0.01, 0.5, 1.0}) {
+    for (const bool scaled : {true, false}) {
+      CAPTURE(density);
+      CAPTURE(scaled);
+      check_inputs_same_as_reference(randomk_sparsifier<T>({.amount = {.density = density}, .seed = 5, .scaled = scaled}));
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("random-k rejects a selected NaN or Inf on every executor alike", T, float, double) {
+  // Density 1 selects every element, so each position of check_non_finite is selected.
+  check_non_finite_same_as_reference(randomk_sparsifier<T>({.amount = {.density = 1.0}, .seed = 5}));
 }

@@ -1,6 +1,7 @@
 // Sampled-threshold sparsification: τ is the documented sample quantile, the kept set is exactly
 // {|x| ≥ τ, x ≠ 0} (or its exact top-k after refinement), and the achieved density is near target.
 #include <gradcomp/core/philox.hpp>
+#include <gradcomp/core/reference_executor.hpp>
 #include <gradcomp/sparsify/threshold.hpp>
 
 #include <doctest/doctest.h>
@@ -16,6 +17,7 @@
 #include "support/codec_io.hpp"
 #include "support/data.hpp"
 #include "support/oracles.hpp"
+#include "support/reference_check.hpp"
 
 using namespace gradcomp;
 using namespace gradcomp::test;
@@ -28,13 +30,15 @@ struct encoded {
   threshold_report<T> report;
 };
 
-template <class T>
-encoded<T> encode_with_report(const threshold_sparsifier<T>& codec, const std::vector<T>& x, message_key key) {
-  const cpu_executor cpu;
+// Encodes on `exec`: the reference unless a test names another (the oracles below check the
+// reference; every cpu_executor setting is checked against it).
+template <class T, class E = reference_executor>
+encoded<T> encode_with_report(const threshold_sparsifier<T>& codec, const std::vector<T>& x, message_key key,
+                              const E& exec = {}) {
   encoded<T> result;
   result.message.resize(codec.max_encoded_bytes(x.size()));
-  std::vector<std::byte> ws(codec.workspace_bytes(cpu, x.size()));
-  result.report = codec.encode_with_report(cpu, std::span<const T>(x), result.message, ws, key);
+  std::vector<std::byte> ws(codec.workspace_bytes(exec, x.size()));
+  result.report = codec.encode_with_report(exec, std::span<const T>(x), result.message, ws, key);
   result.message.resize(result.report.bytes);
   return result;
 }
@@ -170,6 +174,33 @@ TEST_CASE_TEMPLATE("threshold rejects NaN and Inf wherever they are", T, float, 
       }
     }
   }
+}
+
+TEST_CASE_TEMPLATE("every cpu_executor setting writes the reference's threshold bytes and reports", T, float, double) {
+  for (const double density : {0.001, 0.01, 0.3, 1.0}) {
+    for (const bool refine : {true, false}) {
+      for (const double fraction : {0.01, 1.0}) {
+        const threshold_sparsifier<T> codec(
+            {.target = {.density = density}, .sample_fraction = fraction, .min_samples = 64, .refine = refine, .seed = 6});
+        CAPTURE(density);
+        CAPTURE(refine);
+        CAPTURE(fraction);
+        check_inputs_same_as_reference(codec);
+        const std::vector<T> x = make_input<T>(input_kind::normal, 5000, 8);
+        const encoded<T> expected = encode_with_report(codec, x, {.step = 2});
+        for (const cpu_executor& cpu : cpu_settings()) {
+          const encoded<T> got = encode_with_report(codec, x, {.step = 2}, cpu);
+          CHECK(got.message == expected.message);
+          CHECK(got.report.kept == expected.report.kept);
+          CHECK(to_bits(got.report.threshold) == to_bits(expected.report.threshold));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("threshold rejects NaN and Inf on every executor alike", T, float, double) {
+  check_non_finite_same_as_reference(threshold_sparsifier<T>({.target = {.density = 0.01}, .min_samples = 64}));
 }
 
 TEST_CASE("threshold parameters are validated") {

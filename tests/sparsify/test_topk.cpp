@@ -1,4 +1,6 @@
-// Exact top-k against a full-sort oracle, over sizes, densities, value types and special inputs.
+// Exact top-k: the reference against a full-sort oracle, and every cpu_executor setting against the
+// reference, over sizes, densities, value types and special inputs.
+#include <gradcomp/core/reference_executor.hpp>
 #include <gradcomp/sparsify/topk.hpp>
 
 #include <doctest/doctest.h>
@@ -11,33 +13,36 @@
 
 #include "support/codec_io.hpp"
 #include "support/data.hpp"
+#include "support/executor_io.hpp"
 #include "support/oracles.hpp"
+#include "support/reference_check.hpp"
 
 using namespace gradcomp;
 using namespace gradcomp::test;
 
 namespace {
 
-// Encodes x, checks the message size and the decoded tensor against the oracle, and checks that
-// decode_accumulate adds exactly the decoded values.
+// Encodes x on the reference, checks the message size and the decoded tensor against the full-sort
+// oracle, and that decode_accumulate adds exactly the decoded values; then checks that every
+// cpu_executor setting writes the same bytes (its radix selection, candidate list and fallback
+// passes against the reference's nth_element).
 template <class T>
 void check_against_oracle(const std::vector<T>& x, std::uint64_t k) {
   const topk_sparsifier<T> topk(sparsity{.density = 1.0, .k = k});
   const std::uint64_t kept = topk.k(x.size());
-  const std::vector<std::byte> message = encode_bytes(topk, x, {.step = 3, .tensor_id = 1});
+  const message_key key{.step = 3, .tensor_id = 1};
+  const std::vector<std::byte> message = encode_on(reference_executor{}, topk, x, key);
   CHECK(message.size() == sparse_message_size_oracle(x.size(), kept, sizeof(T)));
   CHECK(message.size() <= topk.max_encoded_bytes(x.size()));
 
   const std::vector<T> expected = dense_at<T>(x, topk_indices_oracle<T>(x, kept));
-  const std::vector<T> decoded = decode_values(topk, message, x.size());
-  CHECK(bitwise_equal(decoded, expected));
-
-  std::vector<T> acc(x.size(), T{1});
-  std::vector<std::byte> ws(topk.workspace_bytes(cpu_executor{}, x.size()));
-  topk.decode_accumulate(cpu_executor{}, message, std::span<T>(acc), ws);
+  CHECK(bitwise_equal(decode_on(reference_executor{}, topk, message, poisoned_values<T>(x.size())), expected));
+  const std::vector<T> acc = decode_on(reference_executor{}, topk, message, std::vector<T>(x.size(), T{1}), true);
   bool sums = true;
   for (std::size_t i = 0; i < x.size(); ++i) sums = sums && acc[i] == T{1} + expected[i];
   CHECK(sums);
+
+  CHECK(check_same_as_reference(topk, x, key) == message);
 }
 
 template <class T>
@@ -110,6 +115,10 @@ TEST_CASE_TEMPLATE("top-k rejects NaN and Inf before writing anything", T, float
     for (const std::byte b : out) untouched = untouched && b == std::byte{0xAB};
     CHECK(untouched);
   }
+}
+
+TEST_CASE_TEMPLATE("top-k rejects NaN and Inf on every executor alike", T, float, double) {
+  check_non_finite_same_as_reference(topk_sparsifier<T>(sparsity{.density = 0.01}));
 }
 
 TEST_CASE("top-k reports small buffers and bad parameters with named errors") {

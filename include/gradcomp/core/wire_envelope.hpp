@@ -124,6 +124,28 @@ inline void write_envelope(const envelope& e, std::span<std::byte> out) {
   detail::serialize_envelope(e, out.data());
 }
 
+namespace detail {
+/// Checks that host memory `out` holds a `size`-byte message and zeroes its envelope, so that
+/// until `seal_host_message` runs last no earlier message in `out` can pass for this one.
+/// @throws error `buffer_too_small`.
+inline void begin_host_message(std::span<std::byte> out, std::size_t size) {
+  require(out.size() >= size, errc::buffer_too_small, [&] {
+    return "output of " + std::to_string(out.size()) + " bytes cannot hold the " + std::to_string(size) +
+           "-byte message";
+  });
+  std::memset(out.data(), 0, envelope::size);
+}
+
+/// Writes the envelope `e` of a host message whose payload (`e.payload_bytes` bytes after the
+/// envelope) is in place, with a payload CRC when `checksum` is set.
+inline void seal_host_message(std::span<std::byte> out, envelope e, bool checksum) {
+  const std::span<const std::byte> payload(out.data() + envelope::size, static_cast<std::size_t>(e.payload_bytes));
+  e.flags = checksum ? flag_payload_checksum : 0;
+  e.payload_crc = checksum ? crc32c(payload) : 0;
+  write_envelope(e, out);
+}
+}  // namespace detail
+
 /// Reads and checks the envelope at the start of an untrusted message of `message_size` bytes
 /// from `header`, its first `envelope::size` bytes (or fewer when the message is shorter):
 /// length, magic, version, header CRC, known flags and dtype, declared payload length, and that a

@@ -24,17 +24,8 @@
 
 namespace gradcomp::cpu {
 
-/// Checks that `out` holds a `size`-byte message and zeroes its envelope, so that until
-/// `seal_message` runs last no earlier message in `out` can pass for this one.
-/// @throws error `buffer_too_small`.
-inline void begin_message(std::span<std::byte> out, std::size_t size) {
-  detail::require(out.size() >= size, errc::buffer_too_small, [&] {
-    return "output of " + std::to_string(out.size()) + " bytes cannot hold the " + std::to_string(size) +
-           "-byte message";
-  });
-  std::memset(out.data(), 0, envelope::size);
-}
-
+/// Checks that `out` holds a `size`-byte message and zeroes its envelope (core/wire_envelope.hpp).
+inline constexpr auto& begin_message = detail::begin_host_message;
 /// Asks the cache to start loading the bytes of [from, to), one 64-byte line at a time; a hint
 /// that changes no result.
 inline void prefetch(const void* from, const void* to) noexcept {
@@ -46,14 +37,8 @@ inline void prefetch(const void* from, const void* to) noexcept {
 #endif
 }
 
-/// Writes the envelope `e` of a message whose payload (`e.payload_bytes` bytes after the
-/// envelope) is in place, with a payload CRC when `checksum` is set.
-inline void seal_message(std::span<std::byte> out, envelope e, bool checksum) {
-  const std::span<const std::byte> payload(out.data() + envelope::size, static_cast<std::size_t>(e.payload_bytes));
-  e.flags = checksum ? flag_payload_checksum : 0;
-  e.payload_crc = checksum ? crc32c(payload) : 0;
-  write_envelope(e, out);
-}
+/// Seals a message whose payload is in place (core/wire_envelope.hpp).
+inline constexpr auto& seal_message = detail::seal_host_message;
 
 /// max |x| over [first, last) (vectorised for float, with AVX2 when `avx2`); throws
 /// `non_finite_input` on NaN or Inf.

@@ -1,7 +1,8 @@
 #pragma once
 /// @file
-/// CPU reference of the QSGD quantizer: per bucket, one pass for the maximum magnitude (which also
-/// finds NaN and Inf), one for the norm in the documented order, one for the codes.
+/// CPU backend of the QSGD quantizer (its specification is reference/qsgd.hpp): per bucket, one
+/// pass for the maximum magnitude (which also finds NaN and Inf), one for the norm in the
+/// documented order, one for the codes.
 
 #include <algorithm>
 #include <cstddef>

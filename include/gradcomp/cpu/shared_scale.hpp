@@ -1,10 +1,10 @@
 #pragma once
 /// @file
-/// CPU reference of the shared-scale quantizer: every check (maxima, this rank's own block maxima,
-/// NaN/Inf, the output size) runs before anything is written; then the scales, and the codes of
-/// the uniform quantizer's reference arithmetic packed into u64 field words 256 elements at a
-/// time, with the stochastic-rounding halves of a chunk drawn together. Decoders validate the whole
-/// message before writing.
+/// CPU backend of the shared-scale quantizer (its specification is reference/shared_scale.hpp):
+/// every check (maxima, this rank's own block maxima, NaN/Inf, the output size) runs before
+/// anything is written; then the scales, and the codes of the uniform quantizer's reference
+/// arithmetic packed into u64 field words 256 elements at a time, with the stochastic-rounding
+/// halves of a chunk drawn together. Decoders validate the whole message before writing.
 
 #include <algorithm>
 #include <cstddef>
@@ -16,6 +16,7 @@
 
 #include <gradcomp/core/backend.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
+#include <gradcomp/core/reference_executor.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/philox.hpp>
@@ -27,6 +28,7 @@
 #include <gradcomp/quantize/shared_scale.hpp>
 #include <gradcomp/quantize/sign_math.hpp>
 #include <gradcomp/quantize/uniform.hpp>  // and its CPU backend, with cpu::uniform_scalar_codes
+#include <gradcomp/reference/shared_scale.hpp>
 
 namespace gradcomp {
 
@@ -64,7 +66,7 @@ struct backend<shared_scale_quantizer<T>, cpu_executor> {
     workspace_arena arena(ws);
     const std::span<T> maxima = carve(arena, codec, grad.size());
     block_maxima(codec, e, grad, maxima);
-    validate_maxima(codec, grad.size(), maxima);
+    codec.validate_agreed_maxima(grad.size(), maxima);
     return write_message(codec, e, grad, maxima, out, key, 0);
   }
 
@@ -72,7 +74,7 @@ struct backend<shared_scale_quantizer<T>, cpu_executor> {
                                    std::span<const T> agreed, std::span<std::byte> out, std::span<std::byte>,
                                    message_key key, std::uint32_t rank) {
     const std::uint64_t n = grad.size();
-    validate_maxima(codec, n, agreed);
+    codec.validate_agreed_maxima(n, agreed);
     const std::uint64_t block = codec.params().block;
     for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
       const T m = cpu::max_magnitude(grad.data() + begin, grad.data() + std::min(n, begin + block), e.avx2());
@@ -102,23 +104,10 @@ struct backend<shared_scale_quantizer<T>, cpu_executor> {
     }
   }
 
+  /// The reference's sum (reference/shared_scale.hpp): u64 additions, nothing to vectorise.
   static void accumulate_encoded(const codec_type& codec, const cpu_executor&, std::span<std::byte> acc,
                                  std::span<const std::byte> other) {
-    const parsed mine = parse_checked(codec, acc, parse_envelope(acc).elements, {});
-    const parsed theirs = parse_checked(codec, other, mine.e.elements, {});
-    detail::require(mine.e.key == theirs.e.key, errc::step_mismatch,
-                    "messages of different steps or tensors cannot be summed");
-    const std::size_t offset = codec.summable_offset(mine.e.elements);
-    detail::require(std::memcmp(acc.data() + envelope::size, other.data() + envelope::size, offset - envelope::size) == 0,
-                    errc::parameter_mismatch, "the block scales differ: the ranks did not agree the block maxima");
-    detail::require(mine.contributions + theirs.contributions <= codec.max_contributions(), errc::invalid_argument, [&] {
-      return "the sum would hold " + std::to_string(mine.contributions + theirs.contributions) +
-             " contributions, the headroom allows " + std::to_string(codec.max_contributions()) +
-             ": raise headroom_bits";
-    });
-    for (std::size_t at = offset; at < acc.size(); at += 8)
-      detail::store_le<std::uint64_t>(acc.data() + at, detail::load_le<std::uint64_t>(acc.data() + at) +
-                                                           detail::load_le<std::uint64_t>(other.data() + at));
+    backend<codec_type, reference_executor>::accumulate_encoded(codec, reference_executor{}, acc, other);
   }
 
  private:
@@ -183,28 +172,6 @@ struct backend<shared_scale_quantizer<T>, cpu_executor> {
     T s;
     std::memcpy(&s, message + envelope::size + j * sizeof(T), sizeof s);
     return s;
-  }
-
-  /// Checks agreed maxima before they set scales: one per block, finite, non-negative, and small
-  /// enough that a sum of 2^k contributions decodes finitely.
-  static void validate_maxima(const codec_type& codec, std::uint64_t n, std::span<const T> maxima) {
-    detail::require(maxima.size() == codec.block_count(n), errc::size_mismatch, [&] {
-      return "agreed maxima hold " + std::to_string(maxima.size()) + " values, the gradient has " +
-             std::to_string(codec.block_count(n)) + " blocks";
-    });
-    const T largest = codec.largest_level_sum();
-    for (std::uint64_t j = 0; j < maxima.size(); ++j) {
-      const T m = maxima[j];
-      detail::require(is_finite(m), errc::non_finite_input, [&] {
-        return "agreed maximum of block " + std::to_string(j) + " is NaN or Inf (a rank's gradient held NaN or Inf)";
-      });
-      detail::require(sign_bit_of(m) == 0, errc::invalid_argument,
-                      [&] { return "agreed maximum of block " + std::to_string(j) + " is negative"; });
-      detail::require(is_finite(uniform_step(m, codec.bits()) * largest), errc::non_finite_input, [&] {
-        return "agreed maximum of block " + std::to_string(j) + " is so large that a sum of " +
-               std::to_string(codec.max_contributions()) + " contributions overflows the value type";
-      });
-    }
   }
 
   /// Writes the message for `grad` with validated maxima; nothing in here can fail but the size

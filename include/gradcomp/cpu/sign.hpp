@@ -1,7 +1,8 @@
 #pragma once
 /// @file
-/// CPU reference of the sign quantizer: per block, one pass for the maximum magnitude (which also
-/// finds NaN and Inf), one for the mean magnitude in the documented order, one for the sign bits.
+/// CPU backend of the sign quantizer (its specification is reference/sign.hpp): per block, one pass
+/// for the maximum magnitude (which also finds NaN and Inf), one for the mean magnitude in the
+/// documented order, one for the sign bits.
 
 #include <algorithm>
 #include <cstddef>

@@ -14,6 +14,7 @@
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/cpu/message.hpp>
+#include <gradcomp/reference/sparse_message.hpp>
 #include <gradcomp/sparsify/sparse_format.hpp>
 
 namespace gradcomp::cpu {
@@ -96,20 +97,9 @@ std::size_t write_sparse_message(envelope header, std::uint64_t k, bool payload_
   return static_cast<std::size_t>(envelope::size + payload);
 }
 
-/// Decodes a sparse message into `dense` (overwriting, or adding when `accumulate`). Everything is validated before `dense` is touched.
-/// @throws error any envelope or payload error; `dense` is unchanged then.
-template <gradient_value T>
-void decode_sparse_message(std::span<const std::byte> message, const envelope_expectation& want,
-                           const decode_limits& limits, std::span<T> dense, bool accumulate) {
-  const envelope e = parse_envelope(message);
-  validate_envelope(e, want, limits);
-  const sparse_view<T> view = parse_sparse_payload<T>(e, payload_of(message));
-  if (!accumulate) std::fill(dense.begin(), dense.end(), T{0});
-  T* const out = dense.data();
-  if (accumulate)
-    view.for_each([out](std::uint64_t i, T v) { out[i] += v; });
-  else
-    view.for_each([out](std::uint64_t i, T v) { out[i] = v; });
-}
+/// Decodes a sparse message into `dense` (overwriting, or adding when `accumulate`), validated
+/// first: the reference's decoder (reference/sparse_message.hpp), a scatter with nothing to
+/// vectorise.
+using detail::reference::decode_sparse_message;
 
 }  // namespace gradcomp::cpu

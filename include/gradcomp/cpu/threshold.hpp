@@ -1,7 +1,8 @@
 #pragma once
 /// @file
-/// CPU reference of the sampled-threshold sparsifier: sample, select τ among the sample, one
-/// selection pass into an index list, optional exact refinement, then the sparse message.
+/// CPU backend of the sampled-threshold sparsifier (its specification is reference/threshold.hpp):
+/// sample, select τ among the sample, one selection pass into an index list, optional exact
+/// refinement, then the sparse message.
 
 #include <algorithm>
 #include <cstddef>

@@ -1,11 +1,11 @@
 #pragma once
 /// @file
-/// CPU reference of exact top-k. Pass 1 histograms the top 11 bits of every |x| key and finds the
-/// bucket b holding the k-th key. Pass 2 lists, in ascending order, the indices whose key bucket
-/// is at least b (about k plus the bucket's population); radix selection over that list's bucket-b
-/// keys finds the exact k-th key, and the message is written from the list. When the list would
-/// not fit its workspace (heavy ties, large k), selection descends with further histogram passes
-/// over the data and a final pass writes the message.
+/// CPU backend of exact top-k (its specification is reference/topk.hpp). Pass 1 histograms the top
+/// 11 bits of every |x| key and finds the bucket b holding the k-th key. Pass 2 lists, in ascending
+/// order, the indices whose key bucket is at least b (about k plus the bucket's population); radix
+/// selection over that list's bucket-b keys finds the exact k-th key, and the message is written
+/// from the list. When the list would not fit its workspace (heavy ties, large k), selection
+/// descends with further histogram passes over the data and a final pass writes the message.
 
 #include <algorithm>
 #include <cstddef>

@@ -1,13 +1,13 @@
 #pragma once
 /// @file
-/// CPU reference of the uniform quantizer: per block, one pass for the maximum magnitude (which
-/// also finds NaN and Inf), then codes computed a chunk at a time and packed whole bytes at a time.
-/// float32 in the common layouts (8-bit codes, or 4-bit round-to-nearest, blocks a multiple of 32)
-/// takes the vectorised kernels of cpu/uniform_kernels.hpp: the encoder reads the blocks front to
-/// back (the hardware prefetcher follows) and writes the codes through a staged_writer, the decoder
-/// validates every code first and then writes values directly; large outputs are written with
-/// non-temporal stores (cpu_executor). Every path computes the codes and values of
-/// quantize/uniform_math.hpp.
+/// CPU backend of the uniform quantizer (its specification is reference/uniform.hpp): per block,
+/// one pass for the maximum magnitude (which also finds NaN and Inf), then codes computed a chunk
+/// at a time and packed whole bytes at a time. float32 in the common layouts (8-bit codes, or 4-bit
+/// round-to-nearest, blocks a multiple of 32) takes the vectorised kernels of
+/// cpu/uniform_kernels.hpp: the encoder reads the blocks front to back (the hardware prefetcher
+/// follows) and writes the codes through a staged_writer, the decoder validates every code first
+/// and then writes values directly; large outputs are written with non-temporal stores
+/// (cpu_executor). Every path computes the codes and values of quantize/uniform_math.hpp.
 
 #include <algorithm>
 #include <cstddef>

@@ -81,9 +81,11 @@ void seal_uniform_message(const Quantizer& codec, std::span<std::byte> out, mess
 /// 32 (with non-temporal stores when `streaming`), code·s value by value after.
 inline void uniform_decode_block(const std::uint8_t* codes, std::uint64_t count, int bits, float s, float* out,
                                  bool accumulate, bool streaming, bool avx2) noexcept {
-  const std::uint64_t whole = count / kernel_width * kernel_width;
-  if (bits == 8) decode_codes<8>(codes, whole, s, out, accumulate, streaming, avx2);
-  else decode_codes<4>(codes, whole, s, out, accumulate, streaming, avx2);
+  const std::uint64_t whole = uniform_kernels_compiled ? count / kernel_width * kernel_width : 0;
+  if constexpr (uniform_kernels_compiled) {
+    if (bits == 8) decode_codes<8>(codes, whole, s, out, accumulate, streaming, avx2);
+    else decode_codes<4>(codes, whole, s, out, accumulate, streaming, avx2);
+  }
   for (std::uint64_t i = whole; i < count; ++i) {
     const float value = mul_rn(static_cast<float>(uniform_code_level(packed_code(codes, i, bits), bits)), s);
     out[i] = accumulate ? out[i] + value : value;
@@ -95,9 +97,11 @@ inline void uniform_decode_block(const std::uint8_t* codes, std::uint64_t count,
 /// when `streaming`), value by value after.
 inline void uniform_residual_block(const std::uint8_t* codes, std::uint64_t count, int bits, float s, const float* x,
                                    float* residual, bool streaming, bool avx2) noexcept {
-  const std::uint64_t whole = count / kernel_width * kernel_width;
-  if (bits == 8) residual_of_codes<8>(codes, whole, s, x, residual, streaming, avx2);
-  else residual_of_codes<4>(codes, whole, s, x, residual, streaming, avx2);
+  const std::uint64_t whole = uniform_kernels_compiled ? count / kernel_width * kernel_width : 0;
+  if constexpr (uniform_kernels_compiled) {
+    if (bits == 8) residual_of_codes<8>(codes, whole, s, x, residual, streaming, avx2);
+    else residual_of_codes<4>(codes, whole, s, x, residual, streaming, avx2);
+  }
   for (std::uint64_t i = whole; i < count; ++i)
     residual[i] = x[i] - mul_rn(static_cast<float>(uniform_code_level(packed_code(codes, i, bits), bits)), s);
 }
@@ -186,17 +190,19 @@ class uniform_block_encoder {
       std::uint8_t* const target = codes_ + first * static_cast<std::uint64_t>(bits) / 8;
       const std::uint16_t* const halves =
           rne ? nullptr : detail::philox_stream_halves(stream_, element_ + first, part, random_halves_, simd_);
-      const std::uint64_t done = multiply ? part / kernel_width * kernel_width : 0;
+      const std::uint64_t done = uniform_kernels_compiled && multiply ? part / kernel_width * kernel_width : 0;
       std::uint64_t with_residual = 0;  // values whose residual the coding kernel wrote
-      if (bits == 4) {
-        encode4_rtn(x + first, done, inv, target, avx2_);
-      } else if (rne && residual != nullptr) {
-        encode8_rtn_residual(x + first, done, inv, s, target, residual + first, streaming, avx2_);
-        with_residual = done;
-      } else if (rne) {
-        encode8_rtn(x + first, done, inv, target, avx2_);
-      } else {
-        encode8_sr(x + first, done, inv, halves, target, avx2_);
+      if constexpr (uniform_kernels_compiled) {
+        if (bits == 4) {
+          encode4_rtn(x + first, done, inv, target, avx2_);
+        } else if (rne && residual != nullptr) {
+          encode8_rtn_residual(x + first, done, inv, s, target, residual + first, streaming, avx2_);
+          with_residual = done;
+        } else if (rne) {
+          encode8_rtn(x + first, done, inv, target, avx2_);
+        } else {
+          encode8_sr(x + first, done, inv, halves, target, avx2_);
+        }
       }
       if (done < part) {
         uniform_scalar_codes(x + first + done, part - done, m, s, bits, p.round,

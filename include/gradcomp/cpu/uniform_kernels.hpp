@@ -3,8 +3,9 @@
 /// The vectorised float32 kernels of the uniform quantizer's CPU backend (also used by the fused
 /// error-feedback and LoCo paths): block maximum, 8-bit and 4-bit round-to-nearest codes, 8-bit
 /// stochastic-rounding codes, 8-bit and 4-bit decoding, and error feedback's residual x − decoded
-/// (from the codes, or with the 8-bit round-to-nearest codes in one pass). Each has a baseline version (SSE2 on
-/// x86-64, scalar elsewhere) and an AVX2 twin; all compute exactly the arithmetic of
+/// (from the codes, or with the 8-bit round-to-nearest codes in one pass). Each has a baseline
+/// version (SSE2) and an AVX2 twin; without SSE2 none is compiled and the callers code every value
+/// with the scalar arithmetic (`uniform_kernels_compiled`). All compute exactly the arithmetic of
 /// quantize/uniform_math.hpp (t = x·inv in float, cvtps2dq/cvttps2dq round and truncate as
 /// round_half_even and floor_to_int do), so every version writes the same bits. Every product that
 /// feeds a sum or a difference passes through `rounded` (core/rounded_product.hpp), so that no
@@ -28,6 +29,17 @@ namespace gradcomp::cpu {
 
 /// Values per kernel step; kernel counts are multiples of it.
 inline constexpr std::uint64_t kernel_width = 32;
+
+/// Whether the coding, decoding and residual kernels below are compiled: with SSE2 (the x86-64
+/// baseline), and their AVX2 twins with GRADCOMP_HAVE_AVX2. Without them the callers
+/// (cpu/uniform_block_encoder.hpp) code and decode every value with the scalar arithmetic of
+/// quantize/uniform_math.hpp, which reference/uniform.hpp specifies, and never call them.
+inline constexpr bool uniform_kernels_compiled =
+#if defined(__SSE2__)
+    true;
+#else
+    false;
+#endif
 
 /// Bits of max |x| over x[0, count) (count a multiple of 32): the magnitude key, whose value at or
 /// above the infinity key means NaN or Inf.
@@ -72,12 +84,6 @@ namespace kernel_detail {
   std::uint32_t bits;
   std::memcpy(&bits, &v, sizeof bits);
   return bits & 0x7fffffffu;
-}
-
-/// Scalar level of a round-to-nearest code, as uniform_level computes it.
-[[nodiscard]] inline int rtn_level(float t, int levels) noexcept {
-  const int q = round_half_even(t);
-  return std::clamp(q, -levels, levels);
 }
 
 #if defined(__SSE2__)
@@ -304,12 +310,12 @@ inline std::uint32_t max_magnitude_key32(const float* x, std::uint64_t count, bo
   return largest;
 }
 
+#if defined(__SSE2__)
 inline void encode8_rtn(const float* x, std::uint64_t count, float inv, std::uint8_t* codes, bool avx2) noexcept {
 #if defined(GRADCOMP_HAVE_AVX2)
   if (avx2) return kernel_detail::encode8_rtn_avx2(x, count, inv, codes);
 #endif
   (void)avx2;
-#if defined(__SSE2__)
   const __m128 scale = _mm_set1_ps(inv);
   const __m128i offset = _mm_set1_epi8(127);
   for (std::uint64_t i = 0; i < count; i += 16) {
@@ -321,10 +327,6 @@ inline void encode8_rtn(const float* x, std::uint64_t count, float inv, std::uin
     const __m128i q = _mm_packs_epi16(_mm_packs_epi32(q0, q1), _mm_packs_epi32(q2, q3));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm_add_epi8(q, offset));
   }
-#else
-  for (std::uint64_t i = 0; i < count; ++i)
-    codes[i] = static_cast<std::uint8_t>(kernel_detail::rtn_level(x[i] * inv, 127) + 127);
-#endif
 }
 
 inline void encode4_rtn(const float* x, std::uint64_t count, float inv, std::uint8_t* packed, bool avx2) noexcept {
@@ -332,7 +334,6 @@ inline void encode4_rtn(const float* x, std::uint64_t count, float inv, std::uin
   if (avx2) return kernel_detail::encode4_rtn_avx2(x, count, inv, packed);
 #endif
   (void)avx2;
-#if defined(__SSE2__)
   const __m128 scale = _mm_set1_ps(inv);
   const __m128i top = _mm_set1_epi16(7);
   const __m128i bottom = _mm_set1_epi16(-7);
@@ -350,13 +351,6 @@ inline void encode4_rtn(const float* x, std::uint64_t count, float inv, std::uin
     const __m128i pairs = _mm_and_si128(_mm_or_si128(c, _mm_srli_epi16(c, 4)), low_byte);
     _mm_storel_epi64(reinterpret_cast<__m128i*>(packed + i / 2), _mm_packus_epi16(pairs, pairs));
   }
-#else
-  for (std::uint64_t i = 0; i < count; i += 2) {
-    const int even = kernel_detail::rtn_level(x[i] * inv, 7) + 7;
-    const int odd = kernel_detail::rtn_level(x[i + 1] * inv, 7) + 7;
-    packed[i / 2] = static_cast<std::uint8_t>(even | odd << 4);
-  }
-#endif
 }
 
 inline void encode8_sr(const float* x, std::uint64_t count, float inv, const std::uint16_t* halves,
@@ -365,7 +359,6 @@ inline void encode8_sr(const float* x, std::uint64_t count, float inv, const std
   if (avx2) return kernel_detail::encode8_sr_avx2(x, count, inv, halves, codes);
 #endif
   (void)avx2;
-#if defined(__SSE2__)
   const __m128 scale = _mm_set1_ps(inv);
   const __m128 unit = _mm_set1_ps(1.0f / 65536.0f);
   const __m128i zero = _mm_setzero_si128();
@@ -389,12 +382,6 @@ inline void encode8_sr(const float* x, std::uint64_t count, float inv, const std
     const __m128i b = _mm_max_epi16(_mm_min_epi16(_mm_packs_epi32(q[2], q[3]), top), bottom);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm_add_epi8(_mm_packs_epi16(a, b), offset));
   }
-#else
-  for (std::uint64_t i = 0; i < count; ++i) {
-    const float u = static_cast<float>(halves[i]) * (1.0f / 65536.0f);
-    codes[i] = uniform_code(uniform_level(mul_rn(x[i], inv), 8, rounding::stochastic, u), 8);
-  }
-#endif
 }
 
 template <int Bits>
@@ -405,19 +392,10 @@ inline void decode_codes(const std::uint8_t* codes, std::uint64_t count, float s
   if (avx2) return kernel_detail::decode_avx2<Bits>(codes, count, s, dense, accumulate, streaming);
 #endif
   (void)avx2;
-#if defined(__SSE2__)
   kernel_detail::for_each_values4_sse2<Bits>(codes, count, s, [&](std::uint64_t j, __m128 value) {
     if (accumulate) value = _mm_add_ps(_mm_loadu_ps(dense + j), value);
     kernel_detail::store4(dense + j, value, streaming);
   });
-#else
-  for (std::uint64_t i = 0; i < count; ++i) {
-    const unsigned code = Bits == 8 ? codes[i] : (codes[i / 2] >> (i % 2 * 4)) & 0x0fu;
-    const float value = mul_rn(static_cast<float>(static_cast<int>(code) - (Bits == 8 ? 127 : 7)), s);
-    dense[i] = accumulate ? dense[i] + value : value;
-  }
-  (void)streaming;
-#endif
 }
 
 template <int Bits>
@@ -431,17 +409,9 @@ inline void residual_of_codes(const std::uint8_t* codes, std::uint64_t count, fl
   }
 #endif
   (void)avx2;
-#if defined(__SSE2__)
   kernel_detail::for_each_values4_sse2<Bits>(codes, count, s, [&](std::uint64_t j, __m128 value) {
     kernel_detail::store4(residual + j, _mm_sub_ps(_mm_loadu_ps(x + j), value), streaming);
   });
-#else
-  for (std::uint64_t i = 0; i < count; ++i) {
-    const unsigned code = Bits == 8 ? codes[i] : (codes[i / 2] >> (i % 2 * 4)) & 0x0fu;
-    residual[i] = x[i] - mul_rn(static_cast<float>(static_cast<int>(code) - (Bits == 8 ? 127 : 7)), s);
-  }
-  (void)streaming;
-#endif
 }
 
 inline void encode8_rtn_residual(const float* x, std::uint64_t count, float inv, float s, std::uint8_t* codes,
@@ -455,6 +425,8 @@ inline void encode8_rtn_residual(const float* x, std::uint64_t count, float inv,
   encode8_rtn(x, count, inv, codes, avx2);
   residual_of_codes<8>(codes, count, s, x, residual, streaming, avx2);
 }
+
+#endif
 
 template <int Bits>
 inline bool any_code_all_ones(const std::uint8_t* codes, std::uint64_t bytes, bool avx2) noexcept {

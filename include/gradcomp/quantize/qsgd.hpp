@@ -107,3 +107,4 @@ class qsgd_quantizer : public codec_interface<qsgd_quantizer<T>, T> {
 }  // namespace gradcomp
 
 #include <gradcomp/cpu/qsgd.hpp>
+#include <gradcomp/reference/qsgd.hpp>

@@ -1,7 +1,7 @@
 #pragma once
 /// @file
-/// The per-bucket and per-value arithmetic of the QSGD quantizer, shared by the CPU reference and a
-/// CUDA backend so that both produce the same bytes. Conventions (s = levels, w = code bits, a
+/// The per-bucket and per-value arithmetic of the QSGD quantizer, shared by the reference, CPU and
+/// CUDA backend so that all produce the same bytes. Conventions (s = levels, w = code bits, a
 /// bucket of c values x_0 … x_{c−1}, m = max|x_i|, i the element's index in the whole tensor):
 ///
 ///     w = 1 + bit_width(s), rounded up to 2, 4 or 8 (s = 1 → 2; s ≤ 7 → 4; s ≤ 127 → 8)

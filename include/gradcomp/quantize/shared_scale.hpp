@@ -55,6 +55,7 @@
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/quantize/uniform.hpp>
+#include <gradcomp/quantize/sign_math.hpp>
 #include <gradcomp/quantize/uniform_math.hpp>
 
 namespace gradcomp {
@@ -171,6 +172,28 @@ class shared_scale_quantizer : public codec_interface<shared_scale_quantizer<T>,
   [[nodiscard]] std::uint64_t largest_field(std::uint64_t contributions) const noexcept {
     return contributions * uniform_code(uniform_levels(params_.bits), params_.bits);
   }
+  /// Checks agreed maxima before they set scales (every host backend's encoder calls it): one per
+  /// block, finite, non-negative, and small enough that a sum of 2^k contributions decodes
+  /// finitely. @throws error `size_mismatch`, `non_finite_input`, `invalid_argument`.
+  void validate_agreed_maxima(std::uint64_t n, std::span<const T> maxima) const {
+    detail::require(maxima.size() == block_count(n), errc::size_mismatch, [&] {
+      return "agreed maxima hold " + std::to_string(maxima.size()) + " values, the gradient has " +
+             std::to_string(block_count(n)) + " blocks";
+    });
+    const T largest = largest_level_sum();
+    for (std::uint64_t j = 0; j < maxima.size(); ++j) {
+      const T m = maxima[j];
+      detail::require(is_finite(m), errc::non_finite_input, [&] {
+        return "agreed maximum of block " + std::to_string(j) + " is NaN or Inf (a rank's gradient held NaN or Inf)";
+      });
+      detail::require(sign_bit_of(m) == 0, errc::invalid_argument,
+                      [&] { return "agreed maximum of block " + std::to_string(j) + " is negative"; });
+      detail::require(is_finite(uniform_step(m, bits()) * largest), errc::non_finite_input, [&] {
+        return "agreed maximum of block " + std::to_string(j) + " is so large that a sum of " +
+               std::to_string(max_contributions()) + " contributions overflows the value type";
+      });
+    }
+  }
   /// Hash of the parameters, carried in every message and checked by decoders: the id, the hash of
   /// the uniform quantizer with the same levels (bits, block, rounding, seed and dtype), and the
   /// headroom.
@@ -226,3 +249,4 @@ class shared_scale_quantizer : public codec_interface<shared_scale_quantizer<T>,
 }  // namespace gradcomp
 
 #include <gradcomp/cpu/shared_scale.hpp>
+#include <gradcomp/reference/shared_scale.hpp>

@@ -93,3 +93,4 @@ class sign_quantizer : public codec_interface<sign_quantizer<T>, T> {
 }  // namespace gradcomp
 
 #include <gradcomp/cpu/sign.hpp>
+#include <gradcomp/reference/sign.hpp>

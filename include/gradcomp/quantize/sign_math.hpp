@@ -1,8 +1,8 @@
 #pragma once
 /// @file
-/// The per-block and per-value arithmetic of the sign quantizer, shared by the CPU reference and a
-/// CUDA backend so that both produce the same bytes. Conventions (block of c values x_0 … x_{c−1},
-/// m = max|x_i|):
+/// The per-block and per-value arithmetic of the sign quantizer, shared by the reference, CPU and
+/// CUDA backend so that all produce the same bytes. Conventions (block of c values x_0 … x_{c−1}, m
+/// = max|x_i|):
 ///
 ///     float:  acc = Σ |x_i| in double, left to right in index order (exact terms, rounded sums)
 ///             scale = float(min(acc / c, m))           (division and min in double)

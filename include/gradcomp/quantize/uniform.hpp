@@ -103,3 +103,4 @@ class uniform_quantizer : public codec_interface<uniform_quantizer<T>, T> {
 }  // namespace gradcomp
 
 #include <gradcomp/cpu/uniform.hpp>
+#include <gradcomp/reference/uniform.hpp>

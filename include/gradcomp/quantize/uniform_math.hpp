@@ -1,7 +1,7 @@
 #pragma once
 /// @file
-/// The per-value arithmetic of the uniform quantizer, shared by the CPU reference and the CUDA
-/// backend so that both produce the same codes bit for bit. Conventions (b = bits, L = levels):
+/// The per-value arithmetic of the uniform quantizer, shared by the reference, CPU and CUDA backend
+/// so that all produce the same codes bit for bit. Conventions (b = bits, L = levels):
 ///
 ///     L = 2^(b−1) − 1 for b ≥ 2, and L = 1 for b = 1 (levels −1 and +1 only)
 ///     block: m = max|h|, s = m / L (the decoded step; see uniform_step near the largest finite

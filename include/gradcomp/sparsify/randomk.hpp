@@ -96,3 +96,4 @@ class randomk_sparsifier : public codec_interface<randomk_sparsifier<T>, T> {
 }  // namespace gradcomp
 
 #include <gradcomp/cpu/randomk.hpp>
+#include <gradcomp/reference/randomk.hpp>

@@ -124,3 +124,4 @@ class threshold_sparsifier : public codec_interface<threshold_sparsifier<T>, T> 
 }  // namespace gradcomp
 
 #include <gradcomp/cpu/threshold.hpp>
+#include <gradcomp/reference/threshold.hpp>

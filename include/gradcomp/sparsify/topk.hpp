@@ -69,3 +69,4 @@ class topk_sparsifier : public codec_interface<topk_sparsifier<T>, T> {
 }  // namespace gradcomp
 
 #include <gradcomp/cpu/topk.hpp>
+#include <gradcomp/reference/topk.hpp>

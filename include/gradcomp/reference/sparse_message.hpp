@@ -1,0 +1,72 @@
+#pragma once
+/// @file
+/// The sparse message of top-k and threshold (docs/wire-format.md §4), written and decoded to be
+/// read: the count, the index section in the coding of §4.2, then the values.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+
+#include <gradcomp/core/error.hpp>
+#include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/reference/values.hpp>
+#include <gradcomp/sparsify/sparse_format.hpp>
+
+namespace gradcomp::detail::reference {
+
+/// Writes the sparse message of the `k` kept elements of `grad` into `out` and returns its size.
+/// `for_each_kept(visit)` calls `visit(i)` for each kept index i in ascending order, exactly k
+/// times; it is called once per section. `header` gives the envelope's codec, dtype, key and
+/// parameter hash. @throws error `buffer_too_small`.
+template <gradient_value T, class ForEachKept>
+std::size_t write_sparse_message(envelope header, std::uint64_t k, bool payload_checksum, std::span<const T> grad,
+                                 std::span<std::byte> out, ForEachKept&& for_each_kept) {
+  const std::uint64_t n = grad.size();
+  // §4.2: the smallest index section, a list on ties.
+  const index_coding coding = choose_index_coding(n, k);
+  const std::uint64_t section = index_section_bytes(coding, n, k);
+  const std::uint64_t payload = sparse_payload_bytes(coding, n, k, sizeof(T));
+  begin_host_message(out, static_cast<std::size_t>(envelope::size + payload));
+  std::byte* const count = out.data() + envelope::size;
+  std::byte* const indices = count + 8;
+  std::byte* const values = indices + section;
+
+  // §4.1: the count k.
+  store_le(count, k);
+  // §4.1: the index section, zero-padded: ascending u32 or u64 indices, or one bit per element.
+  std::memset(indices, 0, static_cast<std::size_t>(section));
+  std::uint64_t j = 0;
+  for_each_kept([&](std::uint64_t i) {
+    if (coding == index_coding::list32) store_le(indices + 4 * j, static_cast<std::uint32_t>(i));
+    if (coding == index_coding::list64) store_le(indices + 8 * j, i);
+    if (coding == index_coding::bitmap) indices[i / 8] |= static_cast<std::byte>(1u << (i % 8));
+    ++j;
+  });
+  // §4.1: the k values, in ascending index order, the gradient's own bits.
+  j = 0;
+  for_each_kept([&](std::uint64_t i) { store_value(values, j++, grad[i]); });
+  require(j == k, errc::invalid_argument, "sparse writer received a different count than announced");
+
+  header.layout = static_cast<std::uint8_t>(coding);
+  header.elements = n;
+  header.payload_bytes = payload;
+  seal_host_message(out, header, payload_checksum);
+  return static_cast<std::size_t>(envelope::size + payload);
+}
+
+/// Decodes a sparse message (§4.3 validation first, so `dense` is untouched on error): zeros, then
+/// each kept value written, or each added when `accumulate`.
+template <gradient_value T>
+void decode_sparse_message(std::span<const std::byte> message, const envelope_expectation& want,
+                           const decode_limits& limits, std::span<T> dense, bool accumulate) {
+  const envelope e = parse_envelope(message);
+  validate_envelope(e, want, limits);
+  const sparse_view<T> view = parse_sparse_payload<T>(e, payload_of(message));
+  if (!accumulate)
+    for (T& v : dense) v = T{0};
+  view.for_each([&](std::uint64_t i, T v) { dense[i] = accumulate ? dense[i] + v : v; });
+}
+
+}  // namespace gradcomp::detail::reference

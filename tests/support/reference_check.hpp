@@ -1,0 +1,124 @@
+#pragma once
+// The fast host backends checked against the specification: every cpu_executor setting (each
+// max_simd level, streamed stores off and always on) must write the bytes reference_executor
+// writes, fail with the same error where it fails, and decode the reference's message to the same
+// bits. One body per property, run over the executors.
+#include <gradcomp/core/cpu_executor.hpp>
+#include <gradcomp/core/reference_executor.hpp>
+#include <gradcomp/core/wire_envelope.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "support/data.hpp"
+#include "support/executor_io.hpp"
+
+namespace gradcomp::test {
+
+/// cpu_executor at every max_simd level (lowered to what this CPU runs: `simd()` names it), with
+/// streamed stores off, and at the baseline and the widest level with every output streamed.
+inline std::vector<cpu_executor> cpu_settings() {
+  return {{.max_simd = cpu_simd::baseline, .streaming_store_bytes = SIZE_MAX},
+          {.max_simd = cpu_simd::avx2, .streaming_store_bytes = SIZE_MAX},
+          {.max_simd = cpu_simd::avx512, .streaming_store_bytes = SIZE_MAX},
+          {.max_simd = cpu_simd::baseline, .streaming_store_bytes = 0},
+          {.max_simd = cpu_simd::avx512, .streaming_store_bytes = 0}};
+}
+
+/// Element counts every comparison covers: empty, one, odd, around a 32-value kernel step and a
+/// 256-value block, and a size with a ragged tail.
+inline constexpr std::size_t edge_sizes[] = {0, 1, 2, 7, 31, 32, 33, 255, 256, 257, 1000, 4099};
+
+/// Whether an encode that failed left a message that decodes (it must not).
+inline bool holds_valid_envelope(const std::vector<std::byte>& bytes) {
+  return thrown_by([&] { (void)parse_envelope(bytes); }) == "no exception";
+}
+
+/// Encodes `x` on the reference and on every cpu setting: the same outcome (the same bytes, or the
+/// same named error and no valid message left); then decodes the reference's message on each, plain
+/// and accumulated onto `x`, to the same bits. Returns the reference's message (empty on error).
+template <class Codec, class T>
+std::vector<std::byte> check_same_as_reference(const Codec& codec, const std::vector<T>& x, message_key key) {
+  const reference_executor ref;
+  const outcome<std::byte> expected = encode_outcome_on(ref, codec, x, key);
+  const bool encoded = expected.status == "no exception";
+  if (!encoded) CHECK_FALSE(holds_valid_envelope(expected.output));
+  outcome<T> decoded, accumulated;
+  if (encoded) {
+    decoded = decode_outcome_on(ref, codec, expected.output, poisoned_values<T>(x.size()));
+    accumulated = decode_outcome_on(ref, codec, expected.output, x, true);
+    CHECK(decoded.status == "no exception");
+    CHECK(accumulated.status == "no exception");
+  }
+  for (const cpu_executor& cpu : cpu_settings()) {
+    CAPTURE(static_cast<int>(cpu.simd()));
+    CAPTURE(cpu.streaming_store_bytes);
+    const outcome<std::byte> got = encode_outcome_on(cpu, codec, x, key);
+    CHECK(got.status == expected.status);
+    if (!encoded) {
+      CHECK_FALSE(holds_valid_envelope(got.output));
+      continue;
+    }
+    CHECK(got.output == expected.output);
+    const outcome<T> d = decode_outcome_on(cpu, codec, expected.output, poisoned_values<T>(x.size()));
+    CHECK(d.status == decoded.status);
+    CHECK(bit_patterns(d.output) == bit_patterns(decoded.output));
+    const outcome<T> a = decode_outcome_on(cpu, codec, expected.output, x, true);
+    CHECK(a.status == accumulated.status);
+    CHECK(bit_patterns(a.output) == bit_patterns(accumulated.output));
+  }
+  return encoded ? expected.output : std::vector<std::byte>{};
+}
+
+/// check_same_as_reference over every input kind of support/data.hpp and every edge size.
+template <class Codec>
+void check_inputs_same_as_reference(const Codec& codec, message_key key = {.step = 3, .tensor_id = 7}) {
+  using T = typename Codec::value_type;
+  for (const input_kind kind : all_input_kinds) {
+    for (const std::size_t n : edge_sizes) {
+      CAPTURE(name(kind));
+      CAPTURE(n);
+      (void)check_same_as_reference(codec, make_input<T>(kind, n, 1000 + n), key);
+    }
+  }
+}
+
+/// NaN, +Inf and −Inf at the first, a middle and the last element: every executor rejects them
+/// alike (check_same_as_reference expects the reference to throw `non_finite_input` here).
+template <class Codec>
+void check_non_finite_same_as_reference(const Codec& codec, std::size_t n = 1000) {
+  using T = typename Codec::value_type;
+  for (const T bad : {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(),
+                      -std::numeric_limits<T>::infinity()}) {
+    for (const std::size_t at : {std::size_t{0}, n / 2 + 1, n - 1}) {
+      std::vector<T> x = make_input<T>(input_kind::normal, n, 5);
+      x[at] = bad;
+      CAPTURE(at);
+      CAPTURE(bad);
+      const outcome<std::byte> ref = encode_outcome_on(reference_executor{}, codec, x, {.step = 1});
+      CHECK(ref.status == named(errc::non_finite_input));
+      (void)check_same_as_reference(codec, x, {.step = 1});
+    }
+  }
+}
+
+/// What decoding `message` into n values does on the reference ("no exception" or the named
+/// error); CHECKs that every cpu setting does the same, so that decoders reject alike.
+template <class Codec>
+std::string decode_status_everywhere(const Codec& codec, const std::vector<std::byte>& message, std::size_t n,
+                                     decode_limits limits = {}) {
+  using T = typename Codec::value_type;
+  const std::string expected = decode_outcome_on(reference_executor{}, codec, message, poisoned_values<T>(n), false, limits).status;
+  for (const cpu_executor& cpu : cpu_settings()) {
+    CAPTURE(static_cast<int>(cpu.simd()));
+    CHECK(decode_outcome_on(cpu, codec, message, poisoned_values<T>(n), false, limits).status == expected);
+  }
+  return expected;
+}
+
+}  // namespace gradcomp::test
