@@ -44,10 +44,10 @@ struct backend<qsgd_quantizer<T>, reference_executor> {
     std::byte* const norms = out.data() + envelope::size;
     auto* const codes = reinterpret_cast<std::uint8_t*>(norms + codec.bucket_count(n) * sizeof(T));
 
-    // §12.6: a gradient holding NaN or ±Inf is rejected; the envelope stays zero.
+    // docs/quantizers.md §12.6: a gradient holding NaN or ±Inf is rejected; the envelope stays zero.
     ref::require_finite(grad);
 
-    // §12.3: the norm of each bucket, summed in index order; one that overflows T is rejected.
+    // docs/quantizers.md §12.3: the norm of each bucket, summed in index order; one that overflows T is rejected.
     for (std::uint64_t j = 0; j < codec.bucket_count(n); ++j) {
       const std::uint64_t begin = j * bucket;
       const std::uint64_t end = std::min(n, begin + bucket);
@@ -58,8 +58,8 @@ struct backend<qsgd_quantizer<T>, reference_executor> {
       ref::store_value(norms, j, norm);
     }
 
-    // §12.4: each value's level from |x_i|/norm and word i of the stream, and its sign; stored as a
-    // w-bit code at bit i·w of the code array (§12.5). A bucket of norm 0 keeps codes 0.
+    // docs/quantizers.md §12.4: each value's level from |x_i|/norm and word i of the stream, and its sign; stored as a
+    // w-bit code at bit i·w of the code array (docs/quantizers.md §12.5). A bucket of norm 0 keeps codes 0.
     std::memset(codes, 0, static_cast<std::size_t>(packed_bytes(n, bits)));
     const random_stream stream{codec.params().seed, key.step, key.tensor_id, random_purpose::stochastic_rounding};
     for (std::uint64_t i = 0; i < n; ++i) {
@@ -82,7 +82,7 @@ struct backend<qsgd_quantizer<T>, reference_executor> {
   static void decode(const qsgd_quantizer<T>& codec, const reference_executor&, std::span<const std::byte> message,
                      std::span<T> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
     namespace ref = detail::reference;
-    // §12.5: the envelope and the payload size.
+    // docs/quantizers.md §12.5: the envelope and the payload size.
     const envelope e = parse_envelope(message);
     validate_envelope(e, {codec_id::qsgd, dtype_of<T>, out.size(), codec.params_hash()}, limits);
     codec.validate_payload_size(e);
@@ -93,13 +93,13 @@ struct backend<qsgd_quantizer<T>, reference_executor> {
     const std::byte* const norms = message.data() + envelope::size;
     const auto* const codes = reinterpret_cast<const std::uint8_t*>(norms + codec.bucket_count(n) * sizeof(T));
 
-    // §12.5: every norm finite with its sign bit clear.
+    // docs/quantizers.md §12.5: every norm finite with its sign bit clear.
     for (std::uint64_t j = 0; j < codec.bucket_count(n); ++j) {
       const T norm = ref::load_value<T>(norms, j);
       detail::require(sign_bit_of(norm) == 0 && is_finite(norm), errc::malformed_payload,
                       [&] { return "norm of bucket " + std::to_string(j) + " is negative or not finite"; });
     }
-    // §12.5: no level above s, level 0 with sign 0, only code 0 under norm 0; padding bits zero.
+    // docs/quantizers.md §12.5: no level above s, level 0 with sign 0, only code 0 under norm 0; padding bits zero.
     for (std::uint64_t i = 0; i < n; ++i) {
       const std::uint8_t code = packed_code(codes, i, bits);
       const int level = qsgd_code_level(code, bits);
@@ -114,7 +114,7 @@ struct backend<qsgd_quantizer<T>, reference_executor> {
       detail::require((codes[used_bits / 8] >> (used_bits % 8)) == 0, errc::malformed_payload,
                       "non-zero padding bits after the last code");
 
-    // §12.4 decoding: ±norm·fl(level/s), written or added.
+    // docs/quantizers.md §12.4 decoding: ±norm·fl(level/s), written or added.
     for (std::uint64_t i = 0; i < n; ++i) {
       const T value = qsgd_decoded(packed_code(codes, i, bits), ref::load_value<T>(norms, i / bucket), levels, bits);
       out[i] = accumulate ? out[i] + value : value;

@@ -40,7 +40,7 @@ struct backend<shared_scale_quantizer<T>, reference_executor> {
     return arena.bytes_needed();
   }
 
-  /// §14.2 step 1: this rank's largest magnitude of each block (all +Inf when the gradient holds
+  /// docs/quantizers.md §14.2 step 1: this rank's largest magnitude of each block (all +Inf when the gradient holds
   /// NaN or ±Inf, which is then rejected).
   static void block_maxima(const codec_type& codec, const reference_executor&, std::span<const T> grad,
                            std::span<T> maxima) {
@@ -71,7 +71,7 @@ struct backend<shared_scale_quantizer<T>, reference_executor> {
     return write_message(codec, grad, maxima, out, key, 0);
   }
 
-  /// §14.2 step 3: encode with the agreed maxima, each at least this rank's own.
+  /// docs/quantizers.md §14.2 step 3: encode with the agreed maxima, each at least this rank's own.
   static std::size_t encode_shared(const codec_type& codec, const reference_executor&, std::span<const T> grad,
                                    std::span<const T> agreed, std::span<std::byte> out, std::span<std::byte>,
                                    message_key key, std::uint32_t rank) {
@@ -98,7 +98,7 @@ struct backend<shared_scale_quantizer<T>, reference_executor> {
     const std::uint64_t n = out.size();
     const std::byte* const scales = message.data() + envelope::size;
     const std::byte* const words = message.data() + codec.summable_offset(n) + 8;
-    // §14.3: element i decodes to Σq·s, Σq the level sum of its field.
+    // docs/quantizers.md §14.3: element i decodes to Σq·s, Σq the level sum of its field.
     for (std::uint64_t i = 0; i < n; ++i) {
       const auto level_sum = shared_scale_level_sum(field(codec, words, i), contributions, codec.bits());
       const T value = mul_rn(static_cast<T>(level_sum), ref::load_value<T>(scales, i / codec.params().block));
@@ -153,7 +153,7 @@ struct backend<shared_scale_quantizer<T>, reference_executor> {
     for (std::uint64_t j = 0; j < maxima.size(); ++j) ref::store_value(scales, j, uniform_step(maxima[j], p.bits));
     // The contribution count: 1.
     detail::store_le<std::uint64_t>(out.data() + offset, 1);
-    // §14.3–§14.4: the uniform quantizer's code of each element (agreed maximum, rank r's stream),
+    // docs/quantizers.md §14.3–§14.4: the uniform quantizer's code of each element (agreed maximum, rank r's stream),
     // in its w-bit field; unused high bits zero.
     std::memset(words, 0, static_cast<std::size_t>(8 * codec.field_words(n)));
     const random_stream stream{shared_scale_stream_seed(p.seed, rank), key.step, key.tensor_id,

@@ -39,17 +39,17 @@ struct backend<sign_quantizer<T>, reference_executor> {
     std::byte* const scales = out.data() + envelope::size;
     auto* const bits = reinterpret_cast<std::uint8_t*>(scales + codec.block_count(n) * sizeof(T));
 
-    // §11.5: a gradient holding NaN or ±Inf is rejected; the envelope stays zero.
+    // docs/quantizers.md §11.5: a gradient holding NaN or ±Inf is rejected; the envelope stays zero.
     ref::require_finite(grad);
 
-    // §11.2: each block's scale, its mean magnitude summed in index order, clamped to its maximum.
+    // docs/quantizers.md §11.2: each block's scale, its mean magnitude summed in index order, clamped to its maximum.
     for (std::uint64_t j = 0; j < codec.block_count(n); ++j) {
       const std::uint64_t begin = j * block;
       const std::uint64_t end = std::min(n, begin + block);
       ref::store_value(scales, j, sign_block_scale(grad.data() + begin, end - begin, ref::max_magnitude(grad, begin, end)));
     }
 
-    // §11.3: bit i is the IEEE sign bit of x_i, LSB first; a block of scale 0 keeps bits 0 (§11.4).
+    // docs/quantizers.md §11.3: bit i is the IEEE sign bit of x_i, LSB first; a block of scale 0 keeps bits 0 (docs/quantizers.md §11.4).
     std::memset(bits, 0, static_cast<std::size_t>(packed_bytes(n, 1)));
     for (std::uint64_t i = 0; i < n; ++i)
       if (ref::load_value<T>(scales, i / block) != T{0})
@@ -65,7 +65,7 @@ struct backend<sign_quantizer<T>, reference_executor> {
   static void decode(const sign_quantizer<T>& codec, const reference_executor&, std::span<const std::byte> message,
                      std::span<T> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
     namespace ref = detail::reference;
-    // §11.4: the envelope and the payload size.
+    // docs/quantizers.md §11.4: the envelope and the payload size.
     const envelope e = parse_envelope(message);
     validate_envelope(e, {codec_id::sign, dtype_of<T>, out.size(), codec.params_hash()}, limits);
     codec.validate_payload_size(e);
@@ -74,13 +74,13 @@ struct backend<sign_quantizer<T>, reference_executor> {
     const std::byte* const scales = message.data() + envelope::size;
     const auto* const bits = reinterpret_cast<const std::uint8_t*>(scales + codec.block_count(n) * sizeof(T));
 
-    // §11.4: every scale finite with its sign bit clear.
+    // docs/quantizers.md §11.4: every scale finite with its sign bit clear.
     for (std::uint64_t j = 0; j < codec.block_count(n); ++j) {
       const T s = ref::load_value<T>(scales, j);
       detail::require(sign_bit_of(s) == 0 && is_finite(s), errc::malformed_payload,
                       [&] { return "scale of block " + std::to_string(j) + " is negative or not finite"; });
     }
-    // §11.4: no set bit in a block of scale 0, and the padding bits zero.
+    // docs/quantizers.md §11.4: no set bit in a block of scale 0, and the padding bits zero.
     for (std::uint64_t i = 0; i < n; ++i)
       detail::require(ref::load_value<T>(scales, i / block) != T{0} || packed_code(bits, i, 1) == 0,
                       errc::malformed_payload,
@@ -89,7 +89,7 @@ struct backend<sign_quantizer<T>, reference_executor> {
       detail::require((bits[n / 8] >> (n % 8)) == 0, errc::malformed_payload,
                       "non-zero padding bits after the last sign bit");
 
-    // §11.3: ±scale, written or added.
+    // docs/quantizers.md §11.3: ±scale, written or added.
     for (std::uint64_t i = 0; i < n; ++i) {
       const T value = sign_decoded(packed_code(bits, i, 1), ref::load_value<T>(scales, i / block));
       out[i] = accumulate ? out[i] + value : value;

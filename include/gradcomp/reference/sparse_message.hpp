@@ -1,7 +1,7 @@
 #pragma once
 /// @file
 /// The sparse message of top-k and threshold (docs/wire-format.md §4), written and decoded to be
-/// read: the count, the index section in the coding of §4.2, then the values.
+/// read: the count, the index section in the coding of docs/wire-format.md §4.2, then the values.
 
 #include <cstddef>
 #include <cstdint>
@@ -24,7 +24,7 @@ template <gradient_value T, class ForEachKept>
 std::size_t write_sparse_message(envelope header, std::uint64_t k, bool payload_checksum, std::span<const T> grad,
                                  std::span<std::byte> out, ForEachKept&& for_each_kept) {
   const std::uint64_t n = grad.size();
-  // §4.2: the smallest index section, a list on ties.
+  // docs/wire-format.md §4.2: the smallest index section, a list on ties.
   const index_coding coding = choose_index_coding(n, k);
   const std::uint64_t section = index_section_bytes(coding, n, k);
   const std::uint64_t payload = sparse_payload_bytes(coding, n, k, sizeof(T));
@@ -33,9 +33,9 @@ std::size_t write_sparse_message(envelope header, std::uint64_t k, bool payload_
   std::byte* const indices = count + 8;
   std::byte* const values = indices + section;
 
-  // §4.1: the count k.
+  // docs/wire-format.md §4.1: the count k.
   store_le(count, k);
-  // §4.1: the index section, zero-padded: ascending u32 or u64 indices, or one bit per element.
+  // docs/wire-format.md §4.1: the index section, zero-padded: ascending u32 or u64 indices, or one bit per element.
   std::memset(indices, 0, static_cast<std::size_t>(section));
   std::uint64_t j = 0;
   for_each_kept([&](std::uint64_t i) {
@@ -44,7 +44,7 @@ std::size_t write_sparse_message(envelope header, std::uint64_t k, bool payload_
     if (coding == index_coding::bitmap) indices[i / 8] |= static_cast<std::byte>(1u << (i % 8));
     ++j;
   });
-  // §4.1: the k values, in ascending index order, the gradient's own bits.
+  // docs/wire-format.md §4.1: the k values, in ascending index order, the gradient's own bits.
   j = 0;
   for_each_kept([&](std::uint64_t i) { store_value(values, j++, grad[i]); });
   require(j == k, errc::invalid_argument, "sparse writer received a different count than announced");
@@ -56,7 +56,7 @@ std::size_t write_sparse_message(envelope header, std::uint64_t k, bool payload_
   return static_cast<std::size_t>(envelope::size + payload);
 }
 
-/// Decodes a sparse message (§4.3 validation first, so `dense` is untouched on error): zeros, then
+/// Decodes a sparse message (docs/wire-format.md §4.3 validation first, so `dense` is untouched on error): zeros, then
 /// each kept value written, or each added when `accumulate`.
 template <gradient_value T>
 void decode_sparse_message(std::span<const std::byte> message, const envelope_expectation& want,

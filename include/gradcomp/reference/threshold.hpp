@@ -44,13 +44,13 @@ struct backend<threshold_sparsifier<T>, reference_executor> {
     const std::uint64_t k = codec.k(n);
     const envelope header{codec_id::threshold, dtype_of<T>, 0, 0, key, n, 0, codec.params_hash(), 0};
     const bool checksum = codec.wire().payload_checksum;
-    // §4.1 step 1: n = 0 sends the empty message.
+    // docs/sparsifiers.md §4.1 step 1: n = 0 sends the empty message.
     if (n == 0) return {ref::write_sparse_message<T>(header, 0, checksum, grad, out, [](auto&&) {}), 0, 0, T{0}, 0.0};
 
-    // §4.1 step 6: NaN or ±Inf anywhere is rejected (every one of them would be kept and sent).
+    // docs/sparsifiers.md §4.1 step 6: NaN or ±Inf anywhere is rejected (every one of them would be kept and sent).
     ref::require_finite(grad);
 
-    // §4.1 step 2: s sampled keys: all of them in index order when s = n, else positions drawn with
+    // docs/sparsifiers.md §4.1 step 2: s sampled keys: all of them in index order when s = n, else positions drawn with
     // replacement, sample j at scale_to_range(word 2j | word 2j+1 << 32, n).
     workspace_arena arena(ws);
     const std::span<key_type> keys = arena.take<key_type>(static_cast<std::size_t>(n));
@@ -62,25 +62,25 @@ struct backend<threshold_sparsifier<T>, reference_executor> {
       keys[j] = magnitude_key(grad[position]);
     }
 
-    // §4.1 step 3: τ, the m-th largest sampled key, m = ⌈k·s/n⌉ clamped to [1, s]; τ clamped to
+    // docs/sparsifiers.md §4.1 step 3: τ, the m-th largest sampled key, m = ⌈k·s/n⌉ clamped to [1, s]; τ clamped to
     // [1, infinity_key], so exact zeros are never kept.
     const auto m = std::clamp<std::uint64_t>(static_cast<std::uint64_t>((wide{k} * s + n - 1) / n), 1, s);
     const key_type tau = std::clamp<key_type>(ref::kth_largest(keys.first(static_cast<std::size_t>(s)), m), 1,
                                               float_traits<T>::infinity_key);
 
-    // §4.1 step 4: the survivors, every element with key ≥ τ.
+    // docs/sparsifiers.md §4.1 step 4: the survivors, every element with key ≥ τ.
     std::uint64_t survivors = 0;
     for (std::uint64_t i = 0; i < n; ++i)
       if (magnitude_key(grad[i]) >= tau) keys[survivors++] = magnitude_key(grad[i]);
 
-    // §4.1 step 5: when more than 1.3·k survive (10·count > 13·k) and `refine` is on, keep the
+    // docs/sparsifiers.md §4.1 step 5: when more than 1.3·k survive (10·count > 13·k) and `refine` is on, keep the
     // survivors above their k-th largest key K and the first `ties` at K; otherwise all of them.
     const bool refine = codec.params().refine && wide{survivors} * 10 > wide{k} * 13;
     const key_type kth = refine ? ref::kth_largest(keys.first(static_cast<std::size_t>(survivors)), k) : tau;
     const std::uint64_t ties = refine ? k - ref::count_above(grad, kth) : UINT64_MAX;
     const std::uint64_t count = refine ? k : survivors;
 
-    // §4.1 step 6: the sparse message of the kept elements, in ascending index order.
+    // docs/sparsifiers.md §4.1 step 6: the sparse message of the kept elements, in ascending index order.
     const std::size_t bytes = ref::write_sparse_message<T>(
         header, count, checksum, grad, out, [&](auto&& visit) { ref::for_each_kept(grad, kth, ties, visit); });
     return {bytes, count, k, from_bits<T>(tau), static_cast<double>(count) / static_cast<double>(n)};

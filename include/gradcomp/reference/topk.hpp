@@ -41,13 +41,13 @@ struct backend<topk_sparsifier<T>, reference_executor> {
     const std::uint64_t k = codec.k(n);
     const envelope header{codec_id::topk, dtype_of<T>, 0, 0, key, n, 0, codec.params_hash(), 0};
     const bool checksum = codec.wire().payload_checksum;
-    // §2.2 step 1: n = 0 (k = 0) sends the empty message.
+    // docs/sparsifiers.md §2.2 step 1: n = 0 (k = 0) sends the empty message.
     if (k == 0) return ref::write_sparse_message<T>(header, 0, checksum, grad, out, [](auto&&) {});
 
-    // §2.2 step 3: NaN or ±Inf anywhere is rejected before anything is written.
+    // docs/sparsifiers.md §2.2 step 3: NaN or ±Inf anywhere is rejected before anything is written.
     ref::require_finite(grad);
 
-    // §2.1, §2.2 steps 2–6: K, the k-th largest magnitude key, and `ties`, how many elements of
+    // docs/sparsifiers.md §2.1, §2.2 steps 2–6: K, the k-th largest magnitude key, and `ties`, how many elements of
     // key K are kept (k less those above K).
     workspace_arena arena(ws);
     const std::span<key_type> keys = arena.take<key_type>(static_cast<std::size_t>(n));
@@ -55,7 +55,7 @@ struct backend<topk_sparsifier<T>, reference_executor> {
     const key_type kth = ref::kth_largest(keys, k);
     const std::uint64_t ties = k - ref::count_above(grad, kth);
 
-    // §2.2 step 7: every element above K and the first `ties` elements equal to K, in ascending
+    // docs/sparsifiers.md §2.2 step 7: every element above K and the first `ties` elements equal to K, in ascending
     // index order (ties go to the lower index).
     return ref::write_sparse_message<T>(header, k, checksum, grad, out,
                                         [&](auto&& visit) { ref::for_each_kept(grad, kth, ties, visit); });

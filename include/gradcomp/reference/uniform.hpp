@@ -32,15 +32,15 @@ namespace detail::reference {
 template <gradient_value T>
 [[nodiscard]] std::uint8_t uniform_value_code(T h, std::uint64_t i, T m, T s, int bits, rounding mode,
                                               const random_stream& stream) noexcept {
-  // §2.3 scaling: t = h·inv with inv = L/m, or h/s when inv overflows, or 0 when s = 0.
+  // docs/quantizers.md §2.3 scaling: t = h·inv with inv = L/m, or h/s when inv overflows, or 0 when s = 0.
   const T inv = m > T{0} ? static_cast<T>(uniform_levels(bits)) / m : T{0};
   T t = T{0};
   if (s != T{0}) t = m > T{0} && is_finite(inv) ? mul_rn(h, inv) : h / s;
-  // §2.4: u = h·2^-16, h the 16-bit half i mod 2 (low half first) of word ⌊i/2⌋ of the stream.
+  // docs/quantizers.md §2.4: u = h·2^-16, h the 16-bit half i mod 2 (low half first) of word ⌊i/2⌋ of the stream.
   T u = T{0};
   if (mode == rounding::stochastic)
     u = static_cast<T>(static_cast<std::uint16_t>(stream.word(i / 2) >> (16 * (i % 2)))) * static_cast<T>(1.0 / 65536.0);
-  // §2.3 rounding to a level q, §2.5 its code.
+  // docs/quantizers.md §2.3 rounding to a level q, docs/quantizers.md §2.5 its code.
   return uniform_code(uniform_level(t, bits, mode, u), bits);
 }
 
@@ -65,11 +65,11 @@ struct backend<uniform_quantizer<T>, reference_executor> {
     std::byte* const scales = out.data() + envelope::size;
     auto* const codes = reinterpret_cast<std::uint8_t*>(scales + codec.block_count(n) * sizeof(T));
 
-    // §5: a gradient holding NaN or ±Inf is rejected; the envelope stays zero.
+    // docs/quantizers.md §5: a gradient holding NaN or ±Inf is rejected; the envelope stays zero.
     ref::require_finite(grad);
 
-    // Block by block: §2.2 the step s from the largest magnitude m, stored as the scale; then
-    // §2.3–§2.5 each value's level, stored as a b-bit code at bit i·b of the code array (§4).
+    // Block by block: docs/quantizers.md §2.2 the step s from the largest magnitude m, stored as the scale; then
+    // docs/quantizers.md §2.3–§2.5 each value's level, stored as a b-bit code at bit i·b of the code array (docs/quantizers.md §4).
     std::memset(codes, 0, static_cast<std::size_t>(packed_bytes(n, bits)));
     const random_stream stream{codec.params().seed, key.step, key.tensor_id, random_purpose::stochastic_rounding};
     for (std::uint64_t j = 0; j < codec.block_count(n); ++j) {
@@ -95,7 +95,7 @@ struct backend<uniform_quantizer<T>, reference_executor> {
   static void decode(const uniform_quantizer<T>& codec, const reference_executor&, std::span<const std::byte> message,
                      std::span<T> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
     namespace ref = detail::reference;
-    // §4: the envelope and the payload size.
+    // docs/quantizers.md §4: the envelope and the payload size.
     const envelope e = parse_envelope(message);
     validate_envelope(e, {codec_id::uniform, dtype_of<T>, out.size(), codec.params_hash()}, limits);
     codec.validate_payload_size(e);
@@ -106,13 +106,13 @@ struct backend<uniform_quantizer<T>, reference_executor> {
     const auto* const codes = reinterpret_cast<const std::uint8_t*>(scales + codec.block_count(n) * sizeof(T));
     const int levels = uniform_levels(bits);
 
-    // §4: every scale non-negative (sign bit clear) with L·s finite.
+    // docs/quantizers.md §4: every scale non-negative (sign bit clear) with L·s finite.
     for (std::uint64_t j = 0; j < codec.block_count(n); ++j) {
       const T s = ref::load_value<T>(scales, j);
       detail::require(sign_bit_of(s) == 0 && is_finite(s * static_cast<T>(levels)), errc::malformed_payload,
                       [&] { return "scale of block " + std::to_string(j) + " is negative or too large"; });
     }
-    // §4: every code at most 2L (b ≥ 2), and the padding bits after the last code zero.
+    // docs/quantizers.md §4: every code at most 2L (b ≥ 2), and the padding bits after the last code zero.
     for (std::uint64_t i = 0; i < n; ++i)
       detail::require(bits == 1 || packed_code(codes, i, bits) <= 2 * levels, errc::malformed_payload,
                       "a code exceeds the largest level");
@@ -121,7 +121,7 @@ struct backend<uniform_quantizer<T>, reference_executor> {
       detail::require((codes[used_bits / 8] >> (used_bits % 8)) == 0, errc::malformed_payload,
                       "non-zero padding bits after the last code");
 
-    // §2.5: the decoded value q·s, written or added.
+    // docs/quantizers.md §2.5: the decoded value q·s, written or added.
     for (std::uint64_t i = 0; i < n; ++i) {
       const T s = ref::load_value<T>(scales, i / block);
       const T value = mul_rn(static_cast<T>(uniform_code_level(packed_code(codes, i, bits), bits)), s);
