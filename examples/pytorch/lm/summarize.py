@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Collects raw/<label>_s<seed>.json (run_study.sh) into results.json and results.csv.
+
+For each configuration: the final validation loss of every seed, its gap to dense training of the
+same seed (L / L_dense − 1, in %), the mean and sample standard deviation of that gap over seeds,
+the traffic saved against a dense ring all-reduce (2(P − 1)/P · 4n bytes per rank and step) with
+gather aggregation ((P − 1) messages received per rank) and with a scatter-reduce (2(P − 1)/P of
+one message), and the seed-mean of each diagnostic at every evaluation step.
+"""
+
+import csv
+import glob
+import json
+import os
+import statistics
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def main():
+    runs = {}
+    for path in sorted(glob.glob(os.path.join(HERE, "raw", "*.json"))):
+        r = json.load(open(path))
+        runs.setdefault(r["label"], {})[r["args"]["seed"]] = r
+    dense = runs.get("dense", {})
+    rows = []
+    for label, seeds in runs.items():
+        common = sorted(s for s in seeds if s in dense)
+        gaps = [100 * (seeds[s]["final_val_loss"] / dense[s]["final_val_loss"] - 1) for s in common]
+        losses = [seeds[s]["final_val_loss"] for s in sorted(seeds)]
+        any_run = next(iter(seeds.values()))
+        history = []
+        for i, rec in enumerate(any_run["history"]):
+            mean = {"step": rec["step"]}
+            for key in rec:
+                if key != "step":
+                    vals = [seeds[s]["history"][i][key] for s in seeds if len(seeds[s]["history"]) > i and key in seeds[s]["history"][i]]
+                    mean[key] = statistics.fmean(vals)
+            history.append(mean)
+        rows.append({
+            "label": label,
+            "args": {k: v for k, v in any_run["args"].items() if k not in ("seed", "label")},
+            "seeds": sorted(seeds),
+            "final_val_loss": {str(s): seeds[s]["final_val_loss"] for s in sorted(seeds)},
+            "val_loss_mean": statistics.fmean(losses),
+            "gap_pct_mean": statistics.fmean(gaps) if gaps else None,
+            "gap_pct_std": statistics.stdev(gaps) if len(gaps) > 1 else None,
+            "gap_pct_min": min(gaps) if gaps else None,
+            "gap_pct_max": max(gaps) if gaps else None,
+            "saved_gather": any_run["saved_gather"],
+            "saved_scatter_reduce": any_run["saved_scatter_reduce"],
+            "seconds_mean": statistics.fmean(seeds[s]["seconds"] for s in seeds),
+            "history_seed_mean": history,
+        })
+    rows.sort(key=lambda r: (r["label"] != "dense", r["gap_pct_mean"] if r["gap_pct_mean"] is not None else 1e9))
+    json.dump({"task": "docs/lm-task.md", "runs": rows}, open(os.path.join(HERE, "results.json"), "w"), indent=1)
+    with open(os.path.join(HERE, "results.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["label", "seeds", "val_loss_mean", "gap_pct_mean", "gap_pct_std", "gap_pct_min", "gap_pct_max", "saved_gather", "saved_scatter_reduce", "seconds_mean"])
+        for r in rows:
+            fmt = lambda x, d=2: "" if x is None else f"{x:.{d}f}"  # noqa: E731
+            w.writerow([r["label"], len(r["seeds"]), fmt(r["val_loss_mean"], 4), fmt(r["gap_pct_mean"]), fmt(r["gap_pct_std"]),
+                        fmt(r["gap_pct_min"]), fmt(r["gap_pct_max"]), fmt(r["saved_gather"], 1), fmt(r["saved_scatter_reduce"], 1), fmt(r["seconds_mean"], 0)])
+    for r in rows:
+        g = "" if r["gap_pct_mean"] is None else f"{r['gap_pct_mean']:+6.2f}% ± {r['gap_pct_std'] or 0:.2f}"
+        print(f"{r['label']:28s} n={len(r['seeds'])} L={r['val_loss_mean']:.4f} gap {g:18s} saved {r['saved_gather']:5.1f}x / {r['saved_scatter_reduce']:5.1f}x  {r['seconds_mean']:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
