@@ -19,6 +19,8 @@ Methods (--method):
   onebit-topk    1-bit Adam's scheme with top-k in place of sign: dense Adam for --warmup-dense
                  steps, then v frozen; every rank forms its momentum from the shared momentum,
                  compresses it with error feedback; the mean is the new shared momentum
+  --optimizer sgd  momentum SGD instead of Adam; with dgc-adam this is DGC itself (u_r ← μ·u_r +
+                 g_r, acc_r ← acc_r + u_r, top-k of |acc_r|, masking, the mean applied by plain SGD)
   dgc-adam       DGC's momentum correction and factor masking in Adam's update space: dense for
                  --warmup-dense steps, then v frozen; u_r ← β1·u_r + (1−β1)·g_r, acc_r ← acc_r + u_r;
                  the k largest |acc_r|/(√v̂ + ε) are sent; u_r and acc_r are zeroed where sent
@@ -76,6 +78,8 @@ def main():
     ap.add_argument("--batch", type=int, default=4, help="sequences per rank per step")
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--optimizer", default="adam", choices=["adam", "sgd"], help="sgd: momentum SGD (PyTorch's form, m ← μ·m + g)")
+    ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--val-windows", type=int, default=256)
@@ -118,7 +122,13 @@ def main():
         t = step + 1
         dense_phase = step < args.warmup_dense
         extra = {}
-        if method is not None:
+        if args.optimizer == "sgd" and (method is not None or dense_phase):
+            g = method.aggregate(grads, step, None) if method is not None else torch.stack(grads).mean(dim=0)
+            sent_bytes += method.bytes_per_rank(step) if method is not None else 4 * n
+            m.mul_(args.momentum).add_(g)
+            vhat = torch.ones(n)
+            update = -args.lr * m
+        elif method is not None:
             g = method.aggregate(grads, step, None)
             sent_bytes += method.bytes_per_rank(step)
             m.mul_(BETA1).add_(g, alpha=1 - BETA1)
@@ -137,8 +147,9 @@ def main():
                 local[r].zero_()
                 acc[r].zero_()
         else:
-            vhat = v / (1 - BETA2**args.warmup_dense)
-            denom = vhat.sqrt() + EPS
+            sgd = args.optimizer == "sgd"
+            vhat = torch.ones(n) if sgd else v / (1 - BETA2**args.warmup_dense)
+            denom = torch.ones(n) if sgd else vhat.sqrt() + EPS
             sent_bytes += 8 * k
             out = torch.zeros(n)
             for r in range(P):
@@ -148,7 +159,7 @@ def main():
                     local[r] = a - c
                     out += c
                 else:  # dgc-adam
-                    local[r].mul_(BETA1).add_(grads[r], alpha=1 - BETA1)
+                    local[r].mul_(args.momentum if sgd else BETA1).add_(grads[r], alpha=1 if sgd else 1 - BETA1)
                     acc[r].add_(local[r])
                     _, idx = topk(acc[r] / denom, k)
                     out[idx] += acc[r][idx]
