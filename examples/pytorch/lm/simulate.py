@@ -41,6 +41,7 @@ from methods import Method, Quantizer, TopK, topk  # noqa: E402
 from model import ByteLM  # noqa: E402
 
 BETA1, BETA2, EPS = 0.9, 0.999, 1e-8
+SNR_WINDOW = 50  # steps over which the gradient's signal-to-noise ratio is measured
 
 
 def flat_grad(model):
@@ -109,6 +110,7 @@ def main():
     acc = [torch.zeros(n) for _ in range(P)]  # dgc-adam: accumulated momentum
     frozen = args.method in ("frozen-v", "onebit-topk", "dgc-adam")
     history, sent_bytes = [], 0
+    recent = torch.zeros(SNR_WINDOW, n)
     t0 = time.time()
     for step in range(args.steps):
         grads, losses = [], []
@@ -173,8 +175,12 @@ def main():
                 update = -args.lr * out / denom
             extra = {"residual_over_grad": float((local[0] if args.method == "onebit-topk" else acc[0]).norm() / grads[0].norm())}
         add_to_params(model, update)
+        gmean = torch.stack(grads).mean(dim=0)
+        recent[step % SNR_WINDOW] = gmean
         if t % args.eval_every == 0 or t == args.steps:
-            gmean = torch.stack(grads).mean(dim=0)
+            # signal to noise of the true mean gradient over the last SNR_WINDOW steps, per coordinate
+            window = recent[: min(t, SNR_WINDOW)]
+            snr = window.mean(dim=0).abs() / (window.std(dim=0) + 1e-30)
             rec = {
                 "step": t,
                 "val_loss": validation_loss(model, val),
@@ -186,6 +192,9 @@ def main():
                 "moved_update_mean_over_lr": float(update.abs()[update.abs() > 0.01 * args.lr].mean() / args.lr) if bool((update.abs() > 0.01 * args.lr).any()) else 0.0,
                 "true_grad_rms": float(gmean.norm() / math.sqrt(n)),
                 "cos_update_truegrad": float(torch.nn.functional.cosine_similarity(-update, gmean, dim=0)),
+                "snr_median": float(snr.median()),
+                "snr_above_0.5": float((snr > 0.5).float().mean()),
+                "snr_above_1": float((snr > 1).float().mean()),
             }
             rec.update(method.stats if method is not None else {})
             rec.update(extra)
