@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Collects raw/<label>_s<seed>.json (run_study.sh) into results.json and results.csv.
+"""Collects raw/<label>_s<seed>.json (run_study.sh) into results.json, results.csv and
+results.md (the table of docs/feedback.md §9.2) and results-diagnostics.md (the seed means of
+the diagnostics at steps 100, 200, 500 and 1000, §9.3).
 
 For each configuration: the final validation loss of every seed, its gap to dense training of the
 same seed (L / L_dense − 1, in %), the mean and sample standard deviation of that gap over seeds,
@@ -62,6 +64,22 @@ def main():
             fmt = lambda x, d=2: "" if x is None else f"{x:.{d}f}"  # noqa: E731
             w.writerow([r["label"], len(r["seeds"]), fmt(r["val_loss_mean"], 4), fmt(r["gap_pct_mean"]), fmt(r["gap_pct_std"]),
                         fmt(r["gap_pct_min"]), fmt(r["gap_pct_max"]), fmt(r["saved_gather"], 1), fmt(r["saved_scatter_reduce"], 1), fmt(r["seconds_mean"], 0)])
+    with open(os.path.join(HERE, "results.md"), "w") as f:
+        f.write("| run | seeds | val loss | gap to dense, mean ± sd [min, max] | saved, gather | saved, scatter-reduce |\n|---|---|---|---|---|---|\n")
+        for r in rows:
+            gap = "—" if r["label"] == "dense" or r["gap_pct_mean"] is None else (
+                f"{r['gap_pct_mean']:+.1f}% ± {r['gap_pct_std'] or 0:.1f} [{r['gap_pct_min']:+.1f}, {r['gap_pct_max']:+.1f}]")
+            f.write(f"| {r['label']} | {len(r['seeds'])} | {r['val_loss_mean']:.3f} | {gap} | {r['saved_gather']:.1f}× | {r['saved_scatter_reduce']:.1f}× |\n")
+    keys = [("val_loss", "val loss", 3), ("update_rms_over_lr", "RMS step / lr", 3), ("moved_frac", "coords moved", 3),
+            ("sqrt_vhat_median_nonzero", "median √v̂ (v̂>0)", 6), ("vhat_zero_frac", "v̂ = 0", 3), ("ever_sent", "ever sent", 3),
+            ("mean_age_at_send", "age at send", 1), ("residual_over_grad", "‖e‖/‖g‖", 2), ("cos_update_truegrad", "cos(step, ḡ)", 3)]
+    with open(os.path.join(HERE, "results-diagnostics.md"), "w") as f:
+        f.write("| run | step | " + " | ".join(k[1] for k in keys) + " |\n|---|---|" + "---|" * len(keys) + "\n")
+        for r in rows:
+            for rec in r["history_seed_mean"]:
+                if rec["step"] in (100, 200, 500, 1000):
+                    cells = [("—" if k not in rec else f"{rec[k]:.{d}f}") for k, _, d in keys]
+                    f.write(f"| {r['label']} ({len(r['seeds'])}) | {rec['step']} | " + " | ".join(cells) + " |\n")
     for r in rows:
         g = "" if r["gap_pct_mean"] is None else f"{r['gap_pct_mean']:+6.2f}% ± {r['gap_pct_std'] or 0:.2f}"
         print(f"{r['label']:28s} n={len(r['seeds'])} L={r['val_loss_mean']:.4f} gap {g:18s} saved {r['saved_gather']:5.1f}x / {r['saved_scatter_reduce']:5.1f}x  {r['seconds_mean']:.0f}s")
