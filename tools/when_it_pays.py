@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 # ---- the byte model: a mirror of include/gradcomp/collective/all_reduce_cost.hpp and the codecs'
-# ---- max_encoded_bytes (checked against the C++ by tests/tools/test_when_it_pays.py) ----------
+# ---- modelled_encoded_bytes (checked against the C++ by tests/tools/test_when_it_pays.py) -----
 
 ENVELOPE_BYTES = 56  # gradcomp::envelope::size
 FRAME_OVERHEAD_BYTES = 16  # gradcomp::frame_overhead_bytes

@@ -16,6 +16,8 @@
 //     .plan(n, ranks) -> str             the plan of a bucket of n values (bucket_state.hpp:
 //                                        the library's automatic_plan)
 //     .max_encoded_bytes(n)              the codec's bound on a message of n values
+//     .modelled_encoded_bytes(n)         the size of a message of n values the all-reduce cost
+//                                        model (and so .plan) uses: gradcomp::modelled_encoded_bytes
 //     .make_bucket_state(n, ranks, rank), .save_bucket_state(state) -> bytes,
 //     .load_bucket_state(bytes, n, ranks, rank)   a bucket's states for its plan
 //     .bucket_errors(state) -> (worker, server)   the errors they carry, per element
@@ -188,6 +190,7 @@ class codec_handle {
   // A bucket's states (bucket_state.hpp).
   [[nodiscard]] virtual gradcomp::all_reduce_plan plan(std::uint64_t n, int ranks) const = 0;
   [[nodiscard]] virtual std::size_t max_encoded_bytes(std::uint64_t n) const = 0;
+  [[nodiscard]] virtual std::size_t modelled_encoded_bytes(std::uint64_t n) const = 0;
   [[nodiscard]] virtual std::shared_ptr<state_handle> make_bucket_state(std::uint64_t n, int ranks, int rank) const = 0;
   [[nodiscard]] virtual py::bytes save_bucket_state(const state_handle& state) const = 0;
   [[nodiscard]] virtual std::shared_ptr<state_handle> load_bucket_state(const std::string& bytes, std::uint64_t n,
@@ -303,6 +306,9 @@ class codec_of final : public codec_handle {
     return bucket_plan(codec_, n, ranks);
   }
   [[nodiscard]] std::size_t max_encoded_bytes(std::uint64_t n) const override { return codec_.max_encoded_bytes(n); }
+  [[nodiscard]] std::size_t modelled_encoded_bytes(std::uint64_t n) const override {
+    return gradcomp::modelled_encoded_bytes(codec_, n);
+  }
 
   [[nodiscard]] std::shared_ptr<state_handle> make_bucket_state(std::uint64_t n, int ranks, int rank) const override {
     return std::make_shared<bucket_of_codec>(gradcomp_torch::make_bucket_state(cpu_, codec_, n, ranks, rank));
@@ -600,6 +606,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           [](const codec_handle& c, std::uint64_t n, int ranks) { return std::string(plan_name(c.plan(n, ranks))); },
           py::arg("n"), py::arg("ranks"))
       .def("max_encoded_bytes", &codec_handle::max_encoded_bytes, py::arg("n"))
+      .def("modelled_encoded_bytes", &codec_handle::modelled_encoded_bytes, py::arg("n"))
       .def("make_bucket_state", &codec_handle::make_bucket_state, py::arg("n"), py::arg("ranks"), py::arg("rank"))
       .def("save_bucket_state", &codec_handle::save_bucket_state, py::arg("state"))
       .def("load_bucket_state", &codec_handle::load_bucket_state, py::arg("saved"), py::arg("n"), py::arg("ranks"),

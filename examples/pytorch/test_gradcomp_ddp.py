@@ -429,14 +429,14 @@ class ScatterReduceHookTest(unittest.TestCase):
             runs = [r[name] for r in ranks]
             sizes = [sum(params[i].numel() for i in positions) for positions in WIDE_LAYOUT]
             # The plan: scatter_reduce exactly where the cost model (frames of the codec's
-            # max_encoded_bytes) says rank 0, which sends the most, sends fewer bytes than under
-            # gather_decode; and each rank sends what its plan's real messages take.
-            bound = lambda m: 16 + codec.max_encoded_bytes(m)  # noqa: E731
+            # modelled_encoded_bytes) says rank 0, which sends the most, sends fewer bytes than
+            # under gather_decode; and each rank sends what its plan's real messages take.
+            model_frame = lambda m: 16 + codec.modelled_encoded_bytes(m)  # noqa: E731
             for r in range(world):
                 expected = 0
                 for index, n in enumerate(sizes):
                     gather, scatter = plan_bytes(lambda m: frame_bytes(codec, m), n, world, r)
-                    model = plan_bytes(bound, n, world, 0)
+                    model = plan_bytes(model_frame, n, world, 0)
                     wanted = "scatter_reduce" if model[1] < model[0] else "gather_decode"
                     self.assertEqual(runs[r]["plans"][0][index], wanted, (name, world, n))
                     expected += scatter if wanted == "scatter_reduce" else gather

@@ -54,6 +54,15 @@ class pipeline : public codec_interface<pipeline<S, Q>, typename S::value_type> 
     return static_cast<std::size_t>(envelope::size + 8 + index_section_bytes(index_coding::bitmap, n, n)) +
            quantize_.max_encoded_bytes(n);
   }
+  /// Size of the message for n elements when the sparsifier keeps its k(n): the count, the index
+  /// section the encoder chooses for k of n, and the quantizer's message for k values (exact for
+  /// top-k, whose k is fixed, and the quantizers, whose size is; an estimate like the sparsifier's
+  /// own for threshold).
+  [[nodiscard]] std::size_t expected_encoded_bytes(std::uint64_t n) const noexcept {
+    const std::uint64_t kept = k(n);
+    return static_cast<std::size_t>(envelope::size + chosen_sparse_payload_bytes(n, kept, 0)) +
+           quantize_.max_encoded_bytes(kept);
+  }
   /// Hash of both stages' parameters.
   [[nodiscard]] std::uint64_t params_hash() const noexcept {
     return params_hasher{}.add(id).add(sparsify_.params_hash()).add(quantize_.params_hash()).value();

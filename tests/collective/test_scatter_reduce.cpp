@@ -126,7 +126,7 @@ TEST_CASE("automatic picks scatter_reduce exactly where the cost model says it s
       CAPTURE(n);
       CAPTURE(P);
       const auto check = [&](const auto& codec) {
-        const auto bytes = [&](std::uint64_t m) { return codec.max_encoded_bytes(m); };
+        const auto bytes = [&](std::uint64_t m) { return modelled_encoded_bytes(codec, m); };
         const bool cheaper = scatter_reduce_cost(n, P, 0, bytes).sent_bytes < gather_decode_cost(n, P, bytes).sent_bytes;
         CHECK(automatic_plan(codec, n, P, true) == (cheaper ? all_reduce_plan::scatter_reduce : all_reduce_plan::gather_decode));
         CHECK(automatic_plan(codec, n, P, false) == all_reduce_plan::gather_decode);

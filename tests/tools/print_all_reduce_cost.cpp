@@ -40,25 +40,21 @@ int main() {
   const gradcomp::count_sketch<float> sketch({.rows = 3, .columns = std::uint64_t{1} << 20});
   const gradcomp::shared_scale_quantizer<float> shared4({.bits = 4});
 
-  // top-k's max_encoded_bytes bounds every k <= n; its messages hold k(m) values, as sent.
-  const auto topk_bytes = [&](std::uint64_t m) {
-    const std::uint64_t k = topk.k(m);
-    return gradcomp::envelope::size +
-           gradcomp::sparse_payload_bytes(gradcomp::choose_index_coding(m, k), m, k, sizeof(float));
-  };
-  const auto max_bytes = [](const auto& codec) {
-    return [&codec](std::uint64_t m) { return static_cast<std::uint64_t>(codec.max_encoded_bytes(m)); };
+  // B(m) of the library's model: expected_encoded_bytes where the codec has it (top-k's k(m)
+  // values, as sent), else max_encoded_bytes.
+  const auto model_bytes = [](const auto& codec) {
+    return [&codec](std::uint64_t m) { return static_cast<std::uint64_t>(gradcomp::modelled_encoded_bytes(codec, m)); };
   };
   const model_codec codecs[] = {
-      {"uniform8", max_bytes(uniform8), {}},
-      {"uniform4", max_bytes(uniform4), {}},
-      {"uniform2", max_bytes(uniform2), {}},
-      {"sign", max_bytes(sign), {}},
-      {"qsgd15", max_bytes(qsgd15), {}},
-      {"topk1", topk_bytes, {}},
-      {"count_sketch", max_bytes(sketch),
+      {"uniform8", model_bytes(uniform8), {}},
+      {"uniform4", model_bytes(uniform4), {}},
+      {"uniform2", model_bytes(uniform2), {}},
+      {"sign", model_bytes(sign), {}},
+      {"qsgd15", model_bytes(qsgd15), {}},
+      {"topk1", model_bytes(topk), {}},
+      {"count_sketch", model_bytes(sketch),
        [&](std::uint64_t m) { return static_cast<std::uint64_t>(sketch.summable_bytes(m)); }},
-      {"shared_scale4", max_bytes(shared4),
+      {"shared_scale4", model_bytes(shared4),
        [&](std::uint64_t m) { return static_cast<std::uint64_t>(shared4.summable_bytes(m)); }},
   };
   const std::uint64_t sizes[] = {1, 1000, 1u << 22, 25'000'000, 25'000'003};

@@ -2,13 +2,25 @@
 /// @file
 /// The cost model of the all-reduce plans (docs/transports.md §9): the bytes one rank sends and
 /// the sequential message rounds of each plan, as functions of the element count n, the number of
-/// ranks P and the codec's encoded size B(m) of m values (`max_encoded_bytes(m)`, exact for the
-/// fixed-size codecs: quantizers, top-k, random-k; an upper bound for the others), and the time on
-/// a link of latency α and bandwidth β (the α–β model: rounds · α + bytes / β). Every compressed
-/// message travels in a frame of `frame_overhead_bytes` more (collective/compressed_frame.hpp), and
-/// an all-gathered frame counts P − 1 times, as a ring all-gather forwards it over P − 1 links:
-/// these are the counts `compressed_report::sent_bytes` reports, so a fixed-size codec's report
-/// equals the model exactly. With c_j = `ring_chunk_of(n, P, j).count` and F(m) = 16 + B(m):
+/// ranks P and the codec's encoded size B(m) of m values (`modelled_encoded_bytes`), and the time
+/// on a link of latency α and bandwidth β (the α–β model: rounds · α + bytes / β). B(m) is the
+/// codec's `expected_encoded_bytes(m)` where it has one, else its `max_encoded_bytes(m)`:
+///
+/// | codec | B(m) | |
+/// |---|---|---|
+/// | top-k | k(m) values in the index coding the encoder chooses for k of m | exact |
+/// | random-k | k(m) values | exact |
+/// | `pipeline<S, Q>` | S's count and index section for k(m) of m, then Q's message of k(m) values | exact for top-k |
+/// | threshold, alone or in a pipeline | top-k's size for the target k(m) | an estimate: the data decide the count |
+/// | quantizers, count sketch, zfp fixed rate | `max_encoded_bytes(m)` | exact |
+/// | MPC (lossless) | `max_encoded_bytes(m)` | an upper bound |
+/// | error feedback, LoCo | the inner codec's | as the inner codec's |
+///
+/// Every compressed message travels in a frame of `frame_overhead_bytes` more
+/// (collective/compressed_frame.hpp), and an all-gathered frame counts P − 1 times, as a ring
+/// all-gather forwards it over P − 1 links: these are the counts `compressed_report::sent_bytes`
+/// reports, so where B is exact the report equals the model exactly. With
+/// c_j = `ring_chunk_of(n, P, j).count` and F(m) = 16 + B(m):
 ///
 /// | plan | bytes rank r sends | rounds |
 /// |---|---|---|
@@ -21,11 +33,32 @@
 /// `gather_decode` grows with P; `scatter_reduce` tends to 2 · B(n), independent of P. The model
 /// is what `all_reduce_plan::automatic` compares (collective/compressed_all_reduce.hpp).
 
+#include <concepts>
+#include <cstddef>
 #include <cstdint>
 
 #include <gradcomp/collective/ring.hpp>
 
 namespace gradcomp {
+
+/// A codec that states the size its message has for m values where that is determined by m and
+/// its parameters (an honest estimate, documented as such, where the data decide it), unlike
+/// `max_encoded_bytes`, which bounds every message.
+template <class C>
+concept expected_size_codec = requires(const C& c, std::uint64_t m) {
+  { c.expected_encoded_bytes(m) } -> std::same_as<std::size_t>;
+};
+
+/// B(m), the encoded size the cost model uses for m values: `expected_encoded_bytes(m)` where the
+/// codec has it, else `max_encoded_bytes(m)`.
+template <class C>
+[[nodiscard]] std::size_t modelled_encoded_bytes(const C& codec, std::uint64_t m) noexcept {
+  if constexpr (expected_size_codec<C>) {
+    return codec.expected_encoded_bytes(m);
+  } else {
+    return codec.max_encoded_bytes(m);
+  }
+}
 
 /// Bytes a frame header adds to every compressed message.
 inline constexpr std::uint64_t frame_overhead_bytes = 16;

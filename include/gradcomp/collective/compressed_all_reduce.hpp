@@ -132,14 +132,16 @@ concept agreed_scale_encoding = summable_encoding<C> &&
 /// server state (collective/scatter_reduce.hpp): `summed_encodings` for a summable encoding; else
 /// `scatter_reduce` where the transport can run it (`can_all_to_all`: it has an all-to-all or
 /// point-to-point messages) and the cost model (collective/all_reduce_cost.hpp) says that rank 0,
-/// which sends the most, sends fewer bytes than under `gather_decode` (P ≥ 3 for a fixed-size
-/// codec on a large tensor); else `gather_decode`. The same on every rank, so the PyTorch hook calls it too.
+/// which sends the most, sends fewer bytes than under `gather_decode` with the codec's modelled
+/// size B(m) (`modelled_encoded_bytes`: the size it sends, not its worst case, where the codec
+/// states it; P ≥ 3 for a fixed-size codec on a large tensor); else `gather_decode`. The same on
+/// every rank, so the PyTorch hook calls it too.
 template <class C>
 [[nodiscard]] all_reduce_plan automatic_plan(const C& codec, std::uint64_t n, int ranks, bool can_all_to_all) {
   if constexpr (summable_encoding<C>) {
     return all_reduce_plan::summed_encodings;
   } else {
-    const auto encoded = [&](std::uint64_t m) { return codec.max_encoded_bytes(m); };
+    const auto encoded = [&](std::uint64_t m) { return modelled_encoded_bytes(codec, m); };
     const bool cheaper =
         scatter_reduce_cost(n, ranks, 0, encoded).sent_bytes < gather_decode_cost(n, ranks, encoded).sent_bytes;
     return can_all_to_all && cheaper ? all_reduce_plan::scatter_reduce : all_reduce_plan::gather_decode;

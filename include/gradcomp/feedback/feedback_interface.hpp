@@ -32,6 +32,12 @@ class feedback_interface {
   [[nodiscard]] const Codec& inner() const noexcept { return inner_; }
   /// Largest message for n elements (the inner codec's).
   [[nodiscard]] std::size_t max_encoded_bytes(std::uint64_t n) const noexcept { return inner_.max_encoded_bytes(n); }
+  /// The inner codec's `expected_encoded_bytes` (where it has one): the wrapper sends its messages.
+  [[nodiscard]] std::size_t expected_encoded_bytes(std::uint64_t n) const noexcept
+    requires requires(const Codec& c) { c.expected_encoded_bytes(n); }
+  {
+    return inner_.expected_encoded_bytes(n);
+  }
   /// The inner codec's parameter hash, carried in every message and in the saved state.
   [[nodiscard]] std::uint64_t params_hash() const noexcept { return inner_.params_hash(); }
 

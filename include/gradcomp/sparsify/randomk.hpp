@@ -62,6 +62,8 @@ class randomk_sparsifier : public codec_interface<randomk_sparsifier<T>, T> {
   [[nodiscard]] std::size_t max_encoded_bytes(std::uint64_t n) const noexcept {
     return static_cast<std::size_t>(envelope::size + k(n) * sizeof(T));
   }
+  /// Size of the message for n elements, the same as `max_encoded_bytes` (k(n) values, exact).
+  [[nodiscard]] std::size_t expected_encoded_bytes(std::uint64_t n) const noexcept { return max_encoded_bytes(n); }
   /// Checks the layout byte and payload size (k values) of a message whose envelope `e` matched
   /// this sparsifier (every backend's decoder calls it). @throws error `malformed_payload`.
   void validate_payload_size(const envelope& e) const {

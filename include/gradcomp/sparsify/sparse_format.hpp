@@ -59,9 +59,16 @@ namespace detail {
   return 8 + index_section_bytes(coding, n, k) + k * value_size;
 }
 
+/// Payload bytes of `k` kept elements of `n` in the coding the encoder chooses for them
+/// (`choose_index_coding`): exactly what the encoders write for k of n.
+[[nodiscard]] constexpr std::uint64_t chosen_sparse_payload_bytes(std::uint64_t n, std::uint64_t k,
+                                                                  std::size_t value_size) noexcept {
+  return sparse_payload_bytes(choose_index_coding(n, k), n, k, value_size);
+}
+
 /// Largest payload any k ≤ n produces with the encoder's choice of coding (it grows with k).
 [[nodiscard]] constexpr std::uint64_t max_sparse_payload_bytes(std::uint64_t n, std::size_t value_size) noexcept {
-  return sparse_payload_bytes(choose_index_coding(n, n), n, n, value_size);
+  return chosen_sparse_payload_bytes(n, n, value_size);
 }
 
 /// The validated count field and index section at the start of a sparse payload: every index is

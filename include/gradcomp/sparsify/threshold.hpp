@@ -90,6 +90,13 @@ class threshold_sparsifier : public codec_interface<threshold_sparsifier<T>, T> 
   [[nodiscard]] std::size_t max_encoded_bytes(std::uint64_t n) const noexcept {
     return static_cast<std::size_t>(envelope::size + max_sparse_payload_bytes(n, sizeof(T)));
   }
+  /// An estimate of the message size for n elements: that of the target k(n) values in the index
+  /// coding chosen for k of n, as top-k sends. Not exact: the count kept depends on the data (the
+  /// sampled τ keeps more or fewer; with `refine` never more than 1.3·k). What the all-reduce cost
+  /// model uses (collective/all_reduce_cost.hpp).
+  [[nodiscard]] std::size_t expected_encoded_bytes(std::uint64_t n) const noexcept {
+    return static_cast<std::size_t>(envelope::size + chosen_sparse_payload_bytes(n, k(n), sizeof(T)));
+  }
   /// Hash of the parameters, carried in every message and checked by decoders.
   [[nodiscard]] std::uint64_t params_hash() const noexcept {
     params_hasher hasher;

@@ -52,6 +52,12 @@ class topk_sparsifier : public codec_interface<topk_sparsifier<T>, T> {
   [[nodiscard]] std::size_t max_encoded_bytes(std::uint64_t n) const noexcept {
     return static_cast<std::size_t>(envelope::size + max_sparse_payload_bytes(n, sizeof(T)));
   }
+  /// Size of the message `encode` writes for n elements: its k(n) values in the index coding the
+  /// encoder chooses for k of n (exact: it depends on n and the amount only). What the all-reduce
+  /// cost model uses (collective/all_reduce_cost.hpp).
+  [[nodiscard]] std::size_t expected_encoded_bytes(std::uint64_t n) const noexcept {
+    return static_cast<std::size_t>(envelope::size + chosen_sparse_payload_bytes(n, k(n), sizeof(T)));
+  }
   /// Hash of the parameters, carried in every message and checked by decoders.
   [[nodiscard]] std::uint64_t params_hash() const noexcept {
     params_hasher hasher;
