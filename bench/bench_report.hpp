@@ -15,7 +15,7 @@
 #include <gradcomp_build_info.hpp>
 
 #if defined(__APPLE__)
-#include <sys/sysctl.h>
+#  include <sys/sysctl.h>
 #endif
 
 #include <fmt/core.h>
@@ -220,16 +220,16 @@ inline std::string compiler_name() {
 
 /// This run's machine and build.
 inline run_context describe_run() {
-  return {.cpu = cpu_model(),
-          .logical_cpus = std::thread::hardware_concurrency(),
-          .compiler = compiler_name(),
+  return {
+    .cpu = cpu_model(), .logical_cpus = std::thread::hardware_concurrency(), .compiler = compiler_name(),
 #if defined(__CUDACC__)
-          .flags = gradcomp_build_cuda_flags(),
+    .flags = gradcomp_build_cuda_flags(),
 #else
-          .flags = gradcomp_build_flags(),
+    .flags = gradcomp_build_flags(),
 #endif
-          .version = fmt::format("{}.{}.{}", gradcomp::version_major, gradcomp::version_minor, gradcomp::version_patch),
-          .commit = gradcomp_build_commit()};
+    .version = fmt::format("{}.{}.{}", gradcomp::version_major, gradcomp::version_minor, gradcomp::version_patch),
+    .commit = gradcomp_build_commit()
+  };
 }
 
 // ---- output ------------------------------------------------------------------------------------
@@ -240,18 +240,19 @@ inline std::string optional_text(const std::optional<double>& v, std::string_vie
 
 inline void print_table(const std::vector<record>& records, std::string_view backend) {
   constexpr std::string_view row = "{:<24} {:<7} {:>10} {:>10} {:>10} {:>9} {:>9} {:>8} {:>9} {:<24} {:>8} {:>9}\n";
-  fmt::print(fmt::runtime(row), "name", "backend", "n", "best ms", "median ms", "grad GB/s", "copy GB/s",
-             "x copy", "compress", "baseline", "speedup", "density");
+  fmt::print(fmt::runtime(row), "name", "backend", "n", "best ms", "median ms", "grad GB/s", "copy GB/s", "x copy",
+             "compress", "baseline", "speedup", "density");
   fmt::print("{}\n", std::string(24 + 7 + 10 + 10 + 10 + 9 + 9 + 8 + 9 + 24 + 8 + 9 + 11, '-'));
   std::uint64_t last_n = 0;
   for (const record& r : records) {
     if (last_n != 0 && r.n != last_n) fmt::print("\n");
     last_n = r.n;
-    fmt::print(fmt::runtime(row), r.name, r.backend.empty() ? backend : std::string_view(r.backend), r.n, fmt::format("{:.3f}", r.time.best * 1e3),
-               fmt::format("{:.3f}", r.time.median * 1e3), fmt::format("{:.2f}", r.gradient_gbps()),
-               fmt::format("{:.2f}", r.copy_gbps()), fmt::format("{:.3f}", r.ratio_to_copy()),
-               fmt::format("{:.1f}", r.compression_ratio), r.baseline.empty() ? std::string("-") : r.baseline,
-               optional_text(r.speedup, "{:.2f}"), optional_text(r.achieved_density, "{:.5f}"));
+    fmt::print(fmt::runtime(row), r.name, r.backend.empty() ? backend : std::string_view(r.backend), r.n,
+               fmt::format("{:.3f}", r.time.best * 1e3), fmt::format("{:.3f}", r.time.median * 1e3),
+               fmt::format("{:.2f}", r.gradient_gbps()), fmt::format("{:.2f}", r.copy_gbps()),
+               fmt::format("{:.3f}", r.ratio_to_copy()), fmt::format("{:.1f}", r.compression_ratio),
+               r.baseline.empty() ? std::string("-") : r.baseline, optional_text(r.speedup, "{:.2f}"),
+               optional_text(r.achieved_density, "{:.5f}"));
   }
 }
 
@@ -276,7 +277,8 @@ inline void append_json_string(std::string& s, std::string_view text) {
 /// Shortest round-trip decimal form; null for a value JSON cannot hold.
 inline void append_json_number(std::string& s, std::optional<double> v) {
   if (v && std::isfinite(*v)) fmt::format_to(std::back_inserter(s), "{}", *v);
-  else s += "null";
+  else
+    s += "null";
 }
 
 inline std::string run_json(const run_context& run) {
@@ -427,7 +429,8 @@ class json_parser {
     throw std::runtime_error(fmt::format("JSON: {} at byte {}", what, at_));
   }
   void skip_space() {
-    while (at_ < text_.size() && (text_[at_] == ' ' || text_[at_] == '\n' || text_[at_] == '\r' || text_[at_] == '\t')) ++at_;
+    while (at_ < text_.size() && (text_[at_] == ' ' || text_[at_] == '\n' || text_[at_] == '\r' || text_[at_] == '\t'))
+      ++at_;
   }
   bool take(char c) {
     skip_space();
@@ -502,7 +505,9 @@ class json_parser {
       if (at_ >= text_.size()) fail("unterminated escape");
       const char e = text_[at_++];
       switch (e) {
-        case '"': case '\\': case '/': out += e; break;
+        case '"':
+        case '\\':
+        case '/': out += e; break;
         case 'b': out += '\b'; break;
         case 'f': out += '\f'; break;
         case 'n': out += '\n'; break;
@@ -510,7 +515,8 @@ class json_parser {
         case 't': out += '\t'; break;
         case 'u': {
           unsigned code = 0;
-          const auto [end, ec] = std::from_chars(text_.data() + at_, text_.data() + std::min(at_ + 4, text_.size()), code, 16);
+          const auto [end, ec] =
+              std::from_chars(text_.data() + at_, text_.data() + std::min(at_ + 4, text_.size()), code, 16);
           if (ec != std::errc{} || end != text_.data() + at_ + 4) fail("bad \\u escape");
           at_ += 4;
           if (code < 0x80) {  // UTF-8 of a basic-plane code point (surrogates are kept as they come)
@@ -581,17 +587,19 @@ inline void compare_files(const std::string& path_a, const std::string& path_b) 
     for (const std::string_view field : {"cpu", "logical_cpus", "compiler", "flags"}) {
       const json_value* x = run_a != nullptr ? run_a->find(field) : nullptr;
       const json_value* y = run_b != nullptr ? run_b->find(field) : nullptr;
-      const bool same = x != nullptr && y != nullptr && x->type == y->type && x->text == y->text && x->number == y->number;
+      const bool same =
+          x != nullptr && y != nullptr && x->type == y->type && x->text == y->text && x->number == y->number;
       if (!same) differing.emplace_back(field);
     }
     if (!differing.empty())
-      fmt::print("note: the runs differ in {} (or do not say): ratios to each run's own copy compare best, but "
-                 "read the changes with that in mind\n",
-                 join(differing, ", "));
+      fmt::print(
+          "note: the runs differ in {} (or do not say): ratios to each run's own copy compare best, but "
+          "read the changes with that in mind\n",
+          join(differing, ", "));
   }
   const auto key = [](const json_value& r) {
-    return fmt::format("{}|{}|{}|{}", r.string_or("name", ""), r.number_at("n").value_or(0.0), r.string_or("backend", ""),
-                       r.string_or("device", ""));
+    return fmt::format("{}|{}|{}|{}", r.string_or("name", ""), r.number_at("n").value_or(0.0),
+                       r.string_or("backend", ""), r.string_or("device", ""));
   };
   constexpr std::string_view row = "{:<24} {:<7} {:>10} {:>10} {:>10} {:>9}\n";
   fmt::print("\n");
@@ -609,12 +617,13 @@ inline void compare_files(const std::string& path_a, const std::string& path_b) 
     const std::optional<double> x = ra.number_at("ratio_to_copy");
     const std::optional<double> y = b[j].number_at("ratio_to_copy");
     const std::string change = x && y && *x > 0.0 ? fmt::format("{:+.1f}%", (*y / *x - 1.0) * 100.0) : std::string("-");
-    fmt::print(fmt::runtime(row), ra.string_or("name", "?"), ra.string_or("backend", "?"), ra.number_at("n").value_or(0.0),
-               optional_text(x, "{:.3f}"), optional_text(y, "{:.3f}"), change);
+    fmt::print(fmt::runtime(row), ra.string_or("name", "?"), ra.string_or("backend", "?"),
+               ra.number_at("n").value_or(0.0), optional_text(x, "{:.3f}"), optional_text(y, "{:.3f}"), change);
   }
   std::vector<std::string> only_b;
   for (std::size_t j = 0; j < b.size(); ++j)
-    if (!matched[j]) only_b.push_back(fmt::format("{} n={}", b[j].string_or("name", "?"), b[j].number_at("n").value_or(0.0)));
+    if (!matched[j])
+      only_b.push_back(fmt::format("{} n={}", b[j].string_or("name", "?"), b[j].number_at("n").value_or(0.0)));
   if (!only_a.empty()) fmt::print("\nonly in A: {}\n", join(only_a, ", "));
   if (!only_b.empty()) fmt::print("\nonly in B: {}\n", join(only_b, ", "));
 }

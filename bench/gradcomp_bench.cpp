@@ -109,12 +109,11 @@ struct ratio_target {
   double ratio;
 };
 constexpr ratio_target quantizer_targets[] = {
-    {"uniform8_rtn/encode", 1.0}, {"uniform8_rtn/decode", 1.0}, {"uniform8_sr/encode", 0.4},
-    {"ef_uniform8/encode", 0.5},  {"loco_uniform4/encode", 0.3},
-    {"lhc/encode", 0.15},         {"lhc/decode", 0.1},
-    {"mpc/encode", 0.25},         {"mpc/decode", 0.3},
-    {"zfp8/encode", 0.1},         {"zfp8/decode", 0.1},
-    {"zfp16/encode", 0.1},        {"zfp16/decode", 0.1},
+    {"uniform8_rtn/encode", 1.0}, {"uniform8_rtn/decode", 1.0},  {"uniform8_sr/encode", 0.4},
+    {"ef_uniform8/encode", 0.5},  {"loco_uniform4/encode", 0.3}, {"lhc/encode", 0.15},
+    {"lhc/decode", 0.1},          {"mpc/encode", 0.25},          {"mpc/decode", 0.3},
+    {"zfp8/encode", 0.1},         {"zfp8/decode", 0.1},          {"zfp16/encode", 0.1},
+    {"zfp16/decode", 0.1},
 };
 constexpr double lhc_cut_sigmas = 1.959964;  // |x| > 1.96σ keeps 5% of a normal gradient
 constexpr std::uint32_t sketch_rows = 3;                        // count sketch: r
@@ -332,8 +331,7 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
   fmt::print(stderr, "gradcomp-bench: n = {}: memcpy/copy, nth_element/select\n", n);
   std::fflush(stderr);
   const timing copy = measure(
-      opt, [&] { std::memcpy(dense.data(), gradient.data(), size * sizeof(float)); },
-      [&] { sum.add_sample(dense); });
+      opt, [&] { std::memcpy(dense.data(), gradient.data(), size * sizeof(float)); }, [&] { sum.add_sample(dense); });
   add("memcpy/copy", copy, 1.0);
 
   // Baseline of exact top-k: copy |x| into a preallocated buffer, then std::nth_element (both timed).
@@ -353,7 +351,8 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
   std::fflush(stderr);
   std::size_t topk_bytes = 0;
   const timing topk_encode = measure(
-      opt, [&] { topk_bytes = topk.encode(cpu, gradient, out, ws, key); }, [&] { sum.add_message(message(topk_bytes)); });
+      opt, [&] { topk_bytes = topk.encode(cpu, gradient, out, ws, key); },
+      [&] { sum.add_message(message(topk_bytes)); });
   {
     record& r = add("topk/encode", topk_encode, dense_bytes / static_cast<double>(topk_bytes));
     r.baseline = "nth_element/select";
@@ -426,7 +425,8 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
         opt, [&] { bytes = q.encode(cpu, gradient, out, ws, key); }, [&] { sum.add_message(message(bytes)); });
     add(name + "/encode", encode, dense_bytes / static_cast<double>(bytes));
     if (!with_decode) return;
-    const timing decode = measure(opt, [&] { q.decode(cpu, message(bytes), dense, ws); }, [&] { sum.add_sample(dense); });
+    const timing decode = measure(
+        opt, [&] { q.decode(cpu, message(bytes), dense, ws); }, [&] { sum.add_sample(dense); });
     add(name + "/decode", decode, dense_bytes / static_cast<double>(bytes));
   };
   quantizer_records(uniform8, "uniform8_rtn", true);
@@ -451,7 +451,8 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
     const std::vector<std::byte> expected(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(cpu_bytes));
     std::size_t bytes = 0;
     const timing encode = measure(
-        reference_opt, [&] { bytes = codec.encode(ref, gradient, out, ws, key); }, [&] { sum.add_message(message(bytes)); });
+        reference_opt, [&] { bytes = codec.encode(ref, gradient, out, ws, key); },
+        [&] { sum.add_message(message(bytes)); });
     require_check(bytes == cpu_bytes && std::equal(expected.begin(), expected.end(), out.begin()),
                   fmt::format("{}: the reference's message differs from the CPU backend's", name));
     const double cpu_encode = find_record(records, name + "/encode", n)->time.median;
@@ -460,8 +461,8 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
     r.baseline = name + "/encode";
     r.speedup = cpu_encode / encode.median;
     if (!with_decode) return;
-    const timing decode =
-        measure(reference_opt, [&] { codec.decode(ref, message(bytes), dense, ws); }, [&] { sum.add_sample(dense); });
+    const timing decode = measure(
+        reference_opt, [&] { codec.decode(ref, message(bytes), dense, ws); }, [&] { sum.add_sample(dense); });
     const double cpu_decode = find_record(records, name + "/decode", n)->time.median;
     record& d = add(name + "/decode", decode, dense_bytes / static_cast<double>(bytes));
     d.backend = reference_executor::name;
@@ -609,7 +610,8 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
         [&] { sum.add_message(sketch_message); });
     add("count_sketch/encode", sketch_encode, dense_bytes / static_cast<double>(sketch_message.size()));
     const timing sketch_decode = measure(
-        opt, [&] { sketch.decode(cpu, sketch_message, dense, sketch_workspace.span()); }, [&] { sum.add_sample(dense); });
+        opt, [&] { sketch.decode(cpu, sketch_message, dense, sketch_workspace.span()); },
+        [&] { sum.add_sample(dense); });
     add("count_sketch/decode", sketch_decode, dense_bytes / static_cast<double>(sketch_message.size()));
     float smallest = 0.0f;
     const std::size_t kept = count_nonzero(dense, smallest);
@@ -619,7 +621,8 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
 
   // Encode of `input` into a buffer of the codec's size, then decode into `dense`: the records
   // `<name>/encode` and `<name>/decode`, the latter returned.
-  const auto round_trip_records = [&](const auto& codec, std::span<const float> input, const std::string& name) -> record& {
+  const auto round_trip_records = [&](const auto& codec, std::span<const float> input,
+                                      const std::string& name) -> record& {
     buffer<std::byte> encoded_buffer(codec.max_encoded_bytes(n));
     std::size_t bytes = 0;
     const timing encode = measure(
@@ -627,7 +630,8 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
         [&] { sum.add_message(std::span<const std::byte>(encoded_buffer.data(), bytes)); });
     add(name + "/encode", encode, dense_bytes / static_cast<double>(bytes));
     const std::span<const std::byte> encoded(encoded_buffer.data(), bytes);
-    const timing decode = measure(opt, [&] { codec.decode(cpu, encoded, dense, ws); }, [&] { sum.add_sample(dense); });
+    const timing decode = measure(
+        opt, [&] { codec.decode(cpu, encoded, dense, ws); }, [&] { sum.add_sample(dense); });
     return add(name + "/decode", decode, dense_bytes / static_cast<double>(bytes));
   };
 
@@ -637,8 +641,10 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
   {
     const mpc_codec mpc;
     buffer<float> smooth_buffer(size);
-    for (std::size_t i = 0; i < size; ++i) smooth_buffer.data()[i] = static_cast<float>(std::sin(1e-4 * static_cast<double>(i)));
-    const std::pair<std::span<const float>, std::string> inputs[] = {{gradient, "mpc"}, {smooth_buffer.span(), "mpc_smooth"}};
+    for (std::size_t i = 0; i < size; ++i)
+      smooth_buffer.data()[i] = static_cast<float>(std::sin(1e-4 * static_cast<double>(i)));
+    const std::pair<std::span<const float>, std::string> inputs[] = {{gradient, "mpc"},
+                                                                     {smooth_buffer.span(), "mpc_smooth"}};
     for (const auto& [input, name] : inputs) {
       round_trip_records(mpc, input, name);
       require_check(std::memcmp(dense.data(), input.data(), size * sizeof(float)) == 0,
@@ -685,7 +691,8 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
         opt, [&] { table_crc = detail::crc32c_update_portable(0xFFFFFFFFu, bytes, byte_count) ^ 0xFFFFFFFFu; },
         [&] { sum.add(std::uint64_t{table_crc}); });
     add("crc32c_table/checksum", table, 1.0);
-    const timing dispatched = measure(opt, [&] { crc = crc32c(bytes, byte_count); }, [&] { sum.add(std::uint64_t{crc}); });
+    const timing dispatched = measure(
+        opt, [&] { crc = crc32c(bytes, byte_count); }, [&] { sum.add(std::uint64_t{crc}); });
     record& r = add("crc32c/checksum", dispatched, 1.0);
     r.baseline = "crc32c_table/checksum";
     r.speedup = table.median / dispatched.median;
@@ -703,13 +710,12 @@ void print_targets(const std::vector<record>& records, const std::vector<std::ui
   for (const std::uint64_t n : sizes) {
     if (const record* r = find_record(records, "topk/encode", n); r != nullptr && r->speedup) {
       line(*r->speedup >= topk_speedup_target,
-           fmt::format("topk/encode n={}{}: speedup_vs_baseline {:.2f} >= {} (exact top-k, k = 1%, vs nth_element)",
-                       n, n == topk_target_n ? "" : " (target set for n=2^24)", *r->speedup, topk_speedup_target));
+           fmt::format("topk/encode n={}{}: speedup_vs_baseline {:.2f} >= {} (exact top-k, k = 1%, vs nth_element)", n,
+                       n == topk_target_n ? "" : " (target set for n=2^24)", *r->speedup, topk_speedup_target));
     }
     if (const record* r = find_record(records, "threshold/encode", n); r != nullptr) {
-      line(r->ratio_to_copy() >= ratio_to_copy_target,
-           fmt::format("threshold/encode n={}: ratio_to_copy {:.3f} >= {}", n, r->ratio_to_copy(),
-                       ratio_to_copy_target));
+      line(r->ratio_to_copy() >= ratio_to_copy_target, fmt::format("threshold/encode n={}: ratio_to_copy {:.3f} >= {}",
+                                                                   n, r->ratio_to_copy(), ratio_to_copy_target));
       const double density = r->achieved_density.value_or(0.0);
       line(density >= density_low * target_density && density <= density_high * target_density,
            fmt::format("threshold/encode n={}: achieved_density {:.5f} within [{:.4f}, {:.4f}] (target {})", n, density,
@@ -743,10 +749,10 @@ void print_targets(const std::vector<record>& records, const std::vector<std::ui
                          *r.max_error, gradient_stddev, r.error_to_bound.value_or(0.0)));
     for (const record& r : records) {
       // The reference tier has no speed target; sign, QSGD and shared-scale have none yet.
-      if (r.n != n || !r.name.ends_with("/decode") || r.name.starts_with("uniform8_rtn") || r.name.starts_with("lhc/") ||
-          r.name.starts_with("count_sketch/") || r.name.starts_with("mpc") || r.name.starts_with("zfp") ||
-          r.name.starts_with("sign/") || r.name.starts_with("qsgd/") || r.name.starts_with("shared_scale8/") ||
-          !r.backend.empty())
+      if (r.n != n || !r.name.ends_with("/decode") || r.name.starts_with("uniform8_rtn") ||
+          r.name.starts_with("lhc/") || r.name.starts_with("count_sketch/") || r.name.starts_with("mpc") ||
+          r.name.starts_with("zfp") || r.name.starts_with("sign/") || r.name.starts_with("qsgd/") ||
+          r.name.starts_with("shared_scale8/") || !r.backend.empty())
         continue;
       line(r.ratio_to_copy() >= ratio_to_copy_target,
            fmt::format("{} n={}: ratio_to_copy {:.3f} >= {}", r.name, n, r.ratio_to_copy(), ratio_to_copy_target));
@@ -766,9 +772,10 @@ int main(int argc, char** argv) {
     checksum sum;
     for (const std::uint64_t n : opt.sizes) run_size(n, opt, records, sum);
 
-    fmt::print("gradcomp-bench: single thread, float32 ~ N(0, sigma={}), seed {:#x}, density {}, {} warm-up + {} timed "
-               "runs; GB/s = 1e9 bytes of gradient (n*4) per second at the median time\n",
-               gradient_stddev, gradient_seed, target_density, opt.warmup, opt.reps);
+    fmt::print(
+        "gradcomp-bench: single thread, float32 ~ N(0, sigma={}), seed {:#x}, density {}, {} warm-up + {} timed "
+        "runs; GB/s = 1e9 bytes of gradient (n*4) per second at the median time\n",
+        gradient_stddev, gradient_seed, target_density, opt.warmup, opt.reps);
     const run_context run = describe_run();
     fmt::print("machine: {}, {} logical CPUs; built by {} with \"{}\"; gradcomp {} at {}\n\n", run.cpu,
                run.logical_cpus, run.compiler, run.flags, run.version, run.commit);

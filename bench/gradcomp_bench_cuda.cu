@@ -129,12 +129,18 @@ options parse_options(int argc, char** argv) {
       opt.n = check_n;
       opt.warmup = 1;
       opt.reps = 3;
-    } else if (arg == "--n") opt.n = parse_size(value(), std::uint64_t{1} << 31);
-    else if (arg == "--reps") opt.reps = parse_count(value(), "--reps", 1);
-    else if (arg == "--warmup") opt.warmup = parse_count(value(), "--warmup", 0);
-    else if (arg == "--json") opt.json = std::string(value());
-    else if (arg == "--no-check") opt.check = false;
-    else throw usage_error(fmt::format("unknown argument '{}'", arg));
+    } else if (arg == "--n")
+      opt.n = parse_size(value(), std::uint64_t{1} << 31);
+    else if (arg == "--reps")
+      opt.reps = parse_count(value(), "--reps", 1);
+    else if (arg == "--warmup")
+      opt.warmup = parse_count(value(), "--warmup", 0);
+    else if (arg == "--json")
+      opt.json = std::string(value());
+    else if (arg == "--no-check")
+      opt.check = false;
+    else
+      throw usage_error(fmt::format("unknown argument '{}'", arg));
   }
   return opt;
 }
@@ -270,29 +276,36 @@ std::string device_name() {
 void print_targets(const std::vector<record>& records, std::uint64_t n, const std::string& device) {
   fmt::print("\ntargets (informational; the exit status does not depend on them):\n");
   const std::pair<std::string_view, double> ratios[] = {
-      {"uniform8_rtn/encode", 0.8}, {"uniform8_rtn/decode", 0.8}, {"uniform8_sr/encode", 0.7},
+      {"uniform8_rtn/encode", 0.8}, {"uniform8_rtn/decode", 0.8},  {"uniform8_sr/encode", 0.7},
       {"ef_uniform8/encode", 0.5},  {"loco_uniform4/encode", 0.4}, {"threshold/encode", 0.5},
   };
   for (const auto& [name, ratio] : ratios)
     if (const record* r = find_record(records, name, n); r != nullptr)
-      target_line(r->ratio_to_copy() >= ratio, fmt::format("{} n={}: ratio_to_copy {:.3f} >= {}", name, n, r->ratio_to_copy(), ratio));
+      target_line(r->ratio_to_copy() >= ratio,
+                  fmt::format("{} n={}: ratio_to_copy {:.3f} >= {}", name, n, r->ratio_to_copy(), ratio));
   if (const record* r = find_record(records, "topk/encode", n); r != nullptr && r->speedup)
-    target_line(*r->speedup >= 5.0, fmt::format("topk/encode n={}: {:.2f}x faster than the full radix sort (>= 5)", n, *r->speedup));
+    target_line(*r->speedup >= 5.0,
+                fmt::format("topk/encode n={}: {:.2f}x faster than the full radix sort (>= 5)", n, *r->speedup));
   // MPC: 300 GB/s compress and 400 GB/s decompress on an H100; on another card scaled by this
   // run's copy against an H100's (taken as 1,500 GB/s copied until an H100 run records its own).
   if (const record* copy = find_record(records, "copy/d2d", n); copy != nullptr) {
     const double scale = device.find("H100") != std::string::npos ? 1.0 : copy->gradient_gbps() / 1500.0;
     for (const auto& [name, gbps] : {std::pair<std::string_view, double>{"mpc/encode", 300}, {"mpc/decode", 400}})
       if (const record* r = find_record(records, name, n); r != nullptr)
-        target_line(r->gradient_gbps() >= gbps * scale, fmt::format("{} n={}: {:.0f} GB/s of input >= {:.0f} (H100's {} scaled by "
-                                                                    "this copy)", name, n, r->gradient_gbps(), gbps * scale, gbps));
+        target_line(r->gradient_gbps() >= gbps * scale,
+                    fmt::format("{} n={}: {:.0f} GB/s of input >= {:.0f} (H100's {} scaled by "
+                                "this copy)",
+                                name, n, r->gradient_gbps(), gbps * scale, gbps));
   }
   for (const std::string_view name : {"zfp8/encode", "zfp8/decode", "zfp16/encode", "zfp16/decode"})
     if (const record* r = find_record(records, name, n); r != nullptr)
-      target_line(r->gradient_gbps() >= 300, fmt::format("{} n={}: {:.0f} GB/s of input >= 300", name, n, r->gradient_gbps()));
+      target_line(r->gradient_gbps() >= 300,
+                  fmt::format("{} n={}: {:.0f} GB/s of input >= 300", name, n, r->gradient_gbps()));
   if (const record* r = find_record(records, "count_sketch/encode", n); r != nullptr && r->speedup)
-    target_line(*r->speedup >= 1 / 1.5, fmt::format("count_sketch/encode n={}: {:.2f}x the time of 3 random atomicAdds per element "
-                                                    "(<= 1.5)", n, 1 / *r->speedup));
+    target_line(*r->speedup >= 1 / 1.5,
+                fmt::format("count_sketch/encode n={}: {:.2f}x the time of 3 random atomicAdds per element "
+                            "(<= 1.5)",
+                            n, 1 / *r->speedup));
   if (const record* r = find_record(records, "threshold/encode", n); r != nullptr && r->achieved_density) {
     const double density = *r->achieved_density;
     target_line(density >= 0.8 * target_density && density <= 1.25 * target_density,
@@ -348,8 +361,8 @@ void collective_records(bench_run& bench) {
     const cuda_executor exec{.stream = bench.stream, .memory_pool = pool};
     device_array<float> data(n);
     const auto restore = [&] {
-      GRADCOMP_CUDA_CHECK(
-          cudaMemcpyAsync(data.data(), bench.gradient.data(), n * sizeof(float), cudaMemcpyDeviceToDevice, bench.stream));
+      GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(data.data(), bench.gradient.data(), n * sizeof(float),
+                                          cudaMemcpyDeviceToDevice, bench.stream));
     };
     bench.add("nccl/allreduce", [&] {
       restore();
@@ -358,7 +371,8 @@ void collective_records(bench_run& bench) {
     });
     std::vector<std::string> lines;
     // One record: `reduce()` on the restored gradient, with NCCL's all-reduce as its baseline.
-    const auto collective = [&](const std::string& name, std::uint64_t wire_bytes, const std::function<void()>& reduce) {
+    const auto collective = [&](const std::string& name, std::uint64_t wire_bytes,
+                                const std::function<void()>& reduce) {
       std::uint64_t host_bytes = 0;
       bench.add(name, [&] {
         restore();
@@ -369,8 +383,9 @@ void collective_records(bench_run& bench) {
       record& r = bench.records.back();
       r.baseline = "nccl/allreduce";
       r.compression_ratio = static_cast<double>(n * sizeof(float)) / static_cast<double>(wire_bytes);
-      lines.push_back(fmt::format("  {:<26} {:>12} wire bytes per rank and link, {:>6} bytes copied to the host per step", name,
-                                  wire_bytes, host_bytes));
+      lines.push_back(
+          fmt::format("  {:<26} {:>12} wire bytes per rank and link, {:>6} bytes copied to the host per step", name,
+                      wire_bytes, host_bytes));
     };
     // A wrapper's frame: its message (the size of a first step's, which these codecs keep) and the header.
     const auto frame_bytes = [&](const auto& wrapper) {
@@ -412,7 +427,8 @@ void run(const options& opt) {
     check_against_cpu("threshold", threshold_sparsifier<float>({.target = {.density = target_density}}), head);
     check_against_cpu("randomk", randomk_sparsifier<float>({.amount = {.density = target_density}, .seed = 1}), head);
     check_against_cpu("uniform8_rtn", uniform_quantizer<float>({.bits = 8}), head);
-    check_against_cpu("uniform8_sr", uniform_quantizer<float>({.bits = 8, .round = rounding::stochastic, .seed = 1}), head);
+    check_against_cpu("uniform8_sr", uniform_quantizer<float>({.bits = 8, .round = rounding::stochastic, .seed = 1}),
+                      head);
     check_against_cpu("uniform4_rtn", uniform_quantizer<float>({.bits = 4}), head);
     check_against_cpu("sign", sign_quantizer<float>(), head);
     check_against_cpu("qsgd", qsgd_quantizer<float>({.seed = 1}), head);
@@ -431,7 +447,8 @@ void run(const options& opt) {
 
   device_array<float> copy(n);
   bench.add("copy/d2d", [&] {
-    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(copy.data(), gradient.data(), n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    GRADCOMP_CUDA_CHECK(
+        cudaMemcpyAsync(copy.data(), gradient.data(), n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
   });
 
   {  // the radix-sort baseline of exact top-k
@@ -441,10 +458,12 @@ void run(const options& opt) {
                                                                   indices.data(), sorted_indices.data(), n));
     device_array<std::byte> temp(temp_bytes);
     bench.add("radix_sort/sort", [&] {
-      gradcomp::cuda_detail::for_each_item(cuda_executor{.stream = stream}, n, magnitude_pairs{gradient.data(), keys.data(), indices.data()});
+      gradcomp::cuda_detail::for_each_item(cuda_executor{.stream = stream}, n,
+                                           magnitude_pairs{gradient.data(), keys.data(), indices.data()});
       std::size_t bytes = temp.size();
       GRADCOMP_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(temp.data(), bytes, keys.data(), sorted_keys.data(),
-                                                                    indices.data(), sorted_indices.data(), n, 0, 32, stream));
+                                                                    indices.data(), sorted_indices.data(), n, 0, 32,
+                                                                    stream));
     });
   }
 
@@ -461,7 +480,8 @@ void run(const options& opt) {
     device_array<std::byte> ws(threshold.workspace_bytes(exec, n));
     threshold_report<float> report;
     bench.add("threshold/encode", [&] {
-      report = threshold.encode_with_report(exec, std::span<const float>(gradient.span()), out.span(), ws.span(), {.step = 1});
+      report = threshold.encode_with_report(exec, std::span<const float>(gradient.span()), out.span(), ws.span(),
+                                            {.step = 1});
     });
     records.back().achieved_density = report.density;
     records.back().compression_ratio = static_cast<double>(n * sizeof(float)) / static_cast<double>(report.bytes);
@@ -471,8 +491,8 @@ void run(const options& opt) {
     });
   }
   bench.codec_records("uniform8_rtn", uniform_quantizer<float>({.bits = 8}), true, errors.data());
-  bench.codec_records("uniform8_sr", uniform_quantizer<float>({.bits = 8, .round = rounding::stochastic, .seed = 1}), false,
-                      errors.data());
+  bench.codec_records("uniform8_sr", uniform_quantizer<float>({.bits = 8, .round = rounding::stochastic, .seed = 1}),
+                      false, errors.data());
   bench.codec_records("uniform4_rtn", uniform_quantizer<float>({.bits = 4}), true, errors.data());
   bench.codec_records("sign", sign_quantizer<float>(), true, errors.data());
   bench.codec_records("qsgd", qsgd_quantizer<float>({.seed = 1}), true, errors.data());
@@ -510,7 +530,8 @@ void run(const options& opt) {
     std::uint64_t step = 0;
     std::size_t size = 0;
     bench.add(name, [&] {
-      size = wrapper.encode(exec, std::span<const float>(gradient.span()), state, out.span(), ws.span(), {.step = step++});
+      size =
+          wrapper.encode(exec, std::span<const float>(gradient.span()), state, out.span(), ws.span(), {.step = step++});
     });
     records.back().compression_ratio = static_cast<double>(n * sizeof(float)) / static_cast<double>(size);
   };
@@ -524,12 +545,14 @@ void run(const options& opt) {
   for (record& r : records) r.copy_median = copy_record.time.median;
   for (record& r : records)
     if (!r.baseline.empty())
-      if (const record* b = find_record(records, r.baseline, n); b != nullptr) r.speedup = b->time.median / r.time.median;
+      if (const record* b = find_record(records, r.baseline, n); b != nullptr)
+        r.speedup = b->time.median / r.time.median;
 
   const std::string device = device_name();
-  fmt::print("gradcomp-bench-cuda on {}: float32 ~ N(0, sigma={}), seed {:#x}, density {}, {} warm-up + {} timed runs; "
-             "GB/s = 1e9 bytes of gradient (n*4) per second at the median time\n\n",
-             device, gradient_stddev, gradient_seed, target_density, opt.warmup, opt.reps);
+  fmt::print(
+      "gradcomp-bench-cuda on {}: float32 ~ N(0, sigma={}), seed {:#x}, density {}, {} warm-up + {} timed runs; "
+      "GB/s = 1e9 bytes of gradient (n*4) per second at the median time\n\n",
+      device, gradient_stddev, gradient_seed, target_density, opt.warmup, opt.reps);
   print_table(records, cuda_executor::name);
   print_targets(records, n, device);
   fmt::print("\nchecksum {:016x}\n", sum.value());

@@ -50,7 +50,8 @@ constexpr int steps = 5;                         // calls per scheme; the first 
 const gradcomp::error_feedback<gradcomp::topk_sparsifier<float>> topk_ef(
     gradcomp::topk_sparsifier<float>(gradcomp::sparsity{.density = 0.01}));
 const gradcomp::loco<gradcomp::uniform_quantizer<float>> loco4(gradcomp::uniform_quantizer<float>({.bits = 4}));
-const gradcomp::tagc<float> tagc_scheme(gradcomp::tagc_params{.sparsify = {.zero_fraction = 0.95}, .sketch = {.block = 1024}});
+const gradcomp::tagc<float> tagc_scheme(gradcomp::tagc_params{.sparsify = {.zero_fraction = 0.95},
+                                                              .sketch = {.block = 1024}});
 
 void require_cuda(cudaError_t rc, const char* call) {
   if (rc != cudaSuccess) throw std::runtime_error(std::string(call) + " failed: " + cudaGetErrorString(rc));
@@ -97,11 +98,13 @@ struct rank_result {
 // The reduction of one scheme on executor E: `data` (the gradient, in E's memory) becomes the
 // mean, or `out` this rank's chunk of it (TAGC).
 template <class E, class X, class State>
-gradcomp::compressed_report reduce(scheme which, const E& e, X& t, State& state, std::span<float> data, std::span<float> out,
-                                   int step) {
+gradcomp::compressed_report reduce(scheme which, const E& e, X& t, State& state, std::span<float> data,
+                                   std::span<float> out, int step) {
   const gradcomp::message_key key{.step = static_cast<std::uint64_t>(step)};
-  if (which == topk_ef_scheme) return gradcomp::compressed_all_reduce(e, t, topk_ef, state.ef, data, {.key = key, .average = true});
-  if (which == loco4_scheme) return gradcomp::compressed_all_reduce(e, t, loco4, state.loco, data, {.key = key, .average = true});
+  if (which == topk_ef_scheme)
+    return gradcomp::compressed_all_reduce(e, t, topk_ef, state.ef, data, {.key = key, .average = true});
+  if (which == loco4_scheme)
+    return gradcomp::compressed_all_reduce(e, t, loco4, state.loco, data, {.key = key, .average = true});
   return gradcomp::compressed_reduce_scatter(e, t, tagc_scheme, state.tagc, std::span<const float>(data), out,
                                              {.key = key, .average = true});
 }
@@ -113,7 +116,8 @@ struct rank_states {
   gradcomp::state_type_of<decltype(loco4), E> loco;
   gradcomp::tagc_state<float, E> tagc;
 
-  explicit rank_states(const E& e) : ef(topk_ef.make_state(e, n)), loco(loco4.make_state(e, n)), tagc(tagc_scheme.make_state(e)) {}
+  explicit rank_states(const E& e)
+      : ef(topk_ef.make_state(e, n)), loco(loco4.make_state(e, n)), tagc(tagc_scheme.make_state(e)) {}
 };
 
 // The CPU path: every scheme on P in-process ranks with cpu_executor, the same steps; the result of
@@ -180,11 +184,12 @@ void run_rank(ncclComm_t comm, int device, rank_result& out) {
       const auto download = [&](const gradcomp::device_array<float>& from) {
         std::vector<float> host(from.size());
         require_cuda(cudaStreamSynchronize(dev.stream), "cudaStreamSynchronize");
-        require_cuda(cudaMemcpy(host.data(), from.data(), from.size() * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
+        require_cuda(cudaMemcpy(host.data(), from.data(), from.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                     "cudaMemcpy");
         return host;
       };
       for (int s = 0; s < scheme_count; ++s) {
-          scheme_run& run = out.schemes[s];
+        scheme_run& run = out.schemes[s];
         double total = 0.0;
         std::uint64_t copied = 0;
         for (int step = 0; step < steps; ++step) {
@@ -205,7 +210,8 @@ void run_rank(ncclComm_t comm, int device, rank_result& out) {
       for (int step = 0; step < steps; ++step) {
         upload(step);
         const auto start = std::chrono::steady_clock::now();
-        require_nccl(ncclAllReduce(data.data(), data.data(), n, ncclFloat32, ncclSum, comm, dev.stream), "ncclAllReduce");
+        require_nccl(ncclAllReduce(data.data(), data.data(), n, ncclFloat32, ncclSum, comm, dev.stream),
+                     "ncclAllReduce");
         gpu.synchronize();
         const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
         if (step > 0) total += took.count();
@@ -219,9 +225,11 @@ void run_rank(ncclComm_t comm, int device, rank_result& out) {
 
 void print(const char* name, const scheme_run& run, double baseline) {
   const auto& r = run.report;
-  std::printf("  %-16s sent %10llu bytes (dense %10llu), %.3f ms per step (ncclAllReduce %.3f ms: %.2fx), %llu bytes to the host\n",
-              name, static_cast<unsigned long long>(r.sent_bytes), static_cast<unsigned long long>(r.dense_bytes),
-              run.milliseconds, baseline, baseline / run.milliseconds, static_cast<unsigned long long>(run.host_bytes_per_step));
+  std::printf(
+      "  %-16s sent %10llu bytes (dense %10llu), %.3f ms per step (ncclAllReduce %.3f ms: %.2fx), %llu bytes to the host\n",
+      name, static_cast<unsigned long long>(r.sent_bytes), static_cast<unsigned long long>(r.dense_bytes),
+      run.milliseconds, baseline, baseline / run.milliseconds,
+      static_cast<unsigned long long>(run.host_bytes_per_step));
 }
 
 }  // namespace
@@ -267,8 +275,8 @@ int main() {
         ok = false;
       }
     }
-    std::printf("nccl_allreduce: %d rank(s), one per GPU, %zu floats per rank, %d steps per scheme (rank 0's report)\n", gpus, n,
-                steps);
+    std::printf("nccl_allreduce: %d rank(s), one per GPU, %zu floats per rank, %d steps per scheme (rank 0's report)\n",
+                gpus, n, steps);
     for (int s = 0; s < scheme_count; ++s) {
       print(scheme_names[s], results[0].schemes[s], results[0].nccl_milliseconds);
     }

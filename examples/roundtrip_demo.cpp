@@ -65,8 +65,9 @@ int main() {
   show("top-k", topk_sparsifier<float>(sparsity{.density = 0.01}), grads);
   show("threshold", threshold_sparsifier<float>({.target = {.density = 0.01}}), grads);
   show("random-k", randomk_sparsifier<float>({.amount = {.density = 0.01}, .seed = 7}), grads);
-  fmt::print("(random-k is unbiased but noisy: scaled by n/k = 100, its error is about sqrt(n/k); it is meant to\n"
-             " run under error feedback. Top-k and threshold drop 99% of the values, hence errors near 1.)\n");
+  fmt::print(
+      "(random-k is unbiased but noisy: scaled by n/k = 100, its error is about sqrt(n/k); it is meant to\n"
+      " run under error feedback. Top-k and threshold drop 99% of the values, hence errors near 1.)\n");
 
   // Random-k is homomorphic: the ranks' messages can be summed without decoding.
   const cpu_executor cpu;
@@ -81,9 +82,10 @@ int main() {
   for (const auto& m : messages) randomk.decode_accumulate(cpu, m, std::span<float>(from_each), {});
   for (int r = 1; r < ranks; ++r) randomk.accumulate_encoded(cpu, messages[0], messages[static_cast<std::size_t>(r)]);
   randomk.decode(cpu, messages[0], std::span<float>(from_sum), {});
-  fmt::print("\nrandom-k: summing {} encodings before decoding differs from decoding each and adding by {:.2e}\n"
-             "(relative; float rounding only, since every rank kept the same indices)\n",
-             ranks, relative_error(from_each, from_sum));
+  fmt::print(
+      "\nrandom-k: summing {} encodings before decoding differs from decoding each and adding by {:.2e}\n"
+      "(relative; float rounding only, since every rank kept the same indices)\n",
+      ranks, relative_error(from_each, from_sum));
 
   // A corrupted message is rejected with a named error, and the output is left untouched.
   const topk_sparsifier<float> topk(sparsity{.density = 0.01});

@@ -49,9 +49,13 @@ struct demo_rows {
   std::vector<train::codec_entry> entries;
   void dense(const char* name) { entries.push_back(train::dense_entry(name)); }
   template <class Codec>
-  void codec(const char* name, Codec c) { entries.push_back(train::make_entry(name, std::move(c))); }
+  void codec(const char* name, Codec c) {
+    entries.push_back(train::make_entry(name, std::move(c)));
+  }
   template <class Codec>
-  void ring(const char* name, Codec c) { entries.push_back(train::ring_entry(name, std::move(c))); }
+  void ring(const char* name, Codec c) {
+    entries.push_back(train::ring_entry(name, std::move(c)));
+  }
   void sketched_sgd(const char* name, gradcomp::count_sketch<float> sketch) {
     entries.push_back(train::sketched_sgd_entry(name, std::move(sketch)));
   }
@@ -176,10 +180,11 @@ int main(int argc, char** argv) {
 
   fmt::print("gradcomp training demo: {} workers, MLP {}-{}-{} (ReLU, softmax) = {} parameters in one float32 bucket\n",
              workers, inputs, hidden, classes, n);
-  fmt::print("synthetic data: {} classes x {} overlapping Gaussian clusters in {} dimensions, {:.0f}% label noise;\n"
-             "{} training samples per worker, {} held out. SGD, lr {}, {} steps of {} samples per worker.\n\n",
-             classes, config.clusters_per_class, inputs, 100.0 * config.label_noise, train_per_worker, test_samples,
-             experiment::learning_rate, steps, batch);
+  fmt::print(
+      "synthetic data: {} classes x {} overlapping Gaussian clusters in {} dimensions, {:.0f}% label noise;\n"
+      "{} training samples per worker, {} held out. SGD, lr {}, {} steps of {} samples per worker.\n\n",
+      classes, config.clusters_per_class, inputs, 100.0 * config.label_noise, train_per_worker, test_samples,
+      experiment::learning_rate, steps, batch);
 
   std::vector<result> results;
   for (const train::codec_entry& entry : demo_codecs()) results.push_back(train_with(entry, data));
@@ -194,26 +199,28 @@ int main(int argc, char** argv) {
     const std::string loss = failed ? "-" : fmt::format("{:.4f}", r.loss);
     const std::string loss_vs = failed ? "-" : is_base ? "" : relative(r.loss, base.loss);
     const std::string acc = failed ? "-" : fmt::format("{:.1f}%", 100.0 * r.test.accuracy);
-    const std::string acc_vs =
-        failed ? "-" : is_base ? "" : fmt::format("{:+.1f} pt", 100.0 * (r.test.accuracy - base.test.accuracy));
+    const std::string acc_vs = failed    ? "-"
+                               : is_base ? ""
+                                         : fmt::format("{:+.1f} pt", 100.0 * (r.test.accuracy - base.test.accuracy));
     const std::string decode_us = std::isnan(r.decode_us) ? "-" : fmt::format("{:.1f}", r.decode_us);
     fmt::print("{:<{}}  {:>12.0f} {:>7.1f}x {:>10} {:>10} {:>9} {:>9} {:>10.1f} {:>10}\n", r.name, width, r.bytes,
                r.dense_bytes / r.bytes, loss, loss_vs, acc, acc_vs, r.encode_us, decode_us);
     if (failed) fmt::print("{:<{}}  ^ {}\n", "", width, r.failure);
   }
-  fmt::print("\nbytes/worker: average bytes each worker sends per step; ratio: what the same aggregation sends\n"
-             "uncompressed ({} float32 bytes for an all-gather) / that.\n"
-             "train loss: mean minibatch loss over the last {} steps, next to {}'s;\n"
-             "test acc: on the {} held-out samples (chance: {:.0f}%), in points next to {}'s.\n"
-             "encode µs: one worker compressing its gradient, per step;\n"
-             "decode µs: one worker decoding all {} messages into the sum, per step.\n"
-             "TAGC rows reduce-scatter each tensor over an in-process group (threads): bytes/worker counts the\n"
-             "index, sketch and tail segments a rank contributes; encode µs is one rank's whole collective step\n"
-             "(sparsify, index, sketch, peel, and the waiting for the other ranks).\n"
-             "Ring rows all-reduce the whole gradient over an in-process ring: bytes/worker counts both phases\n"
-             "(2(P-1)/P of the gradient: {:.0f} bytes uncompressed); encode µs is one rank's whole collective.\n",
-             n * sizeof(float), loss_window, base.name, test_samples, 100.0 / classes, base.name, workers,
-             2.0 * static_cast<double>(workers - 1) / static_cast<double>(workers) * dense_bytes);
+  fmt::print(
+      "\nbytes/worker: average bytes each worker sends per step; ratio: what the same aggregation sends\n"
+      "uncompressed ({} float32 bytes for an all-gather) / that.\n"
+      "train loss: mean minibatch loss over the last {} steps, next to {}'s;\n"
+      "test acc: on the {} held-out samples (chance: {:.0f}%), in points next to {}'s.\n"
+      "encode µs: one worker compressing its gradient, per step;\n"
+      "decode µs: one worker decoding all {} messages into the sum, per step.\n"
+      "TAGC rows reduce-scatter each tensor over an in-process group (threads): bytes/worker counts the\n"
+      "index, sketch and tail segments a rank contributes; encode µs is one rank's whole collective step\n"
+      "(sparsify, index, sketch, peel, and the waiting for the other ranks).\n"
+      "Ring rows all-reduce the whole gradient over an in-process ring: bytes/worker counts both phases\n"
+      "(2(P-1)/P of the gradient: {:.0f} bytes uncompressed); encode µs is one rank's whole collective.\n",
+      n * sizeof(float), loss_window, base.name, test_samples, 100.0 / classes, base.name, workers,
+      2.0 * static_cast<double>(workers - 1) / static_cast<double>(workers) * dense_bytes);
   for (const result& r : results)
     if (!r.notes.empty()) fmt::print("\n{}: {}\n", r.name, r.notes);
   fmt::print("\ntotal {:.1f} s\n", std::chrono::duration<double>(clock_type::now() - started).count());

@@ -61,13 +61,20 @@ command_line parse(int argc, char** argv) {
       return argv[++i];
     };
     if (arg == "--transport") c.transport = value();
-    else if (arg == "--ranks") c.ranks = std::stoi(value());
-    else if (arg == "--codec") c.codecs.push_back(value());
-    else if (arg == "--steps") c.run.steps = std::stoul(value());
-    else if (arg == "--log-every") c.run.log_every = std::stoul(value());
-    else if (arg == "--max-loss-gap") c.max_loss_gap = std::stod(value());
-    else if (arg == "--list") c.list = true;
-    else throw std::invalid_argument("unknown option " + arg);
+    else if (arg == "--ranks")
+      c.ranks = std::stoi(value());
+    else if (arg == "--codec")
+      c.codecs.push_back(value());
+    else if (arg == "--steps")
+      c.run.steps = std::stoul(value());
+    else if (arg == "--log-every")
+      c.run.log_every = std::stoul(value());
+    else if (arg == "--max-loss-gap")
+      c.max_loss_gap = std::stod(value());
+    else if (arg == "--list")
+      c.list = true;
+    else
+      throw std::invalid_argument("unknown option " + arg);
   }
   return c;
 }
@@ -148,7 +155,8 @@ int main(int argc, char** argv) {
     if (c.transport == "gloo") {
       const int rank = getenv_int("GRADCOMP_RANK"), size = getenv_int("GRADCOMP_SIZE");
       const char* store_dir = std::getenv("GRADCOMP_STORE");
-      if (store_dir == nullptr) throw std::invalid_argument("--transport gloo needs GRADCOMP_STORE (a shared directory)");
+      if (store_dir == nullptr)
+        throw std::invalid_argument("--transport gloo needs GRADCOMP_STORE (a shared directory)");
       gloo::rendezvous::FileStore store(store_dir);
       auto device = gloo::transport::tcp::CreateDevice(gloo::transport::tcp::attr("127.0.0.1"));
       auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);

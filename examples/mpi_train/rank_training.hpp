@@ -71,7 +71,8 @@ class codec_reducer final : public rank_reducer<X> {
     const gradcomp::all_reduce_options options{.key = {.step = step}, .plan = plan_, .average = true};
     const gradcomp::cpu_executor cpu;
     if constexpr (stateful_codec<Codec>) return gradcomp::compressed_all_reduce(cpu, t, codec_, state_, grad, options);
-    else return gradcomp::compressed_all_reduce(cpu, t, codec_, grad, options);
+    else
+      return gradcomp::compressed_all_reduce(cpu, t, codec_, grad, options);
   }
 
  private:
@@ -88,7 +89,9 @@ template <class X>
 class tagc_reducer final : public rank_reducer<X> {
  public:
   tagc_reducer(const gradcomp::tagc_params& params, const std::vector<parameter>& layout)
-      : tagc_(params), state_(tagc_.make_state(gradcomp::cpu_executor{})), layout_(layout),
+      : tagc_(params),
+        state_(tagc_.make_state(gradcomp::cpu_executor{})),
+        layout_(layout),
         compressed_(tagc_compressed_tensors(gradcomp::tagc_layer_policy(), layout)) {}
 
   gradcomp::compressed_report reduce(X& t, std::span<float> grad, std::uint64_t) override {
@@ -126,9 +129,11 @@ class sketched_sgd_reducer final : public rank_reducer<X> {
     auto& a = compensated_;  // holds e on entry
     std::transform(grad.begin(), grad.end(), a.begin(), a.begin(), std::plus<>());
     // One fixed key: the hashes depend on the seed only, and accumulate_encoded needs equal keys.
-    const std::size_t bytes = sketch_.encode(cpu_, std::span<const float>(a), std::span<std::byte>(message_),
-                                             std::span<std::byte>(workspace_), gradcomp::message_key{.step = 0, .tensor_id = 0});
-    std::vector<std::vector<std::byte>> sketches = t.all_gather_bytes(std::span<const std::byte>(message_).first(bytes));
+    const std::size_t bytes =
+        sketch_.encode(cpu_, std::span<const float>(a), std::span<std::byte>(message_),
+                       std::span<std::byte>(workspace_), gradcomp::message_key{.step = 0, .tensor_id = 0});
+    std::vector<std::vector<std::byte>> sketches =
+        t.all_gather_bytes(std::span<const std::byte>(message_).first(bytes));
     for (std::size_t r = 1; r < P; ++r) sketch_.accumulate_encoded(cpu_, sketches[0], sketches[r]);
     const std::size_t k = sketch_.heavy_hitters(cpu_, sketches[0], grad.size(), indices_, workspace_);
     const auto chosen = std::span<const std::uint64_t>(indices_).first(k);
@@ -184,13 +189,15 @@ class gravac_reducer final : public rank_reducer<X> {
     const auto P = static_cast<std::size_t>(t.size());
     const gradcomp::gravac_decision d = controller_.decision();
     const gradcomp::topk_sparsifier<float> current(d.current), safe(d.safe);
-    const std::size_t safe_bytes = compress_path(safe, grad, residual_safe_, compensated_safe_, decoded_safe_, message_, workspace_);
+    const std::size_t safe_bytes =
+        compress_path(safe, grad, residual_safe_, compensated_safe_, decoded_safe_, message_, workspace_);
     std::size_t current_bytes = safe_bytes;
     if (d.current.density == d.safe.density) {  // the candidate is not computed
       compensated_current_ = compensated_safe_;
       decoded_current_ = decoded_safe_;
     } else {
-      current_bytes = compress_path(current, grad, residual_current_, compensated_current_, decoded_current_, message_, workspace_);
+      current_bytes =
+          compress_path(current, grad, residual_current_, compensated_current_, decoded_current_, message_, workspace_);
     }
     gradcomp::gravac_observation observed{};
     observed.gradient = gravac_magnitude(controller_, layout_, grad);
@@ -210,9 +217,10 @@ class gravac_reducer final : public rank_reducer<X> {
       bytes = send_current ? current_bytes : safe_bytes;
       // The sum of the ranks' decoded messages in rank order, as the demo adds them.
       std::vector<float>& sum = send_current ? compensated_current_ : compensated_safe_;
-      const gradcomp::all_reduce_options options{.key = {.step = step}, .plan = gradcomp::all_reduce_plan::gather_decode};
-      report = gradcomp::compressed_all_reduce(gradcomp::cpu_executor{}, t, send_current ? current : safe, std::span<float>(sum),
-                                               options);
+      const gradcomp::all_reduce_options options{.key = {.step = step},
+                                                 .plan = gradcomp::all_reduce_plan::gather_decode};
+      report = gradcomp::compressed_all_reduce(gradcomp::cpu_executor{}, t, send_current ? current : safe,
+                                               std::span<float>(sum), options);
       std::copy(sum.begin(), sum.end(), grad.begin());
     }
     for (float& v : grad) v /= static_cast<float>(P);
@@ -253,14 +261,16 @@ struct rank_rows {
   template <class Codec>
   void codec(const char* name, Codec c) {
     rows.push_back({name, [c](const std::vector<parameter>& layout) -> std::unique_ptr<rank_reducer<X>> {
-                      return std::make_unique<codec_reducer<X, Codec>>(c, total_size(layout), gradcomp::all_reduce_plan::gather_decode);
+                      return std::make_unique<codec_reducer<X, Codec>>(c, total_size(layout),
+                                                                       gradcomp::all_reduce_plan::gather_decode);
                     }});
   }
   template <class Codec>
   void ring(const char* name, Codec c) {
     if constexpr (gradcomp::transport_with_point_to_point<X>)
       rows.push_back({name, [c](const std::vector<parameter>& layout) -> std::unique_ptr<rank_reducer<X>> {
-                        return std::make_unique<codec_reducer<X, Codec>>(c, total_size(layout), gradcomp::all_reduce_plan::ring);
+                        return std::make_unique<codec_reducer<X, Codec>>(c, total_size(layout),
+                                                                         gradcomp::all_reduce_plan::ring);
                       }});
     else
       rows.push_back({name, {}});
@@ -311,7 +321,8 @@ struct run_options {
 
 /// Trains one row on this rank; every rank returns the same result except for the timings.
 template <gradcomp::transport Inner>
-rank_result train_row(Inner& inner, const rank_row<timed_transport<Inner>>& row, const setup& data, const run_options& options) {
+rank_result train_row(Inner& inner, const rank_row<timed_transport<Inner>>& row, const setup& data,
+                      const run_options& options) {
   using X = timed_transport<Inner>;
   X t(inner);
   rank_result r;
@@ -355,7 +366,8 @@ rank_result train_row(Inner& inner, const rank_row<timed_transport<Inner>>& row,
           throw gradcomp::error(gradcomp::errc::parameter_mismatch,
                                 fmt::format("the ranks' parameters differ after step {}", step));
       if (options.log_every != 0 && step % options.log_every == 0 && t.rank() == 0)
-        fmt::print("  [{}] step {:4} loss {:.4f} bytes sent by rank 0 {}\n", row.name, step, step_loss, report.sent_bytes);
+        fmt::print("  [{}] step {:4} loss {:.4f} bytes sent by rank 0 {}\n", row.name, step, step_loss,
+                   report.sent_bytes);
     }
   } catch (const gradcomp::error& e) {
     r.failure = fmt::format("stopped at step {}: {}", r.steps, e.what());
@@ -401,13 +413,14 @@ inline void print_summary(const std::vector<rank_result>& results, int ranks, do
                r.sent_bytes, ratio(r.dense_bytes, r.sent_bytes), r.loss, 100.0 * (r.loss - base.loss) / base.loss,
                100.0 * r.test.accuracy, r.compute_us, speedup(10.0), speedup(100.0));
   }
-  fmt::print("\nbytes/step: bytes each rank sends per step (a ring schedule: an all-gathered message counts\n"
-             "P - 1 = {} times). ratio: what the uncompressed collective sends over that: a ring all-reduce,\n"
-             "2(P-1)/P of the gradient (TAGC rows: a ring reduce-scatter, (P-1)/P; the shards' all-gather is not\n"
-             "counted). compute µs: rank 0's CPU time per step inside the collective but outside the transport's\n"
-             "calls (encoding, decoding). 10 / 100 Gb/s: modelled speedup of the step's communication over the\n"
-             "uncompressed collective, t = bytes / bandwidth + compute.\n",
-             ranks - 1);
+  fmt::print(
+      "\nbytes/step: bytes each rank sends per step (a ring schedule: an all-gathered message counts\n"
+      "P - 1 = {} times). ratio: what the uncompressed collective sends over that: a ring all-reduce,\n"
+      "2(P-1)/P of the gradient (TAGC rows: a ring reduce-scatter, (P-1)/P; the shards' all-gather is not\n"
+      "counted). compute µs: rank 0's CPU time per step inside the collective but outside the transport's\n"
+      "calls (encoding, decoding). 10 / 100 Gb/s: modelled speedup of the step's communication over the\n"
+      "uncompressed collective, t = bytes / bandwidth + compute.\n",
+      ranks - 1);
   for (const auto& r : results)
     if (r.failure.empty()) fmt::print("final parameter hash [{}] {:016x}\n", r.name, r.hash);
   if (max_loss_gap_percent > 0.0)

@@ -43,14 +43,24 @@ class timed_transport {
   [[nodiscard]] clock::duration communication() const noexcept { return spent_; }
 
   template <class V>
-  void all_reduce_sum(std::span<V> d) { timed([&] { inner_.all_reduce_sum(d); }); }
+  void all_reduce_sum(std::span<V> d) {
+    timed([&] { inner_.all_reduce_sum(d); });
+  }
   template <class V>
-  void all_reduce_max(std::span<V> d) { timed([&] { inner_.all_reduce_max(d); }); }
+  void all_reduce_max(std::span<V> d) {
+    timed([&] { inner_.all_reduce_max(d); });
+  }
   template <class V>
-  void reduce_sum(std::span<V> d, int root) { timed([&] { inner_.reduce_sum(d, root); }); }
+  void reduce_sum(std::span<V> d, int root) {
+    timed([&] { inner_.reduce_sum(d, root); });
+  }
   template <class V>
-  void reduce_scatter_sum(std::span<const V> in, std::span<V> out) { timed([&] { inner_.reduce_scatter_sum(in, out); }); }
-  void broadcast(std::span<std::byte> d, int root) { timed([&] { inner_.broadcast(d, root); }); }
+  void reduce_scatter_sum(std::span<const V> in, std::span<V> out) {
+    timed([&] { inner_.reduce_scatter_sum(in, out); });
+  }
+  void broadcast(std::span<std::byte> d, int root) {
+    timed([&] { inner_.broadcast(d, root); });
+  }
   std::vector<std::vector<std::byte>> all_gather_bytes(std::span<const std::byte> mine) {
     return timed([&] { return inner_.all_gather_bytes(mine); });
   }

@@ -68,16 +68,19 @@
 #include "hook_codecs.hpp"
 
 // Hidden, as pybind11's own namespace is: the types hold Python objects.
-namespace gradcomp_torch __attribute__((visibility("hidden"))) {
+namespace [[gnu::visibility("hidden")]] gradcomp_torch {
 
 namespace py = pybind11;
 
 template <class V>
 torch::Dtype torch_dtype() {
   if constexpr (std::is_same_v<V, float>) return torch::kFloat32;
-  else if constexpr (std::is_same_v<V, double>) return torch::kFloat64;
-  else if constexpr (std::is_same_v<V, std::uint64_t>) return torch::kInt64;  // same bits; sums wrap alike
-  else return torch::kUInt8;                                                  // uint8_t, std::byte
+  else if constexpr (std::is_same_v<V, double>)
+    return torch::kFloat64;
+  else if constexpr (std::is_same_v<V, std::uint64_t>)
+    return torch::kInt64;  // same bits; sums wrap alike
+  else
+    return torch::kUInt8;                                                  // uint8_t, std::byte
 }
 
 /// A tensor over the memory of `s` (no copy).
@@ -100,12 +103,18 @@ class process_group_transport {
   [[nodiscard]] int size() const noexcept { return size_; }
 
   template <class V>
-  void all_reduce_sum(std::span<V> data) { call("all_reduce_sum", tensor_over(data)); }
+  void all_reduce_sum(std::span<V> data) {
+    call("all_reduce_sum", tensor_over(data));
+  }
   template <class V>
-  void all_reduce_max(std::span<V> data) { call("all_reduce_max", tensor_over(data)); }
+  void all_reduce_max(std::span<V> data) {
+    call("all_reduce_max", tensor_over(data));
+  }
   void all_reduce_or(std::span<std::uint8_t> data) { call("all_reduce_or", tensor_over(data)); }
   template <class V>
-  void reduce_sum(std::span<V> data, int root) { call("reduce_sum", tensor_over(data), root); }
+  void reduce_sum(std::span<V> data, int root) {
+    call("reduce_sum", tensor_over(data), root);
+  }
   template <class V>
   void reduce_scatter_sum(std::span<const V> in, std::span<V> out) {
     call("reduce_scatter_sum", tensor_over(in).clone(), tensor_over(out));
@@ -141,7 +150,8 @@ class process_group_transport {
     try {
       return ops_.attr(name)(std::forward<A>(args)...);
     } catch (py::error_already_set& e) {
-      throw gradcomp::error(gradcomp::errc::transport_failed, std::string("torch.distributed ") + name + ": " + e.what());
+      throw gradcomp::error(gradcomp::errc::transport_failed,
+                            std::string("torch.distributed ") + name + ": " + e.what());
     }
   }
 
@@ -178,13 +188,15 @@ class codec_handle {
  public:
   virtual ~codec_handle() = default;
   [[nodiscard]] virtual bool stateful() const = 0;
-  [[nodiscard]] virtual torch::Tensor encode(const torch::Tensor& grad, state_handle* state, gradcomp::message_key key) const = 0;
+  [[nodiscard]] virtual torch::Tensor encode(const torch::Tensor& grad, state_handle* state,
+                                             gradcomp::message_key key) const = 0;
   virtual void decode(const torch::Tensor& message, const torch::Tensor& out, bool accumulate) const = 0;
   [[nodiscard]] virtual std::shared_ptr<state_handle> make_state(std::uint64_t n) const = 0;
   [[nodiscard]] virtual py::bytes save_state(const state_handle& state) const = 0;
   [[nodiscard]] virtual std::shared_ptr<state_handle> load_state(const std::string& bytes, std::uint64_t n) const = 0;
   [[nodiscard]] virtual torch::Tensor carried_error(const state_handle& state) const = 0;
-  [[nodiscard]] virtual std::shared_ptr<state_handle> relaid_state(const torch::Tensor& error, const state_handle& like) const = 0;
+  [[nodiscard]] virtual std::shared_ptr<state_handle> relaid_state(const torch::Tensor& error,
+                                                                   const state_handle& like) const = 0;
   virtual gradcomp::compressed_report all_reduce(process_group_transport& t, std::span<float> data, state_handle* state,
                                                  gradcomp::message_key key, std::uint64_t dense_steps) const = 0;
   // A bucket's states (bucket_state.hpp).
@@ -213,7 +225,8 @@ class codec_of final : public codec_handle {
 
   [[nodiscard]] bool stateful() const override { return has_state; }
 
-  [[nodiscard]] torch::Tensor encode(const torch::Tensor& grad, state_handle* state, gradcomp::message_key key) const override {
+  [[nodiscard]] torch::Tensor encode(const torch::Tensor& grad, state_handle* state,
+                                     gradcomp::message_key key) const override {
     const std::span<const float> g = floats_of(grad, "the gradient");
     std::vector<std::byte> ws(codec_.workspace_bytes(cpu_, g.size()));
     torch::Tensor out = torch::empty({static_cast<std::int64_t>(codec_.max_encoded_bytes(g.size()))}, torch::kUInt8);
@@ -231,12 +244,14 @@ class codec_of final : public codec_handle {
     const std::span<float> values = floats_of(out, "the output");
     std::vector<std::byte> ws(codec_.workspace_bytes(cpu_, values.size()));
     if (accumulate) codec_.decode_accumulate(cpu_, bytes_of(message), values, ws);
-    else codec_.decode(cpu_, bytes_of(message), values, ws);
+    else
+      codec_.decode(cpu_, bytes_of(message), values, ws);
   }
 
   [[nodiscard]] std::shared_ptr<state_handle> make_state(std::uint64_t n) const override {
     if constexpr (has_state) return std::make_shared<state_of_codec>(codec_.make_state(cpu_, n), n);
-    else throw gradcomp::error(gradcomp::errc::invalid_argument, "this codec keeps no state");
+    else
+      throw gradcomp::error(gradcomp::errc::invalid_argument, "this codec keeps no state");
   }
 
   [[nodiscard]] py::bytes save_state(const state_handle& state) const override {
@@ -271,7 +286,8 @@ class codec_of final : public codec_handle {
     }
   }
 
-  [[nodiscard]] std::shared_ptr<state_handle> relaid_state(const torch::Tensor& error, const state_handle& like) const override {
+  [[nodiscard]] std::shared_ptr<state_handle> relaid_state(const torch::Tensor& error,
+                                                           const state_handle& like) const override {
     if constexpr (has_state) {
       const std::span<const float> e = floats_of(error, "the error");
       auto s = std::make_shared<state_of_codec>(codec_.make_state(cpu_, e.size()), e.size());
@@ -295,7 +311,8 @@ class codec_of final : public codec_handle {
     if (auto* bucket = dynamic_cast<bucket_of_codec*>(state)) {
       return bucket_all_reduce(cpu_, t, codec_, bucket->state, data, options);
     }
-    if constexpr (has_state) return gradcomp::compressed_all_reduce(cpu_, t, codec_, state_in(state, data.size()), data, options);
+    if constexpr (has_state)
+      return gradcomp::compressed_all_reduce(cpu_, t, codec_, state_in(state, data.size()), data, options);
     else {
       gradcomp::detail::require(state == nullptr, gradcomp::errc::invalid_argument, "this codec keeps no state");
       return gradcomp::compressed_all_reduce(cpu_, t, codec_, data, options);
@@ -422,7 +439,9 @@ class tagc_scheme {
 
   explicit tagc_scheme(gradcomp::tagc_params params) : tagc_(params) {}
 
-  [[nodiscard]] std::shared_ptr<state_handle> make_state() const { return std::make_shared<state_of_scheme>(tagc_.make_state(cpu_)); }
+  [[nodiscard]] std::shared_ptr<state_handle> make_state() const {
+    return std::make_shared<state_of_scheme>(tagc_.make_state(cpu_));
+  }
 
   [[nodiscard]] py::bytes save_state(const state_handle& handle) const {
     const auto& s = state_in(handle);
@@ -475,7 +494,8 @@ class tagc_scheme {
   using state_type = gradcomp::tagc_state<float, gradcomp::cpu_executor>;
   static state_type& state_in(state_handle& handle) {
     auto* s = dynamic_cast<state_of_scheme*>(&handle);
-    gradcomp::detail::require(s != nullptr, gradcomp::errc::invalid_argument, "the state belongs to a codec, not to TAGC");
+    gradcomp::detail::require(s != nullptr, gradcomp::errc::invalid_argument,
+                              "the state belongs to a codec, not to TAGC");
     return s->state;
   }
   static const state_type& state_in(const state_handle& handle) { return state_in(const_cast<state_handle&>(handle)); }
@@ -548,7 +568,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const gradcomp::error& e) {
-      const py::object instance = static_cast<py::object&>(error_type)(std::string(gradcomp::to_string(e.code())), std::string(e.what()));
+      const py::object instance =
+          static_cast<py::object&>(error_type)(std::string(gradcomp::to_string(e.code())), std::string(e.what()));
       PyErr_SetObject(error_type.ptr(), instance.ptr());
     }
   });
@@ -571,9 +592,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return names;
   });
 
-  py::class_<state_handle, std::shared_ptr<state_handle>>(m, "State").def_property_readonly("size", &state_handle::size);
+  py::class_<state_handle, std::shared_ptr<state_handle>>(m, "State")
+      .def_property_readonly("size", &state_handle::size);
 
-  const auto key = [](std::uint64_t step, std::uint32_t tensor_id) { return gradcomp::message_key{.step = step, .tensor_id = tensor_id}; };
+  const auto key = [](std::uint64_t step, std::uint32_t tensor_id) {
+    return gradcomp::message_key{.step = step, .tensor_id = tensor_id};
+  };
   py::class_<codec_handle, std::shared_ptr<codec_handle>>(m, "Codec")
       .def(py::init(&codec_named), py::arg("name"))
       .def_property_readonly("stateful", &codec_handle::stateful)
@@ -640,43 +664,50 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   py::class_<gravac_buckets, std::shared_ptr<gravac_buckets>>(m, "Gravac")
       .def(py::init(&gravac_named), py::arg("name"))
-      .def("save", [](const gravac_buckets& g) {
-        const std::vector<std::byte> bytes = g.save();
-        return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-      })
-      .def("load", [](gravac_buckets& g, const std::string& bytes) { g.load(std::as_bytes(std::span<const char>(bytes))); },
-           py::arg("saved"))
-      .def_property_readonly("density", [](const gravac_buckets& g) -> py::object {
-        const auto sent = g.controller().decision().sent();
-        return sent ? py::object(py::float_(sent->density)) : py::object(py::none());
-      })
-      .def_property_readonly("candidate", [](const gravac_buckets& g) { return g.controller().decision().current.density; })
-      .def("all_reduce_mean",
-           [key](gravac_buckets& g, py::object ops, const torch::Tensor& data,
-                 const std::vector<std::pair<std::uint32_t, std::size_t>>& params, std::uint64_t step,
-                 std::uint32_t tensor_id, bool last) {
-             process_group_transport t(std::move(ops));
-             std::vector<bucket_parameter> layout;
-             for (const auto& [index, size] : params) layout.push_back({index, size});
-             py::dict out;
-             out["sent_bytes"] = g.all_reduce_mean(t, floats_of(data, "the data"), layout, key(step, tensor_id), last);
-             return out;
-           },
-           py::arg("ops"), py::arg("data"), py::arg("params"), py::arg("step"), py::arg("tensor_id"), py::arg("last"));
+      .def("save",
+           [](const gravac_buckets& g) {
+             const std::vector<std::byte> bytes = g.save();
+             return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+           })
+      .def(
+          "load",
+          [](gravac_buckets& g, const std::string& bytes) { g.load(std::as_bytes(std::span<const char>(bytes))); },
+          py::arg("saved"))
+      .def_property_readonly("density",
+                             [](const gravac_buckets& g) -> py::object {
+                               const auto sent = g.controller().decision().sent();
+                               return sent ? py::object(py::float_(sent->density)) : py::object(py::none());
+                             })
+      .def_property_readonly("candidate",
+                             [](const gravac_buckets& g) { return g.controller().decision().current.density; })
+      .def(
+          "all_reduce_mean",
+          [key](gravac_buckets& g, py::object ops, const torch::Tensor& data,
+                const std::vector<std::pair<std::uint32_t, std::size_t>>& params, std::uint64_t step,
+                std::uint32_t tensor_id, bool last) {
+            process_group_transport t(std::move(ops));
+            std::vector<bucket_parameter> layout;
+            for (const auto& [index, size] : params) layout.push_back({index, size});
+            py::dict out;
+            out["sent_bytes"] = g.all_reduce_mean(t, floats_of(data, "the data"), layout, key(step, tensor_id), last);
+            return out;
+          },
+          py::arg("ops"), py::arg("data"), py::arg("params"), py::arg("step"), py::arg("tensor_id"), py::arg("last"));
 
   py::class_<tagc_scheme, std::shared_ptr<tagc_scheme>>(m, "Tagc")
       .def(py::init(&tagc_named), py::arg("name"))
       .def("make_state", &tagc_scheme::make_state)
       .def("save_state", &tagc_scheme::save_state, py::arg("state"))
       .def("load_state", &tagc_scheme::load_state, py::arg("saved"))
-      .def("all_reduce_mean",
-           [](const tagc_scheme& s, py::object ops, const torch::Tensor& data, state_handle& state,
-              const std::vector<tagc_scheme::parameter_info>& params) {
-             process_group_transport t(std::move(ops));
-             const std::span<float> values = floats_of(data, "the data");
-             py::dict out;
-             out["sent_bytes"] = s.all_reduce_mean(t, values, state, params);
-             return out;
-           },
-           py::arg("ops"), py::arg("data"), py::arg("state"), py::arg("params"));
+      .def(
+          "all_reduce_mean",
+          [](const tagc_scheme& s, py::object ops, const torch::Tensor& data, state_handle& state,
+             const std::vector<tagc_scheme::parameter_info>& params) {
+            process_group_transport t(std::move(ops));
+            const std::span<float> values = floats_of(data, "the data");
+            py::dict out;
+            out["sent_bytes"] = s.all_reduce_mean(t, values, state, params);
+            return out;
+          },
+          py::arg("ops"), py::arg("data"), py::arg("state"), py::arg("params"));
 }

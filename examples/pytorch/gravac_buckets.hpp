@@ -114,13 +114,15 @@ class gravac_buckets {
       return v;
     };
     const std::uint64_t controller_bytes = u64();
-    gradcomp::detail::require(controller_bytes <= bytes.size(), gradcomp::errc::truncated, "GraVAC hook state ends early");
+    gradcomp::detail::require(controller_bytes <= bytes.size(), gradcomp::errc::truncated,
+                              "GraVAC hook state ends early");
     gradcomp::gravac_controller controller(controller_.options());
     controller.load_state(take(static_cast<std::size_t>(controller_bytes)));
     std::map<std::uint32_t, std::array<std::vector<float>, 2>> residuals;
     while (at < bytes.size()) {
       const std::uint64_t index = u64(), n = u64();
-      gradcomp::detail::require(index <= UINT32_MAX && n <= bytes.size() / sizeof(float), gradcomp::errc::malformed_payload,
+      gradcomp::detail::require(index <= UINT32_MAX && n <= bytes.size() / sizeof(float),
+                                gradcomp::errc::malformed_payload,
                                 "GraVAC hook state: impossible parameter index or size");
       auto& r = residuals[static_cast<std::uint32_t>(index)];
       for (auto& v : r) {
@@ -139,7 +141,8 @@ class gravac_buckets {
   template <gradcomp::transport X>
   std::size_t reduce_bucket(X& t, std::span<float> data, const std::vector<bucket_parameter>& params,
                             gradcomp::message_key key) {
-    std::array<float, 1> non_finite{std::all_of(data.begin(), data.end(), [](float v) { return std::isfinite(v); }) ? 0.0f : 1.0f};
+    std::array<float, 1> non_finite{
+        std::all_of(data.begin(), data.end(), [](float v) { return std::isfinite(v); }) ? 0.0f : 1.0f};
     t.all_reduce_max(std::span<float>(non_finite));
     gradcomp::detail::require(non_finite[0] == 0.0f, gradcomp::errc::non_finite_input,
                               "a rank's bucket holds NaN or Inf: every rank skips the step");
@@ -172,7 +175,8 @@ class gravac_buckets {
       std::vector<float> sum = current ? current_in : safe_in;
       const gradcomp::all_reduce_options options{.key = key, .plan = gradcomp::all_reduce_plan::gather_decode};
       sent = gradcomp::compressed_all_reduce(gradcomp::cpu_executor{}, t,
-                                             gradcomp::topk_sparsifier<float>(current ? decision_.current : decision_.safe),
+                                             gradcomp::topk_sparsifier<float>(current ? decision_.current
+                                                                                      : decision_.safe),
                                              std::span<float>(sum), options)
                  .sent_bytes;
       std::copy(sum.begin(), sum.end(), data.begin());

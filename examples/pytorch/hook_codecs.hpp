@@ -13,7 +13,8 @@ namespace gradcomp_torch {
 template <class Visitor>
 void visit_hook_codecs(Visitor& visitor) {
   train::visit_codecs(visitor, 0);
-  visitor.codec("uniform 4-bit shared scale (summed)", gradcomp::shared_scale_quantizer<float>({.bits = 4, .headroom_bits = 3}));
+  visitor.codec("uniform 4-bit shared scale (summed)",
+                gradcomp::shared_scale_quantizer<float>({.bits = 4, .headroom_bits = 3}));
 }
 
 }  // namespace gradcomp_torch

@@ -112,14 +112,17 @@ struct replayer {
       try {
         auto it = states.find(call.key);
         if (call.new_state) {
-          it = states.insert_or_assign(call.key, gradcomp_torch::load_bucket_state(cpu, c, call.state, data.size(),
-                                                                                   t.size(), t.rank())).first;
+          it = states
+                   .insert_or_assign(call.key, gradcomp_torch::load_bucket_state(cpu, c, call.state, data.size(),
+                                                                                 t.size(), t.rank()))
+                   .first;
         } else if (it == states.end() || gradcomp_torch::save_bucket_state(cpu, c, it->second) != call.state) {
           fmt::print(stderr, "rank {}: step {} bucket {}: the state differs from the hook's\n", t.rank(), call.step,
                      call.bucket);
           ++mismatches;
           if (it == states.end())
-            it = states.emplace(call.key, gradcomp_torch::make_bucket_state(cpu, c, data.size(), t.size(), t.rank())).first;
+            it = states.emplace(call.key, gradcomp_torch::make_bucket_state(cpu, c, data.size(), t.size(), t.rank()))
+                     .first;
         }
         plans.insert(gradcomp_torch::plan_name(it->second.plan));
         gradcomp_torch::bucket_all_reduce(cpu, t, c, it->second, std::span<float>(data), options);
@@ -147,7 +150,8 @@ int main(int argc, char** argv) {
     gradcomp::mpi_transport t(MPI_COMM_WORLD);
     try {
       if (argc != 3) throw std::invalid_argument("usage: replay_mpi DIR CODEC");
-      const std::vector<bucket_call> calls = read_calls(std::string(argv[1]) + "/rank" + std::to_string(t.rank()) + ".bin");
+      const std::vector<bucket_call> calls =
+          read_calls(std::string(argv[1]) + "/rank" + std::to_string(t.rank()) + ".bin");
       std::vector<std::uint64_t> counts{calls.size()};
       std::vector<std::uint64_t> most = counts;
       MPI_Allreduce(counts.data(), most.data(), 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
@@ -158,9 +162,10 @@ int main(int argc, char** argv) {
       std::array<std::uint64_t, 1> bad{r.mismatches};
       t.all_reduce_sum(std::span<std::uint64_t>(bad));
       if (t.rank() == 0)
-        fmt::print("replay_mpi: {} bucket calls of [{}] on {} ranks over MPI (plans {}; {} skipped as non-finite): {}\n",
-                   calls.size(), argv[2], t.size(), fmt::join(r.plans, ", "), r.skipped, bad[0] == 0 ? "every mean and state bit-identical to the hook's"
-                                                                          : fmt::format("{} mismatches", bad[0]));
+        fmt::print(
+            "replay_mpi: {} bucket calls of [{}] on {} ranks over MPI (plans {}; {} skipped as non-finite): {}\n",
+            calls.size(), argv[2], t.size(), fmt::join(r.plans, ", "), r.skipped,
+            bad[0] == 0 ? "every mean and state bit-identical to the hook's" : fmt::format("{} mismatches", bad[0]));
       status = bad[0] == 0 ? 0 : 1;
     } catch (const std::exception& e) {
       fmt::print(stderr, "replay_mpi (rank {}): {}\n", t.rank(), e.what());

@@ -41,7 +41,8 @@ void visit_codecs(Visitor& visitor, std::size_t batch) {
   // Sketched SGD: 3 x 512 sketches choose the 5% heavy hitters of the sum, whose exact values
   // travel in a second round; EF keeps the rest.
   visitor.sketched_sgd("count sketch 3x512 + 5% exact + EF",
-                       count_sketch<float>({.rows = 3, .columns = 512, .seed = 11, .heavy_hitters = {.density = 0.05}}));
+                       count_sketch<float>(
+                           {.rows = 3, .columns = 512, .seed = 11, .heavy_hitters = {.density = 0.05}}));
   // Sharded: each tensor reduce-scattered; the weights through TAGC (the biases dense, by TAGC's
   // layer policy). Blocks of 128 suit the demo's 2048-value shards.
   visitor.tagc("TAGC f*=0.80 (sharded)", tagc_params{.sparsify = {.zero_fraction = 0.80}, .sketch = {.block = 128}});
@@ -57,9 +58,10 @@ void visit_codecs(Visitor& visitor, std::size_t batch) {
   // paths keep their residuals every step (the reference's choice): with `sent_path_only`
   // a candidate that was never sent has no residual, its gain stays below 0.75 on this
   // model, and the run sends θ_min throughout (7.5x).
-  visitor.gravac("GraVAC top-k 10%..0.1% + EF",
-                 gravac_options{.theta_min = 0.1, .theta_max = 0.001, .window = 20, .feedback = gravac_feedback::both_paths},
-                 batch);
+  visitor.gravac(
+      "GraVAC top-k 10%..0.1% + EF",
+      gravac_options{.theta_min = 0.1, .theta_max = 0.001, .window = 20, .feedback = gravac_feedback::both_paths},
+      batch);
 }
 
 }  // namespace train

@@ -133,8 +133,9 @@ inline std::size_t total_size(const std::vector<parameter>& layout) {
 
 /// An entry that all-gathers the messages of per-worker compressors made by `make(n)`.
 inline codec_entry gather_entry(std::string name, std::function<std::unique_ptr<compressor>(std::size_t)> make) {
-  return {std::move(name), [make = std::move(make)](const std::vector<parameter>& layout, std::size_t workers)
-                               -> std::unique_ptr<aggregator> {
+  return {std::move(name),
+          [make = std::move(make)](const std::vector<parameter>& layout,
+                                   std::size_t workers) -> std::unique_ptr<aggregator> {
             return std::make_unique<gather_aggregator>(make, total_size(layout), workers);
           }};
 }
@@ -172,9 +173,8 @@ inline codec_entry dense_entry(std::string name = "dense") {
 
 /// True for codecs that keep per-worker state (error feedback, LoCo, ...).
 template <class Codec>
-concept stateful_codec = requires(const Codec& c, const gradcomp::cpu_executor& e, std::uint64_t n) {
-  c.make_state(e, n);
-};
+concept stateful_codec =
+    requires(const Codec& c, const gradcomp::cpu_executor& e, std::uint64_t n) { c.make_state(e, n); };
 
 namespace detail {
 struct no_state {};
@@ -184,8 +184,8 @@ struct state_of {
 };
 template <stateful_codec Codec>
 struct state_of<Codec> {
-  using type = decltype(std::declval<const Codec&>().make_state(std::declval<const gradcomp::cpu_executor&>(),
-                                                                std::uint64_t{}));
+  using type =
+      decltype(std::declval<const Codec&>().make_state(std::declval<const gradcomp::cpu_executor&>(), std::uint64_t{}));
 };
 }  // namespace detail
 
@@ -202,7 +202,8 @@ class gradcomp_compressor final : public compressor {
   std::size_t compress(std::span<const float> grad, std::span<std::byte> out, std::uint64_t step) override {
     const gradcomp::message_key key{.step = step, .tensor_id = 0};
     if constexpr (stateful_codec<Codec>) return codec_.encode(cpu_, grad, state_, out, std::span(workspace_), key);
-    else return codec_.encode(cpu_, grad, out, std::span(workspace_), key);
+    else
+      return codec_.encode(cpu_, grad, out, std::span(workspace_), key);
   }
 
   void decompress_accumulate(std::span<const std::byte> message, std::span<float> acc) override {
@@ -213,7 +214,8 @@ class gradcomp_compressor final : public compressor {
   using state_type = typename detail::state_of<Codec>::type;
   static state_type make_state(const Codec& codec, std::size_t n) {
     if constexpr (stateful_codec<Codec>) return codec.make_state(gradcomp::cpu_executor{}, n);
-    else return {};
+    else
+      return {};
   }
 
   gradcomp::cpu_executor cpu_;

@@ -51,8 +51,7 @@ struct setup {
 class batch_stream {
  public:
   /// The stream of worker `w`.
-  explicit batch_stream(std::size_t w)
-      : order_(experiment::train_per_worker), rng_(experiment::stream_seed + w) {
+  explicit batch_stream(std::size_t w) : order_(experiment::train_per_worker), rng_(experiment::stream_seed + w) {
     std::iota(order_.begin(), order_.end(), w * experiment::train_per_worker);
     rng_.shuffle(order_);
   }

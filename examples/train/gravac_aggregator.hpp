@@ -44,8 +44,8 @@ struct link_model {
 
 /// Σ over the layers of `layout` of the layer's magnitude in `x` as `controller` measures it (its
 /// L2 norm, GraVAC's default).
-[[nodiscard]] inline double gravac_magnitude(const gradcomp::gravac_controller& controller, const std::vector<parameter>& layout,
-                                             std::span<const float> x) {
+[[nodiscard]] inline double gravac_magnitude(const gradcomp::gravac_controller& controller,
+                                             const std::vector<parameter>& layout, std::span<const float> x) {
   double total = 0.0;
   for (const auto& p : layout) {
     double squares = 0.0;
@@ -63,9 +63,10 @@ inline void keep_error(std::span<const float> g, std::vector<float>& e, std::spa
 /// Encodes `compensated` with `sparsifier` and decodes the message into `decoded`, on this worker
 /// alone (what GraVAC measures of a path); `message` and `workspace` are scratch, grown as needed.
 /// Returns the message's size.
-inline std::size_t topk_round_trip(const gradcomp::topk_sparsifier<float>& sparsifier, std::span<const float> compensated,
-                                   std::span<float> decoded, std::vector<std::byte>& message,
-                                   std::vector<std::byte>& workspace, gradcomp::message_key key = {}) {
+inline std::size_t topk_round_trip(const gradcomp::topk_sparsifier<float>& sparsifier,
+                                   std::span<const float> compensated, std::span<float> decoded,
+                                   std::vector<std::byte>& message, std::vector<std::byte>& workspace,
+                                   gradcomp::message_key key = {}) {
   const gradcomp::cpu_executor cpu;
   message.resize(std::max(message.size(), sparsifier.max_encoded_bytes(compensated.size())));
   workspace.resize(std::max(workspace.size(), sparsifier.workspace_bytes(cpu, compensated.size())));
@@ -77,8 +78,9 @@ inline std::size_t topk_round_trip(const gradcomp::topk_sparsifier<float>& spars
 /// One GraVAC path of a worker: compensated = g + e (e is read, not changed) and decoded its top-k
 /// round trip with `sparsifier`; returns the message's size.
 inline std::size_t compress_path(const gradcomp::topk_sparsifier<float>& sparsifier, std::span<const float> g,
-                                 const std::vector<float>& e, std::vector<float>& compensated, std::vector<float>& decoded,
-                                 std::vector<std::byte>& message, std::vector<std::byte>& workspace) {
+                                 const std::vector<float>& e, std::vector<float>& compensated,
+                                 std::vector<float>& decoded, std::vector<std::byte>& message,
+                                 std::vector<std::byte>& workspace) {
   std::transform(g.begin(), g.end(), e.begin(), compensated.begin(), std::plus<>());
   return topk_round_trip(sparsifier, compensated, decoded, message, workspace);
 }
@@ -98,7 +100,8 @@ class gravac_aggregator final : public aggregator {
         decoded_current_(n_),
         decoded_safe_(n_) {}
 
-  step_cost aggregate(const std::vector<std::vector<float>>& grads, std::span<float> mean, std::uint64_t step) override {
+  step_cost aggregate(const std::vector<std::vector<float>>& grads, std::span<float> mean,
+                      std::uint64_t step) override {
     step_cost cost;
     const gradcomp::gravac_decision d = controller_.decision();
     const gradcomp::topk_sparsifier<float> current(d.current), safe(d.safe);
@@ -112,7 +115,8 @@ class gravac_aggregator final : public aggregator {
       const std::size_t safe_bytes = compress(safe, grads[w], residual_safe_[w], decoded_safe_);
       std::size_t current_bytes = safe_bytes;
       if (same_density) decoded_current_ = decoded_safe_;
-      else current_bytes = compress(current, grads[w], residual_current_[w], decoded_current_);
+      else
+        current_bytes = compress(current, grads[w], residual_current_[w], decoded_current_);
       observed.gradient += gravac_magnitude(controller_, layout_, grads[w]);
       observed.current += gravac_magnitude(controller_, layout_, decoded_current_);
       observed.safe += gravac_magnitude(controller_, layout_, decoded_safe_);
@@ -171,7 +175,8 @@ class gravac_aggregator final : public aggregator {
                                          d.send == gradcomp::gravac_choice::current ? "candidate" : "safe");
     if (!d.searching && searching_until_ == 0) searching_until_ = step;
     if (!timeline_.empty() && timeline_.back().what == what) timeline_.back().last = step;
-    else timeline_.push_back({step, step, std::move(what)});
+    else
+      timeline_.push_back({step, step, std::move(what)});
   }
 
   gradcomp::gravac_controller controller_;
@@ -189,8 +194,9 @@ class gravac_aggregator final : public aggregator {
 /// A demo row: top-k with EF whose density GraVAC chooses.
 inline codec_entry gravac_entry(std::string name, gradcomp::gravac_options options, std::size_t batch,
                                 link_model link = {}) {
-  return {std::move(name), [options, batch, link](const std::vector<parameter>& layout, std::size_t workers)
-                               -> std::unique_ptr<aggregator> {
+  return {std::move(name),
+          [options, batch, link](const std::vector<parameter>& layout,
+                                 std::size_t workers) -> std::unique_ptr<aggregator> {
             return std::make_unique<gravac_aggregator>(options, layout, workers, batch, link);
           }};
 }

@@ -28,18 +28,21 @@ class ring_aggregator final : public aggregator {
  public:
   ring_aggregator(Codec codec, std::size_t workers) : codec_(std::move(codec)), group_(static_cast<int>(workers)) {}
 
-  step_cost aggregate(const std::vector<std::vector<float>>& grads, std::span<float> mean, std::uint64_t step) override {
+  step_cost aggregate(const std::vector<std::vector<float>>& grads, std::span<float> mean,
+                      std::uint64_t step) override {
     step_cost cost;
     std::mutex mutex;
     group_.run([&](gradcomp::in_process_transport& t) {
       const auto r = static_cast<std::size_t>(t.rank());
       const auto started = clock_type::now();
       std::vector<float> sum = grads[r];
-      const auto report = gradcomp::ring_all_reduce(gradcomp::cpu_executor{}, t, codec_, std::span<float>(sum), {.key = {.step = step}});
+      const auto report = gradcomp::ring_all_reduce(gradcomp::cpu_executor{}, t, codec_, std::span<float>(sum),
+                                                    {.key = {.step = step}});
       const auto elapsed = clock_type::now() - started;
       // Every rank holds the same sum; rank 0 writes the mean.
       if (r == 0)
-        std::transform(sum.begin(), sum.end(), mean.begin(), [&](float v) { return v / static_cast<float>(grads.size()); });
+        std::transform(sum.begin(), sum.end(), mean.begin(),
+                       [&](float v) { return v / static_cast<float>(grads.size()); });
       const std::lock_guard lock(mutex);
       cost.bytes += report.sent_bytes;
       cost.encode += elapsed;
@@ -71,10 +74,9 @@ class ring_aggregator final : public aggregator {
 /// A demo row: the flat gradient ring-all-reduced with `codec` re-encoded at every hop.
 template <class Codec>
 codec_entry ring_entry(std::string name, Codec codec) {
-  return {std::move(name), [codec = std::move(codec)](const std::vector<parameter>&, std::size_t workers)
-                               -> std::unique_ptr<aggregator> {
-            return std::make_unique<ring_aggregator<Codec>>(codec, workers);
-          }};
+  return {std::move(name),
+          [codec = std::move(codec)](const std::vector<parameter>&, std::size_t workers)
+              -> std::unique_ptr<aggregator> { return std::make_unique<ring_aggregator<Codec>>(codec, workers); }};
 }
 
 }  // namespace train

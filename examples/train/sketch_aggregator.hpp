@@ -88,8 +88,9 @@ class sketched_sgd_aggregator final : public aggregator {
 
 /// A demo row: count sketch to choose the heavy hitters, exact values in a second round, EF.
 inline codec_entry sketched_sgd_entry(std::string name, gradcomp::count_sketch<float> sketch) {
-  return {std::move(name), [sketch = std::move(sketch)](const std::vector<parameter>& layout, std::size_t workers)
-                               -> std::unique_ptr<aggregator> {
+  return {std::move(name),
+          [sketch = std::move(sketch)](const std::vector<parameter>& layout,
+                                       std::size_t workers) -> std::unique_ptr<aggregator> {
             return std::make_unique<sketched_sgd_aggregator>(sketch, total_size(layout), workers);
           }};
 }

@@ -46,8 +46,9 @@ inline std::vector<bool> tagc_compressed_tensors(const gradcomp::layer_policy<gr
 /// `tensor_ids[l]` (default: l). Returns the gradient bytes this rank sent.
 template <gradcomp::transport X, class ShardDone>
 std::size_t tagc_rank_step(X& t, const gradcomp::tagc<float>& scheme,
-                           gradcomp::tagc_state<float, gradcomp::cpu_executor>& state, const std::vector<parameter>& layout,
-                           const std::vector<bool>& compressed, std::span<const float> grad, ShardDone shard_done,
+                           gradcomp::tagc_state<float, gradcomp::cpu_executor>& state,
+                           const std::vector<parameter>& layout, const std::vector<bool>& compressed,
+                           std::span<const float> grad, ShardDone shard_done,
                            std::span<const std::uint32_t> tensor_ids = {}) {
   const auto P = static_cast<std::size_t>(t.size());
   const auto r = static_cast<std::size_t>(t.rank());
@@ -61,8 +62,9 @@ std::size_t tagc_rank_step(X& t, const gradcomp::tagc<float>& scheme,
     shard.resize(m);
     if (compressed[l]) {
       const auto id = tensor_ids.empty() ? static_cast<std::uint32_t>(l) : tensor_ids[l];
-      sent += gradcomp::compressed_reduce_scatter(gradcomp::cpu_executor{}, t, scheme, state, std::span<const float>(padded),
-                                                  std::span<float>(shard), {.key = {.tensor_id = id}, .average = true})
+      sent += gradcomp::compressed_reduce_scatter(gradcomp::cpu_executor{}, t, scheme, state,
+                                                  std::span<const float>(padded), std::span<float>(shard),
+                                                  {.key = {.tensor_id = id}, .average = true})
                   .sent_bytes;
     } else {
       t.reduce_scatter_sum(std::span<const float>(padded), std::span<float>(shard));
@@ -88,7 +90,9 @@ std::size_t tagc_rank_all_reduce(X& t, const gradcomp::tagc<float>& scheme,
   std::vector<float> mine;  // this rank's shards of every tensor's mean, in tensor order
   const std::size_t sent = tagc_rank_step(
       t, scheme, state, layout, compressed, std::span<const float>(grad),
-      [&](std::size_t, std::size_t, std::span<const float> values) { mine.insert(mine.end(), values.begin(), values.end()); },
+      [&](std::size_t, std::size_t, std::span<const float> values) {
+        mine.insert(mine.end(), values.begin(), values.end());
+      },
       tensor_ids);
   const auto shards = t.all_gather_bytes(std::as_bytes(std::span<const float>(mine)));
   for (std::size_t q = 0; q < P; ++q) {
@@ -107,7 +111,10 @@ class tagc_aggregator final : public aggregator {
  public:
   tagc_aggregator(gradcomp::tagc_params params, const gradcomp::layer_policy<gradcomp::tagc_treatment>& policy,
                   const std::vector<parameter>& layout, std::size_t workers)
-      : tagc_(params), group_(static_cast<int>(workers)), layout_(layout), compressed_(tagc_compressed_tensors(policy, layout)) {
+      : tagc_(params),
+        group_(static_cast<int>(workers)),
+        layout_(layout),
+        compressed_(tagc_compressed_tensors(policy, layout)) {
     for (std::size_t w = 0; w < workers; ++w) states_.push_back(tagc_.make_state(gradcomp::cpu_executor{}));
   }
 
@@ -118,11 +125,12 @@ class tagc_aggregator final : public aggregator {
       const auto r = static_cast<std::size_t>(t.rank());
       const auto started = clock_type::now();
       // The gather of the shards: each rank writes its own part of each tensor into `mean`.
-      const std::size_t sent = tagc_rank_step(t, tagc_, states_[r], layout_, compressed_, grads[r],
-                                              [&](std::size_t l, std::size_t first, std::span<const float> values) {
-                                                std::copy(values.begin(), values.end(),
-                                                          mean.begin() + static_cast<std::ptrdiff_t>(layout_[l].offset + first));
-                                              });
+      const std::size_t sent =
+          tagc_rank_step(t, tagc_, states_[r], layout_, compressed_, grads[r],
+                         [&](std::size_t l, std::size_t first, std::span<const float> values) {
+                           std::copy(values.begin(), values.end(),
+                                     mean.begin() + static_cast<std::ptrdiff_t>(layout_[l].offset + first));
+                         });
       const auto elapsed = clock_type::now() - started;
       const std::lock_guard lock(mutex);
       cost.bytes += sent;
@@ -144,8 +152,8 @@ class tagc_aggregator final : public aggregator {
 
 /// A demo row running TAGC with `params` and TAGC's layer policy (weights compressed, biases dense).
 inline codec_entry tagc_entry(std::string name, gradcomp::tagc_params params) {
-  return {std::move(name), [params](const std::vector<parameter>& layout, std::size_t workers)
-                               -> std::unique_ptr<aggregator> {
+  return {std::move(name),
+          [params](const std::vector<parameter>& layout, std::size_t workers) -> std::unique_ptr<aggregator> {
             return std::make_unique<tagc_aggregator>(params, gradcomp::tagc_layer_policy(), layout, workers);
           }};
 }

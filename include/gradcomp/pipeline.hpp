@@ -39,7 +39,8 @@ class pipeline : public codec_interface<pipeline<S, Q>, typename S::value_type> 
   static constexpr bool is_homomorphic = false;        ///< Index sets differ between ranks.
 
   /// The composition of `sparsify` then `quantize`.
-  explicit pipeline(S sparsify = S{}, Q quantize = Q{}) : sparsify_(std::move(sparsify)), quantize_(std::move(quantize)) {}
+  explicit pipeline(S sparsify = S{}, Q quantize = Q{})
+      : sparsify_(std::move(sparsify)), quantize_(std::move(quantize)) {}
 
   /// The sparsifier stage.
   [[nodiscard]] const S& sparsify_stage() const noexcept { return sparsify_; }

@@ -84,15 +84,25 @@ class collectives_only {
   [[nodiscard]] int rank() const { return inner_.rank(); }
   [[nodiscard]] int size() const { return inner_.size(); }
   template <class V>
-  void all_reduce_sum(std::span<V> d) { inner_.all_reduce_sum(d); }
+  void all_reduce_sum(std::span<V> d) {
+    inner_.all_reduce_sum(d);
+  }
   template <class V>
-  void all_reduce_max(std::span<V> d) { inner_.all_reduce_max(d); }
+  void all_reduce_max(std::span<V> d) {
+    inner_.all_reduce_max(d);
+  }
   template <class V>
-  void reduce_sum(std::span<V> d, int root) { inner_.reduce_sum(d, root); }
+  void reduce_sum(std::span<V> d, int root) {
+    inner_.reduce_sum(d, root);
+  }
   template <class V>
-  void reduce_scatter_sum(std::span<const V> in, std::span<V> out) { inner_.reduce_scatter_sum(in, out); }
+  void reduce_scatter_sum(std::span<const V> in, std::span<V> out) {
+    inner_.reduce_scatter_sum(in, out);
+  }
   void broadcast(std::span<std::byte> d, int root) { inner_.broadcast(d, root); }
-  std::vector<std::vector<std::byte>> all_gather_bytes(std::span<const std::byte> mine) { return inner_.all_gather_bytes(mine); }
+  std::vector<std::vector<std::byte>> all_gather_bytes(std::span<const std::byte> mine) {
+    return inner_.all_gather_bytes(mine);
+  }
 
  private:
   X& inner_;
@@ -103,7 +113,8 @@ class collectives_only {
 template <transport X>
 class truncating_transport : public collectives_only<X> {
  public:
-  truncating_transport(X& inner, int victim, std::size_t cut) : collectives_only<X>(inner), victim_(victim), cut_(cut) {}
+  truncating_transport(X& inner, int victim, std::size_t cut)
+      : collectives_only<X>(inner), victim_(victim), cut_(cut) {}
   std::vector<std::vector<std::byte>> all_gather_bytes(std::span<const std::byte> mine) {
     if (this->rank() == victim_ && mine.size() > detail::agreement_record::size) mine = mine.first(mine.size() - cut_);
     return collectives_only<X>::all_gather_bytes(mine);
@@ -118,7 +129,8 @@ class truncating_transport : public collectives_only<X> {
 inline std::vector<float> naive_topk(const std::vector<float>& g, std::size_t k) {
   std::vector<std::size_t> order(g.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return std::fabs(g[a]) > std::fabs(g[b]); });
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return std::fabs(g[a]) > std::fabs(g[b]); });
   std::vector<float> kept(g.size(), 0.0f);
   for (std::size_t j = 0; j < k && j < order.size(); ++j) kept[order[j]] = g[order[j]];
   return kept;
@@ -167,14 +179,16 @@ std::vector<scenario_outcome> run_agreement_scenarios(X& t) {
     o.untouched = same_bits<float>(data, before);
     outcomes.push_back(std::move(o));
   };
-  scenario("element count", errc::size_mismatch, [&](std::span<float> d) { compressed_all_reduce(cpu_executor{}, t, topk, d); },
-           differs ? n + 1 : n);
+  scenario(
+      "element count", errc::size_mismatch,
+      [&](std::span<float> d) { compressed_all_reduce(cpu_executor{}, t, topk, d); }, differs ? n + 1 : n);
   scenario("codec parameters", errc::parameter_mismatch, [&](std::span<float> d) {
     compressed_all_reduce(cpu_executor{}, t, differs ? topk_sparsifier<float>(sparsity{.density = 0.06}) : topk, d);
   });
   scenario("codec id", errc::codec_mismatch, [&](std::span<float> d) {
     if (differs) compressed_all_reduce(cpu_executor{}, t, threshold_sparsifier<float>(), d);
-    else compressed_all_reduce(cpu_executor{}, t, topk, d);
+    else
+      compressed_all_reduce(cpu_executor{}, t, topk, d);
   });
   scenario("dtype", errc::dtype_mismatch, [&](std::span<float> d) {
     if (!differs) {
@@ -182,12 +196,15 @@ std::vector<scenario_outcome> run_agreement_scenarios(X& t) {
       return;
     }
     auto wide = gradient_of<double>(t.rank(), n);
-    compressed_all_reduce(cpu_executor{}, t, topk_sparsifier<double>(sparsity{.density = 0.05}), std::span<double>(wide));
+    compressed_all_reduce(cpu_executor{}, t, topk_sparsifier<double>(sparsity{.density = 0.05}),
+                          std::span<double>(wide));
   });
-  scenario("step", errc::step_mismatch,
-           [&](std::span<float> d) { compressed_all_reduce(cpu_executor{}, t, topk, d, {.key = {.step = differs ? 8u : 7u}}); });
-  scenario("tensor id", errc::step_mismatch,
-           [&](std::span<float> d) { compressed_all_reduce(cpu_executor{}, t, topk, d, {.key = {.tensor_id = differs ? 1u : 0u}}); });
+  scenario("step", errc::step_mismatch, [&](std::span<float> d) {
+    compressed_all_reduce(cpu_executor{}, t, topk, d, {.key = {.step = differs ? 8u : 7u}});
+  });
+  scenario("tensor id", errc::step_mismatch, [&](std::span<float> d) {
+    compressed_all_reduce(cpu_executor{}, t, topk, d, {.key = {.tensor_id = differs ? 1u : 0u}});
+  });
   scenario("plan", errc::parameter_mismatch, [&](std::span<float> d) {
     const auto plan = differs ? all_reduce_plan::summed_encodings : all_reduce_plan::gather_decode;
     compressed_all_reduce(cpu_executor{}, t, mpc_codec(), d, {.plan = plan});
@@ -198,8 +215,9 @@ std::vector<scenario_outcome> run_agreement_scenarios(X& t) {
       compressed_all_reduce(cpu_executor{}, cutting, topk, d);
     });
   }
-  scenario("NaN in one gradient", errc::non_finite_input, [&](std::span<float> d) { compressed_all_reduce(cpu_executor{}, t, topk, d); }, n,
-           true);
+  scenario(
+      "NaN in one gradient", errc::non_finite_input,
+      [&](std::span<float> d) { compressed_all_reduce(cpu_executor{}, t, topk, d); }, n, true);
   scenario("reduce-scatter output of another size on one rank", errc::invalid_argument, [&](std::span<float> d) {
     std::vector<float> out(ring_chunk_of(n, t.size(), t.rank()).count + (differs ? 1 : 0));
     compressed_reduce_scatter(cpu_executor{}, t, topk, std::span<const float>(d), std::span<float>(out));
@@ -208,7 +226,8 @@ std::vector<scenario_outcome> run_agreement_scenarios(X& t) {
     compressed_all_reduce(cpu_executor{}, t, topk, d, {.plan = all_reduce_plan::summed_encodings});
   });
   // After all of that, the group still works.
-  scenario("a normal call afterwards", errc{}, [&](std::span<float> d) { compressed_all_reduce(cpu_executor{}, t, mpc_codec(), d); });
+  scenario("a normal call afterwards", errc{},
+           [&](std::span<float> d) { compressed_all_reduce(cpu_executor{}, t, mpc_codec(), d); });
   return outcomes;
 }
 
@@ -216,7 +235,8 @@ std::vector<scenario_outcome> run_agreement_scenarios(X& t) {
 template <transport X>
 void check_agreement_scenarios(X& t) {
   for (const scenario_outcome& o : run_agreement_scenarios(t)) {
-    INFO("rank ", t.rank(), ", ", o.name, ": expected ", o.expected, ", got ", o.thrown, o.untouched ? "" : ", data changed");
+    INFO("rank ", t.rank(), ", ", o.name, ": expected ", o.expected, ", got ", o.thrown,
+         o.untouched ? "" : ", data changed");
     CHECK(o.ok());
   }
 }
@@ -258,7 +278,8 @@ void check_lossless_sums(X& t) {
     for (const reduce_scatter_plan plan : plans) {
       const auto g = gradient_of(t.rank(), n);
       std::vector<float> out(mine.count, -1.0f);
-      compressed_reduce_scatter(cpu_executor{}, t, mpc, std::span<const float>(g), std::span<float>(out), {.plan = plan});
+      compressed_reduce_scatter(cpu_executor{}, t, mpc, std::span<const float>(g), std::span<float>(out),
+                                {.plan = plan});
       CHECK(same_bits<float>(out, expected));
     }
   }

@@ -246,7 +246,8 @@ deadline_outcome run_deadline_case(stalling_transport<X>& t, deadline_case c) {
       break;
     case deadline_case::all_reduce_ring_plan:
       call = [&] {
-        compressed_all_reduce(cpu, t, mpc, std::span<float>(data), {.key = key, .plan = all_reduce_plan::ring, .timeout = timeout});
+        compressed_all_reduce(cpu, t, mpc, std::span<float>(data),
+                              {.key = key, .plan = all_reduce_plan::ring, .timeout = timeout});
       };
       break;
     case deadline_case::all_reduce_lhc:
@@ -256,7 +257,9 @@ deadline_outcome run_deadline_case(stalling_transport<X>& t, deadline_case c) {
     case deadline_case::all_reduce_error_feedback:
       compressed_all_reduce(cpu, t, ef, ef_state, std::span<float>(warm), {.key = warm_key, .timeout = timeout});
       state_of = [&] { return detail_deadline::state_bytes(ef, ef_state, n); };
-      call = [&] { compressed_all_reduce(cpu, t, ef, ef_state, std::span<float>(data), {.key = key, .timeout = timeout}); };
+      call = [&] {
+        compressed_all_reduce(cpu, t, ef, ef_state, std::span<float>(data), {.key = key, .timeout = timeout});
+      };
       break;
     case deadline_case::all_reduce_scatter_reduce:
       // The victim stops at the all-gather of the re-encoded chunks (after the agreement, the
@@ -297,19 +300,20 @@ deadline_outcome run_deadline_case(stalling_transport<X>& t, deadline_case c) {
       };
       break;
     case deadline_case::reduce_scatter_loco:
-      compressed_reduce_scatter(cpu, t, lc, std::span(loco_states), std::span<const float>(warm), std::span<float>(warm_out),
-                                {.key = warm_key, .timeout = timeout});
+      compressed_reduce_scatter(cpu, t, lc, std::span(loco_states), std::span<const float>(warm),
+                                std::span<float>(warm_out), {.key = warm_key, .timeout = timeout});
       state_of = [&] {
         std::vector<std::byte> all;
         for (int j = 0; j < P; ++j) {
-          const auto one = detail_deadline::state_bytes(lc, loco_states[static_cast<std::size_t>(j)], ring_chunk_of(n, P, j).count);
+          const auto one =
+              detail_deadline::state_bytes(lc, loco_states[static_cast<std::size_t>(j)], ring_chunk_of(n, P, j).count);
           all.insert(all.end(), one.begin(), one.end());
         }
         return all;
       };
       call = [&] {
-        compressed_reduce_scatter(cpu, t, lc, std::span(loco_states), std::span<const float>(data), std::span<float>(out),
-                                  {.key = key, .timeout = timeout});
+        compressed_reduce_scatter(cpu, t, lc, std::span(loco_states), std::span<const float>(data),
+                                  std::span<float>(out), {.key = key, .timeout = timeout});
       };
       break;
     case deadline_case::reduce_scatter_tagc:
@@ -326,7 +330,8 @@ deadline_outcome run_deadline_case(stalling_transport<X>& t, deadline_case c) {
       data.resize(n / static_cast<std::size_t>(P));
       out.assign(n / static_cast<std::size_t>(P) * static_cast<std::size_t>(P), -1.0f);
       call = [&] {
-        compressed_all_gather(cpu, t, topk, std::span<const float>(data), std::span<float>(out), {.key = key, .timeout = timeout});
+        compressed_all_gather(cpu, t, topk, std::span<const float>(data), std::span<float>(out),
+                              {.key = key, .timeout = timeout});
       };
       break;
     case deadline_case::ring_all_reduce:
@@ -336,7 +341,8 @@ deadline_outcome run_deadline_case(stalling_transport<X>& t, deadline_case c) {
     case deadline_case::ring_reduce_scatter:
       stop_at = 0;
       call = [&] {
-        ring_reduce_scatter(cpu, t, mpc, std::span<const float>(data), std::span<float>(out), {.key = key, .timeout = timeout});
+        ring_reduce_scatter(cpu, t, mpc, std::span<const float>(data), std::span<float>(out),
+                            {.key = key, .timeout = timeout});
       };
       break;
     case deadline_case::send_recv:
@@ -344,8 +350,10 @@ deadline_outcome run_deadline_case(stalling_transport<X>& t, deadline_case c) {
       stop_at = 0;
       call = [&] {
         const int victim = P - 1;
-        if (rank == victim) compressed_send(cpu, t, mpc, std::span<const float>(data), 0, {.key = key, .timeout = timeout});
-        else compressed_recv(cpu, t, mpc, std::span<float>(data), victim, {.timeout = timeout});
+        if (rank == victim)
+          compressed_send(cpu, t, mpc, std::span<const float>(data), 0, {.key = key, .timeout = timeout});
+        else
+          compressed_recv(cpu, t, mpc, std::span<float>(data), victim, {.timeout = timeout});
       };
       break;
   }
@@ -364,7 +372,8 @@ deadline_outcome run_deadline_case(stalling_transport<X>& t, deadline_case c) {
     outcome.what = e.what();
   }
   outcome.seconds = std::chrono::duration<double>(clock::now() - start).count();
-  outcome.unchanged = same_bits<float>(data, data_before) && same_bits<float>(out, out_before) && state_of() == state_before;
+  outcome.unchanged =
+      same_bits<float>(data, data_before) && same_bits<float>(out, out_before) && state_of() == state_before;
   return outcome;
 }
 

@@ -60,7 +60,8 @@ TEST_CASE("compressed_all_reduce with a lossless codec gives the rank-order sum 
         auto data = gradient_of(t.rank(), n);
         const auto report = compressed_all_reduce(cpu_executor{}, t, mpc, std::span<float>(data));
         CHECK(report.error_bound == 0.0);
-        CHECK(report.dense_bytes == 2 * static_cast<std::uint64_t>(P - 1) * n * sizeof(float) / static_cast<std::uint64_t>(P));
+        CHECK(report.dense_bytes ==
+              2 * static_cast<std::uint64_t>(P - 1) * n * sizeof(float) / static_cast<std::uint64_t>(P));
         return data;
       });
       for (const auto& r : results) CHECK(same_bits<float>(r, expected));
@@ -105,8 +106,8 @@ TEST_CASE("compressed_all_reduce with error feedback: a replay of P independent 
       std::vector<float> sum(n, 0.0f);
       for (int r = 0; r < P; ++r) {
         const auto g = gradient_of(r, n, s);
-        const std::size_t bytes = ef.encode(cpu, std::span<const float>(g), states[static_cast<std::size_t>(r)], message, ws,
-                                            {.step = s});
+        const std::size_t bytes =
+            ef.encode(cpu, std::span<const float>(g), states[static_cast<std::size_t>(r)], message, ws, {.step = s});
         ef.decode_accumulate(cpu, std::span<const std::byte>(message).first(bytes), std::span<float>(sum), ws);
       }
       expected_sums.push_back(sum);
@@ -144,10 +145,12 @@ TEST_CASE("compressed_all_reduce with error feedback: a replay of P independent 
   }
   CHECK(lost == 0);
   for (int r = 0; r < P; ++r)
-    for (std::uint64_t s = 0; s < steps; ++s) CHECK(same_bits<float>(sums[static_cast<std::size_t>(r)][s], expected_sums[s]));
+    for (std::uint64_t s = 0; s < steps; ++s)
+      CHECK(same_bits<float>(sums[static_cast<std::size_t>(r)][s], expected_sums[s]));
 }
 
-TEST_CASE("compressed_all_reduce sums shared-scale encodings: within P half-steps of the exact sum, the same bits everywhere") {
+TEST_CASE(
+    "compressed_all_reduce sums shared-scale encodings: within P half-steps of the exact sum, the same bits everywhere") {
   const shared_scale_quantizer<float> q(shared_scale_params{.bits = 8, .block = 64, .headroom_bits = 3});
   constexpr std::size_t n = 1000;
   for (int P : {1, 2, 4, 8}) {
@@ -184,7 +187,8 @@ TEST_CASE("compressed_all_reduce sums shared-scale encodings: within P half-step
 }
 
 TEST_CASE("compressed_all_reduce sums count sketches: the decode of the sketches accumulated on one thread") {
-  const count_sketch<float> cs(count_sketch_params{.rows = 3, .columns = 512, .seed = 5, .heavy_hitters = {.density = 0.02}});
+  const count_sketch<float> cs(
+      count_sketch_params{.rows = 3, .columns = 512, .seed = 5, .heavy_hitters = {.density = 0.02}});
   constexpr int P = 4;
   constexpr std::size_t n = 3000;
   std::vector<float> expected(n);
@@ -193,7 +197,8 @@ TEST_CASE("compressed_all_reduce sums count sketches: the decode of the sketches
     std::vector<std::byte> acc(cs.max_encoded_bytes(n)), other(cs.max_encoded_bytes(n)), ws(cs.workspace_bytes(cpu, n));
     for (int r = 0; r < P; ++r) {
       const auto g = gradient_of(r, n);
-      cs.encode(cpu, std::span<const float>(g), r == 0 ? std::span<std::byte>(acc) : std::span<std::byte>(other), ws, {});
+      cs.encode(cpu, std::span<const float>(g), r == 0 ? std::span<std::byte>(acc) : std::span<std::byte>(other), ws,
+                {});
       if (r > 0) cs.accumulate_encoded(cpu, acc, other);
     }
     cs.decode(cpu, acc, std::span<float>(expected), ws);
@@ -207,11 +212,13 @@ TEST_CASE("compressed_all_reduce sums count sketches: the decode of the sketches
   for (const auto& r : results) CHECK(same_bits<float>(r, expected));
 }
 
-TEST_CASE("compressed_all_reduce with lossless homomorphic compression gives the exact sum of sparse gradients everywhere") {
+TEST_CASE(
+    "compressed_all_reduce with lossless homomorphic compression gives the exact sum of sparse gradients everywhere") {
   const lossless_homomorphic<float> lhc({.block = 128});
   for (int P : {1, 2, 3, 4, 8}) {
     for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{5000}}) {
-      for (const double density : {0.01, 0.1, 0.6}) {  // 0.6: with P ≥ 2 the plan is dense, the values travel as they are
+      for (const double density :
+           {0.01, 0.1, 0.6}) {  // 0.6: with P ≥ 2 the plan is dense, the values travel as they are
         CAPTURE(P);
         CAPTURE(n);
         CAPTURE(density);
@@ -225,7 +232,8 @@ TEST_CASE("compressed_all_reduce with lossless homomorphic compression gives the
           auto data = dyadic_sparse_gradient(t.rank(), n, density);
           const auto report = compressed_all_reduce(cpu_executor{}, t, lhc, std::span<float>(data));
           sent[static_cast<std::size_t>(t.rank())] = report.sent_bytes;
-          CHECK(report.dense_bytes == 2 * static_cast<std::uint64_t>(P - 1) * n * sizeof(float) / static_cast<std::uint64_t>(P));
+          CHECK(report.dense_bytes ==
+                2 * static_cast<std::uint64_t>(P - 1) * n * sizeof(float) / static_cast<std::uint64_t>(P));
           // Sparse enough to sketch: both stages together send less than the gradient, so the sum
           // came from peeling, not from a stall's uncompressed resend.
           if (P > 1 && n >= 1000 && density <= 0.1) CHECK(report.sent_bytes < report.dense_bytes);
@@ -241,13 +249,15 @@ TEST_CASE("compressed_all_reduce with lossless homomorphic compression gives the
         });
         for (const auto& r : summed_index) CHECK(same_bits<float>(r, expected));
         // At 1% per rank the index and the sketch are far smaller than the gradient.
-        if (n == 5000 && density == 0.01 && P > 1) CHECK(sent[0] < 2 * static_cast<std::uint64_t>(P - 1) * n * sizeof(float) / 5);
+        if (n == 5000 && density == 0.01 && P > 1)
+          CHECK(sent[0] < 2 * static_cast<std::uint64_t>(P - 1) * n * sizeof(float) / 5);
       }
     }
   }
 }
 
-TEST_CASE("compressed_all_reduce with lossless homomorphic compression: a stall sums again uncompressed on every rank") {
+TEST_CASE(
+    "compressed_all_reduce with lossless homomorphic compression: a stall sums again uncompressed on every rank") {
   // One cell per non-zero: peeling stalls (it needs about 1.23), on every rank alike.
   const lossless_homomorphic<float> tight({.block = 256, .cells_per_nonzero = 1.0});
   constexpr int P = 3;
@@ -285,7 +295,8 @@ TEST_CASE("compressed_all_reduce with lossless homomorphic compression: disagree
         auto data = dyadic_sparse_gradient(t.rank(), n, 0.05);
         if (t.rank() == 0 && code == errc::non_finite_input) data[17] = std::numeric_limits<float>::infinity();
         const auto before = data;
-        if (thrown_by([&] { call(t, std::span<float>(data)); }) == named(code) && same_bits<float>(data, before)) ++matching;
+        if (thrown_by([&] { call(t, std::span<float>(data)); }) == named(code) && same_bits<float>(data, before))
+          ++matching;
       });
       CHECK(matching.load() == P);
     };
@@ -297,12 +308,16 @@ TEST_CASE("compressed_all_reduce with lossless homomorphic compression: disagree
       compressed_all_reduce(cpu_executor{}, t, lhc, data, {.plan = all_reduce_plan::gather_decode});
     });
     everywhere(errc::parameter_mismatch, [&](in_process_transport& t, std::span<float> data) {  // plans differ
-      compressed_all_reduce(cpu_executor{}, t, lhc, data, {.plan = t.rank() == 0 ? all_reduce_plan::gather_decode : all_reduce_plan::two_stage});
+      compressed_all_reduce(cpu_executor{}, t, lhc, data,
+                            {.plan = t.rank() == 0 ? all_reduce_plan::gather_decode : all_reduce_plan::two_stage});
     });
-    everywhere(errc::non_finite_input, [&](in_process_transport& t, std::span<float> data) { compressed_all_reduce(cpu_executor{}, t, lhc, data); });
+    everywhere(errc::non_finite_input, [&](in_process_transport& t, std::span<float> data) {
+      compressed_all_reduce(cpu_executor{}, t, lhc, data);
+    });
   }
   // A stall policy of median estimates still gives the exact sum: the all-reduce resends instead.
-  const lossless_homomorphic<float> estimating({.block = 256, .cells_per_nonzero = 1.0, .on_stall = lhc_stall_policy::median_estimate});
+  const lossless_homomorphic<float> estimating(
+      {.block = 256, .cells_per_nonzero = 1.0, .on_stall = lhc_stall_policy::median_estimate});
   std::vector<float> expected(20000, 0.0f);
   for (int r = 0; r < 3; ++r) {
     const auto g = dyadic_sparse_gradient(r, expected.size(), 0.4);
@@ -326,7 +341,8 @@ TEST_CASE("compressed_all_reduce: every disagreement is the same named error on 
   for (int P : {2, 3, 4}) {
     CAPTURE(P);
     std::vector<std::vector<scenario_outcome>> outcomes(static_cast<std::size_t>(P));
-    in_process_group(P).run([&](in_process_transport& t) { outcomes[static_cast<std::size_t>(t.rank())] = run_agreement_scenarios(t); });
+    in_process_group(P).run(
+        [&](in_process_transport& t) { outcomes[static_cast<std::size_t>(t.rank())] = run_agreement_scenarios(t); });
     REQUIRE(outcomes[0].size() >= 10);
     for (const auto& rank : outcomes) {
       REQUIRE(rank.size() == outcomes[0].size());
@@ -338,7 +354,8 @@ TEST_CASE("compressed_all_reduce: every disagreement is the same named error on 
   }
 }
 
-TEST_CASE("compressed_all_reduce: a NaN or Inf on one rank makes every rank skip the step, error-feedback state untouched") {
+TEST_CASE(
+    "compressed_all_reduce: a NaN or Inf on one rank makes every rank skip the step, error-feedback state untouched") {
   constexpr std::size_t n = 600;
   const error_feedback ef(topk_sparsifier<float>(sparsity{.density = 0.05}));
   for (int P : {1, 2, 4}) {
@@ -354,8 +371,9 @@ TEST_CASE("compressed_all_reduce: a NaN or Inf on one rank makes every rank skip
         auto data = gradient_of(t.rank(), n, 2);
         if (t.rank() == P - 1) data[n / 3] = bad;
         const auto before = data;
-        if (thrown_by([&] { compressed_all_reduce(cpu_executor{}, t, ef, state, std::span<float>(data), {.key = {.step = 2}}); }) ==
-            named(errc::non_finite_input))
+        if (thrown_by([&] {
+              compressed_all_reduce(cpu_executor{}, t, ef, state, std::span<float>(data), {.key = {.step = 2}});
+            }) == named(errc::non_finite_input))
           ++matching;
         if (same_bits<float>(data, before) && same_bits<float>(state.residual, saved) && state.steps == 1) ++unchanged;
         // The next step goes on normally on every rank.
@@ -370,7 +388,8 @@ TEST_CASE("compressed_all_reduce: a NaN or Inf on one rank makes every rank skip
   }
 }
 
-TEST_CASE("compressed_all_reduce: an encoding that fails after the agreement restores every rank's error-feedback state") {
+TEST_CASE(
+    "compressed_all_reduce: an encoding that fails after the agreement restores every rank's error-feedback state") {
   constexpr std::size_t n = 400;
   constexpr int P = 3;
   const error_feedback ef(topk_sparsifier<float>(sparsity{.density = 0.05}));
@@ -388,8 +407,9 @@ TEST_CASE("compressed_all_reduce: an encoding that fails after the agreement res
     }
     const auto saved = state.residual;
     const auto steps = state.steps;
-    if (thrown_by([&] { compressed_all_reduce(cpu_executor{}, t, ef, state, std::span<float>(data), {.key = {.step = 2}}); }) ==
-        named(errc::non_finite_input))
+    if (thrown_by([&] {
+          compressed_all_reduce(cpu_executor{}, t, ef, state, std::span<float>(data), {.key = {.step = 2}});
+        }) == named(errc::non_finite_input))
       ++matching;
     if (same_bits<float>(state.residual, saved) && state.steps == steps) ++restored;
   });

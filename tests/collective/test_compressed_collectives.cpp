@@ -115,7 +115,8 @@ struct ring_run {
 
 template <class C>
 ring_run run_all_reduce(int P, std::size_t n, const C& codec, std::uint64_t seed = 1) {
-  ring_run run{std::vector<std::vector<float>>(static_cast<std::size_t>(P)), std::vector<compressed_report>(static_cast<std::size_t>(P))};
+  ring_run run{std::vector<std::vector<float>>(static_cast<std::size_t>(P)),
+               std::vector<compressed_report>(static_cast<std::size_t>(P))};
   in_process_group(P).run([&](in_process_transport& t) {
     auto data = values_of(t.rank(), n, seed);
     const auto report = ring_all_reduce(cpu_executor{}, t, codec, std::span<float>(data));
@@ -127,11 +128,13 @@ ring_run run_all_reduce(int P, std::size_t n, const C& codec, std::uint64_t seed
 
 template <class C>
 ring_run run_reduce_scatter(int P, std::size_t n, const C& codec) {
-  ring_run run{std::vector<std::vector<float>>(static_cast<std::size_t>(P)), std::vector<compressed_report>(static_cast<std::size_t>(P))};
+  ring_run run{std::vector<std::vector<float>>(static_cast<std::size_t>(P)),
+               std::vector<compressed_report>(static_cast<std::size_t>(P))};
   in_process_group(P).run([&](in_process_transport& t) {
     const auto data = values_of(t.rank(), n);
     std::vector<float> out(ring_chunk_of(n, P, t.rank()).count);
-    const auto report = ring_reduce_scatter(cpu_executor{}, t, codec, std::span<const float>(data), std::span<float>(out));
+    const auto report =
+        ring_reduce_scatter(cpu_executor{}, t, codec, std::span<const float>(data), std::span<float>(out));
     run.results[static_cast<std::size_t>(t.rank())] = out;
     run.reports[static_cast<std::size_t>(t.rank())] = report;
   });
@@ -189,8 +192,9 @@ TEST_CASE("ring with a lossless codec (MPC) gives the uncompressed ring's sums b
 }
 
 TEST_CASE("ring with a lossy codec re-encodes every hop: the replayed ring bit for bit, error within the bound") {
-  for (const auto& ranks_and_n : {std::pair{2, std::size_t{4096}}, std::pair{3, std::size_t{4096}}, std::pair{4, std::size_t{4096}},
-                                  std::pair{8, std::size_t{4096}}, std::pair{8, std::size_t{5}}}) {
+  for (const auto& ranks_and_n :
+       {std::pair{2, std::size_t{4096}}, std::pair{3, std::size_t{4096}}, std::pair{4, std::size_t{4096}},
+        std::pair{8, std::size_t{4096}}, std::pair{8, std::size_t{5}}}) {
     const int P = ranks_and_n.first;
     const std::size_t n = ranks_and_n.second;
     CAPTURE(P);
@@ -250,7 +254,8 @@ TEST_CASE("ring lossy error grows with P: measured error and bound for P = 2, 4,
   constexpr std::size_t n = 8192;
   std::vector<double> errors, bounds;
   for (int P : {2, 4, 8}) {
-    ring_run run{std::vector<std::vector<float>>(static_cast<std::size_t>(P)), std::vector<compressed_report>(static_cast<std::size_t>(P))};
+    ring_run run{std::vector<std::vector<float>>(static_cast<std::size_t>(P)),
+                 std::vector<compressed_report>(static_cast<std::size_t>(P))};
     std::vector<std::vector<float>> x(static_cast<std::size_t>(P));
     for (int r = 0; r < P; ++r) {
       std::mt19937_64 engine(77 + static_cast<std::uint64_t>(r));
@@ -260,7 +265,8 @@ TEST_CASE("ring lossy error grows with P: measured error and bound for P = 2, 4,
     }
     in_process_group(P).run([&](in_process_transport& t) {
       auto data = x[static_cast<std::size_t>(t.rank())];
-      run.reports[static_cast<std::size_t>(t.rank())] = ring_all_reduce(cpu_executor{}, t, lossy_codec, std::span<float>(data));
+      run.reports[static_cast<std::size_t>(t.rank())] =
+          ring_all_reduce(cpu_executor{}, t, lossy_codec, std::span<float>(data));
       run.results[static_cast<std::size_t>(t.rank())] = data;
     });
     std::vector<float> exact;
@@ -327,15 +333,17 @@ TEST_CASE("ring failures reach every rank with the same error and leave the data
       auto data = values_of(t.rank(), n);
       const uniform_quantizer<float> other(uniform_params{.bits = 8, .block = 64});
       if (t.rank() == 0) ring_all_reduce(cpu_executor{}, t, other, std::span<float>(data));
-      else ring_all_reduce(cpu_executor{}, t, lossy_codec, std::span<float>(data));
+      else
+        ring_all_reduce(cpu_executor{}, t, lossy_codec, std::span<float>(data));
     });
   }
   // A wrong output size is the caller's error, reported before any communication.
   in_process_group(1).run([](in_process_transport& t) {
     const std::vector<float> data(10, 1.0f);
     std::vector<float> out(3);
-    CHECK(thrown_by([&] { ring_reduce_scatter(cpu_executor{}, t, lossy_codec, std::span<const float>(data), std::span<float>(out)); }) ==
-          named(errc::invalid_argument));
+    CHECK(thrown_by([&] {
+            ring_reduce_scatter(cpu_executor{}, t, lossy_codec, std::span<const float>(data), std::span<float>(out));
+          }) == named(errc::invalid_argument));
   });
 }
 
@@ -376,21 +384,24 @@ TEST_CASE("compressed_all_gather decodes every block from the same bytes on ever
   in_process_group(3).run([&](in_process_transport& t) {
     const auto mine = values_of(t.rank(), t.rank() == 2 ? m + 1 : m);
     std::vector<float> out(mine.size() * 3);
-    if (thrown_by([&] { compressed_all_gather(cpu_executor{}, t, lossy_codec, std::span<const float>(mine), std::span<float>(out)); }) ==
-        named(errc::size_mismatch))
+    if (thrown_by([&] {
+          compressed_all_gather(cpu_executor{}, t, lossy_codec, std::span<const float>(mine), std::span<float>(out));
+        }) == named(errc::size_mismatch))
       ++failed;
     auto nan = values_of(t.rank(), m);
     if (t.rank() == 1) nan[3] = std::numeric_limits<float>::quiet_NaN();
     std::vector<float> all(m * 3, 2.0f);
-    if (thrown_by([&] { compressed_all_gather(cpu_executor{}, t, lossy_codec, std::span<const float>(nan), std::span<float>(all)); }) ==
-        named(errc::non_finite_input))
+    if (thrown_by([&] {
+          compressed_all_gather(cpu_executor{}, t, lossy_codec, std::span<const float>(nan), std::span<float>(all));
+        }) == named(errc::non_finite_input))
       ++failed;
     CHECK(std::all_of(all.begin(), all.end(), [](float v) { return v == 2.0f; }));
   });
   CHECK(failed.load() == 6);
 }
 
-TEST_CASE("compressed_send and compressed_recv: exact with MPC, bounded with a lossy codec, failures reach the receiver") {
+TEST_CASE(
+    "compressed_send and compressed_recv: exact with MPC, bounded with a lossy codec, failures reach the receiver") {
   constexpr std::size_t n = 1500;
   const mpc_codec mpc;
   in_process_group(2).run([&](in_process_transport& t) {
@@ -418,7 +429,8 @@ TEST_CASE("compressed_send and compressed_recv: exact with MPC, bounded with a l
       CHECK(thrown_by([&] { compressed_recv(cpu_executor{}, t, lossy_codec, std::span<float>(untouched), 0); }) ==
             named(errc::non_finite_input));
       std::vector<float> wrong_size(n - 1, 3.0f);
-      CHECK(thrown_by([&] { compressed_recv(cpu_executor{}, t, mpc, std::span<float>(wrong_size), 0); }) == named(errc::size_mismatch));
+      CHECK(thrown_by([&] { compressed_recv(cpu_executor{}, t, mpc, std::span<float>(wrong_size), 0); }) ==
+            named(errc::size_mismatch));
       CHECK(std::all_of(untouched.begin(), untouched.end(), [](float v) { return v == 3.0f; }));
       CHECK(std::all_of(wrong_size.begin(), wrong_size.end(), [](float v) { return v == 3.0f; }));
     }
@@ -428,7 +440,8 @@ TEST_CASE("compressed_send and compressed_recv: exact with MPC, bounded with a l
 TEST_CASE("compressed frames: hostile headers are rejected by name") {
   std::vector<std::byte> frame(16, std::byte{0});
   CHECK(detail::frame_header_bytes == 16);  // the codec message starts on an 8-byte boundary
-  CHECK(thrown_by([&] { (void)detail::read_frame(std::span<const std::byte>(frame).first(15)); }) == named(errc::truncated));
+  CHECK(thrown_by([&] { (void)detail::read_frame(std::span<const std::byte>(frame).first(15)); }) ==
+        named(errc::truncated));
   frame[0] = std::byte{static_cast<unsigned char>(errc::non_finite_input)};
   CHECK(detail::read_frame(frame).status == static_cast<std::uint8_t>(errc::non_finite_input));
   frame.push_back(std::byte{1});  // a failed frame that carries bytes

@@ -77,9 +77,11 @@ TEST_CASE("compressed_reduce_scatter with a lossless codec: each rank's chunk of
         const auto mine = rank_chunk(n, P, t.rank());
         const auto expected = slice(sum, mine);
         std::vector<float> a(mine.second, -1.0f), b(mine.second, -1.0f);
-        compressed_reduce_scatter(cpu_executor{}, t, mpc, std::span<const float>(g), std::span<float>(a));  // all_to_all
+        compressed_reduce_scatter(cpu_executor{}, t, mpc, std::span<const float>(g),
+                                  std::span<float>(a));  // all_to_all
         collectives_only<in_process_transport> plain(t);
-        compressed_reduce_scatter(cpu_executor{}, plain, mpc, std::span<const float>(g), std::span<float>(b));  // gather_decode
+        compressed_reduce_scatter(cpu_executor{}, plain, mpc, std::span<const float>(g),
+                                  std::span<float>(b));  // gather_decode
         if (same_bits<float>(a, expected) && same_bits<float>(b, expected)) ++exact;
       });
       CHECK(exact.load() == P);
@@ -87,7 +89,8 @@ TEST_CASE("compressed_reduce_scatter with a lossless codec: each rank's chunk of
   }
 }
 
-TEST_CASE("compressed_reduce_scatter all_to_all with top-k: the naive top-k of every rank's chunk, summed in rank order") {
+TEST_CASE(
+    "compressed_reduce_scatter all_to_all with top-k: the naive top-k of every rank's chunk, summed in rank order") {
   const topk_sparsifier<float> topk(sparsity{.density = 0.05});
   constexpr std::size_t n = 3001;
   for (int P : {2, 4}) {
@@ -103,8 +106,9 @@ TEST_CASE("compressed_reduce_scatter all_to_all with top-k: the naive top-k of e
       }
       const auto g = gradient_of(t.rank(), n);
       std::vector<float> out(mine.second);
-      const auto report = compressed_reduce_scatter(cpu_executor{}, t, topk, std::span<const float>(g), std::span<float>(out),
-                                                    {.key = {.step = 2}, .plan = reduce_scatter_plan::all_to_all});
+      const auto report =
+          compressed_reduce_scatter(cpu_executor{}, t, topk, std::span<const float>(g), std::span<float>(out),
+                                    {.key = {.step = 2}, .plan = reduce_scatter_plan::all_to_all});
       if (same_bits<float>(out, expected)) ++exact;
       if (report.sent_bytes < report.dense_bytes) ++cheaper;
     });
@@ -113,7 +117,8 @@ TEST_CASE("compressed_reduce_scatter all_to_all with top-k: the naive top-k of e
   }
 }
 
-TEST_CASE("compressed_reduce_scatter all_to_all gives the same bits and report over all_to_all_bytes and over sendrecv_bytes") {
+TEST_CASE(
+    "compressed_reduce_scatter all_to_all gives the same bits and report over all_to_all_bytes and over sendrecv_bytes") {
   const topk_sparsifier<float> topk(sparsity{.density = 0.05});
   const error_feedback ef(topk);
   const cpu_executor cpu;
@@ -128,8 +133,10 @@ TEST_CASE("compressed_reduce_scatter all_to_all gives the same bits and report o
         std::vector<float> a(mine), b(mine), c(mine), d(mine);
         point_to_point_only<in_process_transport> p2p(t);
         const reduce_scatter_options options{.key = {.step = 3}};
-        const auto ra = compressed_reduce_scatter(cpu_executor{}, t, topk, std::span<const float>(g), std::span<float>(a), options);
-        const auto rb = compressed_reduce_scatter(cpu_executor{}, p2p, topk, std::span<const float>(g), std::span<float>(b), options);
+        const auto ra =
+            compressed_reduce_scatter(cpu_executor{}, t, topk, std::span<const float>(g), std::span<float>(a), options);
+        const auto rb = compressed_reduce_scatter(cpu_executor{}, p2p, topk, std::span<const float>(g),
+                                                  std::span<float>(b), options);
         std::vector<error_feedback_state<float>> sa, sb;
         for (int j = 0; j < P; ++j) {
           sa.push_back(ef.make_state(cpu, rank_chunk(n, P, j).second));
@@ -159,16 +166,17 @@ TEST_CASE("compressed_reduce_scatter with error feedback keeps one state per chu
   {
     std::vector<std::vector<error_feedback_state<float>>> states(P);
     for (int r = 0; r < P; ++r)
-      for (int j = 0; j < P; ++j) states[static_cast<std::size_t>(r)].push_back(ef.make_state(cpu, rank_chunk(n, P, j).second));
+      for (int j = 0; j < P; ++j)
+        states[static_cast<std::size_t>(r)].push_back(ef.make_state(cpu, rank_chunk(n, P, j).second));
     std::vector<std::byte> message(ef.max_encoded_bytes(n)), ws(ef.workspace_bytes(cpu, n));
     for (std::uint64_t s = 0; s < steps; ++s)
       for (int j = 0; j < P; ++j) {
         std::vector<float> sum(rank_chunk(n, P, j).second, 0.0f);
         for (int r = 0; r < P; ++r) {
           const auto part = slice(gradient_of(r, n, s), rank_chunk(n, P, j));
-          const std::size_t bytes = ef.encode(cpu, std::span<const float>(part),
-                                              states[static_cast<std::size_t>(r)][static_cast<std::size_t>(j)], message, ws,
-                                              {.step = s});
+          const std::size_t bytes =
+              ef.encode(cpu, std::span<const float>(part),
+                        states[static_cast<std::size_t>(r)][static_cast<std::size_t>(j)], message, ws, {.step = s});
           ef.decode_accumulate(cpu, std::span<const std::byte>(message).first(bytes), std::span<float>(sum), ws);
         }
         expected[static_cast<std::size_t>(j)].push_back(sum);
@@ -182,7 +190,8 @@ TEST_CASE("compressed_reduce_scatter with error feedback keeps one state per chu
     for (std::uint64_t s = 0; s < steps; ++s) {
       const auto g = gradient_of(t.rank(), n, s);
       std::vector<float> out(rank_chunk(n, P, t.rank()).second);
-      compressed_reduce_scatter(cpu_executor{}, t, ef, std::span(states), std::span<const float>(g), std::span<float>(out), {.key = {.step = s}});
+      compressed_reduce_scatter(cpu_executor{}, t, ef, std::span(states), std::span<const float>(g),
+                                std::span<float>(out), {.key = {.step = s}});
       same = same && same_bits<float>(out, expected[static_cast<std::size_t>(t.rank())][s]);
     }
     if (same) ++exact;
@@ -205,7 +214,8 @@ TEST_CASE("compressed_reduce_scatter failures: the same named error on every ran
     if (t.rank() == 1) g[5] = std::numeric_limits<float>::quiet_NaN();
     std::vector<float> out(rank_chunk(n, P, t.rank()).second, 7.0f);
     try {
-      compressed_reduce_scatter(cpu_executor{}, t, ef, std::span(states), std::span<const float>(g), std::span<float>(out));
+      compressed_reduce_scatter(cpu_executor{}, t, ef, std::span(states), std::span<const float>(g),
+                                std::span<float>(out));
     } catch (...) {
       CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 7.0f; }));
       for (const auto& s : states) CHECK(s.steps == 0);
@@ -226,7 +236,8 @@ TEST_CASE("compressed_reduce_scatter failures: the same named error on every ran
     const auto saved = states;
     std::vector<float> out(rank_chunk(n, P, t.rank()).second);
     try {
-      compressed_reduce_scatter(cpu_executor{}, t, ef, std::span(states), std::span<const float>(g), std::span<float>(out));
+      compressed_reduce_scatter(cpu_executor{}, t, ef, std::span(states), std::span<const float>(g),
+                                std::span<float>(out));
     } catch (...) {
       for (std::size_t j = 0; j < states.size(); ++j) {
         CHECK(states[j].steps == saved[j].steps);
@@ -245,7 +256,8 @@ TEST_CASE("compressed_reduce_scatter failures: the same named error on every ran
     auto g = gradient_of(t.rank(), n);
     std::vector<float> out(rank_chunk(n, P, t.rank()).second);
     if (t.rank() == 0) compressed_all_reduce(cpu_executor{}, t, topk, std::span<float>(g));
-    else compressed_reduce_scatter(cpu_executor{}, t, topk, std::span<const float>(g), std::span<float>(out));
+    else
+      compressed_reduce_scatter(cpu_executor{}, t, topk, std::span<const float>(g), std::span<float>(out));
   });
   // Invalid arguments on one rank only (an output of another size, too few states): the agreement
   // carries that rank's verdict, so every rank throws and none waits in the exchange. Then a plan
@@ -263,10 +275,12 @@ TEST_CASE("compressed_reduce_scatter failures: the same named error on every ran
   everywhere(errc::invalid_argument, [&](in_process_transport& t) {
     const cpu_executor cpu;
     std::vector<error_feedback_state<float>> states;
-    for (int j = 0; j < (t.rank() == 2 ? P - 1 : P); ++j) states.push_back(ef.make_state(cpu, rank_chunk(n, P, j).second));
+    for (int j = 0; j < (t.rank() == 2 ? P - 1 : P); ++j)
+      states.push_back(ef.make_state(cpu, rank_chunk(n, P, j).second));
     const auto g = gradient_of(t.rank(), n);
     std::vector<float> out(rank_chunk(n, P, t.rank()).second);
-    compressed_reduce_scatter(cpu_executor{}, t, ef, std::span(states), std::span<const float>(g), std::span<float>(out));
+    compressed_reduce_scatter(cpu_executor{}, t, ef, std::span(states), std::span<const float>(g),
+                              std::span<float>(out));
   });
   everywhere(errc::invalid_argument, [&](in_process_transport& t) {
     const auto g = gradient_of(t.rank(), n);
@@ -279,7 +293,8 @@ TEST_CASE("compressed_reduce_scatter failures: the same named error on every ran
     collectives_only<in_process_transport> plain(t);
     const auto g = gradient_of(t.rank(), n);
     std::vector<float> out(rank_chunk(n, P, t.rank()).second);
-    compressed_reduce_scatter(cpu_executor{}, plain, topk, std::span<const float>(g), std::span<float>(out), {.plan = reduce_scatter_plan::ring});
+    compressed_reduce_scatter(cpu_executor{}, plain, topk, std::span<const float>(g), std::span<float>(out),
+                              {.plan = reduce_scatter_plan::ring});
   });
 }
 

@@ -28,7 +28,9 @@ namespace {
 using namespace std::chrono_literals;
 using clock_type = std::chrono::steady_clock;
 
-double seconds_since(clock_type::time_point start) { return std::chrono::duration<double>(clock_type::now() - start).count(); }
+double seconds_since(clock_type::time_point start) {
+  return std::chrono::duration<double>(clock_type::now() - start).count();
+}
 
 static_assert(transport_with_deadline<in_process_transport>);
 static_assert(transport_with_deadline<stalling_transport<in_process_transport>>);
@@ -63,8 +65,9 @@ TEST_CASE("deadline: none, after a timeout, already passed, the earlier of two, 
   CHECK(thrown_by([] { (void)deadline::after(-1ms); }) == named(errc::invalid_argument));
   in_process_group(1).run([](in_process_transport& t) {
     std::vector<float> data(8, 1.0f);
-    CHECK(thrown_by([&] { compressed_all_reduce(cpu_executor{}, t, mpc_codec(), std::span<float>(data), {.timeout = -5ms}); }) ==
-          named(errc::invalid_argument));
+    CHECK(thrown_by([&] {
+            compressed_all_reduce(cpu_executor{}, t, mpc_codec(), std::span<float>(data), {.timeout = -5ms});
+          }) == named(errc::invalid_argument));
   });
 }
 
@@ -84,7 +87,8 @@ TEST_CASE("poll_until: true as soon as done, false once the deadline passes, and
   }));
 }
 
-TEST_CASE("in-process: a rank that stops calling makes each other rank throw timeout at its own deadline, naming it, and the group then refuses calls") {
+TEST_CASE(
+    "in-process: a rank that stops calling makes each other rank throw timeout at its own deadline, naming it, and the group then refuses calls") {
   constexpr int P = 4;
   std::vector<std::string> what(P), after(P);
   std::vector<double> seconds(P, 0.0);
@@ -93,7 +97,10 @@ TEST_CASE("in-process: a rank that stops calling makes each other rank throw tim
     const auto r = static_cast<std::size_t>(t.rank());
     if (t.rank() == P - 1) {  // stops calling until the others have given up
       survivors_done.wait();
-      after[r] = thrown_by([&] { std::vector<float> x(4); t.all_reduce_sum(std::span<float>(x)); });
+      after[r] = thrown_by([&] {
+        std::vector<float> x(4);
+        t.all_reduce_sum(std::span<float>(x));
+      });
       victim_done.count_down();
       return;
     }
@@ -114,8 +121,9 @@ TEST_CASE("in-process: a rank that stops calling makes each other rank throw tim
   for (int r = 0; r < P - 1; ++r) {
     CAPTURE(r);
     CAPTURE(what[static_cast<std::size_t>(r)]);
-    CHECK(what[static_cast<std::size_t>(r)].find("timeout: in_process_transport::all_reduce_sum: rank(s) 3 did not arrive within " +
-                                                 std::to_string(400 + 200 * r) + " ms") == 0);
+    CHECK(what[static_cast<std::size_t>(r)].find(
+              "timeout: in_process_transport::all_reduce_sum: rank(s) 3 did not arrive within " +
+              std::to_string(400 + 200 * r) + " ms") == 0);
     CHECK(seconds[static_cast<std::size_t>(r)] >= 0.4 + 0.2 * r);
     CHECK(seconds[static_cast<std::size_t>(r)] <= 0.4 + 0.2 * r + 2.0);
     CHECK(after[static_cast<std::size_t>(r)] == named(errc::peer_failed));
@@ -174,19 +182,22 @@ TEST_CASE("a collective keeps an earlier deadline the caller set on the transpor
     const auto start = clock_type::now();
     std::string what;
     try {
-      compressed_all_reduce(cpu_executor{}, t, mpc_codec(), std::span<float>(data), {.key = {.step = 2, .tensor_id = 5}});
+      compressed_all_reduce(cpu_executor{}, t, mpc_codec(), std::span<float>(data),
+                            {.key = {.step = 2, .tensor_id = 5}});
     } catch (const error& e) {
       what = e.what();
     }
     CHECK(seconds_since(start) < 1.4);  // the caller's 400 ms, not the call's 10 minutes
-    CHECK(what.find("timeout: compressed_all_reduce (step 2, tensor 5): in_process_transport::all_gather_bytes: rank(s) 1 "
-                    "did not arrive within 400 ms") == 0);
+    CHECK(what.find(
+              "timeout: compressed_all_reduce (step 2, tensor 5): in_process_transport::all_gather_bytes: rank(s) 1 "
+              "did not arrive within 400 ms") == 0);
     CHECK(t.current_deadline().at() == mine.at());
     both_done.arrive_and_wait();
   });
 }
 
-TEST_CASE("deadlines of every compressed collective: one of 4 ranks stalls mid-call, every survivor throws timeout within deadline + margin, data and state unchanged") {
+TEST_CASE(
+    "deadlines of every compressed collective: one of 4 ranks stalls mid-call, every survivor throws timeout within deadline + margin, data and state unchanged") {
   constexpr int P = 4;
   for (const deadline_case c : every_deadline_case()) {
     CAPTURE(static_cast<int>(c));
@@ -219,7 +230,8 @@ TEST_CASE("deadlines of every compressed collective: one of 4 ranks stalls mid-c
       earliest = std::min(earliest, o.seconds);
       latest = std::max(latest, o.seconds);
     }
-    MESSAGE("case " << static_cast<int>(c) << ": the survivors threw after " << earliest << " to " << latest << " s (timeout 1 s)");
+    MESSAGE("case " << static_cast<int>(c) << ": the survivors threw after " << earliest << " to " << latest
+                    << " s (timeout 1 s)");
   }
 }
 

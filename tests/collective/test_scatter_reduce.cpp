@@ -127,8 +127,10 @@ TEST_CASE("automatic picks scatter_reduce exactly where the cost model says it s
       CAPTURE(P);
       const auto check = [&](const auto& codec) {
         const auto bytes = [&](std::uint64_t m) { return modelled_encoded_bytes(codec, m); };
-        const bool cheaper = scatter_reduce_cost(n, P, 0, bytes).sent_bytes < gather_decode_cost(n, P, bytes).sent_bytes;
-        CHECK(automatic_plan(codec, n, P, true) == (cheaper ? all_reduce_plan::scatter_reduce : all_reduce_plan::gather_decode));
+        const bool cheaper =
+            scatter_reduce_cost(n, P, 0, bytes).sent_bytes < gather_decode_cost(n, P, bytes).sent_bytes;
+        CHECK(automatic_plan(codec, n, P, true) ==
+              (cheaper ? all_reduce_plan::scatter_reduce : all_reduce_plan::gather_decode));
         CHECK(automatic_plan(codec, n, P, false) == all_reduce_plan::gather_decode);
       };
       check(four_bit);
@@ -157,7 +159,8 @@ TEST_CASE("scatter_reduce with a lossless codec: the rank-order sum bit for bit 
       std::vector<std::vector<float>> results(static_cast<std::size_t>(P));
       in_process_group(P).run([&](in_process_transport& t) {
         auto data = gradient_of(t.rank(), n);
-        compressed_all_reduce(cpu_executor{}, t, mpc, std::span<float>(data), {.plan = all_reduce_plan::scatter_reduce});
+        compressed_all_reduce(cpu_executor{}, t, mpc, std::span<float>(data),
+                              {.plan = all_reduce_plan::scatter_reduce});
         results[static_cast<std::size_t>(t.rank())] = data;
       });
       for (const auto& r : results) CHECK(same_bits<float>(r, sum));
@@ -193,18 +196,21 @@ TEST_CASE("scatter_reduce with server error feedback equals its definition, on e
         for (std::uint64_t s = 0; s < steps; ++s) CHECK(same_bits<float>(results[rank][s], expected[s]));
         CHECK(same_bits<float>(residuals[rank], expected_residuals[rank]));
         // The bytes are the cost model's, exactly (a fixed-size codec).
-        CHECK(sent[rank] == scatter_reduce_cost(n, P, r, [](std::uint64_t m) { return four_bit.max_encoded_bytes(m); }).sent_bytes);
+        CHECK(sent[rank] ==
+              scatter_reduce_cost(n, P, r, [](std::uint64_t m) { return four_bit.max_encoded_bytes(m); }).sent_bytes);
       }
     }
   }
 }
 
-TEST_CASE("scatter_reduce server state: residual + delivered chunk = chunk sum + previous residual, to one rounding each") {
+TEST_CASE(
+    "scatter_reduce server state: residual + delivered chunk = chunk sum + previous residual, to one rounding each") {
   // ε_new = fl(a − D), a = fl(s + ε_old): |ε_new + D − (s + ε_old)| ≤ ½ ulp(ε_new) + ½ ulp(a).
   constexpr int P = 4;
   constexpr std::size_t n = 999;
   const auto half_ulp = [](float v) {
-    return 0.5 * static_cast<double>(std::nextafter(std::fabs(v), std::numeric_limits<float>::infinity()) - std::fabs(v));
+    return 0.5 *
+           static_cast<double>(std::nextafter(std::fabs(v), std::numeric_limits<float>::infinity()) - std::fabs(v));
   };
   in_process_group(P).run([&](in_process_transport& t) {
     const cpu_executor cpu;
@@ -240,7 +246,8 @@ std::vector<std::vector<float>> wrapper_replay(const W& w, int P, std::size_t n,
   std::vector<state_type_of<W, cpu_executor>> servers;
   for (int j = 0; j < P; ++j) {
     servers.push_back(w.make_state(cpu, rank_chunk(n, P, j).second));
-    for (int r = 0; r < P; ++r) workers[static_cast<std::size_t>(r)].push_back(w.make_state(cpu, rank_chunk(n, P, j).second));
+    for (int r = 0; r < P; ++r)
+      workers[static_cast<std::size_t>(r)].push_back(w.make_state(cpu, rank_chunk(n, P, j).second));
   }
   std::vector<std::byte> message(w.max_encoded_bytes(n)), ws(w.workspace_bytes(cpu, n));
   std::vector<std::vector<float>> results;
@@ -251,12 +258,13 @@ std::vector<std::vector<float>> wrapper_replay(const W& w, int P, std::size_t n,
       std::vector<float> sum(c.second, 0.0f);
       for (int r = 0; r < P; ++r) {
         const auto g = gradient_of(r, n, s);
-        const std::size_t bytes = w.encode(cpu, part(g, c), workers[static_cast<std::size_t>(r)][static_cast<std::size_t>(j)],
-                                           message, ws, {.step = s});
+        const std::size_t bytes =
+            w.encode(cpu, part(g, c), workers[static_cast<std::size_t>(r)][static_cast<std::size_t>(j)], message, ws,
+                     {.step = s});
         w.decode_accumulate(cpu, std::span<const std::byte>(message).first(bytes), std::span<float>(sum), ws);
       }
-      const std::size_t bytes = w.encode(cpu, std::span<const float>(sum), servers[static_cast<std::size_t>(j)], message, ws,
-                                         {.step = s});
+      const std::size_t bytes =
+          w.encode(cpu, std::span<const float>(sum), servers[static_cast<std::size_t>(j)], message, ws, {.step = s});
       w.decode(cpu, std::span<const std::byte>(message).first(bytes),
                std::span<float>(result).subspan(c.first, c.second), ws);
     }
@@ -282,7 +290,8 @@ std::vector<std::vector<std::vector<float>>> wrapper_run(const W& w, int P, std:
   return results;
 }
 
-TEST_CASE("scatter_reduce with stateful wrappers: a replay of the chunk and server states, the same bits on every rank") {
+TEST_CASE(
+    "scatter_reduce with stateful wrappers: a replay of the chunk and server states, the same bits on every rank") {
   const error_feedback ef(topk_sparsifier<float>(sparsity{.density = 0.01}));
   const loco lc(uniform_quantizer<float>(uniform_params{.bits = 4}));
   for (int P : {1, 3, 4, 8}) {
@@ -341,7 +350,8 @@ TEST_CASE("scatter_reduce states saved after two steps and loaded into fresh one
     CHECK(save(feedback4, loaded_server4) == saved_server4);
     for (std::uint64_t s = 2; s < 4; ++s) {
       auto data = gradient_of(t.rank(), n, s);
-      (void)compressed_all_reduce(cpu, t, ef, std::span(loaded), loaded_server, std::span<float>(data), {.key = {.step = s}});
+      (void)compressed_all_reduce(cpu, t, ef, std::span(loaded), loaded_server, std::span<float>(data),
+                                  {.key = {.step = s}});
       results[static_cast<std::size_t>(t.rank())].push_back(data);
     }
     auto once = gradient_of(t.rank(), n, 2), again = once;
@@ -350,7 +360,8 @@ TEST_CASE("scatter_reduce states saved after two steps and loaded into fresh one
     CHECK(same_bits<float>(once, again));
   });
   for (int r = 0; r < P; ++r)
-    for (std::size_t s = 0; s < 2; ++s) CHECK(same_bits<float>(results[static_cast<std::size_t>(r)][s], expected[s + 2]));
+    for (std::size_t s = 0; s < 2; ++s)
+      CHECK(same_bits<float>(results[static_cast<std::size_t>(r)][s], expected[s + 2]));
 }
 
 TEST_CASE("scatter_reduce: a rank that fails after the all-to-all rolls every rank's states back") {
@@ -382,9 +393,8 @@ TEST_CASE("scatter_reduce: a rank that fails after the all-to-all rolls every ra
     thrown[static_cast<std::size_t>(t.rank())] = thrown_by([&] {
       compressed_all_reduce(cpu, t, ef, std::span(chunks), server, std::span<float>(data), {.key = {.step = 1}});
     });
-    const std::string second = thrown_by([&] {
-      compressed_all_reduce(cpu, t, four_bit, server4, std::span<float>(data), {.key = {.step = 1}});
-    });
+    const std::string second = thrown_by(
+        [&] { compressed_all_reduce(cpu, t, four_bit, server4, std::span<float>(data), {.key = {.step = 1}}); });
     bool same = second == thrown[static_cast<std::size_t>(t.rank())] && data == data_before &&
                 server.residual == server_before.residual && server.steps == server_before.steps &&
                 server4.residual == server4_before.residual && server4.steps == server4_before.steps;
@@ -396,7 +406,8 @@ TEST_CASE("scatter_reduce: a rank that fails after the all-to-all rolls every ra
   CHECK(untouched == P);
 }
 
-TEST_CASE("scatter_reduce: a NaN, a wrong state count or a transport without all-to-all is the same error on every rank") {
+TEST_CASE(
+    "scatter_reduce: a NaN, a wrong state count or a transport without all-to-all is the same error on every rank") {
   const error_feedback ef(topk_sparsifier<float>(sparsity{.density = 0.05}));
   constexpr int P = 3;
   constexpr std::size_t n = 100;
@@ -409,9 +420,8 @@ TEST_CASE("scatter_reduce: a NaN, a wrong state count or a transport without all
     auto server4 = make_server_state(cpu, four_bit, n, P, t.rank());
     auto data = gradient_of(t.rank(), n, 0);
     if (t.rank() == 1) data[7] = std::numeric_limits<float>::quiet_NaN();
-    mine.push_back(thrown_by([&] {
-      compressed_all_reduce(cpu, t, ef, std::span(chunks), server, std::span<float>(data));
-    }));
+    mine.push_back(
+        thrown_by([&] { compressed_all_reduce(cpu, t, ef, std::span(chunks), server, std::span<float>(data)); }));
     mine.push_back(thrown_by([&] { compressed_all_reduce(cpu, t, four_bit, server4, std::span<float>(data)); }));
     const bool untouched = server.steps == 0 && server4.steps == 0 && chunks[0].steps == 0;
     CHECK(untouched);
@@ -420,7 +430,8 @@ TEST_CASE("scatter_reduce: a NaN, a wrong state count or a transport without all
     mine.push_back(thrown_by([&] { compressed_all_reduce(cpu, t, ef, fewer, server, std::span<float>(data)); }));
     collectives_only<in_process_transport> no_all_to_all(t);
     mine.push_back(thrown_by([&] {
-      compressed_all_reduce(cpu, no_all_to_all, four_bit, std::span<float>(data), {.plan = all_reduce_plan::scatter_reduce});
+      compressed_all_reduce(cpu, no_all_to_all, four_bit, std::span<float>(data),
+                            {.plan = all_reduce_plan::scatter_reduce});
     }));
     mine.push_back(thrown_by([&] {
       compressed_all_reduce(cpu, t, ef, chunks[0], std::span<float>(data), {.plan = all_reduce_plan::scatter_reduce});
@@ -461,7 +472,8 @@ TEST_CASE("scatter_reduce traffic per rank stays flat from P = 4 to P = 16; gath
         report = compressed_all_reduce(cpu, t, four_bit, server, std::span<float>(data), {.plan = plan});
       }
       bytes[static_cast<std::size_t>(t.rank())] = report.sent_bytes;
-      CHECK(report.dense_bytes == 2 * static_cast<std::uint64_t>(P - 1) * n * sizeof(float) / static_cast<std::uint64_t>(P));
+      CHECK(report.dense_bytes ==
+            2 * static_cast<std::uint64_t>(P - 1) * n * sizeof(float) / static_cast<std::uint64_t>(P));
     });
     return bytes[0];  // rank 0 sends the most
   };
@@ -503,8 +515,9 @@ TEST_CASE("dense warm-up: the first K steps are an uncompressed SUM all-reduce, 
         (void)compressed_all_reduce(cpu, t, four_bit, server4, std::span<float>(got[1]), options);
         (void)compressed_all_reduce(cpu, t, ef, single, std::span<float>(got[2]), options);
         (void)compressed_all_reduce(cpu, t, ef, std::span(chunks), server, std::span<float>(got[3]), options);
-        (void)compressed_all_reduce(cpu, t, mpc_codec(), std::span<float>(got[4]),
-                                    {.key = {.step = s}, .plan = all_reduce_plan::ring, .average = average, .dense_steps = K});
+        (void)compressed_all_reduce(
+            cpu, t, mpc_codec(), std::span<float>(got[4]),
+            {.key = {.step = s}, .plan = all_reduce_plan::ring, .average = average, .dense_steps = K});
         for (const auto& g : got)
           if (!same_bits<float>(g, reference)) ++failures;
         if (report.sent_bytes != report.dense_bytes) ++failures;
@@ -513,7 +526,8 @@ TEST_CASE("dense warm-up: the first K steps are an uncompressed SUM all-reduce, 
     if (single.steps != 0 || server.steps != 0 || server4.steps != 0 || chunks[0].steps != 0) ++failures;
     // Step K compresses: the states take their step.
     auto data = gradient_of(t.rank(), n, K);
-    (void)compressed_all_reduce(cpu, t, ef, std::span(chunks), server, std::span<float>(data), {.key = {.step = K}, .dense_steps = K});
+    (void)compressed_all_reduce(cpu, t, ef, std::span(chunks), server, std::span<float>(data),
+                                {.key = {.step = K}, .dense_steps = K});
     if (server.steps != 1 || chunks[0].steps != 1) ++failures;
     // Ranks that disagree on the warm-up disagree on the plan.
     data = gradient_of(t.rank(), n, K + 1);
@@ -526,7 +540,8 @@ TEST_CASE("dense warm-up: the first K steps are an uncompressed SUM all-reduce, 
   for (const auto& e : mismatch) CHECK(e == named(errc::parameter_mismatch));
 }
 
-TEST_CASE("dense warm-up of compressed_reduce_scatter: each rank's chunk of the rank-order sum, bit for bit, any P and n") {
+TEST_CASE(
+    "dense warm-up of compressed_reduce_scatter: each rank's chunk of the rank-order sum, bit for bit, any P and n") {
   const error_feedback ef(topk_sparsifier<float>(sparsity{.density = 0.01}));
   for (int P : {1, 3, 5}) {
     for (std::size_t n : {std::size_t{0}, std::size_t{2}, std::size_t{1001}}) {
@@ -549,8 +564,8 @@ TEST_CASE("dense warm-up of compressed_reduce_scatter: each rank's chunk of the 
         const reduce_scatter_options options{.key = {.step = 1}, .dense_steps = 2};
         const auto report = compressed_reduce_scatter(cpu, t, topk_sparsifier<float>(), std::span<const float>(data),
                                                       std::span<float>(out), options);
-        (void)compressed_reduce_scatter(cpu, t, ef, std::span(states), std::span<const float>(data), std::span<float>(out_ef),
-                                        options);
+        (void)compressed_reduce_scatter(cpu, t, ef, std::span(states), std::span<const float>(data),
+                                        std::span<float>(out_ef), options);
         if (!same_bits<float>(out, expected) || !same_bits<float>(out_ef, expected) || states[0].steps != 0) ++failures;
         const std::uint64_t block = (n + static_cast<std::size_t>(P) - 1) / static_cast<std::size_t>(P);
         if (report.sent_bytes != block * sizeof(float) * static_cast<std::uint64_t>(P - 1)) ++failures;
@@ -575,15 +590,16 @@ TEST_CASE("density schedule: DGC's exponential warm-up, stage by stage") {
   CHECK(dgc.sparsity_at(400).count(1000) == 1);
   // No warm-up by default: the target from the first step.
   CHECK(density_schedule{.target = 0.01}.density_at(0) == 0.01);
-  CHECK(thrown_by([] { (void)density_schedule{.target = 0.5, .start = 0.25}.density_at(0); }) == named(errc::invalid_argument));
+  CHECK(thrown_by([] { (void)density_schedule{.target = 0.5, .start = 0.25}.density_at(0); }) ==
+        named(errc::invalid_argument));
   // Ranks on different densities: the agreement's parameter_mismatch.
   std::vector<std::string> thrown(2);
   in_process_group(2).run([&](in_process_transport& t) {
     const std::uint64_t step = t.rank() == 0 ? 99 : 100;
     const topk_sparsifier<float> topk(dgc.sparsity_at(step));
     auto data = gradient_of(t.rank(), 64, 0);
-    thrown[static_cast<std::size_t>(t.rank())] =
-        thrown_by([&] { compressed_all_reduce(cpu_executor{}, t, topk, std::span<float>(data), {.key = {.step = 5}}); });
+    thrown[static_cast<std::size_t>(t.rank())] = thrown_by(
+        [&] { compressed_all_reduce(cpu_executor{}, t, topk, std::span<float>(data), {.key = {.step = 5}}); });
   });
   for (const auto& e : thrown) CHECK(e == named(errc::parameter_mismatch));
 }

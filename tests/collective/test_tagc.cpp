@@ -84,8 +84,8 @@ struct rank_step {
 // Runs `steps` calls of the scheme on P in-process ranks over n values; returns the record of the
 // last step.
 template <class Transport = in_process_transport>
-std::vector<rank_step> run_tagc(const tagc<float>& scheme, int P, std::size_t n, int steps, rank_states* keep_states = nullptr,
-                                reduce_scatter_options options = mean_of_tensor_7) {
+std::vector<rank_step> run_tagc(const tagc<float>& scheme, int P, std::size_t n, int steps,
+                                rank_states* keep_states = nullptr, reduce_scatter_options options = mean_of_tensor_7) {
   std::vector<rank_step> last(static_cast<std::size_t>(P));
   rank_states states;
   for (int r = 0; r < P; ++r) states.push_back(scheme.make_state(cpu_executor{}));
@@ -117,18 +117,30 @@ struct forwarding_transport {
   [[nodiscard]] int rank() const { return inner->rank(); }
   [[nodiscard]] int size() const { return inner->size(); }
   template <class V>
-  void all_reduce_sum(std::span<V> d) { inner->all_reduce_sum(d); }
+  void all_reduce_sum(std::span<V> d) {
+    inner->all_reduce_sum(d);
+  }
   template <class V>
-  void all_reduce_max(std::span<V> d) { inner->all_reduce_max(d); }
+  void all_reduce_max(std::span<V> d) {
+    inner->all_reduce_max(d);
+  }
   void all_reduce_or(std::span<std::uint8_t> d)
     requires WithOr
-  { inner->all_reduce_or(d); }
+  {
+    inner->all_reduce_or(d);
+  }
   template <class V>
-  void reduce_sum(std::span<V> d, int root) { inner->reduce_sum(d, root); }
+  void reduce_sum(std::span<V> d, int root) {
+    inner->reduce_sum(d, root);
+  }
   template <class V>
-  void reduce_scatter_sum(std::span<const V> in, std::span<V> out) { inner->reduce_scatter_sum(in, out); }
+  void reduce_scatter_sum(std::span<const V> in, std::span<V> out) {
+    inner->reduce_scatter_sum(in, out);
+  }
   void broadcast(std::span<std::byte> d, int root) { inner->broadcast(d, root); }
-  std::vector<std::vector<std::byte>> all_gather_bytes(std::span<const std::byte> b) { return inner->all_gather_bytes(b); }
+  std::vector<std::vector<std::byte>> all_gather_bytes(std::span<const std::byte> b) {
+    return inner->all_gather_bytes(b);
+  }
 };
 using sum_only_transport = forwarding_transport<false>;
 using same_transport = forwarding_transport<true>;
@@ -201,7 +213,8 @@ TEST_CASE("tagc owners get the fp32 reduce-scatter mean of the sparsified gradie
         // at the threshold; here values repeat, so at least that many survive.
         const std::size_t aligned = m / block * block;
         for (const auto& rec : ranks)
-          CHECK(rec.report.kept >= static_cast<std::size_t>(P) * (aligned - static_cast<std::size_t>(0.8 * static_cast<double>(aligned))));
+          CHECK(rec.report.kept >=
+                static_cast<std::size_t>(P) * (aligned - static_cast<std::size_t>(0.8 * static_cast<double>(aligned))));
       }
     }
   }
@@ -326,30 +339,30 @@ TEST_CASE("tagc skips a step on every rank when any rank's gradient holds NaN or
   // Positions: inside shard 1's aligned part, and the tail value of shard 0; on states with
   // residuals (after two steps) and on fresh states (checked on the gradient alone).
   for (const int warm_steps : {2, 0})
-  for (const std::size_t position : {m + 5, m - 1})
-  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
-    CAPTURE(warm_steps);
-    CAPTURE(position);
-    rank_states states;
-    run_tagc(scheme, 3, n, warm_steps, &states);
-    std::vector<residual_map> before;
-    for (const auto& s : states) before.push_back(s.feedback.residuals);
-    std::mutex mutex;
-    std::vector<std::string> outcomes;
-    in_process_group(3).run([&](in_process_transport& t) {
-      auto grad = exact_gradient(n, t.rank(), 99);
-      if (t.rank() == 1) grad[position] = bad;  // only rank 1 sees it
-      std::vector<float> shard(m);
-      const std::string outcome = thrown_by([&] {
-        (void)compressed_reduce_scatter(cpu_executor{}, t, scheme, states[static_cast<std::size_t>(t.rank())],
-                                        std::span<const float>(grad), std::span<float>(shard), mean_of_tensor_7);
-      });
-      const std::lock_guard lock(mutex);
-      outcomes.push_back(outcome);
-    });
-    CHECK(outcomes == std::vector<std::string>(3, named(errc::non_finite_input)));
-    for (std::size_t r = 0; r < 3; ++r) CHECK(states[r].feedback.residuals == before[r]);
-  }
+    for (const std::size_t position : {m + 5, m - 1})
+      for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+        CAPTURE(warm_steps);
+        CAPTURE(position);
+        rank_states states;
+        run_tagc(scheme, 3, n, warm_steps, &states);
+        std::vector<residual_map> before;
+        for (const auto& s : states) before.push_back(s.feedback.residuals);
+        std::mutex mutex;
+        std::vector<std::string> outcomes;
+        in_process_group(3).run([&](in_process_transport& t) {
+          auto grad = exact_gradient(n, t.rank(), 99);
+          if (t.rank() == 1) grad[position] = bad;  // only rank 1 sees it
+          std::vector<float> shard(m);
+          const std::string outcome = thrown_by([&] {
+            (void)compressed_reduce_scatter(cpu_executor{}, t, scheme, states[static_cast<std::size_t>(t.rank())],
+                                            std::span<const float>(grad), std::span<float>(shard), mean_of_tensor_7);
+          });
+          const std::lock_guard lock(mutex);
+          outcomes.push_back(outcome);
+        });
+        CHECK(outcomes == std::vector<std::string>(3, named(errc::non_finite_input)));
+        for (std::size_t r = 0; r < 3; ++r) CHECK(states[r].feedback.residuals == before[r]);
+      }
 }
 
 TEST_CASE("tagc state saved after two steps continues bit-identically") {
@@ -372,8 +385,8 @@ TEST_CASE("tagc state saved after two steps continues bit-identically") {
     in_process_group(3).run([&](in_process_transport& t) {
       const auto grad = exact_gradient(n, t.rank(), 2);
       (void)compressed_reduce_scatter(cpu_executor{}, t, scheme, st[static_cast<std::size_t>(t.rank())],
-                                      std::span<const float>(grad), std::span<float>(shards[static_cast<std::size_t>(t.rank())]),
-                                      mean_of_tensor_7);
+                                      std::span<const float>(grad),
+                                      std::span<float>(shards[static_cast<std::size_t>(t.rank())]), mean_of_tensor_7);
     });
     return shards;
   };
@@ -402,15 +415,30 @@ TEST_CASE("tagc problems found on one rank stop every rank alike and leave every
   };
   const std::vector<scenario> scenarios = {
       // Rank 1's residual plus its gradient overflows: found before any collective.
-      {"residual overflow", [&](int rank, residual_map& r) { if (rank == 1) r.at(key0)[3] = std::numeric_limits<float>::max(); },
-       [&](int rank) { auto g = plain(rank); if (rank == 1) g[3] = std::numeric_limits<float>::max(); return g; }, own_chunk,
-       reduce_scatter_plan::automatic, errc::non_finite_input},
+      {"residual overflow",
+       [&](int rank, residual_map& r) {
+         if (rank == 1) r.at(key0)[3] = std::numeric_limits<float>::max();
+       },
+       [&](int rank) {
+         auto g = plain(rank);
+         if (rank == 1) g[3] = std::numeric_limits<float>::max();
+         return g;
+       },
+       own_chunk, reduce_scatter_plan::automatic, errc::non_finite_input},
       // Rank 0's residual of shard 0 has another size.
-      {"residual size", [&](int rank, residual_map& r) { if (rank == 0) r.at(key0).resize(10); }, plain, own_chunk,
-       reduce_scatter_plan::tagc, errc::size_mismatch},
+      {"residual size",
+       [&](int rank, residual_map& r) {
+         if (rank == 0) r.at(key0).resize(10);
+       },
+       plain, own_chunk, reduce_scatter_plan::tagc, errc::size_mismatch},
       // Both ranks keep 3e38 at element 0 of shard 0: the owner's sum overflows after the collectives.
-      {"sum overflow", no_change, [&](int rank) { auto g = plain(rank); g[0] = 3e38f; return g; }, own_chunk,
-       reduce_scatter_plan::automatic, errc::non_finite_input},
+      {"sum overflow", no_change,
+       [&](int rank) {
+         auto g = plain(rank);
+         g[0] = 3e38f;
+         return g;
+       },
+       own_chunk, reduce_scatter_plan::automatic, errc::non_finite_input},
       // Rank 1's output is not its chunk.
       {"output size", no_change, plain, [](int rank) { return rank == 1 ? m - 1 : m; }, reduce_scatter_plan::automatic,
        errc::invalid_argument},
@@ -434,7 +462,8 @@ TEST_CASE("tagc problems found on one rank stop every rank alike and leave every
       const std::vector<float> grad = sc.grad_of(t.rank());
       std::vector<float> shard(sc.out_size(t.rank()));
       outcomes[static_cast<std::size_t>(t.rank())] = thrown_by([&] {
-        (void)compressed_reduce_scatter(cpu_executor{}, t, scheme, state, std::span<const float>(grad), std::span<float>(shard),
+        (void)compressed_reduce_scatter(cpu_executor{}, t, scheme, state, std::span<const float>(grad),
+                                        std::span<float>(shard),
                                         {.key = {.tensor_id = 7}, .plan = sc.plan, .average = true});
       });
     });
@@ -461,7 +490,8 @@ TEST_CASE("tagc rejects invalid parameters, and disagreeing ranks by the agreeme
                                         std::span<const float>(grad), std::span<float>(shard), mean_of_tensor_7);
       });
     });
-    CHECK(outcomes == std::vector<std::string>(2, named(other_scheme ? errc::parameter_mismatch : errc::size_mismatch)));
+    CHECK(outcomes ==
+          std::vector<std::string>(2, named(other_scheme ? errc::parameter_mismatch : errc::size_mismatch)));
   }
 }
 
@@ -487,8 +517,8 @@ TEST_CASE("tagc on double gradients") {
     grad.assign(g.begin(), g.end());
     auto& shard = shards[static_cast<std::size_t>(t.rank())];
     shard.resize(m);
-    (void)compressed_reduce_scatter(cpu_executor{}, t, scheme, state, std::span<const double>(grad), std::span<double>(shard),
-                                    {.average = true});
+    (void)compressed_reduce_scatter(cpu_executor{}, t, scheme, state, std::span<const double>(grad),
+                                    std::span<double>(shard), {.average = true});
   });
   // The tails are dense: the mean of the two ranks' tails.
   for (std::size_t owner = 0; owner < 2; ++owner)

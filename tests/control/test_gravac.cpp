@@ -56,8 +56,8 @@ void check_trace(gravac_controller& controller, const std::vector<trace_step>& t
 // W = 2 and α = 0.5: with two samples the EWMA is (newest + 0.5·previous) / 1.5, with one it is
 // the sample. The gradient's magnitude stays 10 until step 8, so a gain is EWMA / 10.
 gravac_options trace_a_options() {
-  return {.theta_min = 0.1, .theta_max = 0.0125, .step = 0.5, .epsilon = 0.75, .omega = 0.05, .window = 2,
-          .alpha = 0.5};
+  return {
+      .theta_min = 0.1, .theta_max = 0.0125, .step = 0.5, .epsilon = 0.75, .omega = 0.05, .window = 2, .alpha = 0.5};
 }
 
 std::vector<trace_step> trace_a() {
@@ -114,18 +114,17 @@ TEST_CASE("gravac search ending at theta_max with dense best falls back to theta
   using enum gravac_choice;
   // W = 1: the EWMA is the latest sample and every step closes a window.
   gravac_controller controller({.theta_min = 0.1, .theta_max = 0.025, .window = 1, .alpha = 0.5});
-  check_trace(controller,
-              {
-                  // Step 0 (safe): gain 0.5, CT(0.1) = 50. θ_cur = 0.05, not judged; safe < ε: dense.
-                  {{10, 5, 5, 1, 100}, dense, 0.05, std::nullopt, 0.5, true},
-                  // Step 1 (dense, gain 1): CT(1) = 400. 400 vs 50: no plateau; θ_cur = 0.025.
-                  {{10, 4, 5, 0.25, 100}, dense, 0.025, std::nullopt, 0.5, true},
-                  // Step 2 (dense): CT(1) mean (400 + 200)/2 = 300, still far above 50. θ_max's
-                  // window is done: the best is dense, so θ_cur = θ_min (coinciding, not judged).
-                  {{10, 8, 9, 0.5, 100}, safe, 0.1, std::nullopt, 0.9, false},
-                  // Step 3: candidates coincide, so the safe path goes even with gain 1.
-                  {{10, 10, 10, 1, 100}, safe, 0.1, 1.0, 1.0, false},
-              });
+  check_trace(controller, {
+                              // Step 0 (safe): gain 0.5, CT(0.1) = 50. θ_cur = 0.05, not judged; safe < ε: dense.
+                              {{10, 5, 5, 1, 100}, dense, 0.05, std::nullopt, 0.5, true},
+                              // Step 1 (dense, gain 1): CT(1) = 400. 400 vs 50: no plateau; θ_cur = 0.025.
+                              {{10, 4, 5, 0.25, 100}, dense, 0.025, std::nullopt, 0.5, true},
+                              // Step 2 (dense): CT(1) mean (400 + 200)/2 = 300, still far above 50. θ_max's
+                              // window is done: the best is dense, so θ_cur = θ_min (coinciding, not judged).
+                              {{10, 8, 9, 0.5, 100}, safe, 0.1, std::nullopt, 0.9, false},
+                              // Step 3: candidates coincide, so the safe path goes even with gain 1.
+                              {{10, 10, 10, 1, 100}, safe, 0.1, 1.0, 1.0, false},
+                          });
 }
 
 TEST_CASE("gravac residual flags follow the feedback switch and multi_level is reported") {
@@ -263,9 +262,9 @@ TEST_CASE("gravac rejects invalid observations and keeps its state") {
   const std::string invalid = named(errc::invalid_argument);
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const double inf = std::numeric_limits<double>::infinity();
-  for (const gravac_observation& bad : {gravac_observation{-1, 0, 0, 1, 1}, gravac_observation{1, nan, 0, 1, 1},
-                                        gravac_observation{1, 0, inf, 1, 1}, gravac_observation{1, 0, 0, -1, 1},
-                                        gravac_observation{1, 0, 0, inf, 1}}) {
+  for (const gravac_observation& bad :
+       {gravac_observation{-1, 0, 0, 1, 1}, gravac_observation{1, nan, 0, 1, 1}, gravac_observation{1, 0, inf, 1, 1},
+        gravac_observation{1, 0, 0, -1, 1}, gravac_observation{1, 0, 0, inf, 1}}) {
     CHECK(thrown_by([&] { controller.next(bad); }) == invalid);
     CHECK(controller.decision() == before);
     CHECK(controller.steps() == 1);
@@ -298,7 +297,8 @@ TEST_CASE("gravac checkpoint: a restored controller decides exactly as the saved
     std::vector<std::byte> again(restored.saved_state_bytes());
     restored.save_state(again);
     CHECK(again == saved);
-    for (std::size_t t = cut; t < trace.size(); ++t) CHECK(restored.next(trace[t].observed) == original.next(trace[t].observed));
+    for (std::size_t t = cut; t < trace.size(); ++t)
+      CHECK(restored.next(trace[t].observed) == original.next(trace[t].observed));
   }
 }
 
@@ -338,10 +338,10 @@ TEST_CASE("gravac checkpoint: damaged or foreign states are rejected by name and
     reseal(bytes);
     return bytes;
   };
-  rejects(edited(45, std::byte{2}), errc::malformed_payload);     // searching flag
-  rejects(edited(41, std::byte{9}), errc::malformed_payload);     // step within the window ≥ W
+  rejects(edited(45, std::byte{2}), errc::malformed_payload);  // searching flag
+  rejects(edited(41, std::byte{9}), errc::malformed_payload);  // step within the window ≥ W
   rejects(edited(40, std::byte{0x7F}), errc::malformed_payload);  // θ_cur: a huge float64
-  rejects(edited(50, std::byte{5}), errc::malformed_payload);     // EWMA slot ≥ W
+  rejects(edited(50, std::byte{5}), errc::malformed_payload);  // EWMA slot ≥ W
   rejects(edited(78 + 7, std::byte{0xFF}), errc::malformed_payload);  // a negative sample
   // A controller configured otherwise.
   auto options = trace_a_options();

@@ -52,9 +52,10 @@ TEST_CASE("mz_hybrid policy sends DP gradients with ZFP and everything else with
 TEST_CASE("z_hybrid policy uses ZFP everywhere at each class's rate") {
   const message_codec z16{kind::zfp, 16, 1};
   check_mapping(z_hybrid_policy(), {{{kind::zfp, 8, 1}, z16, z16, z16, z16}});
-  check_mapping(z_hybrid_policy({.dp_gradient = 3, .tp_activation = 5, .pp_activation = 7, .parameter_gather = 11,
-                                 .optimizer_state = 13}),
-                {{{kind::zfp, 3, 1}, {kind::zfp, 5, 1}, {kind::zfp, 7, 1}, {kind::zfp, 11, 1}, {kind::zfp, 13, 1}}});
+  check_mapping(
+      z_hybrid_policy(
+          {.dp_gradient = 3, .tp_activation = 5, .pp_activation = 7, .parameter_gather = 11, .optimizer_state = 13}),
+      {{{kind::zfp, 3, 1}, {kind::zfp, 5, 1}, {kind::zfp, 7, 1}, {kind::zfp, 11, 1}, {kind::zfp, 13, 1}}});
 }
 
 TEST_CASE("message_policy set overrides one class only") {

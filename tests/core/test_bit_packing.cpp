@@ -131,7 +131,8 @@ TEST_CASE("pack_codes leaves the unused high bits of the last byte zero") {
     for (int count = 1; count < per_byte; ++count) {
       CAPTURE(bits);
       CAPTURE(count);
-      const std::vector<std::uint8_t> codes(static_cast<std::size_t>(count), static_cast<std::uint8_t>((1u << bits) - 1u));
+      const std::vector<std::uint8_t> codes(static_cast<std::size_t>(count),
+                                            static_cast<std::uint8_t>((1u << bits) - 1u));
       std::vector<std::uint8_t> packed(1, 0xFF);
       gradcomp::pack_codes(codes, bits, packed);
       CHECK(packed[0] == static_cast<std::uint8_t>((1u << (count * bits)) - 1u));
@@ -152,12 +153,14 @@ TEST_CASE("pack_codes rejects widths other than 1, 2, 4, 8 with invalid_argument
 
 TEST_CASE("pack_codes rejects a code that does not fit its width with invalid_argument") {
   std::vector<std::uint8_t> packed(4, 0);
-  CHECK(thrown_by([&] { gradcomp::pack_codes(std::vector<std::uint8_t>{0, 1, 4}, 2, packed); }) ==
-        named(errc::invalid_argument));
+  CHECK(thrown_by([&] {
+          gradcomp::pack_codes(std::vector<std::uint8_t>{0, 1, 4}, 2, packed);
+        }) == named(errc::invalid_argument));
   CHECK(thrown_by([&] { gradcomp::pack_codes(std::vector<std::uint8_t>{2}, 1, packed); }) ==
         named(errc::invalid_argument));
-  CHECK(thrown_by([&] { gradcomp::pack_codes(std::vector<std::uint8_t>{15, 16}, 4, packed); }) ==
-        named(errc::invalid_argument));
+  CHECK(thrown_by([&] {
+          gradcomp::pack_codes(std::vector<std::uint8_t>{15, 16}, 4, packed);
+        }) == named(errc::invalid_argument));
   // The largest codes that do fit are accepted.
   CHECK(thrown_by([&] { gradcomp::pack_codes(std::vector<std::uint8_t>{3, 1, 2}, 2, packed); }) == "no exception");
   CHECK(thrown_by([&] { gradcomp::pack_codes(std::vector<std::uint8_t>{255}, 8, packed); }) == "no exception");

@@ -42,7 +42,8 @@ std::vector<crc_path> host_paths() {
                               {"table", checksum_by<gradcomp::detail::crc32c_update_portable>}};
 #if defined(GRADCOMP_HAVE_SSE42)
   if (gradcomp::cpu_has_sse42()) paths.push_back({"sse4.2", checksum_by<gradcomp::detail::crc32c_update_sse42>});
-  else MESSAGE("this CPU has no SSE4.2: the crc32 instruction's path is not run");
+  else
+    MESSAGE("this CPU has no SSE4.2: the crc32 instruction's path is not run");
 #endif
   return paths;
 }

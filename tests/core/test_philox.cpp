@@ -124,8 +124,8 @@ TEST_CASE("random_stream word i is word i%4 of philox4x32_10 on the documented c
 TEST_CASE("random_stream words differ between purposes, steps, tensors and seeds") {
   const random_stream base{42, 7, 3, random_purpose::random_k};
   std::vector<random_stream> variants;
-  for (const random_purpose p : {random_purpose::stochastic_rounding, random_purpose::threshold_sample,
-                                 random_purpose::sketch_hash}) {
+  for (const random_purpose p :
+       {random_purpose::stochastic_rounding, random_purpose::threshold_sample, random_purpose::sketch_hash}) {
     random_stream s = base;
     s.purpose = p;
     variants.push_back(s);

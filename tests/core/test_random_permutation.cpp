@@ -56,8 +56,8 @@ TEST_CASE("random_permutation of one element maps 0 to 0") {
 }
 
 TEST_CASE("random_permutation stays in range for n near 2^32 and 2^64") {
-  const std::uint64_t sizes[] = {(std::uint64_t{1} << 32) + 1, (std::uint64_t{1} << 40) - 3, (std::uint64_t{1} << 63) + 1,
-                                 0xFFFFFFFFFFFFFFFFull};
+  const std::uint64_t sizes[] = {(std::uint64_t{1} << 32) + 1, (std::uint64_t{1} << 40) - 3,
+                                 (std::uint64_t{1} << 63) + 1, 0xFFFFFFFFFFFFFFFFull};
   for (const std::uint64_t n : sizes) {
     CAPTURE(n);
     const random_permutation perm(n, random_stream{11, 12, 13, random_purpose::random_k});
@@ -105,7 +105,8 @@ TEST_CASE("random_permutation differs between seeds, steps, tensors and purposes
 
 TEST_CASE("random_permutation of three elements reaches all six orders over many keys") {
   std::set<std::vector<std::uint64_t>> orders;
-  for (std::uint64_t step = 0; step < 600; ++step) orders.insert(images(3, random_stream{77, step, 0, random_purpose::random_k}));
+  for (std::uint64_t step = 0; step < 600; ++step)
+    orders.insert(images(3, random_stream{77, step, 0, random_purpose::random_k}));
   CHECK(orders.size() == 6);
 }
 

@@ -394,8 +394,7 @@ TEST_CASE("params_hasher is 64-bit FNV-1a over the little-endian bytes of each f
     CHECK(params_hasher{}.value() == 0xcbf29ce484222325ull);
     CHECK(params_hasher{}.add(std::uint8_t{'a'}).value() == 0xaf63dc4c8601ec8cull);
     // "foobar" = the 32-bit word "foob" then the 16-bit word "ar", little-endian.
-    CHECK(params_hasher{}.add(std::uint32_t{0x626f6f66u}).add(std::uint16_t{0x7261u}).value() ==
-          0x85944171f73967e8ull);
+    CHECK(params_hasher{}.add(std::uint32_t{0x626f6f66u}).add(std::uint16_t{0x7261u}).value() == 0x85944171f73967e8ull);
   }
   SUBCASE("fields of each width contribute their little-endian bytes") {
     CHECK(params_hasher{}.add(true).value() == reference_fnv1a({0x01}));

@@ -111,7 +111,8 @@ TEST_CASE("an arena hands out 64-byte aligned, disjoint arrays inside a buffer o
     }
     CHECK(address(s.c.data()) % 64 == 0);
     for (std::size_t i = 0; i < 4; ++i)
-      for (std::size_t j = i + 1; j < 4; ++j) CHECK((ranges[i].end <= ranges[j].begin || ranges[j].end <= ranges[i].begin));
+      for (std::size_t j = i + 1; j < 4; ++j)
+        CHECK((ranges[i].end <= ranges[j].begin || ranges[j].end <= ranges[i].begin));
     // Arrays come in request order at the hand-computed distances from the first.
     CHECK(ranges[1].begin - ranges[0].begin == 64);
     CHECK(ranges[2].begin - ranges[0].begin == 128);

@@ -63,7 +63,8 @@ template <class T>
 device_array<T> to_device(const cuda_executor& exec, const std::vector<T>& host) {
   device_array<T> d(host.size(), exec);
   if (!host.empty())
-    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(d.data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, exec.native_stream()));
+    GRADCOMP_CUDA_CHECK(
+        cudaMemcpyAsync(d.data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, exec.native_stream()));
   return d;
 }
 
@@ -80,7 +81,8 @@ template <class T>
 std::vector<T> to_host(const cuda_executor& exec, const device_array<T>& device, std::size_t count) {
   std::vector<T> host(count);
   if (count > 0)
-    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(host.data(), device.data(), count * sizeof(T), cudaMemcpyDeviceToHost, exec.native_stream()));
+    GRADCOMP_CUDA_CHECK(
+        cudaMemcpyAsync(host.data(), device.data(), count * sizeof(T), cudaMemcpyDeviceToHost, exec.native_stream()));
   exec.synchronize();
   return host;
 }
@@ -141,8 +143,8 @@ void check_matches_cpu(const Codec& codec, std::size_t n, input_kind kind, std::
 /// Two test cases running `body(executor)`: "cpu: <name>" on cpu_executor and "cuda: <name>" on
 /// the CUDA tests' non-blocking stream (test_gpu()), the second run where proceed_on_gpu() says so.
 /// `body` is a generic lambda.
-#define GRADCOMP_TEST_ON_EXECUTORS(name, body)                                                   \
-  TEST_CASE("cpu: " name) { body(::gradcomp::cpu_executor{}); }                                  \
-  TEST_CASE("cuda: " name) {                                                                     \
-    if (::gradcomp::test::proceed_on_gpu()) body(::gradcomp::test::test_gpu());                  \
+#define GRADCOMP_TEST_ON_EXECUTORS(name, body)                                  \
+  TEST_CASE("cpu: " name) { body(::gradcomp::cpu_executor{}); }                 \
+  TEST_CASE("cuda: " name) {                                                    \
+    if (::gradcomp::test::proceed_on_gpu()) body(::gradcomp::test::test_gpu()); \
   }

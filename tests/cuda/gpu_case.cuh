@@ -74,9 +74,9 @@ inline cuda_executor test_gpu() {
 /// A CUDA test case named "cuda: <name>", followed by its body in braces. It runs only where
 /// proceed_on_gpu() says so; elsewhere it is reported as skipped, or failed (see above).
 #define GRADCOMP_CUDA_TEST_CASE(name) GRADCOMP_CUDA_TEST_CASE_WITH_BODY(DOCTEST_ANONYMOUS(gradcomp_cuda_case_), name)
-#define GRADCOMP_CUDA_TEST_CASE_WITH_BODY(body, name)                \
-  static void body();                                                \
-  TEST_CASE("cuda: " name) {                                         \
-    if (::gradcomp::test::proceed_on_gpu()) body();                  \
-  }                                                                  \
+#define GRADCOMP_CUDA_TEST_CASE_WITH_BODY(body, name) \
+  static void body();                                 \
+  TEST_CASE("cuda: " name) {                          \
+    if (::gradcomp::test::proceed_on_gpu()) body();   \
+  }                                                   \
   static void body()

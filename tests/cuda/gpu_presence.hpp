@@ -54,8 +54,9 @@ inline constexpr const char* require_gpu_variable = "GRADCOMP_REQUIRE_GPU";
     skip_reason = "no CUDA device (cudaGetDeviceCount: " + std::string(cudaGetErrorName(query)) + ", " +
                   std::to_string(devices) + " devices)";
   } else if (!driver_loadable) {
-    skip_reason = "no CUDA driver (libcuda.so.1 cannot be loaded; cudaGetDeviceCount: " +
-                  std::string(cudaGetErrorName(query)) + ")";
+    skip_reason =
+        "no CUDA driver (libcuda.so.1 cannot be loaded; cudaGetDeviceCount: " + std::string(cudaGetErrorName(query)) +
+        ")";
   } else {
     return {gpu_verdict::fail, "the CUDA driver is present but the device query failed: cudaGetDeviceCount returned " +
                                    std::string(cudaGetErrorName(query)) + " (" + cudaGetErrorString(query) + ")"};

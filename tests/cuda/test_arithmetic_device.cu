@@ -23,8 +23,10 @@ using namespace gradcomp::test;
 
 namespace {
 
-__global__ void float_arithmetic(const float* a, const float* b, float* quotient, float* root, float* product, std::uint64_t n) {
-  for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < n; i += std::uint64_t{gridDim.x} * blockDim.x) {
+__global__ void float_arithmetic(const float* a, const float* b, float* quotient, float* root, float* product,
+                                 std::uint64_t n) {
+  for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::uint64_t{gridDim.x} * blockDim.x) {
     quotient[i] = a[i] / b[i];
     root[i] = sqrtf(a[i]);
     product[i] = a[i] * b[i];
@@ -40,7 +42,8 @@ float random_float(std::mt19937& engine, int e) {
 }  // namespace
 
 GRADCOMP_CUDA_TEST_CASE("device float division and square root are correctly rounded and subnormals are kept") {
-  std::vector<float> a = {1.0f, 2.0f, from_bits<float>(0x00000001u), from_bits<float>(0x00400000u), 0x1p-100f, 0x1.8p-70f};
+  std::vector<float> a = {1.0f,      2.0f,      from_bits<float>(0x00000001u), from_bits<float>(0x00400000u),
+                          0x1p-100f, 0x1.8p-70f};
   std::vector<float> b = {3.0f, 3.0f, 1.0f, 3.0f, 0x1p-30f, 0x1.4p-60f};  // products 2^-130 and 1.875·2^-130: subnormal
   std::mt19937 engine(2024);
   std::uniform_int_distribution<int> exponent(-60, 60);
@@ -55,15 +58,16 @@ GRADCOMP_CUDA_TEST_CASE("device float division and square root are correctly rou
   device_array<float> quotient = poisoned<float>(gpu, n);
   device_array<float> root = poisoned<float>(gpu, n);
   device_array<float> product = poisoned<float>(gpu, n);
-  float_arithmetic<<<64, 256, 0, gpu.native_stream()>>>(da.data(), db.data(), quotient.data(), root.data(), product.data(), n);
+  float_arithmetic<<<64, 256, 0, gpu.native_stream()>>>(da.data(), db.data(), quotient.data(), root.data(),
+                                                        product.data(), n);
   REQUIRE(cudaGetLastError() == cudaSuccess);
   const std::vector<float> q = to_host(gpu, quotient);
   const std::vector<float> r = to_host(gpu, root);
   const std::vector<float> p = to_host(gpu, product);
 
   CHECK(to_bits(q[0]) == 0x3EAAAAABu);  // 1/3, correctly rounded
-  CHECK(p[4] != 0.0f);                  // 2^-100 · 2^-30, a subnormal product, not flushed
-  CHECK(r[2] != 0.0f);                  // the square root of the smallest subnormal, 2^-74.5
+  CHECK(p[4] != 0.0f);  // 2^-100 · 2^-30, a subnormal product, not flushed
+  CHECK(r[2] != 0.0f);  // the square root of the smallest subnormal, 2^-74.5
   std::size_t wrong_quotients = 0, wrong_roots = 0, wrong_products = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const auto x = static_cast<double>(a[i]);
@@ -73,6 +77,6 @@ GRADCOMP_CUDA_TEST_CASE("device float division and square root are correctly rou
     wrong_products += to_bits(p[i]) != to_bits(static_cast<float>(x * y)) ? 1u : 0u;
   }
   CHECK(wrong_quotients == 0);  // -prec-div=false (and --use_fast_math) give approximate quotients
-  CHECK(wrong_roots == 0);      // -prec-sqrt=false (and --use_fast_math) give approximate roots
-  CHECK(wrong_products == 0);   // -ftz=true (and --use_fast_math) flush subnormal operands and results
+  CHECK(wrong_roots == 0);  // -prec-sqrt=false (and --use_fast_math) give approximate roots
+  CHECK(wrong_products == 0);  // -ftz=true (and --use_fast_math) flush subnormal operands and results
 }

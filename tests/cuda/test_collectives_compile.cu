@@ -30,14 +30,14 @@ template void every_collective(const cuda_executor&, staged_transport<in_process
 template void every_collective(const cpu_executor&, in_process_transport&, std::span<float>, std::span<const float>,
                                every_state<cpu_executor>);
 #if defined(GRADCOMP_COMPILE_CHECK_MPI)
-template void every_collective(const cuda_executor&, staged_transport<mpi_transport>&, std::span<float>, std::span<const float>,
-                               every_state<cuda_executor>);
+template void every_collective(const cuda_executor&, staged_transport<mpi_transport>&, std::span<float>,
+                               std::span<const float>, every_state<cuda_executor>);
 template void every_collective(const cpu_executor&, mpi_transport&, std::span<float>, std::span<const float>,
                                every_state<cpu_executor>);
 #endif
 #if defined(GRADCOMP_COMPILE_CHECK_GLOO)
-template void every_collective(const cuda_executor&, staged_transport<gloo_transport>&, std::span<float>, std::span<const float>,
-                               every_state<cuda_executor>);
+template void every_collective(const cuda_executor&, staged_transport<gloo_transport>&, std::span<float>,
+                               std::span<const float>, every_state<cuda_executor>);
 template void every_collective(const cpu_executor&, gloo_transport&, std::span<float>, std::span<const float>,
                                every_state<cpu_executor>);
 #endif

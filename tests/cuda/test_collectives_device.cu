@@ -80,7 +80,8 @@ void on_nccl_world_of_one(Body body) {
 template <class Body>
 void on_gpu_ranks(int P, bool nccl, Body body) {
   if (nccl) on_nccl_world_of_one(body);
-  else on_staged_ranks(P, body);
+  else
+    on_staged_ranks(P, body);
 }
 
 /// Rank r's input: N(0, 1)·10^(r mod 3), or for `exact_sums` the dyadic sparse values whose sums
@@ -105,7 +106,8 @@ std::vector<std::vector<float>> cpu_path(int P, std::size_t n, bool exact_sums, 
 
 /// The same on the GPU (device spans), over staged in-process ranks or NCCL.
 template <class OutCount, class Call>
-std::vector<std::vector<float>> gpu_path(int P, bool nccl, std::size_t n, bool exact_sums, OutCount out_count, Call call) {
+std::vector<std::vector<float>> gpu_path(int P, bool nccl, std::size_t n, bool exact_sums, OutCount out_count,
+                                         Call call) {
   std::vector<std::vector<float>> results(static_cast<std::size_t>(P));
   std::mutex mutex;
   on_gpu_ranks(P, nccl, [&](auto& t, const cuda_executor& gpu) {
@@ -149,32 +151,41 @@ void check_codec(const C& codec, bool exact_sums = false) {
     const auto chunk = [&](int r) { return static_cast<std::size_t>(ring_chunk_of(n, g.P, r).count); };
     for (const bool average : {false, true}) {
       CAPTURE(average);
-      check_same_as_cpu(g.P, g.nccl, n, exact_sums, whole, [&](const auto& e, auto& t, std::span<float> data, std::span<float>) {
-        (void)compressed_all_reduce(e, t, codec, data, {.key = {.step = 3, .tensor_id = 2}, .average = average});
-      });
+      check_same_as_cpu(g.P, g.nccl, n, exact_sums, whole,
+                        [&](const auto& e, auto& t, std::span<float> data, std::span<float>) {
+                          (void)compressed_all_reduce(e, t, codec, data,
+                                                      {.key = {.step = 3, .tensor_id = 2}, .average = average});
+                        });
       for (const auto plan : {reduce_scatter_plan::all_to_all, reduce_scatter_plan::gather_decode}) {
         CAPTURE(static_cast<int>(plan));
-        check_same_as_cpu(g.P, g.nccl, n, exact_sums, chunk, [&](const auto& e, auto& t, std::span<float> data, std::span<float> out) {
-          (void)compressed_reduce_scatter(e, t, codec, std::span<const float>(data), out,
-                                          {.key = {.step = 3}, .plan = plan, .average = average});
-        });
+        check_same_as_cpu(g.P, g.nccl, n, exact_sums, chunk,
+                          [&](const auto& e, auto& t, std::span<float> data, std::span<float> out) {
+                            (void)compressed_reduce_scatter(e, t, codec, std::span<const float>(data), out,
+                                                            {.key = {.step = 3}, .plan = plan, .average = average});
+                          });
       }
     }
     if constexpr (!summable_encoding<C>) {  // the gather plan, forced, and the ring
-      check_same_as_cpu(g.P, g.nccl, n, exact_sums, whole, [&](const auto& e, auto& t, std::span<float> data, std::span<float>) {
-        (void)compressed_all_reduce(e, t, codec, data, {.plan = all_reduce_plan::ring, .measure_error = true});
-      });
+      check_same_as_cpu(g.P, g.nccl, n, exact_sums, whole,
+                        [&](const auto& e, auto& t, std::span<float> data, std::span<float>) {
+                          (void)compressed_all_reduce(e, t, codec, data,
+                                                      {.plan = all_reduce_plan::ring, .measure_error = true});
+                        });
     }
   }
 }
 
-GRADCOMP_CUDA_TEST_CASE("compressed all-reduce and reduce-scatter of device buffers equal the CPU path, codec by codec") {
+GRADCOMP_CUDA_TEST_CASE(
+    "compressed all-reduce and reduce-scatter of device buffers equal the CPU path, codec by codec") {
   SUBCASE("top-k") { check_codec(topk_sparsifier<float>(sparsity{.density = 0.02})); }
-  SUBCASE("random-k") { check_codec(randomk_sparsifier<float>(randomk_params{.amount = {.density = 0.05}, .seed = 9})); }
+  SUBCASE("random-k") {
+    check_codec(randomk_sparsifier<float>(randomk_params{.amount = {.density = 0.05}, .seed = 9}));
+  }
   SUBCASE("threshold") { check_codec(threshold_sparsifier<float>()); }
   SUBCASE("uniform 8-bit") { check_codec(uniform_quantizer<float>(uniform_params{.bits = 8})); }
   SUBCASE("uniform 4-bit, stochastic rounding") {
-    check_codec(uniform_quantizer<float>(uniform_params{.bits = 4, .block = 64, .round = rounding::stochastic, .seed = 3}));
+    check_codec(
+        uniform_quantizer<float>(uniform_params{.bits = 4, .block = 64, .round = rounding::stochastic, .seed = 3}));
   }
   SUBCASE("sign") { check_codec(sign_quantizer<float>()); }
   SUBCASE("QSGD") { check_codec(qsgd_quantizer<float>()); }
@@ -182,13 +193,15 @@ GRADCOMP_CUDA_TEST_CASE("compressed all-reduce and reduce-scatter of device buff
     check_codec(shared_scale_quantizer<float>(shared_scale_params{.bits = 8, .block = 64, .headroom_bits = 3}));
   }
   SUBCASE("count sketch (summed encodings), exact cell sums") {
-    check_codec(count_sketch<float>(count_sketch_params{.rows = 3, .columns = 1024, .seed = 5, .heavy_hitters = {.density = 0.02}}),
+    check_codec(count_sketch<float>(
+                    count_sketch_params{.rows = 3, .columns = 1024, .seed = 5, .heavy_hitters = {.density = 0.02}}),
                 true);
   }
   SUBCASE("MPC") { check_codec(mpc_codec()); }
   SUBCASE("ZFP fixed rate") { check_codec(zfp_fixed_rate_codec(zfp_params{.rate_bits = 8})); }
   SUBCASE("pipeline top-k + uniform 8-bit") {
-    check_codec(pipeline(topk_sparsifier<float>(sparsity{.density = 0.05}), uniform_quantizer<float>(uniform_params{.bits = 8})));
+    check_codec(pipeline(topk_sparsifier<float>(sparsity{.density = 0.05}),
+                         uniform_quantizer<float>(uniform_params{.bits = 8})));
   }
 }
 
@@ -215,8 +228,8 @@ void check_stateful(const W& wrapper) {
       for (std::uint64_t s = 0; s < steps; ++s) {
         auto data = gradient_of(t.rank(), n, s);
         std::vector<float> out(ring_chunk_of(n, g.P, t.rank()).count);
-        (void)compressed_reduce_scatter(cpu, t, wrapper, std::span(chunk_states), std::span<const float>(data), std::span<float>(out),
-                                        {.key = {.step = s}, .average = true});
+        (void)compressed_reduce_scatter(cpu, t, wrapper, std::span(chunk_states), std::span<const float>(data),
+                                        std::span<float>(out), {.key = {.step = s}, .average = true});
         (void)compressed_all_reduce(cpu, t, wrapper, state, std::span<float>(data), {.key = {.step = s}});
         cpu_sums[r].push_back(data);
         cpu_chunks[r].push_back(out);
@@ -234,8 +247,8 @@ void check_stateful(const W& wrapper) {
       for (std::uint64_t s = 0; s < steps; ++s) {
         auto data = to_device(gpu, gradient_of(t.rank(), n, s));
         auto out = to_device(gpu, std::vector<float>(ring_chunk_of(n, g.P, t.rank()).count));
-        (void)compressed_reduce_scatter(gpu, t, wrapper, std::span(chunk_states), std::span<const float>(data.span()), out.span(),
-                                        {.key = {.step = s}, .average = true});
+        (void)compressed_reduce_scatter(gpu, t, wrapper, std::span(chunk_states), std::span<const float>(data.span()),
+                                        out.span(), {.key = {.step = s}, .average = true});
         (void)compressed_all_reduce(gpu, t, wrapper, state, data.span(), {.key = {.step = s}});
         sums.push_back(downloaded(gpu, data));
         chunks.push_back(downloaded(gpu, out));
@@ -259,13 +272,17 @@ void check_stateful(const W& wrapper) {
   }
 }
 
-GRADCOMP_CUDA_TEST_CASE("error feedback and LoCo on the GPU: every step's sums and chunks and the saved states equal the CPU's") {
-  SUBCASE("top-k 2% + error feedback") { check_stateful(error_feedback(topk_sparsifier<float>(sparsity{.density = 0.02}))); }
+GRADCOMP_CUDA_TEST_CASE(
+    "error feedback and LoCo on the GPU: every step's sums and chunks and the saved states equal the CPU's") {
+  SUBCASE("top-k 2% + error feedback") {
+    check_stateful(error_feedback(topk_sparsifier<float>(sparsity{.density = 0.02})));
+  }
   SUBCASE("4-bit LoCo") { check_stateful(loco(uniform_quantizer<float>(uniform_params{.bits = 4, .block = 64}))); }
   SUBCASE("8-bit LoCo") { check_stateful(loco(uniform_quantizer<float>(uniform_params{.bits = 8}))); }
 }
 
-GRADCOMP_CUDA_TEST_CASE("ring, all-gather and point-to-point of device buffers over the staged transport equal the CPU's") {
+GRADCOMP_CUDA_TEST_CASE(
+    "ring, all-gather and point-to-point of device buffers over the staged transport equal the CPU's") {
   const uniform_quantizer<float> q(uniform_params{.bits = 4, .block = 64});
   constexpr std::size_t n = 3001;
   for (const int P : {2, 4}) {
@@ -274,19 +291,23 @@ GRADCOMP_CUDA_TEST_CASE("ring, all-gather and point-to-point of device buffers o
     check_same_as_cpu(P, false, n, false, whole, [&](const auto& e, auto& t, std::span<float> data, std::span<float>) {
       (void)ring_all_reduce(e, t, q, data, {.key = {.step = 1}});
     });
-    check_same_as_cpu(P, false, n, false, [&](int r) { return static_cast<std::size_t>(ring_chunk_of(n, P, r).count); },
-                      [&](const auto& e, auto& t, std::span<float> data, std::span<float> out) {
-                        (void)ring_reduce_scatter(e, t, mpc_codec(), std::span<const float>(data), out, {.average = true});
-                      });
-    check_same_as_cpu(P, false, n, false, [&](int) { return n * static_cast<std::size_t>(P); },
-                      [&](const auto& e, auto& t, std::span<float> data, std::span<float> out) {
-                        (void)compressed_all_gather(e, t, q, std::span<const float>(data), out);
-                      });
+    check_same_as_cpu(
+        P, false, n, false, [&](int r) { return static_cast<std::size_t>(ring_chunk_of(n, P, r).count); },
+        [&](const auto& e, auto& t, std::span<float> data, std::span<float> out) {
+          (void)ring_reduce_scatter(e, t, mpc_codec(), std::span<const float>(data), out, {.average = true});
+        });
+    check_same_as_cpu(
+        P, false, n, false, [&](int) { return n * static_cast<std::size_t>(P); },
+        [&](const auto& e, auto& t, std::span<float> data, std::span<float> out) {
+          (void)compressed_all_gather(e, t, q, std::span<const float>(data), out);
+        });
     // Rank r sends its values to rank r + 1, which decodes them.
-    check_same_as_cpu(P, false, n, false, [&](int) { return n; }, [&](const auto& e, auto& t, std::span<float> data, std::span<float> out) {
-      (void)compressed_send(e, t, q, std::span<const float>(data), (t.rank() + 1) % t.size());
-      (void)compressed_recv(e, t, q, out, (t.rank() + t.size() - 1) % t.size());
-    });
+    check_same_as_cpu(
+        P, false, n, false, [&](int) { return n; },
+        [&](const auto& e, auto& t, std::span<float> data, std::span<float> out) {
+          (void)compressed_send(e, t, q, std::span<const float>(data), (t.rank() + 1) % t.size());
+          (void)compressed_recv(e, t, q, out, (t.rank() + t.size() - 1) % t.size());
+        });
   }
 }
 
@@ -301,7 +322,9 @@ GRADCOMP_CUDA_TEST_CASE("a NaN on one rank stops every rank of a device all-redu
       if (t.rank() == P - 1) host[n / 2] = std::numeric_limits<float>::quiet_NaN();
       auto data = to_device(gpu, host);
       auto state = ef.make_state(gpu, n);
-      if (thrown_by([&] { (void)compressed_all_reduce(gpu, t, ef, state, data.span()); }) == named(errc::non_finite_input)) ++matching;
+      if (thrown_by([&] { (void)compressed_all_reduce(gpu, t, ef, state, data.span()); }) ==
+          named(errc::non_finite_input))
+        ++matching;
       if (same_bits<float>(downloaded(gpu, data), host) && state.steps == 0) ++untouched;
     });
     CHECK(matching.load() == P);
@@ -348,8 +371,8 @@ void check_lhc_collectives_on_gpu() {
         std::vector<float> out(ring_chunk_of(n, g.P, t.rank()).count);
         for (std::uint64_t s = 0; s < 3; ++s) {
           const auto data = dyadic_sparse_gradient(t.rank(), n, 0.5, s);
-          (void)compressed_reduce_scatter(cpu_executor{}, t, scheme, state, std::span<const float>(data), std::span<float>(out),
-                                          {.key = {.step = s, .tensor_id = 4}, .average = true});
+          (void)compressed_reduce_scatter(cpu_executor{}, t, scheme, state, std::span<const float>(data),
+                                          std::span<float>(out), {.key = {.step = s, .tensor_id = 4}, .average = true});
         }
         const auto r = static_cast<std::size_t>(t.rank());
         cpu[r] = out;
@@ -379,10 +402,11 @@ void check_lhc_collectives_on_gpu() {
   }
   const lossless_homomorphic<float> lhc({.block = 128});
   for (const device_group g : device_groups)
-    check_same_as_cpu(g.P, g.nccl, 20000, true, [](int) { return std::size_t{0}; },
-                      [&](const auto& e, auto& t, std::span<float> data, std::span<float>) {
-                        (void)compressed_all_reduce(e, t, lhc, data, {.average = true});
-                      });
+    check_same_as_cpu(
+        g.P, g.nccl, 20000, true, [](int) { return std::size_t{0}; },
+        [&](const auto& e, auto& t, std::span<float> data, std::span<float>) {
+          (void)compressed_all_reduce(e, t, lhc, data, {.average = true});
+        });
 }
 
 GRADCOMP_CUDA_TEST_CASE("TAGC and the LHC two-stage all-reduce on the GPU equal the CPU's") {
@@ -395,7 +419,8 @@ TEST_CASE("cuda: a cuda_executor on another stream than its device transport is 
   in_process_group(1).run([&](in_process_transport& host) {
     staged_in_process t(host, stream_of(0x10));
     const cuda_executor gpu{.stream = stream_of(0x20)};
-    CHECK(thrown_by([&] { (void)compressed_all_reduce(gpu, t, mpc_codec(), std::span<float>()); }) == named(errc::invalid_argument));
+    CHECK(thrown_by([&] { (void)compressed_all_reduce(gpu, t, mpc_codec(), std::span<float>()); }) ==
+          named(errc::invalid_argument));
     CHECK(thrown_by([&] {
             (void)compressed_reduce_scatter(gpu, t, mpc_codec(), std::span<const float>(), std::span<float>());
           }) == named(errc::invalid_argument));

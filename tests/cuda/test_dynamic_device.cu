@@ -132,7 +132,8 @@ GRADCOMP_CUDA_TEST_CASE("dynamic sparsifier thresholds equal the CPU's bit for b
         }
 }
 
-GRADCOMP_CUDA_TEST_CASE("dynamic sparsifier steps give the CPU's outputs, reports and saved states, and resume across executors") {
+GRADCOMP_CUDA_TEST_CASE(
+    "dynamic sparsifier steps give the CPU's outputs, reports and saved states, and resume across executors") {
   for (const std::size_t n : {1u, 1000u, 100003u}) {
     CAPTURE(n);
     const std::vector<step_input<float>> steps = mixed_steps<float>(n);
@@ -149,5 +150,6 @@ GRADCOMP_CUDA_TEST_CASE("dynamic sparsifier steps give the CPU's outputs, report
   }
 }
 
-GRADCOMP_TEST_ON_EXECUTORS("dynamic sparsifier: NaN or Inf in g + R and size mismatches leave the state's bytes unchanged",
-                           bad_steps_change_nothing)
+GRADCOMP_TEST_ON_EXECUTORS(
+    "dynamic sparsifier: NaN or Inf in g + R and size mismatches leave the state's bytes unchanged",
+    bad_steps_change_nothing)

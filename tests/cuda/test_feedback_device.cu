@@ -62,17 +62,18 @@ void check_nan_step_keeps_state(const auto& exec, const Wrapper& wrapper) {
 }
 
 const auto nan_step_keeps_state = [](const auto& exec) {
-  check_nan_step_keeps_state(exec, error_feedback(uniform_quantizer<float>({.bits = 8})));           // one kernel
-  check_nan_step_keeps_state(exec, error_feedback(uniform_quantizer<double>({.bits = 2, .block = 7})));  // reference steps
+  check_nan_step_keeps_state(exec, error_feedback(uniform_quantizer<float>({.bits = 8})));  // one kernel
+  check_nan_step_keeps_state(exec,
+                             error_feedback(uniform_quantizer<double>({.bits = 2, .block = 7})));  // reference steps
   check_nan_step_keeps_state(exec, error_feedback(sign_quantizer<float>()));
-  check_nan_step_keeps_state(exec, loco(uniform_quantizer<float>({.bits = 4})));                    // one kernel
-  check_nan_step_keeps_state(exec, loco(uniform_quantizer<float>({.bits = 4, .block = 100})));      // reference steps
+  check_nan_step_keeps_state(exec, loco(uniform_quantizer<float>({.bits = 4})));  // one kernel
+  check_nan_step_keeps_state(exec, loco(uniform_quantizer<float>({.bits = 4, .block = 100})));  // reference steps
 };
 
 const auto ef_invariant_holds = [](const auto& exec) {
   check_ef_invariant(uniform_quantizer<float>({.bits = 4}), 3000, 20, 11, 1, exec);
-  check_ef_invariant(uniform_quantizer<double>({.bits = 8, .block = 33, .round = rounding::stochastic, .seed = 2}), 1000, 20, 12, 2,
-                     exec);
+  check_ef_invariant(uniform_quantizer<double>({.bits = 8, .block = 33, .round = rounding::stochastic, .seed = 2}),
+                     1000, 20, 12, 2, exec);
   check_ef_invariant(qsgd_quantizer<float>({.levels = 7, .seed = 3}), 2000, 20, 13, 3, exec);
 };
 
@@ -100,7 +101,8 @@ const auto carried_error_round_trips = [](const auto& exec) {
 
 GRADCOMP_CUDA_TEST_CASE("error feedback steps equal the CPU's: messages, residuals and saved states") {
   check_steps_match_cpu(error_feedback(uniform_quantizer<float>({.bits = 8})), 5000, 8);
-  check_steps_match_cpu(error_feedback(uniform_quantizer<float>({.bits = 4, .block = 64, .round = rounding::stochastic, .seed = 9})),
+  check_steps_match_cpu(error_feedback(uniform_quantizer<float>(
+                            {.bits = 4, .block = 64, .round = rounding::stochastic, .seed = 9})),
                         4099, 8);
   check_steps_match_cpu(error_feedback(uniform_quantizer<double>({.bits = 8})), 3000, 6);
   check_steps_match_cpu(error_feedback(uniform_quantizer<double>({.bits = 2, .block = 7})), 1001, 6);
@@ -112,7 +114,8 @@ GRADCOMP_CUDA_TEST_CASE("error feedback steps equal the CPU's: messages, residua
 GRADCOMP_CUDA_TEST_CASE("LoCo steps equal the CPU's, resets and large magnitudes included") {
   const loco_params period4{.beta = 0.8f, .reset_period = 4, .error_group = 256};
   check_steps_match_cpu(loco(uniform_quantizer<float>({.bits = 4}), period4), 5000, 10);
-  check_steps_match_cpu(loco(uniform_quantizer<float>({.bits = 8, .block = 64, .round = rounding::stochastic, .seed = 5}),
+  check_steps_match_cpu(loco(uniform_quantizer<float>(
+                                 {.bits = 8, .block = 64, .round = rounding::stochastic, .seed = 5}),
                              {.beta = 0.5f, .reset_period = 3, .error_group = 64}),
                         4099, 8);
   check_steps_match_cpu(loco(uniform_quantizer<double>({.bits = 4})), 3000, 6);
@@ -148,6 +151,8 @@ GRADCOMP_CUDA_TEST_CASE("states saved on the CPU resume on the GPU and the other
   resume(loco(uniform_quantizer<float>({.bits = 4})));
 }
 
-GRADCOMP_TEST_ON_EXECUTORS("feedback: a NaN step is non_finite_input, leaves the state and no message", nan_step_keeps_state)
-GRADCOMP_TEST_ON_EXECUTORS("error feedback: decoded messages plus the residual sum to the gradients", ef_invariant_holds)
+GRADCOMP_TEST_ON_EXECUTORS("feedback: a NaN step is non_finite_input, leaves the state and no message",
+                           nan_step_keeps_state)
+GRADCOMP_TEST_ON_EXECUTORS("error feedback: decoded messages plus the residual sum to the gradients",
+                           ef_invariant_holds)
 GRADCOMP_TEST_ON_EXECUTORS("feedback: carried errors are set, read back, and NaN is refused", carried_error_round_trips)

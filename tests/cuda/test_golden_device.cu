@@ -37,7 +37,8 @@ const auto reproduces_golden_files = [](const auto& exec) {
 
 }  // namespace
 
-GRADCOMP_TEST_ON_EXECUTORS("encoders with a CUDA backend reproduce their golden files byte for byte", reproduces_golden_files)
+GRADCOMP_TEST_ON_EXECUTORS("encoders with a CUDA backend reproduce their golden files byte for byte",
+                           reproduces_golden_files)
 
 TEST_CASE("golden sampling: every file and region gets flips and truncations at any stride, and stride 1 takes all") {
   CHECK(golden_flip_stride(nullptr) == 1);
@@ -48,7 +49,8 @@ TEST_CASE("golden sampling: every file and region gets flips and truncations at 
   CHECK(golden_flip_stride("12x") == 0);
   for (const std::size_t size : {0u, 1u, 55u, 56u, 57u, 71u, 72u, 73u, 88u, 89u, 1056u})
     for (const std::size_t unit : {1u, 8u})
-      for (const std::size_t stride : {std::size_t{1}, std::size_t{2}, std::size_t{17}, std::size_t{64}, std::size_t{1} << 62}) {
+      for (const std::size_t stride :
+           {std::size_t{1}, std::size_t{2}, std::size_t{17}, std::size_t{64}, std::size_t{1} << 62}) {
         CAPTURE(size);
         CAPTURE(unit);
         CAPTURE(stride);
@@ -85,7 +87,9 @@ TEST_CASE("golden sampling: every file and region gets flips and truncations at 
 GRADCOMP_CUDA_TEST_CASE("every truncation and single-bit flip of a golden message decodes on the GPU as on the CPU") {
   const std::size_t stride = golden_flip_stride(std::getenv(golden_flip_stride_variable));
   REQUIRE_MESSAGE(stride >= 1, std::string(golden_flip_stride_variable), " must be a positive number");
-  if (stride > 1) MESSAGE(std::string(golden_flip_stride_variable), "=", stride, ": a sample of the truncations and bit flips (not all)");
+  if (stride > 1)
+    MESSAGE(std::string(golden_flip_stride_variable), "=", stride,
+            ": a sample of the truncations and bit flips (not all)");
   std::size_t files = 0;
   for_each_golden_codec([&](const std::string& file, const auto& codec, const auto& x, message_key) {
     if constexpr (has_cuda_backend<std::decay_t<decltype(codec)>>) {

@@ -111,7 +111,8 @@ TEST_CASE("kernel layout: the quads' code words are stored once each and hold th
             ++stored[static_cast<std::size_t>(index)];
             const std::uint32_t word = quad_word(bits, lane, slot, pieces[lane], pieces[lane ^ 1u]);
             std::uint32_t expected = 0;
-            for (unsigned b = 0; b < 4; ++b) expected |= std::uint32_t{packed[4 * static_cast<unsigned>(index) + b]} << (8 * b);
+            for (unsigned b = 0; b < 4; ++b)
+              expected |= std::uint32_t{packed[4 * static_cast<unsigned>(index) + b]} << (8 * b);
             CHECK(word == expected);
           }
         for (std::uint64_t w = 0; w < words; ++w) CHECK(stored[w] == 1);
@@ -155,7 +156,8 @@ TEST_CASE("kernel layout: each lane computes one Philox block, and every value d
   CHECK(quad_random_half(words, 0) != (stream.word(begin / 2) & 0xFFFFu));
 }
 
-TEST_CASE("kernel layout: the block-sum tiles stage every value of 32 blocks once per column chunk, and no empty chunk") {
+TEST_CASE(
+    "kernel layout: the block-sum tiles stage every value of 32 blocks once per column chunk, and no empty chunk") {
   const auto check = [](auto zero, std::uint64_t n, std::uint64_t block) {
     using T = decltype(zero);
     constexpr unsigned columns = tile_columns<T>;
@@ -199,8 +201,21 @@ TEST_CASE("kernel layout: the block-sum tiles stage every value of 32 blocks onc
 }
 
 TEST_CASE("kernel layout: index_divisor divides exactly by shift, 32-bit and 64-bit division") {
-  const std::uint64_t xs[] = {0, 1, 2, 63, 64, 65, 1000, 4095, 65535, 1ull << 31, (1ull << 32) - 1, 1ull << 32,
-                              (1ull << 32) + 7, 0xDEAD'BEEF'1234ull, ~0ull};
+  const std::uint64_t xs[] = {0,
+                              1,
+                              2,
+                              63,
+                              64,
+                              65,
+                              1000,
+                              4095,
+                              65535,
+                              1ull << 31,
+                              (1ull << 32) - 1,
+                              1ull << 32,
+                              (1ull << 32) + 7,
+                              0xDEAD'BEEF'1234ull,
+                              ~0ull};
   for (std::uint64_t d = 1; d <= 600; ++d)
     for (const std::uint64_t x : xs) CHECK(index_divisor(d)(x) == x / d);
   for (const std::uint64_t d : {1ull << 32, (1ull << 32) + 1, 3ull << 40, 1ull << 63})
@@ -220,7 +235,8 @@ TEST_CASE("kernel layout: a decoder's whole words lie in one block, found by wor
       for (std::uint64_t w = 0; w < layout.words(); ++w) {
         const std::uint64_t first = w * layout.per_word();
         CHECK(first % quad_values == 0);  // 128-bit stores from an aligned output
-        for (std::uint64_t i = first; i < first + layout.per_word() && i < layout.n; ++i) CHECK(i / block == word_block(w));
+        for (std::uint64_t i = first; i < first + layout.per_word() && i < layout.n; ++i)
+          CHECK(i / block == word_block(w));
       }
     }
 }
@@ -280,14 +296,15 @@ std::vector<std::byte> encode_at(const Codec& codec, const std::vector<T>& x, st
 
 /// The GPU's decoding of `message` into (or onto) `start` held from element `offset` of its allocation.
 template <class Codec, class T>
-std::vector<T> decode_at(const Codec& codec, const std::vector<std::byte>& message, const std::vector<T>& start, std::size_t offset,
-                         bool accumulate) {
+std::vector<T> decode_at(const Codec& codec, const std::vector<std::byte>& message, const std::vector<T>& start,
+                         std::size_t offset, bool accumulate) {
   const cuda_executor exec = test::test_gpu();
   const device_array<std::byte> m = test::to_device(exec, message);
   const offset_span<T> out(exec, start, offset);
   device_array<std::byte> ws = test::poisoned<std::byte>(exec, codec.workspace_bytes(exec, start.size()));
   if (accumulate) codec.decode_accumulate(exec, m.span(), out.span, ws.span());
-  else codec.decode(exec, m.span(), out.span, ws.span());
+  else
+    codec.decode(exec, m.span(), out.span, ws.span());
   return out.to_host(exec);
 }
 
@@ -360,17 +377,20 @@ GRADCOMP_CUDA_TEST_CASE("uniform quad kernels and word decoders equal the CPU on
   sweep(sign_quantizer<float>({.block = 100}));
 }
 
-GRADCOMP_CUDA_TEST_CASE("error feedback and LoCo quad kernels equal the CPU on misaligned gradients, tiny and zero blocks included") {
+GRADCOMP_CUDA_TEST_CASE(
+    "error feedback and LoCo quad kernels equal the CPU on misaligned gradients, tiny and zero blocks included") {
   for (const std::size_t offset : {0u, 1u, 3u})
     for (const std::size_t n : {257u, 4099u}) {
       check_offset_steps_match_cpu(error_feedback(uniform_quantizer<float>({.bits = 8})), n, offset);
-      check_offset_steps_match_cpu(
-          error_feedback(uniform_quantizer<float>({.bits = 4, .block = 128, .round = rounding::stochastic, .seed = 6})), n, offset);
-      check_offset_steps_match_cpu(loco(uniform_quantizer<float>({.bits = 4}), {.beta = 0.7f, .reset_period = 3}), n, offset);
-      check_offset_steps_match_cpu(
-          loco(uniform_quantizer<float>({.bits = 8, .block = 64, .round = rounding::stochastic, .seed = 8}),
-               {.beta = 0.5f, .reset_period = 5, .error_group = 64}),
-          n, offset);
+      check_offset_steps_match_cpu(error_feedback(uniform_quantizer<float>(
+                                       {.bits = 4, .block = 128, .round = rounding::stochastic, .seed = 6})),
+                                   n, offset);
+      check_offset_steps_match_cpu(loco(uniform_quantizer<float>({.bits = 4}), {.beta = 0.7f, .reset_period = 3}), n,
+                                   offset);
+      check_offset_steps_match_cpu(loco(uniform_quantizer<float>(
+                                            {.bits = 8, .block = 64, .round = rounding::stochastic, .seed = 8}),
+                                        {.beta = 0.5f, .reset_period = 5, .error_group = 64}),
+                                   n, offset);
       if (offset == 3) continue;  // double: offset 0 is aligned, 1 is not (3 adds nothing)
       check_offset_steps_match_cpu(error_feedback(uniform_quantizer<double>({.bits = 8, .block = 136})), n, offset);
       check_offset_steps_match_cpu(loco(uniform_quantizer<double>({.bits = 4})), n, offset);

@@ -54,24 +54,28 @@ __host__ __device__ inline float large_input(std::uint64_t i, std::uint64_t seed
 }
 
 __global__ void fill_large_input(float* x, std::uint64_t n, std::uint64_t seed) {
-  for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < n; i += std::uint64_t{gridDim.x} * blockDim.x)
+  for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::uint64_t{gridDim.x} * blockDim.x)
     x[i] = large_input(i, seed);
 }
 
 __global__ void scatter(float* x, const std::uint64_t* at, const float* values, std::uint64_t count) {
-  for (std::uint64_t j = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; j < count; j += std::uint64_t{gridDim.x} * blockDim.x)
+  for (std::uint64_t j = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; j < count;
+       j += std::uint64_t{gridDim.x} * blockDim.x)
     x[at[j]] = values[j];
 }
 
 __global__ void gather(const float* x, const std::uint64_t* at, float* values, std::uint64_t count) {
-  for (std::uint64_t j = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; j < count; j += std::uint64_t{gridDim.x} * blockDim.x)
+  for (std::uint64_t j = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; j < count;
+       j += std::uint64_t{gridDim.x} * blockDim.x)
     values[j] = x[at[j]];
 }
 
 /// counts[0] += elements whose bits are `pattern`, counts[1] += elements whose bits are not 0.
 __global__ void count_bits(const std::uint32_t* x, std::uint64_t n, std::uint32_t pattern, unsigned long long* counts) {
   unsigned long long matching = 0, non_zero = 0;
-  for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < n; i += std::uint64_t{gridDim.x} * blockDim.x) {
+  for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::uint64_t{gridDim.x} * blockDim.x) {
     matching += x[i] == pattern ? 1u : 0u;
     non_zero += x[i] != 0u ? 1u : 0u;
   }
@@ -125,7 +129,8 @@ struct bit_census {
 
 bit_census census(const cuda_executor& gpu, const device_array<float>& values) {
   device_array<unsigned long long> counts(2, gpu);
-  count_bits<<<helper_grid, helper_threads, 0, gpu.native_stream()>>>(reinterpret_cast<const std::uint32_t*>(values.data()),
+  count_bits<<<helper_grid, helper_threads, 0, gpu.native_stream()>>>(reinterpret_cast<const std::uint32_t*>(
+                                                                          values.data()),
                                                                       values.size(), 0xA5A5A5A5u, counts.data());
   GRADCOMP_CUDA_CHECK(cudaGetLastError());
   const std::vector<unsigned long long> host = read_device(gpu, counts.data(), 2);
@@ -147,8 +152,8 @@ std::uint64_t last_element(const block_window& w, std::uint64_t block) { return 
 std::vector<block_window> windows(std::uint64_t block, std::uint64_t per_window = 64) {
   const std::uint64_t blocks = (large_n + block - 1) / block;
   std::vector<block_window> result;
-  for (const std::uint64_t element : {std::uint64_t{0}, (std::uint64_t{1} << 30) + 12345, (std::uint64_t{1} << 31) - (1u << 16),
-                                      large_n - 1}) {
+  for (const std::uint64_t element :
+       {std::uint64_t{0}, (std::uint64_t{1} << 30) + 12345, (std::uint64_t{1} << 31) - (1u << 16), large_n - 1}) {
     const std::uint64_t centre = element / block;
     const std::uint64_t first = centre >= per_window / 2 ? centre - per_window / 2 : 0;
     result.push_back({first, std::min(blocks, first + per_window)});
@@ -158,7 +163,8 @@ std::vector<block_window> windows(std::uint64_t block, std::uint64_t per_window 
 
 /// The GPU message's envelope describes large_n elements and `size` bytes, and otherwise says
 /// what the CPU's message of a window says (codec, dtype, layout, flags, key, parameters).
-void check_envelope(const std::vector<std::byte>& header, std::size_t size, const std::vector<std::byte>& window_message) {
+void check_envelope(const std::vector<std::byte>& header, std::size_t size,
+                    const std::vector<std::byte>& window_message) {
   const envelope big = parse_envelope_header(header, size);
   const envelope small = parse_envelope(window_message);
   CHECK(big.elements == large_n);
@@ -172,8 +178,8 @@ void check_envelope(const std::vector<std::byte>& header, std::size_t size, cons
 }
 
 /// Bytes [offset, offset + count) of a device message.
-std::vector<std::byte> message_bytes(const cuda_executor& gpu, const device_array<std::byte>& message, std::uint64_t offset,
-                                     std::uint64_t count) {
+std::vector<std::byte> message_bytes(const cuda_executor& gpu, const device_array<std::byte>& message,
+                                     std::uint64_t offset, std::uint64_t count) {
   return read_device(gpu, message.data() + offset, count);
 }
 
@@ -189,7 +195,8 @@ struct payload_range {
 std::vector<payload_range> uniform8_ranges(const block_window& w) {
   const std::uint64_t blocks = (large_n + 255) / 256;
   const std::uint64_t scales = 4 * (w.last - w.first);
-  return {{4 * w.first, 0, scales}, {4 * blocks + first_element(w, 256), scales, last_element(w, 256) - first_element(w, 256)}};
+  return {{4 * w.first, 0, scales},
+          {4 * blocks + first_element(w, 256), scales, last_element(w, 256) - first_element(w, 256)}};
 }
 
 /// ZFP at R = 8 (wire-format.md §18): block b is bits [32b, 32b + 32), payload bytes [4b, 4b + 4).
@@ -204,7 +211,8 @@ void check_window_payload(const cuda_executor& gpu, const device_array<std::byte
   for (const payload_range& r : ranges) {
     CHECK(message_bytes(gpu, message, envelope::size + r.big, r.bytes) ==
           std::vector<std::byte>(window_message.begin() + static_cast<std::ptrdiff_t>(envelope::size + r.small),
-                                 window_message.begin() + static_cast<std::ptrdiff_t>(envelope::size + r.small + r.bytes)));
+                                 window_message.begin() +
+                                     static_cast<std::ptrdiff_t>(envelope::size + r.small + r.bytes)));
     owned += r.bytes;
   }
   CHECK(window_message.size() == envelope::size + owned);
@@ -242,24 +250,29 @@ void check_block_local_codec(const Codec& codec, std::uint64_t block, std::uint6
 
 }  // namespace
 
-GRADCOMP_CUDA_TEST_CASE("large: uniform 8-bit over 2^31 + 5 elements gives the CPU's bytes and values on sampled blocks") {
-  check_block_local_codec(uniform_quantizer<float>({.bits = 8}), 256, 64, 1, {.step = 3, .tensor_id = 1}, uniform8_ranges);
+GRADCOMP_CUDA_TEST_CASE(
+    "large: uniform 8-bit over 2^31 + 5 elements gives the CPU's bytes and values on sampled blocks") {
+  check_block_local_codec(uniform_quantizer<float>({.bits = 8}), 256, 64, 1, {.step = 3, .tensor_id = 1},
+                          uniform8_ranges);
 }
 
-GRADCOMP_CUDA_TEST_CASE("large: error feedback around uniform 8-bit over 2^31 + 5 elements steps as the CPU on sampled blocks") {
+GRADCOMP_CUDA_TEST_CASE(
+    "large: error feedback around uniform 8-bit over 2^31 + 5 elements steps as the CPU on sampled blocks") {
   const cuda_executor gpu = test_gpu();
   const error_feedback<uniform_quantizer<float>> ef(uniform_quantizer<float>({.bits = 8}));
   const std::size_t size = ef.max_encoded_bytes(large_n);
   const std::size_t ws_bytes = ef.workspace_bytes(gpu, large_n);
   if (!device_memory_allows(3 * large_n * sizeof(float) + size + ws_bytes)) return;
   auto state = ef.make_state(gpu, large_n);
-  GRADCOMP_CUDA_CHECK(cudaMemsetAsync(state.next.data(), poison_byte, state.next.size() * sizeof(float), gpu.native_stream()));
+  GRADCOMP_CUDA_CHECK(
+      cudaMemsetAsync(state.next.data(), poison_byte, state.next.size() * sizeof(float), gpu.native_stream()));
   device_array<std::byte> message(size, gpu);
   device_array<std::byte> ws(ws_bytes, gpu);
   // The CPU steps each window on a state of its own: blocks are coded, and their residuals carried, independently.
   const std::vector<block_window> sampled = windows(256);
   std::vector<stepper<cpu_executor, error_feedback<uniform_quantizer<float>>>> cpu;
-  for (const block_window& w : sampled) cpu.emplace_back(cpu_executor{}, ef, last_element(w, 256) - first_element(w, 256));
+  for (const block_window& w : sampled)
+    cpu.emplace_back(cpu_executor{}, ef, last_element(w, 256) - first_element(w, 256));
   for (std::uint64_t step = 0; step < 2; ++step) {
     CAPTURE(step);
     const message_key key{.step = step, .tensor_id = 2};
@@ -273,8 +286,10 @@ GRADCOMP_CUDA_TEST_CASE("large: error feedback around uniform 8-bit over 2^31 + 
       const block_window& w = sampled[k];
       CAPTURE(w.first);
       const std::uint64_t first = first_element(w, 256), last = last_element(w, 256);
-      check_window_payload(gpu, message, size, uniform8_ranges(w), cpu[k].step(host_input(first, last, 10 + step), key));
-      CHECK(bit_patterns(read_device(gpu, state.residual.data() + first, last - first)) == bit_patterns(cpu[k].carried_error()));
+      check_window_payload(gpu, message, size, uniform8_ranges(w),
+                           cpu[k].step(host_input(first, last, 10 + step), key));
+      CHECK(bit_patterns(read_device(gpu, state.residual.data() + first, last - first)) ==
+            bit_patterns(cpu[k].carried_error()));
     }
   }
   CHECK(state.steps == 2);
@@ -286,7 +301,8 @@ GRADCOMP_CUDA_TEST_CASE("large: random-k over 2^31 + 5 elements sends g at the k
   const std::uint64_t k = rk.k(large_n);
   const std::size_t size = rk.max_encoded_bytes(large_n);
   const std::size_t ws_bytes = rk.workspace_bytes(gpu, large_n);
-  if (!device_memory_allows(large_n * sizeof(float) + size + ws_bytes + k * 12)) return;  // the input, then the decoding
+  if (!device_memory_allows(large_n * sizeof(float) + size + ws_bytes + k * 12))
+    return;  // the input, then the decoding
   const message_key key{.step = 5, .tensor_id = 3};
   device_array<std::byte> message = poisoned<std::byte>(gpu, size);
   device_array<std::byte> ws = poisoned<std::byte>(gpu, ws_bytes);
@@ -325,7 +341,8 @@ GRADCOMP_CUDA_TEST_CASE("large: random-k over 2^31 + 5 elements sends g at the k
   CHECK(seen.non_zero == non_zero);  // every other element is zero
 }
 
-GRADCOMP_CUDA_TEST_CASE("large: ZFP at rate 8 over 2^31 + 5 elements gives the CPU's bytes and values on sampled blocks") {
+GRADCOMP_CUDA_TEST_CASE(
+    "large: ZFP at rate 8 over 2^31 + 5 elements gives the CPU's bytes and values on sampled blocks") {
   check_block_local_codec(zfp_fixed_rate_codec({.rate_bits = 8}), 4, 1024, 3, {.step = 1, .tensor_id = 4}, zfp8_ranges);
 }
 
@@ -351,7 +368,8 @@ GRADCOMP_CUDA_TEST_CASE("large: count sketch over 2^31 + 5 elements gives the or
   {
     const device_array<std::uint64_t> device_at = to_device(gpu, at);
     const device_array<float> device_values = to_device(gpu, values);
-    scatter<<<helper_grid, helper_threads, 0, gpu.native_stream()>>>(g.data(), device_at.data(), device_values.data(), at.size());
+    scatter<<<helper_grid, helper_threads, 0, gpu.native_stream()>>>(g.data(), device_at.data(), device_values.data(),
+                                                                     at.size());
     GRADCOMP_CUDA_CHECK(cudaGetLastError());
     gpu.synchronize();
   }
@@ -362,7 +380,9 @@ GRADCOMP_CUDA_TEST_CASE("large: count sketch over 2^31 + 5 elements gives the or
 
   // The oracle's cells: Σ σ_j(i)·x_i over the non-zero x_i at h_j(i) (sketches.md §1).
   std::vector<float> cells(p.rows * p.columns, 0.0f);
-  const auto sign_of = [&](std::uint32_t row, std::uint64_t i) { return (oracle_hash(p.seed, row, i) >> 31) != 0 ? -1.0f : 1.0f; };
+  const auto sign_of = [&](std::uint32_t row, std::uint64_t i) {
+    return (oracle_hash(p.seed, row, i) >> 31) != 0 ? -1.0f : 1.0f;
+  };
   const auto cell_of = [&](std::uint32_t row, std::uint64_t i) {
     return row * p.columns + oracle_bucket(oracle_hash(p.seed, row, i), p.columns);
   };
@@ -388,8 +408,8 @@ GRADCOMP_CUDA_TEST_CASE("large: count sketch over 2^31 + 5 elements gives the or
   }
   const device_array<std::uint64_t> device_probes = to_device(gpu, probes);
   device_array<float> gathered = poisoned<float>(gpu, probes.size());
-  gather<<<helper_grid, helper_threads, 0, gpu.native_stream()>>>(estimates.data(), device_probes.data(), gathered.data(),
-                                                                  probes.size());
+  gather<<<helper_grid, helper_threads, 0, gpu.native_stream()>>>(estimates.data(), device_probes.data(),
+                                                                  gathered.data(), probes.size());
   GRADCOMP_CUDA_CHECK(cudaGetLastError());
   CHECK(to_host(gpu, gathered) == expected);  // by value: the median of ±0 may be either zero
   CHECK(census(gpu, estimates).poisoned == 0);

@@ -44,7 +44,8 @@ enum class values {
 
 /// `ranks` gradients of n values, each element non-zero with probability `density`.
 template <class T>
-std::vector<std::vector<T>> make_ranks(std::size_t ranks, std::size_t n, double density, std::uint64_t seed, values kind) {
+std::vector<std::vector<T>> make_ranks(std::size_t ranks, std::size_t n, double density, std::uint64_t seed,
+                                       values kind) {
   std::mt19937_64 engine(seed);
   std::bernoulli_distribution keep(density);
   std::uniform_int_distribution<int> level(1, 1023);
@@ -87,13 +88,15 @@ lhc_input<T> encode_ranks(const lossless_homomorphic<T>& lhc, const std::vector<
     lhc.encode_index(cpu, std::span<const T>(x), std::span<std::byte>(mine));
     for (std::size_t q = 0; q < mine.size(); ++q) {
       const auto a = std::to_integer<unsigned>(in.index[q]), b = std::to_integer<unsigned>(mine[q]);
-      in.index[q] = static_cast<std::byte>(lhc.params().index == lhc_index_coding::bitmap ? (a | b) : ((a + b) & 0xFFu));
+      in.index[q] =
+          static_cast<std::byte>(lhc.params().index == lhc_index_coding::bitmap ? (a | b) : ((a + b) & 0xFFu));
     }
   }
   in.plan = lhc.plan(cpu, std::span<const std::byte>(in.index), n, ranks.size());
   std::vector<T> sketch(in.plan.sketch_values());
   for (std::size_t r = 0; r < ranks.size(); ++r) {
-    lhc.encode_sketch(cpu, std::span<const T>(ranks[r]), std::span<const std::byte>(in.index), in.plan, std::span<T>(sketch));
+    lhc.encode_sketch(cpu, std::span<const T>(ranks[r]), std::span<const std::byte>(in.index), in.plan,
+                      std::span<T>(sketch));
     if (r == 0) in.sketch = sketch;
     else
       for (std::size_t c = 0; c < sketch.size(); ++c) in.sketch[c] += sketch[c];
@@ -127,11 +130,13 @@ struct decoding {
     const std::size_t n = buffer.size() - 2 * guard;
     return std::all_of(buffer.begin(), buffer.begin() + guard, is_poison) &&
            std::all_of(buffer.end() - guard, buffer.end(), is_poison) &&
-           (code.empty() || std::all_of(buffer.begin() + guard, buffer.begin() + static_cast<std::ptrdiff_t>(guard + n), is_poison));
+           (code.empty() ||
+            std::all_of(buffer.begin() + guard, buffer.begin() + static_cast<std::ptrdiff_t>(guard + n), is_poison));
   }
 
   friend bool operator==(const decoding& a, const decoding& b) {
-    return bit_patterns(a.buffer) == bit_patterns(b.buffer) && a.result == b.result && a.code == b.code && a.message == b.message;
+    return bit_patterns(a.buffer) == bit_patterns(b.buffer) && a.result == b.result && a.code == b.code &&
+           a.message == b.message;
   }
 };
 
@@ -160,8 +165,9 @@ decoding<T> decode_on(const E& exec, const lossless_homomorphic<T>& lhc, const b
   auto buffer = memory::copy_in(exec, d.buffer);
   auto ws = memory::template poisoned<std::byte>(exec, lhc.workspace_bytes(exec, plan) - short_by);
   try {
-    d.result = lhc.decode(exec, std::span<const std::byte>(memory::span(index_in)), plan, std::span<const T>(memory::span(sketch_in)),
-                          memory::span(buffer).subspan(guard, n), memory::span(ws));
+    d.result = lhc.decode(exec, std::span<const std::byte>(memory::span(index_in)), plan,
+                          std::span<const T>(memory::span(sketch_in)), memory::span(buffer).subspan(guard, n),
+                          memory::span(ws));
   } catch (const error& e) {
     record(d, e);
   }
@@ -229,12 +235,14 @@ decoding<T> replay_gpu_peeling(const lossless_homomorphic<T>& lhc, const lhc_inp
   const std::uint64_t cells = plan.cells;
   const auto* const index = reinterpret_cast<const unsigned char*>(in.index.data());
   std::vector<lhc_block_layout> layouts(lhc.block_count(n));
-  for (std::uint64_t b = 0; b < layouts.size(); ++b) layouts[b] = lhc_layout_of_block(b, plan.rows, p.block, p.seed, p.reference_layout);
+  for (std::uint64_t b = 0; b < layouts.size(); ++b)
+    layouts[b] = lhc_layout_of_block(b, plan.rows, p.block, p.seed, p.reference_layout);
   std::vector<double> sums(cells), recovered_value(cells);
   std::vector<std::uint64_t> ids(cells), counts(cells), recovered_element(cells);
   std::vector<Index> sort_keys(3 * cells), subtractions(3 * cells), queued(3 * cells);
-  const cd::lhc_peeling<Index> peeling{layouts.data(), p.block, cells, sums.data(), ids.data(), counts.data(),
-                                       recovered_element.data(), recovered_value.data()};
+  const cd::lhc_peeling<Index> peeling{
+      layouts.data(),        p.block, cells, sums.data(), ids.data(), counts.data(), recovered_element.data(),
+      recovered_value.data()};
   decoding<T> d = poisoned<T>(n);
   const auto selected = [&](std::uint64_t items) {  // DeviceSelect::If, the candidates that name a cell
     std::vector<Index> list;
@@ -311,7 +319,8 @@ decoding<T> replay_gpu_peeling(const lossless_homomorphic<T>& lhc, const lhc_inp
 
 /// `replay_gpu_peeling` with the index type the GPU decoder picks for the plan.
 template <class T>
-decoding<T> replay(const lossless_homomorphic<T>& lhc, const lhc_input<T>& in, cell_order order, replay_trace* trace = nullptr) {
+decoding<T> replay(const lossless_homomorphic<T>& lhc, const lhc_input<T>& in, cell_order order,
+                   replay_trace* trace = nullptr) {
   if (3 * in.plan.cells < (std::uint64_t{1} << 32)) return replay_gpu_peeling<std::uint32_t>(lhc, in, order, trace);
   return replay_gpu_peeling<std::uint64_t>(lhc, in, order, trace);
 }
@@ -334,9 +343,9 @@ std::vector<T> order_sensitive_tensor(const lossless_homomorphic<T>& lhc, std::s
     const applied& first = s[q];
     const applied& second = s[q + 1];
     const std::uint64_t last = trace.recovered_from[first.cell];
-    const bool found = second.round == first.round && second.cell == first.cell && last != cuda_detail::lhc_no_element &&
-                       last != first.element && last != second.element && (q == 0 || s[q - 1].round != first.round ||
-                                                                             s[q - 1].cell != first.cell);
+    const bool found = second.round == first.round && second.cell == first.cell &&
+                       last != cuda_detail::lhc_no_element && last != first.element && last != second.element &&
+                       (q == 0 || s[q - 1].round != first.round || s[q - 1].cell != first.cell);
     if (!found) continue;
     x[first.element] = static_cast<T>(0x1p60);
     x[second.element] = T{1};
@@ -412,14 +421,15 @@ void check_replay_on_wide_values() {
 
 // ---- on the CPU: the GPU's rounds replayed against the CPU decoder -----------------------------------
 
-TEST_CASE_TEMPLATE("lhc GPU rounds replayed on the host decode values from 2^-60 to 2^60 as the CPU does, in an order "
-                   "that matters",
-                   T, float, double) {
+TEST_CASE_TEMPLATE(
+    "lhc GPU rounds replayed on the host decode values from 2^-60 to 2^60 as the CPU does, in an order "
+    "that matters",
+    T, float, double) {
   check_replay_on_wide_values<T>();
 }
 
-TEST_CASE_TEMPLATE("lhc GPU rounds replayed on the host: a cell whose last element decodes 1 apart in the wrong order", T,
-                   float, double) {
+TEST_CASE_TEMPLATE("lhc GPU rounds replayed on the host: a cell whose last element decodes 1 apart in the wrong order",
+                   T, float, double) {
   for (const std::uint32_t block : {64u, 37u}) {
     CAPTURE(block);
     const lossless_homomorphic<T> lhc({.block = block, .seed = block});
@@ -431,9 +441,10 @@ TEST_CASE_TEMPLATE("lhc GPU rounds replayed on the host: a cell whose last eleme
   }
 }
 
-TEST_CASE_TEMPLATE("lhc GPU rounds replayed on the host: stalls, estimates, out-of-range sums and NaN give the CPU's "
-                   "results and errors",
-                   T, float, double) {
+TEST_CASE_TEMPLATE(
+    "lhc GPU rounds replayed on the host: stalls, estimates, out-of-range sums and NaN give the CPU's "
+    "results and errors",
+    T, float, double) {
   const std::size_t n = std::size_t{1} << 16;
   const auto x = make_ranks<T>(4, n, 0.03, 9, values::wide);
   for (const lhc_stall_policy policy : {lhc_stall_policy::report, lhc_stall_policy::median_estimate}) {
@@ -471,13 +482,16 @@ TEST_CASE_TEMPLATE("cuda: LHC decode equals the CPU's on the CPU tests' cases", 
   for (const std::size_t ranks : {2u, 4u, 8u, 16u})
     for (const double density : {0.002, 0.02, 0.08})
       check_gpu_decodes_as_cpu<T>({.seed = static_cast<std::uint32_t>(ranks * 31)},
-                                  make_ranks<T>(ranks, (std::size_t{1} << 18) + 123, density, 1000 + ranks, values::grid));
+                                  make_ranks<T>(ranks, (std::size_t{1} << 18) + 123, density, 1000 + ranks,
+                                                values::grid));
   // General data, 1 to 16 ranks.
   for (const std::size_t ranks : {1u, 4u, 16u})
     check_gpu_decodes_as_cpu<T>({.cells_per_nonzero = 1.4, .seed = 5},
                                 make_ranks<T>(ranks, std::size_t{1} << 17, 0.05, 77 + ranks, values::normal));
   // The reference layout: rows coincide, and peeling stalls.
-  check_gpu_decodes_as_cpu<T>({.on_stall = lhc_stall_policy::median_estimate, .reference_layout = true, .fixed_compress_ratio = 2},
+  check_gpu_decodes_as_cpu<T>({.on_stall = lhc_stall_policy::median_estimate,
+                               .reference_layout = true,
+                               .fixed_compress_ratio = 2},
                               make_ranks<T>(2, std::size_t{1} << 18, 0.1, 31, values::grid));
   // Blocks that are not powers of two, nor multiples of 64 bits.
   for (const std::uint32_t block : {100u, 1000u, 37u})
@@ -495,15 +509,18 @@ TEST_CASE_TEMPLATE("cuda: LHC decode equals the CPU's on the CPU tests' cases", 
   check_gpu_decodes_as_cpu<T>({}, std::vector<std::vector<T>>(4, std::vector<T>()));
   check_gpu_decodes_as_cpu<T>({}, std::vector<std::vector<T>>(2, std::vector<T>(5000, T{0})));
   for (const std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{70 * 64 + 13}})
-    check_gpu_decodes_as_cpu<T>({.block = 64, .cells_per_nonzero = 2, .seed = 2}, make_ranks<T>(4, n, 0.02, n + 1, values::grid));
+    check_gpu_decodes_as_cpu<T>({.block = 64, .cells_per_nonzero = 2, .seed = 2},
+                                make_ranks<T>(4, n, 0.02, n + 1, values::grid));
 }
 
-TEST_CASE_TEMPLATE("cuda: LHC decode equals the CPU's on random 1% and 10% patterns of 1 to 8 ranks", T, float, double) {
+TEST_CASE_TEMPLATE("cuda: LHC decode equals the CPU's on random 1% and 10% patterns of 1 to 8 ranks", T, float,
+                   double) {
   if (!proceed_on_gpu()) return;
   std::uint64_t seed = 0;
   for (const lhc_index_coding coding : {lhc_index_coding::bitmap, lhc_index_coding::sum4, lhc_index_coding::sum8})
     for (const std::uint32_t block : {1024u, 100u, 37u})
-      for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{100003}, std::size_t{1} << 20})
+      for (const std::size_t n :
+           {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{100003}, std::size_t{1} << 20})
         for (const double density : {0.01, 0.1}) {
           ++seed;
           const std::size_t ranks = 1 + seed % 8;
@@ -534,14 +551,17 @@ TEST_CASE_TEMPLATE("cuda: LHC decode of values from 2^-60 to 2^60 on one cell eq
                                   make_ranks<T>(ranks, std::size_t{1} << 20, 0.05, ranks * block, values::wide));
 }
 
-TEST_CASE_TEMPLATE("cuda: LHC decode stalls, out-of-range sums and NaN as the CPU does, the output untouched", T, float, double) {
+TEST_CASE_TEMPLATE("cuda: LHC decode stalls, out-of-range sums and NaN as the CPU does, the output untouched", T, float,
+                   double) {
   if (!proceed_on_gpu()) return;
   for (const lhc_stall_policy policy : {lhc_stall_policy::report, lhc_stall_policy::median_estimate})
     for (const double factor : {1.0, 1.15})
       for (const std::uint32_t block : {1024u, 37u})
         for (const lhc_index_coding coding : {lhc_index_coding::bitmap, lhc_index_coding::sum8}) {
-          const lossless_homomorphic<T> lhc({.block = block, .cells_per_nonzero = factor, .index = coding, .on_stall = policy, .seed = 3});
-          const lhc_input<T> in = encode_ranks(lhc, make_ranks<T>(4, std::size_t{1} << 16, 0.03, block, values::normal));
+          const lossless_homomorphic<T> lhc(
+              {.block = block, .cells_per_nonzero = factor, .index = coding, .on_stall = policy, .seed = 3});
+          const lhc_input<T> in =
+              encode_ranks(lhc, make_ranks<T>(4, std::size_t{1} << 16, 0.03, block, values::normal));
           check_gpu_decodes_as_cpu(lhc, in);
           lhc_input<T> beyond = in;  // finite cells whose peeled sums (or estimates) leave T's range
           for (std::size_t c = 0; c < beyond.sketch.size(); ++c)

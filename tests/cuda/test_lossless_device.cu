@@ -130,7 +130,8 @@ GRADCOMP_CUDA_TEST_CASE("MPC messages and decodings equal the CPU's bit for bit"
     }
   }
   check_matches_cpu(mpc_codec(), std::size_t{1} << 22, input_kind::normal, 8);
-  check_matches_cpu(mpc_codec({.dim = 5}, {.payload_checksum = true}), (std::size_t{1} << 21) + 17, input_kind::ties, 9);
+  check_matches_cpu(mpc_codec({.dim = 5}, {.payload_checksum = true}), (std::size_t{1} << 21) + 17, input_kind::ties,
+                    9);
 }
 
 GRADCOMP_CUDA_TEST_CASE("ZFP fixed-rate messages and decodings equal the CPU's bit for bit") {

@@ -25,8 +25,8 @@ __global__ void draw(gradcomp::random_stream stream, std::uint32_t* words, std::
 }  // namespace
 
 TEST_CASE("philox compiled by nvcc reproduces the Random123 known answers on the host") {
-  const gradcomp::philox_block out = gradcomp::philox4x32_10({{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}},
-                                                             0xa4093822u, 0x299f31d0u);
+  const gradcomp::philox_block out =
+      gradcomp::philox4x32_10({{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}}, 0xa4093822u, 0x299f31d0u);
   CHECK(out.word[0] == 0xd16cfe09u);
   CHECK(out.word[1] == 0x94fdccebu);
   CHECK(out.word[2] == 0x5001e420u);
@@ -46,7 +46,8 @@ GRADCOMP_CUDA_TEST_CASE("device draws equal host draws for the same key") {
   std::vector<std::uint32_t> device_words(n);
   std::vector<std::uint64_t> device_images(n);
   REQUIRE(cudaMemcpyAsync(device_words.data(), words, n * sizeof *words, cudaMemcpyDeviceToHost, queue) == cudaSuccess);
-  REQUIRE(cudaMemcpyAsync(device_images.data(), images, n * sizeof *images, cudaMemcpyDeviceToHost, queue) == cudaSuccess);
+  REQUIRE(cudaMemcpyAsync(device_images.data(), images, n * sizeof *images, cudaMemcpyDeviceToHost, queue) ==
+          cudaSuccess);
   REQUIRE(cudaStreamSynchronize(queue) == cudaSuccess);
   cudaFree(words);
   cudaFree(images);

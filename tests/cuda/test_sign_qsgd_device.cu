@@ -69,13 +69,15 @@ GRADCOMP_CUDA_TEST_CASE("shared-scale messages, block maxima, sums and decodings
       for (const rounding mode : {rounding::nearest_even, rounding::stochastic}) {
         CAPTURE(bits);
         CAPTURE(block);
-        const shared_scale_quantizer<float> q({.bits = bits, .block = block, .round = mode, .seed = 21, .headroom_bits = 3});
+        const shared_scale_quantizer<float> q(
+            {.bits = bits, .block = block, .round = mode, .seed = 21, .headroom_bits = 3});
         // The single-stage encode (this rank's own maxima).
         check_all_inputs(q);
         // Three ranks: maxima agreed on the CPU, each rank's encode_shared on both, the sum on both.
         constexpr std::size_t n = 3001;
         std::vector<std::vector<float>> g;
-        for (int r = 0; r < 3; ++r) g.push_back(make_input<float>(r == 1 ? input_kind::ties : input_kind::normal, n, 60 + r));
+        for (int r = 0; r < 3; ++r)
+          g.push_back(make_input<float>(r == 1 ? input_kind::ties : input_kind::normal, n, 60 + r));
         std::vector<float> agreed(q.block_count(n), 0.0f), mine(agreed.size());
         for (const auto& x : g) {
           q.block_maxima(cpu_executor{}, std::span<const float>(x), std::span<float>(mine));
@@ -90,12 +92,13 @@ GRADCOMP_CUDA_TEST_CASE("shared-scale messages, block maxima, sums and decodings
         device_array<std::byte> sum_gpu;
         for (std::uint32_t r = 0; r < 3; ++r) {
           std::vector<std::byte> cpu(q.max_encoded_bytes(n));
-          q.encode_shared(cpu_executor{}, std::span<const float>(g[r]), std::span<const float>(agreed), cpu, {}, {.step = 5}, r);
+          q.encode_shared(cpu_executor{}, std::span<const float>(g[r]), std::span<const float>(agreed), cpu, {},
+                          {.step = 5}, r);
           const device_array<float> dx = to_device(test_gpu(), g[r]);
           device_array<std::byte> gpu = poisoned<std::byte>(test_gpu(), q.max_encoded_bytes(n));
           device_array<std::byte> ws = poisoned<std::byte>(test_gpu(), q.workspace_bytes(test_gpu(), n));
-          q.encode_shared(test_gpu(), std::span<const float>(dx.span()), std::span<const float>(dagreed.span()), gpu.span(),
-                          ws.span(), {.step = 5}, r);
+          q.encode_shared(test_gpu(), std::span<const float>(dx.span()), std::span<const float>(dagreed.span()),
+                          gpu.span(), ws.span(), {.step = 5}, r);
           CHECK(to_host(test_gpu(), gpu) == cpu);
           if (r == 0) {
             sum_cpu = cpu;
@@ -120,11 +123,12 @@ GRADCOMP_CUDA_TEST_CASE("shared-scale messages, block maxima, sums and decodings
         device_array<std::byte> ws = poisoned<std::byte>(test_gpu(), q.workspace_bytes(test_gpu(), n));
         std::vector<std::byte> cpu_out(q.max_encoded_bytes(n));
         CHECK(thrown_by([&] {
-                q.encode_shared(test_gpu(), std::span<const float>(dx.span()), std::span<const float>(dlow.span()), out.span(),
-                                ws.span(), {}, 0);
+                q.encode_shared(test_gpu(), std::span<const float>(dx.span()), std::span<const float>(dlow.span()),
+                                out.span(), ws.span(), {}, 0);
               }) == named(errc::parameter_mismatch));
         CHECK(thrown_by([&] {
-                q.encode_shared(cpu_executor{}, std::span<const float>(g[0]), std::span<const float>(low), cpu_out, {}, {}, 0);
+                q.encode_shared(cpu_executor{}, std::span<const float>(g[0]), std::span<const float>(low), cpu_out, {},
+                                {}, 0);
               }) == named(errc::parameter_mismatch));
       }
     }

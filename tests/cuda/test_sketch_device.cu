@@ -50,8 +50,8 @@ std::vector<T> exact_grid(std::size_t n, std::uint64_t seed) {
 /// atomic adds may also flush a subnormal operand and a subnormal result (each below the smallest
 /// normal, 2^−126) to zero: 4·m·2^−126 more.
 template <class T>
-void check_within_summation_bound(const count_sketch_params& p, const std::vector<T>& x, const std::vector<std::byte>& gpu,
-                                  const std::vector<std::byte>& cpu) {
+void check_within_summation_bound(const count_sketch_params& p, const std::vector<T>& x,
+                                  const std::vector<std::byte>& gpu, const std::vector<std::byte>& cpu) {
   REQUIRE(gpu.size() == cpu.size());
   CHECK(std::memcmp(gpu.data(), cpu.data(), envelope::size) == 0);
   std::vector<double> terms(p.rows * p.columns, 0.0);
@@ -126,8 +126,9 @@ void check_decodings(const count_sketch_params& p, std::size_t n, input_kind kin
 
   const std::uint64_t k = codec.heavy_hitter_count(n);
   std::vector<std::uint64_t> cpu_indices = poisoned_values<std::uint64_t>(k);
-  const std::size_t cpu_count = codec.heavy_hitters(cpu, std::span<const std::byte>(message), n,
-                                                    std::span<std::uint64_t>(cpu_indices), std::span<std::byte>(cpu_ws));
+  const std::size_t cpu_count =
+      codec.heavy_hitters(cpu, std::span<const std::byte>(message), n, std::span<std::uint64_t>(cpu_indices),
+                          std::span<std::byte>(cpu_ws));
   device_array<std::uint64_t> gpu_indices = poisoned<std::uint64_t>(gpu, k);
   const std::size_t gpu_count =
       codec.heavy_hitters(gpu, std::span<const std::byte>(m.span()), n, gpu_indices.span(), gpu_ws.span());
@@ -137,7 +138,8 @@ void check_decodings(const count_sketch_params& p, std::size_t n, input_kind kin
   const std::vector<T> start = make_input<T>(input_kind::normal, n, 51 + n);
   CHECK(bit_patterns(decode_on(gpu, codec, message, poisoned_values<T>(n))) ==
         bit_patterns(decode_on(cpu, codec, message, poisoned_values<T>(n))));
-  CHECK(bit_patterns(decode_on(gpu, codec, message, start, true)) == bit_patterns(decode_on(cpu, codec, message, start, true)));
+  CHECK(bit_patterns(decode_on(gpu, codec, message, start, true)) ==
+        bit_patterns(decode_on(cpu, codec, message, start, true)));
 }
 
 /// Sums `b` into a copy of `a` on `exec`: what happened and the sum's bytes.
@@ -222,13 +224,15 @@ struct lhc_encoding {
 /// encode_sketch of `x` under that plan (or `forced`, when given), on `exec`.
 template <class E, class T>
 lhc_encoding<T> lhc_encode_on(const E& exec, const lossless_homomorphic<T>& lhc, const std::vector<T>& x,
-                              const std::vector<std::byte>& global, std::uint64_t contributors, const lhc_plan* forced = nullptr) {
+                              const std::vector<std::byte>& global, std::uint64_t contributors,
+                              const lhc_plan* forced = nullptr) {
   using memory = executor_memory<E>;
   const std::size_t n = x.size();
   auto g = memory::copy_in(exec, x);
   auto index = memory::copy_in(exec, std::vector<std::byte>(lhc.index_bytes(n), std::byte{0xAB}));
   lhc_encoding<T> result;
-  result.index_status = thrown_by([&] { lhc.encode_index(exec, std::span<const T>(memory::span(g)), memory::span(index)); });
+  result.index_status =
+      thrown_by([&] { lhc.encode_index(exec, std::span<const T>(memory::span(g)), memory::span(index)); });
   result.index = memory::copy_out(exec, index, lhc.index_bytes(n));
   auto aggregated = memory::copy_in(exec, global);
   result.plan_status = thrown_by(
@@ -236,8 +240,8 @@ lhc_encoding<T> lhc_encode_on(const E& exec, const lossless_homomorphic<T>& lhc,
   const lhc_plan plan = forced != nullptr ? *forced : result.plan;
   auto sketch = memory::copy_in(exec, std::vector<T>(plan.sketch_values(), T{7}));
   result.sketch_status = thrown_by([&] {
-    lhc.encode_sketch(exec, std::span<const T>(memory::span(g)), std::span<const std::byte>(memory::span(aggregated)), plan,
-                      memory::span(sketch));
+    lhc.encode_sketch(exec, std::span<const T>(memory::span(g)), std::span<const std::byte>(memory::span(aggregated)),
+                      plan, memory::span(sketch));
   });
   result.sketch = memory::copy_out(exec, sketch, plan.sketch_values());
   return result;
@@ -300,14 +304,16 @@ GRADCOMP_CUDA_TEST_CASE("LHC indexes, plans and sketches equal the CPU's bit for
     }
   CHECK(lhc_encode_on(test_gpu(), lhc, outside, global, 1) == lhc_encode_on(cpu_executor{}, lhc, outside, global, 1));
   const lhc_plan wrong = lhc.plan_for(5001, 5001);
-  CHECK(lhc_encode_on(test_gpu(), lhc, x, global, 1, &wrong) == lhc_encode_on(cpu_executor{}, lhc, x, global, 1, &wrong));
+  CHECK(lhc_encode_on(test_gpu(), lhc, x, global, 1, &wrong) ==
+        lhc_encode_on(cpu_executor{}, lhc, x, global, 1, &wrong));
   std::vector<std::byte> too_many = global;
   too_many[10] = std::byte{0x0F};  // a field of 15 with 2 contributors
   CHECK(lhc_encode_on(test_gpu(), lhc, x, too_many, 2) == lhc_encode_on(cpu_executor{}, lhc, x, too_many, 2));
 }
 
-GRADCOMP_CUDA_TEST_CASE("count-sketch encodings give the CPU's bytes where sums are exact and lie within the summation bound "
-          "elsewhere") {
+GRADCOMP_CUDA_TEST_CASE(
+    "count-sketch encodings give the CPU's bytes where sums are exact and lie within the summation bound "
+    "elsewhere") {
   for (const count_sketch_params& p : shapes)
     for (const std::size_t n : {0u, 1u, 1000u, 100003u}) {
       check_encodings<float>(p, n);
@@ -325,14 +331,17 @@ GRADCOMP_CUDA_TEST_CASE("count-sketch estimates, heavy hitters and decodings equ
         check_decodings<double>(p, n, kind);
       }
   // Large enough that the selection's candidate list is a sixteenth of n.
-  check_decodings<float>({.rows = 3, .columns = std::uint64_t{1} << 16, .seed = 12}, std::size_t{1} << 21, input_kind::normal);
+  check_decodings<float>({.rows = 3, .columns = std::uint64_t{1} << 16, .seed = 12}, std::size_t{1} << 21,
+                         input_kind::normal);
 }
 
 GRADCOMP_CUDA_TEST_CASE("summed count sketches equal the CPU's sums") {
   for (const count_sketch_params& p : shapes) {
     const count_sketch<float> codec(p);
-    const std::vector<std::byte> a = encode_on(cpu_executor{}, codec, make_input<float>(input_kind::normal, 7000, 1), {.step = 4});
-    const std::vector<std::byte> b = encode_on(cpu_executor{}, codec, make_input<float>(input_kind::normal, 7000, 2), {.step = 4});
+    const std::vector<std::byte> a =
+        encode_on(cpu_executor{}, codec, make_input<float>(input_kind::normal, 7000, 1), {.step = 4});
+    const std::vector<std::byte> b =
+        encode_on(cpu_executor{}, codec, make_input<float>(input_kind::normal, 7000, 2), {.step = 4});
     const outcome<std::byte> gpu = accumulate_outcome_on(test_gpu(), codec, a, b);
     CHECK(gpu.status == "no exception");
     CHECK(gpu == accumulate_outcome_on(cpu_executor{}, codec, a, b));
@@ -340,6 +349,7 @@ GRADCOMP_CUDA_TEST_CASE("summed count sketches equal the CPU's sums") {
 }
 
 // (No ';' in a test name: CMake would split it into two ctest entries that run nothing.)
-GRADCOMP_TEST_ON_EXECUTORS("count sketch: bad gradients leave no message, and NaN cells and overflowing or mismatched sums "
-                           "change nothing",
-                           bad_input_leaves_nothing)
+GRADCOMP_TEST_ON_EXECUTORS(
+    "count sketch: bad gradients leave no message, and NaN cells and overflowing or mismatched sums "
+    "change nothing",
+    bad_input_leaves_nothing)

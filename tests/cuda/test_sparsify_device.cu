@@ -21,8 +21,8 @@ namespace {
 
 template <class T>
 void check_topk(std::size_t n) {
-  for (const sparsity amount : {sparsity{.k = 1}, sparsity{.density = 0.01}, sparsity{.density = 0.1}, sparsity{.density = 0.5},
-                                sparsity{.density = 1.0}})
+  for (const sparsity amount : {sparsity{.k = 1}, sparsity{.density = 0.01}, sparsity{.density = 0.1},
+                                sparsity{.density = 0.5}, sparsity{.density = 1.0}})
     for (const input_kind kind : all_input_kinds) check_matches_cpu(topk_sparsifier<T>(amount), n, kind, 31 + n);
 }
 
@@ -70,8 +70,9 @@ GRADCOMP_CUDA_TEST_CASE("random-k messages, decodings and summed messages equal 
   CHECK(to_host(test_gpu(), sum_gpu) == sum_cpu);
   const std::vector<std::byte> later = encode_on(cpu_executor{}, codec, b, {.step = 5});
   const device_array<std::byte> later_gpu = to_device(test_gpu(), later);
-  CHECK(thrown_by([&] { codec.accumulate_encoded(test_gpu(), sum_gpu.span(), std::span<const std::byte>(later_gpu.span())); }) ==
-        named(errc::step_mismatch));
+  CHECK(thrown_by([&] {
+          codec.accumulate_encoded(test_gpu(), sum_gpu.span(), std::span<const std::byte>(later_gpu.span()));
+        }) == named(errc::step_mismatch));
   CHECK(to_host(test_gpu(), sum_gpu) == sum_cpu);
 }
 
@@ -80,15 +81,18 @@ GRADCOMP_CUDA_TEST_CASE("threshold messages and reports equal the CPU's") {
     for (const std::size_t n : {1u, 1000u, 100000u, 1u << 20})
       for (const input_kind kind : {input_kind::normal, input_kind::ties, input_kind::signed_zeros}) {
         CAPTURE(refine);
-        const threshold_sparsifier<float> codec({.target = {.density = 0.01}, .sample_fraction = 0.02, .refine = refine, .seed = 4});
+        const threshold_sparsifier<float> codec(
+            {.target = {.density = 0.01}, .sample_fraction = 0.02, .refine = refine, .seed = 4});
         check_matches_cpu(codec, n, kind, 70 + n);
-        const threshold_sparsifier<double> wide({.target = {.density = 0.05}, .min_samples = 100, .refine = refine, .seed = 5});
+        const threshold_sparsifier<double> wide(
+            {.target = {.density = 0.05}, .min_samples = 100, .refine = refine, .seed = 5});
         check_matches_cpu(wide, n, kind, 71 + n);
         // The report: bytes, kept, target, threshold and density.
         const std::vector<float> x = make_input<float>(kind, n, 72 + n);
         std::vector<std::byte> out = poisoned_values<std::byte>(codec.max_encoded_bytes(n));
         std::vector<std::byte> ws = poisoned_values<std::byte>(codec.workspace_bytes(cpu_executor{}, n));
-        const threshold_report<float> cpu = codec.encode_with_report(cpu_executor{}, std::span<const float>(x), out, ws, {});
+        const threshold_report<float> cpu =
+            codec.encode_with_report(cpu_executor{}, std::span<const float>(x), out, ws, {});
         const device_array<float> g = to_device(test_gpu(), x);
         device_array<std::byte> out_gpu = poisoned<std::byte>(test_gpu(), codec.max_encoded_bytes(n));
         device_array<std::byte> ws_gpu = poisoned<std::byte>(test_gpu(), codec.workspace_bytes(test_gpu(), n));
@@ -104,9 +108,11 @@ GRADCOMP_CUDA_TEST_CASE("threshold messages and reports equal the CPU's") {
 
 GRADCOMP_CUDA_TEST_CASE("pipeline messages and decodings equal the CPU's") {
   for (const std::size_t n : {1u, 1000u, 100000u}) {
-    check_matches_cpu(pipeline(topk_sparsifier<float>(sparsity{.density = 0.01}), uniform_quantizer<float>({.bits = 8, .block = 64})),
+    check_matches_cpu(pipeline(topk_sparsifier<float>(sparsity{.density = 0.01}),
+                               uniform_quantizer<float>({.bits = 8, .block = 64})),
                       n, input_kind::normal, 90 + n);
-    check_matches_cpu(pipeline(topk_sparsifier<double>(sparsity{.density = 0.3}), uniform_quantizer<double>({.bits = 4, .block = 5})),
+    check_matches_cpu(pipeline(topk_sparsifier<double>(sparsity{.density = 0.3}),
+                               uniform_quantizer<double>({.bits = 4, .block = 5})),
                       n, input_kind::ties, 91 + n);
     check_matches_cpu(pipeline(threshold_sparsifier<float>({.target = {.density = 0.02}}, {.payload_checksum = true}),
                                qsgd_quantizer<float>({.levels = 7})),
@@ -119,7 +125,8 @@ GRADCOMP_CUDA_TEST_CASE("top-k with deferred errors is captured in a CUDA graph 
   constexpr std::size_t n = 1 << 18;
   const std::vector<float> x = make_input<float>(input_kind::normal, n, 12);
   const test_stream stream;
-  device_array<std::uint32_t> errors = to_device(stream.executor(), std::vector<std::uint32_t>{0});  // zeroed, as documented
+  device_array<std::uint32_t> errors =
+      to_device(stream.executor(), std::vector<std::uint32_t>{0});  // zeroed, as documented
   const cuda_executor exec = stream.executor(errors.data());
   const device_array<float> g = to_device(exec, x);
   device_array<std::byte> out(codec.max_encoded_bytes(n), exec);

@@ -31,7 +31,8 @@ struct queued_encode {
 };
 
 template <class Codec>
-queued_encode queue_encode(const cuda_executor& exec, const Codec& codec, const std::vector<float>& x, message_key key) {
+queued_encode queue_encode(const cuda_executor& exec, const Codec& codec, const std::vector<float>& x,
+                           message_key key) {
   queued_encode e{to_device(exec, x), poisoned<std::byte>(exec, codec.max_encoded_bytes(n)),
                   poisoned<std::byte>(exec, codec.workspace_bytes(exec, n)), 0};
   e.size = codec.encode(exec, std::span<const float>(e.grad.span()), e.out.span(), e.ws.span(), key);
@@ -55,23 +56,28 @@ GRADCOMP_CUDA_TEST_CASE("two codecs queued on two non-blocking streams at once g
   const uniform_quantizer<float> uniform({.bits = 8});
   const topk_sparsifier<float> topk(sparsity{.density = 0.01});
   const test_stream first, second;
-  device_array<std::uint32_t> words = to_device(first.executor(), std::vector<std::uint32_t>{0, 0});  // zeroed, as documented
+  device_array<std::uint32_t> words =
+      to_device(first.executor(), std::vector<std::uint32_t>{0, 0});  // zeroed, as documented
   first.executor().synchronize();  // the second stream does not wait for the first
   const cuda_executor a = first.executor(words.data());
   const cuda_executor b = second.executor(words.data() + 1);
   std::vector<queued_encode> on_a, on_b;
   for (std::uint64_t r = 0; r < rounds; ++r) {  // no host wait between these
-    on_a.push_back(queue_encode(a, uniform, make_input<float>(input_kind::normal, n, 10 + r), {.step = r, .tensor_id = 1}));
-    on_b.push_back(queue_encode(b, topk, make_input<float>(input_kind::normal, n, 20 + r), {.step = r, .tensor_id = 2}));
+    on_a.push_back(
+        queue_encode(a, uniform, make_input<float>(input_kind::normal, n, 10 + r), {.step = r, .tensor_id = 1}));
+    on_b.push_back(
+        queue_encode(b, topk, make_input<float>(input_kind::normal, n, 20 + r), {.step = r, .tensor_id = 2}));
   }
   CHECK(thrown_by([&] { check_deferred_errors(a); }) == "no exception");
   CHECK(thrown_by([&] { check_deferred_errors(b); }) == "no exception");
   for (std::uint64_t r = 0; r < rounds; ++r) {
     CAPTURE(r);
-    CHECK(to_host(a, on_a[r].out, on_a[r].size) ==
-          encode_on(cpu_executor{}, uniform, make_input<float>(input_kind::normal, n, 10 + r), {.step = r, .tensor_id = 1}));
-    CHECK(to_host(b, on_b[r].out, on_b[r].size) ==
-          encode_on(cpu_executor{}, topk, make_input<float>(input_kind::normal, n, 20 + r), {.step = r, .tensor_id = 2}));
+    CHECK(to_host(a, on_a[r].out, on_a[r].size) == encode_on(cpu_executor{}, uniform,
+                                                             make_input<float>(input_kind::normal, n, 10 + r),
+                                                             {.step = r, .tensor_id = 1}));
+    CHECK(to_host(b, on_b[r].out, on_b[r].size) == encode_on(cpu_executor{}, topk,
+                                                             make_input<float>(input_kind::normal, n, 20 + r),
+                                                             {.step = r, .tensor_id = 2}));
   }
 }
 
@@ -114,7 +120,8 @@ GRADCOMP_CUDA_TEST_CASE("two host threads running two codecs on two non-blocking
     CAPTURE(r);
     const std::vector<std::byte> message = encode_on(cpu_executor{}, topk, topk_inputs[r], {.step = r});
     CHECK(topk_messages[r] == message);
-    CHECK(bit_patterns(topk_decoded[r]) == bit_patterns(decode_on(cpu_executor{}, topk, message, poisoned_values<float>(n))));
+    CHECK(bit_patterns(topk_decoded[r]) ==
+          bit_patterns(decode_on(cpu_executor{}, topk, message, poisoned_values<float>(n))));
     CHECK(ef_messages[r] == cpu.step(ef_inputs[r], {.step = r}));
     CHECK(bit_patterns(ef_residuals[r]) == bit_patterns(cpu.carried_error()));
   }

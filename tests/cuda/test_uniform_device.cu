@@ -64,7 +64,8 @@ const auto short_buffers_are_named = [](const auto& exec) {
   auto ws = memory::template poisoned<std::byte>(exec, q.workspace_bytes(exec, x.size()));
   const std::span<const float> grad(memory::span(g));
   const std::span<std::byte> buffer = memory::span(out);
-  CHECK(thrown_by([&] { (void)q.encode(exec, grad, buffer.first(size - 1), memory::span(ws)); }) == named(errc::buffer_too_small));
+  CHECK(thrown_by([&] { (void)q.encode(exec, grad, buffer.first(size - 1), memory::span(ws)); }) ==
+        named(errc::buffer_too_small));
   if constexpr (on_gpu<E>) {
     CHECK(thrown_by([&] { (void)q.encode(exec, grad, buffer.first(size), memory::span(ws).first(0)); }) ==
           named(errc::workspace_too_small));

@@ -79,7 +79,8 @@ void check_invariant_for_all_codecs(std::size_t n) {
   constexpr std::uint64_t steps = 50;
   SUBCASE("top-k 1%") { check_ef_invariant(topk_sparsifier<T>(sparsity{.density = 0.01}), n, steps, 9000, 3); }
   SUBCASE("random-k 5%, unscaled") {
-    check_ef_invariant(randomk_sparsifier<T>({.amount = {.density = 0.05}, .seed = 11, .scaled = false}), n, steps, 9000, 3);
+    check_ef_invariant(randomk_sparsifier<T>({.amount = {.density = 0.05}, .seed = 11, .scaled = false}), n, steps,
+                       9000, 3);
   }
   // Decoding as value·n/k makes a_t − d_t round. The residual of a sent element becomes −19·a_t, so
   // it grows over the steps (EF with an unbiased scaled codec does); the invariant still holds.
@@ -100,7 +101,8 @@ void check_continuation(const Codec& inner, std::size_t n) {
   const cpu_executor cpu;
   std::vector<std::vector<std::byte>> straight_messages;
   auto straight = ef.make_state(cpu, n);
-  for (std::uint64_t t = 0; t < 10; ++t) straight_messages.push_back(ef_step(ef, gradient<T>(n, t), straight, key_of(t)));
+  for (std::uint64_t t = 0; t < 10; ++t)
+    straight_messages.push_back(ef_step(ef, gradient<T>(n, t), straight, key_of(t)));
 
   auto first_half = ef.make_state(cpu, n);
   for (std::uint64_t t = 0; t < 5; ++t) ef_step(ef, gradient<T>(n, t), first_half, key_of(t));
@@ -301,8 +303,7 @@ TEST_CASE("error feedback saves its state in the documented layout") {
   CHECK(read_at<std::uint32_t>(bytes, 57) == crc32c(std::span(bytes).subspan(37, 20)));
 
   std::vector<std::byte> short_buffer(bytes.size() - 1);
-  CHECK(thrown_by([&] { small_ef.save_state(cpu_executor{}, state, short_buffer); }) ==
-        named(errc::buffer_too_small));
+  CHECK(thrown_by([&] { small_ef.save_state(cpu_executor{}, state, short_buffer); }) == named(errc::buffer_too_small));
 }
 
 TEST_CASE("error feedback rejects damaged or mismatched saved states and keeps the target state") {
@@ -419,7 +420,9 @@ TEST_CASE("error feedback around the float uniform quantizer sends C(g + e) and 
   // The one-pass path (8-bit, 4-bit round to nearest, 8-bit stochastic) against the definition,
   // computed by the test: a = g + e, the quantizer's own message of a, e = a − its decoding.
   using uq = uniform_quantizer<float>;
-  const cpu_executor settings[] = {{}, {.max_simd = cpu_simd::baseline, .streaming_store_bytes = 0}, {.streaming_store_bytes = 0}};
+  const cpu_executor settings[] = {{},
+                                   {.max_simd = cpu_simd::baseline, .streaming_store_bytes = 0},
+                                   {.streaming_store_bytes = 0}};
   struct config {
     uniform_params params;
     std::size_t n;
@@ -491,11 +494,17 @@ TEST_CASE("error feedback rejects a step whose new residual would overflow, and 
   std::vector<float> g(n, -m / 2);
   g[0] = m;
   // The test's own check that the draw does send some −m/2 as +m (so the residual overflows).
-  const std::vector<float> decoded = decode_values(inner, encode_bytes(inner, [&] {
-    std::vector<float> a(n);
-    for (std::size_t i = 0; i < n; ++i) a[i] = g[i] + state.residual[i];
-    return a;
-  }(), key_of(1)), n);
+  const std::vector<float> decoded = decode_values(inner,
+                                                   encode_bytes(
+                                                       inner,
+                                                       [&] {
+                                                         std::vector<float> a(n);
+                                                         for (std::size_t i = 0; i < n; ++i)
+                                                           a[i] = g[i] + state.residual[i];
+                                                         return a;
+                                                       }(),
+                                                       key_of(1)),
+                                                   n);
   REQUIRE(std::count(decoded.begin(), decoded.end(), decoded[0]) > 1);
   CHECK(thrown_by([&] { ef_step(ef, g, state, key_of(1)); }) == named(errc::non_finite_input));
   CHECK(bits_of(state) == before);
@@ -519,7 +528,8 @@ TEST_CASE("step_rollback undoes an error-feedback step without copying the resid
     // The state steps on as if the undone step had never run.
     auto straight = ef.make_state(cpu, n);
     for (std::uint64_t t = 0; t < 3; ++t) ef_step(ef, gradient<float>(n, t), straight, key_of(t));
-    CHECK(ef_step(ef, gradient<float>(n, 4), state, key_of(4)) == ef_step(ef, gradient<float>(n, 4), straight, key_of(4)));
+    CHECK(ef_step(ef, gradient<float>(n, 4), state, key_of(4)) ==
+          ef_step(ef, gradient<float>(n, 4), straight, key_of(4)));
     CHECK(bits_of(state) == bits_of(straight));
   }
   SUBCASE("after a step that failed") {
@@ -560,11 +570,14 @@ TEST_CASE("error feedback's carried error is the residual, and setting it steers
   const std::vector<std::byte> before = bits_of(state);
   std::vector<float> bad = error;
   bad[7] = std::numeric_limits<float>::quiet_NaN();
-  CHECK(thrown_by([&] { ef.set_carried_error(cpu, std::span<const float>(bad), state); }) == named(errc::non_finite_input));
+  CHECK(thrown_by([&] { ef.set_carried_error(cpu, std::span<const float>(bad), state); }) ==
+        named(errc::non_finite_input));
   bad[7] = -std::numeric_limits<float>::infinity();
-  CHECK(thrown_by([&] { ef.set_carried_error(cpu, std::span<const float>(bad), state); }) == named(errc::non_finite_input));
+  CHECK(thrown_by([&] { ef.set_carried_error(cpu, std::span<const float>(bad), state); }) ==
+        named(errc::non_finite_input));
   bad.pop_back();
-  CHECK(thrown_by([&] { ef.set_carried_error(cpu, std::span<const float>(bad), state); }) == named(errc::size_mismatch));
+  CHECK(thrown_by([&] { ef.set_carried_error(cpu, std::span<const float>(bad), state); }) ==
+        named(errc::size_mismatch));
   CHECK(thrown_by([&] { ef.carried_error(cpu, state, std::span<float>(bad)); }) == named(errc::size_mismatch));
   CHECK(bits_of(state) == before);
 }

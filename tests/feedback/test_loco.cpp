@@ -127,7 +127,8 @@ struct loco_oracle {
     const std::vector<T> hhat = decode_values(inner, q, n);       // ĥ = D(q)
     const T b = static_cast<T>(beta);
     std::vector<T> v(n);  // e ← quant8(β·dequant8(e) + (1 − β)·(h − ĥ))
-    for (std::size_t i = 0; i < n; ++i) v[i] = rounded_product(b, dequant8(i)) + rounded_product(T{1} - b, h[i] - hhat[i]);
+    for (std::size_t i = 0; i < n; ++i)
+      v[i] = rounded_product(b, dequant8(i)) + rounded_product(T{1} - b, h[i] - hhat[i]);
     quant8(v);
     ++t;  // t ← t + 1
     return q;  // send q
@@ -153,7 +154,8 @@ void check_against_oracle(const uq<T>& inner, loco_params params, std::size_t n,
       }
       ++differing_messages;
     }
-    error_seen = error_seen || std::any_of(state.codes.begin(), state.codes.end(), [](std::int8_t c) { return c != 0; });
+    error_seen =
+        error_seen || std::any_of(state.codes.begin(), state.codes.end(), [](std::int8_t c) { return c != 0; });
   }
   CHECK(differing_messages == 0);
   CHECK(error_seen);  // the error took part, so the messages are not the inner codec's of g alone
@@ -218,7 +220,8 @@ TEST_CASE_TEMPLATE("LoCo matches a literal transcription of its update rule bit 
     check_against_oracle(sr8, fused, 4099, 20);
   }
   SUBCASE("fused layout on the baseline kernels with streamed stores") {
-    check_against_oracle(sr8, fused, 4099, 20, cpu_executor{.max_simd = cpu_simd::baseline, .streaming_store_bytes = 0});
+    check_against_oracle(sr8, fused, 4099, 20,
+                         cpu_executor{.max_simd = cpu_simd::baseline, .streaming_store_bytes = 0});
   }
   SUBCASE("fused layout: 4-bit round to nearest, groups = blocks of 256, streamed stores") {
     check_against_oracle(uq<T>({.bits = 4}), {}, 70001, 6, cpu_executor{.streaming_store_bytes = 0});
@@ -372,7 +375,8 @@ TEST_CASE_TEMPLATE("LoCo resumes bit-identically from a saved state", T, float, 
   const cpu_executor cpu;
   std::vector<std::vector<std::byte>> straight_messages;
   auto straight = lc.make_state(cpu, n);
-  for (std::uint64_t t = 0; t < 12; ++t) straight_messages.push_back(loco_step(lc, gradient<T>(n, t), straight, key_of(t)));
+  for (std::uint64_t t = 0; t < 12; ++t)
+    straight_messages.push_back(loco_step(lc, gradient<T>(n, t), straight, key_of(t)));
 
   auto first_half = lc.make_state(cpu, n);
   for (std::uint64_t t = 0; t < 6; ++t) loco_step(lc, gradient<T>(n, t), first_half, key_of(t));
@@ -413,8 +417,7 @@ TEST_CASE("LoCo saves its state in the documented layout") {
   CHECK(read_at<std::uint32_t>(bytes, 74) == crc32c(std::span(bytes).subspan(57, 17)));
 
   std::vector<std::byte> short_buffer(bytes.size() - 1);
-  CHECK(thrown_by([&] { small_lc.save_state(cpu_executor{}, state, short_buffer); }) ==
-        named(errc::buffer_too_small));
+  CHECK(thrown_by([&] { small_lc.save_state(cpu_executor{}, state, short_buffer); }) == named(errc::buffer_too_small));
 }
 
 TEST_CASE("LoCo rejects damaged or mismatched saved states and keeps the target state") {
@@ -608,9 +611,11 @@ TEST_CASE("LoCo's carried error is the dequantized 8-bit error, and a new one is
 
   const std::vector<std::byte> kept = bits_of(state);
   error[999] = std::numeric_limits<float>::infinity();
-  CHECK(thrown_by([&] { lc.set_carried_error(cpu, std::span<const float>(error), state); }) == named(errc::non_finite_input));
+  CHECK(thrown_by([&] { lc.set_carried_error(cpu, std::span<const float>(error), state); }) ==
+        named(errc::non_finite_input));
   error.pop_back();
-  CHECK(thrown_by([&] { lc.set_carried_error(cpu, std::span<const float>(error), state); }) == named(errc::size_mismatch));
+  CHECK(thrown_by([&] { lc.set_carried_error(cpu, std::span<const float>(error), state); }) ==
+        named(errc::size_mismatch));
   CHECK(thrown_by([&] { lc.carried_error(cpu, state, std::span<float>(error)); }) == named(errc::size_mismatch));
   CHECK(bits_of(state) == kept);
 }

@@ -29,6 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
   };
   if (size > 0 && (data[0] & 2u) != 0) run(narrow);
-  else run(wide);
+  else
+    run(wide);
   return 0;
 }

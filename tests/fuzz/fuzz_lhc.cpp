@@ -31,7 +31,9 @@ lhc_fuzz_input parse(const std::uint8_t* data, std::size_t size) {
   if (size < 4) return in;
   const std::uint8_t settings = data[0];
   const std::uint8_t coding = settings & 3u;
-  in.params.index = coding == 1 ? lhc_index_coding::sum4 : coding == 2 ? lhc_index_coding::sum8 : lhc_index_coding::bitmap;
+  in.params.index = coding == 1   ? lhc_index_coding::sum4
+                    : coding == 2 ? lhc_index_coding::sum8
+                                  : lhc_index_coding::bitmap;
   in.wide = (settings & 4u) != 0;
   in.params.on_stall = (settings & 8u) != 0 ? lhc_stall_policy::median_estimate : lhc_stall_policy::report;
   in.params.reference_layout = (settings & 16u) != 0;
@@ -47,7 +49,8 @@ lhc_fuzz_input parse(const std::uint8_t* data, std::size_t size) {
 /// `count` bytes from the input starting at `*offset` (zero past its end); advances the offset.
 std::vector<std::byte> take(const lhc_fuzz_input& in, std::size_t count, std::size_t* offset) {
   std::vector<std::byte> bytes(count, std::byte{0});
-  for (std::size_t i = 0; i < count && *offset + i < in.rest_size; ++i) bytes[i] = static_cast<std::byte>(in.rest[*offset + i]);
+  for (std::size_t i = 0; i < count && *offset + i < in.rest_size; ++i)
+    bytes[i] = static_cast<std::byte>(in.rest[*offset + i]);
   *offset += count;
   return bytes;
 }
@@ -87,6 +90,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const lhc_fuzz_input in = parse(data, size);
   if (in.rest == nullptr) return 0;
   if (in.wide) run<double>(in);
-  else run<float>(in);
+  else
+    run<float>(in);
   return 0;
 }

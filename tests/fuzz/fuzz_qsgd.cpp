@@ -7,6 +7,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const qsgd_quantizer<double> f64({.levels = 1, .bucket = 16, .seed = 9});
   const bool wide = size > 0 && (data[0] & 2u) != 0;
   if (wide) fuzz::decode_both(f64, fuzz::message_from(data, size, f64.params_hash()));
-  else fuzz::decode_both(f32, fuzz::message_from(data, size, f32.params_hash()));
+  else
+    fuzz::decode_both(f32, fuzz::message_from(data, size, f32.params_hash()));
   return 0;
 }

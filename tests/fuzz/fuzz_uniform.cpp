@@ -7,6 +7,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const uniform_quantizer<double> q4({.bits = 4, .block = 16, .round = rounding::stochastic, .seed = 9});
   const bool wide = size > 0 && (data[0] & 2u) != 0;
   if (wide) fuzz::decode_both(q4, fuzz::message_from(data, size, q4.params_hash()));
-  else fuzz::decode_both(q8, fuzz::message_from(data, size, q8.params_hash()));
+  else
+    fuzz::decode_both(q8, fuzz::message_from(data, size, q8.params_hash()));
   return 0;
 }

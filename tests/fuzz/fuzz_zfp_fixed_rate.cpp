@@ -4,8 +4,10 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace gradcomp;
-  static const zfp_fixed_rate_codec codecs[] = {zfp_fixed_rate_codec({.rate_bits = 8}), zfp_fixed_rate_codec({.rate_bits = 3}),
-                                                zfp_fixed_rate_codec({.rate_bits = 17}), zfp_fixed_rate_codec({.rate_bits = 32})};
+  static const zfp_fixed_rate_codec codecs[] = {zfp_fixed_rate_codec({.rate_bits = 8}),
+                                                zfp_fixed_rate_codec({.rate_bits = 3}),
+                                                zfp_fixed_rate_codec({.rate_bits = 17}),
+                                                zfp_fixed_rate_codec({.rate_bits = 32})};
   const zfp_fixed_rate_codec& codec = codecs[size > 0 ? (data[0] >> 1) & 3u : 0];
   fuzz::decode_both(codec, fuzz::message_from(data, size, codec.params_hash()));
   return 0;

@@ -16,16 +16,19 @@ namespace {
 
 std::vector<float> input(std::size_t n) {
   std::vector<float> x(n);
-  for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)) * (1.0 + static_cast<double>(i % 5)));
+  for (std::size_t i = 0; i < n; ++i)
+    x[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)) * (1.0 + static_cast<double>(i % 5)));
   return x;
 }
 
 template <class Codec, class T>
-void write_seeds(const std::filesystem::path& dir, const std::string& stem, const Codec& codec, const std::vector<T>& x) {
+void write_seeds(const std::filesystem::path& dir, const std::string& stem, const Codec& codec,
+                 const std::vector<T>& x) {
   const gradcomp::cpu_executor cpu;
   std::vector<std::byte> message(codec.max_encoded_bytes(x.size()));
   std::vector<std::byte> ws(codec.workspace_bytes(cpu, x.size()));
-  message.resize(codec.encode(cpu, std::span<const T>(x), message, ws, gradcomp::message_key{.step = 3, .tensor_id = 1}));
+  message.resize(
+      codec.encode(cpu, std::span<const T>(x), message, ws, gradcomp::message_key{.step = 3, .tensor_id = 1}));
   std::filesystem::create_directories(dir);
   for (const std::uint8_t mode : {std::uint8_t{0}, std::uint8_t{1}, std::uint8_t{2}, std::uint8_t{3}}) {
     std::ofstream out(dir / (stem + "_mode" + std::to_string(mode) + ".bin"), std::ios::binary);
@@ -74,8 +77,9 @@ int main(int argc, char** argv) {
     write_lhc_seed(root / "lhc", "bitmap_b32_n" + size, std::uint8_t{0x03 | (2u << 5)}, lhc_params{.block = 32}, x);
     write_lhc_seed(root / "lhc", "sum4_b8_f64_n" + size, std::uint8_t{0x01 | 0x04},
                    lhc_params{.block = 8, .index = lhc_index_coding::sum4}, xd);
-    write_lhc_seed(root / "lhc", "sum8_b64_median_n" + size, std::uint8_t{0x02 | 0x08 | (3u << 5)},
-                   lhc_params{.block = 64, .index = lhc_index_coding::sum8, .on_stall = lhc_stall_policy::median_estimate}, x);
+    write_lhc_seed(
+        root / "lhc", "sum8_b64_median_n" + size, std::uint8_t{0x02 | 0x08 | (3u << 5)},
+        lhc_params{.block = 64, .index = lhc_index_coding::sum8, .on_stall = lhc_stall_policy::median_estimate}, x);
     write_lhc_seed(root / "lhc", "reference_b16_n" + size, std::uint8_t{0x03 | 0x10 | (1u << 5)},
                    lhc_params{.block = 16, .reference_layout = true, .fixed_compress_ratio = 2}, x);
   }
@@ -88,7 +92,8 @@ int main(int argc, char** argv) {
     write_seeds(root / "topk", "checksum_n" + size,
                 topk_sparsifier<float>(sparsity{.k = 10}, wire_options{.payload_checksum = true}), x);
     write_seeds(root / "topk", "bitmap_f64_n" + size, topk_sparsifier<double>(sparsity{.k = 40}), xd);
-    write_seeds(root / "threshold", "n" + size, threshold_sparsifier<float>({.target = {.density = 0.02}, .seed = 1}), x);
+    write_seeds(root / "threshold", "n" + size, threshold_sparsifier<float>({.target = {.density = 0.02}, .seed = 1}),
+                x);
     write_seeds(root / "randomk", "n" + size, randomk_sparsifier<float>({.amount = {.density = 0.05}, .seed = 42}), x);
     write_seeds(root / "uniform", "u8_n" + size, uniform_quantizer<float>({.bits = 8, .block = 32}), x);
     write_seeds(root / "uniform", "u4_sr_f64_n" + size,
@@ -101,17 +106,21 @@ int main(int argc, char** argv) {
     write_seeds(root / "zfp_fixed_rate", "r3_n" + size, zfp_fixed_rate_codec({.rate_bits = 3}), x);
     write_seeds(root / "qsgd", "f32_n" + size, qsgd_quantizer<float>({.levels = 15, .bucket = 32, .seed = 3}), x);
     write_seeds(root / "qsgd", "f64_n" + size, qsgd_quantizer<double>({.levels = 1, .bucket = 16, .seed = 9}), xd);
-    write_seeds(root / "shared_scale", "f32_n" + size, shared_scale_quantizer<float>({.bits = 8, .block = 32, .headroom_bits = 2}), x);
+    write_seeds(root / "shared_scale", "f32_n" + size,
+                shared_scale_quantizer<float>({.bits = 8, .block = 32, .headroom_bits = 2}), x);
     write_seeds(root / "shared_scale", "f64_n" + size,
-                shared_scale_quantizer<double>({.bits = 2, .block = 16, .round = rounding::stochastic, .seed = 9, .headroom_bits = 0}),
+                shared_scale_quantizer<double>(
+                    {.bits = 2, .block = 16, .round = rounding::stochastic, .seed = 9, .headroom_bits = 0}),
                 xd);
     write_seeds(root / "pipeline", "topk_u8_n" + size,
-                pipeline(topk_sparsifier<float>(sparsity{.k = 30}), uniform_quantizer<float>({.bits = 8, .block = 16})), x);
+                pipeline(topk_sparsifier<float>(sparsity{.k = 30}), uniform_quantizer<float>({.bits = 8, .block = 16})),
+                x);
     write_seeds(root / "count_sketch", "f32_n" + size,
                 count_sketch<float>({.rows = 3, .columns = 64, .seed = 7, .heavy_hitters = {.k = 10}}), x);
     write_seeds(root / "count_sketch", "f64_n" + size,
                 count_sketch<double>({.rows = 2, .columns = 5, .seed = 1, .heavy_hitters = {.density = 0.1}}), xd);
-    write_seeds(root / "envelope", "randomk_n" + size, randomk_sparsifier<float>({.amount = {.density = 0.05}, .seed = 42}), x);
+    write_seeds(root / "envelope", "randomk_n" + size,
+                randomk_sparsifier<float>({.amount = {.density = 0.05}, .seed = 42}), x);
   }
   return 0;
 }

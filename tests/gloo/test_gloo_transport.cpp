@@ -41,7 +41,8 @@ std::string store_path;
 std::shared_ptr<gloo::Context> world;
 
 // A context of every rank, connected through the store under `prefix` (collective).
-std::shared_ptr<gloo::Context> connect_ranks(int rank, int size, const std::string& prefix, std::chrono::milliseconds timeout) {
+std::shared_ptr<gloo::Context> connect_ranks(int rank, int size, const std::string& prefix,
+                                             std::chrono::milliseconds timeout) {
   auto device = gloo::transport::tcp::CreateDevice("127.0.0.1");
   gloo::rendezvous::FileStore files(store_path);
   gloo::rendezvous::PrefixStore store(prefix, files);
@@ -96,7 +97,8 @@ TEST_CASE("gloo point-to-point: a ring, ordered pairs, empty and 1 MiB messages,
   transport_checks::point_to_point(t);
 }
 
-TEST_CASE("gloo bad roots, peers, reduce-scatter sizes and all-to-all counts throw invalid_argument on every rank without hanging") {
+TEST_CASE(
+    "gloo bad roots, peers, reduce-scatter sizes and all-to-all counts throw invalid_argument on every rank without hanging") {
   gloo_transport t(world);
   transport_checks::argument_errors(t);
   CHECK(thrown_by([] { gloo_transport none(nullptr); }) == named(errc::invalid_argument));
@@ -134,7 +136,8 @@ TEST_CASE("gloo a peer that never sends surfaces as transport_failed after the c
   CHECK(one[0] == static_cast<std::uint64_t>(w.size()));
 }
 
-TEST_CASE("gloo compressed collectives: one rank stops mid-call, every survivor fails within the deadline, at least one with timeout, data and state unchanged") {
+TEST_CASE(
+    "gloo compressed collectives: one rank stops mid-call, every survivor fails within the deadline, at least one with timeout, data and state unchanged") {
   // Gloo closes a context's connections when one of its waits times out, so the other survivors of
   // the same collective may fail at once with transport_failed ("Connection closed by peer")
   // instead of reaching their own deadline. A receive from the stalled rank waits on that rank's
@@ -143,13 +146,15 @@ TEST_CASE("gloo compressed collectives: one rank stops mid-call, every survivor 
   for (const deadline_case c : {deadline_case::all_reduce_error_feedback, deadline_case::reduce_scatter_tagc,
                                 deadline_case::ring_all_reduce, deadline_case::send_recv}) {
     CAPTURE(static_cast<int>(c));
-    const auto context = connect_ranks(world->rank, world->size, "deadline-" + std::to_string(index++), std::chrono::seconds(30));
+    const auto context =
+        connect_ranks(world->rank, world->size, "deadline-" + std::to_string(index++), std::chrono::seconds(30));
     gloo_transport inner(context);
     const int victim = inner.size() - 1;
     // The victim keeps its context (its connections) open until the survivors are done: a rank
     // whose process exits is seen at once, not at the deadline.
-    stalling_transport<gloo_transport> t(inner, victim,
-                                         [] { std::this_thread::sleep_for(case_timeout + deadline_margin + std::chrono::milliseconds(500)); });
+    stalling_transport<gloo_transport> t(inner, victim, [] {
+      std::this_thread::sleep_for(case_timeout + deadline_margin + std::chrono::milliseconds(500));
+    });
     const deadline_outcome o = run_deadline_case(t, c);
     std::uint64_t code = 0;
     if (t.rank() == victim) {
@@ -172,8 +177,8 @@ TEST_CASE("gloo compressed collectives: one rank stops mid-call, every survivor 
     CHECK(timeouts[0] >= 1);
     if (c == deadline_case::send_recv) CHECK(timeouts[0] == static_cast<std::uint64_t>(t.size() - 1));
     if (t.rank() == 0)
-      MESSAGE("case " << static_cast<int>(c) << ": " << timeouts[0] << " of " << t.size() - 1 << " survivors timed out; rank 0: "
-                      << o.thrown << " after " << o.seconds << " s (timeout 1 s)");
+      MESSAGE("case " << static_cast<int>(c) << ": " << timeouts[0] << " of " << t.size() - 1
+                      << " survivors timed out; rank 0: " << o.thrown << " after " << o.seconds << " s (timeout 1 s)");
   }
 }
 
@@ -188,11 +193,13 @@ int main(int argc, char** argv) {
   const char* size = std::getenv("GRADCOMP_SIZE");
   const char* store = std::getenv("GRADCOMP_STORE");
   if (rank == nullptr || size == nullptr || store == nullptr) {
-    std::fprintf(stderr, "set GRADCOMP_RANK, GRADCOMP_SIZE and GRADCOMP_STORE, or run through tests/support/run_ranks.sh\n");
+    std::fprintf(stderr,
+                 "set GRADCOMP_RANK, GRADCOMP_SIZE and GRADCOMP_STORE, or run through tests/support/run_ranks.sh\n");
     return 2;
   }
   gradcomp::test::store_path = store;
-  gradcomp::test::world = gradcomp::test::connect_ranks(std::atoi(rank), std::atoi(size), "world", std::chrono::seconds(30));
+  gradcomp::test::world =
+      gradcomp::test::connect_ranks(std::atoi(rank), std::atoi(size), "world", std::chrono::seconds(30));
   doctest::Context context(argc, argv);
   if (gradcomp::test::world->rank != 0) {
     context.setOption("minimal", true);

@@ -86,11 +86,16 @@ std::vector<float> random_bits(std::size_t n, std::uint64_t seed) {
 
 // Every special pattern, repeated through the tensor among random bits.
 std::vector<float> special_values(std::size_t n, std::uint64_t seed) {
-  const std::uint32_t specials[] = {0x7f800001u /* signalling NaN, payload 1 */, 0x7fc00001u /* quiet NaN, payload 1 */,
-                                    0xffc12345u /* negative quiet NaN */,        0x7fbfffffu /* signalling NaN, full payload */,
-                                    0x80000000u /* −0 */,                         0x00000001u /* smallest subnormal */,
-                                    0x807fffffu /* largest negative subnormal */, 0x7f800000u /* +Inf */,
-                                    0xff800000u /* −Inf */,                       0x00000000u};
+  const std::uint32_t specials[] = {0x7f800001u /* signalling NaN, payload 1 */,
+                                    0x7fc00001u /* quiet NaN, payload 1 */,
+                                    0xffc12345u /* negative quiet NaN */,
+                                    0x7fbfffffu /* signalling NaN, full payload */,
+                                    0x80000000u /* −0 */,
+                                    0x00000001u /* smallest subnormal */,
+                                    0x807fffffu /* largest negative subnormal */,
+                                    0x7f800000u /* +Inf */,
+                                    0xff800000u /* −Inf */,
+                                    0x00000000u};
   std::vector<float> x = random_bits(n, seed);
   for (std::size_t i = 0; i < n; i += 3) x[i] = std::bit_cast<float>(specials[(i / 3) % std::size(specials)]);
   return x;
@@ -119,7 +124,9 @@ std::uint32_t word_at(const std::vector<std::byte>& payload, std::size_t i) {
   return w;
 }
 
-void set_word(std::vector<std::byte>& payload, std::size_t i, std::uint32_t w) { std::memcpy(payload.data() + 4 * i, &w, 4); }
+void set_word(std::vector<std::byte>& payload, std::size_t i, std::uint32_t w) {
+  std::memcpy(payload.data() + 4 * i, &w, 4);
+}
 
 const std::size_t sizes[] = {0, 1, 31, 32, 33, 1023, 1024, 1025, 3000};
 const std::uint32_t dims[] = {1, 2, 3, 4, 7, 32};
@@ -136,7 +143,9 @@ TEST_CASE("mpc payloads equal the reference transform byte for byte on every ker
         CAPTURE(dim);
         CAPTURE(n);
         CAPTURE(kind);
-        const std::vector<float> x = kind == 0 ? smooth(n) : kind == 1 ? make_input<float>(input_kind::normal, n, n + 1) : random_bits(n, n + 2);
+        const std::vector<float> x = kind == 0   ? smooth(n)
+                                     : kind == 1 ? make_input<float>(input_kind::normal, n, n + 1)
+                                                 : random_bits(n, n + 2);
         const std::vector<std::byte> m = encode_on(q, fast, x);
         REQUIRE(m.size() >= header);
         const std::vector<std::byte> payload(m.begin() + header, m.end());
@@ -188,7 +197,8 @@ TEST_CASE("mpc decodes with non-temporal stores into 32-byte aligned memory to t
     for (const std::size_t n : {std::size_t{1}, std::size_t{1025}, std::size_t{5000}, std::size_t{70001}}) {
       CAPTURE(dim);
       CAPTURE(n);
-      for (const std::vector<float>& x : {random_bits(n, 11 * n + dim), make_input<float>(input_kind::normal, n, n + dim)}) {
+      for (const std::vector<float>& x :
+           {random_bits(n, 11 * n + dim), make_input<float>(input_kind::normal, n, n + dim)}) {
         const std::vector<std::byte> m = encode_bytes(q, x);
         std::vector<float> storage(n + 16, 7.0f);
         const std::size_t offset = (32 - reinterpret_cast<std::uintptr_t>(storage.data()) % 32) % 32 / sizeof(float);
@@ -196,8 +206,10 @@ TEST_CASE("mpc decodes with non-temporal stores into 32-byte aligned memory to t
         REQUIRE(reinterpret_cast<std::uintptr_t>(out.data()) % 32 == 0);
         q.decode(streaming, m, out, {});
         CHECK(same_bits(std::vector<float>(out.begin(), out.end()), x));
-        CHECK(std::all_of(storage.begin(), storage.begin() + static_cast<std::ptrdiff_t>(offset), [](float v) { return v == 7.0f; }));
-        CHECK(std::all_of(storage.begin() + static_cast<std::ptrdiff_t>(offset + n), storage.end(), [](float v) { return v == 7.0f; }));
+        CHECK(std::all_of(storage.begin(), storage.begin() + static_cast<std::ptrdiff_t>(offset),
+                          [](float v) { return v == 7.0f; }));
+        CHECK(std::all_of(storage.begin() + static_cast<std::ptrdiff_t>(offset + n), storage.end(),
+                          [](float v) { return v == 7.0f; }));
       }
     }
   }
@@ -221,7 +233,8 @@ TEST_CASE("mpc messages stay within max_encoded_bytes and data without zero diff
   const std::uint64_t big = (std::uint64_t{1} << 33) + 5;
   CHECK(mpc_codec::group_count(big) == (std::uint64_t{1} << 28) + 1);
   CHECK(mpc_codec::max_payload_bytes(big) == ((std::uint64_t{1} << 28) + 1) * 132);
-  if constexpr (sizeof(std::size_t) == 8) CHECK(q.max_encoded_bytes(big) == header + ((std::size_t{1} << 28) + 1) * 132);
+  if constexpr (sizeof(std::size_t) == 8)
+    CHECK(q.max_encoded_bytes(big) == header + ((std::size_t{1} << 28) + 1) * 132);
   CHECK(q.max_encoded_bytes(UINT64_MAX) == std::numeric_limits<std::size_t>::max());
 }
 
@@ -229,8 +242,8 @@ TEST_CASE("mpc compresses smooth data and reports its ratio on normal gradients"
   const std::size_t n = std::size_t{1} << 20;
   const mpc_codec q;
   const double smooth_ratio = 4.0 * static_cast<double>(n) / static_cast<double>(encode_bytes(q, smooth(n)).size());
-  const double normal_ratio =
-      4.0 * static_cast<double>(n) / static_cast<double>(encode_bytes(q, make_input<float>(input_kind::normal, n, 1)).size());
+  const double normal_ratio = 4.0 * static_cast<double>(n) /
+                              static_cast<double>(encode_bytes(q, make_input<float>(input_kind::normal, n, 1)).size());
   MESSAGE("MPC dim 1 compression ratio: smooth sin(1e-4 i) ", smooth_ratio, ", N(0, 1e-3) float32 ", normal_ratio);
   CHECK(smooth_ratio > 1.5);
   CHECK(normal_ratio > 1.0);
@@ -273,13 +286,28 @@ TEST_CASE("mpc decoders reject short, long and inconsistent payloads and leave t
   };
   // Every truncation: the envelope's payload length no longer matches.
   for (std::size_t length = 0; length < good.size(); ++length)
-    CHECK(rejects(std::vector<std::byte>(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(length)), errc::truncated));
-  CHECK(rejects([&] { auto m = good; m.push_back(std::byte{0}); return m; }(), errc::trailing_bytes));
+    CHECK(rejects(std::vector<std::byte>(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(length)),
+                  errc::truncated));
+  CHECK(rejects(
+      [&] {
+        auto m = good;
+        m.push_back(std::byte{0});
+        return m;
+      }(),
+      errc::trailing_bytes));
   // Consistently declared payloads that contradict the layout.
-  CHECK(rejects(with_payload(good, std::vector<std::byte>(payload.begin(), payload.end() - 4)), errc::malformed_payload));
-  CHECK(rejects(with_payload(good, std::vector<std::byte>(payload.begin(), payload.end() - 1)), errc::malformed_payload));
-  CHECK(rejects(with_payload(good, std::vector<std::byte>(payload.begin(), payload.begin() + 4 * 31)), errc::malformed_payload));
-  CHECK(rejects(with_payload(good, [&] { auto p = payload; p.insert(p.end(), 4, std::byte{1}); return p; }()),
+  CHECK(
+      rejects(with_payload(good, std::vector<std::byte>(payload.begin(), payload.end() - 4)), errc::malformed_payload));
+  CHECK(
+      rejects(with_payload(good, std::vector<std::byte>(payload.begin(), payload.end() - 1)), errc::malformed_payload));
+  CHECK(rejects(with_payload(good, std::vector<std::byte>(payload.begin(), payload.begin() + 4 * 31)),
+                errc::malformed_payload));
+  CHECK(rejects(with_payload(good,
+                             [&] {
+                               auto p = payload;
+                               p.insert(p.end(), 4, std::byte{1});
+                               return p;
+                             }()),
                 errc::malformed_payload));
   // A bitmap claiming one word more than the payload carries, or one fewer.
   for (const std::uint32_t flip : {0u, 1u}) {
@@ -316,7 +344,8 @@ TEST_CASE("mpc decoders reject short, long and inconsistent payloads and leave t
   CHECK(thrown_by([] { mpc_codec bad({.dim = 33}); }) == named(errc::invalid_argument));
   CHECK(mpc_codec({.dim = 1}).params_hash() != mpc_codec({.dim = 2}).params_hash());
   std::vector<std::byte> small(q.max_encoded_bytes(n) - 1);
-  CHECK(thrown_by([&] { q.encode(cpu_executor{}, std::span<const float>(x), small, {}); }) == named(errc::buffer_too_small));
+  CHECK(thrown_by([&] { q.encode(cpu_executor{}, std::span<const float>(x), small, {}); }) ==
+        named(errc::buffer_too_small));
 }
 
 TEST_CASE("golden mpc file reproduces byte for byte and decodes to the known input's bits") {

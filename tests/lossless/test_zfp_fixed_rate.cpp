@@ -91,23 +91,47 @@ std::int64_t wrap32(std::int64_t v) { return static_cast<std::int32_t>(static_ca
 // fwd_lift_int32 (block1.h, stride 1).
 void oracle_forward_lift(std::int64_t* p) {
   std::int64_t x = p[0], y = p[1], z = p[2], w = p[3];
-  x = wrap32(x + w); x >>= 1; w = wrap32(w - x);
-  z = wrap32(z + y); z >>= 1; y = wrap32(y - z);
-  x = wrap32(x + z); x >>= 1; z = wrap32(z - x);
-  w = wrap32(w + y); w >>= 1; y = wrap32(y - w);
-  w = wrap32(w + (y >> 1)); y = wrap32(y - (w >> 1));
-  p[0] = x; p[1] = y; p[2] = z; p[3] = w;
+  x = wrap32(x + w);
+  x >>= 1;
+  w = wrap32(w - x);
+  z = wrap32(z + y);
+  z >>= 1;
+  y = wrap32(y - z);
+  x = wrap32(x + z);
+  x >>= 1;
+  z = wrap32(z - x);
+  w = wrap32(w + y);
+  w >>= 1;
+  y = wrap32(y - w);
+  w = wrap32(w + (y >> 1));
+  y = wrap32(y - (w >> 1));
+  p[0] = x;
+  p[1] = y;
+  p[2] = z;
+  p[3] = w;
 }
 
 // inv_lift_int32.
 void oracle_inverse_lift(std::int64_t* p) {
   std::int64_t x = p[0], y = p[1], z = p[2], w = p[3];
-  y = wrap32(y + (w >> 1)); w = wrap32(w - (y >> 1));
-  y = wrap32(y + w); w = wrap32(w * 2); w = wrap32(w - y);
-  z = wrap32(z + x); x = wrap32(x * 2); x = wrap32(x - z);
-  y = wrap32(y + z); z = wrap32(z * 2); z = wrap32(z - y);
-  w = wrap32(w + x); x = wrap32(x * 2); x = wrap32(x - w);
-  p[0] = x; p[1] = y; p[2] = z; p[3] = w;
+  y = wrap32(y + (w >> 1));
+  w = wrap32(w - (y >> 1));
+  y = wrap32(y + w);
+  w = wrap32(w * 2);
+  w = wrap32(w - y);
+  z = wrap32(z + x);
+  x = wrap32(x * 2);
+  x = wrap32(x - z);
+  y = wrap32(y + z);
+  z = wrap32(z * 2);
+  z = wrap32(z - y);
+  w = wrap32(w + x);
+  x = wrap32(x * 2);
+  x = wrap32(x - w);
+  p[0] = x;
+  p[1] = y;
+  p[2] = z;
+  p[3] = w;
 }
 
 // encode_few_ints with intprec = maxprec = 32 (kmin = 0), size 4.
@@ -191,7 +215,8 @@ std::vector<std::byte> oracle_payload(const std::vector<float>& x, unsigned rate
     if (e != 0) {
       s.write_bits(2 * e + 1, 9);
       std::int64_t i[4];
-      for (int k = 0; k < 4; ++k) i[k] = static_cast<std::int32_t>(std::trunc(std::ldexp(static_cast<double>(f[k]), 30 - emax)));
+      for (int k = 0; k < 4; ++k)
+        i[k] = static_cast<std::int32_t>(std::trunc(std::ldexp(static_cast<double>(f[k]), 30 - emax)));
       oracle_forward_lift(i);
       std::uint32_t u[4];
       for (int k = 0; k < 4; ++k) u[k] = (static_cast<std::uint32_t>(i[k] & 0xffffffff) + 0xaaaaaaaau) ^ 0xaaaaaaaau;
@@ -257,7 +282,9 @@ std::vector<std::byte> payload_of(const std::vector<std::byte>& message) {
 }
 
 // The documented bound: |f − g| ≤ (2^(8 − R) + 2^−23) · 2^emax in every block, emax its exponent.
-double error_bound(unsigned rate, int emax) { return (std::ldexp(1.0, 8 - static_cast<int>(rate)) + std::ldexp(1.0, -23)) * std::ldexp(1.0, emax); }
+double error_bound(unsigned rate, int emax) {
+  return (std::ldexp(1.0, 8 - static_cast<int>(rate)) + std::ldexp(1.0, -23)) * std::ldexp(1.0, emax);
+}
 
 // Largest |f − g| / bound over the blocks (≤ 1 when the bound holds).
 double worst_bound_ratio(const std::vector<float>& x, const std::vector<float>& g, unsigned rate) {
@@ -268,7 +295,8 @@ double worst_bound_ratio(const std::vector<float>& x, const std::vector<float>& 
     const int emax = oracle_emax(f);
     if (emax == -127) continue;
     for (std::size_t k = 4 * b; k < std::min(x.size(), 4 * b + 4); ++k)
-      worst = std::max(worst, std::fabs(static_cast<double>(x[k]) - static_cast<double>(g[k])) / error_bound(rate, emax));
+      worst =
+          std::max(worst, std::fabs(static_cast<double>(x[k]) - static_cast<double>(g[k])) / error_bound(rate, emax));
   }
   return worst;
 }
@@ -328,13 +356,16 @@ TEST_CASE("zfp portable kernels write the same stream and decode to the same flo
         const std::vector<std::byte> payload = payload_of(m);
         std::vector<std::byte> portable(payload.size() + 8, std::byte{0});
         if (rate <= 16) encode_blocks<portable_kernels, std::uint64_t>(x.data(), n, rate, false, portable.data());
-        else encode_blocks<portable_kernels, wide_word>(x.data(), n, rate, false, portable.data());
+        else
+          encode_blocks<portable_kernels, wide_word>(x.data(), n, rate, false, portable.data());
         CHECK(std::equal(payload.begin(), payload.end(), portable.begin()));
         std::vector<float> g(n, 7.0f);
         if (rate <= 16)
-          decode_blocks<portable_kernels, std::uint64_t>(payload.data(), payload.data() + payload.size(), n, rate, false, false, g.data());
+          decode_blocks<portable_kernels, std::uint64_t>(payload.data(), payload.data() + payload.size(), n, rate,
+                                                         false, false, g.data());
         else
-          decode_blocks<portable_kernels, wide_word>(payload.data(), payload.data() + payload.size(), n, rate, false, false, g.data());
+          decode_blocks<portable_kernels, wide_word>(payload.data(), payload.data() + payload.size(), n, rate, false,
+                                                     false, g.data());
         CHECK(same_bits(g, decode_values(q, m, n)));
       }
     }
@@ -375,7 +406,8 @@ TEST_CASE("zfp's per-block coder (the GPU's, zfp_block) writes the codec's strea
         std::vector<std::byte> stream(payload.size(), std::byte{0});
         for (std::size_t b = 0; b * 4 < n; ++b) {
           const zfp_block::wide_word bits =
-              zfp_block::encode_block(x.data() + 4 * b, static_cast<unsigned>(std::min<std::size_t>(4, n - 4 * b)), budget, block_bits);
+              zfp_block::encode_block(x.data() + 4 * b, static_cast<unsigned>(std::min<std::size_t>(4, n - 4 * b)),
+                                      budget, block_bits);
           for (unsigned j = 0; j < block_bits; ++j)
             if (((bits >> j) & 1u) != 0) {
               const std::uint64_t at = b * block_bits + j;
@@ -435,15 +467,17 @@ TEST_CASE("zfp coders on every executor setting write the same stream and decode
 TEST_CASE("zfp messages take exactly max_encoded_bytes, 4R bits per block of 4 values") {
   for (unsigned rate = 3; rate <= 32; ++rate) {
     const zfp_fixed_rate_codec q({.rate_bits = rate});
-    for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{4}, std::size_t{5},
-                                std::size_t{8}, std::size_t{9}, std::size_t{63}, std::size_t{64}, std::size_t{1000}, std::size_t{4099}}) {
+    for (const std::size_t n :
+         {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{4}, std::size_t{5},
+          std::size_t{8}, std::size_t{9}, std::size_t{63}, std::size_t{64}, std::size_t{1000}, std::size_t{4099}}) {
       CAPTURE(rate);
       CAPTURE(n);
       const std::size_t blocks = (n + 3) / 4;
       const std::size_t payload = (blocks * 4 * rate + 7) / 8;
       CHECK(q.payload_bytes(n) == payload);
       CHECK(q.max_encoded_bytes(n) == header + payload);
-      for (const std::vector<float>& x : {make_input<float>(input_kind::normal, n, n), std::vector<float>(n, 0.0f), random_finite(n, n)}) {
+      for (const std::vector<float>& x :
+           {make_input<float>(input_kind::normal, n, n), std::vector<float>(n, 0.0f), random_finite(n, n)}) {
         const std::vector<std::byte> m = encode_bytes(q, x);
         CHECK(m.size() == q.max_encoded_bytes(n));
         CHECK(parse_envelope(m).payload_bytes == payload);
@@ -484,7 +518,8 @@ TEST_CASE("zfp error stays within the documented bound and shrinks as the rate g
       worst = std::max(worst, std::fabs(d));
       squares += d * d;
     }
-    MESSAGE("ZFP R = ", rate, " on N(0, 1): max error ", worst, ", RMS error ", std::sqrt(squares / static_cast<double>(n)));
+    MESSAGE("ZFP R = ", rate, " on N(0, 1): max error ", worst, ", RMS error ",
+            std::sqrt(squares / static_cast<double>(n)));
     CAPTURE(rate);
     CHECK(worst < previous);
     previous = worst;
@@ -536,11 +571,13 @@ TEST_CASE("zfp reports NaN and Inf without touching the output") {
       std::vector<float> x = make_input<float>(input_kind::normal, 999, 3);
       x[at] = bad;
       std::vector<std::byte> out(q.max_encoded_bytes(x.size()), std::byte{0xAB});
-      CHECK(thrown_by([&] { q.encode(cpu_executor{}, std::span<const float>(x), out, {}); }) == named(errc::non_finite_input));
+      CHECK(thrown_by([&] { q.encode(cpu_executor{}, std::span<const float>(x), out, {}); }) ==
+            named(errc::non_finite_input));
       CHECK(std::all_of(out.begin(), out.end(), [](std::byte b) { return b == std::byte{0xAB}; }));
       // A buffer that is too small is reported first.
       std::vector<std::byte> small(out.size() - 1);
-      CHECK(thrown_by([&] { q.encode(cpu_executor{}, std::span<const float>(x), small, {}); }) == named(errc::buffer_too_small));
+      CHECK(thrown_by([&] { q.encode(cpu_executor{}, std::span<const float>(x), small, {}); }) ==
+            named(errc::buffer_too_small));
     }
   }
 }
@@ -568,7 +605,8 @@ TEST_CASE("zfp decoders reject short, long and inconsistent payloads and leave t
     std::vector<float> out(n, 7.0f);
     const std::string got = thrown_by([&] { codec.decode(cpu_executor{}, m, std::span<float>(out), {}); });
     std::vector<float> acc(n, 7.0f);
-    const std::string accumulated = thrown_by([&] { codec.decode_accumulate(cpu_executor{}, m, std::span<float>(acc), {}); });
+    const std::string accumulated =
+        thrown_by([&] { codec.decode_accumulate(cpu_executor{}, m, std::span<float>(acc), {}); });
     bool untouched = true;
     for (std::size_t i = 0; i < n; ++i) untouched = untouched && out[i] == 7.0f && acc[i] == 7.0f;
     CHECK(untouched);
@@ -576,11 +614,27 @@ TEST_CASE("zfp decoders reject short, long and inconsistent payloads and leave t
     return got == named(want);
   };
   for (std::size_t length = 0; length < good.size(); ++length)
-    CHECK(rejects(q, std::vector<std::byte>(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(length)), errc::truncated));
-  CHECK(rejects(q, [&] { auto m = good; m.push_back(std::byte{0}); return m; }(), errc::trailing_bytes));
+    CHECK(rejects(q, std::vector<std::byte>(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(length)),
+                  errc::truncated));
+  CHECK(rejects(
+      q,
+      [&] {
+        auto m = good;
+        m.push_back(std::byte{0});
+        return m;
+      }(),
+      errc::trailing_bytes));
   // Consistently declared payloads of the wrong length.
-  CHECK(rejects(q, with_payload(good, std::vector<std::byte>(payload.begin(), payload.end() - 1)), errc::malformed_payload));
-  CHECK(rejects(q, with_payload(good, [&] { auto p = payload; p.push_back(std::byte{0}); return p; }()), errc::malformed_payload));
+  CHECK(rejects(q, with_payload(good, std::vector<std::byte>(payload.begin(), payload.end() - 1)),
+                errc::malformed_payload));
+  CHECK(rejects(q,
+                with_payload(good,
+                             [&] {
+                               auto p = payload;
+                               p.push_back(std::byte{0});
+                               return p;
+                             }()),
+                errc::malformed_payload));
   CHECK(rejects(q, with_payload(good, {}), errc::malformed_payload));
   // Each of the 4 padding bits after the last block.
   for (unsigned bit = 4; bit < 8; ++bit) {
@@ -602,7 +656,8 @@ TEST_CASE("zfp decoders reject short, long and inconsistent payloads and leave t
     CHECK(thrown_by([&] { zfp_fixed_rate_codec bad({.rate_bits = rate}); }) == named(errc::invalid_argument));
   }
   for (std::uint32_t rate = 3; rate < 32; ++rate)
-    CHECK(zfp_fixed_rate_codec({.rate_bits = rate}).params_hash() != zfp_fixed_rate_codec({.rate_bits = rate + 1}).params_hash());
+    CHECK(zfp_fixed_rate_codec({.rate_bits = rate}).params_hash() !=
+          zfp_fixed_rate_codec({.rate_bits = rate + 1}).params_hash());
   CHECK(zfp_fixed_rate_codec({.rate_bits = 8}).params_hash() == 0x69EA68CD1317EFF7ull);  // wire-format.md §2
 }
 

@@ -32,7 +32,8 @@ using namespace std::chrono_literals;
 
 static_assert(transport_with_deadline<mpi_transport>);
 
-TEST_CASE("mpi a rank that stops calling: each survivor's collective and receive throw timeout at the deadline, then the transport refuses calls") {
+TEST_CASE(
+    "mpi a rank that stops calling: each survivor's collective and receive throw timeout at the deadline, then the transport refuses calls") {
   mpi_transport t(MPI_COMM_WORLD);
   const int victim = t.size() - 1;
   if (t.rank() == victim) return;  // never calls; its transport is freed at once
@@ -76,10 +77,12 @@ TEST_CASE("mpi a receive from a rank that never sends throws timeout naming it")
     CHECK(e.code() == errc::timeout);
     what = e.what();
   }
-  CHECK(what.find("timeout: mpi_transport::recv_bytes: rank " + std::to_string(victim) + " sent nothing within 300 ms") == 0);
+  CHECK(what.find("timeout: mpi_transport::recv_bytes: rank " + std::to_string(victim) +
+                  " sent nothing within 300 ms") == 0);
 }
 
-TEST_CASE("mpi compressed collectives: one rank stops mid-call, every survivor throws timeout within the deadline, data and state unchanged") {
+TEST_CASE(
+    "mpi compressed collectives: one rank stops mid-call, every survivor throws timeout within the deadline, data and state unchanged") {
   for (const deadline_case c : {deadline_case::all_reduce_error_feedback, deadline_case::all_reduce_summed_encodings,
                                 deadline_case::reduce_scatter_loco, deadline_case::reduce_scatter_tagc,
                                 deadline_case::ring_all_reduce, deadline_case::send_recv}) {
@@ -88,8 +91,10 @@ TEST_CASE("mpi compressed collectives: one rank stops mid-call, every survivor t
     stalling_transport<mpi_transport> t(inner, victim, [] {});  // the victim just never makes the call
     const deadline_outcome o = run_deadline_case(t, c);
     if (t.rank() == victim) CHECK(o.stalled);
-    else check_survivor(o, c, t.rank(), t.size());
-    if (t.rank() == 0) MESSAGE("case " << static_cast<int>(c) << ": rank 0 timed out after " << o.seconds << " s (deadline 1 s)");
+    else
+      check_survivor(o, c, t.rank(), t.size());
+    if (t.rank() == 0)
+      MESSAGE("case " << static_cast<int>(c) << ": rank 0 timed out after " << o.seconds << " s (deadline 1 s)");
   }
 }
 

@@ -71,7 +71,8 @@ TEST_CASE("mpi point-to-point: a ring, ordered pairs, empty and 1 MiB messages, 
   transport_checks::point_to_point(t);
 }
 
-TEST_CASE("mpi bad roots, peers, reduce-scatter sizes and all-to-all counts throw invalid_argument on every rank without hanging") {
+TEST_CASE(
+    "mpi bad roots, peers, reduce-scatter sizes and all-to-all counts throw invalid_argument on every rank without hanging") {
   mpi_transport t(MPI_COMM_WORLD);
   transport_checks::argument_errors(t);
 }

@@ -18,7 +18,8 @@
 using namespace gradcomp;
 using namespace gradcomp::test;
 
-TEST_CASE_TEMPLATE("pipeline of top-k and a quantizer keeps top-k's positions with quantized values", T, float, double) {
+TEST_CASE_TEMPLATE("pipeline of top-k and a quantizer keeps top-k's positions with quantized values", T, float,
+                   double) {
   for (const std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{(1u << 16) + 1}}) {
     for (const int bits : {1, 4, 8}) {
       const std::vector<T> x = make_input<T>(input_kind::normal, n, 50 + n);
@@ -61,7 +62,8 @@ TEST_CASE("pipeline of threshold and sign decodes to ± block means at the thres
 
 TEST_CASE("error feedback over top-k with 8-bit values keeps the sum of decoded messages plus residual") {
   const std::size_t n = 4000;
-  const error_feedback ef(pipeline(topk_sparsifier<float>(sparsity{.density = 0.02}), uniform_quantizer<float>({.bits = 8})));
+  const error_feedback ef(
+      pipeline(topk_sparsifier<float>(sparsity{.density = 0.02}), uniform_quantizer<float>({.bits = 8})));
   const cpu_executor cpu;
   auto state = ef.make_state(cpu, n);
   std::vector<std::byte> message(ef.max_encoded_bytes(n)), ws(ef.workspace_bytes(cpu, n));

@@ -163,7 +163,8 @@ TEST_CASE("QSGD code widths are 1 + bit_width(s) rounded up to 2, 4 or 8 bits") 
 TEST_CASE_TEMPLATE("QSGD norms, codes and decoded values follow the documented arithmetic", T, float, double) {
   for (const unsigned s : {1u, 4u, 15u, 127u}) {
     for (const std::uint32_t bucket : {1u, 7u, 256u}) {
-      for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{(1u << 16) + 3}}) {
+      for (const std::size_t n :
+           {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{(1u << 16) + 3}}) {
         for (const input_kind kind : all_input_kinds) {
           if (n > 1000 && (kind != input_kind::normal || s != 15)) continue;
           CAPTURE(s);
@@ -177,7 +178,8 @@ TEST_CASE_TEMPLATE("QSGD norms, codes and decoded values follow the documented a
   }
 }
 
-TEST_CASE_TEMPLATE("QSGD encodes a bucket holding the largest finite value and rejects norms that overflow", T, float, double) {
+TEST_CASE_TEMPLATE("QSGD encodes a bucket holding the largest finite value and rejects norms that overflow", T, float,
+                   double) {
   std::vector<T> x(40, T{0});
   x[3] = -std::numeric_limits<T>::max();
   x[30] = T{1};
@@ -219,7 +221,8 @@ TEST_CASE_TEMPLATE("QSGD is unbiased within its variance bound", T, float, doubl
     const std::size_t n = 64;
     const int draws = 4000;
     std::vector<T> x(n);
-    for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<T>(std::sin(1.7 * static_cast<double>(i)) * (i % 5 == 0 ? 3.0 : 1.0));
+    for (std::size_t i = 0; i < n; ++i)
+      x[i] = static_cast<T>(std::sin(1.7 * static_cast<double>(i)) * (i % 5 == 0 ? 3.0 : 1.0));
     const qsgd_quantizer<T> q({.levels = s, .bucket = 32, .seed = 5});
     std::vector<double> sum(n, 0.0);
     const cpu_executor cpu;
@@ -335,7 +338,8 @@ TEST_CASE("QSGD decoders reject bad norms, impossible codes, padding, layouts an
     std::memcpy(m.data() + header + 4 * j, &v, 4);
     return reseal(m);
   };
-  for (const float bad : {-1.0f, -0.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+  for (const float bad :
+       {-1.0f, -0.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
     CAPTURE(bad);
     CHECK(decode_status_everywhere(q, with_norm(0, bad), 99) == named(errc::malformed_payload));
   }
@@ -380,7 +384,8 @@ TEST_CASE("QSGD decoders reject bad norms, impossible codes, padding, layouts an
   CHECK(thrown_by([] { qsgd_quantizer<float> bad({.levels = 128}); }) == named(errc::invalid_argument));
   CHECK(thrown_by([] { qsgd_quantizer<float> bad({.bucket = 0}); }) == named(errc::invalid_argument));
   std::vector<std::byte> small(q.max_encoded_bytes(99) - 1);
-  CHECK(thrown_by([&] { q.encode(cpu_executor{}, std::span<const float>(x), small, {}); }) == named(errc::buffer_too_small));
+  CHECK(thrown_by([&] { q.encode(cpu_executor{}, std::span<const float>(x), small, {}); }) ==
+        named(errc::buffer_too_small));
 }
 
 TEST_CASE("QSGD decode_accumulate adds exactly the decoded values") {
@@ -407,7 +412,8 @@ TEST_CASE("golden QSGD files reproduce byte for byte and decode within a level o
   if (m32.empty() || m64.empty()) return;  // reported above
 
   // Norms are ‖x‖ of each bucket; each decoded value lies on norm·k/s with |x − value| < norm/s.
-  const auto check_file = [](const auto& input, const auto& q, const std::vector<std::byte>& m, std::size_t bucket, unsigned s) {
+  const auto check_file = [](const auto& input, const auto& q, const std::vector<std::byte>& m, std::size_t bucket,
+                             unsigned s) {
     using T = typename std::decay_t<decltype(input)>::value_type;
     const std::vector<T> d = decode_values(q, m, input.size());
     bool close = true, on_grid = true, zeros = true;
@@ -432,7 +438,8 @@ TEST_CASE("golden QSGD files reproduce byte for byte and decode within a level o
   check_file(y, q64, m64, 16, 3);
 }
 
-TEST_CASE_TEMPLATE("every cpu_executor setting writes the reference's QSGD bytes and decodes them alike", T, float, double) {
+TEST_CASE_TEMPLATE("every cpu_executor setting writes the reference's QSGD bytes and decodes them alike", T, float,
+                   double) {
   for (const std::uint32_t levels : {1u, 3u, 7u, 15u, 127u}) {
     for (const std::uint32_t bucket : {1u, 32u, 100u, 256u}) {
       CAPTURE(levels);

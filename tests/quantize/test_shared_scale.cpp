@@ -28,7 +28,8 @@
 using namespace gradcomp;
 using namespace gradcomp::test;
 
-static_assert(shared_scale_quantizer<float>::id == codec_id::uniform_shared && static_cast<int>(codec_id::uniform_shared) == 19);
+static_assert(shared_scale_quantizer<float>::id == codec_id::uniform_shared &&
+              static_cast<int>(codec_id::uniform_shared) == 19);
 static_assert(homomorphic<shared_scale_quantizer<float>, cpu_executor>);
 static_assert(homomorphic<shared_scale_quantizer<double>, cpu_executor>);
 static_assert(!sparsifier<shared_scale_quantizer<float>>);
@@ -86,8 +87,8 @@ std::vector<T> oracle_sum(const std::vector<std::vector<T>>& x, int bits, std::s
 // ---- a transport: the uint64 SUM of the summable byte ranges
 
 template <class T>
-std::vector<std::byte> transport_sum(const shared_scale_quantizer<T>& q, const std::vector<std::vector<std::byte>>& messages,
-                                     std::size_t n) {
+std::vector<std::byte> transport_sum(const shared_scale_quantizer<T>& q,
+                                     const std::vector<std::vector<std::byte>>& messages, std::size_t n) {
   std::vector<std::byte> sum = messages.front();
   const std::size_t first = q.summable_offset(n);
   REQUIRE(first + q.summable_bytes(n) == sum.size());
@@ -104,7 +105,8 @@ std::vector<std::byte> transport_sum(const shared_scale_quantizer<T>& q, const s
 }
 
 template <class T>
-std::vector<std::byte> accumulated(const shared_scale_quantizer<T>& q, const std::vector<std::vector<std::byte>>& messages) {
+std::vector<std::byte> accumulated(const shared_scale_quantizer<T>& q,
+                                   const std::vector<std::vector<std::byte>>& messages) {
   std::vector<std::byte> acc = messages.front();
   for (std::size_t r = 1; r < messages.size(); ++r) q.accumulate_encoded(cpu_executor{}, acc, messages[r]);
   return acc;
@@ -155,7 +157,8 @@ void check_sum_of_ranks(const shared_scale_params& params, const std::vector<std
   }
   bool homomorphic_sum = true;
   for (std::size_t i = 0; i < n; ++i) {
-    const double bound = std::numeric_limits<T>::epsilon() * (magnitude[i] + std::fabs(static_cast<double>(decoded[i])));
+    const double bound =
+        std::numeric_limits<T>::epsilon() * (magnitude[i] + std::fabs(static_cast<double>(decoded[i])));
     homomorphic_sum = homomorphic_sum && std::fabs(separately[i] - static_cast<double>(decoded[i])) <= bound;
   }
   CHECK(homomorphic_sum);
@@ -185,9 +188,11 @@ TEST_CASE_TEMPLATE("shared-scale sums of 1 to 2^k ranks decode to the oracle's s
     for (const int bits : {1, 2, 4, 8}) {
       for (const std::uint32_t block : {1u, 7u, 256u}) {
         for (const rounding mode : {rounding::nearest_even, rounding::stochastic}) {
-          for (const std::size_t ranks : {std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{8}, std::size_t{16}}) {
+          for (const std::size_t ranks :
+               {std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{8}, std::size_t{16}}) {
             if (ranks > (std::size_t{1} << headroom)) continue;
-            for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{300}, std::size_t{1001}}) {
+            for (const std::size_t n :
+                 {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{300}, std::size_t{1001}}) {
               for (const input_kind kind : all_input_kinds) {
                 if (n > 300 && kind != input_kind::normal) continue;
                 CAPTURE(headroom);
@@ -198,8 +203,9 @@ TEST_CASE_TEMPLATE("shared-scale sums of 1 to 2^k ranks decode to the oracle's s
                 CAPTURE(ranks);
                 CAPTURE(n);
                 CAPTURE(std::string(name(kind)));
-                check_sum_of_ranks<T>({.bits = bits, .block = block, .round = mode, .seed = 21, .headroom_bits = headroom},
-                                      rank_inputs<T>(kind, ranks, n, 5 + n), {.step = 3, .tensor_id = 4});
+                check_sum_of_ranks<T>(
+                    {.bits = bits, .block = block, .round = mode, .seed = 21, .headroom_bits = headroom},
+                    rank_inputs<T>(kind, ranks, n, 5 + n), {.step = 3, .tensor_id = 4});
               }
             }
           }
@@ -239,7 +245,8 @@ TEST_CASE_TEMPLATE("shared-scale message sizes and the summable range follow the
   CHECK(encode_bytes(shared_scale_quantizer<float>(), std::vector<float>{}).size() == 64);
 }
 
-TEST_CASE_TEMPLATE("shared-scale headroom holds 2^k largest codes without a carry and refuses one more", T, float, double) {
+TEST_CASE_TEMPLATE("shared-scale headroom holds 2^k largest codes without a carry and refuses one more", T, float,
+                   double) {
   for (const int bits : {1, 2, 4, 8}) {
     CAPTURE(bits);
     const shared_scale_quantizer<T> q({.bits = bits, .block = 16, .headroom_bits = 2});
@@ -274,7 +281,8 @@ TEST_CASE_TEMPLATE("shared-scale headroom holds 2^k largest codes without a carr
   CHECK(m == before);
 }
 
-TEST_CASE("shared-scale accumulate_encoded rejects mismatched scales, keys, parameters and sizes, leaving acc unchanged") {
+TEST_CASE(
+    "shared-scale accumulate_encoded rejects mismatched scales, keys, parameters and sizes, leaving acc unchanged") {
   const shared_scale_quantizer<float> q({.bits = 4, .block = 32});
   const std::vector<float> a = make_input<float>(input_kind::normal, 100, 1);
   std::vector<float> b = a;
@@ -289,11 +297,13 @@ TEST_CASE("shared-scale accumulate_encoded rejects mismatched scales, keys, para
   rejects(mine, encode_bytes(q, b, {.step = 2}), errc::parameter_mismatch);  // local maxima: other scales
   rejects(mine, encode_bytes(q, a, {.step = 3}), errc::step_mismatch);
   rejects(mine, encode_bytes(q, a, {.step = 2, .tensor_id = 1}), errc::step_mismatch);
-  rejects(mine, encode_bytes(shared_scale_quantizer<float>({.bits = 4, .block = 32, .headroom_bits = 4}), a, {.step = 2}),
+  rejects(mine,
+          encode_bytes(shared_scale_quantizer<float>({.bits = 4, .block = 32, .headroom_bits = 4}), a, {.step = 2}),
           errc::parameter_mismatch);
   rejects(mine, encode_bytes(q, std::vector<float>(a.begin(), a.begin() + 99), {.step = 2}), errc::size_mismatch);
-  rejects(mine, encode_bytes(shared_scale_quantizer<double>({.bits = 4, .block = 32}), std::vector<double>(a.begin(), a.end()),
-                             {.step = 2}),
+  rejects(mine,
+          encode_bytes(shared_scale_quantizer<double>({.bits = 4, .block = 32}),
+                       std::vector<double>(a.begin(), a.end()), {.step = 2}),
           errc::dtype_mismatch);
   rejects(mine, encode_bytes(uniform_quantizer<float>({.bits = 4, .block = 32}), a, {.step = 2}), errc::codec_mismatch);
   std::vector<std::byte> bad = mine;
@@ -342,7 +352,8 @@ TEST_CASE_TEMPLATE("shared-scale encode_shared validates the agreed maxima befor
   REQUIRE(q.workspace_bytes(cpu, x.size()) > 0);
   CHECK(thrown_by([&] { q.encode(cpu, std::span<const T>(x), out, {}); }) == named(errc::workspace_too_small));
   std::vector<T> wrong(2);
-  CHECK(thrown_by([&] { q.block_maxima(cpu, std::span<const T>(x), std::span<T>(wrong)); }) == named(errc::size_mismatch));
+  CHECK(thrown_by([&] { q.block_maxima(cpu, std::span<const T>(x), std::span<T>(wrong)); }) ==
+        named(errc::size_mismatch));
 
   // Larger agreed maxima than this rank's own are what other ranks bring: accepted.
   std::vector<T> larger = local;
@@ -358,8 +369,8 @@ TEST_CASE_TEMPLATE("shared-scale encode_shared validates the agreed maxima befor
 TEST_CASE_TEMPLATE("shared-scale rejects NaN and Inf gradients before writing", T, float, double) {
   const shared_scale_quantizer<T> q({.bits = 4, .block = 32});
   const cpu_executor cpu;
-  for (const T special : {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(),
-                          -std::numeric_limits<T>::infinity()}) {
+  for (const T special :
+       {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(), -std::numeric_limits<T>::infinity()}) {
     std::vector<T> x = make_input<T>(input_kind::normal, 100, 2);
     x[70] = special;
     std::vector<T> maxima(4, T{1});
@@ -393,7 +404,9 @@ TEST_CASE("shared-scale decoders reject corrupted payloads and leave the output 
     edit(m);
     return reseal(m);
   };
-  const auto set_u64 = [](std::vector<std::byte>& m, std::size_t at, std::uint64_t v) { std::memcpy(m.data() + at, &v, 8); };
+  const auto set_u64 = [](std::vector<std::byte>& m, std::size_t at, std::uint64_t v) {
+    std::memcpy(m.data() + at, &v, 8);
+  };
   const auto get_u64 = [](const std::vector<std::byte>& m, std::size_t at) {
     std::uint64_t v;
     std::memcpy(&v, m.data() + at, 8);
@@ -402,8 +415,8 @@ TEST_CASE("shared-scale decoders reject corrupted payloads and leave the output 
   CHECK(decode_error(q, with([&](auto& m) { set_u64(m, offset, 0); }), n) == named(errc::malformed_payload));
   CHECK(decode_error(q, with([&](auto& m) { set_u64(m, offset, 9); }), n) == named(errc::malformed_payload));
   // Field 0 of word 0 set to 2·254 + 1, one above what two contributions can hold.
-  CHECK(decode_error(q, with([&](auto& m) { set_u64(m, offset + 8, (get_u64(m, offset + 8) & ~0x7ffull) | 509); }), n) ==
-        named(errc::malformed_payload));
+  CHECK(decode_error(q, with([&](auto& m) { set_u64(m, offset + 8, (get_u64(m, offset + 8) & ~0x7ffull) | 509); }),
+                     n) == named(errc::malformed_payload));
   CHECK(decode_error(q, with([&](auto& m) { set_u64(m, offset + 8, get_u64(m, offset + 8) | (1ull << 63)); }), n) ==
         named(errc::malformed_payload));
   // The last word holds 4 of its 5 fields: bits 44..54 must be zero.
@@ -440,19 +453,23 @@ TEST_CASE("shared-scale parameters and the checksum policy are validated") {
   const std::vector<float> x = make_input<float>(input_kind::normal, 33, 6);
   CHECK(bitwise_equal(decode_values(widest, encode_bytes(widest, x), x.size()),
                       oracle_sum<float>({x}, 8, 256, rounding::nearest_even, 0, {})));
-  CHECK(shared_scale_quantizer<float>().params_hash() != shared_scale_quantizer<float>({.headroom_bits = 4}).params_hash());
+  CHECK(shared_scale_quantizer<float>().params_hash() !=
+        shared_scale_quantizer<float>({.headroom_bits = 4}).params_hash());
   CHECK(shared_scale_quantizer<float>().params_hash() != shared_scale_quantizer<double>().params_hash());
   CHECK(shared_scale_quantizer<float>().params_hash() != uniform_quantizer<float>().params_hash());
 }
 
-TEST_CASE_TEMPLATE("shared-scale stochastic rounding of a sum over ranks is unbiased within its variance bound", T, float, double) {
+TEST_CASE_TEMPLATE("shared-scale stochastic rounding of a sum over ranks is unbiased within its variance bound", T,
+                   float, double) {
   for (const int bits : {1, 2, 4, 8}) {
     const std::size_t n = 64, ranks = 3;
     const int draws = 4000;
     std::vector<std::vector<T>> x(ranks, std::vector<T>(n));
     for (std::size_t r = 0; r < ranks; ++r)
-      for (std::size_t i = 0; i < n; ++i) x[r][i] = static_cast<T>(std::sin(1.7 * static_cast<double>(i) + static_cast<double>(r)));
-    const shared_scale_quantizer<T> q({.bits = bits, .block = 32, .round = rounding::stochastic, .seed = 5, .headroom_bits = 2});
+      for (std::size_t i = 0; i < n; ++i)
+        x[r][i] = static_cast<T>(std::sin(1.7 * static_cast<double>(i) + static_cast<double>(r)));
+    const shared_scale_quantizer<T> q(
+        {.bits = bits, .block = 32, .round = rounding::stochastic, .seed = 5, .headroom_bits = 2});
     std::vector<double> sum(n, 0.0);
     for (int d = 0; d < draws; ++d) {
       const std::vector<T> decoded =
@@ -462,7 +479,8 @@ TEST_CASE_TEMPLATE("shared-scale stochastic rounding of a sum over ranks is unbi
     for (std::size_t block = 0; block < 2; ++block) {
       double agreed = 0;
       for (std::size_t r = 0; r < ranks; ++r)
-        for (std::size_t i = 32 * block; i < 32 * (block + 1); ++i) agreed = std::max(agreed, std::fabs(static_cast<double>(x[r][i])));
+        for (std::size_t i = 32 * block; i < 32 * (block + 1); ++i)
+          agreed = std::max(agreed, std::fabs(static_cast<double>(x[r][i])));
       // Each rank's draw lies within a step of width w around its value (w = s, or 2s between the
       // 1-bit levels ±s), so its variance is at most w²/4; the ranks draw independently, so the
       // sum's variance is at most P·w²/4 and the mean of `draws` sums has standard error
@@ -511,7 +529,8 @@ TEST_CASE("shared-scale rank 0 rounds as the uniform quantizer does, and other r
 
 TEST_CASE("shared-scale decode_accumulate adds exactly the decoded values") {
   const shared_scale_quantizer<double> q({.bits = 2, .block = 64, .round = rounding::stochastic, .seed = 1});
-  const std::vector<std::byte> m = accumulated(q, encode_shared_ranks(q, rank_inputs<double>(input_kind::normal, 3, 777, 9)));
+  const std::vector<std::byte> m =
+      accumulated(q, encode_shared_ranks(q, rank_inputs<double>(input_kind::normal, 3, 777, 9)));
   const std::vector<double> decoded = decode_values(q, m, 777);
   std::vector<double> acc(777, 0.25);
   q.decode_accumulate(cpu_executor{}, m, std::span<double>(acc), {});
@@ -525,7 +544,8 @@ TEST_CASE_TEMPLATE("every cpu_executor setting writes the reference's shared-sca
   for (const int bits : {1, 2, 4, 8}) {
     for (const rounding round : {rounding::nearest_even, rounding::stochastic}) {
       for (const std::uint32_t block : {1u, 32u, 100u}) {
-        const shared_scale_quantizer<T> q({.bits = bits, .block = block, .round = round, .seed = 3, .headroom_bits = 3});
+        const shared_scale_quantizer<T> q(
+            {.bits = bits, .block = block, .round = round, .seed = 3, .headroom_bits = 3});
         CAPTURE(bits);
         CAPTURE(static_cast<int>(round));
         CAPTURE(block);

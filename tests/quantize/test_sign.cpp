@@ -93,7 +93,8 @@ void check_against_oracle(const std::vector<T>& x, std::uint32_t block) {
     exact /= static_cast<long double>(last - first);
     const auto c = static_cast<long double>(last - first);
     const long double tolerance = (2 * static_cast<long double>(std::numeric_limits<T>::epsilon()) +
-                                   (c + 1) * static_cast<long double>(std::numeric_limits<double>::epsilon())) * exact +
+                                   (c + 1) * static_cast<long double>(std::numeric_limits<double>::epsilon())) *
+                                      exact +
                                   static_cast<long double>(std::numeric_limits<T>::denorm_min());
     mean_close = mean_close && std::fabs(static_cast<long double>(s) - exact) <= tolerance;
     for (std::size_t i = first; i < last; ++i) {
@@ -120,7 +121,8 @@ std::vector<std::byte> reseal(std::vector<std::byte> m) {  // keep the envelope 
 
 TEST_CASE_TEMPLATE("sign scales are the documented block means and decoding gives ±scale", T, float, double) {
   for (const std::uint32_t block : {1u, 7u, 256u}) {
-    for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{(1u << 16) + 3}}) {
+    for (const std::size_t n :
+         {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{(1u << 16) + 3}}) {
       for (const input_kind kind : all_input_kinds) {
         if (n > 1000 && kind != input_kind::normal) continue;
         CAPTURE(block);
@@ -143,7 +145,8 @@ TEST_CASE_TEMPLATE("sign encodes blocks of the largest finite values into decoda
   CHECK(extreme);
 }
 
-TEST_CASE_TEMPLATE("sign zero blocks, and blocks whose mean underflows, decode to exact +0 with bits 0", T, float, double) {
+TEST_CASE_TEMPLATE("sign zero blocks, and blocks whose mean underflows, decode to exact +0 with bits 0", T, float,
+                   double) {
   const std::uint32_t block = 16;
   std::vector<T> x(64);
   for (std::size_t i = 0; i < 16; ++i) x[i] = i % 2 == 0 ? -T{0} : T{0};  // block 0: signed zeros
@@ -157,7 +160,8 @@ TEST_CASE_TEMPLATE("sign zero blocks, and blocks whose mean underflows, decode t
   CHECK(scale_in<T>(m, 2) == T{0});
   CHECK(scale_in<T>(m, 3) == std::numeric_limits<T>::denorm_min());
   bool zeros = true;
-  for (const std::size_t i : {std::size_t{0}, std::size_t{5}, std::size_t{10}, std::size_t{15}, std::size_t{32}, std::size_t{40}, std::size_t{47}})
+  for (const std::size_t i : {std::size_t{0}, std::size_t{5}, std::size_t{10}, std::size_t{15}, std::size_t{32},
+                              std::size_t{40}, std::size_t{47}})
     zeros = zeros && d[i] == T{0} && !std::signbit(d[i]) && bit_in(m, header + 4 * sizeof(T), i) == 0u;
   CHECK(zeros);
   CHECK(d[50] == -std::numeric_limits<T>::denorm_min());
@@ -196,7 +200,8 @@ TEST_CASE("sign decoders reject bad scales, stray bits, padding, layouts and oth
     std::memcpy(m.data() + header + 4 * j, &s, 4);
     return reseal(m);
   };
-  for (const float bad : {-1.0f, -0.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+  for (const float bad :
+       {-1.0f, -0.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
     CAPTURE(bad);
     CHECK(decode_status_everywhere(q, with_scale(3, bad), 100) == named(errc::malformed_payload));
   }
@@ -234,7 +239,8 @@ TEST_CASE("sign decoders reject bad scales, stray bits, padding, layouts and oth
   CHECK(sign_quantizer<float>().params_hash() != sign_quantizer<double>().params_hash());
   // A short output buffer.
   std::vector<std::byte> small(q.max_encoded_bytes(100) - 1);
-  CHECK(thrown_by([&] { q.encode(cpu_executor{}, std::span<const float>(x), small, {}); }) == named(errc::buffer_too_small));
+  CHECK(thrown_by([&] { q.encode(cpu_executor{}, std::span<const float>(x), small, {}); }) ==
+        named(errc::buffer_too_small));
 }
 
 TEST_CASE("sign decode_accumulate adds exactly the decoded values, and checksums round-trip") {
@@ -280,7 +286,8 @@ TEST_CASE("golden sign files reproduce byte for byte and decode to ±mean|x| of 
   CHECK(zero_block);
 }
 
-TEST_CASE_TEMPLATE("every cpu_executor setting writes the reference's sign bytes and decodes them alike", T, float, double) {
+TEST_CASE_TEMPLATE("every cpu_executor setting writes the reference's sign bytes and decodes them alike", T, float,
+                   double) {
   for (const std::uint32_t block : {1u, 7u, 32u, 256u}) {
     CAPTURE(block);
     check_inputs_same_as_reference(sign_quantizer<T>({.block = block}));

@@ -78,7 +78,8 @@ void check_rtn(const std::vector<T>& x, int bits, std::uint32_t block) {
     scales_ok = scales_ok && p.scales[j] == s;
     for (std::size_t i = j * block; i < std::min(n, (j + 1) * block); ++i) {
       const int level = documented_rtn_level(x[i], max_abs, bits);
-      const unsigned code = bits == 1 ? static_cast<unsigned>((level + 1) / 2) : static_cast<unsigned>(level + levels_of(bits));
+      const unsigned code =
+          bits == 1 ? static_cast<unsigned>((level + 1) / 2) : static_cast<unsigned>(level + levels_of(bits));
       codes_ok = codes_ok && p.codes[i] == code;
       // The RTN error bound, as a predicate that fails on NaN: half a step (a whole step s between
       // the 1-bit levels ±s), plus the rounding of s = m/L, of t = h·(L/m) and of q·s, each within
@@ -87,7 +88,11 @@ void check_rtn(const std::vector<T>& x, int bits, std::uint32_t block) {
       const double ulps = 4.0 * std::numeric_limits<T>::epsilon() * (std::fabs(static_cast<double>(x[i])) + s);
       const double bound = (bits == 1 ? 1.0 : 0.5) * static_cast<double>(s) + ulps;
       error_ok = error_ok && err <= bound;
-      if (max_abs == 0) zeros_exact = zeros_exact && std::bit_cast<std::make_unsigned_t<std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>>>(decoded[i]) == 0;
+      if (max_abs == 0)
+        zeros_exact =
+            zeros_exact &&
+            std::bit_cast<std::make_unsigned_t<std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>>>(
+                decoded[i]) == 0;
     }
   }
   CHECK(scales_ok);
@@ -101,7 +106,8 @@ void check_rtn(const std::vector<T>& x, int bits, std::uint32_t block) {
 TEST_CASE_TEMPLATE("uniform RTN codes follow the documented arithmetic and err by at most s/2", T, float, double) {
   for (const int bits : {1, 2, 4, 8}) {
     for (const std::uint32_t block : {1u, 7u, 16u, 256u}) {
-      for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{(1u << 16) + 1}}) {
+      for (const std::size_t n :
+           {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{(1u << 16) + 1}}) {
         for (const input_kind kind : all_input_kinds) {
           if (n > 1000 && kind != input_kind::normal) continue;
           CAPTURE(bits);
@@ -144,7 +150,8 @@ TEST_CASE_TEMPLATE("uniform stochastic rounding is unbiased within its variance 
     }
     for (std::size_t block = 0; block < 2; ++block) {
       double max_abs = 0;
-      for (std::size_t i = 32 * block; i < 32 * (block + 1); ++i) max_abs = std::max(max_abs, std::fabs(static_cast<double>(x[i])));
+      for (std::size_t i = 32 * block; i < 32 * (block + 1); ++i)
+        max_abs = std::max(max_abs, std::fabs(static_cast<double>(x[i])));
       // One draw lies within a step of width w around x (w = s, or 2s between the 1-bit levels ±s),
       // so its variance is at most w²/4: the mean of `draws` draws has standard error ≤ w/(2√draws).
       const double w = (bits == 1 ? 2.0 : 1.0) * max_abs / levels_of(bits);
@@ -167,8 +174,8 @@ TEST_CASE("uniform stochastic rounding is reproducible from (seed, step, tensor 
 }
 
 TEST_CASE_TEMPLATE("uniform rejects NaN and Inf and leaves no valid message", T, float, double) {
-  for (const T special : {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(),
-                          -std::numeric_limits<T>::infinity()}) {
+  for (const T special :
+       {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(), -std::numeric_limits<T>::infinity()}) {
     std::vector<T> x = make_input<T>(input_kind::normal, 1000, 2);
     x[600] = special;
     const uniform_quantizer<T> q({.bits = 8});
@@ -234,12 +241,14 @@ TEST_CASE("stochastic rounding codes follow the documented arithmetic, 16-bit un
       for (std::size_t i = 0; i < n; ++i) {
         const std::size_t j = i / block;
         float max_abs = 0;
-        for (std::size_t k = j * block; k < std::min(n, (j + 1) * block); ++k) max_abs = std::max(max_abs, std::fabs(x[k]));
+        for (std::size_t k = j * block; k < std::min(n, (j + 1) * block); ++k)
+          max_abs = std::max(max_abs, std::fabs(x[k]));
         const float u = static_cast<float>((stream.word(i / 2) >> (16 * (i % 2))) & 0xffffu) / 65536.0f;
         const float t = x[i] * (static_cast<float>(L) / max_abs);
         int level = 0;
         if (bits == 1) level = u < (t + 1.0f) * 0.5f ? 1 : -1;
-        else level = std::max(-L, std::min(L, static_cast<int>(std::floor(t + u))));
+        else
+          level = std::max(-L, std::min(L, static_cast<int>(std::floor(t + u))));
         const unsigned code = bits == 1 ? static_cast<unsigned>((level + 1) / 2) : static_cast<unsigned>(level + L);
         codes_ok = codes_ok && p.codes[i] == code;
       }
@@ -250,8 +259,8 @@ TEST_CASE("stochastic rounding codes follow the documented arithmetic, 16-bit un
   }
 }
 
-TEST_CASE_TEMPLATE("every cpu_executor setting writes the reference's bytes and decodes them to the same bits", T, float,
-                   double) {
+TEST_CASE_TEMPLATE("every cpu_executor setting writes the reference's bytes and decodes them to the same bits", T,
+                   float, double) {
   // The kernels (baseline, AVX2, streamed stores) change speed only: every width, rounding and
   // block size (multiples of the 32-value kernel step and not), on every input kind and edge size.
   for (const int bits : {1, 2, 4, 8}) {

@@ -83,7 +83,8 @@ std::vector<std::byte> reseal(std::vector<std::byte> m) {  // keeps the envelope
 }
 
 template <class T>
-std::string decode_error(const count_sketch<T>& cs, const std::vector<std::byte>& m, std::size_t n, decode_limits limits = {}) {
+std::string decode_error(const count_sketch<T>& cs, const std::vector<std::byte>& m, std::size_t n,
+                         decode_limits limits = {}) {
   const cpu_executor cpu;
   std::vector<T> out(n, T{7});
   std::vector<std::byte> ws(cs.workspace_bytes(cpu, n));
@@ -128,7 +129,8 @@ TEST_CASE("the test's MurmurHash3 matches the published vectors and the library'
       cpu::murmur3_32_run(first, count, 0xabcdu, fast.data(), cpu_has_avx2());
       cpu::murmur3_32_run(first, count, 0xabcdu, slow.data(), false);
       bool equal = fast == slow;
-      for (std::size_t m = 0; m < count; ++m) equal = equal && slow[m] == oracle_murmur(first + static_cast<std::uint32_t>(m), 0xabcdu);
+      for (std::size_t m = 0; m < count; ++m)
+        equal = equal && slow[m] == oracle_murmur(first + static_cast<std::uint32_t>(m), 0xabcdu);
       CHECK(equal);
     }
 }
@@ -136,7 +138,8 @@ TEST_CASE("the test's MurmurHash3 matches the published vectors and the library'
 TEST_CASE_TEMPLATE("count sketch encode equals the plain-loop oracle bit for bit", T, float, double) {
   for (const std::uint32_t rows : {1u, 2u, 3u, 5u}) {
     for (const std::uint64_t columns : {1ull, 7ull, 1000ull}) {
-      for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{300}, std::size_t{1001}}) {
+      for (const std::size_t n :
+           {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{300}, std::size_t{1001}}) {
         for (const input_kind kind : all_input_kinds) {
           const count_sketch_params p{.rows = rows, .columns = columns, .seed = 0x5eed00000003ull + rows};
           const count_sketch<T> cs(p);
@@ -157,7 +160,8 @@ TEST_CASE_TEMPLATE("count sketch encode equals the plain-loop oracle bit for bit
           CHECK(bitwise_equal(cells_of<T>(m), oracle_table(p, x)));
           // The baseline kernels write the same bytes.
           std::vector<std::byte> base(m.size());
-          cs.encode(cpu_executor{.max_simd = cpu_simd::baseline}, std::span<const T>(x), base, {}, {.step = 4, .tensor_id = 9});
+          cs.encode(cpu_executor{.max_simd = cpu_simd::baseline}, std::span<const T>(x), base, {},
+                    {.step = 4, .tensor_id = 9});
           CHECK(base == m);
         }
       }
@@ -165,7 +169,8 @@ TEST_CASE_TEMPLATE("count sketch encode equals the plain-loop oracle bit for bit
   }
 }
 
-TEST_CASE_TEMPLATE("the estimate is the oracle's median over rows, and the mean of the middle two for even rows", T, float, double) {
+TEST_CASE_TEMPLATE("the estimate is the oracle's median over rows, and the mean of the middle two for even rows", T,
+                   float, double) {
   for (const std::uint32_t rows : {1u, 2u, 3u, 4u, 5u, 16u}) {
     const count_sketch_params p{.rows = rows, .columns = 64, .seed = 77};
     const count_sketch<T> cs(p);
@@ -217,7 +222,10 @@ TEST_CASE_TEMPLATE("sketches add up exactly: the sketch of a sum is the sum of t
 TEST_CASE("heavy hitters planted among colliding noise are recovered, and decode writes their estimates") {
   for (const std::uint32_t rows : {3u, 5u}) {
     const std::size_t n = 200000, planted = 100;
-    const count_sketch_params p{.rows = rows, .columns = rows == 3 ? 65536u : 16384u, .seed = 99, .heavy_hitters = {.k = planted}};
+    const count_sketch_params p{.rows = rows,
+                                .columns = rows == 3 ? 65536u : 16384u,
+                                .seed = 99,
+                                .heavy_hitters = {.k = planted}};
     const count_sketch<float> cs(p);
     std::vector<float> x = make_input<float>(input_kind::normal, n, 17);
     std::mt19937_64 engine(23);
@@ -227,7 +235,8 @@ TEST_CASE("heavy hitters planted among colliding noise are recovered, and decode
     const std::uint64_t target = oracle_bucket(oracle_hash(p.seed, 0, *heavy.begin()), p.columns);
     for (std::size_t i = 0; heavy.size() < planted; ++i)
       if (heavy.count(i) == 0 && oracle_bucket(oracle_hash(p.seed, 0, i), p.columns) == target) heavy.insert(i);
-    for (const std::size_t i : heavy) x[i] = (engine() % 2 == 0 ? 1.0f : -1.0f) * (1.0f + static_cast<float>(engine() % 1000) / 1000.0f);
+    for (const std::size_t i : heavy)
+      x[i] = (engine() % 2 == 0 ? 1.0f : -1.0f) * (1.0f + static_cast<float>(engine() % 1000) / 1000.0f);
     // Collisions occur: every cell holds about n/c noise elements, and some heavy hitters share a
     // cell with another heavy hitter in at least one row.
     std::size_t shared = 0;
@@ -276,19 +285,21 @@ TEST_CASE_TEMPLATE("heavy-hitter selection breaks ties toward the lower index", 
   const count_sketch<T> cs(p);
   const std::vector<T> x = make_input<T>(input_kind::ties, 500, 4);
   const std::vector<T> est = oracle_estimates(p, oracle_table(p, x), x.size());
-  CHECK(bitwise_equal(decode_values(cs, encode_bytes(cs, x), x.size()), dense_at<T>(est, topk_indices_oracle<T>(est, 37))));
+  CHECK(bitwise_equal(decode_values(cs, encode_bytes(cs, x), x.size()),
+                      dense_at<T>(est, topk_indices_oracle<T>(est, 37))));
 }
 
 TEST_CASE_TEMPLATE("error feedback over the count sketch keeps its invariant", T, float, double) {
-  check_ef_invariant(count_sketch<T>({.rows = 3, .columns = 256, .seed = 4, .heavy_hitters = {.k = 30}}), 3000, 12, 41, 3);
+  check_ef_invariant(count_sketch<T>({.rows = 3, .columns = 256, .seed = 4, .heavy_hitters = {.k = 30}}), 3000, 12, 41,
+                     3);
 }
 
 TEST_CASE_TEMPLATE("count sketch rejects NaN and Inf before writing, and overflowing cell sums", T, float, double) {
   const count_sketch<T> cs({.rows = 3, .columns = 16});
   const cpu_executor cpu;
   const std::vector<std::byte> earlier = encode_bytes(cs, make_input<T>(input_kind::normal, 100, 3));
-  for (const T special : {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(),
-                          -std::numeric_limits<T>::infinity()}) {
+  for (const T special :
+       {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(), -std::numeric_limits<T>::infinity()}) {
     std::vector<T> x = make_input<T>(input_kind::normal, 100, 2);
     x[70] = special;
     std::vector<std::byte> out = earlier;
@@ -337,8 +348,9 @@ TEST_CASE("count sketch decoders reject corrupted and mismatched messages and le
   CHECK(decode_error(cs, good, n + 1) == named(errc::size_mismatch));
   CHECK(decode_error(cs, good, n, {.max_elements = n - 1}) == named(errc::too_large));
   CHECK(decode_error(cs, good, n, {.require_checksum = true}) == named(errc::payload_checksum));
-  for (const count_sketch_params& other : {count_sketch_params{.rows = 3, .columns = 32, .seed = 9, .heavy_hitters = {.k = 5}},
-                                           count_sketch_params{.rows = 3, .columns = 32, .seed = 8, .heavy_hitters = {.k = 6}}}) {
+  for (const count_sketch_params& other :
+       {count_sketch_params{.rows = 3, .columns = 32, .seed = 9, .heavy_hitters = {.k = 5}},
+        count_sketch_params{.rows = 3, .columns = 32, .seed = 8, .heavy_hitters = {.k = 6}}}) {
     CHECK(decode_error(count_sketch<float>(other), good, n) == named(errc::parameter_mismatch));
   }
   CHECK(decode_error(count_sketch<double>({.rows = 3, .columns = 16, .seed = 8, .heavy_hitters = {.k = 5}}), good, n) ==
@@ -349,7 +361,8 @@ TEST_CASE("count sketch decoders reject corrupted and mismatched messages and le
   CHECK(thrown_by([&] { (void)cs.heavy_hitters(cpu_executor{}, good, n, four, ws); }) == named(errc::buffer_too_small));
   CHECK(std::all_of(four.begin(), four.end(), [](std::uint64_t i) { return i == 99; }));
   std::vector<float> out(n, 7.0f);
-  CHECK(thrown_by([&] { cs.decode(cpu_executor{}, good, std::span<float>(out), {}); }) == named(errc::workspace_too_small));
+  CHECK(thrown_by([&] { cs.decode(cpu_executor{}, good, std::span<float>(out), {}); }) ==
+        named(errc::workspace_too_small));
   CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 7.0f; }));
 }
 
@@ -365,7 +378,8 @@ TEST_CASE("count sketch accumulate_encoded rejects mismatched and overflowing su
   const std::vector<std::byte> mine = encode_bytes(cs, a, {.step = 2});
   rejects(mine, encode_bytes(cs, a, {.step = 3}), errc::step_mismatch);
   rejects(mine, encode_bytes(cs, a, {.step = 2, .tensor_id = 1}), errc::step_mismatch);
-  rejects(mine, encode_bytes(count_sketch<float>({.rows = 2, .columns = 10, .seed = 1}), a, {.step = 2}), errc::parameter_mismatch);
+  rejects(mine, encode_bytes(count_sketch<float>({.rows = 2, .columns = 10, .seed = 1}), a, {.step = 2}),
+          errc::parameter_mismatch);
   rejects(mine, encode_bytes(cs, std::vector<float>(a.begin(), a.begin() + 99), {.step = 2}), errc::size_mismatch);
   rejects(mine, encode_bytes(topk_sparsifier<float>(), a, {.step = 2}), errc::codec_mismatch);
   std::vector<std::byte> nan = mine;
@@ -400,7 +414,8 @@ TEST_CASE("count sketch parameters are validated and hashed") {
   CHECK(thrown_by([] { count_sketch<float> bad({.rows = 17}); }) == named(errc::invalid_argument));
   CHECK(thrown_by([] { count_sketch<float> bad({.columns = 0}); }) == named(errc::invalid_argument));
   CHECK(thrown_by([] { count_sketch<float> bad({.columns = (1ull << 31) + 1}); }) == named(errc::invalid_argument));
-  CHECK(thrown_by([] { count_sketch<float> bad({.heavy_hitters = {.density = 0.0}}); }) == named(errc::invalid_argument));
+  CHECK(thrown_by([] { count_sketch<float> bad({.heavy_hitters = {.density = 0.0}}); }) ==
+        named(errc::invalid_argument));
   const count_sketch<float> widest({.rows = 1, .columns = 1ull << 31});
   CHECK(widest.max_encoded_bytes(5) == 56 + (std::size_t{1} << 33));
   CHECK(count_sketch<float>().rows() == 3);
@@ -434,5 +449,6 @@ TEST_CASE("the golden count-sketch file decodes to the oracle's heavy hitters of
   REQUIRE(golden.size() == 56 + 3 * 64 * 4);
   CHECK(bitwise_equal(cells_of<float>(golden), oracle_table(p, x)));
   const std::vector<float> est = oracle_estimates(p, oracle_table(p, x), x.size());
-  CHECK(bitwise_equal(decode_values(count_sketch<float>(p), golden, x.size()), dense_at<float>(est, topk_indices_oracle<float>(est, 10))));
+  CHECK(bitwise_equal(decode_values(count_sketch<float>(p), golden, x.size()),
+                      dense_at<float>(est, topk_indices_oracle<float>(est, 10))));
 }

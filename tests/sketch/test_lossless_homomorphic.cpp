@@ -45,7 +45,8 @@ std::vector<std::vector<T>> make_gradients(std::size_t ranks, std::size_t n, dou
     for (T& v : g) {
       if (!keep(engine)) continue;
       if (grid) v = static_cast<T>(std::ldexp(static_cast<double>(level(engine) * (engine() % 2 == 0 ? 1 : -1)), -12));
-      else v = static_cast<T>(normal(engine));
+      else
+        v = static_cast<T>(normal(engine));
     }
   return x;
 }
@@ -100,7 +101,8 @@ protocol_run<T> run_protocol(const lossless_homomorphic<T>& lhc, const std::vect
   run.summed.assign(run.plan.sketch_values(), T{0});
   std::vector<T> sketch(run.plan.sketch_values());
   for (std::size_t r = 0; r < x.size(); ++r) {
-    lhc.encode_sketch(cpu, std::span<const T>(x[r]), std::span<const std::byte>(run.index), run.plan, std::span<T>(sketch));
+    lhc.encode_sketch(cpu, std::span<const T>(x[r]), std::span<const std::byte>(run.index), run.plan,
+                      std::span<T>(sketch));
     for (std::size_t c = 0; c < sketch.size(); ++c) run.summed[c] = r == 0 ? sketch[c] : run.summed[c] + sketch[c];
   }
   bytes ws(lhc.workspace_bytes(cpu, run.plan));
@@ -194,7 +196,8 @@ oracle_peeling oracle_peel(const lhc_params& p, const lhc_plan& plan, const std:
       for (const std::vector<T>& g : x) magnitude[c.cell[j]] += std::fabs(static_cast<long double>(g[i]));
     }
   }
-  o.cells_with_several = static_cast<std::uint64_t>(std::count_if(count.begin(), count.end(), [](std::uint64_t k) { return k >= 2; }));
+  o.cells_with_several =
+      static_cast<std::uint64_t>(std::count_if(count.begin(), count.end(), [](std::uint64_t k) { return k >= 2; }));
   const long double u = std::numeric_limits<T>::epsilon() / 2;
   std::vector<long double> cell_error(plan.cells);
   for (std::uint64_t c = 0; c < plan.cells; ++c) {
@@ -313,7 +316,8 @@ TEST_CASE("lhc general data agrees with the real sum within the propagated round
 
 // ---- stalls ---------------------------------------------------------------------------------------
 
-TEST_CASE_TEMPLATE("lhc below the threshold reports the stall and never writes a silent wrong value", T, float, double) {
+TEST_CASE_TEMPLATE("lhc below the threshold reports the stall and never writes a silent wrong value", T, float,
+                   double) {
   const std::size_t n = std::size_t{1} << 16;
   const auto x = make_gradients<T>(4, n, 0.03, 9, true);
   const lhc_params stalls{.cells_per_nonzero = 1.0, .seed = 3};
@@ -336,8 +340,8 @@ TEST_CASE_TEMPLATE("lhc below the threshold reports the stall and never writes a
     bytes ws(lhc.workspace_bytes(cpu, plan));
     std::vector<T> out(n, T{-7});
     CHECK(thrown_by([&] {
-            (void)lhc.decode(cpu, std::span<const std::byte>(index), plan, std::span<const T>(summed), std::span<T>(out),
-                             std::span<std::byte>(ws));
+            (void)lhc.decode(cpu, std::span<const std::byte>(index), plan, std::span<const T>(summed),
+                             std::span<T>(out), std::span<std::byte>(ws));
           }) == named(errc::peeling_stalled));
     CHECK(std::all_of(out.begin(), out.end(), [](T v) { return v == T{-7}; }));
   }
@@ -347,8 +351,10 @@ TEST_CASE_TEMPLATE("lhc below the threshold reports the stall and never writes a
     const protocol_run<T> run = run_protocol(make_lhc<T>(p), x);
     const oracle_peeling o = oracle_peel(p, run.plan, x, run.summed);
     REQUIRE(!o.median.empty());
-    CHECK(run.result == lhc_decode_result{.recovered = o.recovered.size(), .unrecovered = o.median.size(),
-                                          .estimated = o.median.size(), .rounds = o.rounds});
+    CHECK(run.result == lhc_decode_result{.recovered = o.recovered.size(),
+                                          .unrecovered = o.median.size(),
+                                          .estimated = o.median.size(),
+                                          .rounds = o.rounds});
     const std::vector<T> exact = rank_order_sum(x);
     std::size_t wrong = 0, estimate_wrong = 0, inexact_estimates = 0;
     for (const auto& [i, v] : o.recovered) wrong += run.out[i] == exact[i] ? 0u : 1u;
@@ -402,8 +408,9 @@ TEST_CASE("lhc index codings aggregate as OR up to their rank limit and refuse m
     std::uint64_t limit;
     std::size_t ranks;
   };
-  for (const coding_case k : {coding_case{lhc_index_coding::bitmap, std::numeric_limits<std::uint64_t>::max(), 300},
-                              coding_case{lhc_index_coding::sum4, 15, 15}, coding_case{lhc_index_coding::sum8, 255, 255}}) {
+  for (const coding_case k :
+       {coding_case{lhc_index_coding::bitmap, std::numeric_limits<std::uint64_t>::max(), 300},
+        coding_case{lhc_index_coding::sum4, 15, 15}, coding_case{lhc_index_coding::sum8, 255, 255}}) {
     CAPTURE(static_cast<int>(k.coding));
     const lhc_params p{.block = 64, .cells_per_nonzero = 1.6, .index = k.coding, .seed = 11};
     const lossless_homomorphic<float> lhc(p);
@@ -435,7 +442,8 @@ TEST_CASE("lhc index codings aggregate as OR up to their rank limit and refuse m
           named(errc::malformed_payload));
   }
   const lossless_homomorphic<float> any;
-  CHECK(thrown_by([&] { (void)any.plan(cpu, std::span<const std::byte>(bytes(2)), 16, 0); }) == named(errc::invalid_argument));
+  CHECK(thrown_by([&] { (void)any.plan(cpu, std::span<const std::byte>(bytes(2)), 16, 0); }) ==
+        named(errc::invalid_argument));
 }
 
 // ---- layouts and sizing --------------------------------------------------------------------------------
@@ -461,14 +469,18 @@ TEST_CASE("lhc reference layout hashes equal the published MurmurHash3 vectors")
 
 TEST_CASE("lhc reference layout lets rows coincide and peels as the oracle predicts") {
   const std::size_t n = std::size_t{1} << 18;
-  const lhc_params p{.on_stall = lhc_stall_policy::median_estimate, .reference_layout = true, .fixed_compress_ratio = 2};
+  const lhc_params p{.on_stall = lhc_stall_policy::median_estimate,
+                     .reference_layout = true,
+                     .fixed_compress_ratio = 2};
   const auto x = make_gradients<float>(2, n, 0.1, 31, true);
   const protocol_run<float> run = run_protocol(make_lhc<float>(p), x);
   CHECK(run.plan.rows == 128);  // ⌈G / c⌉ = ⌈256 / 2⌉
   const oracle_peeling o = oracle_peel(p, run.plan, x, run.summed);
   CHECK(o.elements_in_one_cell_twice > 0);  // the reference's row collisions occur
-  CHECK(run.result == lhc_decode_result{.recovered = o.recovered.size(), .unrecovered = o.median.size(),
-                                        .estimated = o.median.size(), .rounds = o.rounds});
+  CHECK(run.result == lhc_decode_result{.recovered = o.recovered.size(),
+                                        .unrecovered = o.median.size(),
+                                        .estimated = o.median.size(),
+                                        .rounds = o.rounds});
   const std::vector<float> exact = rank_order_sum(x);
   std::size_t wrong = 0;
   for (const auto& [i, v] : o.recovered) wrong += run.out[i] == exact[i] ? 0u : 1u;
@@ -490,9 +502,11 @@ TEST_CASE("lhc default layout puts an element in three distinct rows and a block
 TEST_CASE("lhc plans follow the sizing rule, the fixed ratio and the dense fallback") {
   const lossless_homomorphic<float> adaptive;
   CHECK(adaptive.plan_for(1 << 20, 0) == lhc_plan{.n = 1 << 20});
-  CHECK(adaptive.plan_for(1 << 20, 100000) == lhc_plan{.n = 1 << 20, .union_nonzeros = 100000, .rows = 127, .cells = 127 * 1024});
+  CHECK(adaptive.plan_for(1 << 20, 100000) ==
+        lhc_plan{.n = 1 << 20, .union_nonzeros = 100000, .rows = 127, .cells = 127 * 1024});
   CHECK(adaptive.plan_for(1 << 20, 10) == lhc_plan{.n = 1 << 20, .union_nonzeros = 10, .rows = 3, .cells = 3 * 1024});
-  CHECK(adaptive.plan_for(1 << 20, 805500) == lhc_plan{.n = 1 << 20, .union_nonzeros = 805500, .rows = 1023, .cells = 1023 * 1024});
+  CHECK(adaptive.plan_for(1 << 20, 805500) ==
+        lhc_plan{.n = 1 << 20, .union_nonzeros = 805500, .rows = 1023, .cells = 1023 * 1024});
   CHECK(adaptive.plan_for(1 << 20, 806600).dense);
   CHECK(adaptive.plan_for(1 << 20, 806600).sketch_values() == 1 << 20);
   CHECK(adaptive.plan_for(3000, 1).dense);  // 3 rows of 1024 ≥ 3000
@@ -506,11 +520,13 @@ TEST_CASE("lhc plans follow the sizing rule, the fixed ratio and the dense fallb
   CHECK(thrown_by([] { lossless_homomorphic<float>({.cells_per_nonzero = 0.9}); }) == named(errc::invalid_argument));
   CHECK(thrown_by([] { lossless_homomorphic<float>({.block = 0}); }) == named(errc::invalid_argument));
   CHECK(thrown_by([] { lossless_homomorphic<float>({.fixed_compress_ratio = -1}); }) == named(errc::invalid_argument));
-  CHECK(thrown_by([] { lossless_homomorphic<float>({.cells_per_nonzero = std::nan("")}); }) == named(errc::invalid_argument));
+  CHECK(thrown_by([] { lossless_homomorphic<float>({.cells_per_nonzero = std::nan("")}); }) ==
+        named(errc::invalid_argument));
 }
 
-TEST_CASE_TEMPLATE("lhc sketches computed cell by cell from row-sorted pairs (the GPU's order) equal encode_sketch bit for bit",
-                   T, float, double) {
+TEST_CASE_TEMPLATE(
+    "lhc sketches computed cell by cell from row-sorted pairs (the GPU's order) equal encode_sketch bit for bit", T,
+    float, double) {
   // lhc_cell_from_row adds a cell's contributions in the order of its row's (block, hash) pairs,
   // sorted stably by row: the CUDA backend computes one cell per thread this way, without atomics.
   for (const bool reference : {false, true})
@@ -521,7 +537,9 @@ TEST_CASE_TEMPLATE("lhc sketches computed cell by cell from row-sorted pairs (th
           CAPTURE(block);
           CAPTURE(n);
           CAPTURE(density);
-          const lossless_homomorphic<T> lhc({.block = block, .reference_layout = reference, .fixed_compress_ratio = reference ? 2.0 : 0.0,
+          const lossless_homomorphic<T> lhc({.block = block,
+                                             .reference_layout = reference,
+                                             .fixed_compress_ratio = reference ? 2.0 : 0.0,
                                              .seed = reference ? 0u : 5u});
           const std::vector<T> x = make_gradients<T>(1, n, density, n + block, false).front();
           const cpu_executor cpu;
@@ -530,7 +548,8 @@ TEST_CASE_TEMPLATE("lhc sketches computed cell by cell from row-sorted pairs (th
           const lhc_plan plan = lhc.plan(cpu, std::span<const std::byte>(index), n, 1);
           if (plan.dense || plan.cells == 0) continue;
           std::vector<T> expected(plan.sketch_values());
-          lhc.encode_sketch(cpu, std::span<const T>(x), std::span<const std::byte>(index), plan, std::span<T>(expected));
+          lhc.encode_sketch(cpu, std::span<const T>(x), std::span<const std::byte>(index), plan,
+                            std::span<T>(expected));
           const std::uint64_t blocks = lhc.block_count(n);
           std::vector<lhc_block_layout> layouts;
           std::vector<std::pair<std::uint64_t, std::uint64_t>> keyed;  // (row, 3·b + j), in (b, j) order
@@ -547,10 +566,11 @@ TEST_CASE_TEMPLATE("lhc sketches computed cell by cell from row-sorted pairs (th
           for (std::uint64_t r = 0; r < plan.rows; ++r) row_begin[r + 1] += row_begin[r];
           std::vector<T> cells(plan.cells);
           for (std::uint64_t c = 0; c < plan.cells; ++c)
-            cells[c] = lhc_cell_from_row<T>(x.data(), n, pairs.data(), row_begin[c / block], row_begin[c / block + 1], c % block,
-                                            layouts.data(), block);
+            cells[c] = lhc_cell_from_row<T>(x.data(), n, pairs.data(), row_begin[c / block], row_begin[c / block + 1],
+                                            c % block, layouts.data(), block);
           std::size_t differing = 0;
-          for (std::uint64_t c = 0; c < plan.cells; ++c) differing += to_bits(cells[c]) != to_bits(expected[c]) ? 1u : 0u;
+          for (std::uint64_t c = 0; c < plan.cells; ++c)
+            differing += to_bits(cells[c]) != to_bits(expected[c]) ? 1u : 0u;
           CHECK(differing == 0);
         }
 }
@@ -611,7 +631,8 @@ TEST_CASE("lhc tensors shorter than a block or ending in a partial block decode 
   }
 }
 
-TEST_CASE_TEMPLATE("lhc decode writes every element, streamed or not, into a dirty and misaligned buffer", T, float, double) {
+TEST_CASE_TEMPLATE("lhc decode writes every element, streamed or not, into a dirty and misaligned buffer", T, float,
+                   double) {
   // The decoder assembles the output span by span (2^14 elements) and writes it front to back:
   // here through several spans and a partial last one, with and without non-temporal stores, at
   // an address that is not 64-byte aligned, over a buffer full of NaN with guard elements on both
@@ -685,12 +706,13 @@ TEST_CASE("lhc tiny sketches in which every cell holds an element decode exactly
     if (std::find(occupied.begin(), occupied.end(), false) != occupied.end()) continue;
     ++full;
     std::vector<float> sketch(plan.sketch_values());
-    lhc.encode_sketch(cpu, std::span<const float>(x[0]), std::span<const std::byte>(index), plan, std::span<float>(sketch));
+    lhc.encode_sketch(cpu, std::span<const float>(x[0]), std::span<const std::byte>(index), plan,
+                      std::span<float>(sketch));
     bytes ws(lhc.workspace_bytes(cpu, plan));
     std::vector<float> out(n, -1.0f);
     try {
-      (void)lhc.decode(cpu, std::span<const std::byte>(index), plan, std::span<const float>(sketch), std::span<float>(out),
-                       std::span<std::byte>(ws));
+      (void)lhc.decode(cpu, std::span<const std::byte>(index), plan, std::span<const float>(sketch),
+                       std::span<float>(out), std::span<std::byte>(ws));
     } catch (const error& e) {
       CHECK(e.code() == errc::peeling_stalled);
       continue;
@@ -728,7 +750,8 @@ TEST_CASE("lhc rejects hostile indexes, plans, sketches and buffers with named e
           named(errc::size_mismatch));
     CHECK(thrown_by([&] { (void)lhc.plan(cpu, index.first(index.size() - 1), n, 2); }) == named(errc::size_mismatch));
     CHECK(thrown_by([&] {
-            lhc.encode_sketch(cpu, std::span<const float>(x[0]), index, run.plan, std::span<float>(sketch).first(sketch.size() - 1));
+            lhc.encode_sketch(cpu, std::span<const float>(x[0]), index, run.plan,
+                              std::span<float>(sketch).first(sketch.size() - 1));
           }) == named(errc::size_mismatch));
     CHECK(decode(index, run.plan, summed.first(summed.size() - 1), out, ws) == named(errc::size_mismatch));
     CHECK(decode(index, run.plan, summed, std::span<float>(out).first(n - 1), ws) == named(errc::size_mismatch));
@@ -741,7 +764,8 @@ TEST_CASE("lhc rejects hostile indexes, plans, sketches and buffers with named e
     bytes odd_index(lhc.index_bytes(odd));
     lhc.encode_index(cpu, std::span<const float>(shorter), std::span<std::byte>(odd_index));
     odd_index.back() |= std::byte{0x80};
-    CHECK(thrown_by([&] { (void)lhc.plan(cpu, std::span<const std::byte>(odd_index), odd, 1); }) == named(errc::malformed_payload));
+    CHECK(thrown_by([&] { (void)lhc.plan(cpu, std::span<const std::byte>(odd_index), odd, 1); }) ==
+          named(errc::malformed_payload));
     lhc_plan forged = run.plan;
     forged.rows += 1;
     forged.cells += 128;
@@ -761,7 +785,8 @@ TEST_CASE("lhc rejects hostile indexes, plans, sketches and buffers with named e
     std::vector<float> s(plan_of_fewer.sketch_values(), 5.0f);
     const std::vector<float>& holder = x[0][dropped] != 0 ? x[0] : x[1];
     CHECK(thrown_by([&] {
-            lhc.encode_sketch(cpu, std::span<const float>(holder), std::span<const std::byte>(fewer), plan_of_fewer, std::span<float>(s));
+            lhc.encode_sketch(cpu, std::span<const float>(holder), std::span<const std::byte>(fewer), plan_of_fewer,
+                              std::span<float>(s));
           }) == named(errc::invalid_argument));
     // poisoned: a rank that joins the SUM anyway makes every decoder fail
     CHECK(std::all_of(s.begin(), s.end(), [](float v) { return std::isnan(v); }));
@@ -777,8 +802,10 @@ TEST_CASE("lhc rejects hostile indexes, plans, sketches and buffers with named e
     const lhc_plan plan_all = lhc.plan(cpu, std::span<const std::byte>(all), n, 1);
     std::vector<float> s(plan_all.sketch_values());
     bad[123] = std::numeric_limits<float>::infinity();
-    CHECK(thrown_by([&] { lhc.encode_sketch(cpu, std::span<const float>(bad), std::span<const std::byte>(all), plan_all, std::span<float>(s)); }) ==
-          named(errc::non_finite_input));
+    CHECK(thrown_by([&] {
+            lhc.encode_sketch(cpu, std::span<const float>(bad), std::span<const std::byte>(all), plan_all,
+                              std::span<float>(s));
+          }) == named(errc::non_finite_input));
     for (const float poison : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
       std::vector<float> poisoned = run.summed;
       poisoned[poisoned.size() / 2] = poison;
@@ -796,7 +823,8 @@ TEST_CASE("lhc a summed sketch that overflowed is refused and out is left untouc
   x[0][100] = x[1][100] = std::numeric_limits<float>::max();
   x[0][2000] = 1.0f;
   std::vector<bytes> indexes(2, bytes(lhc.index_bytes(n)));
-  for (std::size_t r = 0; r < 2; ++r) lhc.encode_index(cpu, std::span<const float>(x[r]), std::span<std::byte>(indexes[r]));
+  for (std::size_t r = 0; r < 2; ++r)
+    lhc.encode_index(cpu, std::span<const float>(x[r]), std::span<std::byte>(indexes[r]));
   const bytes index = aggregate_indexes(indexes, lhc_index_coding::bitmap);
   const lhc_plan plan = lhc.plan(cpu, std::span<const std::byte>(index), n, 2);
   REQUIRE_FALSE(plan.dense);
@@ -809,8 +837,8 @@ TEST_CASE("lhc a summed sketch that overflowed is refused and out is left untouc
   bytes ws(lhc.workspace_bytes(cpu, plan));
   std::vector<float> out(n, 1.0f);
   CHECK(thrown_by([&] {
-          (void)lhc.decode(cpu, std::span<const std::byte>(index), plan, std::span<const float>(overflowed), std::span<float>(out),
-                           std::span<std::byte>(ws));
+          (void)lhc.decode(cpu, std::span<const std::byte>(index), plan, std::span<const float>(overflowed),
+                           std::span<float>(out), std::span<std::byte>(ws));
         }) == named(errc::non_finite_input));
   CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 1.0f; }));
 }

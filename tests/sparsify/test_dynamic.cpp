@@ -30,9 +30,8 @@ using namespace gradcomp::test;
 namespace {
 
 /// The reference's table, typed in again from the paper's code (not taken from the library).
-constexpr double reference_table[] = {1e-20, 1e-15, 1e-10, 1e-8, 1e-7, 2e-7, 5e-7, 1e-6, 2e-6,
-                                      5e-6,  1e-5,  2e-5,  5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3,
-                                      5e-3,  1e-2,  2e-2,  5e-2, 0.1,  0.2,  0.5};
+constexpr double reference_table[] = {1e-20, 1e-15, 1e-10, 1e-8, 1e-7, 2e-7, 5e-7, 1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5,
+                                      1e-4,  2e-4,  5e-4,  1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1,  0.2,  0.5};
 constexpr std::size_t table_size = sizeof(reference_table) / sizeof(reference_table[0]);
 
 /// z = floor(f*·n) with the product in double, at most n.
@@ -73,7 +72,8 @@ T table_threshold_oracle(const std::vector<T>& a, double f) {
   while (lo < hi) {
     const std::size_t mid = (lo + hi) / 2;
     if (frac(reference_table[mid]) < f) lo = mid + 1;
-    else hi = mid;
+    else
+      hi = mid;
   }
   // frac grows with t, so bisect_left agrees with a linear scan for the first frac ≥ f.
   std::size_t scan = 0;
@@ -252,7 +252,8 @@ TEST_CASE_TEMPLATE("dynamic exact threshold stays exact when the sample misleads
     for (std::size_t i = 0; i < n; ++i) {
       const bool in_sample = i % stride < 64;
       if (in_sample == sampled_small) x[i] = x[i] * static_cast<T>(1e-6);
-      else x[i] = x[i] + static_cast<T>(x[i] < 0 ? -1 : 1);
+      else
+        x[i] = x[i] + static_cast<T>(x[i] < 0 ? -1 : 1);
     }
     const std::vector<T> sorted = sorted_magnitudes(x);
     for (const double f : {0.5, 0.8}) {
@@ -384,8 +385,8 @@ TEST_CASE_TEMPLATE("dynamic error feedback keeps out plus new residual equal to 
       for (std::uint64_t t = 0; t < 4; ++t) {
         for (std::size_t j = 0; j < 3; ++j) {
           const std::vector<T> g = make_input<T>(kind, sizes[j], 1000 * t + j);
-          const std::vector<T> r_old = state.residuals.count(ids[j]) ? state.residuals.at(ids[j])
-                                                                     : std::vector<T>(sizes[j], T{0});
+          const std::vector<T> r_old =
+              state.residuals.count(ids[j]) ? state.residuals.at(ids[j]) : std::vector<T>(sizes[j], T{0});
           std::vector<T> out;
           step(sp, state, ids[j], g, out);
           CHECK(invariant_holds(g, r_old, out, state.residuals.at(ids[j])));
@@ -481,8 +482,7 @@ TEST_CASE_TEMPLATE("dynamic names size errors and a short workspace and keeps th
         named(errc::workspace_too_small));
   CHECK(bits(state) == before);
   // The same size under another id is a new tensor.
-  CHECK(thrown_by([&] { sp.sparsify(cpu, state, 5, std::span<const T>(g), std::span<T>(o), ws); }) ==
-        "no exception");
+  CHECK(thrown_by([&] { sp.sparsify(cpu, state, 5, std::span<const T>(g), std::span<T>(o), ws); }) == "no exception");
   CHECK(state.residuals.at(5).size() == 101);
 }
 
@@ -529,7 +529,8 @@ TEST_CASE_TEMPLATE("dynamic saved state follows the documented layout and contin
   const std::size_t sizes[] = {33, 1000, 0};
   std::vector<T> out;
   for (std::uint64_t t = 0; t < 3; ++t)
-    for (std::size_t j = 0; j < 3; ++j) step(sp, state, ids[j], make_input<T>(input_kind::normal, sizes[j], t + j), out);
+    for (std::size_t j = 0; j < 3; ++j)
+      step(sp, state, ids[j], make_input<T>(input_kind::normal, sizes[j], t + j), out);
 
   const std::vector<std::byte> bytes = saved(sp, state);
   CHECK(bytes.size() == 37 + 3 * 16 + (33 + 1000) * sizeof(T) + 4);

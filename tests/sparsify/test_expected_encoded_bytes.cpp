@@ -26,7 +26,7 @@ namespace gradcomp::test {
 namespace {
 
 // 0, 1, small, odd, around the bitmap's byte and word boundaries, the 2,080 of the cost example, large.
-constexpr std::uint64_t sizes[] = {0,  1,  2,  3,   7,   8,    9,    31,   32,   33,     63,
+constexpr std::uint64_t sizes[] = {0,  1,  2,   3,   7,    8,    9,    31,   32,     33,      63,
                                    64, 65, 100, 257, 1000, 1001, 2080, 4097, 65'537, 1u << 20};
 // From a handful of values to all of them, on both sides of the list/bitmap crossover (k ≈ n/32).
 const sparsity amounts[] = {{.density = 0.001}, {.density = 0.01}, {.density = 0.03}, {.density = 0.031},

@@ -47,8 +47,8 @@ std::set<std::size_t> kept_positions(const std::vector<T>& decoded) {
 }  // namespace
 
 TEST_CASE_TEMPLATE("random-k keeps exactly k distinct elements with their values", T, float, double) {
-  for (const std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{(1u << 16) + 1},
-                              std::size_t{(1u << 20) + 3}}) {
+  for (const std::size_t n :
+       {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{(1u << 16) + 1}, std::size_t{(1u << 20) + 3}}) {
     for (const double density : {1e-6, 0.01, 0.5, 1.0}) {
       CAPTURE(n);
       CAPTURE(density);
@@ -193,7 +193,8 @@ TEST_CASE_TEMPLATE("every cpu_executor setting writes the reference's random-k b
     for (const bool scaled : {true, false}) {
       CAPTURE(density);
       CAPTURE(scaled);
-      check_inputs_same_as_reference(randomk_sparsifier<T>({.amount = {.density = density}, .seed = 5, .scaled = scaled}));
+      check_inputs_same_as_reference(
+          randomk_sparsifier<T>({.amount = {.density = density}, .seed = 5, .scaled = scaled}));
     }
   }
 }

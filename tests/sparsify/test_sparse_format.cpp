@@ -98,23 +98,25 @@ TEST_CASE("malformed sparse payloads are rejected with malformed_payload") {
   const auto expect_malformed = [&](const std::vector<std::byte>& m, std::uint64_t n) {
     CHECK(decode_error(codec, m, static_cast<std::size_t>(n)) == errc::malformed_payload);
   };
-  expect_malformed(hand_message(20, 1, 3, le_words({9, 2, 17}, 4), three, h), 20);    // not ascending
-  expect_malformed(hand_message(20, 1, 3, le_words({2, 2, 17}, 4), three, h), 20);    // duplicate
-  expect_malformed(hand_message(20, 1, 3, le_words({2, 9, 20}, 4), three, h), 20);    // index == n
+  expect_malformed(hand_message(20, 1, 3, le_words({9, 2, 17}, 4), three, h), 20);  // not ascending
+  expect_malformed(hand_message(20, 1, 3, le_words({2, 2, 17}, 4), three, h), 20);  // duplicate
+  expect_malformed(hand_message(20, 1, 3, le_words({2, 9, 20}, 4), three, h), 20);  // index == n
   expect_malformed(hand_message(20, 2, 3, le_words({2, 9, std::uint64_t{1} << 40}, 8), three, h), 20);
   expect_malformed(hand_message(20, 3, 3, {0x04, 0x02, 0x00, 0, 0, 0, 0, 0}, three, h), 20);  // 2 bits, k = 3
   expect_malformed(hand_message(20, 3, 3, {0x04, 0x02, 0x12, 0, 0, 0, 0, 0}, three, h), 20);  // bit 20 set
   expect_malformed(hand_message(20, 3, 3, {0x04, 0x02, 0x02, 0, 0, 0, 0, 1}, three, h), 20);  // padding
   std::vector<std::uint8_t> padded = le_words({2, 9, 17}, 4);
   padded.back() = 1;
-  expect_malformed(hand_message(20, 1, 3, padded, three, h), 20);                              // list padding
-  expect_malformed(hand_message(20, 4, 3, le_words({2, 9, 17}, 4), three, h), 20);             // unknown coding
-  expect_malformed(hand_message(2, 1, 3, le_words({0, 1, 1}, 4), three, h), 2);                // k > n
-  expect_malformed(hand_message(20, 1, 4, le_words({2, 9, 17}, 4), three, h), 20);             // k vs size
+  expect_malformed(hand_message(20, 1, 3, padded, three, h), 20);  // list padding
+  expect_malformed(hand_message(20, 4, 3, le_words({2, 9, 17}, 4), three, h), 20);  // unknown coding
+  expect_malformed(hand_message(2, 1, 3, le_words({0, 1, 1}, 4), three, h), 2);  // k > n
+  expect_malformed(hand_message(20, 1, 4, le_words({2, 9, 17}, 4), three, h), 20);  // k vs size
   expect_malformed(hand_message(20, 1, 3, le_words({2, 9, 17}, 4),
-                                {1.0f, std::numeric_limits<float>::quiet_NaN(), 3.0f}, h), 20);  // NaN value
-  expect_malformed(hand_message(20, 1, 3, le_words({2, 9, 17}, 4),
-                                {1.0f, std::numeric_limits<float>::infinity(), 3.0f}, h), 20);
+                                {1.0f, std::numeric_limits<float>::quiet_NaN(), 3.0f}, h),
+                   20);  // NaN value
+  expect_malformed(hand_message(20, 1, 3, le_words({2, 9, 17}, 4), {1.0f, std::numeric_limits<float>::infinity(), 3.0f},
+                                h),
+                   20);
 }
 
 TEST_CASE("absurd sizes in a tiny message are rejected without overflow or huge reads") {

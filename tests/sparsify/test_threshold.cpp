@@ -47,8 +47,7 @@ encoded<T> encode_with_report(const threshold_sparsifier<T>& codec, const std::v
 // j is x[floor(r_j · n / 2^64)] for the 64-bit word r_j = words (2j, 2j+1) of the threshold_sample
 // stream, or all of x when s = n. Then clamped to at least the smallest positive value.
 template <class T>
-T documented_threshold(const std::vector<T>& x, std::uint64_t k, std::uint64_t s, std::uint64_t seed,
-                       message_key key) {
+T documented_threshold(const std::vector<T>& x, std::uint64_t k, std::uint64_t s, std::uint64_t seed, message_key key) {
   const std::uint64_t n = x.size();
   std::vector<T> sample;
   const random_stream stream{seed, key.step, key.tensor_id, random_purpose::threshold_sample};
@@ -70,8 +69,8 @@ T documented_threshold(const std::vector<T>& x, std::uint64_t k, std::uint64_t s
 }  // namespace
 
 TEST_CASE_TEMPLATE("threshold keeps every nonzero |x| >= the documented sample quantile", T, float, double) {
-  for (const std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{(1u << 16) + 1},
-                              std::size_t{(1u << 20) + 3}}) {
+  for (const std::size_t n :
+       {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{(1u << 16) + 1}, std::size_t{(1u << 20) + 3}}) {
     for (const input_kind kind : all_input_kinds) {
       if (n > 1000 && kind != input_kind::normal && kind != input_kind::signed_zeros) continue;
       for (const double density : {1e-5, 0.01, 0.3, 1.0}) {
@@ -156,8 +155,8 @@ TEST_CASE("threshold never keeps exact zeros") {
 }
 
 TEST_CASE_TEMPLATE("threshold rejects NaN and Inf wherever they are", T, float, double) {
-  for (const T special : {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(),
-                          -std::numeric_limits<T>::infinity()}) {
+  for (const T special :
+       {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(), -std::numeric_limits<T>::infinity()}) {
     for (const std::size_t where : {std::size_t{0}, std::size_t{4999}}) {
       std::vector<T> x = make_input<T>(input_kind::normal, 5000, 3);
       x[where] = special;
@@ -180,8 +179,11 @@ TEST_CASE_TEMPLATE("every cpu_executor setting writes the reference's threshold 
   for (const double density : {0.001, 0.01, 0.3, 1.0}) {
     for (const bool refine : {true, false}) {
       for (const double fraction : {0.01, 1.0}) {
-        const threshold_sparsifier<T> codec(
-            {.target = {.density = density}, .sample_fraction = fraction, .min_samples = 64, .refine = refine, .seed = 6});
+        const threshold_sparsifier<T> codec({.target = {.density = density},
+                                             .sample_fraction = fraction,
+                                             .min_samples = 64,
+                                             .refine = refine,
+                                             .seed = 6});
         CAPTURE(density);
         CAPTURE(refine);
         CAPTURE(fraction);
@@ -204,9 +206,8 @@ TEST_CASE_TEMPLATE("threshold rejects NaN and Inf on every executor alike", T, f
 }
 
 TEST_CASE("threshold parameters are validated") {
-  for (const threshold_params bad : {threshold_params{.target = {.density = 0}},
-                                     threshold_params{.sample_fraction = 0}, threshold_params{.sample_fraction = 2},
-                                     threshold_params{.min_samples = 0}}) {
+  for (const threshold_params bad : {threshold_params{.target = {.density = 0}}, threshold_params{.sample_fraction = 0},
+                                     threshold_params{.sample_fraction = 2}, threshold_params{.min_samples = 0}}) {
     try {
       threshold_sparsifier<float> codec(bad);
       FAIL("accepted invalid parameters");

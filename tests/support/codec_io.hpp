@@ -35,7 +35,8 @@ inline std::vector<std::byte> with_payload(const std::vector<std::byte>& good, c
 /// Decodes `message` into a fresh vector of n values (on `cpu`, by default the widest kernels).
 template <class Codec>
 std::vector<typename Codec::value_type> decode_values(const Codec& codec, std::span<const std::byte> message,
-                                                      std::size_t n, decode_limits limits = {}, const cpu_executor& cpu = {}) {
+                                                      std::size_t n, decode_limits limits = {},
+                                                      const cpu_executor& cpu = {}) {
   std::vector<typename Codec::value_type> out(n);
   std::vector<std::byte> ws(codec.workspace_bytes(cpu, n));
   codec.decode(cpu, message, std::span<typename Codec::value_type>(out), ws, limits);

@@ -32,8 +32,8 @@ namespace gradcomp::test {
 // e_{t+1} is exact and only the rounding of a_t contributes; random-k scales by n/k, so a_t − d_t
 // rounds too.
 template <class Codec, class E = cpu_executor>
-void check_ef_invariant(const Codec& inner, std::size_t n, std::uint64_t steps, std::uint64_t seed, std::uint32_t tensor_id,
-                        E exec = {}) {
+void check_ef_invariant(const Codec& inner, std::size_t n, std::uint64_t steps, std::uint64_t seed,
+                        std::uint32_t tensor_id, E exec = {}) {
   using T = typename Codec::value_type;
   const error_feedback<Codec> ef(inner);
   stepper<E, error_feedback<Codec>> run(exec, ef, n);

@@ -116,7 +116,8 @@ outcome<T> decode_outcome_on(const E& exec, const Codec& codec, const std::vecto
   const std::span<const std::byte> bytes(memory::span(m));
   const std::string status = thrown_by([&] {
     if (accumulate) codec.decode_accumulate(exec, bytes, memory::span(out), memory::span(ws), limits);
-    else codec.decode(exec, bytes, memory::span(out), memory::span(ws), limits);
+    else
+      codec.decode(exec, bytes, memory::span(out), memory::span(ws), limits);
   });
   return {status, memory::copy_out(exec, out, into.size())};
 }
@@ -124,8 +125,8 @@ outcome<T> decode_outcome_on(const E& exec, const Codec& codec, const std::vecto
 /// Decodes `message` on `exec` into (or onto) a copy of `into` and returns the values (the decode
 /// must succeed).
 template <class E, class Codec, class T = typename Codec::value_type>
-std::vector<T> decode_on(const E& exec, const Codec& codec, const std::vector<std::byte>& message, const std::vector<T>& into,
-                         bool accumulate = false, decode_limits limits = {}) {
+std::vector<T> decode_on(const E& exec, const Codec& codec, const std::vector<std::byte>& message,
+                         const std::vector<T>& into, bool accumulate = false, decode_limits limits = {}) {
   outcome<T> result = decode_outcome_on(exec, codec, message, into, accumulate, limits);
   REQUIRE(result.status == "no exception");
   return result.output;
@@ -162,7 +163,8 @@ class stepper {
     auto ws = memory::template poisoned<std::byte>(exec_, wrapper_.workspace_bytes(exec_, n_));
     std::size_t size = wrapper_.max_encoded_bytes(n_);
     const std::string status = thrown_by([&] {
-      size = wrapper_.encode(exec_, std::span<const T>(memory::span(grad)), state_, memory::span(out), memory::span(ws), key);
+      size = wrapper_.encode(exec_, std::span<const T>(memory::span(grad)), state_, memory::span(out), memory::span(ws),
+                             key);
     });
     return {status, memory::copy_out(exec_, out, status == "no exception" ? size : wrapper_.max_encoded_bytes(n_))};
   }

@@ -19,7 +19,8 @@ namespace gradcomp::test {
 template <class T>
 std::vector<T> golden_input(std::size_t n) {
   std::vector<T> x(n);
-  for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<T>(std::sin(0.37 * static_cast<double>(i)) * static_cast<double>(1 + i % 5));
+  for (std::size_t i = 0; i < n; ++i)
+    x[i] = static_cast<T>(std::sin(0.37 * static_cast<double>(i)) * static_cast<double>(1 + i % 5));
   return x;
 }
 
@@ -47,30 +48,36 @@ template <class F>
 void for_each_golden_codec(F&& f) {
   f("topk_f32_list32.bin", topk_sparsifier<float>(sparsity{.k = 10}), golden_input<float>(1000),
     message_key{.step = 1, .tensor_id = 2});
-  f("topk_f64_bitmap.bin", topk_sparsifier<double>(sparsity{.k = 40}), golden_input<double>(64), message_key{.step = 5});
+  f("topk_f64_bitmap.bin", topk_sparsifier<double>(sparsity{.k = 40}), golden_input<double>(64),
+    message_key{.step = 5});
   f("topk_f32_checksum.bin", topk_sparsifier<float>(sparsity{.k = 5}, wire_options{.payload_checksum = true}),
     golden_input<float>(100), message_key{.step = 2});
-  f("threshold_f32.bin", threshold_sparsifier<float>({.target = {.density = 0.02}, .seed = 1}), golden_input<float>(5000),
-    message_key{.step = 3, .tensor_id = 4});
-  f("uniform8_f32.bin", uniform_quantizer<float>({.bits = 8, .block = 32}), golden_input<float>(100), message_key{.step = 4});
-  f("uniform8_sr_f32.bin", uniform_quantizer<float>({.bits = 8, .block = 64, .round = rounding::stochastic, .seed = 11}),
+  f("threshold_f32.bin", threshold_sparsifier<float>({.target = {.density = 0.02}, .seed = 1}),
+    golden_input<float>(5000), message_key{.step = 3, .tensor_id = 4});
+  f("uniform8_f32.bin", uniform_quantizer<float>({.bits = 8, .block = 32}), golden_input<float>(100),
+    message_key{.step = 4});
+  f("uniform8_sr_f32.bin",
+    uniform_quantizer<float>({.bits = 8, .block = 64, .round = rounding::stochastic, .seed = 11}),
     golden_input<float>(300), message_key{.step = 8, .tensor_id = 5});
-  f("uniform4_sr_f64.bin", uniform_quantizer<double>({.bits = 4, .block = 16, .round = rounding::stochastic, .seed = 9}),
+  f("uniform4_sr_f64.bin",
+    uniform_quantizer<double>({.bits = 4, .block = 16, .round = rounding::stochastic, .seed = 9}),
     golden_input<double>(50), message_key{.step = 6, .tensor_id = 2});
   f("pipeline_topk_u8_f32.bin",
     pipeline(topk_sparsifier<float>(sparsity{.k = 30}), uniform_quantizer<float>({.bits = 8, .block = 16})),
     golden_input<float>(1000), message_key{.step = 2});
   f("sign_f32.bin", sign_quantizer<float>({.block = 32}), golden_input_with_zeros<float>(100, true),
     message_key{.step = 4, .tensor_id = 2});
-  f("sign_f64.bin", sign_quantizer<double>({.block = 16}), golden_input_with_zeros<double>(50, true), message_key{.step = 6});
-  f("qsgd_f32.bin", qsgd_quantizer<float>({.levels = 15, .bucket = 32, .seed = 3}), golden_input_with_zeros<float>(100, false),
-    message_key{.step = 4, .tensor_id = 1});
-  f("qsgd_f64.bin", qsgd_quantizer<double>({.levels = 3, .bucket = 16, .seed = 9}), golden_input_with_zeros<double>(50, false),
-    message_key{.step = 6, .tensor_id = 2});
+  f("sign_f64.bin", sign_quantizer<double>({.block = 16}), golden_input_with_zeros<double>(50, true),
+    message_key{.step = 6});
+  f("qsgd_f32.bin", qsgd_quantizer<float>({.levels = 15, .bucket = 32, .seed = 3}),
+    golden_input_with_zeros<float>(100, false), message_key{.step = 4, .tensor_id = 1});
+  f("qsgd_f64.bin", qsgd_quantizer<double>({.levels = 3, .bucket = 16, .seed = 9}),
+    golden_input_with_zeros<double>(50, false), message_key{.step = 6, .tensor_id = 2});
   f("randomk_f32.bin", randomk_sparsifier<float>({.amount = {.density = 0.05}, .seed = 42}), golden_input<float>(1000),
     message_key{.step = 7, .tensor_id = 1});
   f("shared_scale2_sr_f64.bin",
-    shared_scale_quantizer<double>({.bits = 2, .block = 16, .round = rounding::stochastic, .seed = 9, .headroom_bits = 0}),
+    shared_scale_quantizer<double>(
+        {.bits = 2, .block = 16, .round = rounding::stochastic, .seed = 9, .headroom_bits = 0}),
     golden_input<double>(50), message_key{.step = 6, .tensor_id = 2});
   f("count_sketch_f32.bin", count_sketch<float>({.rows = 3, .columns = 64, .seed = 7, .heavy_hitters = {.k = 10}}),
     golden_input<float>(1000), message_key{.step = 5, .tensor_id = 3});
@@ -102,8 +109,10 @@ inline const std::vector<golden_case>& golden_cases() {
                        ranks[2][i] = 0.25f * x[i];
                      }
                      const shared_scale_quantizer<float> q = golden_shared_sum_codec();
-                     std::vector<std::vector<std::byte>> messages = encode_shared_ranks(q, ranks, {.step = 4, .tensor_id = 1});
-                     for (std::size_t r = 1; r < messages.size(); ++r) q.accumulate_encoded(cpu_executor{}, messages[0], messages[r]);
+                     std::vector<std::vector<std::byte>> messages =
+                         encode_shared_ranks(q, ranks, {.step = 4, .tensor_id = 1});
+                     for (std::size_t r = 1; r < messages.size(); ++r)
+                       q.accumulate_encoded(cpu_executor{}, messages[0], messages[r]);
                      return messages[0];
                    },
                    100});

@@ -42,7 +42,7 @@ inline constexpr std::size_t golden_payload_edge = 16;
 
 /// Names of the regions, in message order.
 inline constexpr std::array<std::string_view, 4> golden_region_names = {"envelope", "payload start", "payload middle",
-                                                                         "payload end"};
+                                                                        "payload end"};
 
 /// The byte offsets where the regions of a message of `size` bytes end (the last one is `size`).
 [[nodiscard]] inline std::array<std::size_t, 4> golden_region_ends(std::size_t size) {

@@ -93,8 +93,8 @@ void check_inputs_same_as_reference(const Codec& codec, message_key key = {.step
 template <class Codec>
 void check_non_finite_same_as_reference(const Codec& codec, std::size_t n = 1000) {
   using T = typename Codec::value_type;
-  for (const T bad : {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(),
-                      -std::numeric_limits<T>::infinity()}) {
+  for (const T bad :
+       {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(), -std::numeric_limits<T>::infinity()}) {
     for (const std::size_t at : {std::size_t{0}, n / 2 + 1, n - 1}) {
       std::vector<T> x = make_input<T>(input_kind::normal, n, 5);
       x[at] = bad;
@@ -113,7 +113,8 @@ template <class Codec>
 std::string decode_status_everywhere(const Codec& codec, const std::vector<std::byte>& message, std::size_t n,
                                      decode_limits limits = {}) {
   using T = typename Codec::value_type;
-  const std::string expected = decode_outcome_on(reference_executor{}, codec, message, poisoned_values<T>(n), false, limits).status;
+  const std::string expected =
+      decode_outcome_on(reference_executor{}, codec, message, poisoned_values<T>(n), false, limits).status;
   for (const cpu_executor& cpu : cpu_settings()) {
     CAPTURE(static_cast<int>(cpu.simd()));
     CHECK(decode_outcome_on(cpu, codec, message, poisoned_values<T>(n), false, limits).status == expected);

@@ -32,7 +32,8 @@ inline std::uint32_t oracle_murmur(std::uint32_t key, std::uint32_t seed) {
 
 /// H_j(i) of row `row` of a sketch keyed by `seed`.
 inline std::uint32_t oracle_hash(std::uint64_t seed, std::uint32_t row, std::uint64_t i) {
-  const std::uint32_t row_seed = oracle_murmur(static_cast<std::uint32_t>(seed >> 32) ^ row, static_cast<std::uint32_t>(seed));
+  const std::uint32_t row_seed =
+      oracle_murmur(static_cast<std::uint32_t>(seed >> 32) ^ row, static_cast<std::uint32_t>(seed));
   return oracle_murmur(static_cast<std::uint32_t>(i), row_seed ^ oracle_fmix(static_cast<std::uint32_t>(i >> 32)));
 }
 

@@ -12,8 +12,8 @@ namespace gradcomp::test {
 /// Kinds of ZFP test input.
 enum class zfp_input { normal, narrow, mixed, smooth, zeros, signed_zeros };
 
-inline constexpr zfp_input all_zfp_inputs[] = {zfp_input::normal, zfp_input::narrow,   zfp_input::mixed,
-                                              zfp_input::smooth, zfp_input::zeros,    zfp_input::signed_zeros};
+inline constexpr zfp_input all_zfp_inputs[] = {zfp_input::normal, zfp_input::narrow, zfp_input::mixed,
+                                               zfp_input::smooth, zfp_input::zeros,  zfp_input::signed_zeros};
 
 /// n values of the kind: N(0, 1); N(0, 10⁻³); N(0, 1) times 2^k with k uniform in [−40, 40] per
 /// value (blocks of wildly mixed magnitudes, with many values far below their block's largest);
@@ -28,7 +28,9 @@ inline std::vector<float> zfp_test_input(zfp_input kind, std::size_t n, std::uin
       case zfp_input::normal: x[i] = static_cast<float>(normal(engine)); break;
       case zfp_input::narrow: x[i] = static_cast<float>(1e-3 * normal(engine)); break;
       case zfp_input::mixed: x[i] = static_cast<float>(std::ldexp(normal(engine), exponent(engine))); break;
-      case zfp_input::smooth: x[i] = static_cast<float>(std::sin(0.01 * static_cast<double>(i) + static_cast<double>(seed))); break;
+      case zfp_input::smooth:
+        x[i] = static_cast<float>(std::sin(0.01 * static_cast<double>(i) + static_cast<double>(seed)));
+        break;
       case zfp_input::zeros: x[i] = 0.0f; break;
       case zfp_input::signed_zeros: {
         const auto r = engine() % 3;

@@ -77,7 +77,8 @@ TEST_CASE("in_process all_reduce_sum of uint8 wraps and of uint64 is exact") {
 
 TEST_CASE("in_process all_reduce_max and all_reduce_or") {
   in_process_group(5).run([](in_process_transport& t) {
-    std::vector<double> maxima = {static_cast<double>(t.rank()), -static_cast<double>(t.rank()), t.rank() == 3 ? 9.5 : 0.0};
+    std::vector<double> maxima = {static_cast<double>(t.rank()), -static_cast<double>(t.rank()),
+                                  t.rank() == 3 ? 9.5 : 0.0};
     t.all_reduce_max(std::span<double>(maxima));
     CHECK(maxima == std::vector<double>{4.0, 0.0, 9.5});
     std::vector<std::uint8_t> bits = {static_cast<std::uint8_t>(1u << t.rank()), 0x80};
@@ -128,7 +129,8 @@ TEST_CASE("in_process broadcast and all_gather_bytes of different sizes") {
     std::vector<std::byte> data(5, std::byte{static_cast<unsigned char>(t.rank())});
     t.broadcast(std::span<std::byte>(data), 2);
     CHECK(data == std::vector<std::byte>(5, std::byte{2}));
-    const std::vector<std::byte> mine(static_cast<std::size_t>(t.rank()) * 3, std::byte{static_cast<unsigned char>(10 + t.rank())});
+    const std::vector<std::byte> mine(static_cast<std::size_t>(t.rank()) * 3,
+                                      std::byte{static_cast<unsigned char>(10 + t.rank())});
     const auto all = t.all_gather_bytes(mine);
     REQUIRE(all.size() == 4);
     for (int p = 0; p < 4; ++p)
@@ -247,7 +249,9 @@ TEST_CASE("in_process point-to-point messages arrive whole and in order per sour
 
 TEST_CASE("in_process all_to_all_bytes hands rank r buffer r of every rank, sizes differing per pair") {
   // Rank f's buffer to rank d: (f + 2d) mod 4 times 3 bytes (some empty), every byte 16f + d.
-  const auto buffer = [](int from, int to) { return bytes_of(static_cast<std::size_t>((from + 2 * to) % 4) * 3, 16 * from + to); };
+  const auto buffer = [](int from, int to) {
+    return bytes_of(static_cast<std::size_t>((from + 2 * to) % 4) * 3, 16 * from + to);
+  };
   for (int P : group_sizes) {
     CAPTURE(P);
     std::atomic<int> wrong{0};

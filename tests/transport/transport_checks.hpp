@@ -163,9 +163,12 @@ inline std::string label(const char* call, const char* type, std::size_t n) {
 template <class V>
 const char* type_name() {
   if constexpr (std::is_same_v<V, float>) return "float";
-  else if constexpr (std::is_same_v<V, double>) return "double";
-  else if constexpr (std::is_same_v<V, std::uint8_t>) return "uint8";
-  else return "uint64";
+  else if constexpr (std::is_same_v<V, double>)
+    return "double";
+  else if constexpr (std::is_same_v<V, std::uint8_t>)
+    return "uint8";
+  else
+    return "uint64";
 }
 
 // Runs `calls` on an in-process group of `ranks` threads and returns rank `rank`'s results.
@@ -204,7 +207,8 @@ template <class V>
 void expected_sums_of(int ranks, results& out) {
   for (const std::size_t n : sizes_for(ranks))
     record(out, label("all_reduce_sum", type_name<V>(), n),
-           rank_order<V>(ranks, [&](int p) { return sums_of<V>(seed, p, n); }, add));
+           rank_order<V>(
+               ranks, [&](int p) { return sums_of<V>(seed, p, n); }, add));
 }
 
 /// all_reduce_sum on float, double, uint8 and uint64.
@@ -230,8 +234,10 @@ void all_reduce_sum(X& t) {
   if (t.size() >= 3) {
     const std::size_t n = 1000;
     const int ranks = t.size();
-    const auto forward = rank_order<float>(ranks, [&](int p) { return sums_of<float>(seed, p, n); }, add);
-    const auto reverse = rank_order<float>(ranks, [&](int p) { return sums_of<float>(seed, ranks - 1 - p, n); }, add);
+    const auto forward = rank_order<float>(
+        ranks, [&](int p) { return sums_of<float>(seed, p, n); }, add);
+    const auto reverse = rank_order<float>(
+        ranks, [&](int p) { return sums_of<float>(seed, ranks - 1 - p, n); }, add);
     CHECK(std::memcmp(forward.data(), reverse.data(), n * sizeof(float)) != 0);
   }
 }
@@ -249,7 +255,8 @@ template <class V>
 void expected_maxima_of(int ranks, results& out) {
   for (const std::size_t n : sizes_for(ranks))
     record(out, label("all_reduce_max", type_name<V>(), n),
-           rank_order<V>(ranks, [&](int p) { return maxima_of<V>(seed + 1, p, n); }, larger));
+           rank_order<V>(
+               ranks, [&](int p) { return maxima_of<V>(seed + 1, p, n); }, larger));
 }
 
 /// all_reduce_max on float and double, NaN and ±0 included.
@@ -318,7 +325,8 @@ void expected_reduce_sums_of(int ranks, int rank, results& out) {
   for (int root = 0; root < ranks; ++root)
     for (const std::size_t n : reduce_sizes_for(ranks, root))
       record(out, label("reduce_sum", type_name<V>(), n) + " root=" + std::to_string(root),
-             rank == root ? rank_order<V>(ranks, [&](int p) { return sums_of<V>(seed + 3, p, n); }, add)
+             rank == root ? rank_order<V>(
+                                ranks, [&](int p) { return sums_of<V>(seed + 3, p, n); }, add)
                           : sums_of<V>(seed + 3, rank, n));
 }
 
@@ -355,7 +363,8 @@ template <class V>
 void expected_reduce_scatters_of(int ranks, int rank, results& out) {
   for (const std::size_t m : scatter_blocks) {
     const std::size_t n = m * static_cast<std::size_t>(ranks);
-    const auto all = rank_order<V>(ranks, [&](int p) { return sums_of<V>(seed + 4, p, n); }, add);
+    const auto all = rank_order<V>(
+        ranks, [&](int p) { return sums_of<V>(seed + 4, p, n); }, add);
     const auto first = all.begin() + static_cast<std::ptrdiff_t>(m * static_cast<std::size_t>(rank));
     record(out, label("reduce_scatter_sum", type_name<V>(), m),
            std::vector<V>(first, first + static_cast<std::ptrdiff_t>(m)));
@@ -424,19 +433,23 @@ void all_gather_bytes(X& t) {
   const auto calls = [](auto& tr) {
     results out;
     for (int round = 0; round < 3; ++round) {
-      const auto mine = bytes_of(seed + 6 + static_cast<std::uint64_t>(round), tr.rank(), gathered_size(round, tr.rank(), tr.size()));
+      const auto mine =
+          bytes_of(seed + 6 + static_cast<std::uint64_t>(round), tr.rank(), gathered_size(round, tr.rank(), tr.size()));
       const std::vector<std::vector<std::byte>> all = tr.all_gather_bytes(mine);
-      record_buffers(out, "all_gather_bytes round " + std::to_string(round), all.size(), [&](std::size_t p) { return all[p]; });
+      record_buffers(out, "all_gather_bytes round " + std::to_string(round), all.size(),
+                     [&](std::size_t p) { return all[p]; });
     }
     return out;
   };
   check_calls(t, calls, [](int ranks, int) {
     results out;
     for (int round = 0; round < 3; ++round) {
-      record_buffers(out, "all_gather_bytes round " + std::to_string(round), static_cast<std::size_t>(ranks), [&](std::size_t p) {
-        const int from = static_cast<int>(p);
-        return bytes_of(seed + 6 + static_cast<std::uint64_t>(round), from, gathered_size(round, from, ranks));
-      });
+      record_buffers(out, "all_gather_bytes round " + std::to_string(round), static_cast<std::size_t>(ranks),
+                     [&](std::size_t p) {
+                       const int from = static_cast<int>(p);
+                       return bytes_of(seed + 6 + static_cast<std::uint64_t>(round), from,
+                                       gathered_size(round, from, ranks));
+                     });
     }
     return out;
   });
@@ -455,7 +468,8 @@ inline std::size_t exchanged_size(int round, int from, int to, int ranks) {
 
 // The bytes of that buffer, which every rank can generate for any pair.
 inline std::vector<std::byte> exchanged_bytes(int round, int from, int to, int ranks) {
-  return bytes_of(seed + 20 + static_cast<std::uint64_t>(round), from * 1024 + to, exchanged_size(round, from, to, ranks));
+  return bytes_of(seed + 20 + static_cast<std::uint64_t>(round), from * 1024 + to,
+                  exchanged_size(round, from, to, ranks));
 }
 
 /// all_to_all_bytes with a different size for every pair of ranks, empty buffers included.
@@ -538,7 +552,8 @@ void point_to_point(X& t) {
     results out;
     for (int hop = 1; hop < ranks; ++hop) {
       const int from = (rank + ranks - hop) % ranks;
-      record(out, "ring hop " + std::to_string(hop), bytes_of(seed + 9, from, static_cast<std::size_t>(from) * 1000 % 3001));
+      record(out, "ring hop " + std::to_string(hop),
+             bytes_of(seed + 9, from, static_cast<std::size_t>(from) * 1000 % 3001));
     }
     for (std::size_t k = 0; k < std::size(message_sizes); ++k)
       record(out, "pair message " + std::to_string(k), message(partner_of(rank, ranks), k));
@@ -570,7 +585,8 @@ void argument_errors(X& t) {
   std::vector<double> out(2);
   CHECK(thrown_by([&] { t.reduce_scatter_sum(std::span<const double>(in), std::span<double>(out)); }) ==
         named(errc::invalid_argument));
-  const std::vector<std::span<const std::byte>> too_few(static_cast<std::size_t>(ranks) - 1, std::span<const std::byte>(bytes));
+  const std::vector<std::span<const std::byte>> too_few(static_cast<std::size_t>(ranks) - 1,
+                                                        std::span<const std::byte>(bytes));
   CHECK(thrown_by([&] { (void)t.all_to_all_bytes(too_few); }) == named(errc::invalid_argument));
   // Nothing was sent to this rank itself: that receive could never complete.
   CHECK(thrown_by([&] { (void)t.recv_bytes(t.rank()); }) == named(errc::size_mismatch));

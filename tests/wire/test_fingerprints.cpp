@@ -172,15 +172,18 @@ void quantizers(const std::string& type) {
   const std::vector<T> x = gradient<T>(0);
   for (const int bits : {1, 2, 4, 8})
     for (const rounding mode : {rounding::nearest_even, rounding::stochastic}) {
-      const std::string name = "uniform" + std::to_string(bits) + (mode == rounding::stochastic ? "_sr_" : "_rtn_") + type;
+      const std::string name =
+          "uniform" + std::to_string(bits) + (mode == rounding::stochastic ? "_sr_" : "_rtn_") + type;
       round_trip(name, uniform_quantizer<T>({.bits = bits, .block = 256, .round = mode, .seed = 3}), x);
       round_trip(name + "_block100", uniform_quantizer<T>({.bits = bits, .block = 100, .round = mode, .seed = 3}), x);
     }
   round_trip("sign_" + type, sign_quantizer<T>({.block = 256}), x);
   for (const std::uint32_t levels : {1u, 7u, 127u})
-    round_trip("qsgd" + std::to_string(levels) + "_" + type, qsgd_quantizer<T>({.levels = levels, .bucket = 512, .seed = 4}), x);
+    round_trip("qsgd" + std::to_string(levels) + "_" + type,
+               qsgd_quantizer<T>({.levels = levels, .bucket = 512, .seed = 4}), x);
   round_trip("pipeline_topk_uniform8_" + type,
-             pipeline(topk_sparsifier<T>(sparsity{.density = 0.05}), uniform_quantizer<T>({.bits = 8, .block = 64})), x);
+             pipeline(topk_sparsifier<T>(sparsity{.density = 0.05}), uniform_quantizer<T>({.bits = 8, .block = 64})),
+             x);
 }
 
 TEST_CASE("fingerprints: quantizers (uniform, sign, QSGD, pipeline), float") { quantizers<float>("f32"); }
@@ -227,7 +230,8 @@ void three_steps(const std::string& name, const Wrapper& wrapper) {
 TEST_CASE("fingerprints: error feedback messages and states over three steps") {
   three_steps("ef_uniform8_f32", error_feedback(uniform_quantizer<float>({.bits = 8, .block = 256})));
   three_steps("ef_uniform4_f32", error_feedback(uniform_quantizer<float>({.bits = 4, .block = 256})));
-  three_steps("ef_uniform8_sr_f32", error_feedback(uniform_quantizer<float>({.bits = 8, .block = 256, .round = rounding::stochastic, .seed = 1})));
+  three_steps("ef_uniform8_sr_f32", error_feedback(uniform_quantizer<float>(
+                                        {.bits = 8, .block = 256, .round = rounding::stochastic, .seed = 1})));
   three_steps("ef_uniform2_f64", error_feedback(uniform_quantizer<double>({.bits = 2, .block = 64})));
   three_steps("ef_qsgd15_f32", error_feedback(qsgd_quantizer<float>({.levels = 15, .bucket = 256, .seed = 1})));
   three_steps("ef_sign_f64", error_feedback(sign_quantizer<double>({.block = 128})));
@@ -288,7 +292,8 @@ void count_sketch_sum(const std::string& name) {
   const cpu_executor cpu;
   const count_sketch<T> cs({.rows = 3, .columns = 4096, .seed = 7, .heavy_hitters = {.k = 100}});
   bytes sum = encode_bytes(cs, input<T>(elements, 400), key_at(3));
-  for (std::uint64_t r = 1; r < 3; ++r) cs.accumulate_encoded(cpu, sum, encode_bytes(cs, input<T>(elements, 400 + r), key_at(3)));
+  for (std::uint64_t r = 1; r < 3; ++r)
+    cs.accumulate_encoded(cpu, sum, encode_bytes(cs, input<T>(elements, 400 + r), key_at(3)));
   check_fingerprint(name + "/sum", sum);
   check_fingerprint(name + "/decode", decode_values(cs, sum, elements));
   std::vector<std::byte> ws(cs.workspace_bytes(cpu, elements));
@@ -327,7 +332,8 @@ void lhc_sum(const std::string& name) {
   check_fingerprint(name + "/sketch_sum", summed);
   bytes ws(lhc.workspace_bytes(cpu, plan));
   std::vector<T> out(elements);
-  lhc.decode(cpu, std::span<const std::byte>(index), plan, std::span<const T>(summed), std::span<T>(out), std::span<std::byte>(ws));
+  lhc.decode(cpu, std::span<const std::byte>(index), plan, std::span<const T>(summed), std::span<T>(out),
+             std::span<std::byte>(ws));
   check_fingerprint(name + "/decode", out);
 }
 

@@ -25,8 +25,9 @@ TEST_CASE("encoders reproduce the golden wire files byte for byte") {
 
 TEST_CASE("golden top-k files decode to the largest magnitudes of the known input") {
   const std::vector<float> x32 = golden_input<float>(1000);
-  CHECK(bitwise_equal(decode_values(topk_sparsifier<float>(sparsity{.k = 10}), read_golden("topk_f32_list32.bin"), 1000),
-                      dense_at<float>(x32, topk_indices_oracle<float>(x32, 10))));
+  CHECK(
+      bitwise_equal(decode_values(topk_sparsifier<float>(sparsity{.k = 10}), read_golden("topk_f32_list32.bin"), 1000),
+                    dense_at<float>(x32, topk_indices_oracle<float>(x32, 10))));
   const std::vector<double> x64 = golden_input<double>(64);
   CHECK(bitwise_equal(decode_values(topk_sparsifier<double>(sparsity{.k = 40}), read_golden("topk_f64_bitmap.bin"), 64),
                       dense_at<double>(x64, topk_indices_oracle<double>(x64, 40))));
@@ -66,15 +67,17 @@ TEST_CASE("golden threshold and random-k files decode to entries of the known in
 
 TEST_CASE("golden uniform files decode within half a step of the known input") {
   const std::vector<float> x = golden_input<float>(100);
-  const std::vector<float> q8 = decode_values(uniform_quantizer<float>({.bits = 8, .block = 32}), read_golden("uniform8_f32.bin"), 100);
+  const std::vector<float> q8 =
+      decode_values(uniform_quantizer<float>({.bits = 8, .block = 32}), read_golden("uniform8_f32.bin"), 100);
   const std::vector<double> y = golden_input<double>(50);
-  const std::vector<double> q4 = decode_values(
-      uniform_quantizer<double>({.bits = 4, .block = 16, .round = rounding::stochastic, .seed = 9}),
-      read_golden("uniform4_sr_f64.bin"), 50);
+  const std::vector<double> q4 =
+      decode_values(uniform_quantizer<double>({.bits = 4, .block = 16, .round = rounding::stochastic, .seed = 9}),
+                    read_golden("uniform4_sr_f64.bin"), 50);
   // |x| ≤ 5, so the 8-bit step is at most 5/127 and RTN errs by half of it; stochastic rounding
   // errs by less than a whole 4-bit step of at most 5/7.
   bool close8 = true, close4 = true;
-  for (std::size_t i = 0; i < x.size(); ++i) close8 = close8 && std::fabs(x[i] - q8[i]) <= 0.5f * 5.0f / 127.0f * 1.0001f;
+  for (std::size_t i = 0; i < x.size(); ++i)
+    close8 = close8 && std::fabs(x[i] - q8[i]) <= 0.5f * 5.0f / 127.0f * 1.0001f;
   for (std::size_t i = 0; i < y.size(); ++i) close4 = close4 && std::fabs(y[i] - q4[i]) < 5.0 / 7.0;
   CHECK(close8);
   CHECK(close4);
@@ -85,12 +88,14 @@ TEST_CASE("golden shared-scale files decode within half a step per rank of the k
   // each rank's RTN errs by half of it. The single 2-bit stochastic message errs by less than a
   // whole step of at most 5.
   const std::vector<float> x = golden_input<float>(100);
-  const std::vector<float> sum = decode_values(shared_scale_quantizer<float>({.bits = 8, .block = 32, .headroom_bits = 2}),
-                                               read_golden("shared_scale8_sum3_f32.bin"), 100);
+  const std::vector<float> sum =
+      decode_values(shared_scale_quantizer<float>({.bits = 8, .block = 32, .headroom_bits = 2}),
+                    read_golden("shared_scale8_sum3_f32.bin"), 100);
   const std::vector<double> y = golden_input<double>(50);
-  const std::vector<double> sr = decode_values(
-      shared_scale_quantizer<double>({.bits = 2, .block = 16, .round = rounding::stochastic, .seed = 9, .headroom_bits = 0}),
-      read_golden("shared_scale2_sr_f64.bin"), 50);
+  const std::vector<double> sr =
+      decode_values(shared_scale_quantizer<double>(
+                        {.bits = 2, .block = 16, .round = rounding::stochastic, .seed = 9, .headroom_bits = 0}),
+                    read_golden("shared_scale2_sr_f64.bin"), 50);
   bool close_sum = true, close_sr = true;
   for (std::size_t i = 0; i < x.size(); ++i)
     close_sum = close_sum && std::fabs(0.75f * x[i] - sum[i]) <= 3.0f * 0.5f * 5.0f / 127.0f * 1.0001f;

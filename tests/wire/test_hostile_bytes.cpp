@@ -113,7 +113,8 @@ TEST_CASE("every single-bit flip gives a named error or a valid tensor, and enve
       flipped[bit / 8] ^= static_cast<std::byte>(1u << (bit % 8));
       const outcome result = try_decode(c.file, flipped, c.elements);
       if (bit < envelope::size * 8) envelope_escapes += result == outcome::decoded ? 1u : 0u;
-      else payload_rejections += result == outcome::rejected ? 1u : 0u;
+      else
+        payload_rejections += result == outcome::rejected ? 1u : 0u;
       if (checksummed) CHECK(result == outcome::rejected);
     }
     CHECK(envelope_escapes == 0);

@@ -36,13 +36,13 @@ void* operator new(std::size_t size) {
 // The replacement operator new allocates with malloc, so free is the matching release; GCC's
 // -Wmismatched-new-delete cannot see that.
 #if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#  pragma GCC diagnostic push
+#  pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 #endif
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 #if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
+#  pragma GCC diagnostic pop
 #endif
 
 using namespace gradcomp;
@@ -54,15 +54,27 @@ namespace {
 template <class T>
 bool nonfinite_bits(T v) {
   if constexpr (sizeof(T) == 4) return (std::bit_cast<std::uint32_t>(v) & 0x7f800000u) == 0x7f800000u;
-  else return (std::bit_cast<std::uint64_t>(v) & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
+  else
+    return (std::bit_cast<std::uint64_t>(v) & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
 }
 template <class T>
 bool same_bits(T a, T b) {
   if constexpr (sizeof(T) == 4) return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b);
-  else return std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b);
+  else
+    return std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b);
 }
 
-enum class input { empty, single, all_zero, all_negative_zero, subnormals, largest_finite, all_nan, one_inf, one_negative_inf };
+enum class input {
+  empty,
+  single,
+  all_zero,
+  all_negative_zero,
+  subnormals,
+  largest_finite,
+  all_nan,
+  one_inf,
+  one_negative_inf
+};
 const char* name(input i) {
   switch (i) {
     case input::empty: return "empty";
@@ -88,7 +100,8 @@ std::vector<T> make(input kind) {
     case input::all_negative_zero: return std::vector<T>(n, -T{0});
     case input::subnormals: {
       std::vector<T> x(n);
-      for (std::size_t i = 0; i < n; ++i) x[i] = std::numeric_limits<T>::denorm_min() * static_cast<T>(i + 1) * (i % 2 == 0 ? T{1} : T{-1});
+      for (std::size_t i = 0; i < n; ++i)
+        x[i] = std::numeric_limits<T>::denorm_min() * static_cast<T>(i + 1) * (i % 2 == 0 ? T{1} : T{-1});
       return x;
     }
     case input::largest_finite: return std::vector<T>(n, std::numeric_limits<T>::max());
@@ -122,9 +135,8 @@ result run(const Codec& codec, const std::vector<T>& x, double scale) {
   const std::string encode_error = thrown_by([&] { bytes = codec.encode(cpu, std::span<const T>(x), message, ws); });
   if (encode_error != "no exception") return {outcome::encode_rejected, encode_error};
   std::vector<T> out(x.size(), T{7});
-  const std::string decode_error = thrown_by([&] {
-    codec.decode(cpu, std::span<const std::byte>(message.data(), bytes), std::span<T>(out), ws);
-  });
+  const std::string decode_error =
+      thrown_by([&] { codec.decode(cpu, std::span<const std::byte>(message.data(), bytes), std::span<T>(out), ws); });
   if (decode_error != "no exception") {
     bool untouched = true;
     for (const T v : out) untouched = untouched && v == T{7};
@@ -176,7 +188,8 @@ void check_matrix() {
       if (non_finite) CHECK(u.error == named(errc::non_finite_input));
     }
 
-    const result composed = run(pipeline(topk_sparsifier<T>(sparsity{.density = 0.25}), uniform_quantizer<T>({.bits = 8})), x, 0.0);
+    const result composed =
+        run(pipeline(topk_sparsifier<T>(sparsity{.density = 0.25}), uniform_quantizer<T>({.bits = 8})), x, 0.0);
     CHECK(composed.what == (non_finite ? outcome::encode_rejected : outcome::decoded));
     const result sign = run(sign_quantizer<T>({.block = 16}), x, 0.0);
     CHECK(sign.what == (non_finite ? outcome::encode_rejected : outcome::decoded));

@@ -104,7 +104,8 @@ void agree(X& t, agreement_record mine, const local_problem& problem, const char
   const auto gathered = control_all_gather(t, std::span<const std::byte>(record));
   std::vector<agreement_record> r;
   r.reserve(gathered.size());
-  for (std::size_t p = 0; p < gathered.size(); ++p) r.push_back(agreement_record::read(std::span<const std::byte>(gathered[p])));
+  for (std::size_t p = 0; p < gathered.size(); ++p)
+    r.push_back(agreement_record::read(std::span<const std::byte>(gathered[p])));
   const auto disagree = [&](errc code, const char* what, auto field) {
     for (std::size_t p = 1; p < r.size(); ++p) {
       const auto a = field(r[0]), b = field(r[p]);
@@ -114,8 +115,10 @@ void agree(X& t, agreement_record mine, const local_problem& problem, const char
     }
   };
   const auto as_int = [](auto v) { return static_cast<std::uint64_t>(v); };
-  disagree(errc::unsupported_version, "agreement record version", [&](const agreement_record& x) { return as_int(x.record_version); });
-  disagree(errc::unsupported_version, "wire format version", [&](const agreement_record& x) { return as_int(x.format_version); });
+  disagree(errc::unsupported_version, "agreement record version",
+           [&](const agreement_record& x) { return as_int(x.record_version); });
+  disagree(errc::unsupported_version, "wire format version",
+           [&](const agreement_record& x) { return as_int(x.format_version); });
   disagree(errc::codec_mismatch, "codec id", [&](const agreement_record& x) { return as_int(x.codec); });
   disagree(errc::dtype_mismatch, "value dtype", [&](const agreement_record& x) { return as_int(x.dtype); });
   disagree(errc::parameter_mismatch, "plan", [&](const agreement_record& x) { return as_int(x.plan); });
@@ -158,7 +161,8 @@ void agree_on_status(X& t, errc mine, const char* where) {
   std::array<double, 1> code{static_cast<double>(static_cast<std::uint8_t>(mine))};
   control_all_reduce_max(t, std::span<double>(code));
   if (code[0] != 0.0)
-    fail(static_cast<errc>(static_cast<std::uint8_t>(code[0])), std::string(where) + ": a rank could not encode its gradient");
+    fail(static_cast<errc>(static_cast<std::uint8_t>(code[0])),
+         std::string(where) + ": a rank could not encode its gradient");
 }
 
 }  // namespace gradcomp::detail

@@ -110,7 +110,8 @@ template <class EncodedBytes>
 /// the frame of its own re-encoded chunk sum, all-gathered. Rank 0 holds the largest chunk and
 /// sends the most.
 template <class EncodedBytes>
-[[nodiscard]] constexpr all_reduce_cost scatter_reduce_cost(std::uint64_t n, int ranks, int rank, EncodedBytes encoded_bytes) {
+[[nodiscard]] constexpr all_reduce_cost scatter_reduce_cost(std::uint64_t n, int ranks, int rank,
+                                                            EncodedBytes encoded_bytes) {
   const auto frame = [&](int j) {
     return frame_overhead_bytes + static_cast<std::uint64_t>(encoded_bytes(ring_chunk_of(n, ranks, j).count));
   };

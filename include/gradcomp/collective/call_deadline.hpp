@@ -51,8 +51,8 @@ class deadline_scope {
 /// "`where` (step S, tensor T): <the transport's detail>". Every other error passes unchanged (the
 /// collectives' own errors already name them).
 template <transport X, class Body>
-decltype(auto) within_deadline(X& t, std::chrono::milliseconds timeout, const char* where, std::optional<message_key> key,
-                               Body&& body) {
+decltype(auto) within_deadline(X& t, std::chrono::milliseconds timeout, const char* where,
+                               std::optional<message_key> key, Body&& body) {
   const deadline_scope<X> scope(t, timeout);
   try {
     return std::forward<Body>(body)();

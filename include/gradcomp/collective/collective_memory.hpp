@@ -105,7 +105,8 @@ struct collective_memory<cpu_executor> {
     if (b.empty()) {
       for (const T v : a) largest = std::max(largest, magnitude_key(v));
     } else {
-      for (std::size_t i = 0; i < a.size(); ++i) largest = std::max(largest, magnitude_key(static_cast<T>(a[i] + b[i])));
+      for (std::size_t i = 0; i < a.size(); ++i)
+        largest = std::max(largest, magnitude_key(static_cast<T>(a[i] + b[i])));
     }
     return largest < float_traits<T>::infinity_key;
   }

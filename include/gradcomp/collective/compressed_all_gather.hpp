@@ -66,9 +66,12 @@ double gather_and_decode(X& t, frame_coder<C, E>& coder, std::span<const std::by
   if (accumulate) memory::fill(coder.executor(), result.span(), T{0});
   for (std::size_t p = 0; p < frames.size(); ++p) {
     const auto [offset, count] = block(static_cast<int>(p));
-    const std::uint8_t code = coder.decode(
-        views[p], result.span().subspan(static_cast<std::size_t>(offset), static_cast<std::size_t>(count)), accumulate);
-    if (code != 0) fail(static_cast<errc>(code), std::string(where) + ": the message of rank " + std::to_string(p) + " does not decode");
+    const std::uint8_t code =
+        coder.decode(views[p], result.span().subspan(static_cast<std::size_t>(offset), static_cast<std::size_t>(count)),
+                     accumulate);
+    if (code != 0)
+      fail(static_cast<errc>(code),
+           std::string(where) + ": the message of rank " + std::to_string(p) + " does not decode");
   }
   memory::copy(coder.executor(), std::span<const T>(result.span()), out);
   return bound;
@@ -95,7 +98,8 @@ compressed_report compressed_all_gather(const E& e, X& t, const C& codec, std::s
     const auto m = static_cast<std::uint64_t>(mine.size());
     const auto ranks = static_cast<std::uint64_t>(t.size());
     detail::require(out.size() == m * ranks, errc::invalid_argument, [&] {
-      return "compressed_all_gather: out holds " + std::to_string(out.size()) + " values, not P·m = " + std::to_string(m * ranks);
+      return "compressed_all_gather: out holds " + std::to_string(out.size()) +
+             " values, not P·m = " + std::to_string(m * ranks);
     });
     detail::frame_coder<C, E> coder(e, codec, m, options.measure_error);
     compressed_report report;
@@ -103,8 +107,11 @@ compressed_report compressed_all_gather(const E& e, X& t, const C& codec, std::s
     report.sent_bytes = frame.size() * (ranks - 1);
     report.dense_bytes = m * sizeof(T) * (ranks - 1);
     report.error_bound = detail::gather_and_decode(
-        t, coder, frame, out, [m](int p) { return std::pair{static_cast<std::uint64_t>(p) * m, m}; }, false,
-        "compressed_all_gather");
+        t, coder, frame, out,
+        [m](int p) {
+          return std::pair{static_cast<std::uint64_t>(p) * m, m};
+        },
+        false, "compressed_all_gather");
     return report;
   });
 }

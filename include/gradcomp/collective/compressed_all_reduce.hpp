@@ -82,13 +82,13 @@ enum class all_reduce_plan : std::uint8_t {
   summed_encodings = 2,  ///< SUM-reduce the summable region of the encodings; decode the sum once.
   ring = 3,              ///< The per-hop ring (decode, add, re-encode); needs point-to-point messages.
   two_stage = 4,         ///< Lossless homomorphic compression: aggregate the indexes, then SUM the sketches.
-  scatter_reduce = 5,    ///< All-to-all of chunks; each owner sums and re-encodes its chunk; all-gather of the chunks.
-  dense = 6,             ///< Uncompressed SUM all-reduce (the warm-up steps); codec states untouched.
+  scatter_reduce = 5,  ///< All-to-all of chunks; each owner sums and re-encodes its chunk; all-gather of the chunks.
+  dense = 6,  ///< Uncompressed SUM all-reduce (the warm-up steps); codec states untouched.
 };
 
 /// Options of `compressed_all_reduce`.
 struct all_reduce_options {
-  message_key key{};                                  ///< Step and tensor: keys the codec and is checked across ranks.
+  message_key key{};  ///< Step and tensor: keys the codec and is checked across ranks.
   all_reduce_plan plan = all_reduce_plan::automatic;  ///< How to aggregate.
   /// Divide the sum by P in the value type (v / T(P)): every rank gets the mean. `error_bound` is
   /// divided alike.
@@ -119,7 +119,8 @@ concept summable_encoding = codec<C> && C::is_homomorphic && requires(const C& c
 /// A summable encoding whose ranks agree their block scales first (the shared-scale quantizer):
 /// `block_maxima` → MAX all-reduce → `encode_shared`; its summable region holds uint64 words.
 template <class C>
-concept agreed_scale_encoding = summable_encoding<C> &&
+concept agreed_scale_encoding =
+    summable_encoding<C> &&
     requires(const C& c, const cpu_executor& e, std::uint64_t n, std::span<const typename C::value_type> grad,
              std::span<typename C::value_type> maxima, std::span<const typename C::value_type> agreed,
              std::span<std::byte> out, std::span<std::byte> ws, message_key key, std::uint32_t rank) {
@@ -165,10 +166,10 @@ inline constexpr all_reduce_plan stateless_automatic =
 
 /// How a call holds its codec state, which decides the plans it can run.
 enum class call_state : std::uint8_t {
-  none,       ///< A stateless codec, no server state.
-  server,     ///< A stateless codec with a server state for `scatter_reduce`.
-  single,     ///< A stateful wrapper with one state for the n values (`gather_decode`).
-  chunked,    ///< A stateful wrapper with a state per chunk and a server state (`scatter_reduce`).
+  none,  ///< A stateless codec, no server state.
+  server,  ///< A stateless codec with a server state for `scatter_reduce`.
+  single,  ///< A stateful wrapper with one state for the n values (`gather_decode`).
+  chunked,  ///< A stateful wrapper with a state per chunk and a server state (`scatter_reduce`).
 };
 
 /// Why codec `C` cannot run `plan` over transport `X` in a call holding `state` (empty: it can).
@@ -232,7 +233,11 @@ compressed_report gather_decode_all_reduce(X& t, frame_coder<C, E>& coder, std::
   report.dense_bytes = ring_all_reduce_dense_bytes(n * sizeof(T), ranks);
   report.max_error = max_error;
   const double bound = gather_and_decode(
-      t, coder, frame, data, [n](int) { return std::pair{std::uint64_t{0}, n}; }, true, "compressed_all_reduce");
+      t, coder, frame, data,
+      [n](int) {
+        return std::pair{std::uint64_t{0}, n};
+      },
+      true, "compressed_all_reduce");
   // Each of the P messages adds at most its own error to the sum.
   report.error_bound = bound * static_cast<double>(ranks);
   return report;
@@ -241,7 +246,8 @@ compressed_report gather_decode_all_reduce(X& t, frame_coder<C, E>& coder, std::
 /// The `summed_encodings` plan: encodes (agreeing the scales first where the codec needs it),
 /// SUM-reduces the summable region in place in the message and decodes the sum into `data`.
 template <executor E, transport X, summable_encoding C>
-compressed_report summed_all_reduce(const E& e, X& t, const C& codec, std::span<typename C::value_type> data, message_key key) {
+compressed_report summed_all_reduce(const E& e, X& t, const C& codec, std::span<typename C::value_type> data,
+                                    message_key key) {
   using T = typename C::value_type;
   using word = std::conditional_t<agreed_scale_encoding<C>, std::uint64_t, T>;
   const auto n = static_cast<std::uint64_t>(data.size());
@@ -258,8 +264,8 @@ compressed_report summed_all_reduce(const E& e, X& t, const C& codec, std::span<
     t.all_reduce_max(maxima.span());
     report.sent_bytes += ring_all_reduce_dense_bytes(maxima.size() * sizeof(T), ranks);
     try {
-      bytes = codec.encode_shared(e, std::span<const T>(data), std::span<const T>(maxima.span()), message.span(), ws.span(),
-                                  key, static_cast<std::uint32_t>(t.rank()));
+      bytes = codec.encode_shared(e, std::span<const T>(data), std::span<const T>(maxima.span()), message.span(),
+                                  ws.span(), key, static_cast<std::uint32_t>(t.rank()));
     } catch (const gradcomp::error& failure) {
       status = failure.code();
     }
@@ -296,12 +302,13 @@ compressed_report stateless_all_reduce(const E& e, X& t, const C& codec, server_
     if constexpr (summable_encoding<C>) report = summed_all_reduce(e, t, codec, data, options.key);
   } else if (plan == all_reduce_plan::ring) {
     if constexpr (transport_with_point_to_point<X>)
-      return ring_all_reduce_within(e, t, codec, data,
-                                    {.key = options.key, .average = options.average, .measure_error = options.measure_error});
+      return ring_all_reduce_within(
+          e, t, codec, data, {.key = options.key, .average = options.average, .measure_error = options.measure_error});
   } else if (plan == all_reduce_plan::scatter_reduce) {
     if constexpr (can_all_to_all<X>) {
       const std::uint64_t n = data.size();
-      frame_coder<C, E> coder(e, codec, ring_chunk_of(n, t.size(), 0).count, options.measure_error && server == nullptr);
+      frame_coder<C, E> coder(e, codec, ring_chunk_of(n, t.size(), 0).count,
+                              options.measure_error && server == nullptr);
       double max_error = 0.0;
       const auto encode_chunk = [&](int j) {
         const ring_chunk c = ring_chunk_of(n, t.size(), j);
@@ -416,7 +423,8 @@ compressed_report compressed_all_reduce(const E& e, X& t, const lossless_homomor
     detail::local_problem problem;
     lhc_index_coding coding = lhc.params().index;
     if (plan != all_reduce_plan::two_stage) {
-      problem = {errc::invalid_argument, "compressed_all_reduce: lossless homomorphic compression runs the two_stage plan only"};
+      problem = {errc::invalid_argument,
+                 "compressed_all_reduce: lossless homomorphic compression runs the two_stage plan only"};
     } else {
       try {
         coding = lhc_index_coding_for<X>(lhc.params(), t.size(), "compressed_all_reduce");
@@ -454,7 +462,8 @@ compressed_report compressed_all_reduce(const E& e, X& t, const lossless_homomor
     report.sent_bytes += ring_all_reduce_dense_bytes(sketch.size() * sizeof(T), ranks);
     collective_buffer<E, std::byte> ws(e, staged.workspace_bytes(e, sizes));
     try {
-      staged.decode(e, std::span<const std::byte>(index.span()), sizes, std::span<const T>(sketch.span()), data, ws.span());
+      staged.decode(e, std::span<const std::byte>(index.span()), sizes, std::span<const T>(sketch.span()), data,
+                    ws.span());
     } catch (const error& failure) {
       if (failure.code() != errc::peeling_stalled) throw;
       // Every rank stalled alike: the uncompressed sum instead, of a copy, so that a transport
@@ -526,8 +535,9 @@ compressed_report compressed_all_reduce(const E& e, X& t, const C& codec, std::s
     const all_reduce_plan plan = detail::resolved_plan(options, all_reduce_plan::scatter_reduce);
     detail::local_problem problem = detail::plan_problem<X, C>(plan, detail::call_state::chunked);
     if (problem.empty() && chunk_states.size() != static_cast<std::size_t>(t.size()))
-      problem = {errc::invalid_argument, "compressed_all_reduce: scatter_reduce needs one state per chunk (P = " +
-                                             std::to_string(t.size()) + "), not " + std::to_string(chunk_states.size())};
+      problem = {errc::invalid_argument,
+                 "compressed_all_reduce: scatter_reduce needs one state per chunk (P = " + std::to_string(t.size()) +
+                     "), not " + std::to_string(chunk_states.size())};
     detail::agree_on(e, t, codec, std::span<const T>(data), static_cast<std::uint8_t>(plan), options.key, problem,
                      "compressed_all_reduce");
     if (plan == all_reduce_plan::dense) return detail::dense_all_reduce(e, t, data, options.average);
@@ -543,9 +553,9 @@ compressed_report compressed_all_reduce(const E& e, X& t, const C& codec, std::s
             t, coder, data,
             [&](int j) {
               const ring_chunk c = ring_chunk_of(n, t.size(), j);
-              return coder.encode_stateful(
-                  std::span<const T>(data).subspan(static_cast<std::size_t>(c.offset), static_cast<std::size_t>(c.count)),
-                  chunk_states[static_cast<std::size_t>(j)], options.key);
+              return coder.encode_stateful(std::span<const T>(data).subspan(static_cast<std::size_t>(c.offset),
+                                                                            static_cast<std::size_t>(c.count)),
+                                           chunk_states[static_cast<std::size_t>(j)], options.key);
             },
             [&](std::span<const T> sum, double) { return coder.encode_stateful(sum, server, options.key); });
         detail::apply_average(e, t.size(), data, options.average);

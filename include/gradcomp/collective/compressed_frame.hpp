@@ -46,9 +46,9 @@ struct compressed_report {
   std::uint64_t sent_bytes = 0;   ///< Bytes this rank sent: frames, headers included (an all-gathered frame counts
                                   ///< P − 1 times, as a ring all-gather forwards it over P − 1 links).
   std::uint64_t dense_bytes = 0;  ///< Bytes the same collective sends from this rank uncompressed.
-  double max_error = 0.0;         ///< Largest error of one encoding this rank made (0 when lossless or not measured).
-  double error_bound = 0.0;       ///< Bound on |result − uncompressed result|, element-wise, the same on every rank
-                                  ///< (up to the float rounding of the additions; 0 when lossless or not measured).
+  double max_error = 0.0;  ///< Largest error of one encoding this rank made (0 when lossless or not measured).
+  double error_bound = 0.0;  ///< Bound on |result − uncompressed result|, element-wise, the same on every rank
+      ///< (up to the float rounding of the additions; 0 when lossless or not measured).
 };
 
 /// True for a codec that declares `is_lossless = true` (decoding gives back every bit).
@@ -62,9 +62,9 @@ inline constexpr std::size_t frame_header_bytes = 16;
 
 /// A frame's header and message.
 struct frame_view {
-  std::uint8_t status = 0;               ///< 0, or the `errc` value of the failure.
-  double bound = 0.0;                    ///< Accumulated error bound.
-  std::span<const std::byte> message;    ///< The codec message, in the frame's memory (empty in a failed frame).
+  std::uint8_t status = 0;  ///< 0, or the `errc` value of the failure.
+  double bound = 0.0;  ///< Accumulated error bound.
+  std::span<const std::byte> message;  ///< The codec message, in the frame's memory (empty in a failed frame).
 };
 
 /// Reads a frame whose header (its first 16 bytes, copied to the host) is `header` and which holds
@@ -152,8 +152,9 @@ class frame_coder {
     requires stateful<C, E>
   [[nodiscard]] std::span<const std::byte> encode_stateful(std::span<const T> values, State& state, message_key key) {
     const double bound = 0.0;
-    return encode_with(bound,
-                       [&](std::span<std::byte> out) { return codec_.encode(exec_, values, state, out, workspace_.span(), key); });
+    return encode_with(bound, [&](std::span<std::byte> out) {
+      return codec_.encode(exec_, values, state, out, workspace_.span(), key);
+    });
   }
 
   /// A failed frame with status `code`.
@@ -173,7 +174,8 @@ class frame_coder {
   [[nodiscard]] std::uint8_t decode(const frame_view& f, std::span<T> out, bool accumulate) {
     try {
       if (accumulate) codec_.decode_accumulate(exec_, f.message, out, workspace_.span());
-      else codec_.decode(exec_, f.message, out, workspace_.span());
+      else
+        codec_.decode(exec_, f.message, out, workspace_.span());
     } catch (const gradcomp::error& e) {
       return static_cast<std::uint8_t>(e.code());
     }

@@ -43,8 +43,8 @@ struct point_to_point_options {
 /// `transport_failed`.
 template <executor E, transport_with_point_to_point X, class C>
   requires codec_for<C, E>
-compressed_report compressed_send(const E& e, X& t, const C& codec, std::span<const typename C::value_type> data, int dest,
-                                  point_to_point_options options = {}) {
+compressed_report compressed_send(const E& e, X& t, const C& codec, std::span<const typename C::value_type> data,
+                                  int dest, point_to_point_options options = {}) {
   return detail::within_deadline(t, options.timeout, "compressed_send", options.key, [&] {
     detail::require_executor_transport<E, X>(e, t);
     detail::frame_coder<C, E> coder(e, codec, data.size(), options.measure_error);

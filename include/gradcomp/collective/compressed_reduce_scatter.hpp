@@ -49,17 +49,19 @@ namespace gradcomp {
 
 /// How `compressed_reduce_scatter` aggregates.
 enum class reduce_scatter_plan : std::uint8_t {
-  automatic = 0,      ///< `all_to_all` where the transport has an all-to-all or point-to-point messages, else `gather_decode`.
-  all_to_all = 1,     ///< Each chunk encoded once and sent to its owner, who decodes the P messages in rank order; needs either.
-  ring = 2,           ///< The per-hop ring; needs point-to-point messages and a stateless codec.
+  automatic =
+      0,  ///< `all_to_all` where the transport has an all-to-all or point-to-point messages, else `gather_decode`.
+  all_to_all =
+      1,  ///< Each chunk encoded once and sent to its owner, who decodes the P messages in rank order; needs either.
+  ring = 2,  ///< The per-hop ring; needs point-to-point messages and a stateless codec.
   gather_decode = 3,  ///< All-gather of whole messages; each rank decodes its chunk of the rank-order sum.
-  tagc = 4,           ///< TAGC's sharded sketch (collective/tagc.hpp): the only plan of a `tagc` scheme.
-  dense = 5,          ///< Uncompressed reduce-scatter (the warm-up steps); codec states untouched.
+  tagc = 4,  ///< TAGC's sharded sketch (collective/tagc.hpp): the only plan of a `tagc` scheme.
+  dense = 5,  ///< Uncompressed reduce-scatter (the warm-up steps); codec states untouched.
 };
 
 /// Options of `compressed_reduce_scatter`.
 struct reduce_scatter_options {
-  message_key key{};                                          ///< Step and tensor, checked across ranks.
+  message_key key{};  ///< Step and tensor, checked across ranks.
   reduce_scatter_plan plan = reduce_scatter_plan::automatic;  ///< How to aggregate.
   /// Divide the sum by P in the value type (v / T(P)): every rank gets its chunk of the mean.
   /// `error_bound` is divided alike.
@@ -83,7 +85,8 @@ template <class X>
 }
 
 /// The plan a call runs: `dense` during the warm-up, else `chosen`.
-[[nodiscard]] constexpr reduce_scatter_plan warm_up_or(const reduce_scatter_options& options, reduce_scatter_plan chosen) noexcept {
+[[nodiscard]] constexpr reduce_scatter_plan warm_up_or(const reduce_scatter_options& options,
+                                                       reduce_scatter_plan chosen) noexcept {
   return options.key.step < options.dense_steps ? reduce_scatter_plan::dense : chosen;
 }
 
@@ -124,10 +127,12 @@ compressed_report dense_reduce_scatter(const E& e, X& t, std::span<const T> data
 /// or (`states` ≥ 0) a stateful call without one state per chunk. Carried by the agreement record,
 /// so every rank throws when one rank's arguments are wrong.
 [[nodiscard]] inline local_problem reduce_scatter_problem(std::size_t out_size, std::uint64_t n, int ranks, int rank,
-                                                          reduce_scatter_plan plan, bool runnable, long long states = -1) {
+                                                          reduce_scatter_plan plan, bool runnable,
+                                                          long long states = -1) {
   const std::string where = "compressed_reduce_scatter: ";
   if (out_size != ring_chunk_of(n, ranks, rank).count)
-    return {errc::invalid_argument, where + "out holds " + std::to_string(out_size) + " values, not this rank's chunk of " +
+    return {errc::invalid_argument, where + "out holds " + std::to_string(out_size) +
+                                        " values, not this rank's chunk of " +
                                         std::to_string(ring_chunk_of(n, ranks, rank).count)};
   if (plan == reduce_scatter_plan::dense) runnable = true;
   if ((plan > reduce_scatter_plan::gather_decode && plan != reduce_scatter_plan::dense) || !runnable)
@@ -154,24 +159,29 @@ compressed_report dense_reduce_scatter(const E& e, X& t, std::span<const T> data
 /// (each waiting rank) when the deadline passes first, `transport_failed` when the transport fails.
 template <executor E, transport X, class C>
   requires codec_for<C, E>
-compressed_report compressed_reduce_scatter(const E& e, X& t, const C& codec, std::span<const typename C::value_type> data,
-                                            std::span<typename C::value_type> out, reduce_scatter_options options = {}) {
+compressed_report compressed_reduce_scatter(const E& e, X& t, const C& codec,
+                                            std::span<const typename C::value_type> data,
+                                            std::span<typename C::value_type> out,
+                                            reduce_scatter_options options = {}) {
   using T = typename C::value_type;
   return detail::within_deadline(t, options.timeout, "compressed_reduce_scatter", options.key, [&] {
     detail::require_executor_transport<E, X>(e, t);
     const auto plan = detail::warm_up_or(options, detail::resolved_plan<X>(options.plan));
     const auto n = static_cast<std::uint64_t>(data.size());
     constexpr bool p2p = transport_with_point_to_point<X>;
-    detail::agree_on(e, t, codec, data, detail::agreement_plan(plan), options.key,
-                     detail::reduce_scatter_problem(out.size(), n, t.size(), t.rank(), plan,
-                                                    plan == reduce_scatter_plan::gather_decode ||
-                                                        (plan == reduce_scatter_plan::ring ? p2p : detail::can_all_to_all<X>)),
-                     "compressed_reduce_scatter");
+    detail::agree_on(
+        e, t, codec, data, detail::agreement_plan(plan), options.key,
+        detail::reduce_scatter_problem(out.size(), n, t.size(), t.rank(), plan,
+                                       plan == reduce_scatter_plan::gather_decode ||
+                                           (plan == reduce_scatter_plan::ring ? p2p : detail::can_all_to_all<X>)),
+        "compressed_reduce_scatter");
     if (plan == reduce_scatter_plan::dense) return detail::dense_reduce_scatter(e, t, data, out, options.average);
     if constexpr (p2p) {
       if (plan == reduce_scatter_plan::ring)
-        return detail::ring_reduce_scatter_within(
-            e, t, codec, data, out, {.key = options.key, .average = options.average, .measure_error = options.measure_error});
+        return detail::ring_reduce_scatter_within(e, t, codec, data, out,
+                                                  {.key = options.key,
+                                                   .average = options.average,
+                                                   .measure_error = options.measure_error});
     }
     compressed_report report;
     if (plan == reduce_scatter_plan::all_to_all) {
@@ -181,8 +191,9 @@ compressed_report compressed_reduce_scatter(const E& e, X& t, const C& codec, st
         report = detail::all_to_all_reduce_scatter(t, coder, n, out, [&](int j) {
           const ring_chunk c = ring_chunk_of(n, t.size(), j);
           double error = 0.0;
-          const auto frame = coder.encode(data.subspan(static_cast<std::size_t>(c.offset), static_cast<std::size_t>(c.count)),
-                                          options.key, 0.0, error);
+          const auto frame =
+              coder.encode(data.subspan(static_cast<std::size_t>(c.offset), static_cast<std::size_t>(c.count)),
+                           options.key, 0.0, error);
           max_error = std::max(max_error, error);
           return frame;
         });
@@ -197,9 +208,11 @@ compressed_report compressed_reduce_scatter(const E& e, X& t, const C& codec, st
       report = detail::gather_decode_all_reduce(t, coder, frame, sum.span(), error);
       const ring_chunk mine = ring_chunk_of(n, t.size(), t.rank());
       report.dense_bytes = (n - mine.count) * sizeof(T);
-      collective_memory<E>::copy(
-          e, std::span<const T>(sum.span()).subspan(static_cast<std::size_t>(mine.offset), static_cast<std::size_t>(mine.count)),
-          out);
+      collective_memory<E>::copy(e,
+                                 std::span<const T>(sum.span())
+                                     .subspan(static_cast<std::size_t>(mine.offset),
+                                              static_cast<std::size_t>(mine.count)),
+                                 out);
     }
     report.error_bound *= detail::apply_average(e, t.size(), out, options.average);
     return report;
@@ -217,38 +230,43 @@ template <executor E, transport X, class C>
   requires stateful<C, E> && codec<C>
 compressed_report compressed_reduce_scatter(const E& e, X& t, const C& codec, std::span<state_type_of<C, E>> states,
                                             std::span<const typename C::value_type> data,
-                                            std::span<typename C::value_type> out, reduce_scatter_options options = {}) {
-  return detail::within_deadline(t, options.timeout, "compressed_reduce_scatter", options.key, [&]() -> compressed_report {
-    detail::require_executor_transport<E, X>(e, t);
-    const auto plan = detail::warm_up_or(
-        options, options.plan == reduce_scatter_plan::automatic ? reduce_scatter_plan::all_to_all : options.plan);
-    const auto n = static_cast<std::uint64_t>(data.size());
-    detail::agree_on(e, t, codec, data, detail::agreement_plan(plan), options.key,
-                     detail::reduce_scatter_problem(out.size(), n, t.size(), t.rank(), plan,
-                                                    detail::can_all_to_all<X> && plan == reduce_scatter_plan::all_to_all,
-                                                    static_cast<long long>(states.size())),
-                     "compressed_reduce_scatter");
-    if (plan == reduce_scatter_plan::dense) return detail::dense_reduce_scatter(e, t, data, out, options.average);
-    if constexpr (detail::can_all_to_all<X>) {
-      detail::frame_coder<C, E> coder(e, codec, ring_chunk_of(n, t.size(), 0).count, false);
-      std::vector<step_rollback<state_type_of<C, E>>> before;
-      before.reserve(states.size());
-      for (const auto& state : states) before.push_back(rollback_point(e, state));
-      try {
-        compressed_report report = detail::all_to_all_reduce_scatter(t, coder, n, out, [&](int j) {
-          const ring_chunk c = ring_chunk_of(n, t.size(), j);
-          return coder.encode_stateful(data.subspan(static_cast<std::size_t>(c.offset), static_cast<std::size_t>(c.count)),
-                                       states[static_cast<std::size_t>(j)], options.key);
-        });
-        detail::apply_average(e, t.size(), out, options.average);
-        return report;
-      } catch (...) {
-        for (std::size_t j = 0; j < states.size(); ++j) before[j].restore(states[j]);
-        throw;
-      }
-    }
-    return {};  // not reached: the agreement threw without an all-to-all or point-to-point messages
-  });
+                                            std::span<typename C::value_type> out,
+                                            reduce_scatter_options options = {}) {
+  return detail::within_deadline(
+      t, options.timeout, "compressed_reduce_scatter", options.key, [&]() -> compressed_report {
+        detail::require_executor_transport<E, X>(e, t);
+        const auto plan =
+            detail::warm_up_or(options, options.plan == reduce_scatter_plan::automatic ? reduce_scatter_plan::all_to_all
+                                                                                       : options.plan);
+        const auto n = static_cast<std::uint64_t>(data.size());
+        detail::agree_on(e, t, codec, data, detail::agreement_plan(plan), options.key,
+                         detail::reduce_scatter_problem(out.size(), n, t.size(), t.rank(), plan,
+                                                        detail::can_all_to_all<X> &&
+                                                            plan == reduce_scatter_plan::all_to_all,
+                                                        static_cast<long long>(states.size())),
+                         "compressed_reduce_scatter");
+        if (plan == reduce_scatter_plan::dense) return detail::dense_reduce_scatter(e, t, data, out, options.average);
+        if constexpr (detail::can_all_to_all<X>) {
+          detail::frame_coder<C, E> coder(e, codec, ring_chunk_of(n, t.size(), 0).count, false);
+          std::vector<step_rollback<state_type_of<C, E>>> before;
+          before.reserve(states.size());
+          for (const auto& state : states) before.push_back(rollback_point(e, state));
+          try {
+            compressed_report report = detail::all_to_all_reduce_scatter(t, coder, n, out, [&](int j) {
+              const ring_chunk c = ring_chunk_of(n, t.size(), j);
+              return coder.encode_stateful(data.subspan(static_cast<std::size_t>(c.offset),
+                                                        static_cast<std::size_t>(c.count)),
+                                           states[static_cast<std::size_t>(j)], options.key);
+            });
+            detail::apply_average(e, t.size(), out, options.average);
+            return report;
+          } catch (...) {
+            for (std::size_t j = 0; j < states.size(); ++j) before[j].restore(states[j]);
+            throw;
+          }
+        }
+        return {};  // not reached: the agreement threw without an all-to-all or point-to-point messages
+      });
 }
 
 }  // namespace gradcomp

@@ -44,7 +44,8 @@ void aggregate_lhc_index(X& t, lhc_index_coding coding, std::span<std::byte> ind
   const auto bytes = std::span<std::uint8_t>(reinterpret_cast<std::uint8_t*>(index.data()), index.size());
   if (coding == lhc_index_coding::bitmap) {
     if constexpr (transport_with_bitwise_or<X>) t.all_reduce_or(bytes);
-    else detail::fail(errc::invalid_argument, "a bitmap index needs a transport with bitwise OR; use summed fields");
+    else
+      detail::fail(errc::invalid_argument, "a bitmap index needs a transport with bitwise OR; use summed fields");
     return;
   }
   t.all_reduce_sum(bytes);

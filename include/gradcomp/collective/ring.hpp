@@ -81,7 +81,8 @@ namespace detail {
 /// What the hops of the ring reduce-scatter leave on one rank.
 template <class T, executor E>
 struct ring_sum {
-  collective_buffer<E, T> values;  ///< The sum of this rank's chunk in its first `count` values (valid when `status` is 0).
+  collective_buffer<E, T>
+      values;  ///< The sum of this rank's chunk in its first `count` values (valid when `status` is 0).
   std::size_t count = 0;           ///< Values of this rank's chunk.
   double bound = 0.0;              ///< The error bound accumulated over its encodings.
   std::uint8_t status = 0;         ///< 0, or the code of the first failure this rank saw.
@@ -91,8 +92,9 @@ struct ring_sum {
 
 /// The P − 1 hops of the ring reduce-scatter of `data` (P ≥ 2).
 template <transport_with_point_to_point X, class C, executor E>
-ring_sum<typename C::value_type, E> ring_hops(X& t, frame_coder<C, E>& coder, std::span<const typename C::value_type> data,
-                                              message_key key, compressed_report& report) {
+ring_sum<typename C::value_type, E> ring_hops(X& t, frame_coder<C, E>& coder,
+                                              std::span<const typename C::value_type> data, message_key key,
+                                              compressed_report& report) {
   using T = typename C::value_type;
   using memory = collective_memory<E>;
   const E& e = coder.executor();
@@ -141,7 +143,8 @@ ring_sum<typename C::value_type, E> ring_hops(X& t, frame_coder<C, E>& coder, st
 /// `ring_reduce_scatter` without its deadline scope (which its callers set).
 template <executor E, transport_with_point_to_point X, class C>
   requires codec_for<C, E>
-compressed_report ring_reduce_scatter_within(const E& e, X& t, const C& codec, std::span<const typename C::value_type> data,
+compressed_report ring_reduce_scatter_within(const E& e, X& t, const C& codec,
+                                             std::span<const typename C::value_type> data,
                                              std::span<typename C::value_type> out, const ring_options& options) {
   using T = typename C::value_type;
   require_executor_transport<E, X>(e, t);

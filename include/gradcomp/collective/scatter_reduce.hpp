@@ -78,7 +78,8 @@ template <class C, executor E>
 /// chunk j (`ring_chunk_of(n, ranks, j).count` values), as `compressed_reduce_scatter` takes them.
 template <class C, executor E>
   requires stateful<C, E>
-[[nodiscard]] std::vector<state_type_of<C, E>> make_chunk_states(const E& e, const C& codec, std::uint64_t n, int ranks) {
+[[nodiscard]] std::vector<state_type_of<C, E>> make_chunk_states(const E& e, const C& codec, std::uint64_t n,
+                                                                 int ranks) {
   std::vector<state_type_of<C, E>> states;
   states.reserve(static_cast<std::size_t>(ranks));
   for (int j = 0; j < ranks; ++j) states.push_back(codec.make_state(e, ring_chunk_of(n, ranks, j).count));

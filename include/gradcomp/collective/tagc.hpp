@@ -91,15 +91,15 @@ struct tagc_report : compressed_report {
 template <gradient_value T, executor E>
 struct tagc_state {
   typename dynamic_sparsifier<T>::template state_on<E> feedback;  ///< Residuals keyed by `tagc<T>::residual_key`.
-  collective_buffer<E, T> sparse;          ///< The last call's sparsified chunks (block-aligned parts, in chunk order).
-  collective_buffer<E, std::byte> indexes; ///< The P indexes, local then aggregated.
-  collective_buffer<E, T> segments;        ///< Sketch-and-tail segments.
-  collective_buffer<E, T> received;        ///< This rank's summed segment.
-  collective_buffer<E, T> chunk;           ///< This rank's chunk of the result, copied to `out` once every collective is done.
+  collective_buffer<E, T> sparse;  ///< The last call's sparsified chunks (block-aligned parts, in chunk order).
+  collective_buffer<E, std::byte> indexes;  ///< The P indexes, local then aggregated.
+  collective_buffer<E, T> segments;  ///< Sketch-and-tail segments.
+  collective_buffer<E, T> received;  ///< This rank's summed segment.
+  collective_buffer<E, T> chunk;  ///< This rank's chunk of the result, copied to `out` once every collective is done.
   collective_buffer<E, std::byte> workspace;  ///< Sparsifier and decoder workspace.
-  collective_buffer<E, T> saved_residuals;    ///< The residuals before a call, to undo it.
-  std::vector<bool> had_residual;             ///< Which chunks had a residual before it.
-  std::uint64_t saved_steps = 0;              ///< The sparsifier's step count before it.
+  collective_buffer<E, T> saved_residuals;  ///< The residuals before a call, to undo it.
+  std::vector<bool> had_residual;  ///< Which chunks had a residual before it.
+  std::uint64_t saved_steps = 0;  ///< The sparsifier's step count before it.
 };
 
 /// TAGC's scheme for float or double gradients: its parameters, its state and checkpoints. Pass it
@@ -184,13 +184,13 @@ namespace detail {
 /// Where chunk s of an n-value tensor and its parts lie: its chunk, block-aligned part and tail,
 /// and the offsets of its sparsified values and of its index in the state's buffers.
 struct tagc_layout {
-  std::vector<ring_chunk> chunks;          ///< ring_chunk_of(n, P, s).
-  std::vector<std::size_t> aligned;        ///< ⌊count_s/B⌋·B.
+  std::vector<ring_chunk> chunks;  ///< ring_chunk_of(n, P, s).
+  std::vector<std::size_t> aligned;  ///< ⌊count_s/B⌋·B.
   std::vector<std::size_t> sparse_offset;  ///< Σ_{q<s} aligned_q.
-  std::vector<std::size_t> index_offset;   ///< Σ_{q<s} index_bytes(aligned_q).
-  std::vector<std::size_t> index_size;     ///< index_bytes(aligned_s).
-  std::size_t sparse_total = 0;            ///< Σ aligned_s.
-  std::size_t index_total = 0;             ///< Σ index_bytes(aligned_s).
+  std::vector<std::size_t> index_offset;  ///< Σ_{q<s} index_bytes(aligned_q).
+  std::vector<std::size_t> index_size;  ///< index_bytes(aligned_s).
+  std::size_t sparse_total = 0;  ///< Σ aligned_s.
+  std::size_t index_total = 0;  ///< Σ index_bytes(aligned_s).
 
   template <class T>
   tagc_layout(std::uint64_t n, int ranks, const lossless_homomorphic<T>& lhc) {
@@ -313,7 +313,8 @@ class tagc_call {
     const std::size_t tail = layout_.tail(s);
     lhc_.encode_sketch(e_, std::span<const T>(sparse_of(s)), std::span<const std::byte>(index_of(s)), plan,
                        segment.first(sketch_values));
-    memory::copy(e_, chunk_of(s).subspan(layout_.aligned[static_cast<std::size_t>(s)]), segment.subspan(sketch_values, tail));
+    memory::copy(e_, chunk_of(s).subspan(layout_.aligned[static_cast<std::size_t>(s)]),
+                 segment.subspan(sketch_values, tail));
     memory::fill(e_, segment.subspan(sketch_values + tail), T{0});
   }
 
@@ -332,9 +333,10 @@ class tagc_call {
     for (int s = 0; s < ranks(); ++s) {
       const std::size_t aligned = layout_.aligned[static_cast<std::size_t>(s)];
       reserve(state_.workspace, sparsifier.workspace_bytes(e_, aligned));
-      report.kept +=
-          sparsifier.sparsify(e_, state_.feedback, key_of(s), chunk_of(s).first(aligned), sparse_of(s), state_.workspace.span())
-              .kept;
+      report.kept += sparsifier
+                         .sparsify(e_, state_.feedback, key_of(s), chunk_of(s).first(aligned), sparse_of(s),
+                                   state_.workspace.span())
+                         .kept;
       lhc_.encode_index(e_, std::span<const T>(sparse_of(s)), index_of(s));
     }
     report.sent_bytes += layout_.index_total;
@@ -365,7 +367,8 @@ class tagc_call {
       const auto P = static_cast<std::size_t>(ranks());
       state_.segments.resize(e_, P * longest);
       for (int s = 0; s < ranks(); ++s)
-        fill_segment(s, plans[static_cast<std::size_t>(s)], state_.segments.span().subspan(static_cast<std::size_t>(s) * longest, longest));
+        fill_segment(s, plans[static_cast<std::size_t>(s)],
+                     state_.segments.span().subspan(static_cast<std::size_t>(s) * longest, longest));
       state_.received.resize(e_, longest);
       report.sent_bytes += P * longest * sizeof(T);
       t_.reduce_scatter_sum(std::span<const T>(state_.segments.span()), state_.received.span());
@@ -384,7 +387,8 @@ class tagc_call {
       peeled = peeler.decode(e_, std::span<const std::byte>(index_of(rank)), own_plan,
                              std::span<const T>(state_.received.span()).first(sketch_values), chunk.first(aligned),
                              state_.workspace.span());
-      if (peeled.unrecovered > 0 && scheme_.params().sketch.on_stall == lhc_stall_policy::report) outcome = chunk_outcome::stalled;
+      if (peeled.unrecovered > 0 && scheme_.params().sketch.on_stall == lhc_stall_policy::report)
+        outcome = chunk_outcome::stalled;
     } catch (const error& failure) {
       if (failure.code() != errc::non_finite_input) throw;
       outcome = chunk_outcome::overflowed;  // the sum does not fit T: every rank must learn it
@@ -412,7 +416,8 @@ class tagc_call {
     control_all_reduce_max(t_, std::span<double>(outcomes));
     for (std::size_t s = 0; s < P; ++s)
       require(outcomes[s] != static_cast<double>(chunk_outcome::overflowed), errc::non_finite_input, [&] {
-        return "tagc: the sum of chunk " + std::to_string(s) + " does not fit the value type; every rank skips this step";
+        return "tagc: the sum of chunk " + std::to_string(s) +
+               " does not fit the value type; every rank skips this step";
       });
     std::uint64_t resent = 0;
     for (int s = 0; s < ranks(); ++s) {
@@ -457,13 +462,16 @@ class tagc_call {
 /// (`invalid_argument`), or a residual of the tensor with another size than its chunk's aligned
 /// part (`size_mismatch`).
 template <class T, transport X, class State>
-[[nodiscard]] local_problem tagc_problem(const tagc<T>& scheme, const State& state, const tagc_layout& layout, int ranks,
-                                         int rank, std::size_t out_size, reduce_scatter_plan plan, std::uint32_t tensor_id) {
+[[nodiscard]] local_problem tagc_problem(const tagc<T>& scheme, const State& state, const tagc_layout& layout,
+                                         int ranks, int rank, std::size_t out_size, reduce_scatter_plan plan,
+                                         std::uint32_t tensor_id) {
   const std::string where = "compressed_reduce_scatter (tagc): ";
   if (plan != reduce_scatter_plan::automatic && plan != reduce_scatter_plan::tagc)
-    return {errc::invalid_argument, where + "plan " + std::to_string(static_cast<int>(plan)) + " does not apply; TAGC runs plan tagc"};
+    return {errc::invalid_argument,
+            where + "plan " + std::to_string(static_cast<int>(plan)) + " does not apply; TAGC runs plan tagc"};
   if (out_size != layout.chunks[static_cast<std::size_t>(rank)].count)
-    return {errc::invalid_argument, where + "out holds " + std::to_string(out_size) + " values, not this rank's chunk of " +
+    return {errc::invalid_argument, where + "out holds " + std::to_string(out_size) +
+                                        " values, not this rank's chunk of " +
                                         std::to_string(layout.chunks[static_cast<std::size_t>(rank)].count)};
   try {
     (void)scheme.template index_coding<X>(ranks);
@@ -483,17 +491,20 @@ template <class T, transport X, class State>
 /// Whether every value TAGC reads is finite: per chunk, gradient + residual on the block-aligned
 /// part where a residual exists (else the gradient), and the gradient on the tail.
 template <class T, executor E, class State>
-[[nodiscard]] bool tagc_inputs_finite(const E& e, const State& state, const tagc_layout& layout, std::span<const T> data,
-                                      std::uint32_t tensor_id, int ranks) {
+[[nodiscard]] bool tagc_inputs_finite(const E& e, const State& state, const tagc_layout& layout,
+                                      std::span<const T> data, std::uint32_t tensor_id, int ranks) {
   using memory = collective_memory<E>;
   for (int s = 0; s < ranks; ++s) {
     const ring_chunk& c = layout.chunks[static_cast<std::size_t>(s)];
-    const std::span<const T> chunk = data.subspan(static_cast<std::size_t>(c.offset), static_cast<std::size_t>(c.count));
+    const std::span<const T> chunk =
+        data.subspan(static_cast<std::size_t>(c.offset), static_cast<std::size_t>(c.count));
     const std::size_t aligned = layout.aligned[static_cast<std::size_t>(s)];
     const auto found = state.feedback.residuals.find(tagc<T>::residual_key(tensor_id, ranks, s));
-    const std::span<const T> residual =
-        found == state.feedback.residuals.end() ? std::span<const T>() : std::span<const T>(residual_span(found->second));
-    if (!memory::all_finite(e, chunk.first(aligned), residual) || !memory::all_finite(e, chunk.subspan(aligned))) return false;
+    const std::span<const T> residual = found == state.feedback.residuals.end()
+                                            ? std::span<const T>()
+                                            : std::span<const T>(residual_span(found->second));
+    if (!memory::all_finite(e, chunk.first(aligned), residual) || !memory::all_finite(e, chunk.subspan(aligned)))
+      return false;
   }
   return true;
 }
@@ -513,20 +524,23 @@ template <class T, executor E, class State>
 /// `peer_failed` or a transport's own error when the transport fails.
 template <executor E, transport X, gradient_value T>
 tagc_report compressed_reduce_scatter(const E& e, X& t, const tagc<T>& scheme, tagc_state<T, E>& state,
-                                      std::type_identity_t<std::span<const T>> data, std::type_identity_t<std::span<T>> out,
-                                      reduce_scatter_options options = {}) {
+                                      std::type_identity_t<std::span<const T>> data,
+                                      std::type_identity_t<std::span<T>> out, reduce_scatter_options options = {}) {
   return detail::within_deadline(t, options.timeout, "compressed_reduce_scatter (tagc)", options.key, [&] {
     detail::require_executor_transport<E, X>(e, t);
     const int ranks = t.size();
     const detail::tagc_layout layout(data.size(), ranks, lossless_homomorphic<T>(scheme.params().sketch));
     const detail::local_problem problem = detail::tagc_problem<T, X>(scheme, state, layout, ranks, t.rank(), out.size(),
                                                                      options.plan, options.key.tensor_id);
-    const bool finite = !problem.empty() || detail::tagc_inputs_finite(e, state, layout, data, options.key.tensor_id, ranks);
+    const bool finite =
+        !problem.empty() || detail::tagc_inputs_finite(e, state, layout, data, options.key.tensor_id, ranks);
     detail::agree(t,
-                  detail::record_of(scheme, data.size(), detail::agreement_plan(reduce_scatter_plan::tagc), options.key, !finite),
+                  detail::record_of(scheme, data.size(), detail::agreement_plan(reduce_scatter_plan::tagc), options.key,
+                                    !finite),
                   problem, "compressed_reduce_scatter (tagc)");
     tagc_report report =
-        detail::tagc_call<T, E, X>(e, t, scheme, state, scheme.template index_coding<X>(ranks), data, out, options.key).run();
+        detail::tagc_call<T, E, X>(e, t, scheme, state, scheme.template index_coding<X>(ranks), data, out, options.key)
+            .run();
     detail::apply_average(e, ranks, out, options.average);
     return report;
   });

@@ -224,7 +224,8 @@ class windowed_ewma {
     double weights = 0.0;
     double w = 1.0;
     for (std::size_t k = 0; k < count_; ++k) {
-      weighted += mul_rn(w, values_[(next_ + values_.size() - 1 - k) % values_.size()]);  // unfused: same bits on every rank
+      weighted +=
+          mul_rn(w, values_[(next_ + values_.size() - 1 - k) % values_.size()]);  // unfused: same bits on every rank
       weights += w;
       w *= decay_;
     }
@@ -333,13 +334,17 @@ class gravac_controller {
   /// `parameter_mismatch` when the options differ; `malformed_payload` for values no controller
   /// reaches. The controller is unchanged on error.
   void load_state(std::span<const std::byte> bytes) {
-    const std::uint64_t window = detail::check_state_head<state_format>(bytes, codec_id{}, value_dtype::float64, "GCGV");
+    const std::uint64_t window =
+        detail::check_state_head<state_format>(bytes, codec_id{}, value_dtype::float64, "GCGV");
     const std::byte* const p = bytes.data();
     detail::require(window == options_.window && detail::load_le<std::uint64_t>(p + 17) == options_.hash(),
                     errc::parameter_mismatch, "GraVAC state saved by a controller with other options");
     const auto throughput_count = detail::load_le<std::uint32_t>(p + 46);
-    const auto payload = detail::check_state_body<state_format>(bytes, 24 * std::size_t{options_.window} + 24 * std::size_t{throughput_count});
-    const auto bad = [](const char* what) { detail::fail(errc::malformed_payload, std::string("GraVAC state: ") + what); };
+    const auto payload = detail::check_state_body<state_format>(bytes, 24 * std::size_t{options_.window} +
+                                                                           24 * std::size_t{throughput_count});
+    const auto bad = [](const char* what) {
+      detail::fail(errc::malformed_payload, std::string("GraVAC state: ") + what);
+    };
     const auto density = [&](double theta) { return theta >= options_.theta_max && theta <= 1.0; };
 
     const double theta = detail::load_le<double>(p + 33);
@@ -362,7 +367,8 @@ class gravac_controller {
     const std::byte* q = payload.data() + 8 * samples.size();
     for (auto& t : throughputs) {
       t = {detail::load_le<double>(q), detail::load_le<double>(q + 8), detail::load_le<std::uint64_t>(q + 16)};
-      if (!density(t.theta) || !(t.sum >= 0.0 && std::isfinite(t.sum)) || t.count == 0) bad("throughput record out of range");
+      if (!density(t.theta) || !(t.sum >= 0.0 && std::isfinite(t.sum)) || t.count == 0)
+        bad("throughput record out of range");
       q += 24;
     }
 
@@ -408,7 +414,9 @@ class gravac_controller {
     static constexpr std::size_t checksum_bytes = 4;
   };
 
-  [[nodiscard]] std::array<const detail::windowed_ewma*, 3> ewmas() const noexcept { return {&gradient_, &current_, &safe_}; }
+  [[nodiscard]] std::array<const detail::windowed_ewma*, 3> ewmas() const noexcept {
+    return {&gradient_, &current_, &safe_};
+  }
   [[nodiscard]] std::array<detail::windowed_ewma*, 3> ewmas() noexcept { return {&gradient_, &current_, &safe_}; }
 
   /// The throughputs measured at one density during the search.

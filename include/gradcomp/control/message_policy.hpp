@@ -35,9 +35,11 @@ enum class message_class : std::uint8_t {
 inline constexpr std::size_t message_class_count = 5;
 
 /// Every message class, in declaration order.
-inline constexpr std::array<message_class, message_class_count> all_message_classes{
-    message_class::dp_gradient, message_class::tp_activation, message_class::pp_activation,
-    message_class::parameter_gather, message_class::optimizer_state};
+inline constexpr std::array<message_class, message_class_count> all_message_classes{message_class::dp_gradient,
+                                                                                    message_class::tp_activation,
+                                                                                    message_class::pp_activation,
+                                                                                    message_class::parameter_gather,
+                                                                                    message_class::optimizer_state};
 
 /// Which codec family a message uses.
 enum class message_codec_kind : std::uint8_t {
@@ -80,8 +82,7 @@ struct message_codec {
         detail::require(mpc_dim == 1, errc::invalid_argument, "a ZFP message codec takes no MPC dimensionality");
         zfp_params{.rate_bits = zfp_rate_bits}.validate();
         break;
-      default:
-        detail::fail(errc::invalid_argument, "unknown message codec kind");
+      default: detail::fail(errc::invalid_argument, "unknown message codec kind");
     }
   }
 

@@ -45,16 +45,19 @@ GRADCOMP_HOST_DEVICE constexpr std::uint8_t pack_byte(const std::uint8_t* codes,
 inline void pack_codes(std::span<const std::uint8_t> codes, int bits, std::span<std::uint8_t> packed) {
   detail::require(is_packable_width(bits), errc::invalid_argument,
                   [&] { return "code width must be 1, 2, 4 or 8 bits, got " + std::to_string(bits); });
-  detail::require(packed.size() >= packed_bytes(codes.size(), bits), errc::buffer_too_small,
-                  [&] { return "packed output holds " + std::to_string(packed.size()) + " bytes, needs " +
-                      std::to_string(packed_bytes(codes.size(), bits)); });
+  detail::require(packed.size() >= packed_bytes(codes.size(), bits), errc::buffer_too_small, [&] {
+    return "packed output holds " + std::to_string(packed.size()) + " bytes, needs " +
+           std::to_string(packed_bytes(codes.size(), bits));
+  });
   const unsigned limit = 1u << bits;
   for (const std::uint8_t code : codes)
-    detail::require(code < limit, errc::invalid_argument,
-                    [&] { return "code " + std::to_string(code) + " does not fit in " + std::to_string(bits) + " bits"; });
+    detail::require(code < limit, errc::invalid_argument, [&] {
+      return "code " + std::to_string(code) + " does not fit in " + std::to_string(bits) + " bits";
+    });
   const int per_byte = 8 / bits;
   const std::size_t full = codes.size() / static_cast<std::size_t>(per_byte);
-  for (std::size_t b = 0; b < full; ++b) packed[b] = pack_byte(codes.data() + b * static_cast<std::size_t>(per_byte), per_byte, bits);
+  for (std::size_t b = 0; b < full; ++b)
+    packed[b] = pack_byte(codes.data() + b * static_cast<std::size_t>(per_byte), per_byte, bits);
   const auto rest = static_cast<int>(codes.size() - full * static_cast<std::size_t>(per_byte));
   if (rest > 0) packed[full] = pack_byte(codes.data() + full * static_cast<std::size_t>(per_byte), rest, bits);
 }
@@ -64,9 +67,10 @@ inline void pack_codes(std::span<const std::uint8_t> codes, int bits, std::span<
 inline void unpack_codes(std::span<const std::uint8_t> packed, int bits, std::span<std::uint8_t> codes) {
   detail::require(is_packable_width(bits), errc::invalid_argument,
                   [&] { return "code width must be 1, 2, 4 or 8 bits, got " + std::to_string(bits); });
-  detail::require(packed.size() >= packed_bytes(codes.size(), bits), errc::truncated,
-                  [&] { return "packed input holds " + std::to_string(packed.size()) + " bytes, needs " +
-                      std::to_string(packed_bytes(codes.size(), bits)); });
+  detail::require(packed.size() >= packed_bytes(codes.size(), bits), errc::truncated, [&] {
+    return "packed input holds " + std::to_string(packed.size()) + " bytes, needs " +
+           std::to_string(packed_bytes(codes.size(), bits));
+  });
   for (std::size_t j = 0; j < codes.size(); ++j) codes[j] = packed_code(packed.data(), j, bits);
 }
 

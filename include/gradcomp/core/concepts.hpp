@@ -32,10 +32,11 @@ concept codec = requires(const C& c, std::uint64_t n) {
 /// (returning the count written) and decodes or accumulates them into a dense buffer, all in
 /// caller-provided memory.
 template <class C, class E>
-concept codec_for = codec<C> && executor<E> &&
+concept codec_for =
+    codec<C> && executor<E> &&
     requires(const C& c, const E& e, std::uint64_t n, std::span<const typename C::value_type> grad,
-             std::span<typename C::value_type> dense, std::span<std::byte> out,
-             std::span<const std::byte> in, std::span<std::byte> ws, message_key key, decode_limits limits) {
+             std::span<typename C::value_type> dense, std::span<std::byte> out, std::span<const std::byte> in,
+             std::span<std::byte> ws, message_key key, decode_limits limits) {
       { c.workspace_bytes(e, n) } -> std::same_as<std::size_t>;
       { c.encode(e, grad, out, ws, key) } -> std::same_as<std::size_t>;
       c.decode(e, in, dense, ws, limits);
@@ -52,9 +53,9 @@ concept sparsifier = codec<C> && requires(const C& c, std::uint64_t n) {
 /// `acc` into the encoding of the sum of both inputs, so a plain SUM collective aggregates them.
 template <class C, class E>
 concept homomorphic = codec_for<C, E> && C::is_homomorphic &&
-    requires(const C& c, const E& e, std::span<std::byte> acc, std::span<const std::byte> other) {
-      c.accumulate_encoded(e, acc, other);
-    };
+                      requires(const C& c, const E& e, std::span<std::byte> acc, std::span<const std::byte> other) {
+                        c.accumulate_encoded(e, acc, other);
+                      };
 
 /// The state a stateful component keeps on executor E: what `make_state(e, n)` returns (host
 /// memory on the CPU, device memory on the GPU).
@@ -66,11 +67,11 @@ using state_type_of = decltype(std::declval<const C&>().make_state(std::declval<
 /// it.
 template <class C, class E>
 concept stateful = executor<E> && requires(const C& c, const E& e, std::uint64_t n) { c.make_state(e, n); } &&
-    requires(const C& c, const E& e, state_type_of<C, E>& state, std::span<std::byte> bytes,
-             std::span<const std::byte> saved) {
-      { c.save_state(e, state, bytes) } -> std::same_as<std::size_t>;
-      c.load_state(e, saved, state);
-    };
+                   requires(const C& c, const E& e, state_type_of<C, E>& state, std::span<std::byte> bytes,
+                            std::span<const std::byte> saved) {
+                     { c.save_state(e, state, bytes) } -> std::same_as<std::size_t>;
+                     c.load_state(e, saved, state);
+                   };
 
 /// Measured statistics of one communication round, the input of a controller.
 struct round_stats {

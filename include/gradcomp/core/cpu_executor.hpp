@@ -36,8 +36,8 @@ namespace gradcomp {
 /// Widest instruction set a `cpu_executor`'s kernels may use.
 enum class cpu_simd : std::uint8_t {
   baseline = 0,  ///< What the compiler targets (SSE2 on x86-64), plus scalar code.
-  avx2 = 1,      ///< AVX2 where the CPU has it.
-  avx512 = 2,    ///< Also AVX-512F where the CPU has it (the default; only Philox uses it).
+  avx2 = 1,  ///< AVX2 where the CPU has it.
+  avx512 = 2,  ///< Also AVX-512F where the CPU has it (the default; only Philox uses it).
 };
 
 /// Whether this CPU executes AVX2 and gradcomp's AVX2 kernels are compiled in.

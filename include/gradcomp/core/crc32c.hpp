@@ -19,7 +19,7 @@
 #include <gradcomp/core/cpu_executor.hpp>
 
 #if defined(GRADCOMP_HAVE_SSE42)
-#include <nmmintrin.h>
+#  include <nmmintrin.h>
 #endif
 
 namespace gradcomp {
@@ -51,7 +51,8 @@ inline constexpr std::array<std::uint32_t, 256> crc32c_table = [] {
 namespace detail {
 
 /// Advances a CRC-32C register over `count` bytes with `crc32c_step`: the portable path.
-[[nodiscard]] GRADCOMP_HOST_DEVICE constexpr std::uint32_t crc32c_update_portable(std::uint32_t crc, const std::byte* bytes,
+[[nodiscard]] GRADCOMP_HOST_DEVICE constexpr std::uint32_t crc32c_update_portable(std::uint32_t crc,
+                                                                                  const std::byte* bytes,
                                                                                   std::size_t count) noexcept {
   for (std::size_t i = 0; i < count; ++i) crc = crc32c_step(crc, bytes[i]);
   return crc;
@@ -81,7 +82,8 @@ GRADCOMP_TARGET_SSE42 inline std::uint32_t crc32c_update_sse42(std::uint32_t crc
 /// expressions; on the host, with SSE4.2's `crc32` instruction where the CPU has it.
 [[nodiscard]] GRADCOMP_HOST_DEVICE constexpr std::uint32_t crc32c(const std::byte* bytes, std::size_t count) noexcept {
 #if defined(GRADCOMP_HAVE_SSE42)
-  if (!std::is_constant_evaluated() && cpu_has_sse42()) return detail::crc32c_update_sse42(0xFFFFFFFFu, bytes, count) ^ 0xFFFFFFFFu;
+  if (!std::is_constant_evaluated() && cpu_has_sse42())
+    return detail::crc32c_update_sse42(0xFFFFFFFFu, bytes, count) ^ 0xFFFFFFFFu;
 #endif
   return detail::crc32c_update_portable(0xFFFFFFFFu, bytes, count) ^ 0xFFFFFFFFu;
 }

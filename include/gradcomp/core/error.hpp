@@ -35,8 +35,10 @@ enum class errc : std::uint8_t {
   peeling_stalled = 19,      ///< A sketch could not be peeled completely: some values were not recovered.
   peer_failed = 20,          ///< Another rank of the collective failed or disagreed; this rank stopped too.
   transport_failed = 21,     ///< The communication library (MPI, Gloo) reported an error; the message quotes it.
-  device_failed = 22,        ///< A CUDA runtime call or kernel launch failed; the message names the call, file, line and CUDA error.
-  timeout = 23,              ///< A collective's deadline passed before its peers arrived; the message names the call, its key and, where known, the silent ranks.
+  device_failed =
+      22,  ///< A CUDA runtime call or kernel launch failed; the message names the call, file, line and CUDA error.
+  timeout =
+      23,  ///< A collective's deadline passed before its peers arrived; the message names the call, its key and, where known, the silent ranks.
 };
 
 /// Human-readable name of an error condition.
@@ -110,7 +112,8 @@ namespace detail {
 template <class Detail>
 [[noreturn]] void fail(errc code, Detail&& detail) {
   if constexpr (std::is_invocable_v<Detail>) throw error(code, std::string(detail()));
-  else throw error(code, std::string(detail));
+  else
+    throw error(code, std::string(detail));
 }
 
 /// Throws `error(code, detail)` unless `condition` holds. `detail` is a string, or a callable

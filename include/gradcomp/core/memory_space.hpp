@@ -21,7 +21,8 @@ enum class memory_space : std::uint8_t {
 template <class X>
 inline constexpr memory_space memory_space_of = [] {
   if constexpr (requires { X::memory; }) return static_cast<memory_space>(X::memory);
-  else return memory_space::host;
+  else
+    return memory_space::host;
 }();
 
 }  // namespace gradcomp

@@ -63,8 +63,8 @@ struct random_stream {
 
   /// The four words of block `block` (words 4·block .. 4·block+3).
   [[nodiscard]] GRADCOMP_HOST_DEVICE constexpr philox_block block(std::uint64_t block) const noexcept {
-    const philox_block counter{{static_cast<std::uint32_t>(block), counter1(block), static_cast<std::uint32_t>(step),
-                                tensor_id}};
+    const philox_block counter{
+        {static_cast<std::uint32_t>(block), counter1(block), static_cast<std::uint32_t>(step), tensor_id}};
     return philox4x32_10(counter, key0(), key1());
   }
 

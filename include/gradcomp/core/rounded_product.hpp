@@ -20,7 +20,7 @@
 #include <gradcomp/core/cpu_executor.hpp>
 
 #if defined(GRADCOMP_HAVE_AVX2)
-#include <immintrin.h>
+#  include <immintrin.h>
 #endif
 
 namespace gradcomp {
@@ -52,7 +52,8 @@ template <class T>
 GRADCOMP_HOST_DEVICE inline T mul_rn(T a, T b) noexcept {
 #if defined(__CUDA_ARCH__)
   if constexpr (sizeof(T) == 4) return __fmul_rn(a, b);
-  else return __dmul_rn(a, b);
+  else
+    return __dmul_rn(a, b);
 #else
   return rounded(a * b);
 #endif

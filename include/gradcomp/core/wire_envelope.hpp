@@ -155,8 +155,9 @@ inline void seal_host_message(std::span<std::byte> out, envelope e, bool checksu
 /// @throws error `truncated`, `trailing_bytes`, `bad_magic`, `unsupported_version`,
 ///         `header_checksum`, `malformed_envelope` (unknown flag or dtype, stray payload CRC).
 [[nodiscard]] inline envelope parse_envelope_header(std::span<const std::byte> header, std::size_t message_size) {
-  detail::require(message_size >= envelope::size && header.size() >= envelope::size, errc::truncated,
-                  [&] { return "message of " + std::to_string(message_size) + " bytes is shorter than the 56-byte envelope"; });
+  detail::require(message_size >= envelope::size && header.size() >= envelope::size, errc::truncated, [&] {
+    return "message of " + std::to_string(message_size) + " bytes is shorter than the 56-byte envelope";
+  });
   const std::byte* p = header.data();
   detail::require(detail::load_le<std::uint32_t>(p) == envelope::magic, errc::bad_magic,
                   "message does not start with \"GCMP\"");
@@ -181,9 +182,10 @@ inline void seal_host_message(std::span<std::byte> out, envelope e, bool checksu
   detail::require(dtype_size(e.dtype) != 0, errc::malformed_envelope,
                   [&] { return "unknown value dtype " + std::to_string(static_cast<unsigned>(e.dtype)); });
   const std::size_t available = message_size - envelope::size;
-  detail::require(e.payload_bytes <= available, errc::truncated,
-                  [&] { return "envelope declares " + std::to_string(e.payload_bytes) + " payload bytes, message holds " +
-                      std::to_string(available); });
+  detail::require(e.payload_bytes <= available, errc::truncated, [&] {
+    return "envelope declares " + std::to_string(e.payload_bytes) + " payload bytes, message holds " +
+           std::to_string(available);
+  });
   detail::require(e.payload_bytes == available, errc::trailing_bytes,
                   [&] { return std::to_string(available - e.payload_bytes) + " bytes follow the declared payload"; });
   detail::require((e.flags & flag_payload_checksum) != 0 || e.payload_crc == 0, errc::malformed_envelope,
@@ -230,16 +232,17 @@ struct envelope_expectation {
 /// @throws error `codec_mismatch`, `dtype_mismatch`, `too_large`, `size_mismatch`,
 ///         `parameter_mismatch`, `payload_checksum` (missing when required).
 inline void validate_envelope(const envelope& e, const envelope_expectation& want, const decode_limits& limits) {
-  detail::require(e.codec == want.codec, errc::codec_mismatch,
-                  [&] { return "message written by codec " + std::to_string(static_cast<unsigned>(e.codec)) + ", decoder is codec " +
-                      std::to_string(static_cast<unsigned>(want.codec)); });
+  detail::require(e.codec == want.codec, errc::codec_mismatch, [&] {
+    return "message written by codec " + std::to_string(static_cast<unsigned>(e.codec)) + ", decoder is codec " +
+           std::to_string(static_cast<unsigned>(want.codec));
+  });
   detail::require(e.dtype == want.dtype, errc::dtype_mismatch, "message value type differs from the decoder's");
-  detail::require(e.elements <= limits.max_elements, errc::too_large,
-                  [&] { return "message has " + std::to_string(e.elements) + " elements, the cap is " +
-                      std::to_string(limits.max_elements); });
-  detail::require(e.elements == want.elements, errc::size_mismatch,
-                  [&] { return "message has " + std::to_string(e.elements) + " elements, the output has " +
-                      std::to_string(want.elements); });
+  detail::require(e.elements <= limits.max_elements, errc::too_large, [&] {
+    return "message has " + std::to_string(e.elements) + " elements, the cap is " + std::to_string(limits.max_elements);
+  });
+  detail::require(e.elements == want.elements, errc::size_mismatch, [&] {
+    return "message has " + std::to_string(e.elements) + " elements, the output has " + std::to_string(want.elements);
+  });
   detail::require(e.params_hash == want.params_hash, errc::parameter_mismatch,
                   "codec parameters (hash) differ between encoder and decoder");
   detail::require(!limits.require_checksum || (e.flags & flag_payload_checksum) != 0, errc::payload_checksum,
@@ -252,8 +255,10 @@ inline void validate_envelope(const envelope& e, const envelope_expectation& wan
 /// `payload_bytes(n)` cannot overflow), and exactly `payload_bytes(n)` payload bytes. `codec`
 /// names the codec in the error. @throws error `malformed_payload`.
 template <class PayloadBytes>
-void validate_fixed_payload(const envelope& e, const char* codec, std::uint64_t most_elements, PayloadBytes&& payload_bytes) {
-  detail::require(e.layout == 0, errc::malformed_payload, [&] { return std::string(codec) + " messages have layout 0"; });
+void validate_fixed_payload(const envelope& e, const char* codec, std::uint64_t most_elements,
+                            PayloadBytes&& payload_bytes) {
+  detail::require(e.layout == 0, errc::malformed_payload,
+                  [&] { return std::string(codec) + " messages have layout 0"; });
   const std::uint64_t n = e.elements;
   detail::require(n <= most_elements && e.payload_bytes == payload_bytes(n), errc::malformed_payload, [&] {
     return "payload of " + std::to_string(e.payload_bytes) + " bytes does not hold " + std::to_string(n) + " elements";
@@ -274,8 +279,10 @@ class params_hasher {
   constexpr params_hasher& add(U value) noexcept {
     std::uint64_t bits = 0;
     if constexpr (sizeof(U) == 8) bits = std::bit_cast<std::uint64_t>(value);
-    else if constexpr (sizeof(U) == 4) bits = std::bit_cast<std::uint32_t>(value);
-    else bits = static_cast<std::uint64_t>(value);
+    else if constexpr (sizeof(U) == 4)
+      bits = std::bit_cast<std::uint32_t>(value);
+    else
+      bits = static_cast<std::uint64_t>(value);
     for (std::size_t b = 0; b < sizeof(U); ++b) {
       state_ ^= (bits >> (8 * b)) & 0xFFu;
       state_ *= 0x100000001B3ull;

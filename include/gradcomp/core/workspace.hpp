@@ -35,8 +35,9 @@ class workspace_arena {
     if (measuring_) return {};
     const std::size_t misalignment = reinterpret_cast<std::uintptr_t>(base_) % alignment;
     const std::size_t shift = misalignment == 0 ? 0 : alignment - misalignment;
-    detail::require(shift + used_ <= capacity_, errc::workspace_too_small,
-                    [&] { return "workspace of " + std::to_string(capacity_) + " bytes is too small; see workspace_bytes(n)"; });
+    detail::require(shift + used_ <= capacity_, errc::workspace_too_small, [&] {
+      return "workspace of " + std::to_string(capacity_) + " bytes is too small; see workspace_bytes(n)";
+    });
     return {reinterpret_cast<T*>(base_ + shift + start), count};
   }
 

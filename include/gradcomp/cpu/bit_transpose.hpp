@@ -10,7 +10,7 @@
 #include <gradcomp/core/cpu_executor.hpp>
 
 #if defined(GRADCOMP_HAVE_AVX2)
-#include <immintrin.h>
+#  include <immintrin.h>
 #endif
 
 namespace gradcomp::cpu {

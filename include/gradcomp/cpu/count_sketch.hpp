@@ -82,13 +82,13 @@ struct backend<count_sketch<T>, cpu_executor> {
     }
     detail::require(all_finite(cells, cell_count(codec)), errc::non_finite_input,
                     "a cell sum overflows the value type (the gradient's magnitudes are too large to sketch)");
-    cpu::seal_message(out, {codec_id::count_sketch, dtype_of<T>, 0, 0, key, n, size - envelope::size, codec.params_hash(), 0},
-                      false);
+    cpu::seal_message(
+        out, {codec_id::count_sketch, dtype_of<T>, 0, 0, key, n, size - envelope::size, codec.params_hash(), 0}, false);
     return size;
   }
 
-  static void decode(const codec_type& codec, const cpu_executor& e, std::span<const std::byte> message, std::span<T> out,
-                     std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
+  static void decode(const codec_type& codec, const cpu_executor& e, std::span<const std::byte> message,
+                     std::span<T> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
     const std::uint64_t n = out.size();
     (void)parse_checked(codec, message, n, limits);
     workspace_arena arena(ws);
@@ -129,7 +129,8 @@ struct backend<count_sketch<T>, cpu_executor> {
                                  std::span<const std::byte> other) {
     const envelope mine = parse_checked(codec, acc, parse_envelope(acc).elements, {});
     const envelope theirs = parse_checked(codec, other, mine.elements, {});
-    detail::require(mine.key == theirs.key, errc::step_mismatch, "messages of different steps or tensors cannot be summed");
+    detail::require(mine.key == theirs.key, errc::step_mismatch,
+                    "messages of different steps or tensors cannot be summed");
     std::byte* const a = acc.data() + envelope::size;
     const std::byte* const b = other.data() + envelope::size;
     const std::size_t cells = cell_count(codec);
@@ -212,7 +213,7 @@ struct backend<count_sketch<T>, cpu_executor> {
   /// S[j][h_j(i)] += σ_j(i)·g[i] for every row j and element i < n (n ≥ 1) into the zeroed `cells`,
   /// through the range queues (see this file's comment).
   static void encode_queued(const codec_type& codec, bool avx2, const T* g, std::uint64_t n, std::byte* cells,
-                                 const encode_scratch& s) {
+                            const encode_scratch& s) {
     const partitioning part = partitioning_of(codec, n);
     const std::uint64_t columns = codec.columns();
     update* const queues = s.queues.data();
@@ -293,7 +294,8 @@ struct backend<count_sketch<T>, cpu_executor> {
     for (std::uint32_t j = 0; j < rows; ++j) row_seeds[j] = count_sketch_row_seed(codec.params().seed, j);
     std::uint32_t hashes[2][count_sketch_max_rows][batch];
     // Hashes of the batch starting at `first` into `into`; returns its element count.
-    const auto hash_batch = [&](std::uint64_t first, std::uint32_t (&into)[count_sketch_max_rows][batch]) -> std::size_t {
+    const auto hash_batch = [&](std::uint64_t first,
+                                std::uint32_t(&into)[count_sketch_max_rows][batch]) -> std::size_t {
       if (first >= n) return 0;
       const auto count = static_cast<std::size_t>(std::min<std::uint64_t>(batch, n - first));
       const std::uint32_t high = murmur3_fmix32(static_cast<std::uint32_t>(first >> 32));
@@ -315,7 +317,8 @@ struct backend<count_sketch<T>, cpu_executor> {
         for (std::size_t b = 0; b < count; ++b) {
           const std::size_t ahead = b + prefetch_ahead;
           if (ahead < count) cpu::prefetch(cell_of(row, h[ahead]), cell_of(row, h[ahead]) + 1);
-          else if (ahead - count < next_count) cpu::prefetch(cell_of(row, h_next[ahead - count]), cell_of(row, h_next[ahead - count]) + 1);
+          else if (ahead - count < next_count)
+            cpu::prefetch(cell_of(row, h_next[ahead - count]), cell_of(row, h_next[ahead - count]) + 1);
           visit(j, first + b, cell_of(row, h[b]), h[b]);
         }
       }

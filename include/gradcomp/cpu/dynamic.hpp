@@ -43,7 +43,7 @@
 #include <gradcomp/sparsify/dynamic.hpp>
 
 #if defined(__SSE2__)
-#include <emmintrin.h>
+#  include <emmintrin.h>
 #endif
 
 namespace gradcomp {
@@ -96,7 +96,8 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
 
   static T threshold(const sparsifier& sp, const cpu_executor&, std::span<const T> a, std::span<std::byte> ws) {
     const T* const v = a.data();
-    return from_bits<T>(threshold_key(sp, a.size(), [v](std::size_t i) { return v[i]; }, ws));
+    return from_bits<T>(threshold_key(
+        sp, a.size(), [v](std::size_t i) { return v[i]; }, ws));
   }
 
   static dynamic_result<T> sparsify(const sparsifier& sp, const cpu_executor&, state_type& state,
@@ -109,10 +110,12 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
     key_type tau = 0;
     if (known) {
       const T* const r = found->second.data();
-      tau = threshold_key(sp, n, [g, r](std::size_t i) { return g[i] + r[i]; }, ws);
+      tau = threshold_key(
+          sp, n, [g, r](std::size_t i) { return g[i] + r[i]; }, ws);
     } else {
       // A new id's residual is n zeros: a = g + 0, exactly as the stored zeros will give next step.
-      tau = threshold_key(sp, n, [g](std::size_t i) { return g[i] + T{0}; }, ws);
+      tau = threshold_key(
+          sp, n, [g](std::size_t i) { return g[i] + T{0}; }, ws);
     }
     // Nothing can fail past this point but the allocation of a new id's residual, which changes
     // nothing if it throws.
@@ -154,8 +157,9 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
                              std::to_string(tensors) + " tensors and " + std::to_string(total) +
                              " values its header declares";
                     });
-    const std::span<const std::byte> entries = detail::check_state_body<format>(
-        bytes, static_cast<std::size_t>(tensors * format::entry_head_bytes + total * sizeof(T)));
+    const std::span<const std::byte> entries =
+        detail::check_state_body<format>(bytes, static_cast<std::size_t>(tensors * format::entry_head_bytes +
+                                                                         total * sizeof(T)));
 
     std::map<std::uint64_t, std::vector<T>> residuals;
     std::size_t at = 0;
@@ -207,9 +211,10 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
       // τ* is the (z − below)-th smallest key of the window (0-based) when the window holds it.
       if (!w.overflow && w.below <= z && z - w.below < w.count) {
         // Every key in [lo, hi) shares the top bits that lo and hi − 1 share: selection starts below them.
-        const int known = key_bits - static_cast<int>(std::bit_width(static_cast<key_type>(window.lo ^ (window.hi - 1))));
-        return select_in_list(s, w.count, w.count - (z - w.below), static_cast<key_type>(window.lo >> (key_bits - known)),
-                              known);
+        const int known =
+            key_bits - static_cast<int>(std::bit_width(static_cast<key_type>(window.lo ^ (window.hi - 1))));
+        return select_in_list(s, w.count, w.count - (z - w.below),
+                              static_cast<key_type>(window.lo >> (key_bits - known)), known);
       }
     }
     cpu::magnitude_histogram<T>(n, value_at, s.histogram, s.sub_histograms);
@@ -260,7 +265,8 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
     const std::size_t stride = n / sample_chunks;
     key_type* const sample = s.sample.data();
     for (std::size_t c = 0; c < sample_chunks; ++c)
-      for (std::size_t j = 0; j < sample_chunk; ++j) sample[c * sample_chunk + j] = magnitude_key<T>(value_at(c * stride + j));
+      for (std::size_t j = 0; j < sample_chunk; ++j)
+        sample[c * sample_chunk + j] = magnitude_key<T>(value_at(c * stride + j));
     const double p = static_cast<double>(z) / static_cast<double>(n);
     // Products rounded apart from the sums (`mul_rn`), so the window is the same under any flags.
     const double middle = mul_rn(p, static_cast<double>(sample_size));
@@ -400,7 +406,8 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
       }
       detail::require_dynamic_finite(non_finite, n);
       if (static_cast<double>(below) / static_cast<double>(n) < sp.params().zero_fraction) lo = mid + 1;
-      else hi = mid;
+      else
+        hi = mid;
     }
     return lo == 0 ? key_type{0} : table_value_key(lo - 1);
   }

@@ -114,8 +114,7 @@ struct backend<error_feedback<Codec>, cpu_executor> {
     });
   }
 
-  static void load_state(const ef_type& ef, const cpu_executor&, std::span<const std::byte> bytes,
-                         state_type& state) {
+  static void load_state(const ef_type& ef, const cpu_executor&, std::span<const std::byte> bytes, state_type& state) {
     const auto saved = ef.check_saved_state(bytes, state.residual.size());
     std::ranges::copy(saved.residual, std::as_writable_bytes(std::span<T>(state.residual)).begin());
     state.steps = saved.steps;

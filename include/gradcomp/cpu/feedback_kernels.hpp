@@ -19,7 +19,7 @@
 #include <gradcomp/quantize/uniform_math.hpp>
 
 #if defined(GRADCOMP_HAVE_AVX2)
-#include <immintrin.h>
+#  include <immintrin.h>
 #endif
 
 namespace gradcomp::cpu {

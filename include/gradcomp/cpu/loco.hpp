@@ -155,7 +155,8 @@ struct backend<loco<Codec>, cpu_executor> {
 
   static void set_carried_error(const loco_type& lc, const cpu_executor&, std::span<const T> error, state_type& state) {
     check_shape(lc, state, error.size(), "error");
-    const auto non_finite = static_cast<std::size_t>(std::count_if(error.begin(), error.end(), [](T x) { return !is_finite(x); }));
+    const auto non_finite =
+        static_cast<std::size_t>(std::count_if(error.begin(), error.end(), [](T x) { return !is_finite(x); }));
     detail::require(non_finite == 0, errc::non_finite_input, [&] {
       return std::to_string(non_finite) + " values of the new carried error are NaN or Inf; the state is unchanged";
     });
@@ -242,9 +243,10 @@ struct backend<loco<Codec>, cpu_executor> {
       const T step = uniform_step(from_bits<T>(largest), error_bits);
       new_scales[j] = step;
       for (std::size_t i = begin; i < end; ++i)
-        new_codes[i] = step == T{0} ? std::int8_t{0}
-                                    : static_cast<std::int8_t>(
-                                          uniform_level(v[i] / step, error_bits, rounding::nearest_even, T{0}));
+        new_codes[i] =
+            step == T{0}
+                ? std::int8_t{0}
+                : static_cast<std::int8_t>(uniform_level(v[i] / step, error_bits, rounding::nearest_even, T{0}));
     }
   }
 

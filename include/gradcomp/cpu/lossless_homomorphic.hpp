@@ -49,7 +49,8 @@ inline std::uint64_t lhc_member_word(const std::byte* index, lhc_index_coding co
   switch (coding) {
     case lhc_index_coding::bitmap:
       if (count == lhc_word) std::memcpy(&bits, index + first / 8, sizeof bits);  // one load, not a call
-      else std::memcpy(&bits, index + first / 8, (count + 7) / 8);
+      else
+        std::memcpy(&bits, index + first / 8, (count + 7) / 8);
       break;
     case lhc_index_coding::sum4: {
       const std::byte* at = index + first / 2;
@@ -215,9 +216,9 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
                                              std::to_string(members));
   }
 
-  static lhc_decode_result decode(const codec_type& codec, const cpu_executor& e, std::span<const std::byte> global_index,
-                                  const lhc_plan& plan, std::span<const T> summed_sketch, std::span<T> out,
-                                  std::span<std::byte> ws) {
+  static lhc_decode_result decode(const codec_type& codec, const cpu_executor& e,
+                                  std::span<const std::byte> global_index, const lhc_plan& plan,
+                                  std::span<const T> summed_sketch, std::span<T> out, std::span<std::byte> ws) {
     const std::uint64_t n = out.size();
     require_plan(codec, global_index, plan, n);
     require_size(summed_sketch.size(), plan.sketch_values(), "sketch values");
@@ -242,7 +243,9 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
   class block_cursor {
    public:
     block_cursor(const codec_type& codec, const lhc_plan& plan) noexcept
-        : rows_(plan.rows), block_(codec.params().block), seed_(codec.params().seed),
+        : rows_(plan.rows),
+          block_(codec.params().block),
+          seed_(codec.params().seed),
           reference_(codec.params().reference_layout) {}
 
     [[nodiscard]] lhc_cell_triple cells_of(std::uint64_t i) noexcept {
@@ -335,9 +338,12 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     const std::uint64_t per_block = codec.params().reference_layout ? 3 : 1;
     const std::uint64_t most = std::min(plan.union_nonzeros, codec.block_count(plan.n)) * per_block;
     const bool narrow_ids = plan.n <= (std::uint64_t{1} << 32) && plan.cells <= (std::uint64_t{1} << 32);
-    if (narrow_ids && most < (std::uint64_t{1} << 14)) f.template operator()<cell_state<std::uint32_t, std::uint16_t>>();
-    else if (narrow_ids && most < (std::uint64_t{1} << 30)) f.template operator()<cell_state<std::uint32_t, std::uint32_t>>();
-    else f.template operator()<cell_state<std::uint64_t, std::uint64_t>>();
+    if (narrow_ids && most < (std::uint64_t{1} << 14))
+      f.template operator()<cell_state<std::uint32_t, std::uint16_t>>();
+    else if (narrow_ids && most < (std::uint64_t{1} << 30))
+      f.template operator()<cell_state<std::uint32_t, std::uint32_t>>();
+    else
+      f.template operator()<cell_state<std::uint64_t, std::uint64_t>>();
   }
 
   /// The decoder's workspace: block layouts, the union's elements, the (block, hash) pairs grouped
@@ -348,16 +354,18 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
   struct peel_state {
     std::span<lhc_block_layout> layouts;
     std::span<typename Cell::id_type> members;  ///< The union's elements, ascending (and `list_slack` more entries).
-    std::span<std::uint64_t> block_first;       ///< G + 1: block b's members are members[block_first[b] .. block_first[b + 1]).
-    std::span<row_pair> row_pairs;       ///< 3·G (block, hash) pairs, grouped by row.
-    std::span<std::uint64_t> row_end;    ///< rows + 1: row r's pairs end at row_end[r] (start at row_end[r − 1]).
+    std::span<std::uint64_t>
+        block_first;  ///< G + 1: block b's members are members[block_first[b] .. block_first[b + 1]).
+    std::span<row_pair> row_pairs;  ///< 3·G (block, hash) pairs, grouped by row.
+    std::span<std::uint64_t> row_end;  ///< rows + 1: row r's pairs end at row_end[r] (start at row_end[r − 1]).
     std::span<Cell> cells;
     std::span<pure_entry<typename Cell::id_type>> worklist;
-    std::span<recovered_value<typename Cell::id_type>> log;      ///< In the order of recovery.
+    std::span<recovered_value<typename Cell::id_type>> log;  ///< In the order of recovery.
     std::span<recovered_value<typename Cell::id_type>> by_span;  ///< Span k's values from span_first[k] on.
-    std::span<std::uint64_t> span_first;  ///< ⌈n / output_span⌉ + 1: where span k's values start (its members before it).
-    std::span<std::uint64_t> span_end;    ///< ⌈n / output_span⌉: where span k's next value goes.
-    std::span<T> scratch;                ///< One output span.
+    std::span<std::uint64_t>
+        span_first;  ///< ⌈n / output_span⌉ + 1: where span k's values start (its members before it).
+    std::span<std::uint64_t> span_end;  ///< ⌈n / output_span⌉: where span k's next value goes.
+    std::span<T> scratch;  ///< One output span.
     std::span<std::uint64_t> recovered;
   };
 
@@ -383,11 +391,14 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     s.span_end = arena.take<std::uint64_t>(spans);
     s.scratch = arena.take<T>(static_cast<std::size_t>(std::min(plan.n, output_span)));
     if (codec.params().on_stall == lhc_stall_policy::median_estimate)
-      s.recovered = arena.take<std::uint64_t>(static_cast<std::size_t>((plan.n + detail::lhc_word - 1) / detail::lhc_word));
+      s.recovered =
+          arena.take<std::uint64_t>(static_cast<std::size_t>((plan.n + detail::lhc_word - 1) / detail::lhc_word));
     return s;
   }
 
-  static void require_size(std::uint64_t got, std::uint64_t want, const char* what) { detail::lhc_require_size(got, want, what); }
+  static void require_size(std::uint64_t got, std::uint64_t want, const char* what) {
+    detail::lhc_require_size(got, want, what);
+  }
 
   /// Checks that `values`, the summed sketch from value `first` on, hold no NaN or ±Inf.
   static void require_finite(std::span<const T> values, std::uint64_t first) {
@@ -409,7 +420,8 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     std::uint64_t members = 0;
     if (codec.params().index == lhc_index_coding::bitmap) {
       for (std::uint64_t w = 0; w * detail::lhc_word < n; ++w)
-        members += static_cast<std::uint64_t>(std::popcount(detail::lhc_member_word(index.data(), lhc_index_coding::bitmap, w, n)));
+        members += static_cast<std::uint64_t>(
+            std::popcount(detail::lhc_member_word(index.data(), lhc_index_coding::bitmap, w, n)));
       return members;
     }
     const std::uint32_t width = codec.params().index == lhc_index_coding::sum4 ? 4 : 8;
@@ -417,7 +429,8 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     for (std::uint64_t q = 0; q < index.size(); ++q) {
       for (std::uint32_t field = std::to_integer<std::uint32_t>(index[q]), k = 0; k < 8; k += width, field >>= width) {
         detail::require((field & mask) <= field_limit, errc::malformed_payload, [&] {
-          return "index byte " + std::to_string(q) + " holds a field above " + std::to_string(field_limit) + " contributors";
+          return "index byte " + std::to_string(q) + " holds a field above " + std::to_string(field_limit) +
+                 " contributors";
         });
         members += std::uint64_t{(field & mask) != 0};
       }
@@ -455,7 +468,9 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     int shift;
 
     /// ⌊x / B⌋: the row of cell (or row offset) x, or the block of element x.
-    [[nodiscard]] std::uint64_t quotient(std::uint64_t x) const noexcept { return power_of_two ? x >> shift : x / block; }
+    [[nodiscard]] std::uint64_t quotient(std::uint64_t x) const noexcept {
+      return power_of_two ? x >> shift : x / block;
+    }
     /// The row of the cell `cell` (or of a row offset).
     [[nodiscard]] std::uint64_t row_of(std::uint64_t cell) const noexcept { return quotient(cell); }
     /// The block of element i.
@@ -482,8 +497,9 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
       const std::uint64_t base = w * detail::lhc_word;
       std::uint64_t bits = detail::lhc_member_word(index.data(), coding, w, n);
       const auto rank_of = [&](std::uint64_t i) {  // i in [base, base + 64): members before it
-        return i == base ? listed
-                         : listed + static_cast<std::uint64_t>(std::popcount(bits & ((std::uint64_t{1} << (i - base)) - 1)));
+        return i == base
+                   ? listed
+                   : listed + static_cast<std::uint64_t>(std::popcount(bits & ((std::uint64_t{1} << (i - base)) - 1)));
       };
       for (; next_block < blocks && next_block * where.block < base + detail::lhc_word; ++next_block)
         s.block_first[next_block] = rank_of(next_block * where.block);
@@ -518,7 +534,7 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     for (std::uint64_t b = 0; b < s.layouts.size(); ++b)
       for (std::uint64_t j = 0; j < 3; ++j)
         s.row_pairs[s.row_end[where.row_of(s.layouts[b].row_offset[j])]++] = {s.layouts[b].rotation[j] - b * block,
-                                                                             s.block_first[b], s.block_first[b + 1]};
+                                                                              s.block_first[b], s.block_first[b + 1]};
     // row_end[r] is now where row r's pairs end.
     std::uint64_t queued = 0;
     for (std::uint64_t r = 0, pair = 0; r < rows; ++r) {
@@ -579,7 +595,8 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
         staged[e % ahead] = where.cells_of(s.worklist[e].element);
       for (; head < round_end; ++head) {
         // The entries ahead name their elements: ask for the elements' layouts, then their cells.
-        if (head + 2 * ahead < round_end) prefetch(&where.layouts[where.block_of(s.worklist[head + 2 * ahead].element)]);
+        if (head + 2 * ahead < round_end)
+          prefetch(&where.layouts[where.block_of(s.worklist[head + 2 * ahead].element)]);
         const lhc_cell_triple cells = staged[head % ahead];
         if (head + ahead < round_end) {
           staged[head % ahead] = where.cells_of(s.worklist[head + ahead].element);
@@ -643,9 +660,10 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
             accumulator estimate[3];
             for (int j = 0; j < 3; ++j) estimate[j] = lhc_signed(cells.negative[j], s.cells[cells.cell[j]].sum);
             // lhc_median_of_three, written out: GCC allocates this whole function differently around the call
-            const accumulator median = std::max(std::min(estimate[0], estimate[1]),
-                                                std::min(std::max(estimate[0], estimate[1]), estimate[2]));
-            detail::require(lhc_fits<T>(median), errc::non_finite_input, [&] { return detail::lhc_range_message("estimate", i); });
+            const accumulator median =
+                std::max(std::min(estimate[0], estimate[1]), std::min(std::max(estimate[0], estimate[1]), estimate[2]));
+            detail::require(lhc_fits<T>(median), errc::non_finite_input,
+                            [&] { return detail::lhc_range_message("estimate", i); });
             s.log[logged++] = {static_cast<typename Cell::id_type>(i), static_cast<T>(median) + T{0}};
           });
       result.estimated = result.unrecovered;
@@ -658,7 +676,8 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
       const std::uint64_t first = k * output_span;
       const std::uint64_t count = std::min(output_span, n - first);
       std::fill(s.scratch.begin(), s.scratch.begin() + static_cast<std::ptrdiff_t>(count), T{0});
-      for (std::uint64_t q = s.span_first[k]; q < s.span_end[k]; ++q) s.scratch[s.by_span[q].element - first] = s.by_span[q].value;
+      for (std::uint64_t q = s.span_first[k]; q < s.span_end[k]; ++q)
+        s.scratch[s.by_span[q].element - first] = s.by_span[q].value;
       writer.write(reinterpret_cast<const std::byte*>(s.scratch.data()), count * sizeof(T));
     }
     writer.finish();

@@ -19,7 +19,7 @@
 #include <gradcomp/cpu/uniform_kernels.hpp>
 
 #if defined(__SSE2__)
-#include <xmmintrin.h>
+#  include <xmmintrin.h>
 #endif
 
 namespace gradcomp::cpu {
@@ -30,7 +30,8 @@ inline constexpr auto& begin_message = detail::begin_host_message;
 /// that changes no result.
 inline void prefetch(const void* from, const void* to) noexcept {
 #if defined(__SSE2__)
-  for (auto* p = static_cast<const char*>(from); p < static_cast<const char*>(to); p += 64) _mm_prefetch(p, _MM_HINT_T0);
+  for (auto* p = static_cast<const char*>(from); p < static_cast<const char*>(to); p += 64)
+    _mm_prefetch(p, _MM_HINT_T0);
 #else
   (void)from;
   (void)to;
@@ -54,9 +55,9 @@ template <gradient_value T>
   }
   for (; p != last; ++p) largest = std::max(largest, magnitude_key(*p));
   detail::require(largest < float_traits<T>::infinity_key, errc::non_finite_input, [&] {
-    return "gradient value " + std::to_string(static_cast<std::size_t>(std::find_if(first, last, [](T v) {
-                                                 return !is_finite(v);
-                                               }) - first)) +
+    return "gradient value " +
+           std::to_string(
+               static_cast<std::size_t>(std::find_if(first, last, [](T v) { return !is_finite(v); }) - first)) +
            " of a block is NaN or Inf";
   });
   return from_bits<T>(largest);

@@ -23,7 +23,7 @@
 #include <gradcomp/lossless/mpc.hpp>
 
 #if defined(GRADCOMP_HAVE_AVX2)
-#include <immintrin.h>
+#  include <immintrin.h>
 #endif
 
 namespace gradcomp {
@@ -78,7 +78,8 @@ inline constexpr lane_tables lanes = [] {
 // ---- baseline kernels (portable; the AVX2 twins below write the same words) --------------------
 
 /// Step 1: w[t] = v[t] − v[t − dim] for `from` ≤ t < count (from ≥ dim).
-inline void subtract_back(const std::byte* v, std::size_t from, std::size_t count, std::size_t dim, std::uint32_t* w) noexcept {
+inline void subtract_back(const std::byte* v, std::size_t from, std::size_t count, std::size_t dim,
+                          std::uint32_t* w) noexcept {
   for (std::size_t t = from; t < count; ++t) w[t] = load_word(v + 4 * t) - load_word(v + 4 * (t - dim));
 }
 
@@ -86,7 +87,8 @@ inline void subtract_back(const std::byte* v, std::size_t from, std::size_t coun
 /// `bitmaps`, the non-zero differences at `words`. Differences are stored whether or not they are
 /// kept (the next one overwrites them), so stores may reach past the last kept word, never past
 /// the worst case. @returns the end of the kept words.
-inline std::byte* eliminate_zeros(const std::uint32_t* w, std::size_t groups, std::byte* bitmaps, std::byte* words) noexcept {
+inline std::byte* eliminate_zeros(const std::uint32_t* w, std::size_t groups, std::byte* bitmaps,
+                                  std::byte* words) noexcept {
   for (std::size_t g = 0; g < groups; ++g) {
     std::uint32_t bitmap = 0;
     for (std::size_t lane = 0; lane < group; ++lane) {
@@ -105,7 +107,8 @@ inline std::byte* eliminate_zeros(const std::uint32_t* w, std::size_t groups, st
 /// Inverse of steps 4 and 3 for one group: v[lane] = sum + the carried words of the lanes up to
 /// it, word k of `src` read for every lane (masked off where the bit is clear), so `src` must
 /// hold 32 words. @returns the running sum after the group.
-inline std::uint32_t expand_group(std::uint32_t bitmap, const std::byte* src, std::uint32_t sum, std::uint32_t* v) noexcept {
+inline std::uint32_t expand_group(std::uint32_t bitmap, const std::byte* src, std::uint32_t sum,
+                                  std::uint32_t* v) noexcept {
   std::size_t k = 0;
   for (std::size_t lane = 0; lane < group; ++lane) {
     const std::uint32_t bit = (bitmap >> lane) & 1u;
@@ -137,7 +140,9 @@ inline void undo_subtract(std::uint32_t* v, std::size_t count, std::size_t dim) 
 // ---- AVX2 twins --------------------------------------------------------------------------------
 
 #if defined(GRADCOMP_HAVE_AVX2)
-GRADCOMP_TARGET_AVX2 inline __m256i load8(const void* p) noexcept { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+GRADCOMP_TARGET_AVX2 inline __m256i load8(const void* p) noexcept {
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
 
 /// Lane indices from a table entry (one byte per lane).
 GRADCOMP_TARGET_AVX2 inline __m256i lane_indices(std::uint64_t entry) noexcept {
@@ -153,7 +158,8 @@ GRADCOMP_TARGET_AVX2 inline __m256i lane_select(std::uint64_t entry) noexcept {
 GRADCOMP_TARGET_AVX2 inline __m256i prefix8(__m256i x, __m256i& carry) noexcept {
   x = _mm256_add_epi32(x, _mm256_slli_si256(x, 4));
   x = _mm256_add_epi32(x, _mm256_slli_si256(x, 8));
-  x = _mm256_add_epi32(x, _mm256_permute2x128_si256(_mm256_shuffle_epi32(x, 0xFF), x, 0x08));  // low lane's total into the high lane
+  x = _mm256_add_epi32(x, _mm256_permute2x128_si256(_mm256_shuffle_epi32(x, 0xFF), x,
+                                                    0x08));  // low lane's total into the high lane
   x = _mm256_add_epi32(x, carry);
   carry = _mm256_permutevar8x32_epi32(x, _mm256_set1_epi32(7));
   return x;
@@ -163,21 +169,23 @@ GRADCOMP_TARGET_AVX2 inline void subtract_back_avx2(const std::byte* v, std::siz
                                                     std::size_t dim, std::uint32_t* w) noexcept {
   std::size_t t = from;
   for (; t + 8 <= count; t += 8)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(w + t), _mm256_sub_epi32(load8(v + 4 * t), load8(v + 4 * (t - dim))));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(w + t),
+                        _mm256_sub_epi32(load8(v + 4 * t), load8(v + 4 * (t - dim))));
   subtract_back(v, t, count, dim, w);
 }
 
-GRADCOMP_TARGET_AVX2 inline std::byte* eliminate_zeros_avx2(const std::uint32_t* w, std::size_t groups, std::byte* bitmaps,
-                                                            std::byte* words) noexcept {
+GRADCOMP_TARGET_AVX2 inline std::byte* eliminate_zeros_avx2(const std::uint32_t* w, std::size_t groups,
+                                                            std::byte* bitmaps, std::byte* words) noexcept {
   for (std::size_t g = 0; g < groups; ++g) {
     std::uint32_t bitmap = 0;
     for (std::size_t q = 0; q < group / 8; ++q) {
       const std::size_t t = g * group + 8 * q;
       const __m256i d = _mm256_sub_epi32(load8(w + t), load8(w + t - 1));
-      const auto zero = static_cast<unsigned>(
-          _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(d, _mm256_setzero_si256()))));
+      const auto zero =
+          static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(d, _mm256_setzero_si256()))));
       const unsigned keep = ~zero & 0xFFu;
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(words), _mm256_permutevar8x32_epi32(d, lane_indices(lanes.compact[keep])));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(words),
+                          _mm256_permutevar8x32_epi32(d, lane_indices(lanes.compact[keep])));
       words += 4 * lanes.count[keep];
       bitmap |= keep << (8 * q);
     }
@@ -186,13 +194,13 @@ GRADCOMP_TARGET_AVX2 inline std::byte* eliminate_zeros_avx2(const std::uint32_t*
   return words;
 }
 
-GRADCOMP_TARGET_AVX2 inline std::uint32_t expand_group_avx2(std::uint32_t bitmap, const std::byte* src, std::uint32_t sum,
-                                                            std::uint32_t* v) noexcept {
+GRADCOMP_TARGET_AVX2 inline std::uint32_t expand_group_avx2(std::uint32_t bitmap, const std::byte* src,
+                                                            std::uint32_t sum, std::uint32_t* v) noexcept {
   __m256i carry = _mm256_set1_epi32(static_cast<int>(sum));
   for (std::size_t q = 0; q < group / 8; ++q) {
     const unsigned m = (bitmap >> (8 * q)) & 0xFFu;
-    const __m256i x =
-        _mm256_and_si256(_mm256_permutevar8x32_epi32(load8(src), lane_indices(lanes.expand[m])), lane_select(lanes.select[m]));
+    const __m256i x = _mm256_and_si256(_mm256_permutevar8x32_epi32(load8(src), lane_indices(lanes.expand[m])),
+                                       lane_select(lanes.select[m]));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + 8 * q), prefix8(x, carry));
     src += 4 * lanes.count[m];
   }
@@ -202,7 +210,8 @@ GRADCOMP_TARGET_AVX2 inline std::uint32_t expand_group_avx2(std::uint32_t bitmap
 /// Stores eight words at `out`, non-temporally when `streaming` (then `out` is 32-byte aligned).
 GRADCOMP_TARGET_AVX2 inline void store8(std::byte* out, __m256i x, bool streaming) noexcept {
   if (streaming) _mm256_stream_si256(reinterpret_cast<__m256i*>(out), x);
-  else _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), x);
+  else
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), x);
 }
 
 /// `undo_subtract` for dim = 1, the result written to `out` (which may be v; 32-byte aligned when
@@ -231,7 +240,8 @@ GRADCOMP_TARGET_AVX2 inline void undo_subtract_avx2(std::uint32_t* v, std::size_
 // ---- chunk transforms ----------------------------------------------------------------------------
 
 /// Steps 1–2 of a chunk of `count` words at `v` (1 ≤ count ≤ 1024): w[0, ⌈count/32⌉·32) in `w`.
-inline void forward_chunk(const std::byte* v, std::size_t count, std::size_t dim, bool avx2, std::uint32_t* w) noexcept {
+inline void forward_chunk(const std::byte* v, std::size_t count, std::size_t dim, bool avx2,
+                          std::uint32_t* w) noexcept {
   const std::size_t head = std::min(dim, count);
   for (std::size_t t = 0; t < head; ++t) w[t] = load_word(v + 4 * t);
 #if defined(GRADCOMP_HAVE_AVX2)
@@ -245,7 +255,8 @@ inline void forward_chunk(const std::byte* v, std::size_t count, std::size_t dim
 }
 
 /// Steps 3–4 of a chunk (see `eliminate_zeros`).
-inline std::byte* finish_chunk(const std::uint32_t* w, std::size_t groups, bool avx2, std::byte* bitmaps, std::byte* words) noexcept {
+inline std::byte* finish_chunk(const std::uint32_t* w, std::size_t groups, bool avx2, std::byte* bitmaps,
+                               std::byte* words) noexcept {
 #if defined(GRADCOMP_HAVE_AVX2)
   if (avx2) return eliminate_zeros_avx2(w, groups, bitmaps, words);
 #endif
@@ -261,7 +272,8 @@ struct chunk_result {
 
 /// The baseline kernels of the decoder.
 struct baseline_kernels {
-  static std::uint32_t expand(std::uint32_t bitmap, const std::byte* src, std::uint32_t sum, std::uint32_t* v) noexcept {
+  static std::uint32_t expand(std::uint32_t bitmap, const std::byte* src, std::uint32_t sum,
+                              std::uint32_t* v) noexcept {
     return expand_group(bitmap, src, sum, v);
   }
   static void transpose(std::uint32_t* v) noexcept { transpose_detail::transpose32_baseline(v); }
@@ -318,7 +330,7 @@ struct avx2_kernels {
   }
   GRADCOMP_TARGET_AVX2 static void transpose(std::uint32_t* v) noexcept { transpose_detail::transpose32_avx2(v); }
   GRADCOMP_TARGET_AVX2 static void undo(std::uint32_t* v, std::size_t count, std::size_t dim, std::byte* out,
-                                         bool streaming) noexcept {
+                                        bool streaming) noexcept {
     if (dim == 1) {
       undo_subtract_avx2(v, count, out, streaming);
       return;
@@ -435,13 +447,16 @@ struct backend<mpc_codec, cpu_executor> {
     alignas(32) std::uint32_t scratch[chunk], values[chunk];
     const std::byte* next = words;
     for (std::uint64_t base = 0; base < last_base; base += chunk) {
-      std::byte* const target = accumulate ? reinterpret_cast<std::byte*>(values) : reinterpret_cast<std::byte*>(dense + base);
-      next = inverse_chunk(bitmaps + 4 * (base / group), next, words_end, chunk, dim, avx2, scratch, target, streaming).next;
+      std::byte* const target =
+          accumulate ? reinterpret_cast<std::byte*>(values) : reinterpret_cast<std::byte*>(dense + base);
+      next = inverse_chunk(bitmaps + 4 * (base / group), next, words_end, chunk, dim, avx2, scratch, target, streaming)
+                 .next;
       if (accumulate) add_values(values, chunk, dense + base);
     }
     if (streaming) cpu::streaming_fence();
     if (accumulate) add_values(last, last_count, dense + last_base);
-    else std::memcpy(dense + last_base, last, 4 * last_count);
+    else
+      std::memcpy(dense + last_base, last, 4 * last_count);
   }
 };
 

@@ -11,7 +11,7 @@
 #include <gradcomp/core/murmur3.hpp>
 
 #if defined(GRADCOMP_HAVE_AVX2)
-#include <immintrin.h>
+#  include <immintrin.h>
 #endif
 
 namespace gradcomp::cpu {

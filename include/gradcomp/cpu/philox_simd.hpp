@@ -17,7 +17,7 @@
 #include <gradcomp/core/cpu_executor.hpp>
 
 #if defined(__SSE2__) || defined(GRADCOMP_HAVE_AVX2)
-#include <immintrin.h>
+#  include <immintrin.h>
 #endif
 
 namespace gradcomp::detail {

@@ -36,7 +36,8 @@ struct backend<pipeline<S, Q>, cpu_executor> {
   static scratch carve(workspace_arena& arena, const pipeline<S, Q>& codec, const cpu_executor& e, std::uint64_t n) {
     scratch s;
     s.sparse = arena.take<std::byte>(codec.sparsify_stage().max_encoded_bytes(n));
-    s.stage = arena.take<std::byte>(std::max(codec.sparsify_stage().workspace_bytes(e, n), codec.quantize_stage().workspace_bytes(e, n)));
+    s.stage = arena.take<std::byte>(
+        std::max(codec.sparsify_stage().workspace_bytes(e, n), codec.quantize_stage().workspace_bytes(e, n)));
     s.values = arena.take<T>(static_cast<std::size_t>(n));
     return s;
   }
@@ -61,12 +62,14 @@ struct backend<pipeline<S, Q>, cpu_executor> {
     const std::uint64_t head = view.index.bytes();  // count field and index section
     cpu::begin_message(out, static_cast<std::size_t>(envelope::size + head));
     std::memcpy(out.data() + envelope::size, payload_of(sparse_message).data(), static_cast<std::size_t>(head));
-    const std::size_t values_bytes = codec.quantize_stage().encode(
-        e, std::span<const T>(s.values.data(), static_cast<std::size_t>(k)),
-        out.subspan(static_cast<std::size_t>(envelope::size + head)), s.stage, key);
+    const std::size_t values_bytes =
+        codec.quantize_stage().encode(e, std::span<const T>(s.values.data(), static_cast<std::size_t>(k)),
+                                      out.subspan(static_cast<std::size_t>(envelope::size + head)), s.stage, key);
 
     const std::uint64_t payload_bytes = head + values_bytes;
-    cpu::seal_message(out, {codec_id::pipeline, dtype_of<T>, inner.layout, 0, key, grad.size(), payload_bytes, codec.params_hash(), 0},
+    cpu::seal_message(out,
+                      {codec_id::pipeline, dtype_of<T>, inner.layout, 0, key, grad.size(), payload_bytes,
+                       codec.params_hash(), 0},
                       inner.flags != 0);
     return static_cast<std::size_t>(envelope::size + payload_bytes);
   }
@@ -91,7 +94,8 @@ struct backend<pipeline<S, Q>, cpu_executor> {
     if (!accumulate) std::fill(out.begin(), out.end(), T{0});
     T* const dense = out.data();
     if (accumulate) index.for_each([&](std::uint64_t j, std::uint64_t i) { dense[i] += values[j]; });
-    else index.for_each([&](std::uint64_t j, std::uint64_t i) { dense[i] = values[j]; });
+    else
+      index.for_each([&](std::uint64_t j, std::uint64_t i) { dense[i] = values[j]; });
   }
 };
 

@@ -62,7 +62,8 @@ struct backend<qsgd_quantizer<T>, cpu_executor> {
         const T x = grad[i];
         const int level = qsgd_level(from_bits<T>(magnitude_key(x)), norm, levels, u);
         const std::uint64_t bit = i * static_cast<std::uint64_t>(bits);
-        codes[bit / 8] = static_cast<std::uint8_t>(codes[bit / 8] | (qsgd_code(level, sign_bit_of(x), bits) << (bit % 8)));
+        codes[bit / 8] =
+            static_cast<std::uint8_t>(codes[bit / 8] | (qsgd_code(level, sign_bit_of(x), bits) << (bit % 8)));
       }
     }
 
@@ -124,8 +125,6 @@ struct backend<qsgd_quantizer<T>, cpu_executor> {
     std::memcpy(&s, norms + j * sizeof(T), sizeof s);
     return s;
   }
-
-
 };
 
 }  // namespace gradcomp

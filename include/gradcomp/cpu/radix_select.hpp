@@ -12,7 +12,7 @@
 #include <type_traits>
 
 #if defined(__SSE2__)
-#include <emmintrin.h>
+#  include <emmintrin.h>
 #endif
 
 #include <gradcomp/core/float_bits.hpp>
@@ -40,7 +40,8 @@ struct bucket_choice {
 };
 
 /// Finds the bucket of the `rank`-th largest key in `histogram`; `rank` must not exceed its total.
-[[nodiscard]] inline bucket_choice choose_bucket(std::span<const std::uint64_t> histogram, std::uint64_t rank) noexcept {
+[[nodiscard]] inline bucket_choice choose_bucket(std::span<const std::uint64_t> histogram,
+                                                 std::uint64_t rank) noexcept {
   std::uint64_t above = 0;
   for (std::size_t b = histogram.size(); b-- > 0;) {
     if (above + histogram[b] >= rank) return {b, above};
@@ -109,7 +110,8 @@ template <gradient_value T>
 void magnitude_histogram(std::span<const T> values, std::span<std::uint64_t> histogram,
                          std::span<std::uint32_t> scratch) {
   const T* const v = values.data();
-  magnitude_histogram<T>(values.size(), [v](std::size_t i) { return v[i]; }, histogram, scratch);
+  magnitude_histogram<T>(
+      values.size(), [v](std::size_t i) { return v[i]; }, histogram, scratch);
 }
 
 /// How many keys of a `magnitude_histogram` belong to NaN or ±Inf (the buckets at and above
@@ -125,7 +127,8 @@ template <gradient_value T>
 
 /// Bit j of the result is set when |values[j]|'s key is at least `threshold`, for j < 16.
 template <gradient_value T>
-[[nodiscard]] inline std::uint32_t at_least_mask16(const T* values, typename float_traits<T>::bits_type threshold) noexcept {
+[[nodiscard]] inline std::uint32_t at_least_mask16(const T* values,
+                                                   typename float_traits<T>::bits_type threshold) noexcept {
 #if defined(__SSE2__)
   if constexpr (std::is_same_v<T, float>) {
     // Keys have no sign bit, so a signed 32-bit comparison orders them; four lanes at a time.

@@ -45,7 +45,8 @@ struct backend<shared_scale_quantizer<T>, cpu_executor> {
     return arena.bytes_needed();
   }
 
-  static void block_maxima(const codec_type& codec, const cpu_executor& e, std::span<const T> grad, std::span<T> maxima) {
+  static void block_maxima(const codec_type& codec, const cpu_executor& e, std::span<const T> grad,
+                           std::span<T> maxima) {
     const std::uint64_t n = grad.size();
     detail::require(maxima.size() == codec.block_count(n), errc::size_mismatch, [&] {
       return "maxima hold " + std::to_string(maxima.size()) + " values, the gradient has " +
@@ -79,7 +80,8 @@ struct backend<shared_scale_quantizer<T>, cpu_executor> {
     for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
       const T m = cpu::max_magnitude(grad.data() + begin, grad.data() + std::min(n, begin + block), e.avx2());
       detail::require(m <= agreed[j], errc::parameter_mismatch, [&] {
-        return "agreed maximum of block " + std::to_string(j) + " is below this rank's own maximum: the maxima were not "
+        return "agreed maximum of block " + std::to_string(j) +
+               " is below this rank's own maximum: the maxima were not "
                "MAX-reduced over all ranks";
       });
     }
@@ -202,15 +204,18 @@ struct backend<shared_scale_quantizer<T>, cpu_executor> {
       for (std::uint64_t first = begin; first < end; first += chunk) {
         const std::uint64_t count = std::min(chunk, end - first);
         const std::uint16_t* const halves =
-            p.round == rounding::stochastic ? detail::philox_stream_halves(stream, first, count, random_halves, e.simd())
-                                            : nullptr;
+            p.round == rounding::stochastic
+                ? detail::philox_stream_halves(stream, first, count, random_halves, e.simd())
+                : nullptr;
         cpu::uniform_scalar_codes(grad.data() + first, count, maxima[j], s, bits, p.round, halves, codes);
         for (std::uint64_t c = 0; c < count; ++c) fields.put(codes[c]);
       }
     }
     fields.flush();
 
-    cpu::seal_message(out, {codec_id::uniform_shared, dtype_of<T>, 0, 0, key, n, size - envelope::size, codec.params_hash(), 0},
+    cpu::seal_message(out,
+                      {codec_id::uniform_shared, dtype_of<T>, 0, 0, key, n, size - envelope::size, codec.params_hash(),
+                       0},
                       false);
     return size;
   }

@@ -95,8 +95,6 @@ struct backend<sign_quantizer<T>, cpu_executor> {
     std::memcpy(&s, scales + j * sizeof(T), sizeof s);
     return s;
   }
-
-
 };
 
 }  // namespace gradcomp

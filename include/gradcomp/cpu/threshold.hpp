@@ -45,13 +45,14 @@ struct backend<threshold_sparsifier<T>, cpu_executor> {
   static std::size_t workspace_bytes(const threshold_sparsifier<T>& codec, const cpu_executor&, std::uint64_t n) {
     workspace_arena arena = workspace_arena::measure();
     if (n <= (std::uint64_t{1} << 32)) carve<std::uint32_t>(arena, codec, n);
-    else carve<std::uint64_t>(arena, codec, n);
+    else
+      carve<std::uint64_t>(arena, codec, n);
     return arena.bytes_needed();
   }
 
   static threshold_report<T> encode_with_report(const threshold_sparsifier<T>& codec, const cpu_executor&,
-                                    std::span<const T> grad, std::span<std::byte> out, std::span<std::byte> ws,
-                                    message_key key) {
+                                                std::span<const T> grad, std::span<std::byte> out,
+                                                std::span<std::byte> ws, message_key key) {
     if (grad.size() <= (std::uint64_t{1} << 32)) return encode_indexed<std::uint32_t>(codec, grad, out, ws, key);
     return encode_indexed<std::uint64_t>(codec, grad, out, ws, key);
   }
@@ -64,9 +65,8 @@ struct backend<threshold_sparsifier<T>, cpu_executor> {
 
  private:
   /// τ as a magnitude key: the m-th largest sampled key, m = ⌈k·s/n⌉ (at least 1).
-  static key_type estimate_threshold(const threshold_sparsifier<T>& codec, std::span<const T> grad,
-                                     std::uint64_t k, std::span<key_type> sample, std::span<std::uint64_t> histogram,
-                                     message_key key) {
+  static key_type estimate_threshold(const threshold_sparsifier<T>& codec, std::span<const T> grad, std::uint64_t k,
+                                     std::span<key_type> sample, std::span<std::uint64_t> histogram, message_key key) {
     const std::uint64_t n = grad.size();
     const std::uint64_t s = sample.size();
     if (s == n) {

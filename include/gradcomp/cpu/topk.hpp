@@ -54,7 +54,8 @@ struct backend<topk_sparsifier<T>, cpu_executor> {
   static std::size_t workspace_bytes(const topk_sparsifier<T>&, const cpu_executor&, std::uint64_t n) {
     workspace_arena arena = workspace_arena::measure();
     if (n <= (std::uint64_t{1} << 32)) carve<std::uint32_t>(arena, n);
-    else carve<std::uint64_t>(arena, n);
+    else
+      carve<std::uint64_t>(arena, n);
     return arena.bytes_needed();
   }
 
@@ -66,14 +67,14 @@ struct backend<topk_sparsifier<T>, cpu_executor> {
 
   static void decode(const topk_sparsifier<T>& codec, const cpu_executor&, std::span<const std::byte> message,
                      std::span<T> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
-    cpu::decode_sparse_message<T>(message, {codec_id::topk, dtype_of<T>, out.size(), codec.params_hash()}, limits,
-                                  out, accumulate);
+    cpu::decode_sparse_message<T>(message, {codec_id::topk, dtype_of<T>, out.size(), codec.params_hash()}, limits, out,
+                                  accumulate);
   }
 
  private:
   template <class Index>
-  static std::size_t encode_indexed(const topk_sparsifier<T>& codec, std::span<const T> grad,
-                                    std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
+  static std::size_t encode_indexed(const topk_sparsifier<T>& codec, std::span<const T> grad, std::span<std::byte> out,
+                                    std::span<std::byte> ws, message_key key) {
     const std::uint64_t n = grad.size();
     const std::uint64_t k = codec.k(n);
     const envelope header{codec_id::topk, dtype_of<T>, 0, 0, key, n, 0, codec.params_hash(), 0};

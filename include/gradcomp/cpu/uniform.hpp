@@ -129,7 +129,9 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
       for (std::uint64_t first = begin; first < end; first += chunk) {
         const std::uint64_t count = std::min<std::uint64_t>(chunk, end - first);
         const std::uint16_t* const halves =
-            mode == rounding::stochastic ? detail::philox_stream_halves(stream, first, count, random_halves, exec.simd()) : nullptr;
+            mode == rounding::stochastic
+                ? detail::philox_stream_halves(stream, first, count, random_halves, exec.simd())
+                : nullptr;
         cpu::uniform_scalar_codes(grad.data() + first, count, m, s, bits, mode, halves, chunk_codes);
         store_codes(chunk_codes, count, first, bits, codes);
       }
@@ -160,8 +162,8 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
     for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
       const std::uint64_t end = std::min(n, begin + block);
       const float s = scale_at(scales, j);
-      cpu::uniform_decode_block(codes + begin * static_cast<std::uint64_t>(bits) / 8, end - begin, bits, s, dense + begin,
-                                accumulate, streaming, avx2);
+      cpu::uniform_decode_block(codes + begin * static_cast<std::uint64_t>(bits) / 8, end - begin, bits, s,
+                                dense + begin, accumulate, streaming, avx2);
     }
     if (streaming) cpu::streaming_fence();
   }

@@ -47,7 +47,8 @@ void uniform_scalar_codes(const T* x, std::uint64_t count, T m, T s, int bits, r
   for (std::uint64_t first = 0; first < count; first += run) {
     const std::uint64_t n = std::min(run, count - first);
     if (stochastic) scale_run(x + first, n, [inv](T v) { return mul_rn(v, inv); });
-    else scale_run(x + first, n, [inv](T v) { return v * inv; });
+    else
+      scale_run(x + first, n, [inv](T v) { return v * inv; });
     for (std::uint64_t c = 0; c < n; ++c)
       u[c] = stochastic ? static_cast<T>(halves[first + c]) * static_cast<T>(1.0 / 65536.0) : T{0};
     for (std::uint64_t c = 0; c < n; ++c) out[first + c] = uniform_code(uniform_level(t[c], bits, mode, u[c]), bits);
@@ -56,7 +57,8 @@ void uniform_scalar_codes(const T* x, std::uint64_t count, T m, T s, int bits, r
 
 /// Packs `count` codes (one per byte) into the ⌈count·bits/8⌉ bytes at `packed`, starting on a
 /// byte boundary.
-inline void pack_codes_aligned(const std::uint8_t* codes, std::uint64_t count, int bits, std::uint8_t* packed) noexcept {
+inline void pack_codes_aligned(const std::uint8_t* codes, std::uint64_t count, int bits,
+                               std::uint8_t* packed) noexcept {
   if (bits == 8) {
     std::memcpy(packed, codes, static_cast<std::size_t>(count));
     return;
@@ -84,7 +86,8 @@ inline void uniform_decode_block(const std::uint8_t* codes, std::uint64_t count,
   const std::uint64_t whole = uniform_kernels_compiled ? count / kernel_width * kernel_width : 0;
   if constexpr (uniform_kernels_compiled) {
     if (bits == 8) decode_codes<8>(codes, whole, s, out, accumulate, streaming, avx2);
-    else decode_codes<4>(codes, whole, s, out, accumulate, streaming, avx2);
+    else
+      decode_codes<4>(codes, whole, s, out, accumulate, streaming, avx2);
   }
   for (std::uint64_t i = whole; i < count; ++i) {
     const float value = mul_rn(static_cast<float>(uniform_code_level(packed_code(codes, i, bits), bits)), s);
@@ -100,7 +103,8 @@ inline void uniform_residual_block(const std::uint8_t* codes, std::uint64_t coun
   const std::uint64_t whole = uniform_kernels_compiled ? count / kernel_width * kernel_width : 0;
   if constexpr (uniform_kernels_compiled) {
     if (bits == 8) residual_of_codes<8>(codes, whole, s, x, residual, streaming, avx2);
-    else residual_of_codes<4>(codes, whole, s, x, residual, streaming, avx2);
+    else
+      residual_of_codes<4>(codes, whole, s, x, residual, streaming, avx2);
   }
   for (std::uint64_t i = whole; i < count; ++i)
     residual[i] = x[i] - mul_rn(static_cast<float>(uniform_code_level(packed_code(codes, i, bits), bits)), s);
@@ -127,8 +131,8 @@ class uniform_block_encoder {
  public:
   /// Starts `codec`'s message of n values in `out`: checks that `out` holds it and zeroes the
   /// envelope (`begin_message`). @throws error `buffer_too_small`.
-  uniform_block_encoder(const Quantizer& codec, const cpu_executor& exec, std::span<std::byte> out,
-                        std::uint64_t n, message_key key)
+  uniform_block_encoder(const Quantizer& codec, const cpu_executor& exec, std::span<std::byte> out, std::uint64_t n,
+                        message_key key)
       : codec_(codec),
         simd_(exec.simd()),
         avx2_(exec.avx2()),
@@ -210,8 +214,8 @@ class uniform_block_encoder {
         pack_codes_aligned(scalar_codes_, part - done, bits, target + done * static_cast<std::uint64_t>(bits) / 8);
       }
       if (residual != nullptr)
-        uniform_residual_block(target + with_residual * static_cast<std::uint64_t>(bits) / 8, part - with_residual, bits,
-                               s, x + first + with_residual, residual + first + with_residual, streaming, avx2_);
+        uniform_residual_block(target + with_residual * static_cast<std::uint64_t>(bits) / 8, part - with_residual,
+                               bits, s, x + first + with_residual, residual + first + with_residual, streaming, avx2_);
     }
     ++block_;
     element_ += count;

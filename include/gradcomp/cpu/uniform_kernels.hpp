@@ -22,7 +22,7 @@
 #include <gradcomp/quantize/uniform_math.hpp>
 
 #if defined(__SSE2__) || defined(GRADCOMP_HAVE_AVX2)
-#include <immintrin.h>
+#  include <immintrin.h>
 #endif
 
 namespace gradcomp::cpu {
@@ -49,8 +49,8 @@ inline void encode8_rtn(const float* x, std::uint64_t count, float inv, std::uin
 /// Codes rne(x·inv) + 7 of x[0, count), two per byte (even element in the low nibble).
 inline void encode4_rtn(const float* x, std::uint64_t count, float inv, std::uint8_t* packed, bool avx2) noexcept;
 /// Codes ⌊x·inv + u⌋ + 127 (clamped to [−127, 127] first), u = halves[i]·2^-16.
-inline void encode8_sr(const float* x, std::uint64_t count, float inv, const std::uint16_t* halves,
-                       std::uint8_t* codes, bool avx2) noexcept;
+inline void encode8_sr(const float* x, std::uint64_t count, float inv, const std::uint16_t* halves, std::uint8_t* codes,
+                       bool avx2) noexcept;
 /// dense[i] (=, or += when `accumulate`) (codes[i] − 127)·s for 8-bit codes, or the nibble codes
 /// minus 7 for 4-bit codes (packed as encode4_rtn writes them). With `streaming` (not with
 /// `accumulate`; dense 32-byte aligned) the values are written with non-temporal stores.
@@ -66,8 +66,8 @@ inline void encode8_rtn_residual(const float* x, std::uint64_t count, float inv,
 /// packed). With `streaming` (residual `streamable`) the residual is written with non-temporal
 /// stores.
 template <int Bits>
-inline void residual_of_codes(const std::uint8_t* codes, std::uint64_t count, float s, const float* x,
-                              float* residual, bool streaming, bool avx2) noexcept;
+inline void residual_of_codes(const std::uint8_t* codes, std::uint64_t count, float s, const float* x, float* residual,
+                              bool streaming, bool avx2) noexcept;
 /// Whether the residual kernels can stream into `residual`: 16-byte aligned, as every
 /// std::vector<float> is on x86-64.
 [[nodiscard]] inline bool streamable(const float* residual) noexcept {
@@ -113,14 +113,16 @@ inline void for_each_values4_sse2(const std::uint8_t* codes, std::uint64_t count
     const __m128i q[4] = {_mm_unpacklo_epi16(lo, zero), _mm_unpackhi_epi16(lo, zero), _mm_unpacklo_epi16(hi, zero),
                           _mm_unpackhi_epi16(hi, zero)};
     for (int k = 0; k < 4; ++k)
-      put(i + 4 * static_cast<std::uint64_t>(k), rounded(_mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(q[k], offset)), step)));
+      put(i + 4 * static_cast<std::uint64_t>(k),
+          rounded(_mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(q[k], offset)), step)));
   }
 }
 
 /// Stores four floats at `at` (16-byte aligned when `streaming`), with a non-temporal store or not.
 inline void store4(float* at, __m128 v, bool streaming) noexcept {
   if (streaming) _mm_stream_ps(at, v);
-  else _mm_storeu_ps(at, v);
+  else
+    _mm_storeu_ps(at, v);
 }
 #endif
 
@@ -155,7 +157,8 @@ GRADCOMP_TARGET_AVX2 inline void encode8_rtn_avx2(const float* x, std::uint64_t 
   const __m256 scale = _mm256_set1_ps(inv);
   const __m256i offset = _mm256_set1_epi8(127);
   for (std::uint64_t i = 0; i < count; i += 32)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i), _mm256_add_epi8(round_pack32_avx2(x + i, scale), offset));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i),
+                        _mm256_add_epi8(round_pack32_avx2(x + i, scale), offset));
 }
 
 GRADCOMP_TARGET_AVX2 inline void encode4_rtn_avx2(const float* x, std::uint64_t count, float inv,
@@ -190,7 +193,8 @@ GRADCOMP_TARGET_AVX2 inline void encode8_sr_avx2(const float* x, std::uint64_t c
       const __m256 y = _mm256_add_ps(rounded(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * k), scale)), u);
       const __m256i truncated = _mm256_cvttps_epi32(y);
       // Subtract one where the truncation lies above y (all-ones mask = −1).
-      q[k] = _mm256_add_epi32(truncated, _mm256_castps_si256(_mm256_cmp_ps(_mm256_cvtepi32_ps(truncated), y, _CMP_GT_OQ)));
+      q[k] =
+          _mm256_add_epi32(truncated, _mm256_castps_si256(_mm256_cmp_ps(_mm256_cvtepi32_ps(truncated), y, _CMP_GT_OQ)));
     }
     __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
     packed = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
@@ -213,7 +217,8 @@ GRADCOMP_TARGET_AVX2 inline void decode_avx2(const std::uint8_t* codes, std::uin
       float* const at = dense + i + 8 * half;
       if (accumulate) value = _mm256_add_ps(_mm256_loadu_ps(at), value);
       if (streaming) _mm256_stream_ps(at, value);
-      else _mm256_storeu_ps(at, value);
+      else
+        _mm256_storeu_ps(at, value);
     }
   }
 }
@@ -241,11 +246,13 @@ GRADCOMP_TARGET_AVX2 inline void encode8_rtn_residual_avx2(const float* x, std::
       const __m256 v = _mm256_loadu_ps(x + i + 8 * k);
       q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v, scale));
       // |t| ≤ 127·(1 + 2^-23) rounds into [−127, 127], so q is the level the code stores.
-      store_residual<Streaming>(residual + i + 8 * k, _mm256_sub_ps(v, rounded(_mm256_mul_ps(_mm256_cvtepi32_ps(q[k]), step))));
+      store_residual<Streaming>(residual + i + 8 * k,
+                                _mm256_sub_ps(v, rounded(_mm256_mul_ps(_mm256_cvtepi32_ps(q[k]), step))));
     }
     const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i),
-                        _mm256_add_epi8(_mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)), offset));
+                        _mm256_add_epi8(_mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)),
+                                        offset));
   }
 }
 
@@ -312,9 +319,9 @@ inline std::uint32_t max_magnitude_key32(const float* x, std::uint64_t count, bo
 
 #if defined(__SSE2__)
 inline void encode8_rtn(const float* x, std::uint64_t count, float inv, std::uint8_t* codes, bool avx2) noexcept {
-#if defined(GRADCOMP_HAVE_AVX2)
+#  if defined(GRADCOMP_HAVE_AVX2)
   if (avx2) return kernel_detail::encode8_rtn_avx2(x, count, inv, codes);
-#endif
+#  endif
   (void)avx2;
   const __m128 scale = _mm_set1_ps(inv);
   const __m128i offset = _mm_set1_epi8(127);
@@ -330,9 +337,9 @@ inline void encode8_rtn(const float* x, std::uint64_t count, float inv, std::uin
 }
 
 inline void encode4_rtn(const float* x, std::uint64_t count, float inv, std::uint8_t* packed, bool avx2) noexcept {
-#if defined(GRADCOMP_HAVE_AVX2)
+#  if defined(GRADCOMP_HAVE_AVX2)
   if (avx2) return kernel_detail::encode4_rtn_avx2(x, count, inv, packed);
-#endif
+#  endif
   (void)avx2;
   const __m128 scale = _mm_set1_ps(inv);
   const __m128i top = _mm_set1_epi16(7);
@@ -353,11 +360,11 @@ inline void encode4_rtn(const float* x, std::uint64_t count, float inv, std::uin
   }
 }
 
-inline void encode8_sr(const float* x, std::uint64_t count, float inv, const std::uint16_t* halves,
-                       std::uint8_t* codes, bool avx2) noexcept {
-#if defined(GRADCOMP_HAVE_AVX2)
+inline void encode8_sr(const float* x, std::uint64_t count, float inv, const std::uint16_t* halves, std::uint8_t* codes,
+                       bool avx2) noexcept {
+#  if defined(GRADCOMP_HAVE_AVX2)
   if (avx2) return kernel_detail::encode8_sr_avx2(x, count, inv, halves, codes);
-#endif
+#  endif
   (void)avx2;
   const __m128 scale = _mm_set1_ps(inv);
   const __m128 unit = _mm_set1_ps(1.0f / 65536.0f);
@@ -388,9 +395,9 @@ template <int Bits>
 inline void decode_codes(const std::uint8_t* codes, std::uint64_t count, float s, float* dense, bool accumulate,
                          bool streaming, bool avx2) noexcept {
   static_assert(Bits == 8 || Bits == 4, "vectorised decoding exists for 8-bit and 4-bit codes");
-#if defined(GRADCOMP_HAVE_AVX2)
+#  if defined(GRADCOMP_HAVE_AVX2)
   if (avx2) return kernel_detail::decode_avx2<Bits>(codes, count, s, dense, accumulate, streaming);
-#endif
+#  endif
   (void)avx2;
   kernel_detail::for_each_values4_sse2<Bits>(codes, count, s, [&](std::uint64_t j, __m128 value) {
     if (accumulate) value = _mm_add_ps(_mm_loadu_ps(dense + j), value);
@@ -399,15 +406,15 @@ inline void decode_codes(const std::uint8_t* codes, std::uint64_t count, float s
 }
 
 template <int Bits>
-inline void residual_of_codes(const std::uint8_t* codes, std::uint64_t count, float s, const float* x,
-                              float* residual, bool streaming, bool avx2) noexcept {
+inline void residual_of_codes(const std::uint8_t* codes, std::uint64_t count, float s, const float* x, float* residual,
+                              bool streaming, bool avx2) noexcept {
   static_assert(Bits == 8 || Bits == 4, "vectorised residuals exist for 8-bit and 4-bit codes");
-#if defined(GRADCOMP_HAVE_AVX2)
+#  if defined(GRADCOMP_HAVE_AVX2)
   if (avx2) {
     if (streaming) return kernel_detail::residual_of_codes_avx2<Bits, true>(codes, count, s, x, residual);
     return kernel_detail::residual_of_codes_avx2<Bits, false>(codes, count, s, x, residual);
   }
-#endif
+#  endif
   (void)avx2;
   kernel_detail::for_each_values4_sse2<Bits>(codes, count, s, [&](std::uint64_t j, __m128 value) {
     kernel_detail::store4(residual + j, _mm_sub_ps(_mm_loadu_ps(x + j), value), streaming);
@@ -416,12 +423,12 @@ inline void residual_of_codes(const std::uint8_t* codes, std::uint64_t count, fl
 
 inline void encode8_rtn_residual(const float* x, std::uint64_t count, float inv, float s, std::uint8_t* codes,
                                  float* residual, bool streaming, bool avx2) noexcept {
-#if defined(GRADCOMP_HAVE_AVX2)
+#  if defined(GRADCOMP_HAVE_AVX2)
   if (avx2) {
     if (streaming) return kernel_detail::encode8_rtn_residual_avx2<true>(x, count, inv, s, codes, residual);
     return kernel_detail::encode8_rtn_residual_avx2<false>(x, count, inv, s, codes, residual);
   }
-#endif
+#  endif
   encode8_rtn(x, count, inv, codes, avx2);
   residual_of_codes<8>(codes, count, s, x, residual, streaming, avx2);
 }

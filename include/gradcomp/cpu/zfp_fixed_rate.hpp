@@ -44,10 +44,10 @@
 #include <gradcomp/lossless/zfp_fixed_rate.hpp>
 
 #if defined(__SSE2__)
-#include <emmintrin.h>
+#  include <emmintrin.h>
 #endif
 #if defined(GRADCOMP_HAVE_AVX2)
-#include <immintrin.h>
+#  include <immintrin.h>
 #endif
 
 namespace gradcomp {
@@ -77,12 +77,14 @@ inline constexpr std::array<plane_step, 5120> plane_steps = [] {
   return t;
 }();
 
-static_assert([] {
-  for (unsigned n = 0; n <= 4; ++n)
-    for (unsigned next = 0; next < 256; ++next)
-      if (parse_plane(n, next, 32).length > 7 || code_plane(n, next & 15u).length > 7) return false;
-  return true;
-}(), "a plane takes at most 7 bits");
+static_assert(
+    [] {
+      for (unsigned n = 0; n <= 4; ++n)
+        for (unsigned next = 0; next < 256; ++next)
+          if (parse_plane(n, next, 32).length > 7 || code_plane(n, next & 15u).length > 7) return false;
+      return true;
+    }(),
+    "a plane takes at most 7 bits");
 
 [[nodiscard]] inline std::uint64_t load_word(const std::byte* p) noexcept {
   std::uint64_t w;
@@ -243,17 +245,20 @@ struct sse2_kernels {
   static std::uint32_t four_plane_pairs(lanes v, lanes f) noexcept {
     const __m128i tops = _mm_packs_epi32(_mm_srli_epi32(v, 24), _mm_srli_epi32(f, 24));
     const __m128i bytes = _mm_packus_epi16(tops, tops);
-    const auto low = static_cast<std::uint32_t>(_mm_movemask_epi8(_mm_mullo_epi16(bytes, _mm_set_epi16(2, 2, 2, 2, 1, 1, 1, 1))));
-    const auto high = static_cast<std::uint32_t>(_mm_movemask_epi8(_mm_mullo_epi16(bytes, _mm_set_epi16(8, 8, 8, 8, 4, 4, 4, 4))));
+    const auto low =
+        static_cast<std::uint32_t>(_mm_movemask_epi8(_mm_mullo_epi16(bytes, _mm_set_epi16(2, 2, 2, 2, 1, 1, 1, 1))));
+    const auto high =
+        static_cast<std::uint32_t>(_mm_movemask_epi8(_mm_mullo_epi16(bytes, _mm_set_epi16(8, 8, 8, 8, 4, 4, 4, 4))));
     return low | high << 16;
   }
   /// As `four_plane_pairs`, with v's top bytes repeated four times.
   static std::uint32_t eight_planes(lanes v) noexcept {
     const __m128i tops = _mm_srli_epi32(v, 24);
     const __m128i bytes = _mm_packus_epi16(_mm_packs_epi32(tops, tops), _mm_packs_epi32(tops, tops));
-    const auto low = static_cast<std::uint32_t>(_mm_movemask_epi8(_mm_mullo_epi16(bytes, _mm_set_epi16(8, 8, 4, 4, 2, 2, 1, 1))));
-    const auto high =
-        static_cast<std::uint32_t>(_mm_movemask_epi8(_mm_mullo_epi16(bytes, _mm_set_epi16(128, 128, 64, 64, 32, 32, 16, 16))));
+    const auto low =
+        static_cast<std::uint32_t>(_mm_movemask_epi8(_mm_mullo_epi16(bytes, _mm_set_epi16(8, 8, 4, 4, 2, 2, 1, 1))));
+    const auto high = static_cast<std::uint32_t>(
+        _mm_movemask_epi8(_mm_mullo_epi16(bytes, _mm_set_epi16(128, 128, 64, 64, 32, 32, 16, 16))));
     return low | high << 16;
   }
   static lanes push(lanes a, unsigned x) noexcept {
@@ -286,27 +291,37 @@ struct sse2_kernels {
     _mm_storeu_ps(reinterpret_cast<float*>(u + 12), r3);
   }
   /// `cast_four_blocks` given word by word: `x` gets word 0 of each block, …, `e` the e_b.
-  static void cast_four_components(const float* values, __m128i& x, __m128i& y, __m128i& z, __m128i& w, __m128i& e) noexcept {
-    __m128 c0 = _mm_loadu_ps(values), c1 = _mm_loadu_ps(values + 4), c2 = _mm_loadu_ps(values + 8), c3 = _mm_loadu_ps(values + 12);
+  static void cast_four_components(const float* values, __m128i& x, __m128i& y, __m128i& z, __m128i& w,
+                                   __m128i& e) noexcept {
+    __m128 c0 = _mm_loadu_ps(values), c1 = _mm_loadu_ps(values + 4), c2 = _mm_loadu_ps(values + 8),
+           c3 = _mm_loadu_ps(values + 12);
     _MM_TRANSPOSE4_PS(c0, c1, c2, c3);  // c_j: value j of the four blocks
     const __m128 magnitude = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
-    const __m128i largest = _mm_castps_si128(_mm_max_ps(_mm_max_ps(_mm_and_ps(c0, magnitude), _mm_and_ps(c1, magnitude)),
-                                                        _mm_max_ps(_mm_and_ps(c2, magnitude), _mm_and_ps(c3, magnitude))));
+    const __m128i largest =
+        _mm_castps_si128(_mm_max_ps(_mm_max_ps(_mm_and_ps(c0, magnitude), _mm_and_ps(c1, magnitude)),
+                                    _mm_max_ps(_mm_and_ps(c2, magnitude), _mm_and_ps(c3, magnitude))));
     e = _mm_add_epi32(_mm_add_epi32(_mm_srli_epi32(largest, 23), _mm_set1_epi32(1)),
                       _mm_cmpeq_epi32(largest, _mm_setzero_si128()));  // e_b, 0 for zeros
     // Exponent fields min(284 − e_b, 254) and max(157 − e_b, 127): 16-bit min and max suffice.
-    const __m128 s1 = _mm_castsi128_ps(_mm_slli_epi32(_mm_min_epi16(_mm_sub_epi32(_mm_set1_epi32(284), e), _mm_set1_epi32(254)), 23));
-    const __m128 s2 = _mm_castsi128_ps(_mm_slli_epi32(_mm_max_epi16(_mm_sub_epi32(_mm_set1_epi32(157), e), _mm_set1_epi32(127)), 23));
+    const __m128 s1 =
+        _mm_castsi128_ps(_mm_slli_epi32(_mm_min_epi16(_mm_sub_epi32(_mm_set1_epi32(284), e), _mm_set1_epi32(254)), 23));
+    const __m128 s2 =
+        _mm_castsi128_ps(_mm_slli_epi32(_mm_max_epi16(_mm_sub_epi32(_mm_set1_epi32(157), e), _mm_set1_epi32(127)), 23));
     x = _mm_cvttps_epi32(_mm_mul_ps(_mm_mul_ps(c0, s1), s2));
     y = _mm_cvttps_epi32(_mm_mul_ps(_mm_mul_ps(c1, s1), s2));
     z = _mm_cvttps_epi32(_mm_mul_ps(_mm_mul_ps(c2, s1), s2));
     w = _mm_cvttps_epi32(_mm_mul_ps(_mm_mul_ps(c3, s1), s2));
     // forward_lift
-    x = _mm_srai_epi32(_mm_add_epi32(x, w), 1); w = _mm_sub_epi32(w, x);
-    z = _mm_srai_epi32(_mm_add_epi32(z, y), 1); y = _mm_sub_epi32(y, z);
-    x = _mm_srai_epi32(_mm_add_epi32(x, z), 1); z = _mm_sub_epi32(z, x);
-    w = _mm_srai_epi32(_mm_add_epi32(w, y), 1); y = _mm_sub_epi32(y, w);
-    w = _mm_add_epi32(w, _mm_srai_epi32(y, 1)); y = _mm_sub_epi32(y, _mm_srai_epi32(w, 1));
+    x = _mm_srai_epi32(_mm_add_epi32(x, w), 1);
+    w = _mm_sub_epi32(w, x);
+    z = _mm_srai_epi32(_mm_add_epi32(z, y), 1);
+    y = _mm_sub_epi32(y, z);
+    x = _mm_srai_epi32(_mm_add_epi32(x, z), 1);
+    z = _mm_sub_epi32(z, x);
+    w = _mm_srai_epi32(_mm_add_epi32(w, y), 1);
+    y = _mm_sub_epi32(y, w);
+    w = _mm_add_epi32(w, _mm_srai_epi32(y, 1));
+    y = _mm_sub_epi32(y, _mm_srai_epi32(w, 1));
     const __m128i mask = _mm_set1_epi32(static_cast<int>(negabinary_mask));
     x = _mm_xor_si128(_mm_add_epi32(x, mask), mask);
     y = _mm_xor_si128(_mm_add_epi32(y, mask), mask);
@@ -314,10 +329,13 @@ struct sse2_kernels {
     w = _mm_xor_si128(_mm_add_epi32(w, mask), mask);
   }
   static void finish_four_blocks(const std::uint32_t* u, const std::uint32_t* headers, float* g) noexcept {
-    __m128 r0 = _mm_loadu_ps(reinterpret_cast<const float*>(u)), r1 = _mm_loadu_ps(reinterpret_cast<const float*>(u + 4));
-    __m128 r2 = _mm_loadu_ps(reinterpret_cast<const float*>(u + 8)), r3 = _mm_loadu_ps(reinterpret_cast<const float*>(u + 12));
+    __m128 r0 = _mm_loadu_ps(reinterpret_cast<const float*>(u)),
+           r1 = _mm_loadu_ps(reinterpret_cast<const float*>(u + 4));
+    __m128 r2 = _mm_loadu_ps(reinterpret_cast<const float*>(u + 8)),
+           r3 = _mm_loadu_ps(reinterpret_cast<const float*>(u + 12));
     _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
-    finish_four_components(_mm_castps_si128(r0), _mm_castps_si128(r1), _mm_castps_si128(r2), _mm_castps_si128(r3), headers, g);
+    finish_four_components(_mm_castps_si128(r0), _mm_castps_si128(r1), _mm_castps_si128(r2), _mm_castps_si128(r3),
+                           headers, g);
   }
   /// `finish_four_blocks` of four blocks given word by word: `r0` holds word 0 of each block, …
   static void finish_four_components(__m128i r0, __m128i r1, __m128i r2, __m128i r3, const std::uint32_t* headers,
@@ -328,18 +346,26 @@ struct sse2_kernels {
     __m128i z = _mm_sub_epi32(_mm_xor_si128(r2, mask), mask);
     __m128i w = _mm_sub_epi32(_mm_xor_si128(r3, mask), mask);
     // inverse_lift
-    y = _mm_add_epi32(y, _mm_srai_epi32(w, 1)); w = _mm_sub_epi32(w, _mm_srai_epi32(y, 1));
-    y = _mm_add_epi32(y, w); w = _mm_sub_epi32(_mm_add_epi32(w, w), y);
-    z = _mm_add_epi32(z, x); x = _mm_sub_epi32(_mm_add_epi32(x, x), z);
-    y = _mm_add_epi32(y, z); z = _mm_sub_epi32(_mm_add_epi32(z, z), y);
-    w = _mm_add_epi32(w, x); x = _mm_sub_epi32(_mm_add_epi32(x, x), w);
+    y = _mm_add_epi32(y, _mm_srai_epi32(w, 1));
+    w = _mm_sub_epi32(w, _mm_srai_epi32(y, 1));
+    y = _mm_add_epi32(y, w);
+    w = _mm_sub_epi32(_mm_add_epi32(w, w), y);
+    z = _mm_add_epi32(z, x);
+    x = _mm_sub_epi32(_mm_add_epi32(x, x), z);
+    y = _mm_add_epi32(y, z);
+    z = _mm_sub_epi32(_mm_add_epi32(z, z), y);
+    w = _mm_add_epi32(w, x);
+    x = _mm_sub_epi32(_mm_add_epi32(x, x), w);
     // scale_block's factors per block
     const __m128i e = _mm_srli_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(headers)), 1);
     const __m128i direct = _mm_cmpgt_epi32(e, _mm_set1_epi32(30));
-    const __m128i low = _mm_or_si128(_mm_slli_epi32(e, 23), _mm_and_si128(_mm_cmpeq_epi32(e, _mm_setzero_si128()), _mm_set1_epi32(1 << 22)));
-    const __m128 first = _mm_castsi128_ps(_mm_or_si128(_mm_and_si128(direct, _mm_slli_epi32(_mm_sub_epi32(e, _mm_set1_epi32(30)), 23)),
-                                                       _mm_andnot_si128(direct, _mm_set1_epi32(97 << 23))));
-    const __m128 second = _mm_castsi128_ps(_mm_or_si128(_mm_and_si128(direct, _mm_set1_epi32(127 << 23)), _mm_andnot_si128(direct, low)));
+    const __m128i low = _mm_or_si128(_mm_slli_epi32(e, 23),
+                                     _mm_and_si128(_mm_cmpeq_epi32(e, _mm_setzero_si128()), _mm_set1_epi32(1 << 22)));
+    const __m128 first =
+        _mm_castsi128_ps(_mm_or_si128(_mm_and_si128(direct, _mm_slli_epi32(_mm_sub_epi32(e, _mm_set1_epi32(30)), 23)),
+                                      _mm_andnot_si128(direct, _mm_set1_epi32(97 << 23))));
+    const __m128 second =
+        _mm_castsi128_ps(_mm_or_si128(_mm_and_si128(direct, _mm_set1_epi32(127 << 23)), _mm_andnot_si128(direct, low)));
     __m128 f0 = _mm_mul_ps(_mm_mul_ps(_mm_cvtepi32_ps(x), first), second);
     __m128 f1 = _mm_mul_ps(_mm_mul_ps(_mm_cvtepi32_ps(y), first), second);
     __m128 f2 = _mm_mul_ps(_mm_mul_ps(_mm_cvtepi32_ps(z), first), second);
@@ -383,7 +409,8 @@ template <class Kernels, class Word>
   if (top >= 3) {
     const auto shift = static_cast<unsigned>(31 - top);
     length = shift;  // planes above the top set bit: one 0 bit each
-    const std::uint32_t pairs = Kernels::four_plane_pairs(Kernels::shift_left(lanes, shift), Kernels::shift_left(from, shift));
+    const std::uint32_t pairs =
+        Kernels::four_plane_pairs(Kernels::shift_left(lanes, shift), Kernels::shift_left(from, shift));
     const std::uint32_t sets = pairs & 0xF0F0F0F0u;  // each plane's significance-setting bits, high nibbles
     const std::uint32_t index = (pairs & 0x0F0F0F0Fu) | sets << 8 | sets << 16 | sets << 24;
     for (unsigned j = 0; j < 4; ++j) {  // bits past the budget are masked by the caller
@@ -401,7 +428,8 @@ template <class Kernels, class Word>
     significant |= Kernels::plane(from, static_cast<unsigned>(k));
   }
   for (; k >= 0 && length < budget; k -= 8, length += 32)  // n = 4: each plane its 4 bits
-    coded |= static_cast<Word>(Kernels::eight_planes(Kernels::shift_left(lanes, static_cast<unsigned>(31 - k)))) << length;
+    coded |= static_cast<Word>(Kernels::eight_planes(Kernels::shift_left(lanes, static_cast<unsigned>(31 - k))))
+             << length;
   return static_cast<Word>(2 * biased + 1) | coded << zfp_fixed_rate_codec::header_bits;
 }
 
@@ -410,13 +438,14 @@ static_assert(sizeof(plane_code) == 4, "the AVX2 encoder gathers plane_codes as 
 
 /// Each 32-bit lane's bits in reverse order.
 GRADCOMP_TARGET_AVX2 inline __m256i reverse_bits(__m256i v) noexcept {
-  const __m256i reversed_nibbles = _mm256_setr_epi8(0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15,
-                                                    0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15);
+  const __m256i reversed_nibbles = _mm256_setr_epi8(0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15, 0, 8, 4, 12,
+                                                    2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15);
   const __m256i nibble = _mm256_set1_epi8(0x0F);
-  const __m256i bytes = _mm256_or_si256(_mm256_slli_epi16(_mm256_shuffle_epi8(reversed_nibbles, _mm256_and_si256(v, nibble)), 4),
-                                        _mm256_shuffle_epi8(reversed_nibbles, _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble)));
-  return _mm256_shuffle_epi8(bytes, _mm256_setr_epi8(3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12,
-                                                     3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12));
+  const __m256i bytes =
+      _mm256_or_si256(_mm256_slli_epi16(_mm256_shuffle_epi8(reversed_nibbles, _mm256_and_si256(v, nibble)), 4),
+                      _mm256_shuffle_epi8(reversed_nibbles, _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble)));
+  return _mm256_shuffle_epi8(bytes, _mm256_setr_epi8(3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12, 3, 2, 1, 0,
+                                                     7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12));
 }
 
 /// Bit j of each lane's low 8 bits (the rest zero) moved to bit 4j.
@@ -433,18 +462,21 @@ GRADCOMP_TARGET_AVX2 inline __m256i spread_nibbles(__m256i t) noexcept {
 /// bit each); then each round codes the next plane of every block with one gather from
 /// `plane_codes`, while some block with budget left has a value not yet significant; after that
 /// every plane is its 4 bits, and the next 16 planes are appended at once.
-GRADCOMP_TARGET_AVX2 inline void code_eight_blocks_avx2(const float* values, unsigned budget, std::uint64_t* streams) noexcept {
+GRADCOMP_TARGET_AVX2 inline void code_eight_blocks_avx2(const float* values, unsigned budget,
+                                                        std::uint64_t* streams) noexcept {
   __m128i x0, y0, z0, w0, e0, x1, y1, z1, w1, e1;
   sse2_kernels::cast_four_components(values, x0, y0, z0, w0, e0);
   sse2_kernels::cast_four_components(values + 16, x1, y1, z1, w1, e1);
-  __m256i x = _mm256_set_m128i(x1, x0), y = _mm256_set_m128i(y1, y0), z = _mm256_set_m128i(z1, z0), w = _mm256_set_m128i(w1, w0);
+  __m256i x = _mm256_set_m128i(x1, x0), y = _mm256_set_m128i(y1, y0), z = _mm256_set_m128i(z1, z0),
+          w = _mm256_set_m128i(w1, w0);
   const __m256i e = _mm256_set_m128i(e1, e0), zero = _mm256_setzero_si256(), one = _mm256_set1_epi32(1);
   // Planes above the top set bit: one 0 bit each.
   // Leading zeros of each block's OR: the float exponent of its top set bit alone; 32 for none.
   __m256i top = _mm256_or_si256(_mm256_or_si256(x, y), _mm256_or_si256(z, w));
   for (const int shift : {1, 2, 4, 8, 16}) top = _mm256_or_si256(top, _mm256_srli_epi32(top, shift));
   top = _mm256_andnot_si256(_mm256_srli_epi32(top, 1), top);
-  const __m256i exponent = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(top)), 23), _mm256_set1_epi32(0xFF));
+  const __m256i exponent =
+      _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(top)), 23), _mm256_set1_epi32(0xFF));
   __m256i length = _mm256_blendv_epi8(_mm256_sub_epi32(_mm256_set1_epi32(127 + 31), exponent), _mm256_set1_epi32(32),
                                       _mm256_cmpeq_epi32(top, zero));
   alignas(32) std::uint32_t biased[8];
@@ -454,7 +486,8 @@ GRADCOMP_TARGET_AVX2 inline void code_eight_blocks_avx2(const float* values, uns
   z = _mm256_sllv_epi32(z, length);
   w = _mm256_sllv_epi32(w, length);
   __m256i planes = _mm256_sub_epi32(_mm256_set1_epi32(32), length), significant = zero, low = zero, high = zero;
-  const __m256i limit = _mm256_set1_epi32(static_cast<int>(budget)), word = _mm256_set1_epi32(32), all = _mm256_set1_epi32(15);
+  const __m256i limit = _mm256_set1_epi32(static_cast<int>(budget)), word = _mm256_set1_epi32(32),
+                all = _mm256_set1_epi32(15);
   const auto* const table = reinterpret_cast<const int*>(plane_codes.data());
   // Group-tested planes, one a round, while a lane with planes and budget left has a value not yet
   // significant (fully significant lanes take their 4 bits from the table meanwhile).
@@ -462,15 +495,17 @@ GRADCOMP_TARGET_AVX2 inline void code_eight_blocks_avx2(const float* values, uns
     const __m256i active = _mm256_and_si256(_mm256_cmpgt_epi32(planes, zero), _mm256_cmpgt_epi32(limit, length));
     const __m256i grouped = _mm256_and_si256(active, _mm256_xor_si256(significant, all));
     if (_mm256_testz_si256(grouped, grouped) != 0) break;
-    const __m256i plane = _mm256_or_si256(_mm256_or_si256(_mm256_srli_epi32(x, 31), _mm256_slli_epi32(_mm256_srli_epi32(y, 31), 1)),
-                                          _mm256_or_si256(_mm256_slli_epi32(_mm256_srli_epi32(z, 31), 2),
-                                                          _mm256_slli_epi32(_mm256_srli_epi32(w, 31), 3)));
+    const __m256i plane =
+        _mm256_or_si256(_mm256_or_si256(_mm256_srli_epi32(x, 31), _mm256_slli_epi32(_mm256_srli_epi32(y, 31), 1)),
+                        _mm256_or_si256(_mm256_slli_epi32(_mm256_srli_epi32(z, 31), 2),
+                                        _mm256_slli_epi32(_mm256_srli_epi32(w, 31), 3)));
     const __m256i code = _mm256_i32gather_epi32(table, _mm256_add_epi32(_mm256_slli_epi32(significant, 4), plane), 4);
     const __m256i suffix = _mm256_or_si256(_mm256_or_si256(plane, _mm256_srli_epi32(plane, 1)),
                                            _mm256_or_si256(_mm256_srli_epi32(plane, 2), _mm256_srli_epi32(plane, 3)));
     significant = _mm256_or_si256(significant, suffix);
     const __m256i bits = _mm256_and_si256(_mm256_and_si256(code, _mm256_set1_epi32(0xFFFF)), active);
-    const __m256i count = _mm256_and_si256(_mm256_and_si256(_mm256_srli_epi32(code, 16), _mm256_set1_epi32(0xFF)), active);
+    const __m256i count =
+        _mm256_and_si256(_mm256_and_si256(_mm256_srli_epi32(code, 16), _mm256_set1_epi32(0xFF)), active);
     low = _mm256_or_si256(low, _mm256_sllv_epi32(bits, length));
     high = _mm256_or_si256(high, _mm256_or_si256(_mm256_sllv_epi32(bits, _mm256_sub_epi32(length, word)),
                                                  _mm256_srlv_epi32(bits, _mm256_sub_epi32(word, length))));
@@ -490,21 +525,26 @@ GRADCOMP_TARGET_AVX2 inline void code_eight_blocks_avx2(const float* values, uns
   int value = 0;
   for (const __m256i v : {x, y, z, w}) {
     const __m256i planes_first = reverse_bits(v);  // bit j: plane j from the top
-    chunk_low = _mm256_or_si256(chunk_low, _mm256_slli_epi32(spread_nibbles(_mm256_and_si256(planes_first, byte)), value));
-    chunk_high = _mm256_or_si256(chunk_high, _mm256_slli_epi32(spread_nibbles(_mm256_and_si256(_mm256_srli_epi32(planes_first, 8), byte)), value));
+    chunk_low =
+        _mm256_or_si256(chunk_low, _mm256_slli_epi32(spread_nibbles(_mm256_and_si256(planes_first, byte)), value));
+    chunk_high =
+        _mm256_or_si256(chunk_high,
+                        _mm256_slli_epi32(spread_nibbles(_mm256_and_si256(_mm256_srli_epi32(planes_first, 8), byte)),
+                                          value));
     ++value;
   }
   low = _mm256_or_si256(low, _mm256_sllv_epi32(chunk_low, length));
-  high = _mm256_or_si256(high, _mm256_or_si256(_mm256_or_si256(_mm256_sllv_epi32(chunk_high, length),
-                                                               _mm256_srlv_epi32(chunk_low, _mm256_sub_epi32(word, length))),
-                                               _mm256_sllv_epi32(chunk_low, _mm256_sub_epi32(length, word))));
+  high = _mm256_or_si256(high,
+                         _mm256_or_si256(_mm256_or_si256(_mm256_sllv_epi32(chunk_high, length),
+                                                         _mm256_srlv_epi32(chunk_low, _mm256_sub_epi32(word, length))),
+                                         _mm256_sllv_epi32(chunk_low, _mm256_sub_epi32(length, word))));
   alignas(32) std::uint32_t lows[8], highs[8];
   _mm256_store_si256(reinterpret_cast<__m256i*>(lows), low);
   _mm256_store_si256(reinterpret_cast<__m256i*>(highs), high);
   for (unsigned b = 0; b < 8; ++b)
     streams[b] = biased[b] == 0 ? 0
-                                : (2 * std::uint64_t{biased[b]} + 1) |
-                                      (std::uint64_t{highs[b]} << 32 | lows[b]) << zfp_fixed_rate_codec::header_bits;
+                                : (2 * std::uint64_t{biased[b]} + 1) | (std::uint64_t{highs[b]} << 32 | lows[b])
+                                                                           << zfp_fixed_rate_codec::header_bits;
 }
 #endif
 
@@ -634,8 +674,12 @@ template <class Word>
 class block_cursor {
  public:
   /// Starts at bit `first_bit` of the stream, a block's first bit.
-  block_cursor(const std::byte* payload, const std::byte* end, unsigned block_bits, std::uint64_t first_bit = 0) noexcept
-      : at_(payload + first_bit / 8), end_(end), block_bits_(block_bits), shift_(static_cast<unsigned>(first_bit % 8)) {}
+  block_cursor(const std::byte* payload, const std::byte* end, unsigned block_bits,
+               std::uint64_t first_bit = 0) noexcept
+      : at_(payload + first_bit / 8),
+        end_(end),
+        block_bits_(block_bits),
+        shift_(static_cast<unsigned>(first_bit % 8)) {}
   block_cursor(const block_cursor&) = delete;
   block_cursor& operator=(const block_cursor&) = delete;
 
@@ -674,30 +718,41 @@ struct eight_block_decoder {
   /// Reads eight consecutive blocks, the first at bit `first_bit` of `payload` (at least 16
   /// readable bytes from each block's first byte), and takes their headers (to headers[0..8)) and
   /// the empty planes above each first set bit.
-  GRADCOMP_TARGET_AVX2 void start(const std::byte* payload, std::uint64_t first_bit, unsigned block_bits, unsigned budget,
-                                  std::uint32_t* headers) noexcept {
+  GRADCOMP_TARGET_AVX2 void start(const std::byte* payload, std::uint64_t first_bit, unsigned block_bits,
+                                  unsigned budget, std::uint32_t* headers) noexcept {
     const auto bits = static_cast<long long>(block_bits);
-    const __m256i at0 = _mm256_add_epi64(_mm256_set1_epi64x(static_cast<long long>(first_bit)), _mm256_setr_epi64x(0, bits, 2 * bits, 3 * bits));
+    const __m256i at0 = _mm256_add_epi64(_mm256_set1_epi64x(static_cast<long long>(first_bit)),
+                                         _mm256_setr_epi64x(0, bits, 2 * bits, 3 * bits));
     const __m256i at1 = _mm256_add_epi64(at0, _mm256_set1_epi64x(4 * bits));
     const __m256i s0 = stream_bits(payload, at0), s1 = stream_bits(payload, at1);
     // Split into the low and high halves of the eight streams, block b in lane b.
-    __m256i lo = _mm256_permute4x64_epi64(_mm256_castps_si256(_mm256_shuffle_ps(_mm256_castsi256_ps(s0), _mm256_castsi256_ps(s1), 0x88)), 0xD8);
-    __m256i hi = _mm256_permute4x64_epi64(_mm256_castps_si256(_mm256_shuffle_ps(_mm256_castsi256_ps(s0), _mm256_castsi256_ps(s1), 0xDD)), 0xD8);
+    __m256i lo = _mm256_permute4x64_epi64(_mm256_castps_si256(_mm256_shuffle_ps(_mm256_castsi256_ps(s0),
+                                                                                _mm256_castsi256_ps(s1), 0x88)),
+                                          0xD8);
+    __m256i hi = _mm256_permute4x64_epi64(_mm256_castps_si256(_mm256_shuffle_ps(_mm256_castsi256_ps(s0),
+                                                                                _mm256_castsi256_ps(s1), 0xDD)),
+                                          0xD8);
     const __m256i zero = _mm256_setzero_si256(), one = _mm256_set1_epi32(1), word = _mm256_set1_epi32(32);
     const __m256i coded = _mm256_cmpeq_epi32(_mm256_and_si256(lo, one), one);  // blocks that are not all zero
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(headers), _mm256_and_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0x1FF)), coded));
-    lo = _mm256_or_si256(_mm256_srli_epi32(lo, zfp_fixed_rate_codec::header_bits), _mm256_slli_epi32(hi, 32 - zfp_fixed_rate_codec::header_bits));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(headers),
+                        _mm256_and_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0x1FF)), coded));
+    lo = _mm256_or_si256(_mm256_srli_epi32(lo, zfp_fixed_rate_codec::header_bits),
+                         _mm256_slli_epi32(hi, 32 - zfp_fixed_rate_codec::header_bits));
     hi = _mm256_srli_epi32(hi, zfp_fixed_rate_codec::header_bits);
     // Trailing zeros of the low half, from the float exponent of its lowest set bit; 32 for none.
     const __m256i lowest = _mm256_and_si256(lo, _mm256_sub_epi32(zero, lo));
-    const __m256i exponent = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(lowest)), 23), _mm256_set1_epi32(0xFF));
+    const __m256i exponent = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(lowest)), 23),
+                                              _mm256_set1_epi32(0xFF));
     const __m256i none = _mm256_cmpeq_epi32(lo, zero);
     const __m256i zeros = _mm256_blendv_epi8(_mm256_sub_epi32(exponent, _mm256_set1_epi32(127)), word, none);
-    const __m256i consumed = _mm256_blendv_epi8(word, _mm256_min_epu32(zeros, _mm256_set1_epi32(static_cast<int>(std::min(budget, 32u)))), coded);
+    const __m256i consumed =
+        _mm256_blendv_epi8(word, _mm256_min_epu32(zeros, _mm256_set1_epi32(static_cast<int>(std::min(budget, 32u)))),
+                           coded);
     low = _mm256_or_si256(_mm256_srlv_epi32(lo, consumed), _mm256_sllv_epi32(hi, _mm256_sub_epi32(word, consumed)));
     high = _mm256_srlv_epi32(hi, consumed);
     planes = _mm256_sub_epi32(word, consumed);
-    left = _mm256_and_si256(_mm256_sub_epi32(_mm256_set1_epi32(static_cast<int>(budget)), consumed), _mm256_cmpgt_epi32(planes, zero));
+    left = _mm256_and_si256(_mm256_sub_epi32(_mm256_set1_epi32(static_cast<int>(budget)), consumed),
+                            _mm256_cmpgt_epi32(planes, zero));
     row = zero;
     for (__m256i& w : words) w = zero;
   }
@@ -708,7 +763,8 @@ struct eight_block_decoder {
     const __m256i byte = _mm256_srli_epi64(at, 3), shift = _mm256_and_si256(at, _mm256_set1_epi64x(7));
     const __m256i first = _mm256_i64gather_epi64(reinterpret_cast<const long long*>(payload), byte, 1);
     const __m256i second = _mm256_i64gather_epi64(reinterpret_cast<const long long*>(payload + 8), byte, 1);
-    return _mm256_or_si256(_mm256_srlv_epi64(first, shift), _mm256_sllv_epi64(second, _mm256_sub_epi64(_mm256_set1_epi64x(64), shift)));
+    return _mm256_or_si256(_mm256_srlv_epi64(first, shift),
+                           _mm256_sllv_epi64(second, _mm256_sub_epi64(_mm256_set1_epi64x(64), shift)));
   }
 
   /// Non-zero in the lanes that still have budget and a value not yet significant.
@@ -719,8 +775,9 @@ struct eight_block_decoder {
   /// Decodes one plane of every block by `plane_steps` (empty where the budget is spent).
   GRADCOMP_TARGET_AVX2 void table_step() noexcept {
     const __m256i byte = _mm256_set1_epi32(0xFF);
-    const __m256i index = _mm256_add_epi32(_mm256_add_epi32(row, _mm256_slli_epi32(_mm256_min_epu32(left, _mm256_set1_epi32(7)), 7)),
-                                           _mm256_and_si256(low, _mm256_set1_epi32(127)));
+    const __m256i index =
+        _mm256_add_epi32(_mm256_add_epi32(row, _mm256_slli_epi32(_mm256_min_epu32(left, _mm256_set1_epi32(7)), 7)),
+                         _mm256_and_si256(low, _mm256_set1_epi32(127)));
     const __m256i step = _mm256_i32gather_epi32(reinterpret_cast<const int*>(plane_steps.data()), index, 4);
     row = _mm256_srli_epi32(step, 16);
     take(_mm256_and_si256(step, byte), _mm256_and_si256(_mm256_srli_epi32(step, 8), byte));
@@ -736,7 +793,8 @@ struct eight_block_decoder {
     // Bits past `taken` are cleared where they share a plane with taken bits; whole planes past it
     // are shifted out below.
     const __m256i lo = _mm256_and_si256(low, _mm256_sub_epi32(_mm256_sllv_epi32(one, taken), one));
-    const __m256i hi = _mm256_and_si256(high, _mm256_sub_epi32(_mm256_sllv_epi32(one, _mm256_sub_epi32(taken, word)), one));
+    const __m256i hi =
+        _mm256_and_si256(high, _mm256_sub_epi32(_mm256_sllv_epi32(one, _mm256_sub_epi32(taken, word)), one));
     const __m256i drop = _mm256_sub_epi32(word, count);
     for (int i = 0; i < 4; ++i) {
       const __m256i bits = _mm256_or_si256(gather_nibble_bits(_mm256_srli_epi32(lo, i)),
@@ -762,7 +820,8 @@ struct eight_block_decoder {
     const __m256i push = _mm256_and_si256(_mm256_cmpgt_epi32(planes, zero), one);
     for (int i = 0; i < 4; ++i)
       words[i] = _mm256_or_si256(_mm256_sllv_epi32(words[i], push), _mm256_and_si256(_mm256_srli_epi32(bits, i), one));
-    low = _mm256_or_si256(_mm256_srlv_epi32(low, length), _mm256_sllv_epi32(high, _mm256_sub_epi32(_mm256_set1_epi32(32), length)));
+    low = _mm256_or_si256(_mm256_srlv_epi32(low, length),
+                          _mm256_sllv_epi32(high, _mm256_sub_epi32(_mm256_set1_epi32(32), length)));
     high = _mm256_srlv_epi32(high, length);
     planes = _mm256_sub_epi32(planes, push);
     left = _mm256_and_si256(_mm256_sub_epi32(left, length), _mm256_cmpgt_epi32(planes, zero));
@@ -781,8 +840,9 @@ struct eight_block_decoder {
 /// fully significant or out of budget; then each block's verbatim rest is taken at once. A block
 /// whose budget is spent takes empty steps, which push zero planes; one with no planes left stops
 /// shifting. Word i of block 8g + b goes to words[32g + 8i + b], its header to headers[8g + b].
-GRADCOMP_TARGET_AVX2 inline void parse_sixteen_blocks_avx2(const std::byte* payload, std::uint64_t first_bit, unsigned block_bits,
-                                                           unsigned budget, std::uint32_t* words, std::uint32_t* headers) noexcept {
+GRADCOMP_TARGET_AVX2 inline void parse_sixteen_blocks_avx2(const std::byte* payload, std::uint64_t first_bit,
+                                                           unsigned block_bits, unsigned budget, std::uint32_t* words,
+                                                           std::uint32_t* headers) noexcept {
   eight_block_decoder a, b;
   a.start(payload, first_bit, block_bits, budget, headers);
   b.start(payload, first_bit + 8 * std::uint64_t{block_bits}, block_bits, budget, headers + 8);
@@ -801,8 +861,9 @@ GRADCOMP_TARGET_AVX2 inline void parse_sixteen_blocks_avx2(const std::byte* payl
 /// Decodes whole groups of sixteen blocks (64 values) from the start of [0, n) with
 /// `parse_sixteen_blocks_avx2` (4R ≤ 64), while every block's 16-byte reach stays inside the
 /// `bytes`-byte stream at `payload`; returns how many values it decoded.
-GRADCOMP_TARGET_AVX2 inline std::size_t decode_sixteens_avx2(const std::byte* payload, std::size_t bytes, unsigned block_bits,
-                                                             unsigned budget, std::size_t n, bool accumulate, float* out) noexcept {
+GRADCOMP_TARGET_AVX2 inline std::size_t decode_sixteens_avx2(const std::byte* payload, std::size_t bytes,
+                                                             unsigned block_bits, unsigned budget, std::size_t n,
+                                                             bool accumulate, float* out) noexcept {
   alignas(32) std::uint32_t words[64];
   std::uint32_t headers[16];
   float g[64];
@@ -815,7 +876,8 @@ GRADCOMP_TARGET_AVX2 inline std::size_t decode_sixteens_avx2(const std::byte* pa
       const auto word = [&](unsigned i) {
         return _mm_load_si128(reinterpret_cast<const __m128i*>(words + 32 * (quarter / 2) + 8 * i + 4 * (quarter % 2)));
       };
-      sse2_kernels::finish_four_components(word(0), word(1), word(2), word(3), headers + 4 * quarter, to + 16 * quarter);
+      sse2_kernels::finish_four_components(word(0), word(1), word(2), word(3), headers + 4 * quarter,
+                                           to + 16 * quarter);
     }
     if (accumulate)
       for (unsigned i = 0; i < 64; ++i) out[first + i] += g[i];
@@ -828,14 +890,16 @@ GRADCOMP_TARGET_AVX2 inline std::size_t decode_sixteens_avx2(const std::byte* pa
 /// values at `out`; `Word` holds 4R bits. Four blocks at a time, or, where `avx2` is set and
 /// 4R ≤ 64, sixteen (two groups of eight in lock step) first.
 template <class Kernels, class Word>
-void decode_blocks(const std::byte* payload, const std::byte* end, std::size_t n, unsigned rate, bool accumulate, bool avx2,
-                   float* out) noexcept {
+void decode_blocks(const std::byte* payload, const std::byte* end, std::size_t n, unsigned rate, bool accumulate,
+                   bool avx2, float* out) noexcept {
   const unsigned block_bits = 4 * rate;
   const unsigned budget = block_bits - zfp_fixed_rate_codec::header_bits;
   std::size_t first = 0;
 #if defined(GRADCOMP_HAVE_AVX2)
   if constexpr (sizeof(Word) == 8 && std::is_same_v<Kernels, sse2_kernels>)
-    if (avx2) first = decode_sixteens_avx2(payload, static_cast<std::size_t>(end - payload), block_bits, budget, n, accumulate, out);
+    if (avx2)
+      first = decode_sixteens_avx2(payload, static_cast<std::size_t>(end - payload), block_bits, budget, n, accumulate,
+                                   out);
 #endif
   (void)avx2;
   block_cursor<Word> cursor(payload, end, block_bits, first / 4 * std::uint64_t{block_bits});
@@ -874,7 +938,9 @@ void decode_blocks(const std::byte* payload, const std::byte* end, std::size_t n
 /// ZFP fixed rate on the CPU.
 template <>
 struct backend<zfp_fixed_rate_codec, cpu_executor> {
-  static std::size_t workspace_bytes(const zfp_fixed_rate_codec&, const cpu_executor&, std::uint64_t) noexcept { return 0; }
+  static std::size_t workspace_bytes(const zfp_fixed_rate_codec&, const cpu_executor&, std::uint64_t) noexcept {
+    return 0;
+  }
 
   static std::size_t encode(const zfp_fixed_rate_codec& codec, const cpu_executor& exec, std::span<const float> grad,
                             std::span<std::byte> out, std::span<std::byte>, message_key key) {
@@ -882,7 +948,8 @@ struct backend<zfp_fixed_rate_codec, cpu_executor> {
     const std::uint64_t n = grad.size();
     const std::size_t size = codec.max_encoded_bytes(n);
     detail::require(out.size() >= size, errc::buffer_too_small, [&] {
-      return "output of " + std::to_string(out.size()) + " bytes cannot hold the " + std::to_string(size) + "-byte message";
+      return "output of " + std::to_string(out.size()) + " bytes cannot hold the " + std::to_string(size) +
+             "-byte message";
     });
     // NaN and Inf are reported before anything is written.
     (void)cpu::max_magnitude(grad.data(), grad.data() + grad.size(), exec.avx2());
@@ -891,9 +958,11 @@ struct backend<zfp_fixed_rate_codec, cpu_executor> {
     const std::uint32_t rate = codec.params().rate_bits;
     std::byte* const payload = out.data() + envelope::size;
     if (rate <= 16) encode_blocks<fast_kernels, std::uint64_t>(grad.data(), grad.size(), rate, exec.avx2(), payload);
-    else encode_blocks<fast_kernels, wide_word>(grad.data(), grad.size(), rate, exec.avx2(), payload);
-    cpu::seal_message(out, {codec_id::zfp_fixed_rate, value_dtype::float32, 0, 0, key, n, codec.payload_bytes(n),
-                            codec.params_hash(), 0},
+    else
+      encode_blocks<fast_kernels, wide_word>(grad.data(), grad.size(), rate, exec.avx2(), payload);
+    cpu::seal_message(out,
+                      {codec_id::zfp_fixed_rate, value_dtype::float32, 0, 0, key, n, codec.payload_bytes(n),
+                       codec.params_hash(), 0},
                       codec.wire().payload_checksum);
     return size;
   }
@@ -914,8 +983,10 @@ struct backend<zfp_fixed_rate_codec, cpu_executor> {
                       "the 4 bits after the last block are not zero");
 
     const std::uint32_t rate = codec.params().rate_bits;
-    if (rate <= 16) decode_blocks<fast_kernels, std::uint64_t>(payload, end, out.size(), rate, accumulate, exec.avx2(), out.data());
-    else decode_blocks<fast_kernels, wide_word>(payload, end, out.size(), rate, accumulate, exec.avx2(), out.data());
+    if (rate <= 16)
+      decode_blocks<fast_kernels, std::uint64_t>(payload, end, out.size(), rate, accumulate, exec.avx2(), out.data());
+    else
+      decode_blocks<fast_kernels, wide_word>(payload, end, out.size(), rate, accumulate, exec.avx2(), out.data());
   }
 };
 

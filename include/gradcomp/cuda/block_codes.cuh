@@ -122,7 +122,8 @@ __device__ inline std::uint32_t load_code_word(const std::byte* codes, std::uint
   const std::uint64_t first = 4 * w;
   if (first + 4 <= bytes) return *reinterpret_cast<const std::uint32_t*>(codes + first);
   std::uint32_t word = 0;
-  for (std::uint64_t b = first; b < bytes; ++b) word |= std::uint32_t{static_cast<std::uint8_t>(codes[b])} << (8 * (b - first));
+  for (std::uint64_t b = first; b < bytes; ++b)
+    word |= std::uint32_t{static_cast<std::uint8_t>(codes[b])} << (8 * (b - first));
   return word;
 }
 
@@ -231,7 +232,7 @@ __global__ void block_sums_kernel(const T* g, block_layout layout, Stat stat, de
   using sum_type = typename Stat::sum_type;
   constexpr unsigned columns = tile_columns<T>;
   __shared__ T tiles[block_warps][32][columns + 1];  // + 1: lane b's reads of row b hit distinct banks
-  T (&tile)[32][columns + 1] = tiles[threadIdx.x / 32];
+  T(&tile)[32][columns + 1] = tiles[threadIdx.x / 32];
   const unsigned lane = lane_id();
   const std::uint64_t blocks = layout.blocks();
   for (std::uint64_t first = warp_id() * 32; first < blocks; first += warp_count() * 32) {
@@ -287,7 +288,8 @@ void for_each_block_statistic(const cuda_executor& exec, const T* g, const block
                               device_status* status) {
   if constexpr (requires { typename Stat::sum_type; }) {
     const std::uint64_t groups = (layout.blocks() + 31) / 32;
-    if (groups != 0) launch(exec, grid_for(groups, block_warps), block_threads, block_sums_kernel<T, Stat>, g, layout, stat, status);
+    if (groups != 0)
+      launch(exec, grid_for(groups, block_warps), block_threads, block_sums_kernel<T, Stat>, g, layout, stat, status);
   } else {
     for_each_block(exec, layout.blocks(), block_statistics<T, Stat>{g, layout, stat, status});
   }
@@ -330,16 +332,20 @@ struct check_codes {
   }
 
   /// Items to check: the larger of the scale and word counts.
-  [[nodiscard]] std::uint64_t items() const { return layout.words() > layout.blocks() ? layout.words() : layout.blocks(); }
+  [[nodiscard]] std::uint64_t items() const {
+    return layout.words() > layout.blocks() ? layout.words() : layout.blocks();
+  }
 
   __device__ void operator()(std::uint64_t t) const {
-    if (t < layout.blocks() && !rule.valid_scale(scales[t])) record_failure(status, errc::malformed_payload, t, bad_scale);
+    if (t < layout.blocks() && !rule.valid_scale(scales[t]))
+      record_failure(status, errc::malformed_payload, t, bad_scale);
     if (t >= layout.words()) return;
     const std::uint32_t word = load_code_word(codes, t, layout.code_bytes);
     unsigned used = 0;
     const auto check = [&](std::uint64_t i, unsigned c, T s) {
       used = c + 1;
-      if (!rule.valid_code(code_in_word(word, c, layout.bits), s)) record_failure(status, errc::malformed_payload, i, bad_code);
+      if (!rule.valid_code(code_in_word(word, c, layout.bits), s))
+        record_failure(status, errc::malformed_payload, i, bad_code);
     };
     if (layout.whole_words()) {
       const T s = scales[word_block(t)];
@@ -369,15 +375,16 @@ struct decode_words {
   index_divisor word_block;  ///< layout.word_block().
 
   /// The decoder of a layout into `out`.
-  static decode_words make(const block_layout& layout, const Rule& rule, const T* scales, const std::byte* codes, T* out,
-                           bool accumulate) {
+  static decode_words make(const block_layout& layout, const Rule& rule, const T* scales, const std::byte* codes,
+                           T* out, bool accumulate) {
     const bool vector = (layout.bits == 8 || layout.bits == 4) && layout.whole_words() && vector_aligned(out);
     return {layout, rule, scales, codes, out, accumulate, vector, layout.word_block()};
   }
 
   __device__ void operator()(std::uint64_t w) const {
     const std::uint32_t word = load_code_word(codes, w, layout.code_bytes);
-    if (vector && (w + 1) * layout.per_word() <= layout.n) return layout.bits == 8 ? write_word<4>(w, word) : write_word<8>(w, word);
+    if (vector && (w + 1) * layout.per_word() <= layout.n)
+      return layout.bits == 8 ? write_word<4>(w, word) : write_word<8>(w, word);
     const auto write = [&](std::uint64_t i, unsigned c, T s) {
       const T v = rule.value(code_in_word(word, c, layout.bits), s);
       out[i] = accumulate ? out[i] + v : v;
@@ -413,8 +420,11 @@ struct decode_words {
 /// The detail text of a failed block-code check.
 inline std::string describe_block_code_failure(std::uint64_t position, std::uint32_t reason, const char* scale_name) {
   switch (reason) {
-    case bad_scale: return std::string(scale_name) + " of block " + std::to_string(position) + " is negative, not finite or too large";
-    case bad_code: return "the code of element " + std::to_string(position) + " is not allowed under its block's " + scale_name;
+    case bad_scale:
+      return std::string(scale_name) + " of block " + std::to_string(position) +
+             " is negative, not finite or too large";
+    case bad_code:
+      return "the code of element " + std::to_string(position) + " is not allowed under its block's " + scale_name;
     default: return "non-zero padding bits after the last code";
   }
 }
@@ -436,9 +446,10 @@ Byte* codes_of(Byte* message, const block_layout& layout) {
 /// the workspace), then one thread per code word codes under the rule `make_rule(stat)`
 /// returns. The sign and QSGD encoders, and the uniform one whose blocks share code words.
 template <class Codec, class MakeStat, class MakeRule, class Describe>
-std::size_t encode_block_coded(const Codec& codec, const cuda_executor& exec, std::span<const typename Codec::value_type> grad,
-                               std::span<std::byte> out, std::span<std::byte> ws, message_key key, const block_layout& layout,
-                               MakeStat make_stat, MakeRule make_rule, Describe&& describe) {
+std::size_t encode_block_coded(const Codec& codec, const cuda_executor& exec,
+                               std::span<const typename Codec::value_type> grad, std::span<std::byte> out,
+                               std::span<std::byte> ws, message_key key, const block_layout& layout, MakeStat make_stat,
+                               MakeRule make_rule, Describe&& describe) {
   using T = typename Codec::value_type;
   const std::uint64_t n = grad.size();
   const std::size_t size = codec.max_encoded_bytes(n);
@@ -450,8 +461,10 @@ std::size_t encode_block_coded(const Codec& codec, const cuda_executor& exec, st
   for_each_block_statistic(exec, grad.data(), layout, stat, op.status());
   const auto rule = make_rule(stat);
   for_each_item(exec, layout.words(),
-                encode_words<T, std::decay_t<decltype(rule)>>{grad.data(), layout, rule, codes_of<T>(out.data(), layout)});
-  seal_message(exec, out.data(), {Codec::id, dtype_of<T>, 0, 0, key, n, codec.payload_bytes(n), codec.params_hash(), 0}, crc, op);
+                encode_words<T, std::decay_t<decltype(rule)>>{grad.data(), layout, rule,
+                                                              codes_of<T>(out.data(), layout)});
+  seal_message(exec, out.data(), {Codec::id, dtype_of<T>, 0, 0, key, n, codec.payload_bytes(n), codec.params_hash(), 0},
+               crc, op);
   op.finish_encode(std::forward<Describe>(describe));
   return size;
 }
@@ -468,7 +481,8 @@ void decode_block_coded(const Codec& codec, const cuda_executor& exec, std::span
   workspace_arena arena(ws);
   const operation op(exec, arena);
   const crc_scratch crc = crc_scratch::carve(arena);
-  const envelope e = read_envelope(exec, message, {Codec::id, dtype_of<T>, out.size(), codec.params_hash()}, limits, crc);
+  const envelope e =
+      read_envelope(exec, message, {Codec::id, dtype_of<T>, out.size(), codec.params_hash()}, limits, crc);
   codec.validate_payload_size(e);
   const block_layout layout = layout_of(e.elements);
   const T* const scales = scales_of<T>(message.data());
@@ -480,7 +494,8 @@ void decode_block_coded(const Codec& codec, const cuda_executor& exec, std::span
   op.finish([scale_name](errc, std::uint64_t position, std::uint32_t reason) {
     return describe_block_code_failure(position, reason, scale_name);
   });
-  for_each_item(exec, layout.words(), decode_words<T, rule_type>::make(layout, rule, scales, codes, out.data(), accumulate));
+  for_each_item(exec, layout.words(),
+                decode_words<T, rule_type>::make(layout, rule, scales, codes, out.data(), accumulate));
 }
 
 }  // namespace gradcomp::cuda_detail

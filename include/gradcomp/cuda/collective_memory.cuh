@@ -157,7 +157,8 @@ struct collective_memory<cuda_executor> {
   template <class T>
   static void copy(const cuda_executor& e, std::span<const T> from, std::span<T> to) {
     if (!from.empty())
-      GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(to.data(), from.data(), from.size_bytes(), cudaMemcpyDeviceToDevice, e.native_stream()));
+      GRADCOMP_CUDA_CHECK(
+          cudaMemcpyAsync(to.data(), from.data(), from.size_bytes(), cudaMemcpyDeviceToDevice, e.native_stream()));
   }
 
   template <class T>
@@ -172,7 +173,8 @@ struct collective_memory<cuda_executor> {
     buffer<unsigned int> found(e, 1);
     unsigned int* const word = found.span().data();
     GRADCOMP_CUDA_CHECK(cudaMemsetAsync(word, 0, sizeof *word, e.native_stream()));
-    cuda_detail::for_each_item(e, a.size(), cuda_detail::find_non_finite_sum<T>{a.data(), b.empty() ? nullptr : b.data(), word});
+    cuda_detail::for_each_item(e, a.size(),
+                               cuda_detail::find_non_finite_sum<T>{a.data(), b.empty() ? nullptr : b.data(), word});
     unsigned int host = 0;
     GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(&host, word, sizeof host, cudaMemcpyDeviceToHost, e.native_stream()));
     e.synchronize();
@@ -196,7 +198,8 @@ struct collective_memory<cuda_executor> {
   /// Copies a few device bytes to the host and waits for them.
   static void to_host(const cuda_executor& e, std::span<const std::byte> from, std::span<std::byte> to) {
     if (from.empty()) return;
-    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(to.data(), from.data(), from.size(), cudaMemcpyDeviceToHost, e.native_stream()));
+    GRADCOMP_CUDA_CHECK(
+        cudaMemcpyAsync(to.data(), from.data(), from.size(), cudaMemcpyDeviceToHost, e.native_stream()));
     e.synchronize();
   }
 
@@ -204,7 +207,8 @@ struct collective_memory<cuda_executor> {
   /// runtime before the call returns, so `from` may go away then).
   static void from_host(const cuda_executor& e, std::span<const std::byte> from, std::span<std::byte> to) {
     if (!from.empty())
-      GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(to.data(), from.data(), from.size(), cudaMemcpyHostToDevice, e.native_stream()));
+      GRADCOMP_CUDA_CHECK(
+          cudaMemcpyAsync(to.data(), from.data(), from.size(), cudaMemcpyHostToDevice, e.native_stream()));
   }
 
   /// A device transport that names its stream (`stream()`: `nccl_transport`, `staged_transport`)
@@ -213,9 +217,10 @@ struct collective_memory<cuda_executor> {
   template <class X>
   static void require_ordered(const cuda_executor& e, const X& t) {
     if constexpr (requires { t.stream(); }) {
-      detail::require(t.stream() == e.native_stream(), errc::invalid_argument,
-                      "the transport and the cuda_executor run on different CUDA streams; give both the same stream, so that "
-                      "the transport's calls are ordered with the executor's kernels");
+      detail::require(
+          t.stream() == e.native_stream(), errc::invalid_argument,
+          "the transport and the cuda_executor run on different CUDA streams; give both the same stream, so that "
+          "the transport's calls are ordered with the executor's kernels");
     }
   }
 };

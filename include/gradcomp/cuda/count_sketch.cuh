@@ -216,8 +216,8 @@ struct backend<count_sketch<T>, cuda_executor> {
     return size;
   }
 
-  static void decode(const codec_type& codec, const cuda_executor& exec, std::span<const std::byte> message, std::span<T> out,
-                     std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
+  static void decode(const codec_type& codec, const cuda_executor& exec, std::span<const std::byte> message,
+                     std::span<T> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
     const std::uint64_t n = out.size();
     workspace_arena arena(ws);
     const cuda_detail::operation op(exec, arena);
@@ -227,8 +227,9 @@ struct backend<count_sketch<T>, cuda_executor> {
     if (n == 0) return;
     if (!accumulate) GRADCOMP_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, n * sizeof(T), exec.native_stream()));
     const std::uint64_t k = select_heavy_hitters(codec, exec, message, n, s, op);
-    cuda_detail::for_each_item(
-        exec, k, cuda_detail::place_estimates<T>{s.select.sort.sorted.data(), s.estimates.data(), out.data(), n, accumulate});
+    cuda_detail::for_each_item(exec, k,
+                               cuda_detail::place_estimates<T>{s.select.sort.sorted.data(), s.estimates.data(),
+                                                               out.data(), n, accumulate});
     finish_internal(op);
   }
 
@@ -241,8 +242,9 @@ struct backend<count_sketch<T>, cuda_executor> {
     estimate_into(codec, exec, message, out.data(), out.size());
   }
 
-  static std::size_t heavy_hitters(const codec_type& codec, const cuda_executor& exec, std::span<const std::byte> message,
-                                   std::uint64_t n, std::span<std::uint64_t> indices, std::span<std::byte> ws,
+  static std::size_t heavy_hitters(const codec_type& codec, const cuda_executor& exec,
+                                   std::span<const std::byte> message, std::uint64_t n,
+                                   std::span<std::uint64_t> indices, std::span<std::byte> ws,
                                    const decode_limits& limits) {
     workspace_arena arena(ws);
     const cuda_detail::operation op(exec, arena);
@@ -268,9 +270,11 @@ struct backend<count_sketch<T>, cuda_executor> {
     const cd::pooled_status_and_crc scratch(exec);
     const std::span<const std::byte> mine_bytes(acc);
     const envelope mine =
-        parse_checked(codec, exec, mine_bytes, cd::fetch_envelope(exec, mine_bytes, scratch.crc).elements, {}, scratch.op, scratch.crc);
+        parse_checked(codec, exec, mine_bytes, cd::fetch_envelope(exec, mine_bytes, scratch.crc).elements, {},
+                      scratch.op, scratch.crc);
     const envelope theirs = parse_checked(codec, exec, other, mine.elements, {}, scratch.op, scratch.crc);
-    detail::require(mine.key == theirs.key, errc::step_mismatch, "messages of different steps or tensors cannot be summed");
+    detail::require(mine.key == theirs.key, errc::step_mismatch,
+                    "messages of different steps or tensors cannot be summed");
     T* const a = reinterpret_cast<T*>(acc.data() + envelope::size);
     const T* const b = reinterpret_cast<const T*>(other.data() + envelope::size);
     const std::uint64_t count = cell_count(codec);
@@ -282,15 +286,18 @@ struct backend<count_sketch<T>, cuda_executor> {
   }
 
  private:
-  [[nodiscard]] static std::uint64_t cell_count(const codec_type& codec) noexcept { return codec.rows() * codec.columns(); }
+  [[nodiscard]] static std::uint64_t cell_count(const codec_type& codec) noexcept {
+    return codec.rows() * codec.columns();
+  }
 
   /// Queues out[i] = x̂_i for i < n from the cells of the validated device `message`.
-  static void estimate_into(const codec_type& codec, const cuda_executor& exec, std::span<const std::byte> message, T* out,
-                            std::uint64_t n) {
+  static void estimate_into(const codec_type& codec, const cuda_executor& exec, std::span<const std::byte> message,
+                            T* out, std::uint64_t n) {
     if (n == 0) return;
-    cuda_detail::launch(exec, cuda_detail::grid_for(n), cuda_detail::block_threads, cuda_detail::count_sketch_estimate_kernel<T>,
-                        reinterpret_cast<const T*>(message.data() + envelope::size), cuda_detail::count_sketch_rows::of(codec.params()),
-                        out, n);
+    cuda_detail::launch(exec, cuda_detail::grid_for(n), cuda_detail::block_threads,
+                        cuda_detail::count_sketch_estimate_kernel<T>,
+                        reinterpret_cast<const T*>(message.data() + envelope::size),
+                        cuda_detail::count_sketch_rows::of(codec.params()), out, n);
   }
 
   /// Queues the estimates into s.estimates and the selection of the heavy hitters, whose indices
@@ -318,14 +325,16 @@ struct backend<count_sketch<T>, cuda_executor> {
                                 std::uint64_t elements, const decode_limits& limits, const cuda_detail::operation& op,
                                 const cuda_detail::crc_scratch& crc) {
     const envelope e =
-        cuda_detail::read_envelope(exec, message, {codec_id::count_sketch, dtype_of<T>, elements, codec.params_hash()}, limits, crc);
+        cuda_detail::read_envelope(exec, message, {codec_id::count_sketch, dtype_of<T>, elements, codec.params_hash()},
+                                   limits, crc);
     detail::require(e.layout == 0, errc::malformed_payload, "count-sketch messages have layout 0");
     detail::require(e.payload_bytes == codec.summable_bytes(e.elements), errc::malformed_payload, [&] {
       return "payload of " + std::to_string(e.payload_bytes) + " bytes, the sketch has " +
              std::to_string(codec.summable_bytes(e.elements)) + " bytes of cells";
     });
     cuda_detail::for_each_item(exec, cell_count(codec),
-                               cuda_detail::find_non_finite<T>{reinterpret_cast<const T*>(message.data() + envelope::size),
+                               cuda_detail::find_non_finite<T>{reinterpret_cast<const T*>(message.data() +
+                                                                                          envelope::size),
                                                                op.status(), errc::malformed_payload});
     op.finish([](errc, std::uint64_t m, std::uint32_t) {
       return "cell " + std::to_string(m) + " is NaN or Inf (a sum of sketches overflowed)";

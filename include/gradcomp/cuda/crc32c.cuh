@@ -92,8 +92,8 @@ struct crc_chunk {
 /// Combines groups of 256 consecutive raw CRCs, each covering 2^span_log2 bytes (the first group
 /// front-padded with zeros), into one per group.
 template <class = void>
-__global__ void crc_tree_kernel(const std::uint32_t* in, std::uint64_t count, int span_log2,
-                                       const gf2_matrix* powers, std::uint32_t* out) {
+__global__ void crc_tree_kernel(const std::uint32_t* in, std::uint64_t count, int span_log2, const gf2_matrix* powers,
+                                std::uint32_t* out) {
   __shared__ std::uint32_t value[crc_fan_in];
   const std::uint64_t groups = (count + crc_fan_in - 1) / crc_fan_in;
   const std::uint64_t pad = groups * crc_fan_in - count;
@@ -105,7 +105,8 @@ __global__ void crc_tree_kernel(const std::uint32_t* in, std::uint64_t count, in
       std::uint32_t combined = 0;
       const bool combines = (threadIdx.x + 1) % (2 * stride) == 0;
       if (combines)
-        combined = gf2_apply(powers[span_log2 + static_cast<int>(level)], value[threadIdx.x - stride]) ^ value[threadIdx.x];
+        combined =
+            gf2_apply(powers[span_log2 + static_cast<int>(level)], value[threadIdx.x - stride]) ^ value[threadIdx.x];
       __syncthreads();
       if (combines) value[threadIdx.x] = combined;
       __syncthreads();
@@ -118,7 +119,7 @@ __global__ void crc_tree_kernel(const std::uint32_t* in, std::uint64_t count, in
 /// CRC-32C from the raw CRC of `size` bytes (one thread).
 template <class = void>
 __global__ void crc_finish_kernel(const std::uint32_t* raw, std::uint64_t size, const gf2_matrix* powers,
-                                         std::uint32_t* crc) {
+                                  std::uint32_t* crc) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   std::uint32_t seed = 0xFFFFFFFFu;
   for (int j = 0; j < crc_powers; ++j)

@@ -89,7 +89,8 @@ struct tagc_table_keys {
 /// The table rule's counting pass: bins[p] counts the keys with exactly p table values at or below
 /// them, bins[26] the NaN and ±Inf.
 template <class T>
-__global__ void tagc_table_count_kernel(compensated_keys<T> source, tagc_table_keys<T> table, unsigned long long* bins) {
+__global__ void tagc_table_count_kernel(compensated_keys<T> source, tagc_table_keys<T> table,
+                                        unsigned long long* bins) {
   __shared__ unsigned int local[tagc_table_bins];
   for (unsigned b = threadIdx.x; b < tagc_table_bins; b += blockDim.x) local[b] = 0;
   __syncthreads();
@@ -164,13 +165,16 @@ struct backend<dynamic_sparsifier<T>, cuda_executor> {
                                     std::uint64_t tensor_id, std::span<const T> grad, std::span<T> out,
                                     std::span<std::byte> ws) {
     const std::uint64_t n = grad.size();
-    const auto found = detail::find_dynamic_residual(state.residuals, tensor_id, static_cast<std::size_t>(n), out.size());
+    const auto found =
+        detail::find_dynamic_residual(state.residuals, tensor_id, static_cast<std::size_t>(n), out.size());
     const bool known = found != state.residuals.end();
     const threshold_found t = find_threshold(sp, exec, {grad.data(), known ? found->second.data() : nullptr, n}, ws);
     // Nothing can fail past this point but the allocation of a new id's residual, which changes
     // nothing if it throws.
-    device_array<T>& residual = known ? found->second : state.residuals.emplace(tensor_id, device_array<T>(n, exec)).first->second;
-    cuda_detail::for_each_item(exec, n, cuda_detail::dynamic_apply<T>{grad.data(), residual.data(), out.data(), t.tau, !known});
+    device_array<T>& residual =
+        known ? found->second : state.residuals.emplace(tensor_id, device_array<T>(n, exec)).first->second;
+    cuda_detail::for_each_item(exec, n,
+                               cuda_detail::dynamic_apply<T>{grad.data(), residual.data(), out.data(), t.tau, !known});
     ++state.steps;
     const double zero_fraction = n == 0 ? 0.0 : static_cast<double>(n - t.kept) / static_cast<double>(n);
     return {from_bits<T>(t.tau), t.kept, zero_fraction};
@@ -185,8 +189,8 @@ struct backend<dynamic_sparsifier<T>, cuda_executor> {
     for (const auto& [id, residual] : state.residuals) {
       std::vector<T>& values = host.residuals.emplace(id, std::vector<T>(residual.size())).first->second;
       if (!values.empty())
-        GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(values.data(), residual.data(), values.size() * sizeof(T), cudaMemcpyDeviceToHost,
-                                            exec.native_stream()));
+        GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(values.data(), residual.data(), values.size() * sizeof(T),
+                                            cudaMemcpyDeviceToHost, exec.native_stream()));
     }
     exec.synchronize();
     return cpu_backend::save_state(sp, cpu_executor{}, host, bytes);
@@ -201,8 +205,8 @@ struct backend<dynamic_sparsifier<T>, cuda_executor> {
     for (const auto& [id, values] : host.residuals) {
       device_array<T>& residual = residuals.emplace(id, device_array<T>(values.size(), exec)).first->second;
       if (!values.empty())
-        GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(residual.data(), values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice,
-                                            exec.native_stream()));
+        GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(residual.data(), values.data(), values.size() * sizeof(T),
+                                            cudaMemcpyHostToDevice, exec.native_stream()));
     }
     exec.synchronize();  // the host copies go out of scope
     state.residuals.swap(residuals);
@@ -247,7 +251,8 @@ struct backend<dynamic_sparsifier<T>, cuda_executor> {
       while (lo < hi) {
         const std::size_t mid = (lo + hi) / 2;
         if (static_cast<double>(below[mid]) / static_cast<double>(n) < sp.params().zero_fraction) lo = mid + 1;
-        else hi = mid;
+        else
+          hi = mid;
       }
       return lo == 0 ? threshold_found{0, n} : threshold_found{table.key[lo - 1], n - below[lo - 1]};
     }
@@ -256,16 +261,18 @@ struct backend<dynamic_sparsifier<T>, cuda_executor> {
     // z = n keeps nothing, but its first pass still looks for NaN and ±Inf.
     const std::uint64_t rank = z < n ? z + 1 : n;
     cd::radix_begin(exec, s.radix, rank);
-    const auto infinite_bin = static_cast<unsigned>(float_traits<T>::infinity_key >> cd::radix_digit_of(key_bits, 0).shift);
+    const auto infinite_bin =
+        static_cast<unsigned>(float_traits<T>::infinity_key >> cd::radix_digit_of(key_bits, 0).shift);
     const int digits = z < n ? cd::radix_digit_count(key_bits) : 1;
     for (int d = 0; d < digits; ++d)
       cd::radix_pass<cd::radix_order::smallest_first>(exec, s.radix, source, cd::by_key{}, s.radix.value_state(),
-                                                      cd::radix_digit_of(key_bits, d), n, d == 0 ? infinite_bin : cd::radix_bins,
-                                                      op.status());
+                                                      cd::radix_digit_of(key_bits, d), n,
+                                                      d == 0 ? infinite_bin : cd::radix_bins, op.status());
     cd::radix_state found{};
     GRADCOMP_CUDA_CHECK(
         cudaMemcpyAsync(&found, s.radix.value_state(), sizeof found, cudaMemcpyDeviceToHost, exec.native_stream()));
-    op.finish([n](errc, std::uint64_t non_finite, std::uint32_t) { return detail::dynamic_non_finite_text(non_finite, n); });
+    op.finish(
+        [n](errc, std::uint64_t non_finite, std::uint32_t) { return detail::dynamic_non_finite_text(non_finite, n); });
     if (z == n) return {float_traits<T>::infinity_key, 0};
     // The target is the rank-th smallest key and the found.rank-th among its ties: rank −
     // found.rank keys lie below it.

@@ -47,8 +47,8 @@ namespace gradcomp {
 template <gradient_value T>
 struct cuda_error_feedback_state {
   device_array<T> residual;  ///< What the codec has not sent yet, one value per element.
-  device_array<T> next;      ///< Where a step writes the new residual; exchanged with `residual` when it succeeds.
-  std::uint64_t steps = 0;   ///< Steps completed.
+  device_array<T> next;  ///< Where a step writes the new residual; exchanged with `residual` when it succeeds.
+  std::uint64_t steps = 0;  ///< Steps completed.
 };
 
 namespace cuda_detail {
@@ -122,9 +122,9 @@ struct backend<error_feedback<Codec>, cuda_executor> {
   using state_type = cuda_error_feedback_state<T>;
 
   struct scratch {
-    std::span<T> compensated;      ///< h = g + e (the general path).
-    std::span<T> decoded;          ///< The inner codec's decoding of its message (the general path).
-    std::span<std::byte> inner;    ///< The inner codec's workspace (the general path).
+    std::span<T> compensated;  ///< h = g + e (the general path).
+    std::span<T> decoded;  ///< The inner codec's decoding of its message (the general path).
+    std::span<std::byte> inner;  ///< The inner codec's workspace (the general path).
     cuda_detail::crc_scratch crc;  ///< The payload CRC (the one-kernel path, with checksums).
   };
 
@@ -133,7 +133,8 @@ struct backend<error_feedback<Codec>, cuda_executor> {
   }
 
   static state_type make_state(const ef_type&, const cuda_executor& exec, std::uint64_t n) {
-    return state_type{device_array<T>(static_cast<std::size_t>(n), exec), device_array<T>(static_cast<std::size_t>(n), exec), 0};
+    return state_type{device_array<T>(static_cast<std::size_t>(n), exec),
+                      device_array<T>(static_cast<std::size_t>(n), exec), 0};
   }
 
   static std::size_t encode(const ef_type& ef, const cuda_executor& caller, std::span<const T> grad, state_type& state,
@@ -149,7 +150,8 @@ struct backend<error_feedback<Codec>, cuda_executor> {
     std::size_t bytes = 0;
     if constexpr (fusable) {
       if (one_kernel(ef.inner())) bytes = encode_fused(ef, exec, grad, state, out, s, op, key);
-      else bytes = encode_general(ef, exec, grad, state, out, s, op, key);
+      else
+        bytes = encode_general(ef, exec, grad, state, out, s, op, key);
     } else {
       bytes = encode_general(ef, exec, grad, state, out, s, op, key);
     }
@@ -178,16 +180,17 @@ struct backend<error_feedback<Codec>, cuda_executor> {
 
   static void carried_error(const ef_type&, const cuda_executor& exec, const state_type& state, std::span<T> out) {
     check_size(state, out.size(), "output");
-    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(out.data(), state.residual.data(), out.size() * sizeof(T), cudaMemcpyDeviceToDevice,
-                                        exec.native_stream()));
+    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(out.data(), state.residual.data(), out.size() * sizeof(T),
+                                        cudaMemcpyDeviceToDevice, exec.native_stream()));
   }
 
   /// Checks `error` on the device, then copies it.
-  static void set_carried_error(const ef_type&, const cuda_executor& exec, std::span<const T> error, state_type& state) {
+  static void set_carried_error(const ef_type&, const cuda_executor& exec, std::span<const T> error,
+                                state_type& state) {
     check_size(state, error.size(), "error");
     cuda_detail::require_finite(exec, error, "the new carried error");
-    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(state.residual.data(), error.data(), error.size() * sizeof(T), cudaMemcpyDeviceToDevice,
-                                        exec.native_stream()));
+    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(state.residual.data(), error.data(), error.size() * sizeof(T),
+                                        cudaMemcpyDeviceToDevice, exec.native_stream()));
   }
 
  private:
@@ -215,31 +218,34 @@ struct backend<error_feedback<Codec>, cuda_executor> {
 
   static void check_size(const state_type& state, std::uint64_t n, const char* what) {
     detail::require(state.residual.size() == n && state.next.size() == n, errc::size_mismatch, [&] {
-      return std::string(what) + " has " + std::to_string(n) + " elements, the state " + std::to_string(state.residual.size());
+      return std::string(what) + " has " + std::to_string(n) + " elements, the state " +
+             std::to_string(state.residual.size());
     });
   }
 
   /// h = g + e checked, the inner codec's message of h and its decoding, the new residual into `next`.
-  static std::size_t encode_general(const ef_type& ef, const cuda_executor& exec, std::span<const T> grad, state_type& state,
-                                    std::span<std::byte> out, const scratch& s, const cuda_detail::operation& op,
-                                    message_key key) {
+  static std::size_t encode_general(const ef_type& ef, const cuda_executor& exec, std::span<const T> grad,
+                                    state_type& state, std::span<std::byte> out, const scratch& s,
+                                    const cuda_detail::operation& op, message_key key) {
     const std::uint64_t n = grad.size();
-    cuda_detail::for_each_item(exec, n, cuda_detail::ef_compensate<T>{grad.data(), state.residual.data(), s.compensated.data(),
-                                                                      op.status()});
+    cuda_detail::for_each_item(exec, n,
+                               cuda_detail::ef_compensate<T>{grad.data(), state.residual.data(), s.compensated.data(),
+                                                             op.status()});
     op.finish([&](errc, std::uint64_t i, std::uint32_t) {
       return "gradient + residual is NaN or Inf at element " + std::to_string(i) + " of " + std::to_string(n) +
              "; the state is unchanged";
     });
     const std::size_t bytes = ef.inner().encode(exec, std::span<const T>(s.compensated), out, s.inner, key);
     ef.inner().decode(exec, std::span<const std::byte>(out.first(bytes)), s.decoded, s.inner);
-    cuda_detail::for_each_item(exec, n, cuda_detail::ef_residual<T>{s.compensated.data(), s.decoded.data(), state.next.data()});
+    cuda_detail::for_each_item(exec, n,
+                               cuda_detail::ef_residual<T>{s.compensated.data(), s.decoded.data(), state.next.data()});
     return bytes;
   }
 
   /// The whole step in one kernel (uniform quantizer, blocks filling whole code words).
-  static std::size_t encode_fused(const ef_type& ef, const cuda_executor& exec, std::span<const T> grad, state_type& state,
-                                  std::span<std::byte> out, const scratch& s, const cuda_detail::operation& op,
-                                  message_key key) {
+  static std::size_t encode_fused(const ef_type& ef, const cuda_executor& exec, std::span<const T> grad,
+                                  state_type& state, std::span<std::byte> out, const scratch& s,
+                                  const cuda_detail::operation& op, message_key key) {
     const uniform_quantizer<T>& inner = ef.inner();
     const std::uint64_t n = grad.size();
     const std::size_t size = inner.max_encoded_bytes(n);
@@ -248,10 +254,11 @@ struct backend<error_feedback<Codec>, cuda_executor> {
     const cuda_detail::block_layout layout = uniform_backend::layout_of(inner, n);
     cuda_detail::encode_whole_word_blocks(
         exec, cuda_detail::compensated_values<T>{grad.data(), state.residual.data(), state.next.data()}, layout,
-        uniform_backend::rule_of(inner, key), cuda_detail::scales_of<T>(out.data()), cuda_detail::codes_of<T>(out.data(), layout),
-        op.status());
+        uniform_backend::rule_of(inner, key), cuda_detail::scales_of<T>(out.data()),
+        cuda_detail::codes_of<T>(out.data(), layout), op.status());
     cuda_detail::seal_message(exec, out.data(),
-                              {codec_id::uniform, dtype_of<T>, 0, 0, key, n, inner.payload_bytes(n), inner.params_hash(), 0},
+                              {codec_id::uniform, dtype_of<T>, 0, 0, key, n, inner.payload_bytes(n),
+                               inner.params_hash(), 0},
                               s.crc, op);
     op.finish([&](errc, std::uint64_t i, std::uint32_t) {
       return "gradient + residual is NaN or Inf at element " + std::to_string(i) + " of " + std::to_string(n) +

@@ -66,7 +66,8 @@ struct cuda_executor {
 inline void check_deferred_errors(const cuda_executor& exec) {
   if (exec.deferred_errors == nullptr) return;
   std::uint32_t code = 0;
-  GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(&code, exec.deferred_errors, sizeof code, cudaMemcpyDeviceToHost, exec.native_stream()));
+  GRADCOMP_CUDA_CHECK(
+      cudaMemcpyAsync(&code, exec.deferred_errors, sizeof code, cudaMemcpyDeviceToHost, exec.native_stream()));
   exec.synchronize();
   if (code == 0) return;
   GRADCOMP_CUDA_CHECK(cudaMemsetAsync(exec.deferred_errors, 0, sizeof code, exec.native_stream()));

@@ -82,7 +82,8 @@ GRADCOMP_HOST_DEVICE constexpr int quad_word_index(int bits, unsigned lane, unsi
 
 /// The word lane `lane` stores in slot `slot` (see quad_word_index), from the code pieces of its
 /// quads (`own[row]`: the quad's codes packed from bit 0) and of its partner lane^1's (`partner`).
-GRADCOMP_HOST_DEVICE constexpr std::uint32_t quad_word(int bits, unsigned lane, unsigned slot, const std::uint32_t (&own)[quad_rows],
+GRADCOMP_HOST_DEVICE constexpr std::uint32_t quad_word(int bits, unsigned lane, unsigned slot,
+                                                       const std::uint32_t (&own)[quad_rows],
                                                        const std::uint32_t (&partner)[quad_rows]) noexcept {
   if (bits == 8) return slot == 0 ? own[0] : own[1];
   return lane % 2 == 0 ? own[0] | (partner[0] << 16) : partner[1] | (own[1] << 16);
@@ -128,7 +129,7 @@ inline constexpr unsigned tile_columns = 128 / sizeof(T);
 /// instruction reads 32/tile_columns<T> whole 128-byte segments.
 template <class T>
 GRADCOMP_HOST_DEVICE constexpr unsigned tile_row(unsigned step, unsigned lane) noexcept {
-  return step * (32 / tile_columns<T>) + lane / tile_columns<T>;
+  return step * (32 / tile_columns<T>)+lane / tile_columns<T>;
 }
 /// The column (value of the chunk) that lane `lane` loads.
 template <class T>
@@ -141,8 +142,8 @@ inline constexpr std::uint64_t no_element = ~std::uint64_t{0};
 
 /// The element staged in tile cell (row, column) of the chunk from value `k` of each block, for the
 /// 32 blocks from block `first` of an n-element tensor in blocks of `block` values.
-GRADCOMP_HOST_DEVICE constexpr std::uint64_t tile_element(std::uint64_t n, std::uint64_t block, std::uint64_t first, unsigned row,
-                                                          std::uint64_t k, unsigned column) noexcept {
+GRADCOMP_HOST_DEVICE constexpr std::uint64_t tile_element(std::uint64_t n, std::uint64_t block, std::uint64_t first,
+                                                          unsigned row, std::uint64_t k, unsigned column) noexcept {
   const std::uint64_t i = (first + row) * block + k + column;
   return k + column < block && i < n ? i : no_element;
 }
@@ -151,7 +152,8 @@ GRADCOMP_HOST_DEVICE constexpr std::uint64_t tile_element(std::uint64_t n, std::
 /// of the tensor is short) of an n-element tensor in blocks of `block` values: a tile's column
 /// chunks run from value 0 up to it, not to `block`, which may exceed n by far (one scale for a
 /// whole tensor), so that no chunk stages nothing.
-GRADCOMP_HOST_DEVICE constexpr std::uint64_t tile_length(std::uint64_t n, std::uint64_t block, std::uint64_t first) noexcept {
+GRADCOMP_HOST_DEVICE constexpr std::uint64_t tile_length(std::uint64_t n, std::uint64_t block,
+                                                         std::uint64_t first) noexcept {
   const std::uint64_t begin = first * block;
   return n - begin < block ? n - begin : block;
 }

@@ -204,7 +204,9 @@ __device__ inline std::uint32_t load_error_codes(const std::int8_t* p, unsigned 
 }
 
 /// Error code e of a quad's codes as load_error_codes packs them.
-__device__ inline std::int8_t error_code_at(std::uint32_t codes, unsigned e) { return static_cast<std::int8_t>(codes >> (8 * e)); }
+__device__ inline std::int8_t error_code_at(std::uint32_t codes, unsigned e) {
+  return static_cast<std::int8_t>(codes >> (8 * e));
+}
 
 /// Writes the first `count` error codes of a quad (byte e of `codes`) to `p`, as load_error_codes
 /// reads them.
@@ -333,7 +335,7 @@ struct loco_uniform_quads {
     if (lane == 0) s.scales[j] = coding.s;
 
     std::uint32_t pieces[quad_rows];
-    code_quads<Bits, Mode>(s.rule, coding, begin, h, pieces, [&](unsigned r, const T (&decoded)[quad_values]) {
+    code_quads<Bits, Mode>(s.rule, coding, begin, h, pieces, [&](unsigned r, const T(&decoded)[quad_values]) {
 #pragma unroll
       for (unsigned e = 0; e < quad_values; ++e)  // v over h, which is not read again
         h.x[r][e] = e < h.count[r] ? loco_blend(old(r, e), h.x[r][e], decoded[e], s.beta, s.keep) : T{0};
@@ -379,8 +381,8 @@ struct backend<loco<Codec>, cuda_executor> {
                       device_array<T>(static_cast<std::size_t>(lc.group_count(n)), exec), 0, 0};
   }
 
-  static std::size_t encode(const loco_type& lc, const cuda_executor& caller, std::span<const T> grad, state_type& state,
-                            std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
+  static std::size_t encode(const loco_type& lc, const cuda_executor& caller, std::span<const T> grad,
+                            state_type& state, std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
     // Deferred errors do not apply: the step waits for its verdict anyway, and its stages must not
     // leave a sticky word behind.
     const cuda_executor exec{.stream = caller.stream};
@@ -406,9 +408,10 @@ struct backend<loco<Codec>, cuda_executor> {
     const std::uint64_t n = state.codes.size();
     check_shape(lc, state, n, "state");
     return lc.write_saved_state(n, state.steps, state.total_steps, bytes, [&](std::byte* codes, std::byte* scales) {
-      GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(codes, state.codes.data(), state.codes.size(), cudaMemcpyDeviceToHost, exec.native_stream()));
-      GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(scales, state.scales.data(), state.scales.size() * sizeof(T), cudaMemcpyDeviceToHost,
-                                          exec.native_stream()));
+      GRADCOMP_CUDA_CHECK(
+          cudaMemcpyAsync(codes, state.codes.data(), state.codes.size(), cudaMemcpyDeviceToHost, exec.native_stream()));
+      GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(scales, state.scales.data(), state.scales.size() * sizeof(T),
+                                          cudaMemcpyDeviceToHost, exec.native_stream()));
       exec.synchronize();
     });
   }
@@ -416,10 +419,10 @@ struct backend<loco<Codec>, cuda_executor> {
   static void load_state(const loco_type& lc, const cuda_executor& exec, std::span<const std::byte> bytes,
                          state_type& state) {
     const auto saved = lc.check_saved_state(bytes, state.codes.size(), state.scales.size());
-    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(state.codes.data(), saved.codes.data(), saved.codes.size(), cudaMemcpyHostToDevice,
-                                        exec.native_stream()));
-    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(state.scales.data(), saved.scales.data(), saved.scales.size(), cudaMemcpyHostToDevice,
-                                        exec.native_stream()));
+    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(state.codes.data(), saved.codes.data(), saved.codes.size(),
+                                        cudaMemcpyHostToDevice, exec.native_stream()));
+    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(state.scales.data(), saved.scales.data(), saved.scales.size(),
+                                        cudaMemcpyHostToDevice, exec.native_stream()));
     exec.synchronize();
     state.steps = saved.steps;
     state.total_steps = saved.total_steps;
@@ -427,11 +430,13 @@ struct backend<loco<Codec>, cuda_executor> {
 
   static void carried_error(const loco_type& lc, const cuda_executor& exec, const state_type& state, std::span<T> out) {
     check_shape(lc, state, out.size(), "output");
-    cuda_detail::for_each_item(exec, out.size(), cuda_detail::loco_dequantize<T>{error_of(lc, state, false), out.data()});
+    cuda_detail::for_each_item(exec, out.size(),
+                               cuda_detail::loco_dequantize<T>{error_of(lc, state, false), out.data()});
   }
 
   /// Checks `error` on the device, then stores it in 8 bits.
-  static void set_carried_error(const loco_type& lc, const cuda_executor& exec, std::span<const T> error, state_type& state) {
+  static void set_carried_error(const loco_type& lc, const cuda_executor& exec, std::span<const T> error,
+                                state_type& state) {
     check_shape(lc, state, error.size(), "error");
     cuda_detail::require_finite(exec, error, "the new carried error");
     quantize_error(lc, exec, error.data(), state);
@@ -464,11 +469,13 @@ struct backend<loco<Codec>, cuda_executor> {
 
   static void check_shape(const loco_type& lc, const state_type& state, std::uint64_t n, const char* what) {
     detail::require(state.codes.size() == n, errc::size_mismatch, [&] {
-      return std::string(what) + " has " + std::to_string(n) + " elements, the state " + std::to_string(state.codes.size());
+      return std::string(what) + " has " + std::to_string(n) + " elements, the state " +
+             std::to_string(state.codes.size());
     });
     detail::require(state.scales.size() == lc.group_count(n), errc::size_mismatch, [&] {
       return "state holds " + std::to_string(state.scales.size()) + " error scales, " + std::to_string(n) +
-             " elements in groups of " + std::to_string(lc.params().error_group) + " need " + std::to_string(lc.group_count(n));
+             " elements in groups of " + std::to_string(lc.params().error_group) + " need " +
+             std::to_string(lc.group_count(n));
     });
   }
 
@@ -484,7 +491,8 @@ struct backend<loco<Codec>, cuda_executor> {
                                       const cuda_detail::operation& op, message_key key, bool reset) {
     const std::uint64_t n = grad.size();
     const cuda_detail::loco_error<T> old = error_of(lc, state, reset);
-    cuda_detail::for_each_item(exec, n, cuda_detail::loco_compensate<T>{grad.data(), old, s.compensated.data(), op.status()});
+    cuda_detail::for_each_item(exec, n,
+                               cuda_detail::loco_compensate<T>{grad.data(), old, s.compensated.data(), op.status()});
     op.finish([&](errc, std::uint64_t i, std::uint32_t) {
       return "gradient + error is NaN or Inf at element " + std::to_string(i) + " of " + std::to_string(n) +
              "; the state is unchanged";
@@ -492,8 +500,9 @@ struct backend<loco<Codec>, cuda_executor> {
     const std::size_t bytes = lc.inner().encode(exec, std::span<const T>(s.compensated), out, s.inner, key);
     lc.inner().decode(exec, std::span<const std::byte>(out.first(bytes)), s.decoded, s.inner);
     const auto beta = static_cast<T>(lc.params().beta);
-    cuda_detail::for_each_item(exec, n, cuda_detail::loco_new_error<T>{s.compensated.data(), old, beta, T{1} - beta,
-                                                                       s.decoded.data(), op.status()});
+    cuda_detail::for_each_item(exec, n,
+                               cuda_detail::loco_new_error<T>{s.compensated.data(), old, beta, T{1} - beta,
+                                                              s.decoded.data(), op.status()});
     try {
       op.finish([&](errc, std::uint64_t i, std::uint32_t) {
         return "the new compensation error is NaN or Inf at element " + std::to_string(i) + "; the state is unchanged";
@@ -511,44 +520,52 @@ struct backend<loco<Codec>, cuda_executor> {
   /// The one-kernel step; returns false (nothing written) when the magnitudes call for the
   /// reference steps. @throws error `non_finite_input` for NaN or Inf in g (state unchanged).
   static bool encode_fused(const loco_type& lc, const cuda_executor& exec, std::span<const T> grad, state_type& state,
-                           std::span<std::byte> out, const scratch& s, const cuda_detail::operation& op, message_key key,
-                           bool reset, std::size_t& bytes) {
+                           std::span<std::byte> out, const scratch& s, const cuda_detail::operation& op,
+                           message_key key, bool reset, std::size_t& bytes) {
     const uniform_quantizer<T>& inner = lc.inner();
     const std::uint64_t n = grad.size();
     const std::size_t size = inner.max_encoded_bytes(n);
     cuda_detail::begin_message(exec, out, size);
-    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(s.flags.data(), 0, sizeof(cuda_detail::loco_check_flags), exec.native_stream()));
-    const cuda_detail::loco_check_gradient<T> check{grad.data(), n, cuda_detail::vector_aligned(grad.data()), s.flags.data(),
-                                                    op.status()};
+    GRADCOMP_CUDA_CHECK(
+        cudaMemsetAsync(s.flags.data(), 0, sizeof(cuda_detail::loco_check_flags), exec.native_stream()));
+    const cuda_detail::loco_check_gradient<T> check{grad.data(), n, cuda_detail::vector_aligned(grad.data()),
+                                                    s.flags.data(), op.status()};
     cuda_detail::for_each_item(exec, check.items(), check);
     if (!reset)
-      cuda_detail::for_each_item(exec, state.scales.size(), cuda_detail::loco_check_scales<T>{state.scales.data(), s.flags.data()});
+      cuda_detail::for_each_item(exec, state.scales.size(),
+                                 cuda_detail::loco_check_scales<T>{state.scales.data(), s.flags.data()});
     using uniform_backend = backend<uniform_quantizer<T>, cuda_executor>;
     const cuda_detail::block_layout layout = uniform_backend::layout_of(inner, n);
     const cuda_detail::uniform_rule<T> rule = uniform_backend::rule_of(inner, key);
     const auto beta = static_cast<T>(lc.params().beta);
     T* const scales = cuda_detail::scales_of<T>(out.data());
     std::byte* const codes = cuda_detail::codes_of<T>(out.data(), layout);
-    const cuda_detail::loco_uniform_blocks<T> step{grad.data(), layout, rule, state.codes.data(), state.scales.data(), reset,
-                                                   beta, T{1} - beta, scales, codes, s.flags.data(), op.status()};
+    const cuda_detail::loco_uniform_blocks<T> step{
+        grad.data(), layout, rule,  state.codes.data(), state.scales.data(), reset, beta,
+        T{1} - beta, scales, codes, s.flags.data(),     op.status()};
     if (cuda_detail::quads_fit(layout.block, layout.bits)) {
-      const bool vector = cuda_detail::vector_aligned(grad.data()) && reinterpret_cast<std::uintptr_t>(state.codes.data()) % 4 == 0;
+      const bool vector =
+          cuda_detail::vector_aligned(grad.data()) && reinterpret_cast<std::uintptr_t>(state.codes.data()) % 4 == 0;
       cuda_detail::with_quad_constants(layout.bits, rule.mode, [&](auto bits, auto mode) {
-        cuda_detail::for_each_block(exec, layout.blocks(),
-                                    cuda_detail::loco_uniform_quads<T, decltype(bits)::value, decltype(mode)::value>{step, vector});
+        cuda_detail::for_each_block(
+            exec, layout.blocks(),
+            cuda_detail::loco_uniform_quads<T, decltype(bits)::value, decltype(mode)::value>{step, vector});
       });
     } else {
       cuda_detail::for_each_block(exec, layout.blocks(), step);
     }
     // Sealed before the wait; the seal writes nothing after a recorded failure (NaN or Inf in g).
     cuda_detail::seal_message(exec, out.data(),
-                              {codec_id::uniform, dtype_of<T>, 0, 0, key, n, inner.payload_bytes(n), inner.params_hash(), 0},
+                              {codec_id::uniform, dtype_of<T>, 0, 0, key, n, inner.payload_bytes(n),
+                               inner.params_hash(), 0},
                               s.crc, op);
     op.finish([&](errc, std::uint64_t i, std::uint32_t) {
-      return "gradient value " + std::to_string(i) + " of " + std::to_string(n) + " is NaN or Inf; the state is unchanged";
+      return "gradient value " + std::to_string(i) + " of " + std::to_string(n) +
+             " is NaN or Inf; the state is unchanged";
     });
     cuda_detail::loco_check_flags flags{};  // the stream is idle now: this read does not wait for the step
-    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(&flags, s.flags.data(), sizeof flags, cudaMemcpyDeviceToHost, exec.native_stream()));
+    GRADCOMP_CUDA_CHECK(
+        cudaMemcpyAsync(&flags, s.flags.data(), sizeof flags, cudaMemcpyDeviceToHost, exec.native_stream()));
     exec.synchronize();
     if (flags.too_large != 0) {
       // Nothing was coded, but the seal ran: unseal before the reference steps write the message.

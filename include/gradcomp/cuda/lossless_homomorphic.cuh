@@ -93,8 +93,8 @@ __global__ void lhc_index_kernel(const T* x, std::uint64_t n, lhc_index_coding c
 /// Counts the union's members of an aggregated index into *members, recording the first byte
 /// with a field above `limit` (sum4 and sum8).
 template <class = void>
-__global__ void lhc_union_kernel(const unsigned char* index, std::uint64_t bytes, lhc_index_coding coding, std::uint64_t limit,
-                                 unsigned long long* members, device_status* status) {
+__global__ void lhc_union_kernel(const unsigned char* index, std::uint64_t bytes, lhc_index_coding coding,
+                                 std::uint64_t limit, unsigned long long* members, device_status* status) {
   unsigned long long mine = 0;
   const unsigned per = detail::lhc_elements_per_byte(coding);
   const unsigned width = 8 / per;
@@ -116,7 +116,8 @@ __global__ void lhc_union_kernel(const unsigned char* index, std::uint64_t bytes
 }
 
 /// Whether element i is in the union of the aggregated index `index` (its bit or field is not 0).
-GRADCOMP_HOST_DEVICE inline bool lhc_member(const unsigned char* index, lhc_index_coding coding, std::uint64_t i) noexcept {
+GRADCOMP_HOST_DEVICE inline bool lhc_member(const unsigned char* index, lhc_index_coding coding,
+                                            std::uint64_t i) noexcept {
   const unsigned per = detail::lhc_elements_per_byte(coding);
   const unsigned width = 8 / per;
   return ((index[i / per] >> ((i % per) * width)) & ((1u << width) - 1)) != 0;
@@ -132,8 +133,8 @@ struct lhc_sketch_checks {
 
 /// The checks of `encode_sketch`, one thread per 64-element word.
 template <class T>
-__global__ void lhc_sketch_check_kernel(const T* x, std::uint64_t n, const unsigned char* index, lhc_index_coding coding,
-                                        lhc_sketch_checks* checks) {
+__global__ void lhc_sketch_check_kernel(const T* x, std::uint64_t n, const unsigned char* index,
+                                        lhc_index_coding coding, lhc_sketch_checks* checks) {
   unsigned long long members = 0;
   for (std::uint64_t w = thread_id(); w * 64 < n; w += thread_count()) {
     const std::uint64_t first = w * 64;
@@ -172,8 +173,9 @@ __global__ void lhc_layout_kernel(std::uint64_t blocks, std::uint64_t rows, std:
 
 /// One cell per thread, from its row's sorted pairs (`lhc_cell_from_row`).
 template <class T>
-__global__ void lhc_cell_kernel(const T* x, std::uint64_t n, const std::uint64_t* pairs, const unsigned long long* row_begin,
-                                const lhc_block_layout* layouts, std::uint32_t block, std::uint64_t cells, T* sketch) {
+__global__ void lhc_cell_kernel(const T* x, std::uint64_t n, const std::uint64_t* pairs,
+                                const unsigned long long* row_begin, const lhc_block_layout* layouts,
+                                std::uint32_t block, std::uint64_t cells, T* sketch) {
   for (std::uint64_t c = thread_id(); c < cells; c += thread_count()) {
     const std::uint64_t row = c / block;
     sketch[c] = lhc_cell_from_row<T>(x, n, pairs, row_begin[row], row_begin[row + 1], c % block, layouts, block);
@@ -210,7 +212,8 @@ struct lhc_sketch_scratch {
                                                         static_cast<std::uint32_t*>(nullptr),
                                                         static_cast<const std::uint64_t*>(nullptr),
                                                         static_cast<std::uint64_t*>(nullptr), count));
-    GRADCOMP_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, static_cast<const unsigned long long*>(nullptr),
+    GRADCOMP_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes,
+                                                      static_cast<const unsigned long long*>(nullptr),
                                                       static_cast<unsigned long long*>(nullptr), rows + 1));
     lhc_sketch_scratch s;
     s.layouts = arena.take<lhc_block_layout>(static_cast<std::size_t>(blocks));
@@ -345,7 +348,8 @@ struct lhc_peeling {
   /// Whether member i was recovered (from one of its cells, which names it).
   [[nodiscard]] GRADCOMP_HOST_DEVICE bool recovered(std::uint64_t i) const noexcept {
     const lhc_cell_triple at = cells_of(i);
-    return recovered_element[at.cell[0]] == i || recovered_element[at.cell[1]] == i || recovered_element[at.cell[2]] == i;
+    return recovered_element[at.cell[0]] == i || recovered_element[at.cell[1]] == i ||
+           recovered_element[at.cell[2]] == i;
   }
 
   /// Element i, if a member of `index` left by peeling: the median of its residual estimates from
@@ -356,9 +360,9 @@ struct lhc_peeling {
                                           T* out) const noexcept {
     if (!lhc_member(index, coding, i) || recovered(i)) return true;
     const lhc_cell_triple at = cells_of(i);
-    const double median = lhc_median_of_three(lhc_signed(at.negative[0], sums[at.cell[0]]),
-                                              lhc_signed(at.negative[1], sums[at.cell[1]]),
-                                              lhc_signed(at.negative[2], sums[at.cell[2]]));
+    const double median =
+        lhc_median_of_three(lhc_signed(at.negative[0], sums[at.cell[0]]), lhc_signed(at.negative[1], sums[at.cell[1]]),
+                            lhc_signed(at.negative[2], sums[at.cell[2]]));
     if (out != nullptr) out[i] = static_cast<T>(median) + T{0};
     return lhc_fits<T>(median);
   }
@@ -379,7 +383,9 @@ struct lhc_layout_of {
   std::uint32_t seed;
   bool reference;
 
-  __device__ void operator()(std::uint64_t b) const { layouts[b] = lhc_layout_of_block(b, rows, block, seed, reference); }
+  __device__ void operator()(std::uint64_t b) const {
+    layouts[b] = lhc_layout_of_block(b, rows, block, seed, reference);
+  }
 };
 
 /// Sets up every cell from the summed sketch, recording the first that is NaN or Inf.
@@ -417,8 +423,9 @@ struct lhc_queue_pure {
 /// into *recovered (one atomic per group of threads that recover together) and records the first
 /// entry whose value is beyond T's range.
 template <class T, class Index>
-__global__ void lhc_recover_kernel(lhc_peeling<Index> peeling, const Index* list, std::uint64_t entries, Index* sort_keys,
-                                   Index* subtractions, Index* queued, unsigned long long* recovered, device_status* status) {
+__global__ void lhc_recover_kernel(lhc_peeling<Index> peeling, const Index* list, std::uint64_t entries,
+                                   Index* sort_keys, Index* subtractions, Index* queued, unsigned long long* recovered,
+                                   device_status* status) {
   for (std::uint64_t e = thread_id(); e < entries; e += thread_count()) {
     const lhc_recovery outcome = peeling.template recover<T>(e, list, sort_keys, subtractions, queued);
     if (outcome == lhc_recovery::skipped) continue;
@@ -437,7 +444,9 @@ struct lhc_subtract {
   const Index* sorted_subtractions;
   Index* queued;
 
-  __device__ void operator()(std::uint64_t t) const { peeling.subtract(t, items, list, sorted_keys, sorted_subtractions, queued); }
+  __device__ void operator()(std::uint64_t t) const {
+    peeling.subtract(t, items, list, sorted_keys, sorted_subtractions, queued);
+  }
 };
 
 /// Whether a candidate names a cell (not "none").
@@ -515,8 +524,9 @@ struct lhc_decode_scratch {
     cub::DoubleBuffer<Index> keys(nullptr, nullptr);
     cub::DoubleBuffer<Index> values(nullptr, nullptr);
     GRADCOMP_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, keys, values, items));
-    GRADCOMP_CUDA_CHECK(cub::DeviceSelect::If(nullptr, select_bytes, static_cast<const Index*>(nullptr), static_cast<Index*>(nullptr),
-                                              static_cast<unsigned long long*>(nullptr), static_cast<std::int64_t>(items),
+    GRADCOMP_CUDA_CHECK(cub::DeviceSelect::If(nullptr, select_bytes, static_cast<const Index*>(nullptr),
+                                              static_cast<Index*>(nullptr), static_cast<unsigned long long*>(nullptr),
+                                              static_cast<std::int64_t>(items),
                                               lhc_names_cell<Index>{static_cast<Index>(cells)}));
     lhc_decode_scratch s;
     s.layouts = arena.take<lhc_block_layout>(static_cast<std::size_t>(blocks));
@@ -537,7 +547,7 @@ struct lhc_decode_scratch {
 
   /// The state's pointers, for a plan of `block` columns.
   [[nodiscard]] lhc_peeling<Index> peeling(std::uint64_t block) const noexcept {
-    return {layouts.data(),   block,           sums.size(), sums.data(), ids.data(), counts.data(), recovered_element.data(),
+    return {layouts.data(),        block, sums.size(), sums.data(), ids.data(), counts.data(), recovered_element.data(),
             recovered_value.data()};
   }
 };
@@ -561,13 +571,13 @@ struct backend<lossless_homomorphic<T>, cuda_executor> {
     auto* const out = reinterpret_cast<unsigned char*>(index.data());
     const lhc_index_coding coding = codec.params().index;
     if (bytes == 0) return;
-    cd::launch(exec, cd::grid_for(bytes), cd::block_threads, cd::lhc_index_kernel<T>, grad.data(), n, coding, bytes, false, out,
-               op.status());
+    cd::launch(exec, cd::grid_for(bytes), cd::block_threads, cd::lhc_index_kernel<T>, grad.data(), n, coding, bytes,
+               false, out, op.status());
     try {
       op.finish([](errc, std::uint64_t, std::uint32_t) { return std::string("the gradient holds NaN or Inf"); });
     } catch (const error&) {  // poison: every element a member, then the error
-      cd::launch(exec, cd::grid_for(bytes), cd::block_threads, cd::lhc_index_kernel<T>, grad.data(), n, coding, bytes, true, out,
-                 op.status());
+      cd::launch(exec, cd::grid_for(bytes), cd::block_threads, cd::lhc_index_kernel<T>, grad.data(), n, coding, bytes,
+                 true, out, op.status());
       exec.synchronize();
       throw;
     }
@@ -582,11 +592,13 @@ struct backend<lossless_homomorphic<T>, cuda_executor> {
     });
     require_size(global_index.size(), codec.index_bytes(n), "index bytes");
     require_padding(codec, exec, global_index, n);
-    const cd::stream_scratch scratch(
-        exec, cd::operation::workspace_bytes([](workspace_arena& arena) { (void)arena.take<unsigned long long>(1); }));
+    const cd::stream_scratch scratch(exec, cd::operation::workspace_bytes([](workspace_arena& arena) {
+                                       (void)arena.take<unsigned long long>(1);
+                                     }));
     workspace_arena arena(scratch.span());
     const cd::operation op(exec, arena);
-    return codec.plan_for(n, count_union(codec, exec, global_index, contributors, op, arena.take<unsigned long long>(1).data()));
+    return codec.plan_for(n, count_union(codec, exec, global_index, contributors, op,
+                                         arena.take<unsigned long long>(1).data()));
   }
 
   static void encode_sketch(const codec_type& codec, const cuda_executor& exec, std::span<const T> grad,
@@ -615,8 +627,8 @@ struct backend<lossless_homomorphic<T>, cuda_executor> {
     GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(checks, &start, sizeof start, cudaMemcpyHostToDevice, exec.native_stream()));
     const auto* const index = reinterpret_cast<const unsigned char*>(global_index.data());
     if (n > 0)
-      cd::launch(exec, cd::streaming_grid_for((n + 63) / 64), cd::block_threads, cd::lhc_sketch_check_kernel<T>, grad.data(), n,
-                 index, codec.params().index, checks);
+      cd::launch(exec, cd::streaming_grid_for((n + 63) / 64), cd::block_threads, cd::lhc_sketch_check_kernel<T>,
+                 grad.data(), n, index, codec.params().index, checks);
     if (plan.dense && n > 0) {
       GRADCOMP_CUDA_CHECK(
           cudaMemcpyAsync(sketch.data(), grad.data(), n * sizeof(T), cudaMemcpyDeviceToDevice, exec.native_stream()));
@@ -624,18 +636,19 @@ struct backend<lossless_homomorphic<T>, cuda_executor> {
       const cd::lhc_sketch_scratch s = cd::lhc_sketch_scratch::carve(arena, blocks, plan.rows);
       GRADCOMP_CUDA_CHECK(cudaMemsetAsync(s.row_counts.data(), 0, s.row_counts.size_bytes(), exec.native_stream()));
       cd::launch(exec, cd::grid_for(blocks), cd::block_threads, cd::lhc_layout_kernel<>, blocks, plan.rows, block,
-                 codec.params().seed, codec.params().reference_layout, s.layouts.data(), s.pair_rows.data(), s.pairs.data(),
-                 s.row_counts.data());
+                 codec.params().seed, codec.params().reference_layout, s.layouts.data(), s.pair_rows.data(),
+                 s.pairs.data(), s.row_counts.data());
       std::size_t sort_bytes = s.sort_temp.size();
       const int row_bits = std::max(1, static_cast<int>(std::bit_width(plan.rows - 1)));  // rows < 2^32
-      GRADCOMP_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(s.sort_temp.data(), sort_bytes, s.pair_rows.data(), s.sorted_rows.data(),
-                                                          s.pairs.data(), s.sorted_pairs.data(), 3 * blocks, 0, row_bits,
-                                                          exec.native_stream()));
+      GRADCOMP_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(s.sort_temp.data(), sort_bytes, s.pair_rows.data(),
+                                                          s.sorted_rows.data(), s.pairs.data(), s.sorted_pairs.data(),
+                                                          3 * blocks, 0, row_bits, exec.native_stream()));
       std::size_t scan_bytes = s.scan_temp.size();
-      GRADCOMP_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(s.scan_temp.data(), scan_bytes, s.row_counts.data(), s.row_begin.data(),
-                                                        plan.rows + 1, exec.native_stream()));
+      GRADCOMP_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(s.scan_temp.data(), scan_bytes, s.row_counts.data(),
+                                                        s.row_begin.data(), plan.rows + 1, exec.native_stream()));
       cd::launch(exec, cd::grid_for(plan.cells), cd::block_threads, cd::lhc_cell_kernel<T>, grad.data(), n,
-                 static_cast<const std::uint64_t*>(s.sorted_pairs.data()), static_cast<const unsigned long long*>(s.row_begin.data()),
+                 static_cast<const std::uint64_t*>(s.sorted_pairs.data()),
+                 static_cast<const unsigned long long*>(s.row_begin.data()),
                  static_cast<const lhc_block_layout*>(s.layouts.data()), block, plan.cells, sketch.data());
     }
     cd::lhc_sketch_checks found{};
@@ -666,9 +679,9 @@ struct backend<lossless_homomorphic<T>, cuda_executor> {
     });
   }
 
-  static lhc_decode_result decode(const codec_type& codec, const cuda_executor& exec, std::span<const std::byte> global_index,
-                                  const lhc_plan& plan, std::span<const T> summed_sketch, std::span<T> out,
-                                  std::span<std::byte> ws) {
+  static lhc_decode_result decode(const codec_type& codec, const cuda_executor& exec,
+                                  std::span<const std::byte> global_index, const lhc_plan& plan,
+                                  std::span<const T> summed_sketch, std::span<T> out, std::span<std::byte> ws) {
     namespace cd = cuda_detail;
     const std::uint64_t n = out.size();
     require_size(n, plan.n, "elements");
@@ -677,8 +690,9 @@ struct backend<lossless_homomorphic<T>, cuda_executor> {
     workspace_arena arena(ws);
     const cd::operation op(exec, arena);
     cd::lhc_decode_counters* const counters = arena.take<cd::lhc_decode_counters>(1).data();
-    detail::lhc_require_plan_of_index(
-        plan, codec.plan_for(n, count_union(codec, exec, global_index, codec.max_contributors(), op, &counters->members)));
+    detail::lhc_require_plan_of_index(plan,
+                                      codec.plan_for(n, count_union(codec, exec, global_index, codec.max_contributors(),
+                                                                    op, &counters->members)));
     require_size(summed_sketch.size(), plan.sketch_values(), "sketch values");
     if (plan.dense) {
       cd::for_each_item(exec, n, cd::find_non_finite<T>{summed_sketch.data(), op.status()});
@@ -698,24 +712,28 @@ struct backend<lossless_homomorphic<T>, cuda_executor> {
   }
 
  private:
-  static void require_size(std::uint64_t got, std::uint64_t want, const char* what) { detail::lhc_require_size(got, want, what); }
+  static void require_size(std::uint64_t got, std::uint64_t want, const char* what) {
+    detail::lhc_require_size(got, want, what);
+  }
 
   /// Queues the count of the union's members of the aggregated `index` into *members, recording a
   /// field above `contributors` (sum4, sum8) in `op`'s status; waits, and returns the count.
   /// @throws error `malformed_payload` (such a field), `device_failed`.
   static std::uint64_t count_union(const codec_type& codec, const cuda_executor& exec, std::span<const std::byte> index,
-                                   std::uint64_t contributors, const cuda_detail::operation& op, unsigned long long* members) {
+                                   std::uint64_t contributors, const cuda_detail::operation& op,
+                                   unsigned long long* members) {
     namespace cd = cuda_detail;
     GRADCOMP_CUDA_CHECK(cudaMemsetAsync(members, 0, sizeof *members, exec.native_stream()));
     const std::uint64_t bytes = index.size();
     if (bytes > 0)
       cd::launch(exec, cd::streaming_grid_for(bytes), cd::block_threads, cd::lhc_union_kernel<>,
-                 reinterpret_cast<const unsigned char*>(index.data()), bytes, codec.params().index, contributors, members,
-                 op.status());
+                 reinterpret_cast<const unsigned char*>(index.data()), bytes, codec.params().index, contributors,
+                 members, op.status());
     unsigned long long count = 0;
     GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(&count, members, sizeof count, cudaMemcpyDeviceToHost, exec.native_stream()));
     op.finish([contributors](errc, std::uint64_t q, std::uint32_t) {
-      return "index byte " + std::to_string(q) + " holds a field above " + std::to_string(contributors) + " contributors";
+      return "index byte " + std::to_string(q) + " holds a field above " + std::to_string(contributors) +
+             " contributors";
     });
     return count;
   }
@@ -725,7 +743,8 @@ struct backend<lossless_homomorphic<T>, cuda_executor> {
   template <class F>
   static void with_index_type(const lhc_plan& plan, F&& f) {
     if (3 * plan.cells < (std::uint64_t{1} << 32)) f.template operator()<std::uint32_t>();
-    else f.template operator()<std::uint64_t>();
+    else
+      f.template operator()<std::uint64_t>();
   }
 
   /// Copies a device word to the host (after the work queued before it).
@@ -746,8 +765,9 @@ struct backend<lossless_homomorphic<T>, cuda_executor> {
   /// Then the stall policy, the median estimates' range, and the output: zeros, the recovered
   /// values, the estimates.
   template <class Index>
-  static lhc_decode_result peel(const codec_type& codec, const cuda_executor& exec, std::span<const std::byte> global_index,
-                                const lhc_plan& plan, std::span<const T> summed_sketch, std::span<T> out, workspace_arena& arena,
+  static lhc_decode_result peel(const codec_type& codec, const cuda_executor& exec,
+                                std::span<const std::byte> global_index, const lhc_plan& plan,
+                                std::span<const T> summed_sketch, std::span<T> out, workspace_arena& arena,
                                 const cuda_detail::operation& op, cuda_detail::lhc_decode_counters* counters) {
     namespace cd = cuda_detail;
     const lhc_params& p = codec.params();
@@ -760,7 +780,8 @@ struct backend<lossless_homomorphic<T>, cuda_executor> {
     const cd::lhc_names_cell<Index> names_cell{static_cast<Index>(plan.cells)};
     std::size_t temp_bytes = s.cub_temp.size();
 
-    cd::for_each_item(exec, blocks, cd::lhc_layout_of{s.layouts.data(), plan.rows, p.block, p.seed, p.reference_layout});
+    cd::for_each_item(exec, blocks,
+                      cd::lhc_layout_of{s.layouts.data(), plan.rows, p.block, p.seed, p.reference_layout});
     cd::for_each_item(exec, plan.cells, cd::lhc_load_cells<T, Index>{peeling, summed_sketch.data(), op.status()});
     cd::for_each_item(exec, n, cd::lhc_count_members<Index>{peeling, index, p.index});
     cd::for_each_item(exec, plan.cells, cd::lhc_queue_pure<Index>{peeling, s.queued.data()});
@@ -778,18 +799,20 @@ struct backend<lossless_homomorphic<T>, cuda_executor> {
       const Index* const here = s.lists[list].data();
       const std::uint64_t items = 3 * entries;
       GRADCOMP_CUDA_CHECK(cudaMemsetAsync(&counters->recovered, 0, sizeof counters->recovered, stream));
-      cd::launch(exec, cd::grid_for(entries), cd::block_threads, cd::lhc_recover_kernel<T, Index>, peeling, here, entries,
-                 s.sort_keys[0].data(), s.subtractions[0].data(), s.queued.data(), &counters->recovered, op.status());
+      cd::launch(exec, cd::grid_for(entries), cd::block_threads, cd::lhc_recover_kernel<T, Index>, peeling, here,
+                 entries, s.sort_keys[0].data(), s.subtractions[0].data(), s.queued.data(), &counters->recovered,
+                 op.status());
       cub::DoubleBuffer<Index> keys(s.sort_keys[0].data(), s.sort_keys[1].data());
       cub::DoubleBuffer<Index> subtractions(s.subtractions[0].data(), s.subtractions[1].data());
       temp_bytes = s.cub_temp.size();
-      GRADCOMP_CUDA_CHECK(
-          cub::DeviceRadixSort::SortPairs(s.cub_temp.data(), temp_bytes, keys, subtractions, items, 0, key_bits, stream));
+      GRADCOMP_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(s.cub_temp.data(), temp_bytes, keys, subtractions, items, 0,
+                                                          key_bits, stream));
       cd::for_each_item(exec, items,
-                        cd::lhc_subtract<Index>{peeling, items, here, keys.Current(), subtractions.Current(), s.queued.data()});
+                        cd::lhc_subtract<Index>{peeling, items, here, keys.Current(), subtractions.Current(),
+                                                s.queued.data()});
       temp_bytes = s.cub_temp.size();
-      GRADCOMP_CUDA_CHECK(cub::DeviceSelect::If(s.cub_temp.data(), temp_bytes, queued, s.lists[list ^ 1].data(), &counters->next,
-                                                static_cast<std::int64_t>(items), names_cell, stream));
+      GRADCOMP_CUDA_CHECK(cub::DeviceSelect::If(s.cub_temp.data(), temp_bytes, queued, s.lists[list ^ 1].data(),
+                                                &counters->next, static_cast<std::int64_t>(items), names_cell, stream));
       cd::lhc_decode_counters round{};
       GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(&round, counters, sizeof round, cudaMemcpyDeviceToHost, stream));
       op.finish([&](errc, std::uint64_t e, std::uint32_t) {
@@ -820,7 +843,8 @@ struct backend<lossless_homomorphic<T>, cuda_executor> {
                               std::uint64_t n) {
     detail::lhc_require_padding(codec.params().index, n, [&] {
       unsigned char last = 0;
-      GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(&last, index.data() + index.size() - 1, 1, cudaMemcpyDeviceToHost, exec.native_stream()));
+      GRADCOMP_CUDA_CHECK(
+          cudaMemcpyAsync(&last, index.data() + index.size() - 1, 1, cudaMemcpyDeviceToHost, exec.native_stream()));
       exec.synchronize();
       return last;
     });

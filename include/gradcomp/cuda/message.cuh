@@ -51,8 +51,8 @@ inline void begin_message(const cuda_executor& exec, std::span<std::byte> out, s
 /// Writes the envelope `e` at `out` unless a failure was recorded (then, with deferred errors,
 /// passes its code on to the caller's word); with `payload_crc`, flags and carries that CRC.
 template <class = void>
-__global__ void seal_kernel(std::byte* out, envelope e, const std::uint32_t* payload_crc,
-                                   const device_status* status, std::uint32_t* deferred) {
+__global__ void seal_kernel(std::byte* out, envelope e, const std::uint32_t* payload_crc, const device_status* status,
+                            std::uint32_t* deferred) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   if (status->code != 0) {
     if (deferred != nullptr) atomicCAS(deferred, 0u, status->code);
@@ -93,8 +93,8 @@ inline void seal_message(const cuda_executor& exec, std::byte* out, envelope e, 
 /// the count field of the sparse layouts.
 /// @throws error as `parse_envelope`; `invalid_argument` for a message not on an 8-byte
 ///         boundary; `device_failed`.
-inline envelope fetch_envelope(const cuda_executor& exec, std::span<const std::byte> message, const crc_scratch& crc_space,
-                               std::uint64_t* first_payload_word = nullptr) {
+inline envelope fetch_envelope(const cuda_executor& exec, std::span<const std::byte> message,
+                               const crc_scratch& crc_space, std::uint64_t* first_payload_word = nullptr) {
   require_message_alignment(message.data());
   std::byte head[envelope::size + 8] = {};
   const std::size_t have = std::min(message.size(), envelope::size);
@@ -108,7 +108,8 @@ inline envelope fetch_envelope(const cuda_executor& exec, std::span<const std::b
   if ((e.flags & flag_payload_checksum) != 0) {
     crc32c_device(exec, message.data() + envelope::size, e.payload_bytes, crc_space);
     std::uint32_t crc = 0;
-    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(&crc, crc_space.result.data(), sizeof crc, cudaMemcpyDeviceToHost, exec.native_stream()));
+    GRADCOMP_CUDA_CHECK(
+        cudaMemcpyAsync(&crc, crc_space.result.data(), sizeof crc, cudaMemcpyDeviceToHost, exec.native_stream()));
     exec.synchronize();
     detail::require(crc == e.payload_crc, errc::payload_checksum, "payload CRC-32C does not match");
   }
@@ -118,8 +119,8 @@ inline envelope fetch_envelope(const cuda_executor& exec, std::span<const std::b
 /// `fetch_envelope`, then the envelope checked against `want` and `limits`: the CPU decoders'
 /// checks in their order. @throws error as `parse_envelope` and `validate_envelope`.
 inline envelope read_envelope(const cuda_executor& exec, std::span<const std::byte> message,
-                              const envelope_expectation& want, const decode_limits& limits, const crc_scratch& crc_space,
-                              std::uint64_t* first_payload_word = nullptr) {
+                              const envelope_expectation& want, const decode_limits& limits,
+                              const crc_scratch& crc_space, std::uint64_t* first_payload_word = nullptr) {
   const envelope e = fetch_envelope(exec, message, crc_space, first_payload_word);
   validate_envelope(e, want, limits);
   return e;

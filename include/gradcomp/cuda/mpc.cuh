@@ -132,7 +132,8 @@ __global__ void mpc_count_kernel(const std::uint32_t* x, mpc_layout layout, unsi
 /// Pass 2 of the encoder: each chunk's kept words from its offset on.
 template <class = void>
 __global__ void mpc_write_kernel(const std::uint32_t* x, mpc_layout layout, const unsigned long long* offsets) {
-  for (std::uint64_t c = warp_id(); c < layout.chunks; c += warp_count()) (void)mpc_forward_chunk<true>(x, layout, c, offsets[c]);
+  for (std::uint64_t c = warp_id(); c < layout.chunks; c += warp_count())
+    (void)mpc_forward_chunk<true>(x, layout, c, offsets[c]);
 }
 
 /// The kept words each chunk's bitmaps mark, in counts[c] (one thread per chunk).
@@ -158,8 +159,9 @@ __device__ inline void mpc_inverse_chunk(const mpc_layout& layout, std::uint64_t
   std::uint32_t previous_value = 0;
   for (unsigned g = 0; g < groups; ++g) {
     const std::uint32_t bitmap = layout.bitmaps[c * 32 + g];
-    const std::uint32_t b =
-        ((bitmap >> lane) & 1u) != 0 ? layout.words[offset + static_cast<unsigned>(__popc(bitmap & lanes_below()))] : 0u;
+    const std::uint32_t b = ((bitmap >> lane) & 1u) != 0
+                                ? layout.words[offset + static_cast<unsigned>(__popc(bitmap & lanes_below()))]
+                                : 0u;
     offset += static_cast<unsigned>(__popc(bitmap));
     // Undo step 3: a running sum over the chunk's words.
     std::uint32_t w = b;
@@ -172,7 +174,8 @@ __device__ inline void mpc_inverse_chunk(const mpc_layout& layout, std::uint64_t
     previous_last = __shfl_sync(0xFFFFFFFFu, w, 31);
     const std::uint64_t first = c * mpc_codec::chunk + 32 * g;
     if (const std::uint64_t r = layout.n - first; r < 32) {  // a partial last group: its padding must be zero
-      if (__ballot_sync(0xFFFFFFFFu, (w >> r) != 0) != 0 && lane == 0) record_failure(status, errc::malformed_payload, first);
+      if (__ballot_sync(0xFFFFFFFFu, (w >> r) != 0) != 0 && lane == 0)
+        record_failure(status, errc::malformed_payload, first);
     }
     // Undo step 2, then step 1: v[t] = a[t] + v[t − d], within the group by a scan with stride d,
     // then the chain's last value in the previous group.
@@ -219,7 +222,8 @@ struct mpc_scratch {
   static mpc_scratch carve(workspace_arena& arena, std::uint64_t n) {
     const std::uint64_t entries = (n + mpc_codec::chunk - 1) / mpc_codec::chunk + 1;
     std::size_t temp_bytes = 0;
-    GRADCOMP_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, temp_bytes, static_cast<const unsigned long long*>(nullptr),
+    GRADCOMP_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, temp_bytes,
+                                                      static_cast<const unsigned long long*>(nullptr),
                                                       static_cast<unsigned long long*>(nullptr), entries));
     mpc_scratch s;
     s.counts = arena.take<unsigned long long>(static_cast<std::size_t>(entries));
@@ -234,8 +238,8 @@ struct mpc_scratch {
     GRADCOMP_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(scan_temp.data(), temp_bytes, counts.data(), offsets.data(),
                                                       counts.size(), exec.native_stream()));
     unsigned long long total = 0;
-    GRADCOMP_CUDA_CHECK(
-        cudaMemcpyAsync(&total, offsets.data() + offsets.size() - 1, sizeof total, cudaMemcpyDeviceToHost, exec.native_stream()));
+    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(&total, offsets.data() + offsets.size() - 1, sizeof total,
+                                        cudaMemcpyDeviceToHost, exec.native_stream()));
     exec.synchronize();
     return total;
   }
@@ -266,16 +270,17 @@ struct backend<mpc_codec, cuda_executor> {
     const auto* const x = reinterpret_cast<const std::uint32_t*>(grad.data());
     GRADCOMP_CUDA_CHECK(cudaMemsetAsync(s.counts.data(), 0, s.counts.size_bytes(), exec.native_stream()));
     if (layout.chunks > 0)
-      cd::launch(exec, cd::grid_for(layout.chunks, cd::block_warps), cd::block_threads, cd::mpc_count_kernel<>, x, layout,
-                 s.counts.data());
+      cd::launch(exec, cd::grid_for(layout.chunks, cd::block_warps), cd::block_threads, cd::mpc_count_kernel<>, x,
+                 layout, s.counts.data());
     const std::uint64_t kept = s.offsets_and_total(exec);
     if (layout.chunks > 0)
-      cd::launch(exec, cd::grid_for(layout.chunks, cd::block_warps), cd::block_threads, cd::mpc_write_kernel<>, x, layout,
-                 static_cast<const unsigned long long*>(s.offsets.data()));
+      cd::launch(exec, cd::grid_for(layout.chunks, cd::block_warps), cd::block_threads, cd::mpc_write_kernel<>, x,
+                 layout, static_cast<const unsigned long long*>(s.offsets.data()));
     const std::uint64_t payload = 4 * (mpc_codec::group_count(n) + kept);
-    cd::seal_message(exec, out.data(), {codec_id::mpc, value_dtype::float32, 0, 0, key, n, payload, codec.params_hash(), 0},
-                     crc, op);
-    op.finish_encode([](errc, std::uint64_t, std::uint32_t) { return std::string("internal error in the MPC encoder"); });
+    cd::seal_message(exec, out.data(),
+                     {codec_id::mpc, value_dtype::float32, 0, 0, key, n, payload, codec.params_hash(), 0}, crc, op);
+    op.finish_encode(
+        [](errc, std::uint64_t, std::uint32_t) { return std::string("internal error in the MPC encoder"); });
     return static_cast<std::size_t>(envelope::size + payload);
   }
 
@@ -285,8 +290,9 @@ struct backend<mpc_codec, cuda_executor> {
     workspace_arena arena(ws);
     const cd::operation op(exec, arena);
     const cd::crc_scratch crc = cd::crc_scratch::carve(arena);
-    const envelope e = cd::read_envelope(exec, message, {codec_id::mpc, value_dtype::float32, out.size(), codec.params_hash()},
-                                         limits, crc);
+    const envelope e =
+        cd::read_envelope(exec, message, {codec_id::mpc, value_dtype::float32, out.size(), codec.params_hash()}, limits,
+                          crc);
     const std::uint64_t carried = mpc_codec::carried_words(e);
     const std::uint64_t n = e.elements;
     const cd::mpc_scratch s = cd::mpc_scratch::carve(arena, n);
@@ -295,7 +301,8 @@ struct backend<mpc_codec, cuda_executor> {
         cd::mpc_layout::of(const_cast<std::byte*>(message.data() + envelope::size), n, codec.params().dim);
     GRADCOMP_CUDA_CHECK(cudaMemsetAsync(s.counts.data(), 0, s.counts.size_bytes(), exec.native_stream()));
     if (layout.chunks > 0)
-      cd::launch(exec, cd::grid_for(layout.chunks), cd::block_threads, cd::mpc_marked_kernel<>, layout, s.counts.data());
+      cd::launch(exec, cd::grid_for(layout.chunks), cd::block_threads, cd::mpc_marked_kernel<>, layout,
+                 s.counts.data());
     const std::uint64_t marked = s.offsets_and_total(exec);
     detail::require(marked == carried, errc::malformed_payload, [&] {
       return "bitmaps mark " + std::to_string(marked) + " words, the payload carries " + std::to_string(carried);
@@ -308,8 +315,8 @@ struct backend<mpc_codec, cuda_executor> {
         return std::string("the last group's transposed words have bits set for elements past the tensor's end");
       });
     }
-    cd::launch(exec, cd::grid_for(layout.chunks, cd::block_warps), cd::block_threads, cd::mpc_decode_kernel<>, layout, offsets,
-               out.data(), accumulate, op.status());
+    cd::launch(exec, cd::grid_for(layout.chunks, cd::block_warps), cd::block_threads, cd::mpc_decode_kernel<>, layout,
+               offsets, out.data(), accumulate, op.status());
   }
 };
 

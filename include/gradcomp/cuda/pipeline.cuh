@@ -47,7 +47,8 @@ struct backend<pipeline<S, Q>, cuda_executor> {
     s.crc = cuda_detail::crc_scratch::carve(arena);
     s.sparse = cuda_detail::sparse_decode_scratch::carve(arena, n);
     s.sparse_message = arena.take<std::byte>(codec.sparsify_stage().max_encoded_bytes(n));
-    s.stage = arena.take<std::byte>(std::max(codec.sparsify_stage().workspace_bytes(e, n), codec.quantize_stage().workspace_bytes(e, n)));
+    s.stage = arena.take<std::byte>(
+        std::max(codec.sparsify_stage().workspace_bytes(e, n), codec.quantize_stage().workspace_bytes(e, n)));
     s.values = arena.take<T>(static_cast<std::size_t>(n));
     return s;
   }
@@ -80,7 +81,8 @@ struct backend<pipeline<S, Q>, cuda_executor> {
     const std::uint64_t payload_bytes = head + values_bytes;
     const bool checksum = (inner.flags & flag_payload_checksum) != 0;
     cuda_detail::seal_message(exec, out.data(),
-                              {codec_id::pipeline, dtype_of<T>, inner.layout, 0, key, grad.size(), payload_bytes, codec.params_hash(), 0},
+                              {codec_id::pipeline, dtype_of<T>, inner.layout, 0, key, grad.size(), payload_bytes,
+                               codec.params_hash(), 0},
                               checksum ? s.crc : cuda_detail::crc_scratch{}, op);
     // Each stage has thrown what it found (its own status); nothing records into this one.
     return static_cast<std::size_t>(envelope::size + payload_bytes);
@@ -93,7 +95,8 @@ struct backend<pipeline<S, Q>, cuda_executor> {
     const scratch s = carve(arena, codec, exec, out.size());
     std::uint64_t k = 0;
     const envelope env =
-        cuda_detail::read_envelope(exec, message, {codec_id::pipeline, dtype_of<T>, out.size(), codec.params_hash()}, limits, s.crc, &k);
+        cuda_detail::read_envelope(exec, message, {codec_id::pipeline, dtype_of<T>, out.size(), codec.params_hash()},
+                                   limits, s.crc, &k);
     const sparse_indices index = check_sparse_sizes(env, env.payload_bytes, k, 0);
     const std::byte* const payload = message.data() + envelope::size;
     const cuda_detail::sparse_section section{index.coding, index.elements, index.kept, payload + 8};

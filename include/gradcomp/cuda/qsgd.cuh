@@ -98,7 +98,8 @@ struct backend<qsgd_quantizer<T>, cuda_executor> {
         [&](const cuda_detail::qsgd_bucket_norm_stat<T>& stat) { return rule_of(codec, key, stat.norms); },
         [](errc, std::uint64_t position, std::uint32_t reason) {
           if (reason == cuda_detail::qsgd_norm_overflow)
-            return "the L2 norm of bucket " + std::to_string(position) + " overflows the value type; no message was written";
+            return "the L2 norm of bucket " + std::to_string(position) +
+                   " overflows the value type; no message was written";
           return "gradient value " + std::to_string(position) + " is NaN or Inf; no message was written";
         });
   }

@@ -52,7 +52,9 @@ struct radix_digit {
 };
 
 /// Number of digits of a `bits`-bit key.
-[[nodiscard]] inline int radix_digit_count(int bits) noexcept { return (bits + radix_digit_bits - 1) / radix_digit_bits; }
+[[nodiscard]] inline int radix_digit_count(int bits) noexcept {
+  return (bits + radix_digit_bits - 1) / radix_digit_bits;
+}
 
 /// Digit d (0 = most significant) of a `bits`-bit key: 11 bits, the last one what is left.
 [[nodiscard]] inline radix_digit radix_digit_of(int bits, int d) noexcept {
@@ -167,7 +169,9 @@ __global__ void radix_pick_kernel(const unsigned long long* bins, radix_digit di
   const unsigned count = 1u << digit.width;
   const unsigned per_thread = (count + radix_pick_threads - 1) / radix_pick_threads;
   const std::uint64_t rank = state->rank;
-  const auto bin_at = [&](unsigned position) { return Order == radix_order::largest_first ? count - 1 - position : position; };
+  const auto bin_at = [&](unsigned position) {
+    return Order == radix_order::largest_first ? count - 1 - position : position;
+  };
   unsigned long long mine = 0;
   for (unsigned q = 0; q < per_thread; ++q) {
     const unsigned position = threadIdx.x * per_thread + q;
@@ -231,7 +235,8 @@ __global__ void radix_collect_kernel(Source source, const radix_state* value_sta
     if (key > target || (key == target && view.index(j) <= last_tie)) {
       const std::uint64_t slot = append_slot(kept_count);
       if (slot < capacity) kept[slot] = view.index(j);
-      else record_failure(status, errc::invalid_argument, slot, 0xFF);
+      else
+        record_failure(status, errc::invalid_argument, slot, 0xFF);
     }
   }
 }
@@ -264,10 +269,10 @@ void radix_pass(const cuda_executor& exec, const radix_scratch& s, const Source&
                 device_status* status = nullptr) {
   GRADCOMP_CUDA_CHECK(cudaMemsetAsync(s.bins.data(), 0, s.bins.size_bytes(), exec.native_stream()));
   if (max_size > 0)
-    launch(exec, streaming_grid_for(max_size), block_threads, radix_histogram_kernel<Source, Selection>, source, selection,
-           static_cast<const radix_state*>(state), digit, s.bins.data());
-  launch(exec, 1, radix_pick_threads, radix_pick_kernel<Order>, static_cast<const unsigned long long*>(s.bins.data()), digit,
-         state, infinite_bin, status);
+    launch(exec, streaming_grid_for(max_size), block_threads, radix_histogram_kernel<Source, Selection>, source,
+           selection, static_cast<const radix_state*>(state), digit, s.bins.data());
+  launch(exec, 1, radix_pick_threads, radix_pick_kernel<Order>, static_cast<const unsigned long long*>(s.bins.data()),
+         digit, state, infinite_bin, status);
 }
 
 /// Queues the selection of the r lowest indices among the ties (`index_bits` bits per index),
@@ -278,7 +283,8 @@ void radix_select_ties(const cuda_executor& exec, const radix_scratch& s, const 
   launch(exec, 1, 32, radix_begin_ties_kernel<>, static_cast<const radix_state*>(s.value_state()), s.index_state());
   const by_index_among_ties ties{s.value_state()};
   for (int d = 0; d < radix_digit_count(index_bits); ++d)
-    radix_pass<radix_order::smallest_first>(exec, s, source, ties, s.index_state(), radix_digit_of(index_bits, d), max_size);
+    radix_pass<radix_order::smallest_first>(exec, s, source, ties, s.index_state(), radix_digit_of(index_bits, d),
+                                            max_size);
 }
 
 /// Bits needed for indices below n (at least 1).
@@ -297,7 +303,8 @@ struct index_sort_scratch {
   static index_sort_scratch carve(workspace_arena& arena, std::uint64_t count, std::uint64_t n) {
     std::size_t temp_bytes = 0;
     GRADCOMP_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(nullptr, temp_bytes, static_cast<const std::uint64_t*>(nullptr),
-                                                       static_cast<std::uint64_t*>(nullptr), count, 0, index_bits_for(n)));
+                                                       static_cast<std::uint64_t*>(nullptr), count, 0,
+                                                       index_bits_for(n)));
     index_sort_scratch s;
     s.sorted = arena.take<std::uint64_t>(static_cast<std::size_t>(count));
     s.temp = arena.take<std::byte>(temp_bytes);
@@ -306,8 +313,8 @@ struct index_sort_scratch {
 };
 
 /// Queues the sort of the `count` indices below n at `list` into `s.sorted`.
-inline void sort_indices(const cuda_executor& exec, const index_sort_scratch& s, const std::uint64_t* list, std::uint64_t count,
-                         std::uint64_t n) {
+inline void sort_indices(const cuda_executor& exec, const index_sort_scratch& s, const std::uint64_t* list,
+                         std::uint64_t count, std::uint64_t n) {
   if (count == 0) return;
   std::size_t temp_bytes = s.temp.size();
   GRADCOMP_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(s.temp.data(), temp_bytes, list, s.sorted.data(), count, 0,

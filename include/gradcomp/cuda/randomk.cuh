@@ -116,7 +116,9 @@ struct backend<randomk_sparsifier<T>, cuda_executor> {
     cuda_detail::begin_message(exec, out, size);  // after the workspace is carved: a refused call writes nothing
     auto* const values = reinterpret_cast<T*>(out.data() + envelope::size);
     if (k > 0)
-      cuda_detail::for_each_item(exec, k, cuda_detail::randomk_gather<T>{grad.data(), codec.permutation(n, key), values, op.status()});
+      cuda_detail::for_each_item(exec, k,
+                                 cuda_detail::randomk_gather<T>{grad.data(), codec.permutation(n, key), values,
+                                                                op.status()});
     seal(codec, exec, out.data(), n, key, crc, op);
     op.finish_encode([&](errc, std::uint64_t j, std::uint32_t) {
       return "gradient value " + std::to_string(codec.permutation(n, key)(j)) + " is NaN or Inf";
@@ -133,30 +135,35 @@ struct backend<randomk_sparsifier<T>, cuda_executor> {
     const std::uint64_t n = e.elements;
     const std::uint64_t k = codec.k(n);
     const auto* const values = reinterpret_cast<const T*>(message.data() + envelope::size);
-    const T scale = k == 0 || !codec.params().scaled ? T{1} : static_cast<T>(static_cast<double>(n) / static_cast<double>(k));
+    const T scale =
+        k == 0 || !codec.params().scaled ? T{1} : static_cast<T>(static_cast<double>(n) / static_cast<double>(k));
     cuda_detail::for_each_item(exec, k, cuda_detail::randomk_check<T>{values, scale, op.status()});
     op.finish([](errc, std::uint64_t j, std::uint32_t) {
       return "value at position " + std::to_string(j) + " is non-finite or overflows when scaled";
     });
-    if (!accumulate && !out.empty()) GRADCOMP_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, out.size_bytes(), exec.native_stream()));
+    if (!accumulate && !out.empty())
+      GRADCOMP_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, out.size_bytes(), exec.native_stream()));
     if (k == 0) return;
     cuda_detail::for_each_item(exec, k,
-                               cuda_detail::randomk_scatter<T>{values, scale, codec.permutation(n, e.key), out.data(), accumulate});
+                               cuda_detail::randomk_scatter<T>{values, scale, codec.permutation(n, e.key), out.data(),
+                                                               accumulate});
   }
 
-  static void accumulate_encoded(const randomk_sparsifier<T>& codec, const cuda_executor& exec, std::span<std::byte> acc,
-                                 std::span<const std::byte> other) {
+  static void accumulate_encoded(const randomk_sparsifier<T>& codec, const cuda_executor& exec,
+                                 std::span<std::byte> acc, std::span<const std::byte> other) {
     const cuda_detail::pooled_status_and_crc scratch(exec);
     const envelope mine = cuda_detail::fetch_envelope(exec, acc, scratch.crc);
     validate_envelope(mine, expectation(codec, mine.elements), {});
     codec.validate_payload_size(mine);
     const envelope theirs = read_checked(codec, exec, other, mine.elements, {}, scratch.crc);
-    detail::require(mine.key == theirs.key, errc::step_mismatch, "messages of different steps or tensors cannot be summed");
+    detail::require(mine.key == theirs.key, errc::step_mismatch,
+                    "messages of different steps or tensors cannot be summed");
     const std::uint64_t k = codec.k(mine.elements);
     auto* const sum = reinterpret_cast<T*>(acc.data() + envelope::size);
     const auto* const add = reinterpret_cast<const T*>(other.data() + envelope::size);
     cuda_detail::for_each_item(exec, k, cuda_detail::randomk_check_sum<T>{sum, add, scratch.op.status()});
-    scratch.op.finish([](errc, std::uint64_t j, std::uint32_t) { return "sum overflows at position " + std::to_string(j); });
+    scratch.op.finish(
+        [](errc, std::uint64_t j, std::uint32_t) { return "sum overflows at position " + std::to_string(j); });
     cuda_detail::for_each_item(exec, k, cuda_detail::randomk_add<T>{sum, add});
     const cuda_detail::crc_scratch seal_crc = codec.wire().payload_checksum ? scratch.crc : cuda_detail::crc_scratch{};
     seal(codec, exec, acc.data(), mine.elements, mine.key, seal_crc, scratch.op);
@@ -166,7 +173,8 @@ struct backend<randomk_sparsifier<T>, cuda_executor> {
   static void seal(const randomk_sparsifier<T>& codec, const cuda_executor& exec, std::byte* out, std::uint64_t n,
                    message_key key, const cuda_detail::crc_scratch& crc, const cuda_detail::operation& op) {
     cuda_detail::seal_message(exec, out,
-                              {codec_id::random_k, dtype_of<T>, 0, 0, key, n, codec.k(n) * sizeof(T), codec.params_hash(), 0},
+                              {codec_id::random_k, dtype_of<T>, 0, 0, key, n, codec.k(n) * sizeof(T),
+                               codec.params_hash(), 0},
                               crc, op);
   }
 
@@ -176,8 +184,9 @@ struct backend<randomk_sparsifier<T>, cuda_executor> {
   }
 
   /// Reads and checks a random-k message for an `elements`-element buffer (payload: k values).
-  static envelope read_checked(const randomk_sparsifier<T>& codec, const cuda_executor& exec, std::span<const std::byte> message,
-                               std::uint64_t elements, const decode_limits& limits, const cuda_detail::crc_scratch& crc) {
+  static envelope read_checked(const randomk_sparsifier<T>& codec, const cuda_executor& exec,
+                               std::span<const std::byte> message, std::uint64_t elements, const decode_limits& limits,
+                               const cuda_detail::crc_scratch& crc) {
     const envelope e = cuda_detail::read_envelope(exec, message, expectation(codec, elements), limits, crc);
     codec.validate_payload_size(e);
     return e;

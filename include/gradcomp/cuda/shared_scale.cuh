@@ -63,7 +63,9 @@ struct shared_layout {
 
   [[nodiscard]] __host__ __device__ std::uint64_t blocks() const { return (n + block - 1) / block; }
   [[nodiscard]] __host__ __device__ std::uint64_t words() const { return (n + per_word - 1) / per_word; }
-  [[nodiscard]] __host__ __device__ std::uint64_t count(std::uint64_t j) const { return n - j * block < block ? n - j * block : block; }
+  [[nodiscard]] __host__ __device__ std::uint64_t count(std::uint64_t j) const {
+    return n - j * block < block ? n - j * block : block;
+  }
 };
 
 /// A block's largest magnitude into `maxima` (block_statistics writes 0 for a block holding NaN
@@ -95,8 +97,10 @@ struct shared_check_agreed {
   __device__ void operator()(std::uint64_t j) const {
     const T m = agreed[j];
     if (!is_finite(m)) record_failure(status, errc::non_finite_input, j, maximum_not_finite);
-    else if (sign_bit_of(m) != 0) record_failure(status, errc::invalid_argument, j, maximum_negative);
-    else if (!is_finite(uniform_step(m, bits) * largest_level_sum)) record_failure(status, errc::non_finite_input, j, maximum_overflows);
+    else if (sign_bit_of(m) != 0)
+      record_failure(status, errc::invalid_argument, j, maximum_negative);
+    else if (!is_finite(uniform_step(m, bits) * largest_level_sum))
+      record_failure(status, errc::non_finite_input, j, maximum_overflows);
   }
 };
 
@@ -113,7 +117,8 @@ struct shared_check_own {
     const auto largest = warp_max_key(plain_values<T>{g}, begin, begin + layout.count(j));
     if (lane_id() != 0) return;
     if (largest >= float_traits<T>::infinity_key) record_failure(status, errc::non_finite_input, j, own_not_finite);
-    else if (from_bits<T>(largest) > agreed[j]) record_failure(status, errc::parameter_mismatch, j, own_above_agreed);
+    else if (from_bits<T>(largest) > agreed[j])
+      record_failure(status, errc::parameter_mismatch, j, own_above_agreed);
   }
 };
 
@@ -174,14 +179,16 @@ struct shared_check_message {
     if (t < layout.blocks() && (sign_bit_of(scales[t]) != 0 || !is_finite(scales[t] * largest_level_sum)))
       record_failure(status, errc::malformed_payload, t, bad_scale);
     const std::uint64_t pad = envelope::size + layout.blocks() * sizeof(T) + t;
-    if (pad < layout.offset && message[pad] != std::byte{0}) record_failure(status, errc::malformed_payload, pad, bad_padding);
+    if (pad < layout.offset && message[pad] != std::byte{0})
+      record_failure(status, errc::malformed_payload, pad, bad_padding);
     if (t >= layout.words() || !count_ok) return;
     std::uint64_t word = reinterpret_cast<const std::uint64_t*>(message + layout.offset + 8)[t];
     const std::uint64_t first = t * layout.per_word;
     const std::uint64_t fields = layout.n - first < layout.per_word ? layout.n - first : layout.per_word;
     const std::uint64_t mask = (std::uint64_t{1} << layout.width) - 1;
     bool valid = true;
-    for (std::uint64_t f = 0; f < fields; ++f, word >>= layout.width) valid &= (word & mask) <= contributions * code_limit;
+    for (std::uint64_t f = 0; f < fields; ++f, word >>= layout.width)
+      valid &= (word & mask) <= contributions * code_limit;
     if (!valid || word != 0) record_failure(status, errc::malformed_payload, first, bad_code);
   }
 };
@@ -202,7 +209,8 @@ struct shared_decode_words {
     const std::uint64_t last = first + layout.per_word < layout.n ? first + layout.per_word : layout.n;
     const std::uint64_t mask = (std::uint64_t{1} << layout.width) - 1;
     for (std::uint64_t i = first; i < last; ++i, word >>= layout.width) {
-      const T v = mul_rn(static_cast<T>(shared_scale_level_sum(word & mask, contributions, layout.bits)), scales[i / layout.block]);
+      const T v = mul_rn(static_cast<T>(shared_scale_level_sum(word & mask, contributions, layout.bits)),
+                         scales[i / layout.block]);
       out[i] = accumulate ? out[i] + v : v;
     }
   }
@@ -242,7 +250,8 @@ struct backend<shared_scale_quantizer<T>, cuda_executor> {
     });
   }
 
-  static void block_maxima(const codec_type& codec, const cuda_executor& exec, std::span<const T> grad, std::span<T> maxima) {
+  static void block_maxima(const codec_type& codec, const cuda_executor& exec, std::span<const T> grad,
+                           std::span<T> maxima) {
     const cuda_detail::pooled_status_and_crc scratch(exec);
     find_block_maxima(codec, exec, grad, maxima, scratch.op);
   }
@@ -266,20 +275,22 @@ struct backend<shared_scale_quantizer<T>, cuda_executor> {
     const std::uint64_t n = grad.size();
     check_agreed(codec, exec, n, agreed, op);
     const cuda_detail::shared_layout layout = layout_of(codec, n);
-    cuda_detail::for_each_block(exec, layout.blocks(), cuda_detail::shared_check_own<T>{grad.data(), layout, agreed.data(), op.status()});
+    cuda_detail::for_each_block(exec, layout.blocks(),
+                                cuda_detail::shared_check_own<T>{grad.data(), layout, agreed.data(), op.status()});
     finish_maxima_check(op);
     return write_message(codec, exec, grad, agreed, out, key, rank, op);
   }
 
-  static void decode(const codec_type& codec, const cuda_executor& exec, std::span<const std::byte> message, std::span<T> out,
-                     std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
+  static void decode(const codec_type& codec, const cuda_executor& exec, std::span<const std::byte> message,
+                     std::span<T> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
     workspace_arena arena(ws);
     const cuda_detail::operation op(exec, arena);
     const cuda_detail::crc_scratch crc = cuda_detail::crc_scratch::carve(arena);
     const envelope e = cuda_detail::read_envelope(exec, message, expectation(codec, out.size()), limits, crc);
     check_payload(codec, exec, message, e, op);
     const cuda_detail::shared_layout layout = layout_of(codec, e.elements);
-    cuda_detail::for_each_item(exec, layout.words(), cuda_detail::shared_decode_words<T>{layout, message.data(), out.data(), accumulate});
+    cuda_detail::for_each_item(exec, layout.words(),
+                               cuda_detail::shared_decode_words<T>{layout, message.data(), out.data(), accumulate});
   }
 
   static void accumulate_encoded(const codec_type& codec, const cuda_executor& exec, std::span<std::byte> acc,
@@ -290,16 +301,20 @@ struct backend<shared_scale_quantizer<T>, cuda_executor> {
     check_payload(codec, exec, acc, mine, scratch.op);
     const envelope theirs = cuda_detail::read_envelope(exec, other, expectation(codec, mine.elements), {}, scratch.crc);
     check_payload(codec, exec, other, theirs, scratch.op);
-    detail::require(mine.key == theirs.key, errc::step_mismatch, "messages of different steps or tensors cannot be summed");
+    detail::require(mine.key == theirs.key, errc::step_mismatch,
+                    "messages of different steps or tensors cannot be summed");
     const cuda_detail::shared_layout layout = layout_of(codec, mine.elements);
     cuda_detail::for_each_item(exec, layout.offset - envelope::size,
-                               cuda_detail::same_bytes{acc.data() + envelope::size, other.data() + envelope::size, scratch.op.status()});
+                               cuda_detail::same_bytes{acc.data() + envelope::size, other.data() + envelope::size,
+                                                       scratch.op.status()});
     scratch.op.finish([](errc, std::uint64_t, std::uint32_t) {
       return std::string("the block scales differ: the ranks did not agree the block maxima");
     });
     std::uint64_t counts[2] = {};
-    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(&counts[0], acc.data() + layout.offset, 8, cudaMemcpyDeviceToHost, exec.native_stream()));
-    GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(&counts[1], other.data() + layout.offset, 8, cudaMemcpyDeviceToHost, exec.native_stream()));
+    GRADCOMP_CUDA_CHECK(
+        cudaMemcpyAsync(&counts[0], acc.data() + layout.offset, 8, cudaMemcpyDeviceToHost, exec.native_stream()));
+    GRADCOMP_CUDA_CHECK(
+        cudaMemcpyAsync(&counts[1], other.data() + layout.offset, 8, cudaMemcpyDeviceToHost, exec.native_stream()));
     exec.synchronize();
     detail::require(counts[0] + counts[1] <= codec.max_contributions(), errc::invalid_argument, [&] {
       return "the sum would hold " + std::to_string(counts[0] + counts[1]) + " contributions, the headroom allows " +
@@ -307,19 +322,25 @@ struct backend<shared_scale_quantizer<T>, cuda_executor> {
     });
     cuda_detail::for_each_item(exec, 1 + layout.words(),
                                cuda_detail::add_words{reinterpret_cast<std::uint64_t*>(acc.data() + layout.offset),
-                                                      reinterpret_cast<const std::uint64_t*>(other.data() + layout.offset)});
+                                                      reinterpret_cast<const std::uint64_t*>(other.data() +
+                                                                                             layout.offset)});
   }
 
  private:
   static cuda_detail::shared_layout layout_of(const codec_type& codec, std::uint64_t n) {
-    return {n, codec.params().block, codec.bits(), codec.field_bits(), codec.fields_per_word(), codec.summable_offset(n),
+    return {n,
+            codec.params().block,
+            codec.bits(),
+            codec.field_bits(),
+            codec.fields_per_word(),
+            codec.summable_offset(n),
             codec.max_contributions()};
   }
 
   /// This rank's block maxima into `maxima`; on NaN or Inf every maximum is +Inf and
   /// `non_finite_input` is thrown.
-  static void find_block_maxima(const codec_type& codec, const cuda_executor& exec, std::span<const T> grad, std::span<T> maxima,
-                                const cuda_detail::operation& op) {
+  static void find_block_maxima(const codec_type& codec, const cuda_executor& exec, std::span<const T> grad,
+                                std::span<T> maxima, const cuda_detail::operation& op) {
     const std::uint64_t n = grad.size();
     detail::require(maxima.size() == codec.block_count(n), errc::size_mismatch, [&] {
       return "maxima hold " + std::to_string(maxima.size()) + " values, the gradient has " +
@@ -327,10 +348,12 @@ struct backend<shared_scale_quantizer<T>, cuda_executor> {
     });
     const cuda_detail::block_layout layout{n, codec.params().block, codec.bits(), 0};
     cuda_detail::for_each_block(exec, layout.blocks(),
-                                cuda_detail::block_statistics<T, cuda_detail::maximum_stat<T>>{grad.data(), layout, {maxima.data()},
-                                                                                                op.status()});
+                                cuda_detail::block_statistics<T, cuda_detail::maximum_stat<T>>{
+                                    grad.data(), layout, {maxima.data()}, op.status()});
     try {
-      op.finish([](errc, std::uint64_t i, std::uint32_t) { return "gradient value " + std::to_string(i) + " is NaN or Inf"; });
+      op.finish([](errc, std::uint64_t i, std::uint32_t) {
+        return "gradient value " + std::to_string(i) + " is NaN or Inf";
+      });
     } catch (const error&) {
       cuda_detail::for_each_item(exec, maxima.size(), cuda_detail::infinite_maxima<T>{maxima.data()});
       exec.synchronize();
@@ -339,14 +362,15 @@ struct backend<shared_scale_quantizer<T>, cuda_executor> {
   }
 
   /// Checks agreed maxima in the CPU's order (count, then per block: finite, sign, overflow).
-  static void check_agreed(const codec_type& codec, const cuda_executor& exec, std::uint64_t n, std::span<const T> agreed,
-                           const cuda_detail::operation& op) {
+  static void check_agreed(const codec_type& codec, const cuda_executor& exec, std::uint64_t n,
+                           std::span<const T> agreed, const cuda_detail::operation& op) {
     detail::require(agreed.size() == codec.block_count(n), errc::size_mismatch, [&] {
       return "agreed maxima hold " + std::to_string(agreed.size()) + " values, the gradient has " +
              std::to_string(codec.block_count(n)) + " blocks";
     });
     cuda_detail::for_each_item(exec, agreed.size(),
-                               cuda_detail::shared_check_agreed<T>{agreed.data(), codec.bits(), codec.largest_level_sum(), op.status()});
+                               cuda_detail::shared_check_agreed<T>{agreed.data(), codec.bits(),
+                                                                   codec.largest_level_sum(), op.status()});
     finish_maxima_check(op);
   }
 
@@ -361,10 +385,12 @@ struct backend<shared_scale_quantizer<T>, cuda_executor> {
         },
         [](std::uint64_t j, std::uint32_t reason) -> std::string {
           switch (reason) {
-            case cuda_detail::maximum_not_finite: return "agreed maximum of block " + std::to_string(j) + " is NaN or Inf";
+            case cuda_detail::maximum_not_finite:
+              return "agreed maximum of block " + std::to_string(j) + " is NaN or Inf";
             case cuda_detail::maximum_negative: return "agreed maximum of block " + std::to_string(j) + " is negative";
             case cuda_detail::maximum_overflows:
-              return "agreed maximum of block " + std::to_string(j) + " is so large that the largest sum overflows the value type";
+              return "agreed maximum of block " + std::to_string(j) +
+                     " is so large that the largest sum overflows the value type";
             case cuda_detail::own_not_finite: return "block " + std::to_string(j) + " of the gradient holds NaN or Inf";
             default:
               return "agreed maximum of block " + std::to_string(j) +
@@ -376,27 +402,31 @@ struct backend<shared_scale_quantizer<T>, cuda_executor> {
   /// Writes the message for `grad` under checked maxima (scales, padding, count 1, field words)
   /// and seals it.
   static std::size_t write_message(const codec_type& codec, const cuda_executor& exec, std::span<const T> grad,
-                                   std::span<const T> maxima, std::span<std::byte> out, message_key key, std::uint32_t rank,
-                                   const cuda_detail::operation& op) {
+                                   std::span<const T> maxima, std::span<std::byte> out, message_key key,
+                                   std::uint32_t rank, const cuda_detail::operation& op) {
     const std::uint64_t n = grad.size();
     const std::size_t size = codec.max_encoded_bytes(n);
     cuda_detail::begin_message(exec, out, size);
     const cuda_detail::shared_layout layout = layout_of(codec, n);
     std::byte* const message = out.data();
-    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(message + envelope::size, 0, layout.offset - envelope::size, exec.native_stream()));
+    GRADCOMP_CUDA_CHECK(
+        cudaMemsetAsync(message + envelope::size, 0, layout.offset - envelope::size, exec.native_stream()));
     T* const scales = cuda_detail::scales_of<T>(message);
-    cuda_detail::for_each_item(exec, layout.blocks(), cuda_detail::shared_scales<T>{maxima.data(), layout.bits, scales});
+    cuda_detail::for_each_item(exec, layout.blocks(),
+                               cuda_detail::shared_scales<T>{maxima.data(), layout.bits, scales});
     cuda_detail::launch(exec, 1, 32, cuda_detail::store_word_kernel<>, message + layout.offset, std::uint64_t{1});
     const shared_scale_params& p = codec.params();
-    const cuda_detail::uniform_rule<T> rule{
-        p.bits, p.round,
-        random_stream{shared_scale_stream_seed(p.seed, rank), key.step, key.tensor_id, random_purpose::stochastic_rounding},
-        maxima.data(), scales};
+    const cuda_detail::uniform_rule<T> rule{p.bits, p.round,
+                                            random_stream{shared_scale_stream_seed(p.seed, rank), key.step,
+                                                          key.tensor_id, random_purpose::stochastic_rounding},
+                                            maxima.data(), scales};
     cuda_detail::for_each_item(exec, layout.words(),
                                cuda_detail::shared_encode_words<T>{grad.data(), layout, rule,
-                                                                   reinterpret_cast<std::uint64_t*>(message + layout.offset + 8)});
+                                                                   reinterpret_cast<std::uint64_t*>(
+                                                                       message + layout.offset + 8)});
     cuda_detail::seal_message(exec, message,
-                              {codec_id::uniform_shared, dtype_of<T>, 0, 0, key, n, size - envelope::size, codec.params_hash(), 0},
+                              {codec_id::uniform_shared, dtype_of<T>, 0, 0, key, n, size - envelope::size,
+                               codec.params_hash(), 0},
                               cuda_detail::crc_scratch{}, op);
     return size;
   }
@@ -411,8 +441,8 @@ struct backend<shared_scale_quantizer<T>, cuda_executor> {
   static void check_payload(const codec_type& codec, const cuda_executor& exec, std::span<const std::byte> message,
                             const envelope& e, const cuda_detail::operation& op) {
     codec.validate_payload_size(e);
-    const cuda_detail::shared_check_message<T> check{layout_of(codec, e.elements), message.data(), codec.largest_level_sum(),
-                                                     codec.largest_field(1), op.status()};
+    const cuda_detail::shared_check_message<T> check{layout_of(codec, e.elements), message.data(),
+                                                     codec.largest_level_sum(), codec.largest_field(1), op.status()};
     cuda_detail::for_each_item(exec, check.items(), check);
     op.finish([](errc, std::uint64_t position, std::uint32_t reason) {
       return cuda_detail::describe_block_code_failure(position, reason, "scale");

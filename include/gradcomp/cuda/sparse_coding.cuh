@@ -59,8 +59,10 @@ struct sparse_write {
       return;
     }
     if (coding == index_coding::list32) reinterpret_cast<std::uint32_t*>(indices)[j] = static_cast<std::uint32_t>(i);
-    else if (coding == index_coding::list64) reinterpret_cast<std::uint64_t*>(indices)[j] = i;
-    else atomicOr(reinterpret_cast<unsigned int*>(indices) + i / 32, 1u << (i % 32));
+    else if (coding == index_coding::list64)
+      reinterpret_cast<std::uint64_t*>(indices)[j] = i;
+    else
+      atomicOr(reinterpret_cast<unsigned int*>(indices) + i / 32, 1u << (i % 32));
     const T v = g[i];
     if (check_values && !is_finite(v)) record_failure(status, errc::non_finite_input, i);
     values[j] = v;
@@ -72,14 +74,15 @@ struct sparse_write {
 /// `check_values`, a kept NaN or Inf is recorded as `non_finite_input` at its index.
 /// @returns the payload's size.
 template <class T>
-std::uint64_t write_sparse_payload(const cuda_executor& exec, std::byte* payload, std::uint64_t n, std::uint64_t k, const T* g,
-                                   const std::uint64_t* list, bool check_values, device_status* status) {
+std::uint64_t write_sparse_payload(const cuda_executor& exec, std::byte* payload, std::uint64_t n, std::uint64_t k,
+                                   const T* g, const std::uint64_t* list, bool check_values, device_status* status) {
   const index_coding coding = choose_index_coding(n, k);
   const std::uint64_t section = index_section_bytes(coding, n, k);
   if (section > 0) GRADCOMP_CUDA_CHECK(cudaMemsetAsync(payload + 8, 0, section, exec.native_stream()));
   launch(exec, 1, 32, store_word_kernel<>, payload, k);  // the count field
   for_each_item(exec, k,
-                sparse_write<T>{g, n, list, coding, payload + 8, reinterpret_cast<T*>(payload + 8 + section), check_values, status});
+                sparse_write<T>{g, n, list, coding, payload + 8, reinterpret_cast<T*>(payload + 8 + section),
+                                check_values, status});
   return sparse_payload_bytes(coding, n, k, sizeof(T));
 }
 
@@ -145,7 +148,8 @@ struct sparse_check {
 /// Records a bitmap that marks another number of elements than k.
 template <class = void>
 __global__ void sparse_count_check_kernel(const unsigned long long* marked, std::uint64_t k, device_status* status) {
-  if (blockIdx.x == 0 && threadIdx.x == 0 && *marked != k) record_failure(status, errc::malformed_payload, *marked, sparse_bad_count);
+  if (blockIdx.x == 0 && threadIdx.x == 0 && *marked != k)
+    record_failure(status, errc::malformed_payload, *marked, sparse_bad_count);
 }
 
 /// The popcount of each bitmap word (bits below n).
@@ -201,7 +205,8 @@ struct sparse_decode_scratch {
   static sparse_decode_scratch carve(workspace_arena& arena, std::uint64_t n) {
     const std::uint64_t words = (n + 31) / 32;
     std::size_t temp_bytes = 0;
-    GRADCOMP_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, temp_bytes, static_cast<const unsigned long long*>(nullptr),
+    GRADCOMP_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, temp_bytes,
+                                                      static_cast<const unsigned long long*>(nullptr),
                                                       static_cast<unsigned long long*>(nullptr), words));
     sparse_decode_scratch s;
     s.marked = arena.take<unsigned long long>(1);
@@ -215,19 +220,20 @@ struct sparse_decode_scratch {
 /// Checks the index section (and, unless null, the k values that follow it) on the device and
 /// throws what is wrong. @throws error `malformed_payload`, `device_failed`.
 template <class T>
-void check_sparse_payload(const cuda_executor& exec, const sparse_section& section, const T* values, const operation& op,
-                          const sparse_decode_scratch& s) {
+void check_sparse_payload(const cuda_executor& exec, const sparse_section& section, const T* values,
+                          const operation& op, const sparse_decode_scratch& s) {
   const std::uint64_t section_bytes = index_section_bytes(section.coding, section.n, section.k);
   GRADCOMP_CUDA_CHECK(cudaMemsetAsync(s.marked.data(), 0, sizeof(unsigned long long), exec.native_stream()));
-  const std::uint64_t items = std::max({section.k, section.coding == index_coding::bitmap ? section.bitmap_words() : 0,
-                                        std::uint64_t{8}});
+  const std::uint64_t items =
+      std::max({section.k, section.coding == index_coding::bitmap ? section.bitmap_words() : 0, std::uint64_t{8}});
   for_each_item(exec, items, sparse_check<T>{section, section_bytes, values, s.marked.data(), op.status()});
   if (section.coding == index_coding::bitmap)
     launch(exec, 1, 32, sparse_count_check_kernel<>, static_cast<const unsigned long long*>(s.marked.data()), section.k,
            op.status());
   op.finish([](errc, std::uint64_t position, std::uint32_t reason) -> std::string {
     switch (reason) {
-      case sparse_bad_index: return "index at position " + std::to_string(position) + " is out of range or not ascending";
+      case sparse_bad_index:
+        return "index at position " + std::to_string(position) + " is out of range or not ascending";
       case sparse_bad_count: return "bitmap marks " + std::to_string(position) + " elements, not k";
       case sparse_beyond_n: return "bitmap marks elements beyond n";
       case sparse_bad_padding: return "non-zero padding in the index section";
@@ -239,9 +245,10 @@ void check_sparse_payload(const cuda_executor& exec, const sparse_section& secti
 /// Queues out[index_j] = values[j] for the checked section (zeros elsewhere), or adds them when
 /// `accumulate`.
 template <class T>
-void scatter_sparse(const cuda_executor& exec, const sparse_section& section, const T* values, std::span<T> out, bool accumulate,
-                    const sparse_decode_scratch& s) {
-  if (!accumulate && !out.empty()) GRADCOMP_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, out.size_bytes(), exec.native_stream()));
+void scatter_sparse(const cuda_executor& exec, const sparse_section& section, const T* values, std::span<T> out,
+                    bool accumulate, const sparse_decode_scratch& s) {
+  if (!accumulate && !out.empty())
+    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, out.size_bytes(), exec.native_stream()));
   if (section.k == 0) return;
   if (section.coding != index_coding::bitmap) {
     for_each_item(exec, section.k, sparse_scatter_list<T>{section, values, out.data(), accumulate});
@@ -250,8 +257,8 @@ void scatter_sparse(const cuda_executor& exec, const sparse_section& section, co
   const std::uint64_t words = section.bitmap_words();
   for_each_item(exec, words, bitmap_popcounts{section, s.counts.data()});
   std::size_t temp_bytes = s.scan_temp.size();
-  GRADCOMP_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(s.scan_temp.data(), temp_bytes, s.counts.data(), s.first.data(), words,
-                                                    exec.native_stream()));
+  GRADCOMP_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(s.scan_temp.data(), temp_bytes, s.counts.data(), s.first.data(),
+                                                    words, exec.native_stream()));
   for_each_item(exec, words, sparse_scatter_bitmap<T>{section, s.first.data(), values, out.data(), accumulate});
 }
 
@@ -260,9 +267,10 @@ void scatter_sparse(const cuda_executor& exec, const sparse_section& section, co
 /// @throws error as the CPU decoder (`malformed_payload` for any payload inconsistency); `out` is
 ///         untouched then.
 template <class T>
-void decode_sparse_message(const cuda_executor& exec, std::span<const std::byte> message, const envelope_expectation& want,
-                           const decode_limits& limits, std::span<T> out, bool accumulate, const operation& op,
-                           const crc_scratch& crc, const sparse_decode_scratch& s) {
+void decode_sparse_message(const cuda_executor& exec, std::span<const std::byte> message,
+                           const envelope_expectation& want, const decode_limits& limits, std::span<T> out,
+                           bool accumulate, const operation& op, const crc_scratch& crc,
+                           const sparse_decode_scratch& s) {
   std::uint64_t k = 0;
   const envelope e = read_envelope(exec, message, want, limits, crc, &k);
   const std::uint64_t payload_bytes = e.payload_bytes;
@@ -289,15 +297,15 @@ inline std::size_t sparse_decoder_bytes(std::uint64_t n) {
 /// `sparse_decoder_bytes` sizes.
 template <class Codec>
 void decode_sparse_codec(const Codec& codec, const cuda_executor& exec, std::span<const std::byte> message,
-                         std::span<typename Codec::value_type> out, std::span<std::byte> ws, const decode_limits& limits,
-                         bool accumulate) {
+                         std::span<typename Codec::value_type> out, std::span<std::byte> ws,
+                         const decode_limits& limits, bool accumulate) {
   using T = typename Codec::value_type;
   workspace_arena arena(ws);
   const operation op(exec, arena);
   const crc_scratch crc = crc_scratch::carve(arena);
   const sparse_decode_scratch s = sparse_decode_scratch::carve(arena, out.size());
-  decode_sparse_message<T>(exec, message, {Codec::id, dtype_of<T>, out.size(), codec.params_hash()}, limits, out, accumulate, op,
-                           crc, s);
+  decode_sparse_message<T>(exec, message, {Codec::id, dtype_of<T>, out.size(), codec.params_hash()}, limits, out,
+                           accumulate, op, crc, s);
 }
 
 }  // namespace gradcomp::cuda_detail

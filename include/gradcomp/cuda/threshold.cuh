@@ -155,8 +155,8 @@ struct backend<threshold_sparsifier<T>, cuda_executor> {
   }
 
   static threshold_report<T> encode_with_report(const threshold_sparsifier<T>& codec, const cuda_executor& exec,
-                                                std::span<const T> grad, std::span<std::byte> out, std::span<std::byte> ws,
-                                                message_key key) {
+                                                std::span<const T> grad, std::span<std::byte> out,
+                                                std::span<std::byte> ws, message_key key) {
     namespace cd = cuda_detail;
     const std::uint64_t n = grad.size();
     const std::uint64_t k = codec.k(n);
@@ -184,10 +184,14 @@ struct backend<threshold_sparsifier<T>, cuda_executor> {
       GRADCOMP_CUDA_CHECK(cudaMemsetAsync(s.counts.data(), 0, s.counts.size_bytes(), exec.native_stream()));
       cd::launch(exec, 1, 32, cd::threshold_key_kernel<T>, static_cast<const cd::radix_state*>(s.radix.value_state()),
                  s.tau.data());
-      cd::for_each_item(exec, n, cd::threshold_survivors<T>{grad.data(), s.radix.value_state(), s.survivors.data(), s.counts.data()});
+      cd::for_each_item(exec, n,
+                        cd::threshold_survivors<T>{grad.data(), s.radix.value_state(), s.survivors.data(),
+                                                   s.counts.data()});
       unsigned long long survivors = 0;
-      GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(&survivors, s.counts.data(), sizeof survivors, cudaMemcpyDeviceToHost, exec.native_stream()));
-      GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(&tau, s.tau.data(), sizeof tau, cudaMemcpyDeviceToHost, exec.native_stream()));
+      GRADCOMP_CUDA_CHECK(
+          cudaMemcpyAsync(&survivors, s.counts.data(), sizeof survivors, cudaMemcpyDeviceToHost, exec.native_stream()));
+      GRADCOMP_CUDA_CHECK(
+          cudaMemcpyAsync(&tau, s.tau.data(), sizeof tau, cudaMemcpyDeviceToHost, exec.native_stream()));
       exec.synchronize();
       kept = survivors;
       const std::uint64_t* unordered = s.survivors.data();
@@ -200,10 +204,11 @@ struct backend<threshold_sparsifier<T>, cuda_executor> {
                                                          cd::radix_digit_of(key_bits, d), survivors);
         cd::radix_select_ties(exec, s.radix, candidates, cd::index_bits_for(n), survivors);
         GRADCOMP_CUDA_CHECK(cudaMemsetAsync(s.kept.data(), 0xFF, s.kept.size_bytes(), exec.native_stream()));
-        cd::launch(exec, cd::streaming_grid_for(survivors), cd::block_threads, cd::radix_collect_kernel<cd::index_list<T>>, candidates,
+        cd::launch(exec, cd::streaming_grid_for(survivors), cd::block_threads,
+                   cd::radix_collect_kernel<cd::index_list<T>>, candidates,
                    static_cast<const cd::radix_state*>(s.radix.value_state()),
-                   static_cast<const cd::radix_state*>(s.radix.index_state()), 64, s.kept.data(), s.counts.data() + 1, k,
-                   op.status());
+                   static_cast<const cd::radix_state*>(s.radix.index_state()), 64, s.kept.data(), s.counts.data() + 1,
+                   k, op.status());
         kept = k;
         unordered = s.kept.data();
       }
@@ -226,8 +231,9 @@ struct backend<threshold_sparsifier<T>, cuda_executor> {
             n == 0 ? 0.0 : static_cast<double>(kept) / static_cast<double>(n)};
   }
 
-  static void decode(const threshold_sparsifier<T>& codec, const cuda_executor& exec, std::span<const std::byte> message,
-                     std::span<T> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
+  static void decode(const threshold_sparsifier<T>& codec, const cuda_executor& exec,
+                     std::span<const std::byte> message, std::span<T> out, std::span<std::byte> ws,
+                     const decode_limits& limits, bool accumulate) {
     cuda_detail::decode_sparse_codec(codec, exec, message, out, ws, limits, accumulate);
   }
 };

@@ -81,16 +81,17 @@ struct candidates_or_gradient {
   }
 };
 /// Pass 2's handling of element i with magnitude key `key` (see the file comment).
-__device__ inline void filter_one(std::uint64_t i, std::uint64_t key, int top_shift, std::uint64_t bin, radix_digit next,
-                                  std::uint64_t mask,
-                                  unsigned int* local, std::uint64_t* kept, unsigned long long* kept_count, std::uint64_t k,
-                                  std::uint64_t* candidate_keys, std::uint64_t* candidate_indices,
-                                  unsigned long long* candidate_count, std::uint64_t capacity, device_status* status) {
+__device__ inline void filter_one(std::uint64_t i, std::uint64_t key, int top_shift, std::uint64_t bin,
+                                  radix_digit next, std::uint64_t mask, unsigned int* local, std::uint64_t* kept,
+                                  unsigned long long* kept_count, std::uint64_t k, std::uint64_t* candidate_keys,
+                                  std::uint64_t* candidate_indices, unsigned long long* candidate_count,
+                                  std::uint64_t capacity, device_status* status) {
   const std::uint64_t digit = key >> top_shift;
   if (digit > bin) {
     const std::uint64_t slot = append_slot(kept_count);
     if (slot < k) kept[slot] = i;
-    else record_failure(status, errc::invalid_argument, slot, 0xFF);
+    else
+      record_failure(status, errc::invalid_argument, slot, 0xFF);
   } else if (digit == bin) {
     atomicAdd(&local[(key >> next.shift) & mask], 1u);
     const std::uint64_t slot = append_slot(candidate_count);
@@ -103,10 +104,11 @@ __device__ inline void filter_one(std::uint64_t i, std::uint64_t key, int top_sh
 
 /// Pass 2 of top-k (see the file comment).
 template <class T>
-__global__ void topk_filter_kernel(const T* x, std::uint64_t n, radix_digit top, radix_digit next, const radix_state* state,
-                                   unsigned long long* bins, std::uint64_t* kept, unsigned long long* kept_count,
-                                   std::uint64_t k, std::uint64_t* candidate_keys, std::uint64_t* candidate_indices,
-                                   unsigned long long* candidate_count, std::uint64_t capacity, device_status* status) {
+__global__ void topk_filter_kernel(const T* x, std::uint64_t n, radix_digit top, radix_digit next,
+                                   const radix_state* state, unsigned long long* bins, std::uint64_t* kept,
+                                   unsigned long long* kept_count, std::uint64_t k, std::uint64_t* candidate_keys,
+                                   std::uint64_t* candidate_indices, unsigned long long* candidate_count,
+                                   std::uint64_t capacity, device_status* status) {
   __shared__ unsigned int local[radix_bins];
   for (unsigned b = threadIdx.x; b < radix_bins; b += blockDim.x) local[b] = 0;
   __syncthreads();
@@ -123,8 +125,8 @@ __global__ void topk_filter_kernel(const T* x, std::uint64_t n, radix_digit top,
     for (unsigned q = 0; q < batch; ++q) {
       const std::uint64_t i = first + q * stride;
       if (i >= n) break;
-      filter_one(i, keys[q], top.shift, bin, next, mask, local, kept, kept_count, k, candidate_keys, candidate_indices, candidate_count,
-                 capacity, status);
+      filter_one(i, keys[q], top.shift, bin, next, mask, local, kept, kept_count, k, candidate_keys, candidate_indices,
+                 candidate_count, capacity, status);
     }
   }
   __syncthreads();
@@ -175,24 +177,26 @@ struct largest_magnitudes {
     const radix_digit top = radix_digit_of(key_bits, 0);
     const radix_digit next = radix_digit_of(key_bits, 1);
     const auto infinite_bin = static_cast<unsigned>(float_traits<T>::infinity_key >> top.shift);
-    radix_pass<radix_order::largest_first>(exec, s.radix, gradient_keys<T>{g, n}, by_key{}, s.radix.value_state(), top, n,
-                                           infinite_bin, status);
+    radix_pass<radix_order::largest_first>(exec, s.radix, gradient_keys<T>{g, n}, by_key{}, s.radix.value_state(), top,
+                                           n, infinite_bin, status);
     GRADCOMP_CUDA_CHECK(cudaMemsetAsync(s.radix.bins.data(), 0, s.radix.bins.size_bytes(), exec.native_stream()));
     const std::uint64_t capacity = candidate_capacity(n);
     launch(exec, streaming_grid_for(n), block_threads, topk_filter_kernel<T>, g, n, top, next,
-           static_cast<const radix_state*>(s.radix.value_state()), s.radix.bins.data(), s.kept.data(), s.counts.data(), k,
-           s.candidate_keys.data(), s.candidate_indices.data(), s.counts.data() + 1, capacity, status);
+           static_cast<const radix_state*>(s.radix.value_state()), s.radix.bins.data(), s.kept.data(), s.counts.data(),
+           k, s.candidate_keys.data(), s.candidate_indices.data(), s.counts.data() + 1, capacity, status);
     launch(exec, 1, radix_pick_threads, radix_pick_kernel<radix_order::largest_first>,
-           static_cast<const unsigned long long*>(s.radix.bins.data()), next, s.radix.value_state(), radix_bins, status);
-    const candidates_or_gradient<T> rest{g, n, s.candidate_keys.data(), s.candidate_indices.data(), s.counts.data() + 1,
-                                         capacity};
+           static_cast<const unsigned long long*>(s.radix.bins.data()), next, s.radix.value_state(), radix_bins,
+           status);
+    const candidates_or_gradient<T> rest{
+        g, n, s.candidate_keys.data(), s.candidate_indices.data(), s.counts.data() + 1, capacity};
     for (int d = 2; d < radix_digit_count(key_bits); ++d)
-      radix_pass<radix_order::largest_first>(exec, s.radix, rest, by_key{}, s.radix.value_state(), radix_digit_of(key_bits, d),
-                                             n);
+      radix_pass<radix_order::largest_first>(exec, s.radix, rest, by_key{}, s.radix.value_state(),
+                                             radix_digit_of(key_bits, d), n);
     radix_select_ties(exec, s.radix, rest, index_bits_for(n), n);
     launch(exec, streaming_grid_for(n), block_threads, radix_collect_kernel<candidates_or_gradient<T>>, rest,
-           static_cast<const radix_state*>(s.radix.value_state()), static_cast<const radix_state*>(s.radix.index_state()),
-           top.shift, s.kept.data(), s.counts.data(), k, status);
+           static_cast<const radix_state*>(s.radix.value_state()),
+           static_cast<const radix_state*>(s.radix.index_state()), top.shift, s.kept.data(), s.counts.data(), k,
+           status);
     sort_indices(exec, s.sort, s.kept.data(), k, n);
   }
 };
@@ -235,9 +239,11 @@ struct backend<topk_sparsifier<T>, cuda_executor> {
     if (k > 0) selection::select(exec, grad.data(), n, k, s.select, op.status());
     // Pass 1 counted the NaN and Inf values already: the writer need not look again.
     cuda_detail::write_sparse_payload(exec, out.data() + envelope::size, n, k, grad.data(),
-                                      static_cast<const std::uint64_t*>(s.select.sort.sorted.data()), false, op.status());
-    cuda_detail::seal_message(exec, out.data(), {codec_id::topk, dtype_of<T>, static_cast<std::uint8_t>(choose_index_coding(n, k)), 0,
-                                                 key, n, payload_bytes, codec.params_hash(), 0},
+                                      static_cast<const std::uint64_t*>(s.select.sort.sorted.data()), false,
+                                      op.status());
+    cuda_detail::seal_message(exec, out.data(),
+                              {codec_id::topk, dtype_of<T>, static_cast<std::uint8_t>(choose_index_coding(n, k)), 0,
+                               key, n, payload_bytes, codec.params_hash(), 0},
                               s.crc, op);
     op.finish_encode([n](errc code, std::uint64_t position, std::uint32_t) {
       if (code == errc::non_finite_input)

@@ -82,7 +82,9 @@ struct uniform_rule {
   const T* scales;  ///< Per-block steps (the word-by-word encoder only).
 
   /// The uniform u ∈ [0, 1) of stochastic rounding from a 16-bit half of a stream word.
-  __device__ static T uniform_of(std::uint32_t half) { return mul_rn(static_cast<T>(half), static_cast<T>(1.0 / 65536.0)); }
+  __device__ static T uniform_of(std::uint32_t half) {
+    return mul_rn(static_cast<T>(half), static_cast<T>(1.0 / 65536.0));
+  }
   /// The code of x under a block's coding, stochastic rounding adding u.
   __device__ std::uint8_t code(T x, const uniform_block_coding<T>& b, T u) const {
     return uniform_code(uniform_level(b.scaled(x), bits, mode, u), bits);
@@ -98,7 +100,9 @@ struct uniform_rule {
   __device__ std::uint8_t code(T x, std::uint64_t i, std::uint64_t j, philox_cache& random) const {
     return code(x, i, uniform_block_coding<T>(maxima[j], scales[j], bits), random);
   }
-  __device__ bool valid_scale(T s) const { return sign_bit_of(s) == 0 && is_finite(s * static_cast<T>(uniform_levels(bits))); }
+  __device__ bool valid_scale(T s) const {
+    return sign_bit_of(s) == 0 && is_finite(s * static_cast<T>(uniform_levels(bits)));
+  }
   __device__ bool valid_code(std::uint8_t c, T) const { return bits == 1 || c != (1u << bits) - 1u; }
   __device__ T value(std::uint8_t c, T s) const { return mul_rn(static_cast<T>(uniform_code_level(c, bits)), s); }
 };
@@ -122,8 +126,8 @@ __device__ void quad_random(const uniform_rule<T>& rule, std::uint64_t begin, wo
 /// packed from bit 0 (zero past the block), `decoded` their decoded values (of values past the
 /// block too: the caller drops them).
 template <int Bits, rounding Mode, class T>
-__device__ void code_quad(const uniform_block_coding<T>& coding, const T (&x)[quad_values], unsigned count, word_pair random,
-                          std::uint32_t& piece, T (&decoded)[quad_values]) {
+__device__ void code_quad(const uniform_block_coding<T>& coding, const T (&x)[quad_values], unsigned count,
+                          word_pair random, std::uint32_t& piece, T (&decoded)[quad_values]) {
   std::uint32_t codes = 0;
   const auto code_all = [&](auto scaled) {
 #pragma unroll
@@ -133,7 +137,8 @@ __device__ void code_quad(const uniform_block_coding<T>& coding, const T (&x)[qu
     }
   };
   if (coding.multiply) code_all([&](T v) { return mul_rn(v, coding.inv); });
-  else code_all([&](T v) { return uniform_block_coding<T>::quotient(v, coding.s); });  // tiny blocks
+  else
+    code_all([&](T v) { return uniform_block_coding<T>::quotient(v, coding.s); });  // tiny blocks
   piece = codes & quad_piece_mask(count, Bits);
 #pragma unroll
   for (unsigned e = 0; e < quad_values; ++e)  // uniform_rule::value
@@ -156,7 +161,8 @@ __device__ void store_quad_words(std::byte* codes, std::uint64_t bytes, std::uin
   for (unsigned slot = 0; slot < quad_rows; ++slot) {
     const int index = quad_word_index(Bits, lane, slot);
     if (index >= 0 && static_cast<std::uint64_t>(index) < words)
-      store_code_word(codes, first_word + static_cast<unsigned>(index), quad_word(Bits, lane, slot, pieces, partner), bytes);
+      store_code_word(codes, first_word + static_cast<unsigned>(index), quad_word(Bits, lane, slot, pieces, partner),
+                      bytes);
   }
 }
 
@@ -166,10 +172,12 @@ template <class F>
 void with_quad_constants(int bits, rounding mode, F&& f) {
   const auto with_bits = [&](auto b) {
     if (mode == rounding::stochastic) f(b, std::integral_constant<rounding, rounding::stochastic>{});
-    else f(b, std::integral_constant<rounding, rounding::nearest_even>{});
+    else
+      f(b, std::integral_constant<rounding, rounding::nearest_even>{});
   };
   if (bits == 8) with_bits(std::integral_constant<int, 8>{});
-  else with_bits(std::integral_constant<int, 4>{});
+  else
+    with_bits(std::integral_constant<int, 4>{});
 }
 
 /// One warp per block whose codes fill whole words: largest magnitude of the block's values
@@ -251,7 +259,7 @@ struct uniform_encode_quads {
     const uniform_block_coding<T> coding(m, uniform_step(m, Bits), Bits);
     if (lane_id() == 0) step.scales[j] = coding.s;
     std::uint32_t pieces[quad_rows];
-    code_quads<Bits, Mode>(step.rule, coding, begin, h, pieces, [&](unsigned r, const T (&decoded)[quad_values]) {
+    code_quads<Bits, Mode>(step.rule, coding, begin, h, pieces, [&](unsigned r, const T(&decoded)[quad_values]) {
       step.values.coded_quad(begin + quad_offset(r, lane_id()), h.count[r], vector, h.x[r], decoded);
     });
     store_quad_words<Bits>(step.codes, step.layout.code_bytes, begin * Bits / 32, count, pieces);
@@ -267,7 +275,8 @@ void encode_whole_word_blocks(const cuda_executor& exec, const Values& values, c
   if (!quads_fit(layout.block, layout.bits)) return for_each_block(exec, layout.blocks(), step);
   with_quad_constants(layout.bits, rule.mode, [&](auto bits, auto mode) {
     for_each_block(exec, layout.blocks(),
-                   uniform_encode_quads<T, Values, decltype(bits)::value, decltype(mode)::value>{step, values.aligned()});
+                   uniform_encode_quads<T, Values, decltype(bits)::value, decltype(mode)::value>{step,
+                                                                                                 values.aligned()});
   });
 }
 
@@ -317,10 +326,11 @@ struct backend<uniform_quantizer<T>, cuda_executor> {
     const cuda_detail::crc_scratch crc = cuda_detail::carve_seal(arena, codec.wire().payload_checksum);
     cuda_detail::begin_message(exec, out, size);  // after the workspace is carved: a refused call writes nothing
     cuda_detail::encode_whole_word_blocks(exec, cuda_detail::plain_values<T>{grad.data()}, layout, rule_of(codec, key),
-                                          cuda_detail::scales_of<T>(out.data()), cuda_detail::codes_of<T>(out.data(), layout),
-                                          op.status());
+                                          cuda_detail::scales_of<T>(out.data()),
+                                          cuda_detail::codes_of<T>(out.data(), layout), op.status());
     cuda_detail::seal_message(exec, out.data(),
-                              {codec_id::uniform, dtype_of<T>, 0, 0, key, n, codec.payload_bytes(n), codec.params_hash(), 0},
+                              {codec_id::uniform, dtype_of<T>, 0, 0, key, n, codec.payload_bytes(n),
+                               codec.params_hash(), 0},
                               crc, op);
     op.finish_encode(describe_encode_failure);
     return size;
@@ -338,10 +348,11 @@ struct backend<uniform_quantizer<T>, cuda_executor> {
     return {n, codec.params().block, codec.bits(), packed_bytes(n, codec.bits())};
   }
   /// The per-value rule for `key` (with the per-block maxima and steps the word-by-word encoder reads).
-  static cuda_detail::uniform_rule<T> rule_of(const uniform_quantizer<T>& codec, message_key key, const T* maxima = nullptr,
-                                              const T* scales = nullptr) {
+  static cuda_detail::uniform_rule<T> rule_of(const uniform_quantizer<T>& codec, message_key key,
+                                              const T* maxima = nullptr, const T* scales = nullptr) {
     const uniform_params& p = codec.params();
-    return {p.bits, p.round, random_stream{p.seed, key.step, key.tensor_id, random_purpose::stochastic_rounding}, maxima, scales};
+    return {p.bits, p.round, random_stream{p.seed, key.step, key.tensor_id, random_purpose::stochastic_rounding},
+            maxima, scales};
   }
 
  private:

@@ -50,9 +50,7 @@ struct zfp_geometry {
     return {n, zfp_fixed_rate_codec::block_count(n), codec.block_bits(), codec.block_bits() - zfp_block::header_bits};
   }
   /// Values of block b (4, or fewer for the last).
-  __device__ unsigned values_of(std::uint64_t b) const {
-    return static_cast<unsigned>(n - 4 * b < 4 ? n - 4 * b : 4);
-  }
+  __device__ unsigned values_of(std::uint64_t b) const { return static_cast<unsigned>(n - 4 * b < 4 ? n - 4 * b : 4); }
 };
 
 /// Codes the blocks b ≡ parity (mod 2) of `x` into the zeroed `payload`; NaN or ±Inf is recorded.
@@ -89,8 +87,8 @@ __global__ void zfp_padding_kernel(const std::byte* last, device_status* status)
 
 /// Decodes every block of the validated payload (`payload_bytes` bytes) into (or onto) `out`.
 template <class = void>
-__global__ void zfp_decode_kernel(const std::byte* payload, std::uint64_t payload_bytes, zfp_geometry geometry, float* out,
-                                  bool accumulate) {
+__global__ void zfp_decode_kernel(const std::byte* payload, std::uint64_t payload_bytes, zfp_geometry geometry,
+                                  float* out, bool accumulate) {
   for (std::uint64_t b = thread_id(); b < geometry.blocks; b += thread_count()) {
     const std::uint64_t first = b * geometry.block_bits;
     const unsigned shift = static_cast<unsigned>(first % 8);
@@ -136,8 +134,9 @@ struct backend<zfp_fixed_rate_codec, cuda_executor> {
       cd::launch(exec, cd::grid_for((geometry.blocks + 1) / 2), cd::block_threads, cd::zfp_encode_kernel<>, grad.data(),
                  geometry, parity, payload, op.status());
     cd::seal_message(exec, out.data(),
-                     {codec_id::zfp_fixed_rate, value_dtype::float32, 0, 0, key, n, payload_bytes, codec.params_hash(), 0}, crc,
-                     op);
+                     {codec_id::zfp_fixed_rate, value_dtype::float32, 0, 0, key, n, payload_bytes, codec.params_hash(),
+                      0},
+                     crc, op);
     op.finish_encode([n](errc, std::uint64_t position, std::uint32_t) {
       return "value " + std::to_string(position) + " of the " + std::to_string(n) +
              "-value gradient is NaN or Inf (ZFP cannot represent it)";
@@ -152,7 +151,9 @@ struct backend<zfp_fixed_rate_codec, cuda_executor> {
     const cd::operation op(exec, arena);
     const cd::crc_scratch crc = cd::crc_scratch::carve(arena);
     const envelope e =
-        cd::read_envelope(exec, message, {codec_id::zfp_fixed_rate, value_dtype::float32, out.size(), codec.params_hash()}, limits, crc);
+        cd::read_envelope(exec, message,
+                          {codec_id::zfp_fixed_rate, value_dtype::float32, out.size(), codec.params_hash()}, limits,
+                          crc);
     codec.check_layout(e);
     const std::uint64_t n = e.elements;
     if (n == 0) return;
@@ -160,10 +161,12 @@ struct backend<zfp_fixed_rate_codec, cuda_executor> {
     const cd::zfp_geometry geometry = cd::zfp_geometry::of(codec, n);
     if (geometry.blocks % 2 == 1 && codec.params().rate_bits % 2 == 1) {
       cd::launch(exec, 1, 32, cd::zfp_padding_kernel<>, payload + e.payload_bytes - 1, op.status());
-      op.finish([](errc, std::uint64_t, std::uint32_t) { return std::string("the 4 bits after the last block are not zero"); });
+      op.finish([](errc, std::uint64_t, std::uint32_t) {
+        return std::string("the 4 bits after the last block are not zero");
+      });
     }
-    cd::launch(exec, cd::grid_for(geometry.blocks), cd::block_threads, cd::zfp_decode_kernel<>, payload, e.payload_bytes, geometry,
-               out.data(), accumulate);
+    cd::launch(exec, cd::grid_for(geometry.blocks), cd::block_threads, cd::zfp_decode_kernel<>, payload,
+               e.payload_bytes, geometry, out.data(), accumulate);
   }
 };
 

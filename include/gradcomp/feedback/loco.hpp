@@ -186,14 +186,15 @@ class loco : public feedback_interface<loco<Codec>, Codec, loco_state<typename C
                         saved.reset_period == params_.reset_period && saved.error_group == params_.error_group,
                     errc::parameter_mismatch, [&] {
                       return "state saved with beta " + std::to_string(saved.beta) + ", reset_period " +
-                             std::to_string(saved.reset_period) + ", error_group " +
-                             std::to_string(saved.error_group) + "; this wrapper has beta " +
-                             std::to_string(params_.beta) + ", reset_period " + std::to_string(params_.reset_period) +
-                             ", error_group " + std::to_string(params_.error_group);
+                             std::to_string(saved.reset_period) + ", error_group " + std::to_string(saved.error_group) +
+                             "; this wrapper has beta " + std::to_string(params_.beta) + ", reset_period " +
+                             std::to_string(params_.reset_period) + ", error_group " +
+                             std::to_string(params_.error_group);
                     });
     detail::require(state_scales == group_count(n), errc::size_mismatch, [&] {
       return "state holds " + std::to_string(state_scales) + " error scales, " + std::to_string(n) +
-             " elements in groups of " + std::to_string(params_.error_group) + " need " + std::to_string(group_count(n));
+             " elements in groups of " + std::to_string(params_.error_group) + " need " +
+             std::to_string(group_count(n));
     });
     const std::size_t code_bytes = static_cast<std::size_t>(n);
     const std::size_t scale_count = static_cast<std::size_t>(group_count(n));

@@ -53,8 +53,10 @@ class exchanging_rollback {
 /// `step_rollback<State>(state)`.
 template <class E, class State>
 [[nodiscard]] step_rollback<State> rollback_point(const E& e, const State& state) {
-  if constexpr (std::is_constructible_v<step_rollback<State>, const E&, const State&>) return step_rollback<State>(e, state);
-  else return step_rollback<State>(state);
+  if constexpr (std::is_constructible_v<step_rollback<State>, const E&, const State&>)
+    return step_rollback<State>(e, state);
+  else
+    return step_rollback<State>(state);
 }
 
 }  // namespace gradcomp

@@ -81,7 +81,9 @@ class mpc_codec : public codec_interface<mpc_codec, float> {
   static constexpr std::uint64_t group = 32;      ///< Words per transposed group and per bitmap.
 
   /// @throws error `invalid_argument` for invalid parameters.
-  explicit mpc_codec(mpc_params params = {}, wire_options wire = {}) : params_(params), wire_(wire) { params_.validate(); }
+  explicit mpc_codec(mpc_params params = {}, wire_options wire = {}) : params_(params), wire_(wire) {
+    params_.validate();
+  }
 
   /// The parameters.
   [[nodiscard]] const mpc_params& params() const noexcept { return params_; }

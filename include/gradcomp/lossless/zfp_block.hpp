@@ -33,12 +33,24 @@ inline constexpr std::uint32_t negabinary_mask = 0xaaaaaaaau;
 /// that no input is undefined behaviour; valid blocks never wrap, |i| < 2^30).
 GRADCOMP_HOST_DEVICE constexpr void forward_lift(std::uint32_t* p) noexcept {
   std::uint32_t x = p[0], y = p[1], z = p[2], w = p[3];
-  x += w; x = half(x); w -= x;
-  z += y; z = half(z); y -= z;
-  x += z; x = half(x); z -= x;
-  w += y; w = half(w); y -= w;
-  w += half(y); y -= half(w);
-  p[0] = x; p[1] = y; p[2] = z; p[3] = w;
+  x += w;
+  x = half(x);
+  w -= x;
+  z += y;
+  z = half(z);
+  y -= z;
+  x += z;
+  x = half(x);
+  z -= x;
+  w += y;
+  w = half(w);
+  y -= w;
+  w += half(y);
+  y -= half(w);
+  p[0] = x;
+  p[1] = y;
+  p[2] = z;
+  p[3] = w;
 }
 // clang-format on
 
@@ -46,12 +58,24 @@ GRADCOMP_HOST_DEVICE constexpr void forward_lift(std::uint32_t* p) noexcept {
 /// zfp's inverse lifting transform of one 1-D block (wrapping: decoded coefficients are untrusted).
 GRADCOMP_HOST_DEVICE constexpr void inverse_lift(std::uint32_t* p) noexcept {
   std::uint32_t x = p[0], y = p[1], z = p[2], w = p[3];
-  y += half(w); w -= half(y);
-  y += w; w <<= 1; w -= y;
-  z += x; x <<= 1; x -= z;
-  y += z; z <<= 1; z -= y;
-  w += x; x <<= 1; x -= w;
-  p[0] = x; p[1] = y; p[2] = z; p[3] = w;
+  y += half(w);
+  w -= half(y);
+  y += w;
+  w <<= 1;
+  w -= y;
+  z += x;
+  x <<= 1;
+  x -= z;
+  y += z;
+  z <<= 1;
+  z -= y;
+  w += x;
+  x <<= 1;
+  x -= w;
+  p[0] = x;
+  p[1] = y;
+  p[2] = z;
+  p[3] = w;
 }
 // clang-format on
 

@@ -125,8 +125,9 @@ class zfp_fixed_rate_codec : public codec_interface<zfp_fixed_rate_codec, float>
   void check_layout(const envelope& e) const {
     detail::require(e.layout == 0, errc::malformed_payload, "ZFP messages have layout 0");
     detail::require(e.payload_bytes == payload_bytes(e.elements), errc::malformed_payload, [&] {
-      return "payload of " + std::to_string(e.payload_bytes) + " bytes, " + std::to_string(e.elements) + " elements at " +
-             std::to_string(params_.rate_bits) + " bits per value take " + std::to_string(payload_bytes(e.elements));
+      return "payload of " + std::to_string(e.payload_bytes) + " bytes, " + std::to_string(e.elements) +
+             " elements at " + std::to_string(params_.rate_bits) + " bits per value take " +
+             std::to_string(payload_bytes(e.elements));
     });
   }
   /// Hash of the parameters, carried in every message and checked by decoders.

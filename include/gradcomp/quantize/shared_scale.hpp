@@ -200,7 +200,11 @@ class shared_scale_quantizer : public codec_interface<shared_scale_quantizer<T>,
   [[nodiscard]] std::uint64_t params_hash() const noexcept {
     const uniform_quantizer<T> levels(
         {.bits = params_.bits, .block = params_.block, .round = params_.round, .seed = params_.seed});
-    return params_hasher{}.add(id).add(levels.params_hash()).add(static_cast<std::uint8_t>(params_.headroom_bits)).value();
+    return params_hasher{}
+        .add(id)
+        .add(levels.params_hash())
+        .add(static_cast<std::uint8_t>(params_.headroom_bits))
+        .value();
   }
 
   /// Writes this rank's largest magnitude of each block of `grad` into `maxima` (block_count(n)

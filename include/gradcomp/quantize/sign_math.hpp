@@ -25,7 +25,7 @@
 #include <gradcomp/core/float_bits.hpp>
 
 #if !defined(__CUDA_ARCH__)
-#include <cmath>
+#  include <cmath>
 #endif
 
 namespace gradcomp {
@@ -86,7 +86,8 @@ struct block_sum {
   /// x as the sum's terms take it.
   [[nodiscard]] GRADCOMP_HOST_DEVICE double scaled(T x) const noexcept {
     if constexpr (sizeof(T) == 4) return static_cast<double>(x);
-    else return detail::scale_by_pow2(x, -exponent);
+    else
+      return detail::scale_by_pow2(x, -exponent);
   }
 };
 

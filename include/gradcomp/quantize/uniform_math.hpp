@@ -20,10 +20,10 @@
 #include <gradcomp/core/float_bits.hpp>
 
 #if defined(__SSE2__) && !defined(__CUDA_ARCH__)
-#include <emmintrin.h>
+#  include <emmintrin.h>
 #endif
 #if !defined(__CUDA_ARCH__)
-#include <cmath>
+#  include <cmath>
 #endif
 
 namespace gradcomp {
@@ -53,10 +53,12 @@ template <class T>
 GRADCOMP_HOST_DEVICE inline int round_half_even(T t) noexcept {
 #if defined(__CUDA_ARCH__)
   if constexpr (sizeof(T) == 4) return __float2int_rn(t);
-  else return __double2int_rn(t);
+  else
+    return __double2int_rn(t);
 #elif defined(__SSE2__)
   if constexpr (sizeof(T) == 4) return _mm_cvtss_si32(_mm_set_ss(t));
-  else return _mm_cvtsd_si32(_mm_set_sd(t));
+  else
+    return _mm_cvtsd_si32(_mm_set_sd(t));
 #else
   return static_cast<int>(std::nearbyint(t));
 #endif

@@ -73,9 +73,10 @@ struct backend<qsgd_quantizer<T>, reference_executor> {
     }
 
     // The envelope last (docs/wire-format.md).
-    detail::seal_host_message(
-        out, {codec_id::qsgd, dtype_of<T>, 0, 0, key, n, codec.payload_bytes(n), codec.params_hash(), 0},
-        codec.wire().payload_checksum);
+    detail::seal_host_message(out,
+                              {codec_id::qsgd, dtype_of<T>, 0, 0, key, n, codec.payload_bytes(n), codec.params_hash(),
+                               0},
+                              codec.wire().payload_checksum);
     return size;
   }
 
@@ -106,7 +107,8 @@ struct backend<qsgd_quantizer<T>, reference_executor> {
       const bool zero_norm = ref::load_value<T>(norms, i / bucket) == T{0};
       detail::require(zero_norm ? code == 0 : level <= static_cast<int>(levels) && (level != 0 || code == 0),
                       errc::malformed_payload, [&] {
-                        return "code " + std::to_string(i) + " holds a level above s, a signed zero level, or a code under norm 0";
+                        return "code " + std::to_string(i) +
+                               " holds a level above s, a signed zero level, or a code under norm 0";
                       });
     }
     const std::uint64_t used_bits = n * static_cast<std::uint64_t>(bits);

@@ -58,10 +58,12 @@ struct backend<randomk_sparsifier<T>, reference_executor> {
     const std::uint64_t n = e.elements;
     const std::uint64_t k = codec.k(n);
     const std::byte* const values = message.data() + envelope::size;
-    const T scale = k > 0 && codec.params().scaled ? static_cast<T>(static_cast<double>(n) / static_cast<double>(k)) : T{1};
+    const T scale =
+        k > 0 && codec.params().scaled ? static_cast<T>(static_cast<double>(n) / static_cast<double>(k)) : T{1};
     for (std::uint64_t j = 0; j < k; ++j)
-      detail::require(is_finite(ref::load_value<T>(values, j) * scale), errc::malformed_payload,
-                      [&] { return "value at position " + std::to_string(j) + " is non-finite or overflows when scaled"; });
+      detail::require(is_finite(ref::load_value<T>(values, j) * scale), errc::malformed_payload, [&] {
+        return "value at position " + std::to_string(j) + " is non-finite or overflows when scaled";
+      });
     // Then zeros (unless accumulating) and dense[π(j)] = v_j·s, or += v_j·s.
     if (!accumulate)
       for (T& v : out) v = T{0};
@@ -96,9 +98,10 @@ struct backend<randomk_sparsifier<T>, reference_executor> {
  private:
   /// Writes the envelope of a message whose k values are in place.
   static void seal(const randomk_sparsifier<T>& codec, std::span<std::byte> message, std::uint64_t n, message_key key) {
-    detail::seal_host_message(
-        message, {codec_id::random_k, dtype_of<T>, 0, 0, key, n, message.size() - envelope::size, codec.params_hash(), 0},
-        codec.wire().payload_checksum);
+    detail::seal_host_message(message,
+                              {codec_id::random_k, dtype_of<T>, 0, 0, key, n, message.size() - envelope::size,
+                               codec.params_hash(), 0},
+                              codec.wire().payload_checksum);
   }
 
   /// The envelope of a random-k message for `elements` elements, its layout and payload size checked.

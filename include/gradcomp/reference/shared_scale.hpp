@@ -84,7 +84,8 @@ struct backend<shared_scale_quantizer<T>, reference_executor> {
       const std::uint64_t end = std::min(n, begin + block);
       ref::require_finite(grad.subspan(begin, end - begin));
       detail::require(ref::max_magnitude(grad, begin, end) <= agreed[j], errc::parameter_mismatch, [&] {
-        return "agreed maximum of block " + std::to_string(j) + " is below this rank's own maximum: the maxima were not "
+        return "agreed maximum of block " + std::to_string(j) +
+               " is below this rank's own maximum: the maxima were not "
                "MAX-reduced over all ranks";
       });
     }
@@ -167,9 +168,10 @@ struct backend<shared_scale_quantizer<T>, reference_executor> {
       detail::store_le<std::uint64_t>(word, detail::load_le<std::uint64_t>(word) | std::uint64_t{code} << shift);
     }
 
-    detail::seal_host_message(
-        out, {codec_id::uniform_shared, dtype_of<T>, 0, 0, key, n, codec.payload_bytes(n), codec.params_hash(), 0},
-        false);
+    detail::seal_host_message(out,
+                              {codec_id::uniform_shared, dtype_of<T>, 0, 0, key, n, codec.payload_bytes(n),
+                               codec.params_hash(), 0},
+                              false);
     return size;
   }
 

@@ -46,7 +46,8 @@ struct backend<sign_quantizer<T>, reference_executor> {
     for (std::uint64_t j = 0; j < codec.block_count(n); ++j) {
       const std::uint64_t begin = j * block;
       const std::uint64_t end = std::min(n, begin + block);
-      ref::store_value(scales, j, sign_block_scale(grad.data() + begin, end - begin, ref::max_magnitude(grad, begin, end)));
+      ref::store_value(scales, j,
+                       sign_block_scale(grad.data() + begin, end - begin, ref::max_magnitude(grad, begin, end)));
     }
 
     // docs/quantizers.md §11.3: bit i is the IEEE sign bit of x_i, LSB first; a block of scale 0 keeps bits 0 (docs/quantizers.md §11.4).
@@ -56,9 +57,10 @@ struct backend<sign_quantizer<T>, reference_executor> {
         bits[i / 8] = static_cast<std::uint8_t>(bits[i / 8] | sign_bit_of(grad[i]) << (i % 8));
 
     // The envelope last (docs/wire-format.md).
-    detail::seal_host_message(
-        out, {codec_id::sign, dtype_of<T>, 0, 0, key, n, codec.payload_bytes(n), codec.params_hash(), 0},
-        codec.wire().payload_checksum);
+    detail::seal_host_message(out,
+                              {codec_id::sign, dtype_of<T>, 0, 0, key, n, codec.payload_bytes(n), codec.params_hash(),
+                               0},
+                              codec.wire().payload_checksum);
     return size;
   }
 

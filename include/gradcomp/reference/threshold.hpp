@@ -81,18 +81,19 @@ struct backend<threshold_sparsifier<T>, reference_executor> {
     const std::uint64_t count = refine ? k : survivors;
 
     // docs/sparsifiers.md §4.1 step 6: the sparse message of the kept elements, in ascending index order.
-    const std::size_t bytes = ref::write_sparse_message<T>(
-        header, count, checksum, grad, out, [&](auto&& visit) { ref::for_each_kept(grad, kth, ties, visit); });
+    const std::size_t bytes = ref::write_sparse_message<T>(header, count, checksum, grad, out, [&](auto&& visit) {
+      ref::for_each_kept(grad, kth, ties, visit);
+    });
     return {bytes, count, k, from_bits<T>(tau), static_cast<double>(count) / static_cast<double>(n)};
   }
 
   static void decode(const threshold_sparsifier<T>& codec, const reference_executor&,
                      std::span<const std::byte> message, std::span<T> out, std::span<std::byte>,
                      const decode_limits& limits, bool accumulate) {
-    detail::reference::decode_sparse_message<T>(
-        message, {codec_id::threshold, dtype_of<T>, out.size(), codec.params_hash()}, limits, out, accumulate);
+    detail::reference::decode_sparse_message<T>(message,
+                                                {codec_id::threshold, dtype_of<T>, out.size(), codec.params_hash()},
+                                                limits, out, accumulate);
   }
-
 };
 
 }  // namespace gradcomp

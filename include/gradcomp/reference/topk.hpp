@@ -63,8 +63,8 @@ struct backend<topk_sparsifier<T>, reference_executor> {
 
   static void decode(const topk_sparsifier<T>& codec, const reference_executor&, std::span<const std::byte> message,
                      std::span<T> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
-    detail::reference::decode_sparse_message<T>(
-        message, {codec_id::topk, dtype_of<T>, out.size(), codec.params_hash()}, limits, out, accumulate);
+    detail::reference::decode_sparse_message<T>(message, {codec_id::topk, dtype_of<T>, out.size(), codec.params_hash()},
+                                                limits, out, accumulate);
   }
 };
 

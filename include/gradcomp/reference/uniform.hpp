@@ -39,7 +39,8 @@ template <gradient_value T>
   // docs/quantizers.md §2.4: u = h·2^-16, h the 16-bit half i mod 2 (low half first) of word ⌊i/2⌋ of the stream.
   T u = T{0};
   if (mode == rounding::stochastic)
-    u = static_cast<T>(static_cast<std::uint16_t>(stream.word(i / 2) >> (16 * (i % 2)))) * static_cast<T>(1.0 / 65536.0);
+    u = static_cast<T>(static_cast<std::uint16_t>(stream.word(i / 2) >> (16 * (i % 2)))) *
+        static_cast<T>(1.0 / 65536.0);
   // docs/quantizers.md §2.3 rounding to a level q, docs/quantizers.md §2.5 its code.
   return uniform_code(uniform_level(t, bits, mode, u), bits);
 }
@@ -86,9 +87,10 @@ struct backend<uniform_quantizer<T>, reference_executor> {
     }
 
     // The envelope last (docs/wire-format.md).
-    detail::seal_host_message(
-        out, {codec_id::uniform, dtype_of<T>, 0, 0, key, n, codec.payload_bytes(n), codec.params_hash(), 0},
-        codec.wire().payload_checksum);
+    detail::seal_host_message(out,
+                              {codec_id::uniform, dtype_of<T>, 0, 0, key, n, codec.payload_bytes(n),
+                               codec.params_hash(), 0},
+                              codec.wire().payload_checksum);
     return size;
   }
 

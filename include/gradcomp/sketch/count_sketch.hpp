@@ -73,10 +73,10 @@ inline constexpr std::uint64_t count_sketch_max_columns = std::uint64_t{1} << 31
 
 /// Parameters of the count sketch.
 struct count_sketch_params {
-  std::uint32_t rows = 3;         ///< r: hash rows, in [1, 16]; odd, so the median is one row's estimate.
+  std::uint32_t rows = 3;  ///< r: hash rows, in [1, 16]; odd, so the median is one row's estimate.
   std::uint64_t columns = 65536;  ///< c: cells per row, in [1, 2^31].
-  std::uint64_t seed = 0;         ///< Keys the bucket and sign hashes of every row.
-  sparsity heavy_hitters{};       ///< How many estimates `decode` keeps (default 1% of n).
+  std::uint64_t seed = 0;  ///< Keys the bucket and sign hashes of every row.
+  sparsity heavy_hitters{};  ///< How many estimates `decode` keeps (default 1% of n).
 
   /// Throws `invalid_argument` for rows outside [1, 16], columns outside [1, 2^31], or an invalid
   /// heavy-hitter amount.
@@ -98,7 +98,8 @@ GRADCOMP_HOST_DEVICE constexpr std::uint32_t count_sketch_row_seed(std::uint64_t
 
 /// H_j(i): the 32-bit hash of element `index` in the row whose seed is `row_seed`.
 GRADCOMP_HOST_DEVICE constexpr std::uint32_t count_sketch_hash(std::uint32_t row_seed, std::uint64_t index) noexcept {
-  return murmur3_32(static_cast<std::uint32_t>(index), row_seed ^ murmur3_fmix32(static_cast<std::uint32_t>(index >> 32)));
+  return murmur3_32(static_cast<std::uint32_t>(index),
+                    row_seed ^ murmur3_fmix32(static_cast<std::uint32_t>(index >> 32)));
 }
 
 /// h_j(i) from H_j(i): the low 31 bits scaled to [0, columns) by multiply-shift.
@@ -149,9 +150,9 @@ GRADCOMP_HOST_DEVICE inline T count_sketch_median(T* v, std::uint32_t r) noexcep
 template <gradient_value T = float>
 class count_sketch : public codec_interface<count_sketch<T>, T> {
  public:
-  using value_type = T;                                   ///< Element type of the gradient and of the cells.
+  using value_type = T;  ///< Element type of the gradient and of the cells.
   static constexpr codec_id id = codec_id::count_sketch;  ///< Wire identifier.
-  static constexpr bool is_homomorphic = true;            ///< Summed cells are the sketch of the sum.
+  static constexpr bool is_homomorphic = true;  ///< Summed cells are the sketch of the sum.
 
   /// @throws error `invalid_argument` for invalid parameters.
   explicit count_sketch(count_sketch_params params = {}) : params_(params) { params_.validate(); }
@@ -163,7 +164,9 @@ class count_sketch : public codec_interface<count_sketch<T>, T> {
   /// c: cells per row.
   [[nodiscard]] std::uint64_t columns() const noexcept { return params_.columns; }
   /// Heavy hitters `decode` keeps of an n-element tensor.
-  [[nodiscard]] std::uint64_t heavy_hitter_count(std::uint64_t n) const noexcept { return params_.heavy_hitters.count(n); }
+  [[nodiscard]] std::uint64_t heavy_hitter_count(std::uint64_t n) const noexcept {
+    return params_.heavy_hitters.count(n);
+  }
   /// Offset from the start of the message of its summable region: the envelope's 56 bytes.
   [[nodiscard]] std::size_t summable_offset(std::uint64_t) const noexcept { return envelope::size; }
   /// Bytes of the summable region, which is the whole payload: r·c·sizeof(T). A SUM collective adds
@@ -172,7 +175,9 @@ class count_sketch : public codec_interface<count_sketch<T>, T> {
     return static_cast<std::size_t>(params_.rows * params_.columns * sizeof(T));
   }
   /// Exact size of every message, whatever n: 56 + r·c·sizeof(T).
-  [[nodiscard]] std::size_t max_encoded_bytes(std::uint64_t n) const noexcept { return envelope::size + summable_bytes(n); }
+  [[nodiscard]] std::size_t max_encoded_bytes(std::uint64_t n) const noexcept {
+    return envelope::size + summable_bytes(n);
+  }
   /// Hash of the parameters, carried in every message and checked by decoders: the id, the dtype,
   /// rows (u32), columns (u64), seed (u64) and the heavy-hitter amount.
   [[nodiscard]] std::uint64_t params_hash() const noexcept {
@@ -198,7 +203,8 @@ class count_sketch : public codec_interface<count_sketch<T>, T> {
   ///          `indices` holds fewer than heavy_hitter_count(n) entries.
   template <executor E>
   std::size_t heavy_hitters(const E& e, std::span<const std::byte> message, std::uint64_t n,
-                            std::span<std::uint64_t> indices, std::span<std::byte> ws, decode_limits limits = {}) const {
+                            std::span<std::uint64_t> indices, std::span<std::byte> ws,
+                            decode_limits limits = {}) const {
     return backend<count_sketch, E>::heavy_hitters(*this, e, message, n, indices, ws, limits);
   }
 
@@ -225,8 +231,9 @@ void gather_values(std::span<const T> grad, std::span<const std::uint64_t> indic
     return std::to_string(indices.size()) + " indices, " + std::to_string(values.size()) + " values";
   });
   for (const std::uint64_t i : indices)
-    detail::require(i < grad.size(), errc::invalid_argument,
-                    [&] { return "index " + std::to_string(i) + " lies outside the " + std::to_string(grad.size()) + " values"; });
+    detail::require(i < grad.size(), errc::invalid_argument, [&] {
+      return "index " + std::to_string(i) + " lies outside the " + std::to_string(grad.size()) + " values";
+    });
   for (std::size_t m = 0; m < indices.size(); ++m) values[m] = grad[static_cast<std::size_t>(indices[m])];
 }
 

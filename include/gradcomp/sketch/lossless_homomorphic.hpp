@@ -118,8 +118,9 @@ struct lhc_params {
   ///         negative or non-finite compress ratio, or an unknown enumerator.
   void validate() const {
     detail::require(block >= 1, errc::invalid_argument, "block must hold at least one element");
-    detail::require(std::isfinite(cells_per_nonzero) && cells_per_nonzero >= 1.0, errc::invalid_argument,
-                    [&] { return "cells_per_nonzero must be finite and at least 1, got " + std::to_string(cells_per_nonzero); });
+    detail::require(std::isfinite(cells_per_nonzero) && cells_per_nonzero >= 1.0, errc::invalid_argument, [&] {
+      return "cells_per_nonzero must be finite and at least 1, got " + std::to_string(cells_per_nonzero);
+    });
     detail::require(std::isfinite(fixed_compress_ratio) && fixed_compress_ratio >= 0.0, errc::invalid_argument, [&] {
       return "fixed_compress_ratio must be finite and non-negative, got " + std::to_string(fixed_compress_ratio);
     });
@@ -170,8 +171,8 @@ struct lhc_block_layout {
 /// The layout of block `b` in a sketch of `rows` rows (≥ 3 for the default layout, ≥ 1 for the
 /// reference) of `block` columns.
 GRADCOMP_HOST_DEVICE constexpr lhc_block_layout lhc_layout_of_block(std::uint64_t b, std::uint64_t rows,
-                                                                   std::uint32_t block, std::uint32_t seed,
-                                                                   bool reference) noexcept {
+                                                                    std::uint32_t block, std::uint32_t seed,
+                                                                    bool reference) noexcept {
   lhc_block_layout layout{};
   const auto key = static_cast<std::uint32_t>(b);
   std::uint64_t h[3];
@@ -201,7 +202,7 @@ struct lhc_cell_triple {
 
 /// The cells of column t (< `block`) of a block with `layout`.
 [[nodiscard]] GRADCOMP_HOST_DEVICE inline lhc_cell_triple lhc_cells_in(const lhc_block_layout& layout, std::uint64_t t,
-                                                                      std::uint64_t block) noexcept {
+                                                                       std::uint64_t block) noexcept {
   lhc_cell_triple cells;
   for (int j = 0; j < 3; ++j) {
     std::uint64_t column = t + layout.rotation[j];
@@ -262,9 +263,8 @@ namespace detail {
 
 /// The size checks of every LHC call. @throws error `size_mismatch` naming `what`.
 inline void lhc_require_size(std::uint64_t got, std::uint64_t want, const char* what) {
-  require(got == want, errc::size_mismatch, [&] {
-    return std::string(what) + ": got " + std::to_string(got) + ", expected " + std::to_string(want);
-  });
+  require(got == want, errc::size_mismatch,
+          [&] { return std::string(what) + ": got " + std::to_string(got) + ", expected " + std::to_string(want); });
 }
 
 /// Checks that the bits (bitmap) or the nibble (sum4) past element n − 1 of an index are zero,
@@ -321,9 +321,9 @@ inline std::string lhc_non_finite_message(std::uint64_t c) {
 /// sum that starts at +0 never becomes −0), so they need not be skipped; `layouts[b]` is block
 /// b's layout.
 template <gradient_value T>
-GRADCOMP_HOST_DEVICE inline T lhc_cell_from_row(const T* x, std::uint64_t n, const std::uint64_t* pairs, std::uint64_t begin,
-                                                std::uint64_t end, std::uint64_t column, const lhc_block_layout* layouts,
-                                                std::uint32_t block) noexcept {
+GRADCOMP_HOST_DEVICE inline T lhc_cell_from_row(const T* x, std::uint64_t n, const std::uint64_t* pairs,
+                                                std::uint64_t begin, std::uint64_t end, std::uint64_t column,
+                                                const lhc_block_layout* layouts, std::uint32_t block) noexcept {
   T sum = T{0};
   for (std::uint64_t p = begin; p < end; ++p) {
     const std::uint64_t b = pairs[p] / 3;
@@ -413,10 +413,12 @@ class lossless_homomorphic {
       plan.dense = true;
       return plan;
     }
-    detail::require(rows < 0x1p32, errc::too_large,
-                    [&] { return "a sketch of " + std::to_string(rows) + " rows exceeds the 2^32 rows the hashes address"; });
+    detail::require(rows < 0x1p32, errc::too_large, [&] {
+      return "a sketch of " + std::to_string(rows) + " rows exceeds the 2^32 rows the hashes address";
+    });
     detail::require(blocks <= (std::uint64_t{1} << 32), errc::too_large, [&] {
-      return std::to_string(blocks) + " blocks exceed the 2^32 block indices the hashes are keyed by; use a larger block";
+      return std::to_string(blocks) +
+             " blocks exceed the 2^32 block indices the hashes are keyed by; use a larger block";
     });
     plan.rows = static_cast<std::uint64_t>(rows);
     plan.cells = plan.rows * params_.block;
@@ -460,8 +462,8 @@ class lossless_homomorphic {
   ///         the index), with every sketch value set to NaN, so that a rank which joins the SUM
   ///         anyway makes every decoder fail with `non_finite_input`.
   template <executor E>
-  void encode_sketch(const E& e, std::span<const T> grad, std::span<const std::byte> global_index,
-                     const lhc_plan& plan, std::span<T> sketch) const {
+  void encode_sketch(const E& e, std::span<const T> grad, std::span<const std::byte> global_index, const lhc_plan& plan,
+                     std::span<T> sketch) const {
     backend<lossless_homomorphic, E>::encode_sketch(*this, e, grad, global_index, plan, sketch);
   }
 

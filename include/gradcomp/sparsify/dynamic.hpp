@@ -86,9 +86,9 @@ enum class dynamic_threshold_mode : std::uint8_t {
 
 /// The reference's threshold table, as Python floats; compared in T after rounding (see the file
 /// comment).
-inline constexpr std::array<double, 25> tagc_threshold_table = {
-    1e-20, 1e-15, 1e-10, 1e-8, 1e-7, 2e-7, 5e-7, 1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5,
-    1e-4,  2e-4,  5e-4,  1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1,  0.2,  0.5};
+inline constexpr std::array<double, 25> tagc_threshold_table = {1e-20, 1e-15, 1e-10, 1e-8, 1e-7, 2e-7, 5e-7, 1e-6, 2e-6,
+                                                                5e-6,  1e-5,  2e-5,  5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3,
+                                                                5e-3,  1e-2,  2e-2,  5e-2, 0.1,  0.2,  0.5};
 
 /// Parameters of the dynamic sparsifier; a controller may change them between steps.
 struct dynamic_params {
@@ -97,13 +97,13 @@ struct dynamic_params {
 
   /// Throws `invalid_argument` unless f* is finite and in [0, 1] and the mode is known.
   void validate() const {
-    detail::require(is_finite(zero_fraction) && zero_fraction >= 0.0 && zero_fraction <= 1.0,
-                    errc::invalid_argument,
-                    [&] { return "zero_fraction must be finite and lie in [0, 1], got " + std::to_string(zero_fraction); });
-    detail::require(mode == dynamic_threshold_mode::exact || mode == dynamic_threshold_mode::tagc_table,
-                    errc::invalid_argument, [&] {
-                      return "unknown dynamic_threshold_mode " + std::to_string(static_cast<unsigned>(mode));
+    detail::require(is_finite(zero_fraction) && zero_fraction >= 0.0 && zero_fraction <= 1.0, errc::invalid_argument,
+                    [&] {
+                      return "zero_fraction must be finite and lie in [0, 1], got " + std::to_string(zero_fraction);
                     });
+    detail::require(mode == dynamic_threshold_mode::exact || mode == dynamic_threshold_mode::tagc_table,
+                    errc::invalid_argument,
+                    [&] { return "unknown dynamic_threshold_mode " + std::to_string(static_cast<unsigned>(mode)); });
   }
 
   friend constexpr bool operator==(const dynamic_params&, const dynamic_params&) = default;
@@ -122,7 +122,8 @@ struct dynamic_result {
 /// stays in `residual` and leaves a zero of its sign in `passed`, so passed + residual is a bit for
 /// bit. Returns whether it was kept. The same on every backend.
 template <gradient_value T>
-GRADCOMP_HOST_DEVICE inline bool dynamic_split(T a, typename float_traits<T>::bits_type tau, T& passed, T& residual) noexcept {
+GRADCOMP_HOST_DEVICE inline bool dynamic_split(T a, typename float_traits<T>::bits_type tau, T& passed,
+                                               T& residual) noexcept {
   using key_type = typename float_traits<T>::bits_type;
   constexpr key_type sign = ~float_traits<T>::magnitude_mask;
   const key_type bits = to_bits<T>(a);
@@ -140,9 +141,8 @@ namespace detail {
 /// @throws error `size_mismatch`.
 template <class Residuals>
 auto find_dynamic_residual(Residuals& residuals, std::uint64_t tensor_id, std::size_t n, std::size_t out_size) {
-  require(out_size == n, errc::size_mismatch, [&] {
-    return "output has " + std::to_string(out_size) + " elements, the gradient " + std::to_string(n);
-  });
+  require(out_size == n, errc::size_mismatch,
+          [&] { return "output has " + std::to_string(out_size) + " elements, the gradient " + std::to_string(n); });
   const auto found = residuals.find(tensor_id);
   require(found == residuals.end() || found->second.size() == n, errc::size_mismatch, [&] {
     return "tensor " + std::to_string(tensor_id) + " has a residual of " + std::to_string(found->second.size()) +

@@ -70,8 +70,10 @@ class randomk_sparsifier : public codec_interface<randomk_sparsifier<T>, T> {
     detail::require(e.layout == 0, errc::malformed_payload, "random-k messages have layout 0");
     const std::uint64_t kept = k(e.elements);
     detail::require(kept <= e.payload_bytes / sizeof(T) && e.payload_bytes == kept * sizeof(T), errc::malformed_payload,
-                    [&] { return "payload of " + std::to_string(e.payload_bytes) + " bytes does not hold k = " +
-                        std::to_string(kept) + " values"; });
+                    [&] {
+                      return "payload of " + std::to_string(e.payload_bytes) +
+                             " bytes does not hold k = " + std::to_string(kept) + " values";
+                    });
   }
   /// Hash of the parameters, carried in every message and checked by decoders.
   [[nodiscard]] std::uint64_t params_hash() const noexcept {

@@ -50,7 +50,7 @@ namespace detail {
 [[nodiscard]] constexpr index_coding choose_index_coding(std::uint64_t n, std::uint64_t k) noexcept {
   const index_coding list = n <= (std::uint64_t{1} << 32) ? index_coding::list32 : index_coding::list64;
   return index_section_bytes(index_coding::bitmap, n, k) < index_section_bytes(list, n, k) ? index_coding::bitmap
-                                                                                            : list;
+                                                                                           : list;
 }
 
 /// Payload bytes of `k` kept elements of `n`, each value `value_size` bytes, in a given coding.
@@ -142,7 +142,8 @@ struct sparse_view {
           errc::malformed_payload, [&] { return "unknown index coding " + std::to_string(e.layout); });
   require(payload_bytes >= 8, errc::malformed_payload, "sparse payload shorter than its count field");
   const std::uint64_t n = e.elements;
-  require(k <= n, errc::malformed_payload, [&] { return "kept count " + std::to_string(k) + " exceeds n = " + std::to_string(n); });
+  require(k <= n, errc::malformed_payload,
+          [&] { return "kept count " + std::to_string(k) + " exceeds n = " + std::to_string(n); });
   // Bound k and n by the bytes present before multiplying, so no size computation can overflow.
   const std::uint64_t room = payload_bytes - 8;
   require(coding == index_coding::bitmap ? n / 8 <= room : k <= room / 4, errc::malformed_payload,
@@ -172,8 +173,10 @@ struct sparse_view {
   if (coding == index_coding::bitmap) {
     const std::uint64_t bytes = n / 8 + (n % 8 != 0 ? 1 : 0);
     std::uint64_t count = 0;
-    for (std::uint64_t b = 0; b < bytes; ++b) count += static_cast<std::uint64_t>(std::popcount(std::to_integer<unsigned>(view.indices[b])));
-    require(count == k, errc::malformed_payload, [&] { return "bitmap marks " + std::to_string(count) + " elements, k = " + std::to_string(k); });
+    for (std::uint64_t b = 0; b < bytes; ++b)
+      count += static_cast<std::uint64_t>(std::popcount(std::to_integer<unsigned>(view.indices[b])));
+    require(count == k, errc::malformed_payload,
+            [&] { return "bitmap marks " + std::to_string(count) + " elements, k = " + std::to_string(k); });
     if (n % 8 != 0)
       require((std::to_integer<unsigned>(view.indices[bytes - 1]) >> (n % 8)) == 0, errc::malformed_payload,
               "bitmap marks elements beyond n");
@@ -184,9 +187,10 @@ struct sparse_view {
     for (std::uint64_t j = 0; j < k; ++j) {
       const std::uint64_t index = width == 4 ? detail::load_le<std::uint32_t>(view.indices + 4 * j)
                                              : detail::load_le<std::uint64_t>(view.indices + 8 * j);
-      require(index >= next_allowed && index < n, errc::malformed_payload,
-              [&] { return "index " + std::to_string(index) + " at position " + std::to_string(j) +
-                  " is out of range or not ascending"; });
+      require(index >= next_allowed && index < n, errc::malformed_payload, [&] {
+        return "index " + std::to_string(index) + " at position " + std::to_string(j) +
+               " is out of range or not ascending";
+      });
       next_allowed = index + 1;
     }
     padding = view.indices + width * k;

@@ -38,7 +38,8 @@ struct sparsity {
   template <class Hasher>
   constexpr void hash_into(Hasher& hasher) const noexcept {
     if (k > 0) hasher.add(std::uint8_t{1}).add(k);
-    else hasher.add(std::uint8_t{0}).add(density);
+    else
+      hasher.add(std::uint8_t{0}).add(density);
   }
 
   friend constexpr bool operator==(const sparsity&, const sparsity&) = default;

@@ -102,11 +102,7 @@ class threshold_sparsifier : public codec_interface<threshold_sparsifier<T>, T> 
     params_hasher hasher;
     hasher.add(id).add(dtype_of<T>);
     params_.target.hash_into(hasher);
-    return hasher.add(params_.sample_fraction)
-        .add(params_.min_samples)
-        .add(params_.refine)
-        .add(params_.seed)
-        .value();
+    return hasher.add(params_.sample_fraction).add(params_.min_samples).add(params_.refine).add(params_.seed).value();
   }
 
   /// Encodes `grad` and reports what was kept.

@@ -42,7 +42,8 @@ class deadline {
              " ms); use infinite_timeout for none";
     });
     const clock::time_point now = clock::now();
-    if (timeout == infinite_timeout || timeout > std::chrono::duration_cast<std::chrono::milliseconds>(clock::time_point::max() - now))
+    if (timeout == infinite_timeout ||
+        timeout > std::chrono::duration_cast<std::chrono::milliseconds>(clock::time_point::max() - now))
       return {};
     deadline d;
     d.at_ = now + timeout;

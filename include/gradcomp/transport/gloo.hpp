@@ -167,7 +167,8 @@ class gloo_transport : public detail::rank_ordered_reductions<gloo_transport> {
   /// then the bytes (`gloo::alltoallv`).
   /// @throws error `invalid_argument` for other than size() buffers (this rank, before anything
   ///         is sent); `transport_failed`.
-  [[nodiscard]] std::vector<std::vector<std::byte>> all_to_all_bytes(std::span<const std::span<const std::byte>> to_each) {
+  [[nodiscard]] std::vector<std::vector<std::byte>> all_to_all_bytes(
+      std::span<const std::span<const std::byte>> to_each) {
     detail::require_one_buffer_per_rank(to_each.size(), size(), "gloo_transport::all_to_all_bytes");
     std::vector<std::uint64_t> sent_sizes(index(size()));
     for (std::size_t p = 0; p < sent_sizes.size(); ++p) sent_sizes[p] = to_each[p].size();
@@ -202,10 +203,13 @@ class gloo_transport : public detail::rank_ordered_reductions<gloo_transport> {
       self_.post(data);
       return;
     }
-    guarded("send_bytes", [&] {
-      outgoing message(*context_, data, to);
-      message.wait(wait_limit());
-    }, " to rank " + std::to_string(to));
+    guarded(
+        "send_bytes",
+        [&] {
+          outgoing message(*context_, data, to);
+          message.wait(wait_limit());
+        },
+        " to rank " + std::to_string(to));
   }
 
   /// The next buffer that rank `source` sent to this rank, of any size, waiting for it if needed.
@@ -213,7 +217,9 @@ class gloo_transport : public detail::rank_ordered_reductions<gloo_transport> {
   ///         from this rank itself with nothing sent to itself; `transport_failed`.
   [[nodiscard]] std::vector<std::byte> recv_bytes(int source) {
     const int from = member(source, "recv_bytes", "source");
-    return from == rank() ? self_.take() : guarded("recv_bytes", [&] { return receive(from); }, " from rank " + std::to_string(from));
+    return from == rank() ? self_.take()
+                          : guarded(
+                                "recv_bytes", [&] { return receive(from); }, " from rank " + std::to_string(from));
   }
 
   /// Sends `data` to `dest` and receives the next buffer from `source` at once: the send is
@@ -227,12 +233,15 @@ class gloo_transport : public detail::rank_ordered_reductions<gloo_transport> {
       send_bytes(data, to);
       return recv_bytes(from);
     }
-    return guarded("sendrecv_bytes", [&] {
-      outgoing message(*context_, data, to);
-      std::vector<std::byte> received = receive(from);
-      message.wait(wait_limit());
-      return received;
-    }, " to rank " + std::to_string(to) + " and from rank " + std::to_string(from));
+    return guarded(
+        "sendrecv_bytes",
+        [&] {
+          outgoing message(*context_, data, to);
+          std::vector<std::byte> received = receive(from);
+          message.wait(wait_limit());
+          return received;
+        },
+        " to rank " + std::to_string(to) + " and from rank " + std::to_string(from));
   }
 
  private:
@@ -248,7 +257,8 @@ class gloo_transport : public detail::rank_ordered_reductions<gloo_transport> {
         : size_(data.size()),
           header_(context.createUnboundBuffer(&size_, sizeof size_)),
           // Gloo's buffers take a mutable pointer; a send only reads it.
-          bytes_(data.empty() ? nullptr : context.createUnboundBuffer(const_cast<std::byte*>(data.data()), data.size())) {
+          bytes_(data.empty() ? nullptr
+                              : context.createUnboundBuffer(const_cast<std::byte*>(data.data()), data.size())) {
       header_->send(to, message_slot);
       if (bytes_) bytes_->send(to, message_slot);
     }
@@ -271,7 +281,8 @@ class gloo_transport : public detail::rank_ordered_reductions<gloo_transport> {
 
   /// Gloo's wait calls return false when the operation was aborted.
   static void require_completed(bool completed, const char* what) {
-    detail::require(completed, errc::transport_failed, [&] { return std::string("gloo_transport: ") + what + " was aborted"; });
+    detail::require(completed, errc::transport_failed,
+                    [&] { return std::string("gloo_transport: ") + what + " was aborted"; });
   }
 
   /// Runs `f`, turning Gloo's exceptions into `timeout` once the deadline has passed, else into
@@ -320,7 +331,8 @@ class gloo_transport : public detail::rank_ordered_reductions<gloo_transport> {
   /// Step 3 of the block scheme: `gloo::allgatherv` in place, or `gloo::gather` of the blocks padded
   /// to ⌈n/P⌉ (it takes blocks of one size) to `root`.
   template <class V>
-  void gather_blocks(std::span<V> data, std::span<const V> mine, const detail::block_split& split, int root, const char*) {
+  void gather_blocks(std::span<V> data, std::span<const V> mine, const detail::block_split& split, int root,
+                     const char*) {
     if (root == detail::all_ranks) {
       std::copy(mine.begin(), mine.end(), data.begin() + static_cast<std::ptrdiff_t>(split.first(rank())));
       std::vector<std::size_t> counts(index(size()));
@@ -348,14 +360,16 @@ class gloo_transport : public detail::rank_ordered_reductions<gloo_transport> {
     if (rank() != root) return;
     for (int b = 0; b < size(); ++b) {
       const auto at = gathered.begin() + static_cast<std::ptrdiff_t>(index(b) * width);
-      std::copy(at, at + static_cast<std::ptrdiff_t>(split.count(b)), data.begin() + static_cast<std::ptrdiff_t>(split.first(b)));
+      std::copy(at, at + static_cast<std::ptrdiff_t>(split.count(b)),
+                data.begin() + static_cast<std::ptrdiff_t>(split.first(b)));
     }
   }
 
   /// `gloo::alltoallv`: `sent_counts[p]` values from `in` (laid end to end) go to rank p, and
   /// `received_counts[p]` values from rank p arrive in `out` (laid end to end).
   template <class V>
-  void alltoallv(const V* in, std::vector<std::int64_t> sent_counts, V* out, std::vector<std::int64_t> received_counts) {
+  void alltoallv(const V* in, std::vector<std::int64_t> sent_counts, V* out,
+                 std::vector<std::int64_t> received_counts) {
     guarded("gloo::alltoallv", [&] {
       gloo::AlltoallvOptions options(context_);
       bound(options);

@@ -184,8 +184,9 @@ class in_process_shared {
         waiting_on = -1;
         fail_deadlock();
       }
-      const bool woken =
-          wait(lock, until, [&] { return !box.empty() || aborted_ || departed_ranks_[static_cast<std::size_t>(source)]; });
+      const bool woken = wait(lock, until, [&] {
+        return !box.empty() || aborted_ || departed_ranks_[static_cast<std::size_t>(source)];
+      });
       waiting_on = -1;
       if (!woken) {
         expired_ = true;
@@ -213,7 +214,8 @@ class in_process_shared {
 
  private:
   void require_alive() const {
-    detail::require(!mismatched_, errc::size_mismatch, "the ranks' calls can never complete: they made different calls");
+    detail::require(!mismatched_, errc::size_mismatch,
+                    "the ranks' calls can never complete: they made different calls");
     detail::require(!aborted_, errc::peer_failed, "another rank of the in-process group failed");
     detail::require(!expired_, errc::peer_failed,
                     "a rank of the in-process group timed out: the call it abandoned can never complete, so the group "
@@ -249,25 +251,29 @@ class in_process_shared {
   [[noreturn]] void fail_deadlock() {
     mismatched_ = aborted_ = true;
     ready_.notify_all();
-    detail::fail(errc::size_mismatch, "every running rank waits and one waits in a receive: the ranks made different calls");
+    detail::fail(errc::size_mismatch,
+                 "every running rank waits and one waits in a receive: the ranks made different calls");
   }
 
   void require_sender(int source) {
     if (!departed_ranks_[static_cast<std::size_t>(source)]) return;
     aborted_ = true;
     ready_.notify_all();
-    detail::fail(errc::size_mismatch, "a receive from a rank that returned without sending it: the ranks made different calls");
+    detail::fail(errc::size_mismatch,
+                 "a receive from a rank that returned without sending it: the ranks made different calls");
   }
 
   [[nodiscard]] std::deque<std::vector<std::byte>>& mailbox(int source, int dest) noexcept {
-    return mailboxes_[static_cast<std::size_t>(source) * static_cast<std::size_t>(size_) + static_cast<std::size_t>(dest)];
+    return mailboxes_[static_cast<std::size_t>(source) * static_cast<std::size_t>(size_) +
+                      static_cast<std::size_t>(dest)];
   }
 
   void require_present() {
     if (departed_ == 0) return;
     aborted_ = true;
     ready_.notify_all();
-    detail::fail(errc::size_mismatch, "a rank returned while others still called collectives: the ranks made different calls");
+    detail::fail(errc::size_mismatch,
+                 "a rank returned while others still called collectives: the ranks made different calls");
   }
 
   int size_;
@@ -283,7 +289,7 @@ class in_process_shared {
   int departed_ = 0;
   bool aborted_ = false;
   bool mismatched_ = false;  // aborted because the calls can never complete
-  bool expired_ = false;     // a rank timed out: no call can start (ranks already waiting are left to their deadlines)
+  bool expired_ = false;  // a rank timed out: no call can start (ranks already waiting are left to their deadlines)
 };
 
 }  // namespace detail
@@ -335,8 +341,8 @@ class in_process_transport {
     publish(in.data(), in.size(), out.size(), typeid(V), collective::reduce_scatter_sum, 0);
     require_agreement(in.size() == out.size() * static_cast<std::size_t>(size()),
                       "reduce_scatter_sum: the input is not size() blocks of the output");
-    const std::vector<V> total =
-        combine<V>(out.size() * static_cast<std::size_t>(rank_), out.size(), [](V a, V b) { return static_cast<V>(a + b); });
+    const std::vector<V> total = combine<V>(out.size() * static_cast<std::size_t>(rank_), out.size(),
+                                            [](V a, V b) { return static_cast<V>(a + b); });
     depart_together();
     std::copy(total.begin(), total.end(), out.begin());
   }
@@ -364,7 +370,8 @@ class in_process_transport {
   /// Buffer j of `to_each` goes to rank j; returns the P buffers sent to this rank, buffer i from
   /// rank i. Sizes may differ, empty buffers included.
   /// @throws error `size_mismatch` on every rank when some rank passes other than size() buffers.
-  [[nodiscard]] std::vector<std::vector<std::byte>> all_to_all_bytes(std::span<const std::span<const std::byte>> to_each) {
+  [[nodiscard]] std::vector<std::vector<std::byte>> all_to_all_bytes(
+      std::span<const std::span<const std::byte>> to_each) {
     publish(to_each.data(), to_each.size(), 0, typeid(std::span<const std::byte>), collective::all_to_all_bytes, 0);
     require_agreement(to_each.size() == static_cast<std::size_t>(size()), "all_to_all_bytes: not size() buffers");
     std::vector<std::vector<std::byte>> received(static_cast<std::size_t>(size()));
@@ -414,8 +421,8 @@ class in_process_transport {
     bool agree = root >= 0 && root < size();
     for (int p = 0; p < size(); ++p) {
       const auto& s = shared_->at(p);
-      agree = agree && s.operation == op && *s.type == type && s.root == root &&
-              s.result_count == result_count && (!same_count || s.count == count);
+      agree = agree && s.operation == op && *s.type == type && s.root == root && s.result_count == result_count &&
+              (!same_count || s.count == count);
     }
     require_agreement(agree, "the ranks called different collectives, types, counts or roots");
   }

@@ -188,7 +188,8 @@ class mpi_transport : public detail::rank_ordered_reductions<mpi_transport> {
     my_size[0] = mine.size();
     const std::span<std::uint64_t> sizes = memory.make<std::uint64_t>(index(size_));
     MPI_Request request = MPI_REQUEST_NULL;
-    check(MPI_Iallgather(my_size.data(), 1, MPI_UINT64_T, sizes.data(), 1, MPI_UINT64_T, comm_, &request), "MPI_Iallgather");
+    check(MPI_Iallgather(my_size.data(), 1, MPI_UINT64_T, sizes.data(), 1, MPI_UINT64_T, comm_, &request),
+          "MPI_Iallgather");
     complete(request, memory, "all_gather_bytes", "MPI_Iallgather");
     detail::require(fits_int(sizes), errc::invalid_argument, [] {
       return "mpi_transport::all_gather_bytes: the ranks' buffers hold more than INT_MAX = " + std::to_string(INT_MAX) +
@@ -211,7 +212,8 @@ class mpi_transport : public detail::rank_ordered_reductions<mpi_transport> {
   /// @throws error `invalid_argument` for other than size() buffers (this rank, before anything
   ///         is sent), and on every rank alike when the bytes some rank sends or receives exceed
   ///         INT_MAX together; `timeout`; `transport_failed`.
-  [[nodiscard]] std::vector<std::vector<std::byte>> all_to_all_bytes(std::span<const std::span<const std::byte>> to_each) {
+  [[nodiscard]] std::vector<std::vector<std::byte>> all_to_all_bytes(
+      std::span<const std::span<const std::byte>> to_each) {
     detail::require_one_buffer_per_rank(to_each.size(), size_, "mpi_transport::all_to_all_bytes");
     require_usable();
     call_memory memory;
@@ -227,13 +229,14 @@ class mpi_transport : public detail::rank_ordered_reductions<mpi_transport> {
     check(MPI_Iallreduce(MPI_IN_PLACE, fits.data(), 1, MPI_INT, MPI_MIN, comm_, &request), "MPI_Iallreduce");
     complete(request, memory, "all_to_all_bytes", "MPI_Iallreduce");
     detail::require(fits[0] == 1, errc::invalid_argument, [] {
-      return "mpi_transport::all_to_all_bytes: a rank sends or receives more than INT_MAX = " + std::to_string(INT_MAX) +
-             " bytes together, more than MPI 3.1's int counts and displacements address";
+      return "mpi_transport::all_to_all_bytes: a rank sends or receives more than INT_MAX = " +
+             std::to_string(INT_MAX) + " bytes together, more than MPI 3.1's int counts and displacements address";
     });
     const int_blocks sent = int_blocks_of(sent_sizes, memory);
     const int_blocks received = int_blocks_of(received_sizes, memory);
     const std::span<const std::byte> flat_sent = memory.copy(std::span<const std::byte>(detail::concatenated(to_each)));
-    const std::span<std::byte> flat_received = memory.make<std::byte>(static_cast<std::size_t>(total_of(received_sizes)));
+    const std::span<std::byte> flat_received =
+        memory.make<std::byte>(static_cast<std::size_t>(total_of(received_sizes)));
     check(MPI_Ialltoallv(flat_sent.data(), sent.counts.data(), sent.firsts.data(), MPI_BYTE, flat_received.data(),
                          received.counts.data(), received.firsts.data(), MPI_BYTE, comm_, &request),
           "MPI_Ialltoallv");
@@ -304,7 +307,8 @@ class mpi_transport : public detail::rank_ordered_reductions<mpi_transport> {
     /// Room for `count` values of V (contents unspecified), held here.
     template <class V>
     [[nodiscard]] std::span<V> make(std::size_t count) {
-      return typed<V>(hold(std::shared_ptr<std::byte[]>(new std::byte[std::max<std::size_t>(count * sizeof(V), 1)])), count);
+      return typed<V>(hold(std::shared_ptr<std::byte[]>(new std::byte[std::max<std::size_t>(count * sizeof(V), 1)])),
+                      count);
     }
     /// A copy of `from`, held here.
     template <class V>
@@ -361,9 +365,12 @@ class mpi_transport : public detail::rank_ordered_reductions<mpi_transport> {
   template <class V>
   [[nodiscard]] static MPI_Datatype datatype() noexcept {
     if constexpr (std::is_same_v<V, float>) return MPI_FLOAT;
-    else if constexpr (std::is_same_v<V, double>) return MPI_DOUBLE;
-    else if constexpr (std::is_same_v<V, std::uint8_t>) return MPI_UINT8_T;
-    else return MPI_UINT64_T;
+    else if constexpr (std::is_same_v<V, double>)
+      return MPI_DOUBLE;
+    else if constexpr (std::is_same_v<V, std::uint8_t>)
+      return MPI_UINT8_T;
+    else
+      return MPI_UINT64_T;
   }
 
   [[nodiscard]] static std::size_t index(int r) noexcept { return static_cast<std::size_t>(r); }
@@ -475,7 +482,9 @@ class mpi_transport : public detail::rank_ordered_reductions<mpi_transport> {
   }
 
   /// Whether MPI's int counts and displacements address buffers of `sizes` bytes laid end to end.
-  [[nodiscard]] static bool fits_int(std::span<const std::uint64_t> sizes) noexcept { return total_of(sizes) <= INT_MAX; }
+  [[nodiscard]] static bool fits_int(std::span<const std::uint64_t> sizes) noexcept {
+    return total_of(sizes) <= INT_MAX;
+  }
 
   /// Buffers of `sizes` bytes laid end to end as MPI's int counts and displacements; `fits_int(sizes)`.
   [[nodiscard]] static int_blocks int_blocks_of(std::span<const std::uint64_t> sizes, call_memory& memory) {
@@ -498,7 +507,8 @@ class mpi_transport : public detail::rank_ordered_reductions<mpi_transport> {
 
   /// Step 1 of the block scheme (`MPI_Ialltoallv`), from a copy of `data` into `received`.
   template <class V>
-  void exchange_blocks(std::span<const V> data, const detail::block_split& split, std::span<V> received, const char* call) {
+  void exchange_blocks(std::span<const V> data, const detail::block_split& split, std::span<V> received,
+                       const char* call) {
     require_usable();
     call_memory memory;
     const int_blocks blocks = int_blocks_of(split, data.size(), call, memory);
@@ -533,8 +543,8 @@ class mpi_transport : public detail::rank_ordered_reductions<mpi_transport> {
     memory.hold(blocks_.block);  // `mine` lies in it
     MPI_Request request = MPI_REQUEST_NULL;
     if (root == detail::all_ranks)
-      check(MPI_Iallgatherv(mine.data(), blocks.counts[index(rank_)], datatype<V>(), gathered.data(), blocks.counts.data(),
-                            blocks.firsts.data(), datatype<V>(), comm_, &request),
+      check(MPI_Iallgatherv(mine.data(), blocks.counts[index(rank_)], datatype<V>(), gathered.data(),
+                            blocks.counts.data(), blocks.firsts.data(), datatype<V>(), comm_, &request),
             "MPI_Iallgatherv");
     else
       check(MPI_Igatherv(mine.data(), blocks.counts[index(rank_)], datatype<V>(), gathered.data(), blocks.counts.data(),
@@ -564,7 +574,8 @@ class mpi_transport : public detail::rank_ordered_reductions<mpi_transport> {
     bool found = true;
     try {
       if (deadline_.infinite()) check(MPI_Probe(from, message_tag, comm_, &status), "MPI_Probe");
-      else found = poll_until(deadline_, probe);
+      else
+        found = poll_until(deadline_, probe);
     } catch (...) {
       abandon(memory);
       throw;
@@ -597,8 +608,8 @@ class mpi_transport : public detail::rank_ordered_reductions<mpi_transport> {
   detail::self_messages self_;
   deadline deadline_{};
   std::string abandoned_call_;  ///< The call that timed out (empty: none); the transport refuses calls after it.
-  reused_buffer blocks_;        ///< Step 1's received blocks (the block scratch).
-  reused_buffer staging_;       ///< A copy of the caller's data (step 1) or the gathered blocks (step 3).
+  reused_buffer blocks_;  ///< Step 1's received blocks (the block scratch).
+  reused_buffer staging_;  ///< A copy of the caller's data (step 1) or the gathered blocks (step 3).
 };
 
 static_assert(transport_with_bitwise_or<mpi_transport>);

@@ -106,7 +106,7 @@
 #include <nccl.h>
 
 #if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
-#error "gradcomp/transport/nccl.cuh needs NCCL 2.14 or later (non-blocking communicators, ncclInProgress)"
+#  error "gradcomp/transport/nccl.cuh needs NCCL 2.14 or later (non-blocking communicators, ncclInProgress)"
 #endif
 
 #include <cstddef>
@@ -225,14 +225,16 @@ class nccl_transport : public detail::rank_ordered_reductions<nccl_transport> {
     sizes_.resize(exec_, 2 * words_.size());
     const std::span<std::uint64_t> sent = sizes_.span().first(words_.size());
     const std::span<std::uint64_t> received = sizes_.span().subspan(words_.size());
-    device_memory::from_host(exec_, std::as_bytes(std::span<const std::uint64_t>(words_)), std::as_writable_bytes(sent));
+    device_memory::from_host(exec_, std::as_bytes(std::span<const std::uint64_t>(words_)),
+                             std::as_writable_bytes(sent));
     grouped([&] {
       for (int p = 0; p < size_; ++p) {
         send(sent.data() + p, sizeof(std::uint64_t), p);
         receive(received.data() + p, sizeof(std::uint64_t), p);
       }
     });
-    to_host(std::as_writable_bytes(std::span<std::uint64_t>(words_)), std::as_bytes(std::span<const std::uint64_t>(received)));
+    to_host(std::as_writable_bytes(std::span<std::uint64_t>(words_)),
+            std::as_bytes(std::span<const std::uint64_t>(received)));
     layout_.assign(std::span<const std::uint64_t>(words_));
     received_.resize(exec_, layout_.total());
     std::byte* const block = received_.span().data();
@@ -427,7 +429,8 @@ class nccl_transport : public detail::rank_ordered_reductions<nccl_transport> {
   /// Waits for the stream: `await` with a deadline, else `cudaStreamSynchronize`.
   void synchronize() {
     if (deadline_.infinite()) check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
-    else await("the copy to the host");
+    else
+      await("the copy to the host");
   }
 
   /// The one device-to-host copy of the transport: `from` (device) into `to` (host), waited for and
@@ -476,7 +479,8 @@ class nccl_transport : public detail::rank_ordered_reductions<nccl_transport> {
     check(ncclAllGather(sizes.data() + rank_, sizes.data(), 1, ncclUint64, comm_, stream()), "ncclAllGather");
     await("ncclAllGather");
     words_.resize(index(size_));
-    to_host(std::as_writable_bytes(std::span<std::uint64_t>(words_)), std::as_bytes(std::span<const std::uint64_t>(sizes)));
+    to_host(std::as_writable_bytes(std::span<std::uint64_t>(words_)),
+            std::as_bytes(std::span<const std::uint64_t>(sizes)));
     layout_.assign(std::span<const std::uint64_t>(words_));
   }
 
@@ -518,7 +522,8 @@ class nccl_transport : public detail::rank_ordered_reductions<nccl_transport> {
   /// Step 3: every rank's combined block lands at its place in `data` of every rank
   /// (`all_ranks`) or of `root` (grouped sends and receives; this rank's own block copied).
   template <class V>
-  void gather_blocks(std::span<V> data, std::span<const V> mine, const detail::block_split& split, int root, const char*) {
+  void gather_blocks(std::span<V> data, std::span<const V> mine, const detail::block_split& split, int root,
+                     const char*) {
     const device_scope scope(device_);
     const auto receives = [root](int r) { return root == detail::all_ranks || r == root; };
     if (receives(rank_)) device_memory::copy(exec_, mine, data.subspan(split.first(rank_), split.count(rank_)));

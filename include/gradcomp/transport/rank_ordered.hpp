@@ -64,14 +64,14 @@ class block_split {
  public:
   /// @param n elements in all; @param parts number of blocks P ≥ 1.
   block_split(std::size_t n, int parts) noexcept
-      : parts_(parts),
-        base_(n / static_cast<std::size_t>(parts)),
-        extra_(n % static_cast<std::size_t>(parts)) {}
+      : parts_(parts), base_(n / static_cast<std::size_t>(parts)), extra_(n % static_cast<std::size_t>(parts)) {}
 
   /// Number of blocks P.
   [[nodiscard]] int parts() const noexcept { return parts_; }
   /// Elements in block `b`.
-  [[nodiscard]] std::size_t count(int b) const noexcept { return base_ + (index(b) < extra_ ? std::size_t{1} : std::size_t{0}); }
+  [[nodiscard]] std::size_t count(int b) const noexcept {
+    return base_ + (index(b) < extra_ ? std::size_t{1} : std::size_t{0});
+  }
   /// Index of the first element of block `b`.
   [[nodiscard]] std::size_t first(int b) const noexcept { return index(b) * base_ + std::min(index(b), extra_); }
   /// Elements in the largest block, ⌈n/P⌉.
@@ -165,8 +165,9 @@ class rank_ordered_reductions {
   void reduce_scatter_sum(std::span<const V> in, std::span<V> out) {
     const auto ranks = static_cast<std::size_t>(self().size());
     require(in.size() == out.size() * ranks, errc::invalid_argument, [&] {
-      return std::string(Derived::transport_name) + "::reduce_scatter_sum: the input holds " + std::to_string(in.size()) +
-             " values, not size() = " + std::to_string(ranks) + " blocks of the output's " + std::to_string(out.size());
+      return std::string(Derived::transport_name) + "::reduce_scatter_sum: the input holds " +
+             std::to_string(in.size()) + " values, not size() = " + std::to_string(ranks) + " blocks of the output's " +
+             std::to_string(out.size());
     });
     const block_split split(in.size(), self().size());
     const std::span<V> mine = reduce_own_block(in, split, sum_op{}, "reduce_scatter_sum");
@@ -222,9 +223,11 @@ class rank_ordered_reductions {
   /// Steps 1 and 2: this rank's block of every rank's `data`, combined in rank order (a span of the
   /// adapter's scratch, valid until its next call).
   template <class V, class Op>
-  [[nodiscard]] std::span<V> reduce_own_block(std::span<const V> data, const block_split& split, Op op, const char* call) {
+  [[nodiscard]] std::span<V> reduce_own_block(std::span<const V> data, const block_split& split, Op op,
+                                              const char* call) {
     const int rank = self().rank();
-    const std::span<V> received = self().template block_scratch<V>(split.count(rank) * static_cast<std::size_t>(split.parts()));
+    const std::span<V> received =
+        self().template block_scratch<V>(split.count(rank) * static_cast<std::size_t>(split.parts()));
     self().exchange_blocks(data, split, received, call);
     self().combine(received, split.parts(), op);
     return received.first(split.count(rank));
@@ -237,8 +240,8 @@ class rank_ordered_reductions {
 /// Throws `invalid_argument` unless an all-to-all has one buffer per rank (`call` names it).
 inline void require_one_buffer_per_rank(std::size_t buffers, int ranks, const char* call) {
   require(buffers == static_cast<std::size_t>(ranks), errc::invalid_argument, [&] {
-    return std::string(call) + ": " + std::to_string(buffers) + " buffers, not one per rank (size() = " +
-           std::to_string(ranks) + ")";
+    return std::string(call) + ": " + std::to_string(buffers) +
+           " buffers, not one per rank (size() = " + std::to_string(ranks) + ")";
   });
 }
 
@@ -255,7 +258,8 @@ inline void require_one_buffer_per_rank(std::size_t buffers, int ranks, const ch
 /// `flat` cut into consecutive buffers of `sizes[p]` bytes (which add up to at most its size), as
 /// the libraries' all-gather(v) and all-to-all(v) receive them.
 template <class Count>
-[[nodiscard]] std::vector<std::vector<std::byte>> cut_into(std::span<const std::byte> flat, std::span<const Count> sizes) {
+[[nodiscard]] std::vector<std::vector<std::byte>> cut_into(std::span<const std::byte> flat,
+                                                           std::span<const Count> sizes) {
   std::vector<std::vector<std::byte>> buffers(sizes.size());
   std::size_t first = 0;
   for (std::size_t p = 0; p < buffers.size(); ++p) {

@@ -34,7 +34,9 @@ struct received_bytes {
   /// Number of buffers.
   [[nodiscard]] std::size_t size() const noexcept { return sizes.size(); }
   /// Buffer p.
-  [[nodiscard]] std::span<const std::byte> operator[](std::size_t p) const noexcept { return block.subspan(offsets[p], sizes[p]); }
+  [[nodiscard]] std::span<const std::byte> operator[](std::size_t p) const noexcept {
+    return block.subspan(offsets[p], sizes[p]);
+  }
 };
 
 static_assert(received_buffers<received_bytes>);

@@ -212,7 +212,8 @@ class staged_transport {
     if (rc == cudaSuccess) [[likely]]
       return;
     detail::fail(errc::transport_failed, [&] {
-      return std::string("staged_transport: ") + call + " failed: " + cudaGetErrorString(rc) + " (" + cudaGetErrorName(rc) + ")";
+      return std::string("staged_transport: ") + call + " failed: " + cudaGetErrorString(rc) + " (" +
+             cudaGetErrorName(rc) + ")";
     });
   }
 

@@ -54,36 +54,36 @@ namespace gradcomp {
 /// `all_gather_control(mine)` → `std::vector<std::vector<std::byte>>` and
 /// `all_reduce_max_control(span<double>)`, the same collectives on host buffers.
 template <class X>
-concept transport = requires(X& t, const X& ct, std::span<float> f, std::span<double> d, std::span<std::uint8_t> u8,
-                             std::span<std::uint64_t> u64, std::span<const float> cf, std::span<const double> cd,
-                             std::span<std::byte> bytes, std::span<const std::byte> cbytes, int root) {
-  { ct.rank() } -> std::same_as<int>;
-  { ct.size() } -> std::same_as<int>;
-  t.all_reduce_sum(f);
-  t.all_reduce_sum(d);
-  t.all_reduce_sum(u8);
-  t.all_reduce_sum(u64);
-  t.all_reduce_max(f);
-  t.all_reduce_max(d);
-  t.reduce_sum(f, root);
-  t.reduce_sum(d, root);
-  t.reduce_scatter_sum(cf, f);
-  t.reduce_scatter_sum(cd, d);
-  t.broadcast(bytes, root);
-  { t.all_gather_bytes(cbytes) } -> received_buffers;
-} && (memory_space_of<X> == memory_space::host ||
-      requires(X& t, std::span<const std::byte> cbytes, std::span<double> d) {
-        { t.all_gather_control(cbytes) } -> std::same_as<std::vector<std::vector<std::byte>>>;
-        t.all_reduce_max_control(d);
-      });
+concept transport =
+    requires(X& t, const X& ct, std::span<float> f, std::span<double> d, std::span<std::uint8_t> u8,
+             std::span<std::uint64_t> u64, std::span<const float> cf, std::span<const double> cd,
+             std::span<std::byte> bytes, std::span<const std::byte> cbytes, int root) {
+      { ct.rank() } -> std::same_as<int>;
+      { ct.size() } -> std::same_as<int>;
+      t.all_reduce_sum(f);
+      t.all_reduce_sum(d);
+      t.all_reduce_sum(u8);
+      t.all_reduce_sum(u64);
+      t.all_reduce_max(f);
+      t.all_reduce_max(d);
+      t.reduce_sum(f, root);
+      t.reduce_sum(d, root);
+      t.reduce_scatter_sum(cf, f);
+      t.reduce_scatter_sum(cd, d);
+      t.broadcast(bytes, root);
+      { t.all_gather_bytes(cbytes) } -> received_buffers;
+    } &&
+    (memory_space_of<X> == memory_space::host ||
+     requires(X& t, std::span<const std::byte> cbytes, std::span<double> d) {
+       { t.all_gather_control(cbytes) } -> std::same_as<std::vector<std::vector<std::byte>>>;
+       t.all_reduce_max_control(d);
+     });
 
 /// A transport that can also reduce bytes with bitwise OR (MPI_BOR, Gloo's custom reductions),
 /// which the bitmap index of lossless homomorphic compression needs. Stock NCCL cannot; schemes
 /// fall back to summable index fields there.
 template <class X>
-concept transport_with_bitwise_or = transport<X> && requires(X& t, std::span<std::uint8_t> u8) {
-  t.all_reduce_or(u8);
-};
+concept transport_with_bitwise_or = transport<X> && requires(X& t, std::span<std::uint8_t> u8) { t.all_reduce_or(u8); };
 
 /// A transport that can also move bytes between two ranks (MPI_Send / MPI_Recv, Gloo's pairs,
 /// ncclSend / ncclRecv), which compressed point-to-point messages and the per-hop ring of the
@@ -116,9 +116,10 @@ concept transport_with_point_to_point = transport<X> && requires(X& t, std::span
 ///   between buffers and ranks, empty ones included; buffer rank() comes back to this rank). Returns
 ///   P buffers (`received_buffers`), buffer i the one rank i sent to this rank.
 template <class X>
-concept transport_with_all_to_all = transport<X> && requires(X& t, std::span<const std::span<const std::byte>> to_each) {
-  { t.all_to_all_bytes(to_each) } -> received_buffers;
-};
+concept transport_with_all_to_all =
+    transport<X> && requires(X& t, std::span<const std::span<const std::byte>> to_each) {
+      { t.all_to_all_bytes(to_each) } -> received_buffers;
+    };
 
 /// A transport whose blocking waits end at a deadline: `set_deadline(d)` bounds every wait of its
 /// later calls by `d` (a default-constructed `deadline`, the initial one, bounds none);
@@ -142,7 +143,8 @@ inline constexpr bool device_transport = memory_space_of<X> == memory_space::dev
 template <transport X>
 [[nodiscard]] auto control_all_gather(X& t, std::span<const std::byte> mine) {
   if constexpr (device_transport<X>) return t.all_gather_control(mine);
-  else return t.all_gather_bytes(mine);
+  else
+    return t.all_gather_bytes(mine);
 }
 
 /// Element-wise maximum over ranks of a few host doubles, in place (the control plane: status
@@ -151,7 +153,8 @@ template <transport X>
 template <transport X>
 void control_all_reduce_max(X& t, std::span<double> words) {
   if constexpr (device_transport<X>) t.all_reduce_max_control(words);
-  else t.all_reduce_max(words);
+  else
+    t.all_reduce_max(words);
 }
 
 }  // namespace gradcomp

@@ -21,7 +21,9 @@ __global__ void draw(gradcomp::random_stream stream, std::uint32_t* words, std::
 
 int main() {
   constexpr std::uint64_t n = 1000;
-  const gradcomp::random_stream stream{.seed = 7, .step = 3, .tensor_id = 1,
+  const gradcomp::random_stream stream{.seed = 7,
+                                       .step = 3,
+                                       .tensor_id = 1,
                                        .purpose = gradcomp::random_purpose::random_k};
   std::uint32_t* words = nullptr;
   if (cudaMalloc(&words, n * sizeof *words) != cudaSuccess) {
