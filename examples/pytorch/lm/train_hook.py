@@ -134,6 +134,40 @@ def worker(rank, args, result_path):
     os._exit(0)
 
 
+def summarize(paths):
+    """The Markdown table of the runs in the JSON-lines files `paths`: per (P, codec, steps, dense
+    steps), the seeds' final validation losses and their gaps to dense of the same P, seed and
+    steps (mean, sample standard deviation, min..max), the traffic saved, the plans and the time."""
+    runs = [json.loads(line) for path in paths for line in open(path) if line.strip()]
+    dense = {(r["args"]["world"], r["args"]["seed"], r["args"]["steps"]): r["final_val_loss"]
+             for r in runs if r["args"]["codec"] == gradcomp_ddp.DENSE}
+    rows = {}
+    for r in runs:
+        a = r["args"]
+        rows.setdefault((a["world"], a["steps"], a["codec"], a["dense_steps"], a["bucket_cap_mb"]), []).append(r)
+    print("| P | steps | row | seeds | final val loss | gap to dense, per seed | gap mean ± sd (min..max) "
+          "| bytes/rank/step | saved vs ring | plans | s per run |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for (world, steps, codec, dense_steps, cap), rs in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] != "dense", kv[0][2])):
+        rs = sorted(rs, key=lambda r: r["args"]["seed"])
+        gaps = [100 * (r["final_val_loss"] / dense[key] - 1) for r in rs
+                if (key := (world, r["args"]["seed"], steps)) in dense]
+        spread = ""
+        if gaps:
+            sd = (sum((g - sum(gaps) / len(gaps)) ** 2 for g in gaps) / (len(gaps) - 1)) ** 0.5 if len(gaps) > 1 else None
+            spread = f"{sum(gaps) / len(gaps):+.2f}%" + (f" ± {sd:.2f} ({min(gaps):+.2f}..{max(gaps):+.2f})" if sd is not None else "")
+        name = codec + (f", {dense_steps} dense steps" if dense_steps else "") + (f", {cap:g} MB buckets" if cap != 25.0 else "")
+        losses = ", ".join(f"{r['final_val_loss']:.4f}" for r in rs)
+        per_seed = ", ".join(f"{g:+.2f}%" for g in gaps)
+        seconds = ", ".join(f"{r['wall_seconds']:.0f}" for r in rs)
+        plans = "+".join(sorted({p for r in rs for p in r["plans"]}))
+        sent = sum(r["bytes_per_rank_step"] for r in rs) / len(rs)
+        saved = sum(r["saved"] for r in rs) / len(rs)
+        seeds = ", ".join(str(r["args"]["seed"]) for r in rs)
+        print(f"| {world} | {steps} | {name} | {seeds} | {losses} | {per_seed} | {spread} | {sent:,.0f} | {saved:.2f}x "
+              f"| {plans} | {seconds} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world", type=int, default=4, help="P, the number of processes")
@@ -153,7 +187,11 @@ def main():
     ap.add_argument("--out", default="", help="also append the JSON line to this file")
     ap.add_argument("--progress", action="store_true", help="rank 0 prints each evaluation to stderr")
     ap.add_argument("--list", action="store_true", help="print the row names and exit")
+    ap.add_argument("--summarize", nargs="+", metavar="JSONL", help="print the table of these results and exit")
     args = ap.parse_args()
+    if args.summarize:
+        summarize(args.summarize)
+        return 0
     ext = gradcomp_ddp.load_extension()  # build once, before the ranks start
     if args.list:
         print("\n".join([gradcomp_ddp.DENSE] + ext.codec_names() + ext.tagc_names() + ext.gravac_names()))
