@@ -36,12 +36,19 @@ namespace gradcomp {
 
 namespace detail {
 
+/// No server codec for a type that is not a codec (e.g. `lossless_homomorphic`, which has its own
+/// plan): `server_codec_t` then fails in substitution, so the overloads of `compressed_all_reduce`
+/// that take a server state drop out of overload resolution instead of instantiating
+/// `error_feedback` around it.
 template <class C, class E>
-struct server_codec {
+struct server_codec {};
+template <class C, class E>
+  requires codec<C> && (!stateful<C, E>)
+struct server_codec<C, E> {
   using type = error_feedback<C>;
 };
 template <class C, class E>
-  requires stateful<C, E>
+  requires codec<C> && stateful<C, E>
 struct server_codec<C, E> {
   using type = C;
 };
