@@ -47,6 +47,17 @@ std::vector<T> gradient_of(int rank, std::size_t n, std::uint64_t step = 0) {
   return v;
 }
 
+/// The oracle of a lossless all-reduce: the ranks' `gradient_of(r, n, step)` summed in rank order
+/// in float, element by element.
+inline std::vector<float> rank_order_sum(int ranks, std::size_t n, std::uint64_t step = 0) {
+  std::vector<float> sum(n, 0.0f);
+  for (int r = 0; r < ranks; ++r) {
+    const auto g = gradient_of(r, n, step);
+    for (std::size_t i = 0; i < n; ++i) sum[i] += g[i];
+  }
+  return sum;
+}
+
 /// Rank r's sparse gradient: about `density` of the n values non-zero, each a non-zero multiple of
 /// 1/16 in [−0.5, 0.5], so that every sum of a lossless homomorphic sketch cell is exact.
 inline std::vector<float> dyadic_sparse_gradient(int rank, std::size_t n, double density, std::uint64_t step = 0) {
@@ -263,11 +274,7 @@ void check_lossless_sums(X& t) {
   }
   for (const std::size_t n : {std::size_t{0}, std::size_t{1}, static_cast<std::size_t>(P) + 1, std::size_t{5003}}) {
     INFO("rank ", t.rank(), ", n = ", n);
-    std::vector<float> sum(n, 0.0f);
-    for (int r = 0; r < P; ++r) {
-      const auto g = gradient_of(r, n);
-      for (std::size_t i = 0; i < n; ++i) sum[i] += g[i];
-    }
+    const std::vector<float> sum = rank_order_sum(P, n);
     auto data = gradient_of(t.rank(), n);
     compressed_all_reduce(cpu_executor{}, t, mpc, std::span<float>(data), {.plan = all_reduce_plan::gather_decode});
     CHECK(same_bits<float>(data, sum));

@@ -151,11 +151,7 @@ TEST_CASE("scatter_reduce with a lossless codec: the rank-order sum bit for bit 
     for (std::size_t n : {std::size_t{0}, std::size_t{3}, std::size_t{1001}}) {
       CAPTURE(P);
       CAPTURE(n);
-      std::vector<float> sum(n, 0.0f);
-      for (int r = 0; r < P; ++r) {
-        const auto g = gradient_of(r, n);
-        for (std::size_t i = 0; i < n; ++i) sum[i] += g[i];
-      }
+      const std::vector<float> sum = rank_order_sum(P, n);
       std::vector<std::vector<float>> results(static_cast<std::size_t>(P));
       in_process_group(P).run([&](in_process_transport& t) {
         auto data = gradient_of(t.rank(), n);
@@ -547,11 +543,7 @@ TEST_CASE(
     for (std::size_t n : {std::size_t{0}, std::size_t{2}, std::size_t{1001}}) {
       CAPTURE(P);
       CAPTURE(n);
-      std::vector<float> sum(n, 0.0f);
-      for (int r = 0; r < P; ++r) {
-        const auto g = gradient_of(r, n, 1);
-        for (std::size_t i = 0; i < n; ++i) sum[i] += g[i];
-      }
+      const std::vector<float> sum = rank_order_sum(P, n, 1);
       std::atomic<int> failures{0};
       in_process_group(P).run([&](in_process_transport& t) {
         const cpu_executor cpu;
