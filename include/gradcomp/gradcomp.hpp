@@ -47,6 +47,8 @@
 #include <gradcomp/lossless/mpc.hpp>
 #include <gradcomp/lossless/zfp_fixed_rate.hpp>
 
+#include <gradcomp/reference/comparison.hpp>
+
 #include <gradcomp/collective/agreement.hpp>
 #include <gradcomp/collective/all_reduce_cost.hpp>
 #include <gradcomp/collective/all_to_all_chunks.hpp>
