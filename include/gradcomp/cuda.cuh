@@ -4,7 +4,7 @@
 /// that has one, the compressed collectives' device memory operations and state rollback, and
 /// `staged_transport` (a host transport for device buffers). The NCCL adapter is opt-in:
 /// <gradcomp/transport/nccl.cuh>. Include it from a .cu file compiled by nvcc (with -std=c++20); link the target
-/// `gradcomp::cuda`. It includes <gradcomp/gradcomp.hpp>, so the CPU reference is there too.
+/// `gradcomp::cuda`. It includes <gradcomp/gradcomp.hpp>, so the CPU backend is there too.
 
 #include <gradcomp/cuda/config.cuh>
 

@@ -23,7 +23,7 @@
 #include <bit>
 
 #if defined(__CUDACC__)
-/// Marks a function that both the host compiler and nvcc compile, so the CPU reference and the CUDA
+/// Marks a function that both the host compiler and nvcc compile, so the CPU backend and the CUDA
 /// backend run the very same arithmetic.
 #  define GRADCOMP_HOST_DEVICE __host__ __device__
 #else

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// The host executor: codecs given a `cpu_executor` run their CPU reference implementation on the
+/// The host executor: codecs given a `cpu_executor` run their fast host backend (`cpu/`) on the
 /// calling thread, in memory the caller owns.
 ///
 /// Kernels are compiled for the target's baseline (SSE2 on x86-64) and, with GCC or Clang on x86,

@@ -1,7 +1,7 @@
 #pragma once
 /// @file
 /// Products that are rounded on their own, whatever the compiler's flags, so that every build of
-/// the CPU reference and the CUDA backend rounds the same operations.
+/// the reference, CPU and CUDA backends rounds the same operations.
 ///
 /// Compilers contract a product and the sum or difference that uses it into one fused
 /// multiply-add (FMA), which rounds once where the source rounds twice: g++ wherever the target has

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// CPU reference of the count sketch.
+/// CPU backend of the count sketch.
 ///
 /// Encoding, given `workspace_bytes(n)` of workspace, goes row by row. The hashes of a chunk of
 /// 2048 elements are computed first, eight keys per AVX2 instruction where the executor allows it

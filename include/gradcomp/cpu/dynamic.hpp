@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// CPU reference of the dynamic sparsifier. a = g + R is never stored: each pass recomputes it
+/// CPU backend of the dynamic sparsifier. a = g + R is never stored: each pass recomputes it
 /// (the same IEEE addition, so the same bits), which leaves `out` and the state untouched until
 /// the last pass and reads no more memory than storing a would.
 ///

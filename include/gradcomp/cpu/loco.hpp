@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// CPU reference of LoCo, scalar. One pass forms h = g + dequant8(e) in the workspace and checks
+/// CPU backend of LoCo, scalar. One pass forms h = g + dequant8(e) in the workspace and checks
 /// it; the inner codec encodes h and decodes its own message into the workspace; a pass turns that
 /// decoding into the new unquantized error β·dequant8(e) + (1 − β)·(h − ĥ) in place and checks it;
 /// a last pass quantizes it group by group into the state. The state is written only by that last

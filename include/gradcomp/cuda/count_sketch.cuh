@@ -6,7 +6,7 @@
 /// a stored table) and adds σ_j(i)·x_i to its cell of every row with a float atomic add; a table
 /// of 3 rows of 2^20 float cells (12 MiB) stays in the L2 cache of an H100. A second kernel checks
 /// every cell for an overflowed sum. The atomics add each cell's elements in whatever order they
-/// arrive, so a cell's rounding can differ from the CPU reference's, which adds them in ascending
+/// arrive, so a cell's rounding can differ from the CPU backend's, which adds them in ascending
 /// index order: this is the one encoding whose bytes are not the CPU's (docs/cuda.md §4). Each
 /// cell sum is within the recursive-summation bound of the exact sum either way (for float, less
 /// what the atomics' flushing of subnormals to zero loses), and inputs whose sums are exact and

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// TAGC's dynamic sparsifier on the GPU, bit for bit the CPU reference's τ*, ã, residuals and
+/// TAGC's dynamic sparsifier on the GPU, bit for bit the CPU backend's τ*, ã, residuals and
 /// report (sparsify/dynamic.hpp has the rules).
 ///
 /// a = g + R is never stored: every pass recomputes it with the same IEEE addition (a new id's

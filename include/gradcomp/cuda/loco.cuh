@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// LoCo on the GPU, with the CPU reference's bytes and 8-bit error state.
+/// LoCo on the GPU, with the CPU backend's bytes and 8-bit error state.
 ///
 /// State: the error codes (int8, one per element) and scales in device memory, about one byte per
 /// element as on the CPU, and the step counters on the host.

@@ -1,7 +1,7 @@
 #pragma once
 /// @file
 /// Lossless homomorphic compression on the GPU (sketch/lossless_homomorphic.hpp has the scheme):
-/// `encode_index`, `plan` and `encode_sketch` give the CPU reference's bytes, and `decode` its
+/// `encode_index`, `plan` and `encode_sketch` give the CPU backend's bytes, and `decode` its
 /// values, `lhc_decode_result` and errors, bit for bit.
 ///
 /// - `encode_index`: one thread per index byte, whose 8, 2 or 1 elements it codes; NaN or ±Inf is

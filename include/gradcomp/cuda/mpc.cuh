@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// MPC on the GPU, byte for byte the CPU reference's stream (lossless/mpc.hpp and docs/lossless.md
+/// MPC on the GPU, byte for byte the CPU backend's stream (lossless/mpc.hpp and docs/lossless.md
 /// §1 have the format): one warp per chunk of 1024 words, one lane per word of a group of 32.
 ///
 /// Encoding, per group of the chunk, lane t holding v[t]: step 1 takes v[t − d] from a lane of the

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// The QSGD quantizer on the GPU, byte-identical to the CPU reference: a warp per 32 buckets stages
+/// The QSGD quantizer on the GPU, byte-identical to the CPU backend: a warp per 32 buckets stages
 /// them in shared memory and lane b finds bucket b's largest magnitude and sums its squares in the
 /// documented left-to-right order (quantize/qsgd_math.hpp, the sum the CPU forms; block sums,
 /// cuda/block_codes.cuh); then one thread per 32-bit word

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// Random-k on the GPU, byte-identical to the CPU reference: one thread per kept position j
+/// Random-k on the GPU, byte-identical to the CPU backend: one thread per kept position j
 /// gathers x[π(j)] (the keyed permutation of core/random_permutation.hpp, built once on the host
 /// and passed to the kernel by value). Decoding checks every value (finite once scaled by n/k),
 /// then zero-fills the output unless accumulating and scatters. `accumulate_encoded` adds another

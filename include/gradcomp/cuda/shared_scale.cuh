@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// The shared-scale (homomorphic) quantizer on the GPU, byte-identical to the CPU reference.
+/// The shared-scale (homomorphic) quantizer on the GPU, byte-identical to the CPU backend.
 ///
 /// `block_maxima`: a warp per block (NaN or Inf makes every maximum +Inf, as on the CPU).
 /// `encode_shared`: one kernel checks the agreed maxima (one thread per block, in the CPU's order

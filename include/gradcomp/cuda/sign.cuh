@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// The sign quantizer on the GPU, byte-identical to the CPU reference: a warp per 32 blocks stages
+/// The sign quantizer on the GPU, byte-identical to the CPU backend: a warp per 32 blocks stages
 /// them in shared memory and lane b finds block b's largest magnitude and sums its mean magnitude
 /// in the documented left-to-right order (quantize/sign_math.hpp, the sum the CPU forms; block
 /// sums, cuda/block_codes.cuh); then one thread per 32-bit word

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// The sampled-threshold sparsifier on the GPU, byte-identical to the CPU reference: one thread
+/// The sampled-threshold sparsifier on the GPU, byte-identical to the CPU backend: one thread
 /// per sample reads |x| at its Philox position; the radix selection of cuda/radix_select.cuh
 /// finds τ among the samples; one pass appends every index whose magnitude is at least τ; the
 /// host reads how many survived (the message size depends on it); with refinement, when more

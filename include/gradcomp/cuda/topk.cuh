@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// Exact top-k on the GPU, byte-identical to the CPU reference, with no host synchronisation
+/// Exact top-k on the GPU, byte-identical to the CPU backend, with no host synchronisation
 /// before the message is sealed (capturable in a CUDA graph with deferred errors).
 ///
 /// Pass 1 histograms the top 11 bits of every magnitude key; one block picks the bin of the k-th

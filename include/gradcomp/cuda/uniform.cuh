@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// The uniform quantizer on the GPU, byte-identical to the CPU reference (quantize/uniform_math.hpp
+/// The uniform quantizer on the GPU, byte-identical to the CPU backend (quantize/uniform_math.hpp
 /// is the arithmetic of both).
 ///
 /// Encode. When a block's codes fill whole 32-bit words (B·b a multiple of 32, as for the default

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// ZFP fixed rate on the GPU, byte for byte the CPU reference's stream (lossless/zfp_fixed_rate.hpp
+/// ZFP fixed rate on the GPU, byte for byte the CPU backend's stream (lossless/zfp_fixed_rate.hpp
 /// has the format). Every block takes exactly 4R bits at bit 4R·b of the payload, so blocks code
 /// and decode independently: one thread per block runs the shared scalar coder
 /// (lossless/zfp_block.hpp, checked against the codec's stream on the CPU in
