@@ -24,7 +24,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -36,8 +35,6 @@
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/rounded_product.hpp>
-#include <gradcomp/core/saved_state.hpp>
-#include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
 #include <gradcomp/cpu/radix_select.hpp>
 #include <gradcomp/sparsify/dynamic.hpp>
@@ -54,11 +51,8 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
   using sparsifier = dynamic_sparsifier<T>;
   using state_type = dynamic_state<T>;
   using key_type = typename float_traits<T>::bits_type;
-  using format = dynamic_saved_format;
   static constexpr int key_bits = float_traits<T>::magnitude_bits;
   static constexpr int first_shift = key_bits - cpu::radix_digit_bits;
-  /// The saved state's codec field: this stage writes no messages, so it has no codec id.
-  static constexpr codec_id no_codec = codec_id{0};
 
   /// Keys the bucket list holds: an eighth of n (a bucket of N(0, σ) data at f* = 0.8 holds about
   /// 9%), or all of a small tensor.
@@ -129,67 +123,12 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
 
   static std::size_t save_state(const sparsifier& sp, const cpu_executor&, const state_type& state,
                                 std::span<std::byte> bytes) {
-    const std::size_t size = sp.saved_state_bytes(state);
-    detail::require_state_room(bytes, size);
-    std::uint64_t total = 0;
-    for (const auto& entry : state.residuals) total += entry.second.size();
-    std::byte* const p = bytes.data();
-    detail::write_state_head<format>(p, no_codec, dtype_of<T>, total);
-    detail::store_le<std::uint64_t>(p + 17, state.residuals.size());
-    detail::store_le<std::uint64_t>(p + 25, state.steps);
-    std::byte* q = p + format::header_bytes;
-    for (const auto& [id, residual] : state.residuals) {
-      detail::store_le<std::uint64_t>(q, id);
-      detail::store_le<std::uint64_t>(q + 8, residual.size());
-      q = std::ranges::copy(std::as_bytes(std::span<const T>(residual)), q + format::entry_head_bytes).out;
-    }
-    detail::seal_state<format>(p, static_cast<std::size_t>(q - (p + format::header_bytes)));
-    return size;
+    return sp.write_saved_state(state, bytes);
   }
 
-  static void load_state(const sparsifier&, const cpu_executor&, std::span<const std::byte> bytes, state_type& state) {
-    const std::uint64_t total = detail::check_state_head<format>(bytes, no_codec, dtype_of<T>, "GCDS");
-    const std::byte* const p = bytes.data();
-    const std::uint64_t tensors = detail::load_le<std::uint64_t>(p + 17);
-    detail::require(tensors <= bytes.size() / format::entry_head_bytes && total <= bytes.size() / sizeof(T),
-                    errc::truncated, [&] {
-                      return "saved state of " + std::to_string(bytes.size()) + " bytes cannot hold the " +
-                             std::to_string(tensors) + " tensors and " + std::to_string(total) +
-                             " values its header declares";
-                    });
-    const std::span<const std::byte> entries =
-        detail::check_state_body<format>(bytes, static_cast<std::size_t>(tensors * format::entry_head_bytes +
-                                                                         total * sizeof(T)));
-
-    std::map<std::uint64_t, std::vector<T>> residuals;
-    std::size_t at = 0;
-    for (std::uint64_t j = 0; j < tensors; ++j) {
-      detail::require(entries.size() - at >= format::entry_head_bytes, errc::malformed_payload, [&] {
-        return "saved tensor " + std::to_string(j) + " of " + std::to_string(tensors) + " starts past the entries";
-      });
-      const std::uint64_t id = detail::load_le<std::uint64_t>(entries.data() + at);
-      const std::uint64_t count = detail::load_le<std::uint64_t>(entries.data() + at + 8);
-      at += format::entry_head_bytes;
-      detail::require(residuals.empty() || id > residuals.rbegin()->first, errc::malformed_payload, [&] {
-        return "saved tensor ids are not strictly ascending: " + std::to_string(id) + " follows " +
-               std::to_string(residuals.rbegin()->first);
-      });
-      detail::require(count <= (entries.size() - at) / sizeof(T), errc::malformed_payload, [&] {
-        return "saved tensor " + std::to_string(id) + " declares " + std::to_string(count) +
-               " values, more than the entries hold";
-      });
-      std::vector<T> residual(static_cast<std::size_t>(count));
-      std::ranges::copy(entries.subspan(at, residual.size() * sizeof(T)),
-                        std::as_writable_bytes(std::span<T>(residual)).begin());
-      at += residual.size() * sizeof(T);
-      residuals.emplace_hint(residuals.end(), id, std::move(residual));
-    }
-    detail::require(at == entries.size(), errc::malformed_payload, [&] {
-      return "saved tensors hold " + std::to_string(at) + " bytes of entries, the header declares " +
-             std::to_string(entries.size());
-    });
-    state.residuals.swap(residuals);
-    state.steps = detail::load_le<std::uint64_t>(p + 25);
+  static void load_state(const sparsifier& sp, const cpu_executor&, std::span<const std::byte> bytes,
+                         state_type& state) {
+    state = sp.read_saved_state(bytes);
   }
 
  private:

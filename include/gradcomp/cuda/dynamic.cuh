@@ -16,9 +16,9 @@
 /// leaves the state as it was.
 ///
 /// The state keeps each tensor's residual in its own `device_array`; the first successful step of
-/// an id allocates it (cudaMalloc). Saved states are the CPU's "GCDS" bytes: `save_state` copies
-/// the residuals to the host, `load_state` checks the bytes with the CPU's loader before it
-/// replaces anything.
+/// an id allocates it (cudaMalloc). Saved states are the same "GCDS" bytes as on the CPU
+/// (`dynamic_sparsifier::write_saved_state`, `read_saved_state`): `save_state` copies the residuals
+/// to the host, `load_state` checks the bytes before it replaces anything.
 
 #include <gradcomp/cuda/config.cuh>
 
@@ -36,7 +36,6 @@
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/workspace.hpp>
-#include <gradcomp/cpu/dynamic.hpp>
 #include <gradcomp/cuda/device_array.cuh>
 #include <gradcomp/cuda/executor.cuh>
 #include <gradcomp/cuda/grid.cuh>
@@ -136,7 +135,6 @@ struct backend<dynamic_sparsifier<T>, cuda_executor> {
   using sparsifier = dynamic_sparsifier<T>;
   using state_type = cuda_dynamic_state<T>;
   using key_type = typename float_traits<T>::bits_type;
-  using cpu_backend = backend<sparsifier, cpu_executor>;
   static constexpr int key_bits = float_traits<T>::magnitude_bits;
 
   /// The workspace after the status: the selection's bins and states, the table's bins.
@@ -193,14 +191,13 @@ struct backend<dynamic_sparsifier<T>, cuda_executor> {
                                             cudaMemcpyDeviceToHost, exec.native_stream()));
     }
     exec.synchronize();
-    return cpu_backend::save_state(sp, cpu_executor{}, host, bytes);
+    return sp.write_saved_state(host, bytes);
   }
 
-  /// Checks the bytes with the CPU's loader, then replaces the state's residuals by device copies.
+  /// Checks the bytes (`read_saved_state`), then replaces the state's residuals by device copies.
   static void load_state(const sparsifier& sp, const cuda_executor& exec, std::span<const std::byte> bytes,
                          state_type& state) {
-    dynamic_state<T> host;
-    cpu_backend::load_state(sp, cpu_executor{}, bytes, host);
+    const dynamic_state<T> host = sp.read_saved_state(bytes);
     std::map<std::uint64_t, device_array<T>> residuals;
     for (const auto& [id, values] : host.residuals) {
       device_array<T>& residual = residuals.emplace(id, device_array<T>(values.size(), exec)).first->second;

@@ -62,12 +62,14 @@
 /// the payload, Σ n_id = N (`malformed_payload`). The parameters are not saved: a residual is
 /// valid whatever f* the next step uses.
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gradcomp/core/backend.hpp>
@@ -75,6 +77,8 @@
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/saved_state.hpp>
+#include <gradcomp/core/wire_envelope.hpp>
 
 namespace gradcomp {
 
@@ -179,6 +183,7 @@ struct dynamic_saved_format {
   static constexpr std::size_t header_bytes = 37;       ///< Header size, its CRC included.
   static constexpr std::size_t checksum_bytes = 4;      ///< Size of the trailing CRC of the entries.
   static constexpr std::size_t entry_head_bytes = 16;   ///< u64 id and u64 n before each entry's values.
+  static constexpr codec_id codec = codec_id{0};        ///< The codec field: this stage writes no messages.
 };
 
 /// TAGC's dynamic sparsifier with error feedback keyed by tensor id, for `float` or `double`.
@@ -262,6 +267,77 @@ class dynamic_sparsifier {
   template <executor E>
   void load_state(const E& e, std::span<const std::byte> bytes, state_on<E>& state) const {
     backend<dynamic_sparsifier, E>::load_state(*this, e, bytes, state);
+  }
+
+  /// Writes the saved state of `host`, residuals in host memory (every backend's `save_state`;
+  /// format in this file's comment). @returns bytes written. @throws error `buffer_too_small`.
+  std::size_t write_saved_state(const dynamic_state<T>& host, std::span<std::byte> bytes) const {
+    using format = dynamic_saved_format;
+    const std::size_t size = saved_state_bytes(host);
+    detail::require_state_room(bytes, size);
+    std::uint64_t total = 0;
+    for (const auto& entry : host.residuals) total += entry.second.size();
+    std::byte* const p = bytes.data();
+    detail::write_state_head<format>(p, format::codec, dtype_of<T>, total);
+    detail::store_le<std::uint64_t>(p + 17, host.residuals.size());
+    detail::store_le<std::uint64_t>(p + 25, host.steps);
+    std::byte* q = p + format::header_bytes;
+    for (const auto& [id, residual] : host.residuals) {
+      detail::store_le<std::uint64_t>(q, id);
+      detail::store_le<std::uint64_t>(q + 8, residual.size());
+      q = std::ranges::copy(std::as_bytes(std::span<const T>(residual)), q + format::entry_head_bytes).out;
+    }
+    detail::seal_state<format>(p, static_cast<std::size_t>(q - (p + format::header_bytes)));
+    return size;
+  }
+
+  /// Checks saved bytes in the order of this file's comment and returns the state they hold, in
+  /// host memory (every backend's `load_state`, before it touches its state).
+  /// @throws error naming what is wrong with the bytes.
+  [[nodiscard]] dynamic_state<T> read_saved_state(std::span<const std::byte> bytes) const {
+    using format = dynamic_saved_format;
+    const std::uint64_t total = detail::check_state_head<format>(bytes, format::codec, dtype_of<T>, "GCDS");
+    const std::byte* const p = bytes.data();
+    const std::uint64_t tensors = detail::load_le<std::uint64_t>(p + 17);
+    detail::require(tensors <= bytes.size() / format::entry_head_bytes && total <= bytes.size() / sizeof(T),
+                    errc::truncated, [&] {
+                      return "saved state of " + std::to_string(bytes.size()) + " bytes cannot hold the " +
+                             std::to_string(tensors) + " tensors and " + std::to_string(total) +
+                             " values its header declares";
+                    });
+    const std::span<const std::byte> entries =
+        detail::check_state_body<format>(bytes, static_cast<std::size_t>(tensors * format::entry_head_bytes +
+                                                                         total * sizeof(T)));
+
+    dynamic_state<T> loaded;
+    std::size_t at = 0;
+    for (std::uint64_t j = 0; j < tensors; ++j) {
+      detail::require(entries.size() - at >= format::entry_head_bytes, errc::malformed_payload, [&] {
+        return "saved tensor " + std::to_string(j) + " of " + std::to_string(tensors) + " starts past the entries";
+      });
+      const std::uint64_t id = detail::load_le<std::uint64_t>(entries.data() + at);
+      const std::uint64_t count = detail::load_le<std::uint64_t>(entries.data() + at + 8);
+      at += format::entry_head_bytes;
+      detail::require(loaded.residuals.empty() || id > loaded.residuals.rbegin()->first, errc::malformed_payload, [&] {
+        return "saved tensor ids are not strictly ascending: " + std::to_string(id) + " follows " +
+               std::to_string(loaded.residuals.rbegin()->first);
+      });
+      detail::require(count <= (entries.size() - at) / sizeof(T), errc::malformed_payload, [&] {
+        return "saved tensor " + std::to_string(id) + " declares " + std::to_string(count) +
+               " values, more than the entries hold";
+      });
+      std::vector<T> residual(static_cast<std::size_t>(count));
+      std::ranges::copy(entries.subspan(at, residual.size() * sizeof(T)),
+                        std::as_writable_bytes(std::span<T>(residual)).begin());
+      at += residual.size() * sizeof(T);
+      loaded.residuals.emplace_hint(loaded.residuals.end(), id, std::move(residual));
+    }
+    detail::require(at == entries.size(), errc::malformed_payload, [&] {
+      return "saved tensors hold " + std::to_string(at) + " bytes of entries, the header declares " +
+             std::to_string(entries.size());
+    });
+    loaded.steps = detail::load_le<std::uint64_t>(p + 25);
+    return loaded;
   }
 
  private:
