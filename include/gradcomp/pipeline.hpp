@@ -76,4 +76,4 @@ class pipeline : public codec_interface<pipeline<S, Q>, typename S::value_type> 
 
 }  // namespace gradcomp
 
-#include <gradcomp/cpu/pipeline.hpp>
+#include <gradcomp/reference/pipeline.hpp>

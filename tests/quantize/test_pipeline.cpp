@@ -14,6 +14,7 @@
 #include "support/data.hpp"
 #include "support/errors.hpp"
 #include "support/oracles.hpp"
+#include "support/reference_check.hpp"
 
 using namespace gradcomp;
 using namespace gradcomp::test;
@@ -95,4 +96,30 @@ TEST_CASE("pipeline rejects NaN, other stages' messages and tampered nested mess
         named(errc::codec_mismatch));
   const pipeline other(topk_sparsifier<float>(sparsity{.k = 10}), uniform_quantizer<float>({.bits = 4}));
   CHECK(thrown_by([&] { decode_values(other, encode_bytes(both, x), x.size()); }) == named(errc::parameter_mismatch));
+}
+
+TEST_CASE("pipeline: every cpu setting writes the reference's bytes, rejects alike and decodes alike") {
+  check_inputs_same_as_reference(
+      pipeline(topk_sparsifier<float>(sparsity{.density = 0.1}), uniform_quantizer<float>({.bits = 8})));
+  check_inputs_same_as_reference(pipeline(threshold_sparsifier<double>(), sign_quantizer<double>()));
+  check_inputs_same_as_reference(
+      pipeline(topk_sparsifier<float>(sparsity{.k = 50}), qsgd_quantizer<float>({.levels = 7, .seed = 2})));
+  check_non_finite_same_as_reference(
+      pipeline(topk_sparsifier<float>(sparsity{.k = 10}), uniform_quantizer<float>({.bits = 4})));
+}
+
+TEST_CASE("pipeline: a nested message of another step or tensor is rejected with step_mismatch, everywhere alike") {
+  const pipeline both(topk_sparsifier<float>(sparsity{.k = 10}), uniform_quantizer<float>({.bits = 8}));
+  const std::vector<float> x = make_input<float>(input_kind::normal, 500, 8);
+  const std::vector<std::byte> message = encode_on(reference_executor{}, both, x, {.step = 5, .tensor_id = 2});
+  // docs/wire-format.md §12.1: the nested message follows the count and the u32 list of 10 indices (40 bytes).
+  const std::size_t nested_at = envelope::size + 8 + 40;
+  REQUIRE(decode_status_everywhere(both, message, x.size()) == "no exception");
+  for (const message_key other : {message_key{.step = 6, .tensor_id = 2}, message_key{.step = 5, .tensor_id = 3}}) {
+    std::vector<std::byte> tampered = message;
+    envelope nested = parse_envelope(std::span<const std::byte>(tampered).subspan(nested_at));
+    nested.key = other;
+    write_envelope(nested, std::span<std::byte>(tampered).subspan(nested_at));  // a valid header CRC
+    CHECK(decode_status_everywhere(both, tampered, x.size()) == named(errc::step_mismatch));
+  }
 }

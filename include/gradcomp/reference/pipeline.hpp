@@ -1,39 +1,42 @@
 #pragma once
 /// @file
-/// CPU pipeline: run the sparsifier into the workspace, copy its index section into the message,
-/// gather the kept values, and let the quantizer encode them behind it. Decoding validates the
-/// indices, decodes the nested quantizer message into the workspace, and scatters.
+/// The pipeline (a sparsifier's indices, then a quantizer's message of the kept values;
+/// docs/wire-format.md §12) on a host executor: the reference backend on `reference_executor`, whose
+/// stages run their own reference backends, and the CPU backend on `cpu_executor`, the same steps
+/// with the stages' CPU backends. The pipeline itself only copies the index section and gathers and
+/// scatters the kept values, so the host has nothing faster to offer than these plain loops.
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <span>
-#include <string>
 
 #include <gradcomp/core/backend.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/error.hpp>
+#include <gradcomp/core/reference_executor.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
-#include <gradcomp/cpu/message.hpp>
 #include <gradcomp/pipeline.hpp>
 #include <gradcomp/sparsify/sparse_format.hpp>
 
 namespace gradcomp {
 
-/// A sparsifier followed by a quantizer, on the CPU.
-template <class S, class Q>
-struct backend<pipeline<S, Q>, cpu_executor> {
+/// A sparsifier followed by a quantizer on a host executor E (the reference, or the CPU).
+template <class S, class Q, class E>
+  requires(std::same_as<E, reference_executor> || std::same_as<E, cpu_executor>)
+struct backend<pipeline<S, Q>, E> {
   using T = typename S::value_type;
 
   struct scratch {
-    std::span<std::byte> sparse;    ///< The sparsifier's message.
-    std::span<std::byte> stage;     ///< Workspace of whichever stage runs.
-    std::span<T> values;            ///< Kept values, contiguous.
+    std::span<std::byte> sparse;  ///< The sparsifier's message.
+    std::span<std::byte> stage;   ///< Workspace of whichever stage runs.
+    std::span<T> values;          ///< Kept values, contiguous.
   };
 
-  static scratch carve(workspace_arena& arena, const pipeline<S, Q>& codec, const cpu_executor& e, std::uint64_t n) {
+  static scratch carve(workspace_arena& arena, const pipeline<S, Q>& codec, const E& e, std::uint64_t n) {
     scratch s;
     s.sparse = arena.take<std::byte>(codec.sparsify_stage().max_encoded_bytes(n));
     s.stage = arena.take<std::byte>(
@@ -42,16 +45,17 @@ struct backend<pipeline<S, Q>, cpu_executor> {
     return s;
   }
 
-  static std::size_t workspace_bytes(const pipeline<S, Q>& codec, const cpu_executor& e, std::uint64_t n) {
+  static std::size_t workspace_bytes(const pipeline<S, Q>& codec, const E& e, std::uint64_t n) {
     workspace_arena arena = workspace_arena::measure();
     carve(arena, codec, e, n);
     return arena.bytes_needed();
   }
 
-  static std::size_t encode(const pipeline<S, Q>& codec, const cpu_executor& e, std::span<const T> grad,
+  static std::size_t encode(const pipeline<S, Q>& codec, const E& e, std::span<const T> grad,
                             std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
     workspace_arena arena(ws);
     const scratch s = carve(arena, codec, e, grad.size());
+    // The sparsifier's own message (docs/wire-format.md §4): its count, index section and kept values.
     const std::size_t sparse_bytes = codec.sparsify_stage().encode(e, grad, s.sparse, s.stage, key);
     const std::span<const std::byte> sparse_message(s.sparse.data(), sparse_bytes);
     const envelope inner = parse_envelope(sparse_message);
@@ -59,24 +63,28 @@ struct backend<pipeline<S, Q>, cpu_executor> {
     const std::uint64_t k = view.index.kept;
     for (std::uint64_t j = 0; j < k; ++j) s.values[j] = view.value(j);
 
-    const std::uint64_t head = view.index.bytes();  // count field and index section
-    cpu::begin_message(out, static_cast<std::size_t>(envelope::size + head));
+    // docs/wire-format.md §12.1: the count and index section copied as they are, then the
+    // quantizer's complete message of the k kept values, keyed alike.
+    const std::uint64_t head = view.index.bytes();
+    detail::begin_host_message(out, static_cast<std::size_t>(envelope::size + head));
     std::memcpy(out.data() + envelope::size, payload_of(sparse_message).data(), static_cast<std::size_t>(head));
     const std::size_t values_bytes =
         codec.quantize_stage().encode(e, std::span<const T>(s.values.data(), static_cast<std::size_t>(k)),
                                       out.subspan(static_cast<std::size_t>(envelope::size + head)), s.stage, key);
 
+    // The envelope last: the sparsifier's index coding as layout, its payload-CRC choice as flag.
     const std::uint64_t payload_bytes = head + values_bytes;
-    cpu::seal_message(out,
-                      {codec_id::pipeline, dtype_of<T>, inner.layout, 0, key, grad.size(), payload_bytes,
-                       codec.params_hash(), 0},
-                      inner.flags != 0);
+    detail::seal_host_message(out,
+                              {codec_id::pipeline, dtype_of<T>, inner.layout, 0, key, grad.size(), payload_bytes,
+                               codec.params_hash(), 0},
+                              inner.flags != 0);
     return static_cast<std::size_t>(envelope::size + payload_bytes);
   }
 
-
-  static void decode(const pipeline<S, Q>& codec, const cpu_executor& e, std::span<const std::byte> message,
-                     std::span<T> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
+  static void decode(const pipeline<S, Q>& codec, const E& e, std::span<const std::byte> message, std::span<T> out,
+                     std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
+    // docs/wire-format.md §12.2, in order: the envelope, the count and index section, the workspace,
+    // the nested message's key, then the quantizer's own checks of the nested message.
     const envelope env = parse_envelope(message);
     validate_envelope(env, {codec_id::pipeline, dtype_of<T>, out.size(), codec.params_hash()}, limits);
     const std::span<const std::byte> payload = payload_of(message);
@@ -84,18 +92,14 @@ struct backend<pipeline<S, Q>, cpu_executor> {
     workspace_arena arena(ws);
     const scratch s = carve(arena, codec, e, out.size());
     const std::span<T> values(s.values.data(), static_cast<std::size_t>(index.kept));
-    // The nested message must belong to the same step and tensor and hold exactly k values; its own
-    // decoder checks the rest.
     const std::span<const std::byte> nested = payload.subspan(static_cast<std::size_t>(index.bytes()));
     detail::require(parse_envelope(nested).key == env.key, errc::step_mismatch,
                     "the nested quantizer message belongs to another step or tensor");
     codec.quantize_stage().decode(e, nested, values, s.stage,
                                   {.max_elements = index.kept, .require_checksum = limits.require_checksum});
+    // Zeros (decode), then value j at the j-th kept index, written or added.
     if (!accumulate) std::fill(out.begin(), out.end(), T{0});
-    T* const dense = out.data();
-    if (accumulate) index.for_each([&](std::uint64_t j, std::uint64_t i) { dense[i] += values[j]; });
-    else
-      index.for_each([&](std::uint64_t j, std::uint64_t i) { dense[i] = values[j]; });
+    index.for_each([&](std::uint64_t j, std::uint64_t i) { out[i] = accumulate ? out[i] + values[j] : values[j]; });
   }
 };
 
