@@ -299,6 +299,26 @@ TEST_CASE("tagc reports its bytes: indexes, sketches and tails, fewer than dense
   for (const auto& rec : ranks) longest = std::max<std::uint64_t>(longest, rec.report.sketch_values + (m % block));
   CHECK(ranks[0].report.sent_bytes == 2 * lhc.index_bytes(m / block * block) + 2 * longest * sizeof(float) +
                                           ranks[0].report.resent_shards * m * sizeof(float));
+  // The same bytes by segment: both indexes; both sketches (this rank's own, plus the other
+  // owner's, which every rank sizes alike from the aggregated index); both 10-value tails; the
+  // shorter segment's padding up to the longest; resent shards.
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    const tagc_report& got = ranks[r].report;
+    CHECK(got.index_bytes == 2 * lhc.index_bytes(m / block * block));
+    CHECK(got.sketch_bytes == (ranks[0].report.sketch_values + ranks[1].report.sketch_values) * sizeof(float));
+    CHECK(got.tail_bytes == 2 * (m % block) * sizeof(float));
+    CHECK(got.sketch_bytes + got.tail_bytes + got.padding_bytes == 2 * longest * sizeof(float));
+    CHECK(got.resent_bytes == got.resent_shards * m * sizeof(float));
+    CHECK(got.sent_bytes == got.index_bytes + got.sketch_bytes + got.tail_bytes + got.padding_bytes + got.resent_bytes);
+  }
+  // The per-shard schedule sends no padding, and the same indexes, sketches and tails.
+  const auto per_shard = run_tagc(tagc<float>(small_blocks(tagc_schedule::per_shard, 0.95)), 2, n, 1);
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    CHECK(per_shard[r].report.padding_bytes == 0);
+    CHECK(per_shard[r].report.index_bytes == ranks[r].report.index_bytes);
+    CHECK(per_shard[r].report.sketch_bytes == ranks[r].report.sketch_bytes);
+    CHECK(per_shard[r].report.tail_bytes == ranks[r].report.tail_bytes);
+  }
   check_against_oracle(ranks, n, block);
 }
 
@@ -312,6 +332,9 @@ TEST_CASE("tagc resends a shard whose sketch stalls under the report policy and 
       CHECK(rec.report.unrecovered > 0);
       CHECK(rec.report.resent_shards == 4);
       CHECK(rec.report.estimated == 0);
+      CHECK(rec.report.resent_bytes == 4 * m * sizeof(float));
+      CHECK(rec.report.sent_bytes == rec.report.index_bytes + rec.report.sketch_bytes + rec.report.tail_bytes +
+                                         rec.report.padding_bytes + rec.report.resent_bytes);
     }
     for (std::size_t owner = 0; owner < 4; ++owner) {
       std::vector<float> expected(m);

@@ -78,6 +78,12 @@ struct tagc_params {
 /// the longest in the fused schedule, and resent chunks; `dense_bytes` the n values an uncompressed
 /// reduce-scatter contributes; the agreement's control words are not counted), and what TAGC found.
 struct tagc_report : compressed_report {
+  /// `sent_bytes` by segment: they add up to it.
+  std::uint64_t index_bytes = 0;    ///< The P indexes (step 2).
+  std::uint64_t sketch_bytes = 0;   ///< The P sketches (step 3).
+  std::uint64_t tail_bytes = 0;     ///< The P tails, sent uncompressed (step 3).
+  std::uint64_t padding_bytes = 0;  ///< Zeros padding each sketch-and-tail segment to the longest (`fused`).
+  std::uint64_t resent_bytes = 0;   ///< Chunks summed again uncompressed after a stall (`report`).
   std::uint64_t kept = 0;             ///< Values this rank kept over all chunks.
   std::uint64_t union_nonzeros = 0;   ///< Non-zeros of the aggregated index of this rank's chunk.
   std::uint64_t sketch_values = 0;    ///< Sketch cells (or dense values) of this rank's chunk.
@@ -339,7 +345,7 @@ class tagc_call {
                          .kept;
       lhc_.encode_index(e_, std::span<const T>(sparse_of(s)), index_of(s));
     }
-    report.sent_bytes += layout_.index_total;
+    report.index_bytes = layout_.index_total;
 
     lhc_plan own_plan{};
     if (scheme_.params().schedule == tagc_schedule::per_shard) {
@@ -349,7 +355,8 @@ class tagc_call {
         const std::size_t length = static_cast<std::size_t>(plan.sketch_values()) + layout_.tail(s);
         state_.segments.resize(e_, length);
         fill_segment(s, plan, state_.segments.span());
-        report.sent_bytes += length * sizeof(T);
+        report.sketch_bytes += plan.sketch_values() * sizeof(T);
+        report.tail_bytes += layout_.tail(s) * sizeof(T);
         t_.reduce_sum(state_.segments.span(), s);
         if (s != rank) continue;
         own_plan = plan;
@@ -366,11 +373,15 @@ class tagc_call {
       }
       const auto P = static_cast<std::size_t>(ranks());
       state_.segments.resize(e_, P * longest);
-      for (int s = 0; s < ranks(); ++s)
-        fill_segment(s, plans[static_cast<std::size_t>(s)],
-                     state_.segments.span().subspan(static_cast<std::size_t>(s) * longest, longest));
+      for (int s = 0; s < ranks(); ++s) {
+        const lhc_plan& plan = plans[static_cast<std::size_t>(s)];
+        fill_segment(s, plan, state_.segments.span().subspan(static_cast<std::size_t>(s) * longest, longest));
+        report.sketch_bytes += plan.sketch_values() * sizeof(T);
+        report.tail_bytes += layout_.tail(s) * sizeof(T);
+        report.padding_bytes +=
+            (longest - static_cast<std::size_t>(plan.sketch_values()) - layout_.tail(s)) * sizeof(T);
+      }
       state_.received.resize(e_, longest);
-      report.sent_bytes += P * longest * sizeof(T);
       t_.reduce_scatter_sum(std::span<const T>(state_.segments.span()), state_.received.span());
       own_plan = plans[static_cast<std::size_t>(rank)];
     }
@@ -396,6 +407,8 @@ class tagc_call {
     memory::copy(e_, std::span<const T>(state_.received.span()).subspan(sketch_values, layout_.tail(rank)),
                  chunk.subspan(aligned));
     report.resent_shards = settle_outcomes(outcome, report);
+    report.sent_bytes =
+        report.index_bytes + report.sketch_bytes + report.tail_bytes + report.padding_bytes + report.resent_bytes;
 
     report.union_nonzeros = own_plan.union_nonzeros;
     report.sketch_values = sketch_values;
@@ -430,7 +443,7 @@ class tagc_call {
       memory::copy(e_, std::span<const T>(sparse_of(s)), segment.first(aligned));
       memory::copy(e_, chunk.subspan(aligned), segment.subspan(aligned));
       t_.reduce_sum(segment, s);
-      report.sent_bytes += chunk.size() * sizeof(T);
+      report.resent_bytes += chunk.size() * sizeof(T);
       if (s == t_.rank()) memory::copy(e_, std::span<const T>(segment), result());
     }
     return resent;

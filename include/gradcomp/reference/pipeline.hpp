@@ -51,8 +51,8 @@ struct backend<pipeline<S, Q>, E> {
     return arena.bytes_needed();
   }
 
-  static std::size_t encode(const pipeline<S, Q>& codec, const E& e, std::span<const T> grad,
-                            std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
+  static std::size_t encode(const pipeline<S, Q>& codec, const E& e, std::span<const T> grad, std::span<std::byte> out,
+                            std::span<std::byte> ws, message_key key) {
     workspace_arena arena(ws);
     const scratch s = carve(arena, codec, e, grad.size());
     // The sparsifier's own message (docs/wire-format.md §4): its count, index section and kept values.
