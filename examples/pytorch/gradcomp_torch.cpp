@@ -36,7 +36,9 @@
 //   tagc_names(), Tagc(name)             the table's TAGC rows over a bucket's parameters:
 //     .make_state(), .save_state(state), .load_state(bytes)   one state for the whole model
 //     .all_reduce_mean(ops, data, state, params)   params: (index in the model, name, shape)
-//                                        of each parameter of `data`, in order
+//                                        of each parameter of `data`, in order; three collectives
+//     .bytes_by_part()                   bytes sent so far: index, sketch, tail, padding, resent,
+//                                        dense, gather
 //   gravac_names(), Gravac(name)         the table's GraVAC rows (gravac_buckets.hpp): top-k + EF
 //                                        whose density one controller chooses for the model
 //     .all_reduce_mean(ops, data, params, step, tensor_id, last)   params: (index, size) per
@@ -63,6 +65,7 @@
 #include <vector>
 
 #include "../train/tagc_aggregator.hpp"
+#include "tagc_bucket.hpp"
 #include "bucket_state.hpp"
 #include "gravac_buckets.hpp"
 #include "hook_codecs.hpp"
@@ -427,11 +430,11 @@ class codec_of final : public codec_handle {
   gradcomp::cpu_executor cpu_{};
 };
 
-/// A TAGC row of the table over the buckets of a DDP model: every parameter of a bucket is
-/// reduce-scattered through TAGC (or uncompressed, as TAGC's layer policy decides from its name
-/// and shape), and the shards of the mean are all-gathered (train::tagc_rank_all_reduce). One
-/// state serves the whole model: its error feedback is keyed by the parameter's index in the
-/// model, so however DDP groups the parameters into buckets, each keeps its own residuals.
+/// A TAGC row of the table over the buckets of a DDP model: the parameters of a bucket that TAGC's
+/// layer policy compresses (by name and shape) go through one TAGC reduce-scatter, the others
+/// through one uncompressed reduce-scatter, and the shards of the mean are all-gathered losslessly
+/// (tagc_bucket.hpp). One state serves the whole model: its error feedback is keyed by the set of
+/// parameter ids of the bucket.
 class tagc_scheme {
  public:
   /// A parameter of a bucket: its index in the model, its name and its shape.
@@ -457,32 +460,42 @@ class tagc_scheme {
   }
 
   /// `data` (the bucket's parameters one after another, in the order of `params`) becomes the
-  /// mean over the ranks. Returns the bytes this rank sent: TAGC's reduce-scatter, plus the ring
-  /// all-gather of the shards ((P − 1) shards of every parameter), which a DDP step needs (a
-  /// sharded trainer all-gathers its parameters instead, and mpi_train leaves it out).
+  /// mean over the ranks, in three collectives (tagc_bucket.hpp): one TAGC reduce-scatter of the
+  /// parameters TAGC's layer policy compresses, one uncompressed reduce-scatter of the others, one
+  /// lossless all-gather of the shards. The residuals are keyed by the bucket's parameter ids, so a
+  /// bucket that DDP rebuilds with other parameters starts from zero residuals. Returns the bytes
+  /// this rank sent, as ring collectives send them, and adds them by part to `bytes_by_part()`.
   std::size_t all_reduce_mean(process_group_transport& t, std::span<float> data, state_handle& handle,
                               const std::vector<parameter_info>& params) const {
     std::vector<train::parameter> layout;
-    std::vector<std::uint32_t> ids;
+    std::uint64_t key = 0xcbf29ce484222325ull;  // FNV-1a over the parameter ids
     std::size_t offset = 0;
     for (const auto& [id, name, shape] : params) {
       std::size_t count = 1;
       for (const std::int64_t d : shape) count *= static_cast<std::size_t>(d);
       const std::size_t rows = shape.size() >= 2 ? static_cast<std::size_t>(shape[0]) : 1;
       layout.push_back({name, offset, rows, rows == 0 ? 0 : count / rows});
-      ids.push_back(id);
+      key = (key ^ id) * 0x100000001b3ull;
       offset += count;
     }
     gradcomp::detail::require(offset == data.size(), gradcomp::errc::size_mismatch, [&] {
       return "the bucket holds " + std::to_string(data.size()) + " values, its parameters " + std::to_string(offset);
     });
     const std::vector<bool> compressed = train::tagc_compressed_tensors(gradcomp::tagc_layer_policy(), layout);
-    const std::size_t sent = train::tagc_rank_all_reduce(t, tagc_, state_in(handle), layout, compressed, data, ids);
-    const auto P = static_cast<std::size_t>(t.size());
-    std::size_t gathered = 0;
-    for (const train::parameter& p : layout) gathered += (p.size() + P - 1) / P * (P - 1) * sizeof(float);
-    return sent + gathered;
+    const tagc_bucket_bytes bytes = tagc_bucket_all_reduce(t, tagc_, state_in(handle), layout, compressed, data,
+                                                           static_cast<std::uint32_t>(key ^ (key >> 32)));
+    totals_.index += bytes.index;
+    totals_.sketch += bytes.sketch;
+    totals_.tail += bytes.tail;
+    totals_.padding += bytes.padding;
+    totals_.resent += bytes.resent;
+    totals_.dense += bytes.dense;
+    totals_.gather += bytes.gather;
+    return bytes.total();
   }
+
+  /// The bytes sent so far, by part (tagc_bucket_bytes).
+  [[nodiscard]] const tagc_bucket_bytes& bytes_by_part() const noexcept { return totals_; }
 
  private:
   struct state_of_scheme final : state_handle {
@@ -502,6 +515,7 @@ class tagc_scheme {
 
   gradcomp::tagc<float> tagc_;
   gradcomp::cpu_executor cpu_{};
+  mutable tagc_bucket_bytes totals_;
 };
 
 /// Collects the rows of train/codec_table.hpp that run here: the rows that are one codec
@@ -709,5 +723,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             out["sent_bytes"] = s.all_reduce_mean(t, values, state, params);
             return out;
           },
-          py::arg("ops"), py::arg("data"), py::arg("state"), py::arg("params"));
+          py::arg("ops"), py::arg("data"), py::arg("state"), py::arg("params"))
+      .def("bytes_by_part", [](const tagc_scheme& s) {
+        const tagc_bucket_bytes& b = s.bytes_by_part();
+        py::dict out;
+        out["index"] = b.index;
+        out["sketch"] = b.sketch;
+        out["tail"] = b.tail;
+        out["padding"] = b.padding;
+        out["resent"] = b.resent;
+        out["dense"] = b.dense;
+        out["gather"] = b.gather;
+        return out;
+      });
 }

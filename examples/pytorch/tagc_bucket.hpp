@@ -1,0 +1,97 @@
+#pragma once
+// TAGC over a DDP bucket (docs/pytorch.md): the mean of the bucket in three collectives, whatever
+// the number of tensors in it. The tensors TAGC's layer policy compresses are concatenated and go
+// through ONE TAGC reduce-scatter (keyed by the bucket); the others are concatenated and go through
+// ONE uncompressed reduce-scatter; then ONE all-gather of this rank's shards of both, in MPC frames
+// (lossless: every rank ends with the same bits). Each concatenation is padded with zeros to P equal
+// shards. The bytes are counted as ring collectives send them, the basis of the dense baseline
+// (a ring all-reduce sends 2(P − 1)/P of the bucket).
+#include <gradcomp/gradcomp.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "../train/mlp.hpp"
+
+namespace gradcomp_torch {
+
+/// What one rank sends in `tagc_bucket_all_reduce`, by part, in bytes.
+struct tagc_bucket_bytes {
+  std::size_t index = 0;    ///< TAGC's index all-reduce: 2(P − 1)/P of the P indexes.
+  std::size_t sketch = 0;   ///< TAGC's sketch reduce-scatter: (P − 1)/P of the P sketches...
+  std::size_t tail = 0;     ///< ... of the P uncompressed tails ...
+  std::size_t padding = 0;  ///< ... and of the zeros padding each segment to the longest.
+  std::size_t resent = 0;   ///< (P − 1)/P of the chunks resent after a stall.
+  std::size_t dense = 0;    ///< The uncompressed tensors' reduce-scatter: (P − 1) shards.
+  std::size_t gather = 0;   ///< The all-gather: this rank's MPC frame to each of the P − 1 others.
+  [[nodiscard]] std::size_t total() const noexcept { return index + sketch + tail + padding + resent + dense + gather; }
+};
+
+/// The bucket `grad` (the tensors of `layout` one after another) becomes the mean over the ranks of
+/// `t`: the tensors `compressed` marks through TAGC (`scheme`, residuals in `state` under
+/// `bucket_id`), the others exactly, then every shard all-gathered losslessly.
+template <gradcomp::transport X>
+tagc_bucket_bytes tagc_bucket_all_reduce(X& t, const gradcomp::tagc<float>& scheme,
+                                         gradcomp::tagc_state<float, gradcomp::cpu_executor>& state,
+                                         const std::vector<train::parameter>& layout,
+                                         const std::vector<bool>& compressed, std::span<float> grad,
+                                         std::uint32_t bucket_id) {
+  const gradcomp::cpu_executor cpu;
+  const auto P = static_cast<std::size_t>(t.size());
+  // The two concatenations, in tensor order.
+  std::vector<float> sparse_part, dense_part;
+  for (std::size_t l = 0; l < layout.size(); ++l) {
+    std::vector<float>& part = compressed[l] ? sparse_part : dense_part;
+    const auto first = grad.begin() + static_cast<std::ptrdiff_t>(layout[l].offset);
+    part.insert(part.end(), first, first + static_cast<std::ptrdiff_t>(layout[l].size()));
+  }
+  const std::size_t ms = (sparse_part.size() + P - 1) / P, md = (dense_part.size() + P - 1) / P;
+  sparse_part.resize(P * ms, 0.0f);
+  dense_part.resize(P * md, 0.0f);
+
+  tagc_bucket_bytes bytes;
+  std::vector<float> mine(ms + md);  // this rank's shard of each part
+  const std::span<float> my_sparse = std::span<float>(mine).first(ms), my_dense = std::span<float>(mine).subspan(ms);
+  const auto ring_share = [P](std::uint64_t b) { return static_cast<std::size_t>(b * (P - 1) / P); };
+  if (ms > 0) {
+    const gradcomp::tagc_report report =
+        gradcomp::compressed_reduce_scatter(cpu, t, scheme, state, std::span<const float>(sparse_part), my_sparse,
+                                            {.key = {.tensor_id = bucket_id}, .average = true});
+    bytes.index = 2 * ring_share(report.index_bytes);
+    bytes.sketch = ring_share(report.sketch_bytes);
+    bytes.tail = ring_share(report.tail_bytes);
+    bytes.padding = ring_share(report.padding_bytes);
+    bytes.resent = ring_share(report.resent_bytes);
+  }
+  if (md > 0) {
+    t.reduce_scatter_sum(std::span<const float>(dense_part), my_dense);
+    for (float& v : my_dense) v /= static_cast<float>(P);
+    bytes.dense = (P - 1) * md * sizeof(float);
+  }
+
+  std::vector<float> all(P * (ms + md));
+  bytes.gather = gradcomp::compressed_all_gather(cpu, t, gradcomp::mpc_codec{}, std::span<const float>(mine),
+                                                 std::span<float>(all),
+                                                 {.key = {.tensor_id = bucket_id}, .measure_error = false})
+                     .sent_bytes;
+  // Shard q of each part is block q of the gather: reassemble the parts, then the tensors.
+  for (std::size_t q = 0; q < P; ++q) {
+    const auto block = all.begin() + static_cast<std::ptrdiff_t>(q * (ms + md));
+    std::copy_n(block, ms, sparse_part.begin() + static_cast<std::ptrdiff_t>(q * ms));
+    std::copy_n(block + static_cast<std::ptrdiff_t>(ms), md, dense_part.begin() + static_cast<std::ptrdiff_t>(q * md));
+  }
+  std::size_t at_sparse = 0, at_dense = 0;
+  for (std::size_t l = 0; l < layout.size(); ++l) {
+    std::size_t& at = compressed[l] ? at_sparse : at_dense;
+    const std::vector<float>& part = compressed[l] ? sparse_part : dense_part;
+    std::copy_n(part.begin() + static_cast<std::ptrdiff_t>(at), layout[l].size(),
+                grad.begin() + static_cast<std::ptrdiff_t>(layout[l].offset));
+    at += layout[l].size();
+  }
+  return bytes;
+}
+
+}  // namespace gradcomp_torch
