@@ -73,10 +73,10 @@ tagc_bucket_bytes tagc_bucket_all_reduce(X& t, const gradcomp::tagc<float>& sche
   }
 
   std::vector<float> all(P * (ms + md));
-  bytes.gather = gradcomp::compressed_all_gather(cpu, t, gradcomp::mpc_codec{}, std::span<const float>(mine),
-                                                 std::span<float>(all),
-                                                 {.key = {.tensor_id = bucket_id}, .measure_error = false})
-                     .sent_bytes;
+  bytes.gather =
+      gradcomp::compressed_all_gather(cpu, t, gradcomp::mpc_codec{}, std::span<const float>(mine),
+                                      std::span<float>(all), {.key = {.tensor_id = bucket_id}, .measure_error = false})
+          .sent_bytes;
   // Shard q of each part is block q of the gather: reassemble the parts, then the tensors.
   for (std::size_t q = 0; q < P; ++q) {
     const auto block = all.begin() + static_cast<std::ptrdiff_t>(q * (ms + md));

@@ -322,6 +322,57 @@ TEST_CASE("tagc reports its bytes: indexes, sketches and tails, fewer than dense
   check_against_oracle(ranks, n, block);
 }
 
+TEST_CASE("tagc warm-up: an uncompressed reduce-scatter mean while step < dense_steps, residuals untouched") {
+  constexpr std::size_t n = 4 * (8 * 64) + 3;
+  constexpr int P = 4;
+  const tagc<float> scheme(small_blocks(tagc_schedule::fused, 0.95));
+  rank_states states;
+  // Two compressed steps give every rank residuals; then a warm-up step (step 1 < dense_steps 2).
+  (void)run_tagc(scheme, P, n, 2, &states);
+  const reduce_scatter_options warm{.key = {.step = 1, .tensor_id = 7}, .average = true, .dense_steps = 2};
+  std::vector<std::vector<float>> grads(P), shards(P);
+  std::vector<residual_map> before(P);
+  std::vector<tagc_report> reports(P);
+  in_process_group(P).run([&](in_process_transport& t) {
+    const auto r = static_cast<std::size_t>(t.rank());
+    grads[r] = exact_gradient(n, t.rank(), 9);
+    before[r] = states[r].feedback.residuals;
+    shards[r].assign(chunk(n, P, r).second, std::numeric_limits<float>::quiet_NaN());
+    reports[r] = compressed_reduce_scatter(cpu_executor{}, t, scheme, states[r], std::span<const float>(grads[r]),
+                                           std::span<float>(shards[r]), warm);
+  });
+  for (std::size_t r = 0; r < P; ++r) {
+    CAPTURE(r);
+    CHECK(states[r].feedback.residuals == before[r]);
+    const auto [offset, count] = chunk(n, P, r);
+    std::vector<float> expected(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      float sum = 0.0f;
+      for (std::size_t q = 0; q < P; ++q) sum += grads[q][offset + i];
+      expected[i] = sum / static_cast<float>(P);
+    }
+    CHECK(same_bits(shards[r], expected));
+    // A dense reduce-scatter of P blocks of ⌈n/P⌉ values: P − 1 of them leave this rank.
+    CHECK(reports[r].sent_bytes == (P - 1) * chunk(n, P, 0).second * sizeof(float));
+    CHECK(reports[r].index_bytes == 0);
+  }
+  // A rank that disagrees on the warm-up makes every rank throw, residuals untouched.
+  std::vector<std::string> thrown(P);
+  in_process_group(P).run([&](in_process_transport& t) {
+    const auto r = static_cast<std::size_t>(t.rank());
+    reduce_scatter_options mine = warm;
+    if (r == 2) mine.dense_steps = 0;
+    thrown[r] = thrown_by([&] {
+      (void)compressed_reduce_scatter(cpu_executor{}, t, scheme, states[r], std::span<const float>(grads[r]),
+                                      std::span<float>(shards[r]), mine);
+    });
+  });
+  for (std::size_t r = 0; r < P; ++r) {
+    CHECK(thrown[r] == named(errc::parameter_mismatch));
+    CHECK(states[r].feedback.residuals == before[r]);
+  }
+}
+
 TEST_CASE("tagc resends a shard whose sketch stalls under the report policy and is never wrong") {
   constexpr std::size_t block = 64, m = 16 * block, n = 4 * m;
   for (const auto schedule : {tagc_schedule::per_shard, tagc_schedule::fused}) {

@@ -16,7 +16,8 @@ The JSON line: the arguments, the corpus digest, the final and per-evaluation va
 the ranks' mean training loss at that step), bytes this rank sent per step (the hook's sent_bytes;
 for dense the ring all-reduce's 2(P - 1)/P * 4n), the dense ring all-reduce's bytes and their ratio
 (traffic saved), also over the compressed steps only (after --dense-steps), the plans the buckets
-ran (the set over all steps), the steps skipped for non-finite gradients, whether the ranks' final
+ran (the set over all steps), for TAGC rank 0's bytes by part (Tagc.bytes_by_part: index, sketch, tail,
+padding, resent, dense, gather), the steps skipped for non-finite gradients, whether the ranks' final
 parameters are identical, and the wall time.
 """
 
@@ -123,6 +124,7 @@ def worker(rank, args, result_path):
             "saved_compressed_steps": dense_ring * compressed_steps / sent_compressed if sent_compressed else None,
             "plans": sorted(plans), "skipped_steps": skipped,
             "relaid": hook.relaid if hook is not None else 0,
+            "tagc_bytes_by_part": hook.tagc.bytes_by_part() if hook is not None and hook.tagc is not None else None,
             "parameters_identical_on_all_ranks": identical,
             "seconds": time.monotonic() - started, "history": history,
         }

@@ -528,7 +528,9 @@ template <class T, executor E, class State>
 /// `scheme` and this rank's `state` (`scheme.make_state(e)`): `out` (this rank's chunk,
 /// `ring_chunk_of(n, P, rank)`) becomes that chunk of the sum over ranks of the sparsified
 /// gradients (the mean with `options.average`). The residuals are keyed by `options.key.tensor_id`
-/// and the chunk. Collective: every rank calls it with the same scheme, key and n.
+/// and the chunk. While `options.key.step < options.dense_steps` (the warm-up) the call is an
+/// uncompressed reduce-scatter instead and leaves every residual as it is. Collective: every rank
+/// calls it with the same scheme, key, n and warm-up.
 /// @throws error on every rank alike, with every state as it was: the agreement's errors (see
 /// `compressed_all_reduce`); `invalid_argument` when a rank's `out` is not its chunk, its plan is
 /// another than `tagc`, or the index coding cannot sum P ranks; `size_mismatch` when a rank's
@@ -542,6 +544,19 @@ tagc_report compressed_reduce_scatter(const E& e, X& t, const tagc<T>& scheme, t
   return detail::within_deadline(t, options.timeout, "compressed_reduce_scatter (tagc)", options.key, [&] {
     detail::require_executor_transport<E, X>(e, t);
     const int ranks = t.size();
+    if (options.key.step < options.dense_steps) {
+      // The warm-up (docs/transports.md §9): an uncompressed reduce-scatter, every residual untouched.
+      const detail::local_problem problem =
+          detail::reduce_scatter_problem(out.size(), data.size(), ranks, t.rank(), reduce_scatter_plan::dense, true);
+      const bool finite = !problem.empty() || collective_memory<E>::all_finite(e, data);
+      detail::agree(t,
+                    detail::record_of(scheme, data.size(), detail::agreement_plan(reduce_scatter_plan::dense),
+                                      options.key, !finite),
+                    problem, "compressed_reduce_scatter (tagc)");
+      tagc_report report;
+      static_cast<compressed_report&>(report) = detail::dense_reduce_scatter(e, t, data, out, options.average);
+      return report;
+    }
     const detail::tagc_layout layout(data.size(), ranks, lossless_homomorphic<T>(scheme.params().sketch));
     const detail::local_problem problem = detail::tagc_problem<T, X>(scheme, state, layout, ranks, t.rank(), out.size(),
                                                                      options.plan, options.key.tensor_id);
