@@ -83,6 +83,7 @@ TEST_CASE("compare_encoding: the CPU backend's messages are the reference's, for
   same(topk_sparsifier<float>(sparsity{.density = 0.01}), x);
   same(randomk_sparsifier<double>(randomk_params{.amount = sparsity{.density = 0.1}, .seed = 5}), xd);
   same(threshold_sparsifier<float>(), x);
+  same(count_sketch<double>({.rows = 4, .columns = 50, .seed = 3}), xd);
 }
 
 TEST_CASE("compare_encoding: the uniform quantizer's envelope fields, scales, codes, truncation and overlong bytes") {
@@ -192,6 +193,15 @@ TEST_CASE("compare_encoding: random-k's value j names element pi(j), whose value
   std::memcpy(&sent, m.data() + 56 + 56, 8);
   REQUIRE(c.field.first_element < x.size());
   CHECK(sent == x[c.field.first_element]);
+}
+
+TEST_CASE("compare_encoding: a count sketch's cell b of row j") {
+  // r = 3 rows of c = 10 float cells: cell b of row j at message offset 56 + 4·(10·j + b) (docs/wire-format.md §16.1).
+  const count_sketch<float> cs({.rows = 3, .columns = 10, .seed = 4});
+  const std::vector<float> x = make_input<float>(input_kind::normal, 200, 1);
+  const std::vector<std::byte> m = cpu_message(cs, x);
+  REQUIRE(m.size() == 56 + 120);
+  expect_field(cs, x, flipped(m, 56 + 4 * 17 + 2), 56 + 70, "cell 7 of row 1", 56 + 68, 4, 0, 0);
 }
 
 TEST_CASE("compare_encoding: an input the reference rejects is reported, not compared") {

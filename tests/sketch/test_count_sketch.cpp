@@ -26,6 +26,7 @@
 #include "support/errors.hpp"
 #include "support/golden_io.hpp"
 #include "support/oracles.hpp"
+#include "support/reference_check.hpp"
 #include "support/sketch_oracle.hpp"
 
 using namespace gradcomp;
@@ -451,4 +452,51 @@ TEST_CASE("the golden count-sketch file decodes to the oracle's heavy hitters of
   const std::vector<float> est = oracle_estimates(p, oracle_table(p, x), x.size());
   CHECK(bitwise_equal(decode_values(count_sketch<float>(p), golden, x.size()),
                       dense_at<float>(est, topk_indices_oracle<float>(est, 10))));
+}
+
+TEST_CASE_TEMPLATE("count sketch: every cpu setting writes the reference's cells and decodes them to its bits", T,
+                   float, double) {
+  for (const std::uint32_t rows : {1u, 2u, 3u, 4u, 5u}) {
+    CAPTURE(rows);
+    check_inputs_same_as_reference(
+        count_sketch<T>({.rows = rows, .columns = 61, .seed = 0xabcdefull + rows, .heavy_hitters = {.density = 0.05}}));
+  }
+  check_non_finite_same_as_reference(count_sketch<T>({.rows = 3, .columns = 100}));
+}
+
+TEST_CASE_TEMPLATE(
+    "count sketch: estimate, heavy_hitters and accumulate_encoded on the reference, as on every cpu setting", T, float,
+    double) {
+  const reference_executor ref;
+  for (const std::uint32_t rows : {1u, 3u, 4u, 16u}) {
+    for (const input_kind kind : all_input_kinds) {
+      CAPTURE(rows);
+      CAPTURE(std::string(name(kind)));
+      const count_sketch<T> cs({.rows = rows, .columns = 97, .seed = 5, .heavy_hitters = {.k = 37}});
+      const std::vector<T> x = make_input<T>(kind, 3001, rows), y = make_input<T>(kind, 3001, rows + 100);
+      const std::vector<std::byte> mx = encode_on(ref, cs, x, {.step = 2}), my = encode_on(ref, cs, y, {.step = 2});
+      std::vector<T> expected(x.size());
+      cs.estimate(ref, mx, std::span<T>(expected), {});
+      // The reference's estimate is the oracle's median over rows.
+      CHECK(numerically_equal(expected, oracle_estimates(cs.params(), oracle_table(cs.params(), x), x.size())));
+      std::vector<std::byte> ws(cs.workspace_bytes(ref, x.size()));
+      std::vector<std::uint64_t> hitters(37);
+      REQUIRE(cs.heavy_hitters(ref, mx, x.size(), std::span<std::uint64_t>(hitters), ws) == 37);
+      std::vector<std::byte> summed = mx;
+      cs.accumulate_encoded(ref, summed, my);
+      for (const cpu_executor& cpu : cpu_settings()) {
+        CAPTURE(static_cast<int>(cpu.simd()));
+        std::vector<T> got(x.size());
+        cs.estimate(cpu, mx, std::span<T>(got), {});
+        CHECK(bit_patterns(got) == bit_patterns(expected));
+        std::vector<std::byte> cpu_ws(cs.workspace_bytes(cpu, x.size()));
+        std::vector<std::uint64_t> cpu_hitters(37);
+        REQUIRE(cs.heavy_hitters(cpu, mx, x.size(), std::span<std::uint64_t>(cpu_hitters), cpu_ws) == 37);
+        CHECK(cpu_hitters == hitters);
+        std::vector<std::byte> cpu_summed = mx;
+        cs.accumulate_encoded(cpu, cpu_summed, my);
+        CHECK(cpu_summed == summed);
+      }
+    }
+  }
 }

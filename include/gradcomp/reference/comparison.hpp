@@ -9,7 +9,7 @@
 /// from the reference's decode of the same message.
 ///
 /// Fields are named for the codecs that have a reference backend and the plain `encode`
-/// interface: the uniform quantizer, QSGD, sign, top-k, random-k and threshold.
+/// interface: the uniform quantizer, QSGD, sign, top-k, random-k, threshold and the count sketch.
 
 #include <algorithm>
 #include <concepts>
@@ -28,8 +28,10 @@
 #include <gradcomp/core/reference_executor.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/quantize/qsgd.hpp>
+#include <gradcomp/sketch/count_sketch.hpp>
 #include <gradcomp/quantize/sign.hpp>
 #include <gradcomp/quantize/uniform.hpp>
+#include <gradcomp/reference/count_sketch.hpp>
 #include <gradcomp/reference/qsgd.hpp>
 #include <gradcomp/reference/randomk.hpp>
 #include <gradcomp/reference/sign.hpp>
@@ -234,6 +236,16 @@ template <gradient_value T>
 [[nodiscard]] message_field payload_field(const threshold_sparsifier<T>&, std::span<const std::byte> message,
                                           const envelope& e, std::size_t p) {
   return sparse_field<T>(message, e, p);
+}
+
+/// Count sketch (docs/wire-format.md §16.1): cell b of row j at payload offset (j·c + b)·v. The
+/// elements hashed into a cell are scattered over the tensor, so the field names none.
+template <gradient_value T>
+[[nodiscard]] message_field payload_field(const count_sketch<T>& c, std::span<const std::byte>, const envelope&,
+                                          std::size_t p) {
+  const std::uint64_t cell = p / sizeof(T);
+  return {"cell " + std::to_string(cell % c.columns()) + " of row " + std::to_string(cell / c.columns()),
+          envelope::size + cell * sizeof(T), sizeof(T), 0, 0};
 }
 
 /// The field of the reference's `message` holding byte `offset`.

@@ -239,4 +239,5 @@ void gather_values(std::span<const T> grad, std::span<const std::uint64_t> indic
 
 }  // namespace gradcomp
 
+#include <gradcomp/reference/count_sketch.hpp>
 #include <gradcomp/cpu/count_sketch.hpp>

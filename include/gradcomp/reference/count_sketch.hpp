@@ -1,0 +1,198 @@
+#pragma once
+/// @file
+/// Reference backend of the count sketch (docs/sketches.md §1, docs/wire-format.md §16): the
+/// specification the `cpu_executor` backend is checked against, byte for byte and bit for bit.
+/// Every cell and estimate is one loop over the elements; the heavy hitters are chosen with
+/// `std::nth_element` on the estimates' magnitude keys.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <span>
+#include <string>
+
+#include <gradcomp/core/backend.hpp>
+#include <gradcomp/core/error.hpp>
+#include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/reference_executor.hpp>
+#include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/core/workspace.hpp>
+#include <gradcomp/reference/values.hpp>
+#include <gradcomp/sketch/count_sketch.hpp>
+
+namespace gradcomp {
+
+namespace detail::reference {
+
+/// docs/wire-format.md §16.2, in order: the envelope against an `elements`-element tensor, layout
+/// 0, a payload of exactly r·c cells, every cell finite.
+template <gradient_value T>
+envelope count_sketch_checked(const count_sketch<T>& codec, std::span<const std::byte> message,
+                              std::uint64_t elements, const decode_limits& limits) {
+  const envelope e = parse_envelope(message);
+  validate_envelope(e, {codec_id::count_sketch, dtype_of<T>, elements, codec.params_hash()}, limits);
+  require(e.layout == 0, errc::malformed_payload, "count-sketch messages have layout 0");
+  require(e.payload_bytes == codec.summable_bytes(e.elements), errc::malformed_payload, [&] {
+    return "payload of " + std::to_string(e.payload_bytes) + " bytes, the sketch has " +
+           std::to_string(codec.summable_bytes(e.elements)) + " bytes of cells";
+  });
+  const std::span<const std::byte> cells = payload_of(message);
+  for (std::uint64_t m = 0; m < codec.rows() * codec.columns(); ++m)
+    require(is_finite(load_value<T>(cells.data(), m)), errc::malformed_payload,
+            "a cell is NaN or Inf (a sum of sketches overflowed)");
+  return e;
+}
+
+/// docs/sketches.md §1.3: x̂_i, the median over the rows of σ_j(i)·S[j][h_j(i)], for every element
+/// of `out`, from the cells of a checked message.
+template <gradient_value T>
+void count_sketch_estimates(const count_sketch<T>& codec, const std::byte* cells, std::span<T> out) {
+  for (std::uint64_t i = 0; i < out.size(); ++i) {
+    T row_estimates[count_sketch_max_rows] = {};
+    for (std::uint32_t j = 0; j < codec.rows(); ++j) {
+      const std::uint32_t hash = count_sketch_hash(count_sketch_row_seed(codec.params().seed, j), i);
+      const std::uint64_t cell = j * codec.columns() + count_sketch_bucket(hash, codec.columns());
+      row_estimates[j] = count_sketch_signed(hash, load_value<T>(cells, cell));
+    }
+    out[i] = count_sketch_median(row_estimates, codec.rows());
+  }
+}
+
+/// docs/sketches.md §1.3: calls f(i) in ascending i for the k (1 ≤ k ≤ n) estimates of largest
+/// magnitude, ties to the lower index: every key above the k-th largest key, then the first of
+/// those equal to it. `keys` holds n scratch keys.
+template <gradient_value T, class F>
+void for_each_heavy_hitter(std::span<const T> estimates, std::uint64_t k,
+                           std::span<typename float_traits<T>::bits_type> keys, F&& f) {
+  using key_type = typename float_traits<T>::bits_type;
+  for (std::size_t i = 0; i < estimates.size(); ++i) keys[i] = magnitude_key(estimates[i]);
+  std::nth_element(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(k - 1), keys.end(), std::greater<>());
+  const key_type kth = keys[static_cast<std::size_t>(k - 1)];
+  std::uint64_t above = 0;
+  for (const T v : estimates) above += magnitude_key(v) > kth ? 1u : 0u;
+  std::uint64_t ties = k - above;
+  for (std::size_t i = 0; i < estimates.size(); ++i) {
+    const key_type key = magnitude_key(estimates[i]);
+    if (key > kth) {
+      f(i);
+    } else if (key == kth && ties > 0) {
+      --ties;
+      f(i);
+    }
+  }
+}
+
+}  // namespace detail::reference
+
+/// The count sketch, written to be read.
+template <gradient_value T>
+struct backend<count_sketch<T>, reference_executor> {
+  using key_type = typename float_traits<T>::bits_type;
+
+  /// The n estimates and n magnitude keys of `decode` and `heavy_hitters`.
+  struct scratch {
+    std::span<T> estimates;
+    std::span<key_type> keys;
+  };
+  static scratch carve(workspace_arena& arena, std::uint64_t n) {
+    return {arena.take<T>(static_cast<std::size_t>(n)), arena.take<key_type>(static_cast<std::size_t>(n))};
+  }
+
+  static std::size_t workspace_bytes(const count_sketch<T>&, const reference_executor&, std::uint64_t n) {
+    workspace_arena arena = workspace_arena::measure();
+    (void)carve(arena, n);
+    return arena.bytes_needed();
+  }
+
+  static std::size_t encode(const count_sketch<T>& codec, const reference_executor&, std::span<const T> grad,
+                            std::span<std::byte> out, std::span<std::byte>, message_key key) {
+    namespace ref = detail::reference;
+    const std::uint64_t n = grad.size();
+    // docs/sketches.md §1.5: a gradient holding NaN or ±Inf is rejected before anything is written.
+    ref::require_finite(grad);
+    const std::size_t size = codec.max_encoded_bytes(n);
+    detail::begin_host_message(out, size);
+    std::byte* const cells = out.data() + envelope::size;
+    std::memset(cells, 0, codec.summable_bytes(n));
+    // docs/sketches.md §1: S[j][h_j(i)] += σ_j(i)·x_i for every row j and element i, in ascending i.
+    for (std::uint32_t j = 0; j < codec.rows(); ++j) {
+      const std::uint32_t row_seed = count_sketch_row_seed(codec.params().seed, j);
+      for (std::uint64_t i = 0; i < n; ++i) {
+        const std::uint32_t hash = count_sketch_hash(row_seed, i);
+        const std::uint64_t cell = j * codec.columns() + count_sketch_bucket(hash, codec.columns());
+        ref::store_value(cells, cell, ref::load_value<T>(cells, cell) + count_sketch_signed(hash, grad[i]));
+      }
+    }
+    // docs/sketches.md §1.5: a cell sum that overflowed leaves the envelope zeroed.
+    for (std::uint64_t m = 0; m < codec.rows() * codec.columns(); ++m)
+      detail::require(is_finite(ref::load_value<T>(cells, m)), errc::non_finite_input,
+                      "a cell sum overflows the value type (the gradient's magnitudes are too large to sketch)");
+    detail::seal_host_message(
+        out, {codec_id::count_sketch, dtype_of<T>, 0, 0, key, n, size - envelope::size, codec.params_hash(), 0}, false);
+    return size;
+  }
+
+  static void decode(const count_sketch<T>& codec, const reference_executor&, std::span<const std::byte> message,
+                     std::span<T> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
+    namespace ref = detail::reference;
+    const std::uint64_t n = out.size();
+    (void)ref::count_sketch_checked(codec, message, n, limits);
+    workspace_arena arena(ws);
+    const scratch s = carve(arena, n);
+    if (n == 0) return;
+    // docs/sketches.md §1.3: the estimates, then the heavy hitters' written (or added) over zeros.
+    ref::count_sketch_estimates(codec, message.data() + envelope::size, s.estimates);
+    if (!accumulate) std::fill(out.begin(), out.end(), T{0});
+    ref::for_each_heavy_hitter(std::span<const T>(s.estimates), codec.heavy_hitter_count(n), s.keys,
+                               [&](std::size_t i) { out[i] = accumulate ? out[i] + s.estimates[i] : s.estimates[i]; });
+  }
+
+  static void estimate(const count_sketch<T>& codec, const reference_executor&, std::span<const std::byte> message,
+                       std::span<T> out, std::span<std::byte>, const decode_limits& limits) {
+    namespace ref = detail::reference;
+    (void)ref::count_sketch_checked(codec, message, out.size(), limits);
+    ref::count_sketch_estimates(codec, message.data() + envelope::size, out);
+  }
+
+  static std::size_t heavy_hitters(const count_sketch<T>& codec, const reference_executor&,
+                                   std::span<const std::byte> message, std::uint64_t n,
+                                   std::span<std::uint64_t> indices, std::span<std::byte> ws,
+                                   const decode_limits& limits) {
+    namespace ref = detail::reference;
+    (void)ref::count_sketch_checked(codec, message, n, limits);
+    const std::uint64_t k = codec.heavy_hitter_count(n);
+    detail::require(indices.size() >= k, errc::buffer_too_small, [&] {
+      return "room for " + std::to_string(indices.size()) + " indices, the sketch has " + std::to_string(k) +
+             " heavy hitters";
+    });
+    workspace_arena arena(ws);
+    const scratch s = carve(arena, n);
+    if (n == 0) return 0;
+    ref::count_sketch_estimates(codec, message.data() + envelope::size, s.estimates);
+    std::size_t written = 0;
+    ref::for_each_heavy_hitter(std::span<const T>(s.estimates), k, s.keys, [&](std::size_t i) { indices[written++] = i; });
+    return written;
+  }
+
+  static void accumulate_encoded(const count_sketch<T>& codec, const reference_executor&, std::span<std::byte> acc,
+                                 std::span<const std::byte> other) {
+    namespace ref = detail::reference;
+    // docs/wire-format.md §16.2: both messages checked (other against acc's n), the same key, every
+    // sum finite; only then are the cells added.
+    const envelope mine = ref::count_sketch_checked(codec, std::span<const std::byte>(acc), parse_envelope(acc).elements, {});
+    const envelope theirs = ref::count_sketch_checked(codec, other, mine.elements, {});
+    detail::require(mine.key == theirs.key, errc::step_mismatch,
+                    "messages of different steps or tensors cannot be summed");
+    std::byte* const a = acc.data() + envelope::size;
+    const std::byte* const b = other.data() + envelope::size;
+    const std::uint64_t cells = codec.rows() * codec.columns();
+    for (std::uint64_t m = 0; m < cells; ++m)
+      detail::require(is_finite(ref::load_value<T>(a, m) + ref::load_value<T>(b, m)), errc::non_finite_input,
+                      "a summed cell overflows the value type");
+    for (std::uint64_t m = 0; m < cells; ++m) ref::store_value(a, m, ref::load_value<T>(a, m) + ref::load_value<T>(b, m));
+  }
+};
+
+}  // namespace gradcomp
