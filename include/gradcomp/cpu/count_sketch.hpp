@@ -38,6 +38,7 @@
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
 #include <gradcomp/cpu/message.hpp>
+#include <gradcomp/reference/count_sketch.hpp>
 #include <gradcomp/cpu/murmur3_simd.hpp>
 #include <gradcomp/cpu/radix_select.hpp>
 #include <gradcomp/sketch/count_sketch.hpp>
@@ -90,7 +91,7 @@ struct backend<count_sketch<T>, cpu_executor> {
   static void decode(const codec_type& codec, const cpu_executor& e, std::span<const std::byte> message,
                      std::span<T> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
     const std::uint64_t n = out.size();
-    (void)parse_checked(codec, message, n, limits);
+    (void)detail::reference::count_sketch_checked(codec, message, n, limits);
     workspace_arena arena(ws);
     const scratch s = carve(arena, n);
     if (n == 0) return;
@@ -103,19 +104,16 @@ struct backend<count_sketch<T>, cpu_executor> {
 
   static void estimate(const codec_type& codec, const cpu_executor& e, std::span<const std::byte> message,
                        std::span<T> out, std::span<std::byte>, const decode_limits& limits) {
-    (void)parse_checked(codec, message, out.size(), limits);
+    (void)detail::reference::count_sketch_checked(codec, message, out.size(), limits);
     estimate_into(codec, e.avx2(), message.data() + envelope::size, out);
   }
 
   static std::size_t heavy_hitters(const codec_type& codec, const cpu_executor& e, std::span<const std::byte> message,
                                    std::uint64_t n, std::span<std::uint64_t> indices, std::span<std::byte> ws,
                                    const decode_limits& limits) {
-    (void)parse_checked(codec, message, n, limits);
+    (void)detail::reference::count_sketch_checked(codec, message, n, limits);
     const std::uint64_t k = codec.heavy_hitter_count(n);
-    detail::require(indices.size() >= k, errc::buffer_too_small, [&] {
-      return "room for " + std::to_string(indices.size()) + " indices, the sketch has " + std::to_string(k) +
-             " heavy hitters";
-    });
+    detail::reference::require_heavy_hitter_room(indices, k);
     workspace_arena arena(ws);
     const scratch s = carve(arena, n);
     if (n == 0) return 0;
@@ -127,8 +125,8 @@ struct backend<count_sketch<T>, cpu_executor> {
 
   static void accumulate_encoded(const codec_type& codec, const cpu_executor&, std::span<std::byte> acc,
                                  std::span<const std::byte> other) {
-    const envelope mine = parse_checked(codec, acc, parse_envelope(acc).elements, {});
-    const envelope theirs = parse_checked(codec, other, mine.elements, {});
+    const envelope mine = detail::reference::count_sketch_checked(codec, acc, parse_envelope(acc).elements, {});
+    const envelope theirs = detail::reference::count_sketch_checked(codec, other, mine.elements, {});
     detail::require(mine.key == theirs.key, errc::step_mismatch,
                     "messages of different steps or tensors cannot be summed");
     std::byte* const a = acc.data() + envelope::size;
@@ -370,21 +368,6 @@ struct backend<count_sketch<T>, cpu_executor> {
         f(i);
       }
     });
-  }
-
-  /// Parses and validates a whole message for an `elements`-element tensor (wire-format.md §16.2).
-  static envelope parse_checked(const codec_type& codec, std::span<const std::byte> message, std::uint64_t elements,
-                                const decode_limits& limits) {
-    const envelope e = parse_envelope(message);
-    validate_envelope(e, {codec_id::count_sketch, dtype_of<T>, elements, codec.params_hash()}, limits);
-    detail::require(e.layout == 0, errc::malformed_payload, "count-sketch messages have layout 0");
-    detail::require(e.payload_bytes == codec.summable_bytes(e.elements), errc::malformed_payload, [&] {
-      return "payload of " + std::to_string(e.payload_bytes) + " bytes, the sketch has " +
-             std::to_string(codec.summable_bytes(e.elements)) + " bytes of cells";
-    });
-    detail::require(all_finite(message.data() + envelope::size, cell_count(codec)), errc::malformed_payload,
-                    "a cell is NaN or Inf (a sum of sketches overflowed)");
-    return e;
   }
 };
 

@@ -9,7 +9,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <span>
 #include <string>
 
@@ -19,6 +18,7 @@
 #include <gradcomp/core/reference_executor.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
+#include <gradcomp/reference/selection.hpp>
 #include <gradcomp/reference/values.hpp>
 #include <gradcomp/sketch/count_sketch.hpp>
 
@@ -29,8 +29,8 @@ namespace detail::reference {
 /// docs/wire-format.md §16.2, in order: the envelope against an `elements`-element tensor, layout
 /// 0, a payload of exactly r·c cells, every cell finite.
 template <gradient_value T>
-envelope count_sketch_checked(const count_sketch<T>& codec, std::span<const std::byte> message,
-                              std::uint64_t elements, const decode_limits& limits) {
+envelope count_sketch_checked(const count_sketch<T>& codec, std::span<const std::byte> message, std::uint64_t elements,
+                              const decode_limits& limits) {
   const envelope e = parse_envelope(message);
   validate_envelope(e, {codec_id::count_sketch, dtype_of<T>, elements, codec.params_hash()}, limits);
   require(e.layout == 0, errc::malformed_payload, "count-sketch messages have layout 0");
@@ -61,27 +61,21 @@ void count_sketch_estimates(const count_sketch<T>& codec, const std::byte* cells
 }
 
 /// docs/sketches.md §1.3: calls f(i) in ascending i for the k (1 ≤ k ≤ n) estimates of largest
-/// magnitude, ties to the lower index: every key above the k-th largest key, then the first of
-/// those equal to it. `keys` holds n scratch keys.
+/// magnitude, ties to the lower index (reference/selection.hpp). `keys` holds n scratch keys.
 template <gradient_value T, class F>
 void for_each_heavy_hitter(std::span<const T> estimates, std::uint64_t k,
                            std::span<typename float_traits<T>::bits_type> keys, F&& f) {
-  using key_type = typename float_traits<T>::bits_type;
   for (std::size_t i = 0; i < estimates.size(); ++i) keys[i] = magnitude_key(estimates[i]);
-  std::nth_element(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(k - 1), keys.end(), std::greater<>());
-  const key_type kth = keys[static_cast<std::size_t>(k - 1)];
-  std::uint64_t above = 0;
-  for (const T v : estimates) above += magnitude_key(v) > kth ? 1u : 0u;
-  std::uint64_t ties = k - above;
-  for (std::size_t i = 0; i < estimates.size(); ++i) {
-    const key_type key = magnitude_key(estimates[i]);
-    if (key > kth) {
-      f(i);
-    } else if (key == kth && ties > 0) {
-      --ties;
-      f(i);
-    }
-  }
+  const auto kth = kth_largest(keys, k);
+  for_each_kept(estimates, kth, k - count_above(estimates, kth), f);
+}
+
+/// Throws `buffer_too_small` unless `indices` holds the k heavy hitters.
+inline void require_heavy_hitter_room(std::span<const std::uint64_t> indices, std::uint64_t k) {
+  require(indices.size() >= k, errc::buffer_too_small, [&] {
+    return "room for " + std::to_string(indices.size()) + " indices, the sketch has " + std::to_string(k) +
+           " heavy hitters";
+  });
 }
 
 }  // namespace detail::reference
@@ -163,16 +157,14 @@ struct backend<count_sketch<T>, reference_executor> {
     namespace ref = detail::reference;
     (void)ref::count_sketch_checked(codec, message, n, limits);
     const std::uint64_t k = codec.heavy_hitter_count(n);
-    detail::require(indices.size() >= k, errc::buffer_too_small, [&] {
-      return "room for " + std::to_string(indices.size()) + " indices, the sketch has " + std::to_string(k) +
-             " heavy hitters";
-    });
+    ref::require_heavy_hitter_room(indices, k);
     workspace_arena arena(ws);
     const scratch s = carve(arena, n);
     if (n == 0) return 0;
     ref::count_sketch_estimates(codec, message.data() + envelope::size, s.estimates);
     std::size_t written = 0;
-    ref::for_each_heavy_hitter(std::span<const T>(s.estimates), k, s.keys, [&](std::size_t i) { indices[written++] = i; });
+    ref::for_each_heavy_hitter(std::span<const T>(s.estimates), k, s.keys,
+                               [&](std::size_t i) { indices[written++] = i; });
     return written;
   }
 
@@ -181,7 +173,8 @@ struct backend<count_sketch<T>, reference_executor> {
     namespace ref = detail::reference;
     // docs/wire-format.md §16.2: both messages checked (other against acc's n), the same key, every
     // sum finite; only then are the cells added.
-    const envelope mine = ref::count_sketch_checked(codec, std::span<const std::byte>(acc), parse_envelope(acc).elements, {});
+    const envelope mine =
+        ref::count_sketch_checked(codec, std::span<const std::byte>(acc), parse_envelope(acc).elements, {});
     const envelope theirs = ref::count_sketch_checked(codec, other, mine.elements, {});
     detail::require(mine.key == theirs.key, errc::step_mismatch,
                     "messages of different steps or tensors cannot be summed");
@@ -191,7 +184,8 @@ struct backend<count_sketch<T>, reference_executor> {
     for (std::uint64_t m = 0; m < cells; ++m)
       detail::require(is_finite(ref::load_value<T>(a, m) + ref::load_value<T>(b, m)), errc::non_finite_input,
                       "a summed cell overflows the value type");
-    for (std::uint64_t m = 0; m < cells; ++m) ref::store_value(a, m, ref::load_value<T>(a, m) + ref::load_value<T>(b, m));
+    for (std::uint64_t m = 0; m < cells; ++m)
+      ref::store_value(a, m, ref::load_value<T>(a, m) + ref::load_value<T>(b, m));
   }
 };
 
