@@ -2,8 +2,9 @@
 // TAGC over a DDP bucket (docs/pytorch.md): the mean of the bucket in three collectives, whatever
 // the number of tensors in it. The tensors TAGC's layer policy compresses are concatenated and go
 // through ONE TAGC reduce-scatter (keyed by the bucket); the others are concatenated and go through
-// ONE uncompressed reduce-scatter; then ONE all-gather of this rank's shards of both, in MPC frames
-// (lossless: every rank ends with the same bits). Each concatenation is padded with zeros to P equal
+// ONE uncompressed reduce-scatter; then the shards are all-gathered losslessly (every rank ends
+// with the same bits): the sparse part's as a top-k message keeping every non-zero, the dense part's
+// in MPC frames. Each concatenation is padded with zeros to P equal
 // shards. The bytes are counted as ring collectives send them, the basis of the dense baseline
 // (a ring all-reduce sends 2(P − 1)/P of the bucket).
 #include <gradcomp/gradcomp.hpp>
@@ -26,7 +27,7 @@ struct tagc_bucket_bytes {
   std::size_t padding = 0;  ///< ... and of the zeros padding each segment to the longest.
   std::size_t resent = 0;   ///< (P − 1)/P of the chunks resent after a stall.
   std::size_t dense = 0;    ///< The uncompressed tensors' reduce-scatter: (P − 1) shards.
-  std::size_t gather = 0;   ///< The all-gather: this rank's MPC frame to each of the P − 1 others.
+  std::size_t gather = 0;   ///< The all-gathers: this rank's two frames to each of the P − 1 others.
   [[nodiscard]] std::size_t total() const noexcept { return index + sketch + tail + padding + resent + dense + gather; }
 };
 
@@ -72,17 +73,29 @@ tagc_bucket_bytes tagc_bucket_all_reduce(X& t, const gradcomp::tagc<float>& sche
     bytes.dense = (P - 1) * md * sizeof(float);
   }
 
-  std::vector<float> all(P * (ms + md));
-  bytes.gather =
-      gradcomp::compressed_all_gather(cpu, t, gradcomp::mpc_codec{}, std::span<const float>(mine),
-                                      std::span<float>(all), {.key = {.tensor_id = bucket_id}, .measure_error = false})
-          .sent_bytes;
-  // Shard q of each part is block q of the gather: reassemble the parts, then the tensors.
-  for (std::size_t q = 0; q < P; ++q) {
-    const auto block = all.begin() + static_cast<std::ptrdiff_t>(q * (ms + md));
-    std::copy_n(block, ms, sparse_part.begin() + static_cast<std::ptrdiff_t>(q * ms));
-    std::copy_n(block + static_cast<std::ptrdiff_t>(ms), md, dense_part.begin() + static_cast<std::ptrdiff_t>(q * md));
+  // The all-gather. The sparse part's shards hold at most the union of the ranks' kept values:
+  // top-k with k = the most non-zeros any shard holds (a MAX all-reduce of one value) sends them
+  // all, exactly, as an index and their values. The dense part goes in MPC frames (lossless).
+  double nonzeros = 0.0;
+  for (const float v : my_sparse) nonzeros += v != 0.0f ? 1.0 : 0.0;
+  t.all_reduce_max(std::span<double>(&nonzeros, 1));
+  std::vector<float> all_sparse(P * ms), all_dense(P * md);
+  if (ms > 0) {
+    const gradcomp::topk_sparsifier<float> exact(
+        gradcomp::sparsity{.k = std::max<std::uint64_t>(1, static_cast<std::uint64_t>(nonzeros))});
+    bytes.gather +=
+        gradcomp::compressed_all_gather(cpu, t, exact, std::span<const float>(my_sparse), std::span<float>(all_sparse),
+                                        {.key = {.tensor_id = bucket_id}, .measure_error = false})
+            .sent_bytes;
   }
+  if (md > 0)
+    bytes.gather += gradcomp::compressed_all_gather(cpu, t, gradcomp::mpc_codec{}, std::span<const float>(my_dense),
+                                                    std::span<float>(all_dense),
+                                                    {.key = {.tensor_id = bucket_id}, .measure_error = false})
+                        .sent_bytes;
+  // Shard q of each part is block q of its gather: back into the tensors.
+  sparse_part.swap(all_sparse);
+  dense_part.swap(all_dense);
   std::size_t at_sparse = 0, at_dense = 0;
   for (std::size_t l = 0; l < layout.size(); ++l) {
     std::size_t& at = compressed[l] ? at_sparse : at_dense;
