@@ -665,3 +665,70 @@ TEST_CASE("dynamic load state names every error and leaves the state unchanged")
   std::vector<std::byte> small(good.size() - 1);
   CHECK(thrown_by([&] { sp.save_state(cpu, state, small); }) == named(errc::buffer_too_small));
 }
+
+TEST_CASE_TEMPLATE("dynamic: every cpu setting gives the reference's thresholds, outputs, residuals and saved bytes", T,
+                   float, double) {
+  // The reference (one nth_element over the keys) against the CPU's sampled window and radix
+  // selection, over several steps of error feedback, in place on the CPU, both rules, sizes below
+  // and above the sampled path (2^16), ties, signed zeros and subnormals.
+  const reference_executor ref;
+  std::vector<cpu_executor> cpus = {cpu_executor{.max_simd = cpu_simd::baseline}, cpu_executor{}};
+  for (const dynamic_threshold_mode mode : {dynamic_threshold_mode::exact, dynamic_threshold_mode::tagc_table}) {
+    for (const double f : {0.0, 0.5, 0.95, 1.0}) {
+      for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{257}, std::size_t{70000}}) {
+        for (const input_kind kind : all_input_kinds) {
+          CAPTURE(static_cast<int>(mode));
+          CAPTURE(f);
+          CAPTURE(n);
+          CAPTURE(std::string(name(kind)));
+          const dynamic_sparsifier<T> sp({.zero_fraction = f, .mode = mode});
+          auto expected_state = sp.make_state(ref);
+          std::vector<dynamic_state<T>> states(cpus.size());
+          std::vector<std::byte> ref_ws(sp.workspace_bytes(ref, n));
+          for (std::uint64_t step = 0; step < 3; ++step) {
+            const std::vector<T> g = make_input<T>(kind, n, 100 * step + n);
+            std::vector<T> expected(n);
+            const dynamic_result<T> want =
+                sp.sparsify(ref, expected_state, 4, std::span<const T>(g), std::span<T>(expected), ref_ws);
+            std::vector<std::byte> cpu_ws(sp.workspace_bytes(cpus[0], n));
+            CHECK(to_bits(sp.threshold(ref, std::span<const T>(g), ref_ws)) ==
+                  to_bits(sp.threshold(cpus[0], std::span<const T>(g), cpu_ws)));
+            for (std::size_t c = 0; c < cpus.size(); ++c) {
+              CAPTURE(c);
+              std::vector<T> inplace = g;
+              std::vector<std::byte> ws(sp.workspace_bytes(cpus[c], n));
+              const dynamic_result<T> got =
+                  sp.sparsify(cpus[c], states[c], 4, std::span<const T>(inplace), std::span<T>(inplace), ws);
+              CHECK(to_bits(got.threshold) == to_bits(want.threshold));
+              CHECK(got.kept == want.kept);
+              CHECK(bitwise_equal(inplace, expected));
+              CHECK(bitwise_equal(states[c].residuals[4], expected_state.residuals[4]));
+            }
+          }
+          std::vector<std::byte> saved(sp.saved_state_bytes(expected_state)), cpu_saved(saved.size());
+          REQUIRE(sp.save_state(ref, expected_state, saved) == saved.size());
+          REQUIRE(sp.save_state(cpus[1], states[1], cpu_saved) == saved.size());
+          CHECK(saved == cpu_saved);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("dynamic: the reference rejects NaN and Inf as the cpu does, state untouched", T, float, double) {
+  const reference_executor ref;
+  for (const dynamic_threshold_mode mode : {dynamic_threshold_mode::exact, dynamic_threshold_mode::tagc_table}) {
+    const dynamic_sparsifier<T> sp({.zero_fraction = 0.9, .mode = mode});
+    std::vector<T> g = make_input<T>(input_kind::normal, 1000, 3);
+    auto state = sp.make_state(ref);
+    std::vector<T> out(g.size());
+    std::vector<std::byte> ws(sp.workspace_bytes(ref, g.size()));
+    (void)sp.sparsify(ref, state, 1, std::span<const T>(g), std::span<T>(out), ws);
+    const std::vector<T> residual = state.residuals[1];
+    g[500] = std::numeric_limits<T>::quiet_NaN();
+    CHECK(thrown_by([&] { (void)sp.sparsify(ref, state, 1, std::span<const T>(g), std::span<T>(out), ws); }) ==
+          named(errc::non_finite_input));
+    CHECK(bitwise_equal(state.residuals[1], residual));
+    CHECK(state.steps == 1);
+  }
+}

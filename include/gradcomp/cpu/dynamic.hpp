@@ -135,7 +135,8 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
   /// τ* of the n values `value_at(i)` as a magnitude key (+Inf's key keeps nothing, 0 keeps all).
   template <class ValueAt>
   static key_type threshold_key(const sparsifier& sp, std::size_t n, ValueAt&& value_at, std::span<std::byte> ws) {
-    if (sp.params().mode == dynamic_threshold_mode::tagc_table) return table_key(sp, n, value_at);
+    if (sp.params().mode == dynamic_threshold_mode::tagc_table)
+      return detail::dynamic_table_key<T>(sp.params().zero_fraction, n, value_at);
     workspace_arena arena(ws);
     const scratch s = carve(arena, n);
     const std::uint64_t z = sp.zeroed_count(n);
@@ -321,34 +322,6 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
       take(v, (std::uint32_t{1} << (n - i)) - 1);
     }
     return w;
-  }
-
-  /// The reference's bisection: lo, hi = 0, 25; while lo < hi: mid = (lo + hi) // 2; if
-  /// frac(table[mid]) < f*: lo = mid + 1, else hi = mid. τ* = table[lo − 1] in T, or none (key 0)
-  /// when lo = 0. Each probe counts |a| < τ over all of a (and the NaN/±Inf it meets: the first
-  /// probe rejects them).
-  template <class ValueAt>
-  static key_type table_key(const sparsifier& sp, std::size_t n, ValueAt&& value_at) {
-    if (n == 0) return 0;
-    const auto table_value_key = [](std::size_t j) { return magnitude_key(static_cast<T>(tagc_threshold_table[j])); };
-    std::size_t lo = 0;
-    std::size_t hi = tagc_threshold_table.size();
-    while (lo < hi) {
-      const std::size_t mid = (lo + hi) / 2;
-      const key_type tau = table_value_key(mid);
-      std::uint64_t below = 0;
-      std::uint64_t non_finite = 0;
-      for (std::size_t i = 0; i < n; ++i) {
-        const key_type key = magnitude_key<T>(value_at(i));
-        below += key < tau ? 1u : 0u;
-        non_finite += key >= float_traits<T>::infinity_key ? 1u : 0u;
-      }
-      detail::require_dynamic_finite(non_finite, n);
-      if (static_cast<double>(below) / static_cast<double>(n) < sp.params().zero_fraction) lo = mid + 1;
-      else
-        hi = mid;
-    }
-    return lo == 0 ? key_type{0} : table_value_key(lo - 1);
   }
 
   /// out = ã and residual = a − ã with a = grad + residual, element by element (`dynamic_split`).

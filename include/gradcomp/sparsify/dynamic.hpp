@@ -166,6 +166,36 @@ inline void require_dynamic_finite(std::uint64_t non_finite, std::uint64_t n) {
   require(non_finite == 0, errc::non_finite_input, [&] { return dynamic_non_finite_text(non_finite, n); });
 }
 
+/// τ* of the `tagc_table` rule as a magnitude key, for the n values `value_at(i)`: the reference's
+/// bisection lo, hi = 0, 25; while lo < hi: mid = (lo + hi) // 2; if frac(table[mid]) < f*:
+/// lo = mid + 1, else hi = mid. τ* = table[lo − 1] in T, or none (key 0) when lo = 0. Each probe
+/// counts |a| < τ over all of a (and the NaN/±Inf it meets: the first probe rejects them). Plain
+/// host code, the same on the reference and the CPU backend.
+template <gradient_value T, class ValueAt>
+typename float_traits<T>::bits_type dynamic_table_key(double zero_fraction, std::size_t n, ValueAt&& value_at) {
+  using key_type = typename float_traits<T>::bits_type;
+  if (n == 0) return 0;
+  const auto table_value_key = [](std::size_t j) { return magnitude_key(static_cast<T>(tagc_threshold_table[j])); };
+  std::size_t lo = 0;
+  std::size_t hi = tagc_threshold_table.size();
+  while (lo < hi) {
+    const std::size_t mid = (lo + hi) / 2;
+    const key_type tau = table_value_key(mid);
+    std::uint64_t below = 0;
+    std::uint64_t non_finite = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const key_type key = magnitude_key<T>(value_at(i));
+      below += key < tau ? 1u : 0u;
+      non_finite += key >= float_traits<T>::infinity_key ? 1u : 0u;
+    }
+    require_dynamic_finite(non_finite, n);
+    if (static_cast<double>(below) / static_cast<double>(n) < zero_fraction) lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo == 0 ? key_type{0} : table_value_key(lo - 1);
+}
+
 }  // namespace detail
 
 /// Residuals of the dynamic sparsifier, one per tensor id, in host memory.
@@ -346,4 +376,5 @@ class dynamic_sparsifier {
 
 }  // namespace gradcomp
 
+#include <gradcomp/reference/dynamic.hpp>
 #include <gradcomp/cpu/dynamic.hpp>
