@@ -138,7 +138,7 @@ def worker(rank, args, result_path):
 
 def summarize(paths):
     """The Markdown table of the runs in the JSON-lines files `paths`: per (P, codec, steps, dense
-    steps), the seeds' final validation losses and their gaps to dense of the same P, seed and
+    steps, bucket cap, label), the seeds' final validation losses and their gaps to dense of the same P, seed and
     steps (mean, sample standard deviation, min..max), the traffic saved, the plans and the time."""
     runs = [json.loads(line) for path in paths for line in open(path) if line.strip()]
     dense = {(r["args"]["world"], r["args"]["seed"], r["args"]["steps"]): r["final_val_loss"]
@@ -146,11 +146,13 @@ def summarize(paths):
     rows = {}
     for r in runs:
         a = r["args"]
-        rows.setdefault((a["world"], a["steps"], a["codec"], a["dense_steps"], a["bucket_cap_mb"]), []).append(r)
+        rows.setdefault((a["world"], a["steps"], a["codec"], a["dense_steps"], a["bucket_cap_mb"], r.get("label", "")),
+                        []).append(r)
     print("| P | steps | row | seeds | final val loss | gap to dense, per seed | gap mean ± sd (min..max) "
           "| bytes/rank/step | saved vs ring | plans | s per run |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for (world, steps, codec, dense_steps, cap), rs in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] != "dense", kv[0][2])):
+    for (world, steps, codec, dense_steps, cap, label), rs in sorted(
+            rows.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] != "dense", kv[0][2], kv[0][5])):
         rs = sorted(rs, key=lambda r: r["args"]["seed"])
         gaps = [100 * (r["final_val_loss"] / dense[key] - 1) for r in rs
                 if (key := (world, r["args"]["seed"], steps)) in dense]
@@ -159,6 +161,7 @@ def summarize(paths):
             sd = (sum((g - sum(gaps) / len(gaps)) ** 2 for g in gaps) / (len(gaps) - 1)) ** 0.5 if len(gaps) > 1 else None
             spread = f"{sum(gaps) / len(gaps):+.2f}%" + (f" ± {sd:.2f} ({min(gaps):+.2f}..{max(gaps):+.2f})" if sd is not None else "")
         name = codec + (f", {dense_steps} dense steps" if dense_steps else "") + (f", {cap:g} MB buckets" if cap != 25.0 else "")
+        name += f" [{label}]" if label else ""
         losses = ", ".join(f"{r['final_val_loss']:.4f}" for r in rs)
         per_seed = ", ".join(f"{g:+.2f}%" for g in gaps)
         seconds = ", ".join(f"{r['wall_seconds']:.0f}" for r in rs)
