@@ -188,21 +188,21 @@ class gravac_buckets {
   // Adds the bucket's magnitudes to the step's observation: of g, and of what the controller's
   // gain compares (the decoded messages, or g's own round trips without residuals).
   void observe(const std::vector<bucket_parameter>& params, std::span<const float> g, gradcomp::message_key key) {
-    std::span<const float> current = current_out_, safe = safe_out_;
+    std::span<const float> measured_current = current_out_, measured_safe = safe_out_;
     if (controller_.options().gain_input == gradcomp::gravac_gain_input::gradient) {
       for (auto* v : {&safe_raw_, &current_raw_}) v->resize(g.size());
       compress(decision_.safe, g, safe_raw_, key);
       if (decision_.current.density == decision_.safe.density) current_raw_ = safe_raw_;
       else
         compress(decision_.current, g, current_raw_, key);
-      current = current_raw_;
-      safe = safe_raw_;
+      measured_current = current_raw_;
+      measured_safe = safe_raw_;
     }
     std::size_t offset = 0;
     for (const bucket_parameter& p : params) {
       observed_.gradient += magnitude(g.subspan(offset, p.size));
-      observed_.current += magnitude(current.subspan(offset, p.size));
-      observed_.safe += magnitude(safe.subspan(offset, p.size));
+      observed_.current += magnitude(measured_current.subspan(offset, p.size));
+      observed_.safe += magnitude(measured_safe.subspan(offset, p.size));
       offset += p.size;
     }
   }
