@@ -275,7 +275,8 @@ class windowed_ewma {
 /// The GraVAC controller. Per step the trainer:
 /// 1. reads `decision()` (the first is: send the safe level);
 /// 2. compresses g + e_cur at `decision().current` and g + e_min at `decision().safe` (once when
-///    they are equal; from the safe result when `multi_level`);
+///    they are equal; from the safe result when `multi_level`); with `gain_input = gradient` it
+///    also compresses g alone at both densities, for the magnitudes only;
 /// 3. sends the path `decision().send` names (the dense gradient for `dense`) and updates the
 ///    residuals the decision's flags name;
 /// 4. passes the step's statistics, aggregated over ranks, to `next`, which returns the decision
