@@ -52,9 +52,9 @@
 /// position, throughputs) in the saved-state frame of core/saved_state.hpp, magic "GCGV"; a
 /// controller with the same options that `load_state`s it decides exactly as the saved one would
 /// have. Layout (little-endian), after the common head (bytes 0..16: magic, version 2, codec 0,
-/// dtype float64, n = W). Version 2 hashes the options `back_off` and `gain_input` and counts the
-/// window position after the search too (for the back-off check); version 1 states are refused
-/// (`unsupported_version`):
+/// dtype float64, n = W). Version 2 hashes the options `back_off` and `gain_input` and, with
+/// `back_off`, counts the window position after the search too (for the back-off check); version 1
+/// states are refused (`unsupported_version`):
 ///
 /// | offset | bytes | field |
 /// |---|---|---|
