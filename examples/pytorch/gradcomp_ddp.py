@@ -152,10 +152,13 @@ class GradcompHookState:
     dense_steps: the warm-up, as PyTorch PowerSGD's start_powerSGD_iter: steps 0 .. dense_steps-1
             are uncompressed all-reduces (a codec's through gradcomp's `dense` plan, after the
             ranks' agreement), every state untouched; 0 (the default): compress from the first step.
+    print_decisions: GraVAC only: log the controller's decision whenever what it sends changes
+            (the path: candidate, safe or dense, or the density), with both gains, as the training
+            demo prints its timeline; every change is also kept in `gravac_trace`.
     """
 
     def __init__(self, codec, model, process_group=None, extension=None, dense_below=0, record=None, log=print,
-                 dense_steps=0):
+                 dense_steps=0, print_decisions=False):
         self.codec_name = codec
         self.ext = extension if extension is not None else load_extension()
         # A TAGC row keeps one state for the whole model (keyed by parameter index), a codec one
@@ -164,6 +167,8 @@ class GradcompHookState:
         self.tagc_state = self.tagc.make_state() if self.tagc is not None else None
         # GraVAC: one controller for the model and residuals keyed by parameter, inside the object.
         self.gravac = self.ext.Gravac(codec) if codec in self.ext.gravac_names() else None
+        self.print_decisions = print_decisions
+        self.gravac_trace = []  # (first step, path, density sent or None, gain of the candidate, of the safe level)
         scheme = self.tagc is not None or self.gravac is not None
         self.codec = None if codec == DENSE or scheme else self.ext.Codec(codec)
         self.ops = ProcessGroupOps(process_group)
@@ -312,6 +317,21 @@ class GradcompHookState:
             self.step += 1
             self._in_step = False
 
+    def _trace_gravac(self):
+        """Records (and with print_decisions logs) the decision for the next step when what it
+        sends differs from the last recorded one."""
+        d = self.gravac.decision
+        theta = {"candidate": d["candidate"], "safe": d["safe"], "dense": None}[d["send"]]
+        if self.gravac_trace and self.gravac_trace[-1][1:3] == (d["send"], theta):
+            return
+        self.gravac_trace.append((self.step + 1, d["send"], theta, d["gain_candidate"], d["gain_safe"]))
+        if self.print_decisions:
+            gains = ", ".join(f"{name} {g:.3f}" for name, g in (("candidate", d["gain_candidate"]),
+                                                                 ("safe", d["gain_safe"])) if g is not None)
+            sent = "dense" if theta is None else f"top-k θ = {theta:g}"
+            self.log(f"GraVAC from step {self.step + 1}: {sent} ({d['send']}; gain {gains or 'not yet measured'}; "
+                     f"candidate θ = {d['candidate']:g}{', searching' if d['searching'] else ''})")
+
     def reduce(self, bucket):
         """The mean of `bucket` over the ranks, as a new CPU tensor (the hook's work)."""
         self._begin_bucket()
@@ -330,6 +350,8 @@ class GradcompHookState:
                 self.plans[bucket.index()] = "gravac"
                 report = self.gravac.all_reduce_mean(self.ops, data, params, self.step, bucket.index(), bucket.is_last())
                 self.sent_bytes += report["sent_bytes"]
+                if bucket.is_last():
+                    self._trace_gravac()
             elif self.tagc is not None and not warm_up:
                 self.plans[bucket.index()] = "tagc"
                 report = self.tagc.all_reduce_mean(self.ops, data, self.tagc_state, self._parameters)

@@ -44,7 +44,9 @@
 //     .all_reduce_mean(ops, data, params, step, tensor_id, last)   params: (index, size) per
 //                                        parameter; last: the step's last bucket
 //     .save() -> bytes, .load(bytes), .density (what the coming step sends; None: dense),
-//     .candidate (the density θ_cur the search tries)
+//     .candidate (the density θ_cur the search tries), .decision (the coming step's: send
+//                                        "candidate", "safe" or "dense", both densities, both
+//                                        gains (None before observed), searching)
 //   GradcompError(code, message)         every gradcomp::error, `code` its errc name
 //
 // Tensors are contiguous float32 on the CPU (the caller stages device buffers).
@@ -52,12 +54,14 @@
 
 #include <gradcomp/gradcomp.hpp>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <tuple>
@@ -694,6 +698,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                              })
       .def_property_readonly("candidate",
                              [](const gravac_buckets& g) { return g.controller().decision().current.density; })
+      .def_property_readonly("decision",
+                             [](const gravac_buckets& g) {
+                               const gradcomp::gravac_decision& d = g.controller().decision();
+                               const auto gain = [](std::optional<double> v) {
+                                 return v ? py::object(py::float_(*v)) : py::object(py::none());
+                               };
+                               static constexpr std::array<const char*, 3> paths{"candidate", "safe", "dense"};
+                               py::dict out;
+                               out["send"] = paths[static_cast<std::size_t>(d.send)];
+                               out["candidate"] = d.current.density;
+                               out["safe"] = d.safe.density;
+                               out["gain_candidate"] = gain(d.gain_current);
+                               out["gain_safe"] = gain(d.gain_safe);
+                               out["searching"] = d.searching;
+                               return out;
+                             })
       .def(
           "all_reduce_mean",
           [key](gravac_buckets& g, py::object ops, const torch::Tensor& data,

@@ -9,7 +9,9 @@
 //                  rank, nothing changed, and the step does not feed the controller. Else
 //                  compress g + e_safe at θ_min and g + e_cur at θ_cur (residuals kept per
 //                  parameter, keyed by its index in the model, so bucket layouts do not matter),
-//                  add the layers' magnitudes to the step's observation, send the path d names
+//                  add the layers' magnitudes to the step's observation (of those two results,
+//                  or of g's own round trips at θ_min and θ_cur when the options' gain_input is
+//                  `gradient`), send the path d names
 //                  through compressed_all_reduce (top-k, all-gathered) or the dense all-reduce,
 //                  and keep the residuals d says
 //   last bucket    aggregate_observation over the ranks; controller.next(observation)
@@ -158,13 +160,7 @@ class gravac_buckets {
       gather_residuals(params, data, candidate, current_in);
       compress(decision_.current, current_in, current_out, key);
     }
-    std::size_t offset = 0;
-    for (const bucket_parameter& p : params) {
-      observed_.gradient += magnitude(data.subspan(offset, p.size));
-      observed_.current += magnitude(std::span<const float>(current_out).subspan(offset, p.size));
-      observed_.safe += magnitude(std::span<const float>(safe_out).subspan(offset, p.size));
-      offset += p.size;
-    }
+    observe(params, data, key);
     std::size_t sent = 0;
     const auto P = static_cast<std::size_t>(t.size());
     if (decision_.send == gradcomp::gravac_choice::dense) {
@@ -187,6 +183,28 @@ class gravac_buckets {
     if (decision_.update_current_residual) scatter_residuals(params, current_in, current_out, candidate);
     observed_.seconds += static_cast<double>(sent) / link_.bytes_per_second;
     return sent;
+  }
+
+  // Adds the bucket's magnitudes to the step's observation: of g, and of what the controller's
+  // gain compares (the decoded messages, or g's own round trips without residuals).
+  void observe(const std::vector<bucket_parameter>& params, std::span<const float> g, gradcomp::message_key key) {
+    std::span<const float> measured_current = current_out_, measured_safe = safe_out_;
+    if (controller_.options().gain_input == gradcomp::gravac_gain_input::gradient) {
+      for (auto* v : {&safe_raw_, &current_raw_}) v->resize(g.size());
+      compress(decision_.safe, g, safe_raw_, key);
+      if (decision_.current.density == decision_.safe.density) current_raw_ = safe_raw_;
+      else
+        compress(decision_.current, g, current_raw_, key);
+      measured_current = current_raw_;
+      measured_safe = safe_raw_;
+    }
+    std::size_t offset = 0;
+    for (const bucket_parameter& p : params) {
+      observed_.gradient += magnitude(g.subspan(offset, p.size));
+      observed_.current += magnitude(measured_current.subspan(offset, p.size));
+      observed_.safe += magnitude(measured_safe.subspan(offset, p.size));
+      offset += p.size;
+    }
   }
 
   template <class V>
@@ -218,7 +236,7 @@ class gravac_buckets {
   }
 
   // decoded = D(C(compensated)) with top-k at `amount`, this rank alone.
-  void compress(gradcomp::sparsity amount, const std::vector<float>& compensated, std::vector<float>& decoded,
+  void compress(gradcomp::sparsity amount, std::span<const float> compensated, std::span<float> decoded,
                 gradcomp::message_key key) {
     train::topk_round_trip(gradcomp::topk_sparsifier<float>(amount), compensated, decoded, message_, workspace_, key);
   }
@@ -232,8 +250,9 @@ class gravac_buckets {
   gradcomp::gravac_controller controller_;
   train::link_model link_;
   std::map<std::uint32_t, std::array<std::vector<float>, 2>> residuals_;  // by parameter: candidate, safe
-  // Scratch kept across calls: both paths' g + e and their decodings, a message, a workspace.
-  std::vector<float> safe_in_, current_in_, safe_out_, current_out_;
+  // Scratch kept across calls: both paths' g + e and their decodings, the decodings of g alone
+  // (gain_input = gradient), a message, a workspace.
+  std::vector<float> safe_in_, current_in_, safe_out_, current_out_, safe_raw_, current_raw_;
   std::vector<std::byte> message_, workspace_;
   gradcomp::gravac_decision decision_{};
   gradcomp::gravac_observation observed_{};

@@ -321,6 +321,29 @@ class HookStateTest(unittest.TestCase):
             hook.gravac.load(hook.gravac.save()[:-1])
         self.assertEqual(caught.exception.args[0], "truncated")
 
+    def test_gravac_back_off_row_backs_off_and_prints_its_decisions(self):
+        name = "GraVAC top-k 10%..0.1% + EF, back-off"
+        self.assertIn(name, EXT.gravac_names())
+        m = model()
+        hook = self.hook(name, m, print_decisions=True)
+        seen = []  # (step, decision for the next step)
+        for step in range(60):  # three windows of 20 steps
+            run_step(hook, m, [[3, 2, 1, 0]], step)
+            seen.append((step + 1, hook.gravac.decision))
+        # Uniform gradients: top-k keeps far less than 0.75 of their norm without the residual, so
+        # the 5% candidate of window 2 fails at its end (step 40) and θ_cur goes back to θ_min,
+        # where it stays (the row without back-off searches on: test_gravac_searches_and_resumes).
+        for step, d in seen:
+            self.assertEqual(d["candidate"], 0.05 if 20 <= step < 40 else 0.1, step)
+            self.assertEqual(d["searching"], step < 40, step)
+            self.assertLess(d["gain_safe"], 0.75)
+            self.assertEqual(d["send"], "dense")  # the safe level's gain is below ε too
+        # Every change of what is sent, once: here dense from step 1 on.
+        self.assertEqual([t[:3] for t in hook.gravac_trace], [(1, "dense", None)])
+        self.assertEqual(len(self.logged), 1)
+        self.assertTrue(self.logged[0].startswith("GraVAC from step 1: dense (dense; gain candidate"), self.logged[0])
+        self.check_state_follows_parameters(name, 45, sparse_weight=False)
+
     def test_foreign_parameter_is_refused(self):
         m = model()
         hook = self.hook("top-k 1% + EF", m)

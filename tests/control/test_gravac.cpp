@@ -1,6 +1,6 @@
 // The GraVAC controller against traces computed by hand (in the comments: each EWMA, gain and
-// throughput), rank agreement through the in-process transport, steps that would divide 0 by 0,
-// and option and observation validation.
+// throughput), the back-off, rank agreement through the in-process transport, steps that would
+// divide 0 by 0, option and observation validation, and checkpoints.
 #include <gradcomp/control/gravac.hpp>
 #include <gradcomp/core/crc32c.hpp>
 #include <gradcomp/transport/in_process.hpp>
@@ -125,6 +125,79 @@ TEST_CASE("gravac search ending at theta_max with dense best falls back to theta
                               // Step 3: candidates coincide, so the safe path goes even with gain 1.
                               {{10, 10, 10, 1, 100}, safe, 0.1, 1.0, 1.0, false},
                           });
+}
+
+// trace_a's options with the back-off: W = 2, α = 0.5, the gradient's magnitude always 10, so a
+// gain is EWMA / 10.
+gravac_options back_off_options() {
+  gravac_options options = trace_a_options();
+  options.back_off = true;
+  return options;
+}
+
+std::vector<trace_step> back_off_trace() {
+  using enum gravac_choice;
+  return {
+      // Step 0 (safe). Gains 0.9; CT(0.1) += 100/1·0.9 = 90.
+      {{10, 9, 9, 1, 100}, safe, 0.1, 0.9, 0.9, true},
+      // Step 1 (safe). End of window 1: θ_cur = θ_min, nothing to back off from; one throughput
+      // only, so the search moves on: θ_cur = 0.05, not yet judged.
+      {{10, 9, 9, 1, 100}, safe, 0.05, std::nullopt, 0.9, true},
+      // Step 2 (safe, CT(0.1) += 90). Candidate 8 → 0.8 ≥ ε.
+      {{10, 8, 9, 1, 100}, current, 0.05, 0.8, 0.9, true},
+      // Step 3 (current, 0.05). Candidate (8 + 4)/1.5 = 8 → 0.8; CT(0.05) = 200·0.8 = 160.
+      // End of window 2: gain 0.8 ≥ ε, no back-off; 160 − 90 ≥ 0.05·90, no plateau; θ_cur = 0.025.
+      {{10, 8, 9, 0.5, 100}, safe, 0.025, std::nullopt, 0.9, true},
+      // Step 4 (safe, CT(0.1) += 90). Candidate 7 → 0.7 < ε: safe.
+      {{10, 7, 9, 1, 100}, safe, 0.025, 0.7, 0.9, true},
+      // Step 5 (safe). Candidate (7 + 3.5)/1.5 = 7 → 0.7. End of window 3: below ε, so θ_cur =
+      // 0.025 / 0.5 = 0.05 (the last density that passed) and the search stops.
+      {{10, 7, 9, 1, 100}, safe, 0.05, std::nullopt, 0.9, false},
+      // Step 6 (safe). Candidate 8 → 0.8: current.
+      {{10, 8, 9, 1, 100}, current, 0.05, 0.8, 0.9, false},
+      // Step 7 (current). Candidate (7 + 4)/1.5 = 7.333 → 0.7333 < ε. End of the window after
+      // the search: θ_cur = min(0.05 / 0.5, θ_min) = θ_min, which coincides with the safe level.
+      {{10, 7, 9, 1, 100}, safe, 0.1, std::nullopt, 0.9, false},
+      // Steps 8, 9: θ_cur = θ_min: the safe level, whatever the gains; nothing more to raise.
+      {{10, 9, 9, 1, 100}, safe, 0.1, 0.9, 0.9, false},
+      {{10, 6, 6, 1, 100}, dense, 0.1, 0.7, 0.7, false},
+  };
+}
+
+TEST_CASE("gravac back-off raises the candidate whose gain is below epsilon at a window's end") {
+  gravac_controller controller(back_off_options());
+  check_trace(controller, back_off_trace());
+  // The densities exactly: θ_min·0.5 after window 1, ·0.25 after window 2, back to θ_min·0.5
+  // (exactly: halving and doubling are exact) after window 3, θ_min after the fourth.
+  const auto trace = back_off_trace();
+  const double theta_min = back_off_options().theta_min;
+  const std::vector<double> expected{theta_min,        theta_min * 0.5, theta_min * 0.5, theta_min * 0.25,
+                                     theta_min * 0.25, theta_min * 0.5, theta_min * 0.5, theta_min,
+                                     theta_min,        theta_min};
+  gravac_controller again(back_off_options());
+  for (std::size_t t = 0; t < trace.size(); ++t) {
+    CAPTURE(t);
+    CHECK(again.next(trace[t].observed).current.density == expected[t]);
+  }
+  // Without the back-off the same statistics move the search on to θ_max after window 3.
+  gravac_controller plain(trace_a_options());
+  for (std::size_t t = 0; t < 6; ++t) plain.next(trace[t].observed);
+  CHECK(plain.decision().current.density == theta_min * 0.125);
+  CHECK(plain.decision().searching);
+}
+
+TEST_CASE("gravac gain compares a new candidate with the gradient of the steps it was observed") {
+  // W = 2, α = 0.5. Steps 0 and 1: gradient 10, so θ_cur = 0.05 from step 2 on. Step 2: the
+  // gradient jumps to 40 and the candidate keeps 32 of it: its gain is 32 / 40 = 0.8, not 32 over
+  // the gradient's EWMA of both steps, (40 + 5)/1.5 = 30. The safe level, observed at both steps,
+  // divides (36 + 4.5)/1.5 = 27 by 30: 0.9.
+  gravac_controller controller(trace_a_options());
+  controller.next({10, 9, 9, 1, 100});
+  controller.next({10, 9, 9, 1, 100});
+  const gravac_decision d = controller.next({40, 32, 36, 1, 100});
+  REQUIRE(d.gain_current.has_value());
+  CHECK(*d.gain_current == doctest::Approx(0.8));
+  CHECK(*d.gain_safe == doctest::Approx(0.9));
 }
 
 TEST_CASE("gravac residual flags follow the feedback switch and multi_level is reported") {
@@ -283,22 +356,27 @@ void reseal(std::vector<std::byte>& state) {
 }
 
 TEST_CASE("gravac checkpoint: a restored controller decides exactly as the saved one") {
-  const auto trace = trace_a();
-  for (std::size_t cut = 0; cut <= trace.size(); ++cut) {
-    CAPTURE(cut);
-    gravac_controller original(trace_a_options());
-    for (std::size_t t = 0; t < cut; ++t) original.next(trace[t].observed);
-    std::vector<std::byte> saved(original.saved_state_bytes());
-    CHECK(original.save_state(saved) == saved.size());
-    gravac_controller restored(trace_a_options());
-    restored.load_state(saved);
-    CHECK(restored.decision() == original.decision());
-    CHECK(restored.steps() == original.steps());
-    std::vector<std::byte> again(restored.saved_state_bytes());
-    restored.save_state(again);
-    CHECK(again == saved);
-    for (std::size_t t = cut; t < trace.size(); ++t)
-      CHECK(restored.next(trace[t].observed) == original.next(trace[t].observed));
+  // The search's trace, and the back-off's (whose window position runs on after the search).
+  for (const bool back_off : {false, true}) {
+    CAPTURE(back_off);
+    const auto trace = back_off ? back_off_trace() : trace_a();
+    const gravac_options options = back_off ? back_off_options() : trace_a_options();
+    for (std::size_t cut = 0; cut <= trace.size(); ++cut) {
+      CAPTURE(cut);
+      gravac_controller original(options);
+      for (std::size_t t = 0; t < cut; ++t) original.next(trace[t].observed);
+      std::vector<std::byte> saved(original.saved_state_bytes());
+      CHECK(original.save_state(saved) == saved.size());
+      gravac_controller restored(options);
+      restored.load_state(saved);
+      CHECK(restored.decision() == original.decision());
+      CHECK(restored.steps() == original.steps());
+      std::vector<std::byte> again(restored.saved_state_bytes());
+      restored.save_state(again);
+      CHECK(again == saved);
+      for (std::size_t t = cut; t < trace.size(); ++t)
+        CHECK(restored.next(trace[t].observed) == original.next(trace[t].observed));
+    }
   }
 }
 
@@ -331,6 +409,9 @@ TEST_CASE("gravac checkpoint: damaged or foreign states are rejected by name and
   flipped = saved;
   flipped[0] = std::byte{'X'};
   rejects(flipped, errc::bad_magic);
+  flipped = saved;
+  flipped[4] = std::byte{1};  // version 1: its options hash lacked back_off and gain_input
+  rejects(flipped, errc::unsupported_version);
   // Fields no controller reaches, with valid CRCs.
   const auto edited = [&](std::size_t at, std::byte value) {
     auto bytes = saved;
@@ -352,6 +433,14 @@ TEST_CASE("gravac checkpoint: damaged or foreign states are rejected by name and
   options.window = 3;
   gravac_controller wider(options);
   CHECK(thrown_by([&] { wider.load_state(saved); }) == named(errc::parameter_mismatch));
+  for (const auto& changed : {back_off_options(), [] {
+                                auto o = trace_a_options();
+                                o.gain_input = gravac_gain_input::gradient;
+                                return o;
+                              }()}) {
+    gravac_controller differs(changed);
+    CHECK(thrown_by([&] { differs.load_state(saved); }) == named(errc::parameter_mismatch));
+  }
   std::vector<std::byte> small(saved.size() - 1);
   CHECK(thrown_by([&] { source.save_state(small); }) == named(errc::buffer_too_small));
 }

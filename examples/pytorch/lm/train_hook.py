@@ -18,7 +18,9 @@ for dense the ring all-reduce's 2(P - 1)/P * 4n), the dense ring all-reduce's by
 (traffic saved), also over the compressed steps only (after --dense-steps), the plans the buckets
 ran (the set over all steps), for TAGC rank 0's bytes by part (Tagc.bytes_by_part: index, sketch, tail,
 padding, resent, dense, gather), the steps skipped for non-finite gradients, whether the ranks' final
-parameters are identical, and the wall time.
+parameters are identical, and the wall time; for GraVAC, `gravac_trace`: every change of what the
+controller sends, as [first step, path, density (null: dense), gain of the candidate, of the safe
+level] (`--print-decisions` also prints them as they happen).
 """
 
 import argparse
@@ -79,7 +81,8 @@ def worker(rank, args, result_path):
     if args.codec != gradcomp_ddp.DENSE:
         hook = gradcomp_ddp.GradcompHookState(args.codec, model, extension=gradcomp_ddp.load_extension(),
                                               dense_below=args.dense_below, dense_steps=args.dense_steps,
-                                              log=print if rank == 0 else (lambda *_: None))
+                                              log=print if rank == 0 else (lambda *_: None),
+                                              print_decisions=args.print_decisions)
         ddp.register_comm_hook(hook, gradcomp_ddp.gradcomp_hook)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, betas=BETAS, eps=EPS)
     P = args.world
@@ -128,6 +131,8 @@ def worker(rank, args, result_path):
             "parameters_identical_on_all_ranks": identical,
             "seconds": time.monotonic() - started, "history": history,
         }
+        if hook is not None and hook.gravac is not None:  # every change of what GraVAC sent
+            result["gravac_trace"] = hook.gravac_trace
         with open(result_path, "w") as f:
             json.dump(result, f)
     dist.destroy_process_group()
@@ -191,6 +196,8 @@ def main():
     ap.add_argument("--label", default="")
     ap.add_argument("--out", default="", help="also append the JSON line to this file")
     ap.add_argument("--progress", action="store_true", help="rank 0 prints each evaluation to stderr")
+    ap.add_argument("--print-decisions", action="store_true",
+                    help="GraVAC: rank 0 prints each change of what the controller sends")
     ap.add_argument("--list", action="store_true", help="print the row names and exit")
     ap.add_argument("--summarize", nargs="+", metavar="JSONL", help="print the table of these results and exit")
     args = ap.parse_args()

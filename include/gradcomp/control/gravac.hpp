@@ -13,12 +13,27 @@
 /// window, moves the candidate θ_cur ← θ_cur × step towards θ_max until the best two throughputs
 /// differ by less than ω, keeping the more aggressive θ.
 ///
+/// Back-off (`back_off`, not in the reference): at the end of every window, a candidate below θ_min
+/// whose gain is below ε is replaced by θ_cur ÷ step (the last density that passed, capped at θ_min)
+/// and the search stops; after the search the check goes on every W steps, so θ_cur only rises.
+/// Without it the search only ever lowers θ_cur, and a candidate whose gain falls is merely
+/// replaced step by step by the safe level. With error feedback the gain does not fall: the
+/// residual grows until ‖C(g + e)‖ is about ‖g‖ at any density (on the LM task of
+/// docs/lm-hook-runs.md, ‖C(g + e)‖/‖g‖ was 0.74-1.5 at θ = 0.16% over steps 25-75), so the back-off
+/// also needs `gain_input = gradient`: the trainer measures C(g) without the residual, whose gain
+/// is the fraction of the step's gradient the density keeps (there 0.91-0.94 at 10%, 0.74-0.79 at
+/// 2.5%, 0.38-0.46 at 0.16%). docs/control.md §1.1 has the figures.
+///
 /// Fixes to the reference code (run/compression_throughput.py):
 /// - the search is progressive, one candidate per window of W steps, down to θ_max (the reference
 ///   jumps from θ_min straight to θ_max);
 /// - the EWMA is defined from the first sample (over the samples there are, at most W), and a
 ///   gain whose gradient EWMA is 0 is defined as 1: a zero gradient loses nothing (the reference
 ///   divides 0 by 0 during its first W steps);
+/// - a gain divides EWMAs over the same steps: a new candidate's EWMA restarts, and is compared
+///   with the gradient's of the steps it was observed (against the gradient's whole window, the
+///   first sample after a gradient spike measured a gain of 6.3 on the LM task, and that sample
+///   weighed on the candidate's gain for W steps);
 /// - every step sends something, so gradients are always synchronised (the reference sends
 ///   nothing while θ_cur equals θ_min after its warm-up);
 /// - a candidate's gain is computed from its own compressed norms (the reference re-reads the
@@ -36,15 +51,17 @@
 /// Checkpoints: `save_state` writes the controller's whole history (EWMA windows, search
 /// position, throughputs) in the saved-state frame of core/saved_state.hpp, magic "GCGV"; a
 /// controller with the same options that `load_state`s it decides exactly as the saved one would
-/// have. Layout (little-endian), after the common head (bytes 0..16: magic, version 1, codec 0,
-/// dtype float64, n = W):
+/// have. Layout (little-endian), after the common head (bytes 0..16: magic, version 2, codec 0,
+/// dtype float64, n = W). Version 2 hashes the options `back_off` and `gain_input` and, with
+/// `back_off`, counts the window position after the search too (for the back-off check); version 1
+/// states are refused (`unsupported_version`):
 ///
 /// | offset | bytes | field |
 /// |---|---|---|
 /// | 17 | 8 | hash of the options (`gravac_options::hash`) |
 /// | 25 | 8 | steps observed |
 /// | 33 | 8 | θ_cur, float64 |
-/// | 41 | 4 | steps into the current search window |
+/// | 41 | 4 | steps into the current window (search, or back-off check after it) |
 /// | 45 | 1 | searching (0 or 1) |
 /// | 46 | 4 | T, the number of densities with a recorded throughput |
 /// | 50 | 24 | next slot and sample count of the gradient, candidate and safe EWMAs, u32 each |
@@ -83,6 +100,12 @@ enum class gravac_feedback : std::uint8_t {
   both_paths,      ///< Both candidates' residuals every step, whatever was sent (the reference).
 };
 
+/// What the trainer compresses to measure the magnitudes `current` and `safe` of an observation.
+enum class gravac_gain_input : std::uint8_t {
+  compensated,  ///< g + e, the gradient with its residual: the message sent (the reference).
+  gradient,     ///< g alone, without the residual: what the density keeps of this step's gradient.
+};
+
 /// What a step sends.
 enum class gravac_choice : std::uint8_t {
   current,  ///< The gradient compressed at the candidate density θ_cur.
@@ -105,6 +128,10 @@ struct gravac_options {
   /// further (keeping θ_cur/θ_min of its values) instead of sparsifying the whole gradient again.
   /// The controller only reports the flag in its decisions; the trainer acts on it.
   bool multi_level = false;
+  /// What the gain's compressed magnitudes are measured on; the trainer reads it here and acts on it.
+  gravac_gain_input gain_input = gravac_gain_input::compensated;
+  /// Raise θ_cur when its gain is below ε at the end of a window (class comment; not in the reference).
+  bool back_off = false;
 
   /// Throws `invalid_argument` unless 0 < θ_max ≤ θ_min ≤ 1, 0 < step < 1, ε ≥ 0, ω ≥ 0 (both
   /// finite), W ≥ 1 and 0 < α ≤ 1.
@@ -133,6 +160,8 @@ struct gravac_options {
         .add(static_cast<std::uint8_t>(measure))
         .add(static_cast<std::uint8_t>(feedback))
         .add(static_cast<std::uint8_t>(multi_level))
+        .add(static_cast<std::uint8_t>(gain_input))
+        .add(static_cast<std::uint8_t>(back_off))
         .value();
   }
 };
@@ -142,8 +171,8 @@ struct gravac_options {
 /// or squared norms as the options' `measure` says.
 struct gravac_observation {
   double gradient = 0.0;       ///< Magnitude of the gradient g (without residuals).
-  double current = 0.0;        ///< Magnitude of C_cur, the gradient compressed at θ_cur (with its residual).
-  double safe = 0.0;           ///< Magnitude of C_min, the gradient compressed at θ_min (with its residual).
+  double current = 0.0;  ///< Magnitude of C_cur at θ_cur, of g + e_cur or g as `gain_input` says.
+  double safe = 0.0;     ///< Magnitude of C_min at θ_min, of g + e_min or g as `gain_input` says.
   double seconds = 0.0;        ///< Wall time of the step; 0 marks an untimed step, which adds no throughput.
   std::uint64_t samples = 0;   ///< Samples the step processed.
 
@@ -219,17 +248,19 @@ class windowed_ewma {
     count_ = count;
   }
 
-  [[nodiscard]] double value() const {
+  /// The EWMA of the newest min(`newest`, count()) samples (all of them by default).
+  [[nodiscard]] double value(std::size_t newest = SIZE_MAX) const {
+    const std::size_t n = std::min(newest, count_);
     double weighted = 0.0;
     double weights = 0.0;
     double w = 1.0;
-    for (std::size_t k = 0; k < count_; ++k) {
+    for (std::size_t k = 0; k < n; ++k) {
       weighted +=
           mul_rn(w, values_[(next_ + values_.size() - 1 - k) % values_.size()]);  // unfused: same bits on every rank
       weights += w;
       w *= decay_;
     }
-    return count_ == 0 ? 0.0 : weighted / weights;
+    return n == 0 ? 0.0 : weighted / weights;
   }
 
  private:
@@ -244,7 +275,8 @@ class windowed_ewma {
 /// The GraVAC controller. Per step the trainer:
 /// 1. reads `decision()` (the first is: send the safe level);
 /// 2. compresses g + e_cur at `decision().current` and g + e_min at `decision().safe` (once when
-///    they are equal; from the safe result when `multi_level`);
+///    they are equal; from the safe result when `multi_level`); with `gain_input = gradient` it
+///    also compresses g alone at both densities, for the magnitudes only;
 /// 3. sends the path `decision().send` names (the dense gradient for `dense`) and updates the
 ///    residuals the decision's flags name;
 /// 4. passes the step's statistics, aggregated over ranks, to `next`, which returns the decision
@@ -254,7 +286,9 @@ class windowed_ewma {
 /// was sent to the throughput of that density (θ_cur, θ_min, or 1 for dense); at the end of each
 /// window it checks for a plateau (best two throughputs with CT₁ − CT₂ < ω·CT₂: stop at the
 /// smaller θ), else moves θ_cur ← max(θ_cur·step, θ_max), else (θ_max's window done) stops at
-/// the density of the best throughput, θ_min if that is dense or nothing was timed. Then it
+/// the density of the best throughput, θ_min if that is dense or nothing was timed. With
+/// `back_off`, every window's end (searching or not) first checks the candidate: below θ_min with a
+/// gain below ε, it becomes min(θ_cur ÷ step, θ_min) and the search stops. Then it
 /// decides: the candidate if θ_cur ≠ θ_min and its gain is at least ε, else the safe level if its
 /// gain is, else dense. A new candidate's EWMA starts empty, so it is observed for one step
 /// before it can be sent. The decision for a step thus uses the statistics up to the step before.
@@ -351,7 +385,7 @@ class gravac_controller {
     const auto window_steps = detail::load_le<std::uint32_t>(p + 41);
     const auto searching = detail::load_le<std::uint8_t>(p + 45);
     if (!(density(theta) && theta <= options_.theta_min)) bad("candidate density out of range");
-    if (window_steps >= options_.window || searching > 1) bad("search position out of range");
+    if (window_steps >= options_.window || searching > 1) bad("window position out of range");
     std::array<std::uint32_t, 3> next{}, count{};
     for (std::size_t i = 0; i < 3; ++i) {
       next[i] = detail::load_le<std::uint32_t>(p + 50 + 8 * i);
@@ -392,12 +426,10 @@ class gravac_controller {
     gradient_.push(step.gradient);
     current_.push(step.current);
     safe_.push(step.safe);
-    if (searching_) {
-      record_throughput(step);
-      if (++window_steps_ == options_.window) {
-        window_steps_ = 0;
-        advance_search();
-      }
+    if (searching_) record_throughput(step);
+    if ((searching_ || options_.back_off) && ++window_steps_ == options_.window) {
+      window_steps_ = 0;
+      end_window();
     }
     ++steps_;
     decision_ = decide();
@@ -408,7 +440,7 @@ class gravac_controller {
   /// Saved-state frame of the controller (core/saved_state.hpp).
   struct state_format {
     static constexpr std::uint32_t magic = 0x56474347u;  // "GCGV" as a little-endian word
-    static constexpr std::uint16_t version = 1;
+    static constexpr std::uint16_t version = 2;
     static constexpr std::size_t header_crc_offset = 74;
     static constexpr std::size_t header_bytes = 78;
     static constexpr std::size_t checksum_bytes = 4;
@@ -432,9 +464,11 @@ class gravac_controller {
     return options;
   }
 
-  /// EWMA(magnitude) / EWMA(gradient), 1 when the gradient's EWMA is 0.
+  /// EWMA(magnitude) / EWMA(gradient) over the same steps (a candidate observed for fewer steps
+  /// than the gradient is compared with the gradient of those steps only), 1 when the gradient's
+  /// EWMA is 0.
   [[nodiscard]] double gain(const detail::windowed_ewma& compressed) const {
-    const double g = gradient_.value();
+    const double g = gradient_.value(compressed.count());
     return g > 0.0 ? compressed.value() / g : 1.0;
   }
 
@@ -456,6 +490,15 @@ class gravac_controller {
       it->sum += value;
       ++it->count;
     }
+  }
+
+  /// At the end of a window: back off from a candidate that loses too much (`back_off`), else
+  /// move the search on.
+  void end_window() {
+    if (options_.back_off && theta_current_ < options_.theta_min && gain(current_) < options_.epsilon)
+      finish_search(std::min(theta_current_ / options_.step, options_.theta_min));
+    else if (searching_)
+      advance_search();
   }
 
   void advance_search() {
