@@ -653,7 +653,7 @@ TEST_CASE("error feedback with decay around the float uniform quantizer: the one
       check_decay_against_loop(uniform_quantizer<float>(
                                    {.bits = 8, .block = 64, .round = rounding::stochastic, .seed = 2}),
                                decay, 4099, 12, exec);
-      check_decay_against_loop(uniform_quantizer<float>({.bits = 8, .block = 36}), decay, 31, 12, exec);
+      check_decay_against_loop(uniform_quantizer<float>({.bits = 8, .block = 32}), decay, 31, 12, exec);
     }
   }
 }

@@ -64,7 +64,7 @@ namespace gradcomp {
 /// Parameters of error feedback (docs/feedback.md §1, §7).
 struct error_feedback_params {
   /// β: the new residual is β·(a − D(C(a))), rounded to the value type once. In (0, 1]; 1 (the
-  /// default) is classic error feedback. 0.9 measured best for top-k under Adam (docs/feedback.md §10).
+  /// default) is classic error feedback. 0.9 beat 1 for top-k under Adam (docs/feedback.md §10).
   double decay = 1.0;
 
   friend constexpr bool operator==(const error_feedback_params&, const error_feedback_params&) = default;
