@@ -3,7 +3,8 @@
 // training examples' table (train/codec_table.hpp), then a homomorphic codec, whose messages the
 // ranks add with a SUM all-reduce instead of all-gathering them (the shared-scale 4-bit quantizer:
 // block maxima agreed by a MAX all-reduce, codes in 7-bit fields with 3 headroom bits, so up to 8
-// ranks), and GraVAC with its back-off.
+// ranks), top-k 1% with decayed error feedback (β = 0.9), the variant for Adam-trained models
+// (docs/feedback.md §7), and GraVAC with its back-off.
 #include <gradcomp/gradcomp.hpp>
 
 #include "../train/codec_table.hpp"
@@ -15,6 +16,9 @@ void visit_hook_codecs(Visitor& visitor) {
   train::visit_codecs(visitor, 0);
   visitor.codec("uniform 4-bit shared scale (summed)",
                 gradcomp::shared_scale_quantizer<float>({.bits = 4, .headroom_bits = 3}));
+  visitor.codec("top-k 1% + EF decay 0.9",
+                gradcomp::error_feedback(gradcomp::topk_sparsifier<float>(gradcomp::sparsity{.density = 0.01}),
+                                         {.decay = 0.9}));
   // The table's GraVAC row with the back-off (docs/control.md §1.1): the gain measured on the
   // gradient without its residual, and θ_cur raised when that gain is below ε at a window's end.
   visitor.gravac("GraVAC top-k 10%..0.1% + EF, back-off",

@@ -145,6 +145,18 @@ class ExtensionTest(unittest.TestCase):
             codec.encode(x[:999].clone(), state)
         self.assertEqual(caught.exception.args[0], "size_mismatch")
 
+    def test_decayed_error_feedback_row(self):
+        plain, decayed = EXT.Codec("top-k 1% + EF"), EXT.Codec("top-k 1% + EF decay 0.9")
+        p, d = plain.make_state(1000), decayed.make_state(1000)
+        x = torch.randn(1000, generator=torch.Generator().manual_seed(3))
+        self.assertTrue(torch.equal(decayed.encode(x, d), plain.encode(x, p)))  # top-k's own message
+        # The residual is 0.9f times plain error feedback's, each product rounded in float32.
+        beta = torch.tensor(0.9, dtype=torch.float32)
+        self.assertTrue(torch.equal(decayed.carried_error(d), plain.carried_error(p) * beta))
+        with self.assertRaises(EXT.GradcompError) as caught:
+            plain.load_state(decayed.save_state(d), 1000)  # a state saved with another decay
+        self.assertEqual(caught.exception.args[0], "parameter_mismatch")
+
 
 class HookStateTest(unittest.TestCase):
     @classmethod

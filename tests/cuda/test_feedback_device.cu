@@ -1,6 +1,7 @@
 // Error feedback and LoCo on the GPU: every step's message and carried error equal the CPU
-// reference's bit for bit (one-kernel paths and reference paths, resets, magnitudes that send LoCo
-// down its reference steps); and on both executors the EF invariant holds, a NaN step leaves the
+// reference's bit for bit (one-kernel paths and reference paths, with and without error feedback's
+// decay, resets, magnitudes that send LoCo down its reference steps); and on both executors the EF
+// invariant holds (each decayed residual exactly fl(β·(a − d))), a NaN step leaves the
 // state as it was and no message behind, states saved on one executor resume on the other, and
 // set_carried_error rejects NaN.
 #include <cstddef>
@@ -75,6 +76,11 @@ const auto ef_invariant_holds = [](const auto& exec) {
   check_ef_invariant(uniform_quantizer<double>({.bits = 8, .block = 33, .round = rounding::stochastic, .seed = 2}),
                      1000, 20, 12, 2, exec);
   check_ef_invariant(qsgd_quantizer<float>({.levels = 7, .seed = 3}), 2000, 20, 13, 3, exec);
+  check_ef_invariant(uniform_quantizer<float>({.bits = 4}), 3000, 20, 11, 1, exec, 0.9);  // one kernel
+  check_ef_invariant(uniform_quantizer<double>({.bits = 8, .block = 33, .round = rounding::stochastic, .seed = 2}),
+                     1000, 20, 12, 2, exec, 0.5);  // reference steps
+  check_ef_invariant(topk_sparsifier<float>(sparsity{.density = 0.01}), 3000, 20, 14, 4, exec, 0.9);
+  check_ef_invariant(sign_quantizer<double>({.block = 64}), 1000, 20, 15, 5, exec, 0.5);
 };
 
 const auto carried_error_round_trips = [](const auto& exec) {
@@ -109,6 +115,11 @@ GRADCOMP_CUDA_TEST_CASE("error feedback steps equal the CPU's: messages, residua
   check_steps_match_cpu(error_feedback(sign_quantizer<float>({.block = 128})), 3000, 8);
   check_steps_match_cpu(error_feedback(qsgd_quantizer<double>({.levels = 3, .bucket = 50, .seed = 4})), 2000, 6);
   check_steps_match_cpu(error_feedback(uniform_quantizer<float>({.bits = 8}, {.payload_checksum = true})), 1000, 3);
+  // With decay: the one-kernel path, the reference steps, and a sparsifier.
+  check_steps_match_cpu(error_feedback(uniform_quantizer<float>({.bits = 8}), {.decay = 0.9}), 5000, 8);
+  check_steps_match_cpu(error_feedback(uniform_quantizer<double>({.bits = 2, .block = 7}), {.decay = 0.5}), 1001, 6);
+  check_steps_match_cpu(error_feedback(sign_quantizer<float>({.block = 128}), {.decay = 0.9}), 3000, 8);
+  check_steps_match_cpu(error_feedback(topk_sparsifier<float>(sparsity{.density = 0.01}), {.decay = 0.9}), 3000, 8);
 }
 
 GRADCOMP_CUDA_TEST_CASE("LoCo steps equal the CPU's, resets and large magnitudes included") {
@@ -148,6 +159,7 @@ GRADCOMP_CUDA_TEST_CASE("states saved on the CPU resume on the GPU and the other
     CHECK(gpu.save() == before);
   };
   resume(error_feedback(uniform_quantizer<float>({.bits = 8})));
+  resume(error_feedback(uniform_quantizer<float>({.bits = 8}), {.decay = 0.9}));
   resume(loco(uniform_quantizer<float>({.bits = 4})));
 }
 

@@ -1,7 +1,9 @@
 // Error feedback around the sparsifiers: the EF invariant against sums accumulated by the test,
 // the top-k residual against a full-sort oracle, failed steps leaving the state bit-identical, and
-// the saved state (its documented layout, bit-identical continuation, every load error).
+// the saved state (its documented layout, bit-identical continuation, every load error); the
+// decayed residual against a plain loop of the test's, around the sparsifiers and quantizers.
 #include <gradcomp/feedback/error_feedback.hpp>
+#include <gradcomp/quantize/sign.hpp>
 #include <gradcomp/quantize/uniform.hpp>
 #include <gradcomp/sparsify/randomk.hpp>
 #include <gradcomp/sparsify/threshold.hpp>
@@ -95,9 +97,9 @@ void check_invariant_for_all_codecs(std::size_t n) {
 // Runs 10 steps straight, and again with the state saved after 5 and restored into a fresh state;
 // both runs must write the same bytes and end in the same state.
 template <class Codec>
-void check_continuation(const Codec& inner, std::size_t n) {
+void check_continuation(const Codec& inner, std::size_t n, error_feedback_params params = {}) {
   using T = typename Codec::value_type;
-  const error_feedback<Codec> ef(inner);
+  const error_feedback<Codec> ef(inner, params);
   const cpu_executor cpu;
   std::vector<std::vector<std::byte>> straight_messages;
   auto straight = ef.make_state(cpu, n);
@@ -116,6 +118,41 @@ void check_continuation(const Codec& inner, std::size_t n) {
   }
   CHECK(resumed.steps == 10);
   CHECK(bits_of(resumed) == bits_of(straight));
+}
+
+// Runs `steps` steps of error feedback with decay `decay` on `exec` and, beside it, the definition
+// as a plain loop of the test's: a = g + e, the inner codec's own message of a, and
+// e = fl(β·(a − its decoding)), the product rounded through a volatile store (so no contraction
+// into a multiply-add can change it). Every message and every residual must match bit for bit.
+template <class Codec>
+void check_decay_against_loop(const Codec& inner, double decay, std::size_t n, std::uint64_t steps,
+                              const cpu_executor& exec = {}) {
+  using T = typename Codec::value_type;
+  const error_feedback<Codec> ef(inner, {.decay = decay});
+  const T beta = static_cast<T>(decay);
+  auto state = ef.make_state(exec, n);
+  std::vector<T> residual(n, T{0}), a(n);
+  std::uint64_t wrong_messages = 0, wrong_residuals = 0;
+  for (std::uint64_t t = 0; t < steps; ++t) {
+    const std::vector<T> g = make_input<T>(t % 4 == 3 ? input_kind::ties : input_kind::normal, n, 300 + t);
+    for (std::size_t i = 0; i < n; ++i) a[i] = g[i] + residual[i];
+    const std::vector<std::byte> expected = encode_bytes(inner, a, key_of(t));
+    const std::vector<T> decoded = decode_values(inner, expected, n);
+    for (std::size_t i = 0; i < n; ++i) {
+      volatile T product = beta * (a[i] - decoded[i]);
+      residual[i] = product;
+    }
+    std::vector<std::byte> out(ef.max_encoded_bytes(n));
+    std::vector<std::byte> ws(ef.workspace_bytes(exec, n));
+    out.resize(ef.encode(exec, std::span<const T>(g), state, out, ws, key_of(t)));
+    wrong_messages += static_cast<std::uint64_t>(out != expected);
+    wrong_residuals += static_cast<std::uint64_t>(!bitwise_equal(state.residual, residual));
+  }
+  CHECK(wrong_messages == 0);
+  CHECK(wrong_residuals == 0);
+  CHECK(state.steps == steps);
+  // The comparison has teeth: the codec leaves some residual.
+  CHECK(std::any_of(residual.begin(), residual.end(), [](T v) { return v != T{0}; }));
 }
 
 // Steps a few times, then checks that NaN and ±Inf at `index` of the gradient are rejected with the
@@ -580,4 +617,118 @@ TEST_CASE("error feedback's carried error is the residual, and setting it steers
         named(errc::size_mismatch));
   CHECK(thrown_by([&] { ef.carried_error(cpu, state, std::span<float>(bad)); }) == named(errc::size_mismatch));
   CHECK(bits_of(state) == before);
+}
+
+TEST_CASE_TEMPLATE("error feedback with decay equals the test's loop bit for bit, sparsifiers and quantizers", T, float,
+                   double) {
+  const std::size_t n = std::is_same_v<T, float> ? 10007 : 1000;
+  for (const double decay : {0.9, 0.5}) {
+    CAPTURE(decay);
+    SUBCASE("top-k 1%") { check_decay_against_loop(topk_sparsifier<T>(sparsity{.density = 0.01}), decay, n, 30); }
+    SUBCASE("random-k 5%, scaled by n/k") {
+      check_decay_against_loop(randomk_sparsifier<T>({.amount = {.density = 0.05}, .seed = 11}), decay, n, 30);
+    }
+    SUBCASE("threshold 1%") {
+      check_decay_against_loop(threshold_sparsifier<T>({.target = {.density = 0.01}, .seed = 5}), decay, n, 30);
+    }
+    SUBCASE("uniform 4-bit, blocks of 33 (the reference path)") {
+      check_decay_against_loop(uniform_quantizer<T>({.bits = 4, .block = 33}), decay, n, 30);
+    }
+    SUBCASE("sign, blocks of 64") { check_decay_against_loop(sign_quantizer<T>({.block = 64}), decay, n, 30); }
+  }
+}
+
+TEST_CASE("error feedback with decay around the float uniform quantizer: the one-pass path equals the loop") {
+  // AVX2 where the machine has it, the SSE2 baseline, streaming stores allowed (decay writes the
+  // residual with ordinary stores) or not; block and element counts that leave scalar tails.
+  const cpu_executor settings[] = {{},
+                                   {.max_simd = cpu_simd::baseline, .streaming_store_bytes = 0},
+                                   {.streaming_store_bytes = 0}};
+  for (const cpu_executor& exec : settings) {
+    CAPTURE(static_cast<int>(exec.max_simd));
+    for (const double decay : {0.9, 0.5}) {
+      CAPTURE(decay);
+      check_decay_against_loop(uniform_quantizer<float>({.bits = 8}), decay, 70001, 12, exec);
+      check_decay_against_loop(uniform_quantizer<float>({.bits = 4, .block = 32}), decay, 1000, 12, exec);
+      check_decay_against_loop(uniform_quantizer<float>(
+                                   {.bits = 8, .block = 64, .round = rounding::stochastic, .seed = 2}),
+                               decay, 4099, 12, exec);
+      check_decay_against_loop(uniform_quantizer<float>({.bits = 8, .block = 32}), decay, 31, 12, exec);
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("error feedback with decay: each residual is fl(β·(a − d)) and the decayed sums balance", T, float,
+                   double) {
+  const std::size_t n = std::is_same_v<T, float> ? 10007 : 1000;
+  constexpr std::uint64_t steps = 50;
+  for (const double decay : {0.9, 0.5}) {
+    CAPTURE(decay);
+    check_ef_invariant(topk_sparsifier<T>(sparsity{.density = 0.01}), n, steps, 9000, 3, cpu_executor{}, decay);
+    check_ef_invariant(randomk_sparsifier<T>({.amount = {.density = 0.05}, .seed = 11}), n, steps, 9000, 3,
+                       cpu_executor{}, decay);
+    check_ef_invariant(threshold_sparsifier<T>({.target = {.density = 0.01}, .seed = 5}), n, steps, 9000, 3,
+                       cpu_executor{}, decay);
+    check_ef_invariant(uniform_quantizer<T>({.bits = 4}), n, steps, 9000, 3, cpu_executor{}, decay);
+    check_ef_invariant(sign_quantizer<T>({.block = 64}), n, steps, 9000, 3, cpu_executor{}, decay);
+  }
+}
+
+TEST_CASE("error feedback with decay sends the inner codec's messages and parameter hash") {
+  const topk_sparsifier<float> inner(sparsity{.density = 0.05});
+  const error_feedback<topk_sparsifier<float>> ef(inner, {.decay = 0.9});
+  CHECK(ef.params().decay == 0.9);
+  CHECK(ef.decay() == 0.9f);
+  CHECK(ef.params_hash() == inner.params_hash());
+  CHECK(ef.state_hash() != inner.params_hash());
+  CHECK(error_feedback<topk_sparsifier<float>>(inner).state_hash() == inner.params_hash());
+  CHECK(error_feedback<topk_sparsifier<float>>(inner, {.decay = 1.0}).state_hash() == inner.params_hash());
+  const std::vector<float> g = gradient<float>(1000, 1);
+  auto state = ef.make_state(cpu_executor{}, 1000);
+  CHECK(ef_step(ef, g, state) == encode_bytes(inner, g));
+}
+
+TEST_CASE("error feedback rejects a decay outside (0, 1]") {
+  const topk_sparsifier<float> inner(sparsity{.k = 2});
+  for (const double decay : {0.0, -0.0, -0.5, 1.0 + 1e-12, 2.0, std::numeric_limits<double>::quiet_NaN(),
+                             std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
+                             1e-300 /* positive, but 0 as a float */}) {
+    CAPTURE(decay);
+    CHECK(thrown_by([&] { (void)error_feedback<topk_sparsifier<float>>(inner, {.decay = decay}); }) ==
+          named(errc::invalid_argument));
+  }
+  CHECK(thrown_by([&] {
+          (void)error_feedback<topk_sparsifier<double>>(topk_sparsifier<double>(sparsity{.k = 2}), {.decay = 1e-300});
+        }) == "no exception");
+  CHECK(thrown_by([&] { (void)error_feedback<topk_sparsifier<float>>(inner, {.decay = 1.0}); }) == "no exception");
+}
+
+TEST_CASE("error feedback with decay saves β in the state hash, resumes, and refuses another β") {
+  SUBCASE("resumes bit-identically") {
+    check_continuation(topk_sparsifier<float>(sparsity{.density = 0.01}), 10007, {.decay = 0.9});
+    check_continuation(randomk_sparsifier<double>({.amount = {.density = 0.05}, .seed = 11}), 1000, {.decay = 0.5});
+    check_continuation(uniform_quantizer<float>({.bits = 4}), 4099, {.decay = 0.9});
+  }
+  SUBCASE("the hash at offset 25 is the inner hash and β; other β are refused both ways") {
+    const topk_sparsifier<float> inner(sparsity{.k = 2});
+    const error_feedback<topk_sparsifier<float>> decayed(inner, {.decay = 0.9});
+    const error_feedback<topk_sparsifier<float>> other(inner, {.decay = 0.5});
+    auto state = decayed.make_state(cpu_executor{}, small_n);
+    ef_step(decayed, std::vector<float>{0.5f, -2.0f, 0.25f, 3.0f, -0.125f}, state);
+    const std::vector<std::byte> bytes = saved(decayed, state);
+    REQUIRE(bytes.size() == 37 + small_n * sizeof(float) + 4);
+    const float beta = 0.9f;
+    CHECK(read_at<std::uint64_t>(bytes, 25) == params_hasher{}.add(inner.params_hash()).add(beta).value());
+    CHECK(read_at<std::uint64_t>(bytes, 25) == decayed.state_hash());
+
+    auto target = sentinel_state<float>(small_n);
+    const std::vector<std::byte> untouched = bits_of(target);
+    CHECK(thrown_by([&] { small_ef.load_state(cpu_executor{}, bytes, target); }) == named(errc::parameter_mismatch));
+    CHECK(thrown_by([&] { other.load_state(cpu_executor{}, bytes, target); }) == named(errc::parameter_mismatch));
+    const std::vector<std::byte> classic = saved(small_ef, small_state());
+    CHECK(thrown_by([&] { decayed.load_state(cpu_executor{}, classic, target); }) == named(errc::parameter_mismatch));
+    CHECK(bits_of(target) == untouched);
+    decayed.load_state(cpu_executor{}, bytes, target);
+    CHECK(bits_of(target) == bits_of(state));
+  }
 }

@@ -2,9 +2,9 @@
 /// @file
 /// CPU reference of error feedback. A step writes a = g + e into the state's `next` buffer and
 /// checks it; the inner codec encodes a and decodes its own message into the workspace; a last
-/// pass turns `next` into the new residual a − decoded and checks it, and the two buffers are
-/// exchanged only then. Around the float32 uniform quantizer in its vectorised layout, one pass
-/// does the whole step block by block (see `encode_one_pass`).
+/// pass turns `next` into the new residual fl(β·(a − decoded)) (a − decoded when β = 1) and checks
+/// it, and the two buffers are exchanged only then. Around the float32 uniform quantizer in its
+/// vectorised layout, one pass does the whole step block by block (see `encode_one_pass`).
 
 #include <algorithm>
 #include <cstddef>
@@ -94,10 +94,16 @@ struct backend<error_feedback<Codec>, cpu_executor> {
     ef.inner().decode(e, std::span<const std::byte>(out.first(bytes)), s.decoded, s.inner);
     const T* const decoded = s.decoded.data();
     std::size_t overflowed = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      a[i] -= decoded[i];
-      overflowed += static_cast<std::size_t>(!is_finite(a[i]));
-    }
+    const auto residual_pass = [&](auto new_residual) {
+      for (std::size_t i = 0; i < n; ++i) {
+        a[i] = new_residual(a[i], decoded[i]);
+        overflowed += static_cast<std::size_t>(!is_finite(a[i]));
+      }
+    };
+    const T beta = ef.decay();
+    if (beta == T{1}) residual_pass([](T h, T d) { return h - d; });  // without the multiply: vectorised
+    else
+      residual_pass([beta](T h, T d) { return decayed_residual(beta, h, d); });
     detail::require(overflowed == 0, errc::non_finite_input, [&] {
       return std::to_string(overflowed) + " of " + std::to_string(n) +
              " values of the new residual (g + e minus its decoding) are NaN or Inf; the state is unchanged";
@@ -160,9 +166,10 @@ struct backend<error_feedback<Codec>, cpu_executor> {
   /// finds NaN and ±Inf), the inner message's codes (cpu/uniform_block_encoder.hpp), and the new
   /// residual h − decoded written into `next` straight from the codes (streamed when large, per
   /// the executor). It reads g and e once and writes the codes and the new residual once; a
-  /// failure part-way leaves `residual` as it was. Every value equals the reference path's. The
-  /// new residual needs no check: a code's level has the sign of its value (or is 0) and its
-  /// decoding stays finite (uniform_step), so |h − decoded| ≤ max(|h|, |decoded|) is finite.
+  /// failure part-way leaves `residual` as it was. With β ≠ 1 each block's residual is then
+  /// multiplied by β while it is in cache (not streamed). Every value equals the reference path's.
+  /// The new residual needs no check: a code's level has the sign of its value (or is 0) and its
+  /// decoding stays finite (uniform_step), so |β·(h − decoded)| ≤ max(|h|, |decoded|) is finite.
   static std::size_t encode_one_pass(const ef_type& ef, const cpu_executor& e, std::span<const T> grad,
                                      state_type& state, std::span<std::byte> out, const scratch& s, message_key key) {
     const std::uint64_t n = grad.size();
@@ -171,7 +178,9 @@ struct backend<error_feedback<Codec>, cpu_executor> {
     const std::uint64_t block = inner.params().block;
     const bool avx2 = e.avx2();
     float* const next = state.next.data();
-    const bool streaming = e.streams(n * sizeof(float)) && cpu::streamable(next);
+    const float beta = ef.decay();
+    const bool decays = beta != 1.0f;
+    const bool streaming = !decays && e.streams(n * sizeof(float)) && cpu::streamable(next);
     float* const h = s.block.data();
     const float* const g = grad.data();
     const float* const residual = state.residual.data();
@@ -180,6 +189,7 @@ struct backend<error_feedback<Codec>, cpu_executor> {
       const std::uint32_t largest = cpu::ef_compensate(g + begin, residual + begin, count, h, avx2);
       if (largest >= float_traits<float>::infinity_key) fail_non_finite(grad, state);
       encoder.next(h, count, from_bits<float>(largest), next + begin, streaming);
+      if (decays) cpu::ef_decay(next + begin, count, beta, avx2);
     }
     const std::size_t size = encoder.finish();
     if (streaming) cpu::streaming_fence();

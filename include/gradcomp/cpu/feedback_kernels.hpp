@@ -3,9 +3,10 @@
 /// The float32 element steps of the fused CPU paths of error feedback (cpu/error_feedback.hpp) and
 /// LoCo (cpu/loco.hpp), each with an AVX2 kernel and a scalar twin computing the same IEEE
 /// operations in the same order (so the same bits as the reference loops): the compensated
-/// gradient (with its largest magnitude), LoCo's moving average of the error and its 8-bit
-/// quantization. Products that feed a sum are rounded on their own (`mul_rn`, `rounded`), under
-/// any compiler flags. Error feedback's new residual comes with the codes (cpu/uniform_kernels.hpp).
+/// gradient (with its largest magnitude), error feedback's decay of the new residual, LoCo's
+/// moving average of the error and its 8-bit quantization. Products are rounded on their own
+/// (`mul_rn`, `rounded`), under any compiler flags. Error feedback's new residual comes with the
+/// codes (cpu/uniform_kernels.hpp).
 /// LoCo's old errors are dequantized as code·scale; a reset reads them as zero. Each function
 /// takes any count: the AVX2 kernel does the whole vectors, the scalar twin the rest.
 
@@ -83,6 +84,12 @@ GRADCOMP_TARGET_AVX2 inline void quantize_error8_avx2(const float* v, float step
                         _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
   }
 }
+
+GRADCOMP_TARGET_AVX2 inline void scale_avx2(float* x, float factor, std::uint64_t count) noexcept {
+  const __m256 f = _mm256_set1_ps(factor);
+  for (std::uint64_t i = 0; i < count; i += 8)
+    _mm256_storeu_ps(x + i, rounded(_mm256_mul_ps(f, _mm256_loadu_ps(x + i))));
+}
 #endif
 
 }  // namespace kernel_detail
@@ -105,6 +112,20 @@ GRADCOMP_TARGET_AVX2 inline void quantize_error8_avx2(const float* v, float step
     largest = std::max(largest, kernel_detail::magnitude_bits(h[i]));
   }
   return largest;
+}
+
+/// r[i] = β·r[i] for i < count, each product rounded on its own: error feedback's decay of the
+/// new residual r (as `decayed_residual`, feedback/error_feedback.hpp).
+inline void ef_decay(float* r, std::uint64_t count, float beta, bool avx2) noexcept {
+  std::uint64_t i = 0;
+#if defined(GRADCOMP_HAVE_AVX2)
+  if (avx2) {
+    i = count / 8 * 8;
+    kernel_detail::scale_avx2(r, beta, i);
+  }
+#endif
+  (void)avx2;
+  for (; i < count; ++i) r[i] = mul_rn(beta, r[i]);
 }
 
 /// h[i] = g[i] + codes[i]·scale for i < count.

@@ -9,10 +9,12 @@
 ///
 /// Around the uniform quantizer whose blocks fill whole code words, one kernel does the step: a
 /// warp per block forms h = g + e, finds its largest magnitude, writes the scale and the codes,
-/// and writes h − code·s as the new residual (one read of g and e, one write of the codes and of
+/// and writes fl(β·(h − code·s)) as the new residual (one read of g and e, one write of the codes and of
 /// the new residual; for 8- and 4-bit codes and blocks of at most 256 values the block stays in
 /// registers and moves by 128-bit accesses, cuda/uniform.cuh). Around any other codec with a CUDA backend: h = g + e into the workspace
-/// (checked on the host), the inner codec's encode and decode, and the new residual h − decoded.
+/// (checked on the host), the inner codec's encode and decode, and the new residual
+/// fl(β·(h − decoded)). Both compute it with `decayed_residual` (feedback/error_feedback.hpp), as
+/// the CPU does: the product is rounded on its own (`__fmul_rn`), so the residuals stay the CPU's.
 
 #include <gradcomp/cuda/config.cuh>
 
@@ -67,26 +69,28 @@ struct ef_compensate {
   }
 };
 
-/// next = h − decoded.
+/// next = fl(β·(h − decoded)) (h − decoded when β = 1).
 template <class T>
 struct ef_residual {
   const T* h;
   const T* decoded;
   T* next;
+  T beta;
 
-  __device__ void operator()(std::uint64_t i) const { next[i] = h[i] - decoded[i]; }
+  __device__ void operator()(std::uint64_t i) const { next[i] = decayed_residual(beta, h[i], decoded[i]); }
 };
 
-/// The values error feedback codes: h = g + e; the new residual h − decoded is written to
+/// The values error feedback codes: h = g + e; the new residual fl(β·(h − decoded)) is written to
 /// `next` as each value is coded (the uniform encoder's one-warp-per-block kernel, cuda/uniform.cuh).
 template <class T>
 struct compensated_values {
   const T* g;
   const T* e;
   T* next;
+  T beta;
 
   __device__ T operator()(std::uint64_t i) const { return g[i] + e[i]; }
-  __device__ void coded(std::uint64_t i, T h, T decoded) const { next[i] = h - decoded; }
+  __device__ void coded(std::uint64_t i, T h, T decoded) const { next[i] = decayed_residual(beta, h, decoded); }
 
   /// Whether the quad kernel may use 128-bit loads and stores.
   [[nodiscard]] bool aligned() const { return vector_aligned(g) && vector_aligned(e) && vector_aligned(next); }
@@ -102,12 +106,12 @@ struct compensated_values {
       for (unsigned k = 0; k < quad_values; ++k) h.x[r][k] = h.x[r][k] + residual[r][k];
     }
   }
-  /// Writes h − decoded of a coded quad as its new residual.
+  /// Writes fl(β·(h − decoded)) of a coded quad as its new residual.
   __device__ void coded_quad(std::uint64_t first, unsigned count, bool vector, const T (&h)[quad_values],
                              const T (&decoded)[quad_values]) const {
     T residual[quad_values];
 #pragma unroll
-    for (unsigned k = 0; k < quad_values; ++k) residual[k] = h[k] - decoded[k];
+    for (unsigned k = 0; k < quad_values; ++k) residual[k] = decayed_residual(beta, h[k], decoded[k]);
     store_quad(next + first, count, vector, residual);
   }
 };
@@ -238,7 +242,8 @@ struct backend<error_feedback<Codec>, cuda_executor> {
     const std::size_t bytes = ef.inner().encode(exec, std::span<const T>(s.compensated), out, s.inner, key);
     ef.inner().decode(exec, std::span<const std::byte>(out.first(bytes)), s.decoded, s.inner);
     cuda_detail::for_each_item(exec, n,
-                               cuda_detail::ef_residual<T>{s.compensated.data(), s.decoded.data(), state.next.data()});
+                               cuda_detail::ef_residual<T>{s.compensated.data(), s.decoded.data(), state.next.data(),
+                                                           ef.decay()});
     return bytes;
   }
 
@@ -253,8 +258,8 @@ struct backend<error_feedback<Codec>, cuda_executor> {
     using uniform_backend = backend<uniform_quantizer<T>, cuda_executor>;
     const cuda_detail::block_layout layout = uniform_backend::layout_of(inner, n);
     cuda_detail::encode_whole_word_blocks(
-        exec, cuda_detail::compensated_values<T>{grad.data(), state.residual.data(), state.next.data()}, layout,
-        uniform_backend::rule_of(inner, key), cuda_detail::scales_of<T>(out.data()),
+        exec, cuda_detail::compensated_values<T>{grad.data(), state.residual.data(), state.next.data(), ef.decay()},
+        layout, uniform_backend::rule_of(inner, key), cuda_detail::scales_of<T>(out.data()),
         cuda_detail::codes_of<T>(out.data(), layout), op.status());
     cuda_detail::seal_message(exec, out.data(),
                               {codec_id::uniform, dtype_of<T>, 0, 0, key, n, inner.payload_bytes(n),

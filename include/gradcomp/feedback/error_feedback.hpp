@@ -1,12 +1,16 @@
 #pragma once
 /// @file
-/// Classic error feedback (EF) around any codec.
+/// Error feedback (EF) around any codec, with an optional decay of the residual.
 ///
 /// State: a residual e of n values (zeros at first) and a step counter. One step sends
-/// C(g + e) and keeps what the codec dropped: with a = g + e, the message is C(a) and
-/// e ← a − D(C(a)). Summed over steps, Σ_t D(C(a_t)) + e_T = Σ_t g_t up to rounding, so nothing
-/// the codec drops is lost, only delayed. The messages are the inner codec's own (same codec id,
-/// envelope and parameter hash), so any rank decodes them with the inner codec.
+/// C(g + e) and keeps what the codec dropped, scaled by the decay β ∈ (0, 1]: with a = g + e, the
+/// message is C(a) and e ← fl(β · (a − D(C(a)))), the product rounded on its own (no compiler flag
+/// fuses it, core/rounded_product.hpp); β = 1 (the default) is classic error feedback,
+/// e ← a − D(C(a)), and skips the multiply. With β = 1, Σ_t D(C(a_t)) + e_T = Σ_t g_t up to
+/// rounding, so nothing the codec drops is lost, only delayed; with β < 1 the residual forgets
+/// (1 − β) of itself each step, which helps sparsifiers under Adam (docs/feedback.md §1, §7, §10).
+/// The messages are the inner codec's own (same codec id, envelope and parameter hash, whatever β),
+/// so any rank decodes them with the inner codec.
 ///
 /// Special values: a step whose gradient, or compensated gradient a (g + e may overflow), holds
 /// NaN or ±Inf is rejected with `errc::non_finite_input`, and so is a step whose new residual
@@ -22,7 +26,7 @@
 /// | 8 | 1 | `value_dtype` |
 /// | 9 | 8 | element count n |
 /// | 17 | 8 | steps taken |
-/// | 25 | 8 | inner `params_hash()` |
+/// | 25 | 8 | state hash: the inner `params_hash()`; with β ≠ 1, `params_hasher` of that hash and β as T |
 /// | 33 | 4 | CRC-32C of bytes 0..32 |
 /// | 37 | n·sizeof(T) | residual values |
 /// | 37 + n·sizeof(T) | 4 | CRC-32C of the residual values |
@@ -30,9 +34,10 @@
 /// `load_state` checks, in this order, and throws the named `errc` before touching the state:
 /// length of the header (`truncated`), magic (`bad_magic`), version (`unsupported_version`),
 /// header CRC (`header_checksum`), codec (`codec_mismatch`), dtype (`dtype_mismatch`), n against
-/// the state's size (`size_mismatch`), parameter hash (`parameter_mismatch`), total length
-/// (`truncated`, `trailing_bytes`), values CRC (`payload_checksum`), every residual value finite
-/// (`malformed_payload`: a NaN or ±Inf residual would make every later step of the tensor fail).
+/// the state's size (`size_mismatch`), state hash: parameters or decay (`parameter_mismatch`), total
+/// length (`truncated`, `trailing_bytes`), values CRC (`payload_checksum`), every residual value
+/// finite (`malformed_payload`: a NaN or ±Inf residual would make every later step of the tensor
+/// fail). A state saved with β = 1 has the bytes of the format before the decay existed.
 
 #include <algorithm>
 #include <cstddef>
@@ -48,11 +53,30 @@
 #include <gradcomp/feedback/step_rollback.hpp>
 #include <gradcomp/core/concepts.hpp>
 #include <gradcomp/core/error.hpp>
+#include <gradcomp/core/config.hpp>
 #include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/rounded_product.hpp>
 #include <gradcomp/core/saved_state.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 
 namespace gradcomp {
+
+/// Parameters of error feedback (docs/feedback.md §1, §7).
+struct error_feedback_params {
+  /// β: the new residual is β·(a − D(C(a))), rounded to the value type once. In (0, 1]; 1 (the
+  /// default) is classic error feedback. 0.9 beat 1 for top-k under Adam (docs/feedback.md §10).
+  double decay = 1.0;
+
+  friend constexpr bool operator==(const error_feedback_params&, const error_feedback_params&) = default;
+};
+
+/// Error feedback's new residual of one element, a = g + e and d its decoding: fl(β·(a − d)), the
+/// product rounded on its own under any compiler flags, or a − d when β = 1 (host and device).
+template <class T>
+GRADCOMP_HOST_DEVICE inline T decayed_residual(T beta, T a, T d) noexcept {
+  const T r = a - d;
+  return beta == T{1} ? r : mul_rn(beta, r);
+}
 
 /// State of error feedback for one tensor, in host memory. A step writes the new residual into
 /// `next` and exchanges the two vectors when it succeeds, so a step that fails part-way leaves
@@ -83,9 +107,9 @@ struct error_feedback_saved_format {
 };
 
 /// Error feedback around `Codec`: encodes the gradient plus the carried residual, and carries what
-/// the codec dropped into the next step. Entry points: see feedback/feedback_interface.hpp;
-/// `encode` sends C(g + e) and sets e ← g + e − D(C(g + e)), and throws `non_finite_input` for
-/// NaN or ±Inf in g or g + e with the state unchanged.
+/// the codec dropped, times the decay β, into the next step. Entry points: see
+/// feedback/feedback_interface.hpp; `encode` sends C(g + e) and sets e ← fl(β·(g + e − D(C(g + e)))),
+/// and throws `non_finite_input` for NaN or ±Inf in g or g + e with the state unchanged.
 template <class Codec>
 class error_feedback
     : public feedback_interface<error_feedback<Codec>, Codec, error_feedback_state<typename Codec::value_type>> {
@@ -94,8 +118,24 @@ class error_feedback
  public:
   using typename base::value_type;
 
-  /// Error feedback around `inner`.
-  explicit error_feedback(Codec inner = Codec{}) : base(std::move(inner)) {}
+  /// Error feedback around `inner` with decay `params.decay`.
+  /// @throws error `invalid_argument` unless 0 < decay ≤ 1 (NaN included) and decay rounded to
+  /// `value_type` is still positive.
+  explicit error_feedback(Codec inner = Codec{}, error_feedback_params params = {})
+      : base(std::move(inner)), params_(params), decay_(checked_decay(params)) {}
+
+  /// The parameters.
+  [[nodiscard]] const error_feedback_params& params() const noexcept { return params_; }
+  /// β rounded to `value_type`: what a step multiplies the new residual by.
+  [[nodiscard]] value_type decay() const noexcept { return decay_; }
+
+  /// What a saved state carries at offset 25 and `load_state` compares: the inner codec's
+  /// `params_hash()` when β = 1 (the bytes of states saved before the decay existed), otherwise
+  /// the `params_hasher` of that hash and β (as `value_type`). Messages keep the inner hash.
+  [[nodiscard]] std::uint64_t state_hash() const noexcept {
+    if (decay_ == value_type{1}) return this->params_hash();
+    return params_hasher{}.add(this->params_hash()).add(decay_).value();
+  }
 
   /// Size of a saved state of n elements (format in this file's comment; `load_state` checks it in
   /// the order given there).
@@ -116,7 +156,7 @@ class error_feedback
     std::byte* const p = bytes.data();
     detail::write_state_head<format>(p, Codec::id, dtype_of<value_type>, n);
     detail::store_le<std::uint64_t>(p + 17, steps);
-    detail::store_le<std::uint64_t>(p + 25, this->params_hash());
+    detail::store_le<std::uint64_t>(p + 25, state_hash());
     copy_residual(p + format::header_bytes);
     detail::seal_state<format>(p, static_cast<std::size_t>(n) * sizeof(value_type));
     return size;
@@ -136,8 +176,8 @@ class error_feedback
       return "saved state has " + std::to_string(saved_n) + " elements, the state " + std::to_string(n);
     });
     const std::byte* const p = bytes.data();
-    detail::require(detail::load_le<std::uint64_t>(p + 25) == this->params_hash(), errc::parameter_mismatch,
-                    "codec parameters (hash) differ between the saved state and this codec");
+    detail::require(detail::load_le<std::uint64_t>(p + 25) == state_hash(), errc::parameter_mismatch,
+                    "codec parameters or decay (state hash) differ between the saved state and this wrapper");
     const std::span<const std::byte> values =
         detail::check_state_body<format>(bytes, static_cast<std::size_t>(n) * sizeof(value_type));
     typename float_traits<value_type>::bits_type largest = 0;
@@ -150,6 +190,20 @@ class error_feedback
                     "a saved residual value is NaN or Inf");
     return {detail::load_le<std::uint64_t>(p + 17), values};
   }
+
+ private:
+  /// β rounded to `value_type`. @throws error `invalid_argument` as the constructor says.
+  static value_type checked_decay(const error_feedback_params& params) {
+    detail::require(params.decay > 0.0 && params.decay <= 1.0, errc::invalid_argument,
+                    [&] { return "error feedback's decay must lie in (0, 1], got " + std::to_string(params.decay); });
+    const auto beta = static_cast<value_type>(params.decay);
+    detail::require(beta > value_type{0}, errc::invalid_argument,
+                    [&] { return "error feedback's decay " + std::to_string(params.decay) + " rounds to 0"; });
+    return beta;
+  }
+
+  error_feedback_params params_;
+  value_type decay_;
 };
 
 }  // namespace gradcomp
