@@ -688,7 +688,7 @@ TEST_CASE("error feedback with decay sends the inner codec's messages and parame
   CHECK(ef_step(ef, g, state) == encode_bytes(inner, g));
 }
 
-TEST_CASE("error feedback rejects a decay outside (0, 1]") {
+TEST_CASE("error feedback rejects a decay that is not in 0 < β ≤ 1") {
   const topk_sparsifier<float> inner(sparsity{.k = 2});
   for (const double decay : {0.0, -0.0, -0.5, 1.0 + 1e-12, 2.0, std::numeric_limits<double>::quiet_NaN(),
                              std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
