@@ -38,7 +38,6 @@
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
 #include <gradcomp/cpu/message.hpp>
-#include <gradcomp/reference/count_sketch.hpp>
 #include <gradcomp/cpu/murmur3_simd.hpp>
 #include <gradcomp/cpu/radix_select.hpp>
 #include <gradcomp/sketch/count_sketch.hpp>
@@ -91,7 +90,7 @@ struct backend<count_sketch<T>, cpu_executor> {
   static void decode(const codec_type& codec, const cpu_executor& e, std::span<const std::byte> message,
                      std::span<T> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
     const std::uint64_t n = out.size();
-    (void)detail::reference::count_sketch_checked(codec, message, n, limits);
+    (void)detail::count_sketch_checked(codec, message, n, limits);
     workspace_arena arena(ws);
     const scratch s = carve(arena, n);
     if (n == 0) return;
@@ -104,16 +103,16 @@ struct backend<count_sketch<T>, cpu_executor> {
 
   static void estimate(const codec_type& codec, const cpu_executor& e, std::span<const std::byte> message,
                        std::span<T> out, std::span<std::byte>, const decode_limits& limits) {
-    (void)detail::reference::count_sketch_checked(codec, message, out.size(), limits);
+    (void)detail::count_sketch_checked(codec, message, out.size(), limits);
     estimate_into(codec, e.avx2(), message.data() + envelope::size, out);
   }
 
   static std::size_t heavy_hitters(const codec_type& codec, const cpu_executor& e, std::span<const std::byte> message,
                                    std::uint64_t n, std::span<std::uint64_t> indices, std::span<std::byte> ws,
                                    const decode_limits& limits) {
-    (void)detail::reference::count_sketch_checked(codec, message, n, limits);
+    (void)detail::count_sketch_checked(codec, message, n, limits);
     const std::uint64_t k = codec.heavy_hitter_count(n);
-    detail::reference::require_heavy_hitter_room(indices, k);
+    detail::require_heavy_hitter_room(indices, k);
     workspace_arena arena(ws);
     const scratch s = carve(arena, n);
     if (n == 0) return 0;
@@ -125,8 +124,8 @@ struct backend<count_sketch<T>, cpu_executor> {
 
   static void accumulate_encoded(const codec_type& codec, const cpu_executor&, std::span<std::byte> acc,
                                  std::span<const std::byte> other) {
-    const envelope mine = detail::reference::count_sketch_checked(codec, acc, parse_envelope(acc).elements, {});
-    const envelope theirs = detail::reference::count_sketch_checked(codec, other, mine.elements, {});
+    const envelope mine = detail::count_sketch_checked(codec, acc, parse_envelope(acc).elements, {});
+    const envelope theirs = detail::count_sketch_checked(codec, other, mine.elements, {});
     detail::require(mine.key == theirs.key, errc::step_mismatch,
                     "messages of different steps or tensors cannot be summed");
     std::byte* const a = acc.data() + envelope::size;

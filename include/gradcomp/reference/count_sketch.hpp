@@ -26,25 +26,6 @@ namespace gradcomp {
 
 namespace detail::reference {
 
-/// docs/wire-format.md §16.2, in order: the envelope against an `elements`-element tensor, layout
-/// 0, a payload of exactly r·c cells, every cell finite.
-template <gradient_value T>
-envelope count_sketch_checked(const count_sketch<T>& codec, std::span<const std::byte> message, std::uint64_t elements,
-                              const decode_limits& limits) {
-  const envelope e = parse_envelope(message);
-  validate_envelope(e, {codec_id::count_sketch, dtype_of<T>, elements, codec.params_hash()}, limits);
-  require(e.layout == 0, errc::malformed_payload, "count-sketch messages have layout 0");
-  require(e.payload_bytes == codec.summable_bytes(e.elements), errc::malformed_payload, [&] {
-    return "payload of " + std::to_string(e.payload_bytes) + " bytes, the sketch has " +
-           std::to_string(codec.summable_bytes(e.elements)) + " bytes of cells";
-  });
-  const std::span<const std::byte> cells = payload_of(message);
-  for (std::uint64_t m = 0; m < codec.rows() * codec.columns(); ++m)
-    require(is_finite(load_value<T>(cells.data(), m)), errc::malformed_payload,
-            "a cell is NaN or Inf (a sum of sketches overflowed)");
-  return e;
-}
-
 /// docs/sketches.md §1.3: x̂_i, the median over the rows of σ_j(i)·S[j][h_j(i)], for every element
 /// of `out`, from the cells of a checked message.
 template <gradient_value T>
@@ -68,14 +49,6 @@ void for_each_heavy_hitter(std::span<const T> estimates, std::uint64_t k,
   for (std::size_t i = 0; i < estimates.size(); ++i) keys[i] = magnitude_key(estimates[i]);
   const auto kth = kth_largest(keys, k);
   for_each_kept(estimates, kth, k - count_above(estimates, kth), f);
-}
-
-/// Throws `buffer_too_small` unless `indices` holds the k heavy hitters.
-inline void require_heavy_hitter_room(std::span<const std::uint64_t> indices, std::uint64_t k) {
-  require(indices.size() >= k, errc::buffer_too_small, [&] {
-    return "room for " + std::to_string(indices.size()) + " indices, the sketch has " + std::to_string(k) +
-           " heavy hitters";
-  });
 }
 
 }  // namespace detail::reference
@@ -132,7 +105,7 @@ struct backend<count_sketch<T>, reference_executor> {
                      std::span<T> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
     namespace ref = detail::reference;
     const std::uint64_t n = out.size();
-    (void)ref::count_sketch_checked(codec, message, n, limits);
+    (void)detail::count_sketch_checked(codec, message, n, limits);
     workspace_arena arena(ws);
     const scratch s = carve(arena, n);
     if (n == 0) return;
@@ -146,7 +119,7 @@ struct backend<count_sketch<T>, reference_executor> {
   static void estimate(const count_sketch<T>& codec, const reference_executor&, std::span<const std::byte> message,
                        std::span<T> out, std::span<std::byte>, const decode_limits& limits) {
     namespace ref = detail::reference;
-    (void)ref::count_sketch_checked(codec, message, out.size(), limits);
+    (void)detail::count_sketch_checked(codec, message, out.size(), limits);
     ref::count_sketch_estimates(codec, message.data() + envelope::size, out);
   }
 
@@ -155,9 +128,9 @@ struct backend<count_sketch<T>, reference_executor> {
                                    std::span<std::uint64_t> indices, std::span<std::byte> ws,
                                    const decode_limits& limits) {
     namespace ref = detail::reference;
-    (void)ref::count_sketch_checked(codec, message, n, limits);
+    (void)detail::count_sketch_checked(codec, message, n, limits);
     const std::uint64_t k = codec.heavy_hitter_count(n);
-    ref::require_heavy_hitter_room(indices, k);
+    detail::require_heavy_hitter_room(indices, k);
     workspace_arena arena(ws);
     const scratch s = carve(arena, n);
     if (n == 0) return 0;
@@ -174,8 +147,8 @@ struct backend<count_sketch<T>, reference_executor> {
     // docs/wire-format.md §16.2: both messages checked (other against acc's n), the same key, every
     // sum finite; only then are the cells added.
     const envelope mine =
-        ref::count_sketch_checked(codec, std::span<const std::byte>(acc), parse_envelope(acc).elements, {});
-    const envelope theirs = ref::count_sketch_checked(codec, other, mine.elements, {});
+        detail::count_sketch_checked(codec, std::span<const std::byte>(acc), parse_envelope(acc).elements, {});
+    const envelope theirs = detail::count_sketch_checked(codec, other, mine.elements, {});
     detail::require(mine.key == theirs.key, errc::step_mismatch,
                     "messages of different steps or tensors cannot be summed");
     std::byte* const a = acc.data() + envelope::size;

@@ -51,6 +51,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 
@@ -236,6 +237,39 @@ void gather_values(std::span<const T> grad, std::span<const std::uint64_t> indic
     });
   for (std::size_t m = 0; m < indices.size(); ++m) values[m] = grad[static_cast<std::size_t>(indices[m])];
 }
+
+namespace detail {
+
+/// docs/wire-format.md §16.2, in order: the envelope against an `elements`-element tensor, layout
+/// 0, a payload of exactly r·c cells, every cell finite.
+template <gradient_value T>
+envelope count_sketch_checked(const count_sketch<T>& codec, std::span<const std::byte> message, std::uint64_t elements,
+                              const decode_limits& limits) {
+  const envelope e = parse_envelope(message);
+  validate_envelope(e, {codec_id::count_sketch, dtype_of<T>, elements, codec.params_hash()}, limits);
+  require(e.layout == 0, errc::malformed_payload, "count-sketch messages have layout 0");
+  require(e.payload_bytes == codec.summable_bytes(e.elements), errc::malformed_payload, [&] {
+    return "payload of " + std::to_string(e.payload_bytes) + " bytes, the sketch has " +
+           std::to_string(codec.summable_bytes(e.elements)) + " bytes of cells";
+  });
+  const std::span<const std::byte> cells = payload_of(message);
+  for (std::uint64_t m = 0; m < codec.rows() * codec.columns(); ++m) {
+    T cell;
+    std::memcpy(&cell, cells.data() + m * sizeof(T), sizeof cell);
+    require(is_finite(cell), errc::malformed_payload, "a cell is NaN or Inf (a sum of sketches overflowed)");
+  }
+  return e;
+}
+
+/// Throws `buffer_too_small` unless `indices` holds the k heavy hitters.
+inline void require_heavy_hitter_room(std::span<const std::uint64_t> indices, std::uint64_t k) {
+  require(indices.size() >= k, errc::buffer_too_small, [&] {
+    return "room for " + std::to_string(indices.size()) + " indices, the sketch has " + std::to_string(k) +
+           " heavy hitters";
+  });
+}
+
+}  // namespace detail
 
 }  // namespace gradcomp
 
