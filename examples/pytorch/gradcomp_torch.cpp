@@ -488,13 +488,7 @@ class tagc_scheme {
     const std::vector<bool> compressed = train::tagc_compressed_tensors(gradcomp::tagc_layer_policy(), layout);
     const tagc_bucket_bytes bytes = tagc_bucket_all_reduce(t, tagc_, state_in(handle), layout, compressed, data,
                                                            static_cast<std::uint32_t>(key ^ (key >> 32)));
-    totals_.index += bytes.index;
-    totals_.sketch += bytes.sketch;
-    totals_.tail += bytes.tail;
-    totals_.padding += bytes.padding;
-    totals_.resent += bytes.resent;
-    totals_.dense += bytes.dense;
-    totals_.gather += bytes.gather;
+    totals_ += bytes;
     return bytes.total();
   }
 

@@ -29,6 +29,17 @@ struct tagc_bucket_bytes {
   std::size_t dense = 0;    ///< The uncompressed tensors' reduce-scatter: (P − 1) shards.
   std::size_t gather = 0;   ///< The all-gathers: this rank's two frames to each of the P − 1 others.
   [[nodiscard]] std::size_t total() const noexcept { return index + sketch + tail + padding + resent + dense + gather; }
+  /// Adds another call's bytes, part by part.
+  tagc_bucket_bytes& operator+=(const tagc_bucket_bytes& b) noexcept {
+    index += b.index;
+    sketch += b.sketch;
+    tail += b.tail;
+    padding += b.padding;
+    resent += b.resent;
+    dense += b.dense;
+    gather += b.gather;
+    return *this;
+  }
 };
 
 /// The bucket `grad` (the tensors of `layout` one after another) becomes the mean over the ranks of

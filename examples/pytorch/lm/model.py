@@ -66,3 +66,12 @@ class ByteLM(nn.Module):
         """Mean cross-entropy in nats per byte."""
         logits = self(idx)
         return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+
+
+@torch.no_grad()
+def validation_loss(model, batches):
+    """Mean cross-entropy of `model` over the fixed validation set (a list of (x, y) batches)."""
+    model.eval()
+    total = sum(float(model.loss(x, y)) * x.numel() for x, y in batches)
+    model.train()
+    return total / sum(x.numel() for x, _ in batches)

@@ -37,6 +37,21 @@ def family(label):
     return "quantizers", "tab:purple", "D"
 
 
+def finish(fig, ax, xlabel, title, legend_at, path):
+    """What both figures share: the 0 and 5 % lines, a log x axis, the gap as y, and the file."""
+    ax.axhline(0, color="black", lw=0.8)
+    ax.axhline(5, color="gray", lw=0.8, ls="--")
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("validation-loss gap to dense after 1000 steps (%)")
+    ax.set_title(title)
+    ax.legend(loc=legend_at, fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    print(os.path.normpath(path))
+
+
 def main():
     rows = [r for r in json.load(open(os.path.join(HERE, "results.json")))["runs"] if r["label"] != "dense" and r["gap_pct_mean"] is not None]
     fig, ax = plt.subplots(figsize=(9, 6))
@@ -48,17 +63,9 @@ def main():
         ax.errorbar(x, y, yerr=err, fmt=marker, color=color, capsize=3, label=None if name in seen else name)
         seen.add(name)
         ax.annotate(f"{r['label']} ({len(r['seeds'])})", (x, y), textcoords="offset points", xytext=(5, 3), fontsize=7)
-    ax.axhline(0, color="black", lw=0.8)
-    ax.axhline(5, color="gray", lw=0.8, ls="--")
-    ax.set_xscale("log")
-    ax.set_xlabel("traffic saved vs dense ring all-reduce (gather aggregation, P = 4)")
-    ax.set_ylabel("validation-loss gap to dense after 1000 steps (%)")
-    ax.set_title("Byte-level transformer LM (137k params), Adam 2e-3, P = 4\n(seeds) after each label; bars: min..max over seeds")
-    ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(OUT), exist_ok=True)
-    fig.savefig(OUT, dpi=110)
-    print(os.path.normpath(OUT))
+    finish(fig, ax, "traffic saved vs dense ring all-reduce (gather aggregation, P = 4)",
+           "Byte-level transformer LM (137k params), Adam 2e-3, P = 4\n(seeds) after each label; bars: min..max over seeds",
+           "upper left", OUT)
 
 
 def curve():
@@ -76,16 +83,8 @@ def curve():
         ax.errorbar(xs, ys, yerr=err, fmt=marker + "-", color=color, capsize=3, label=name)
         for (d, r), x, y in zip(points, xs, ys):
             ax.annotate(f"{r['saved_gather']:.0f}x", (x, y), textcoords="offset points", xytext=(5, 3), fontsize=7, color=color)
-    ax.axhline(0, color="black", lw=0.8)
-    ax.axhline(5, color="gray", lw=0.8, ls="--")
-    ax.set_xscale("log")
-    ax.set_xlabel("top-k density (%); labels: traffic saved vs dense ring all-reduce (gather, P = 4)")
-    ax.set_ylabel("validation-loss gap to dense after 1000 steps (%)")
-    ax.set_title("Sparsification curve: byte-level transformer LM, Adam 2e-3, P = 4 (simulate.py)")
-    ax.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(CURVE, dpi=110)
-    print(os.path.normpath(CURVE))
+    finish(fig, ax, "top-k density (%); labels: traffic saved vs dense ring all-reduce (gather, P = 4)",
+           "Sparsification curve: byte-level transformer LM, Adam 2e-3, P = 4 (simulate.py)", "upper right", CURVE)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from data import load_corpus, train_batch, validation_batches  # noqa: E402
 from methods import Method, Quantizer, TopK, topk  # noqa: E402
-from model import ByteLM  # noqa: E402
+from model import ByteLM, validation_loss  # noqa: E402
 
 BETA1, BETA2, EPS = 0.9, 0.999, 1e-8
 SNR_WINDOW = 50  # steps over which the gradient's signal-to-noise ratio is measured
@@ -54,14 +54,6 @@ def add_to_params(model, delta):
         for p in model.parameters():
             p.add_(delta[offset : offset + p.numel()].view_as(p))
             offset += p.numel()
-
-
-@torch.no_grad()
-def validation_loss(model, batches):
-    model.eval()
-    total = sum(float(model.loss(x, y)) * x.numel() for x, y in batches)
-    model.train()
-    return total / sum(x.numel() for x, _ in batches)
 
 
 def main():

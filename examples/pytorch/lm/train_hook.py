@@ -41,18 +41,9 @@ sys.path.insert(0, _HERE)
 sys.path.insert(0, os.path.dirname(_HERE))
 import gradcomp_ddp  # noqa: E402
 from data import load_corpus, train_batch, validation_batches  # noqa: E402
-from model import VOCAB, ByteLM  # noqa: E402
+from model import VOCAB, ByteLM, validation_loss  # noqa: E402
 
 BETAS, EPS = (0.9, 0.999), 1e-8
-
-
-@torch.no_grad()
-def validation_loss(model, batches):
-    """Mean cross-entropy over the fixed validation set (as simulate.py computes it)."""
-    model.eval()
-    total = sum(float(model.loss(x, y)) * x.numel() for x, y in batches)
-    model.train()
-    return total / sum(x.numel() for x, _ in batches)
 
 
 def parameters_identical_everywhere(model):
