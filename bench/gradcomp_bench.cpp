@@ -25,7 +25,9 @@
 ///                        qsgd and shared_scale8 again on reference_executor, under the same names
 ///                        with backend "reference": baseline the CPU record, speedup CPU median /
 ///                        reference median (informational: the reference is written to be read);
-///                        each reference message is checked to equal the CPU backend's
+///                        each reference message is checked to equal the CPU backend's; likewise
+///                        ef_topk, ef_uniform8 and loco_uniform4 (a first step from a fresh state
+///                        checked, later steps timed), lhc, mpc, zfp8 and zfp16
 ///   ef_topk/encode       error feedback around top-k 1% (one step: residual in, residual out)
 ///   ef_uniform8/encode   error feedback around 8-bit round to nearest
 ///   loco_uniform4/encode LoCo around 4-bit round to nearest (8-bit error state)
@@ -82,6 +84,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -289,16 +292,18 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
 
   const auto size = static_cast<std::size_t>(n);
   const auto k = static_cast<std::size_t>(topk.k(n));
+  const mpc_codec mpc;
   const std::size_t message_bytes =
       std::max({topk.max_encoded_bytes(n), randomk.max_encoded_bytes(n), threshold.max_encoded_bytes(n),
                 uniform8.max_encoded_bytes(n), sign.max_encoded_bytes(n), qsgd.max_encoded_bytes(n),
-                shared_scale.max_encoded_bytes(n)});
-  const std::size_t workspace_bytes =
-      std::max({topk.workspace_bytes(cpu, n), randomk.workspace_bytes(cpu, n), threshold.workspace_bytes(cpu, n),
-                ef_topk.workspace_bytes(cpu, n), ef_uniform8.workspace_bytes(cpu, n), loco4.workspace_bytes(cpu, n),
-                dynamic.workspace_bytes(cpu, n), shared_scale.workspace_bytes(cpu, n),
-                topk.workspace_bytes(reference_executor{}, n), threshold.workspace_bytes(reference_executor{}, n),
-                std::size_t{1}});
+                shared_scale.max_encoded_bytes(n), mpc.max_encoded_bytes(n)});
+  const std::size_t workspace_bytes = std::max(
+      {topk.workspace_bytes(cpu, n), randomk.workspace_bytes(cpu, n), threshold.workspace_bytes(cpu, n),
+       ef_topk.workspace_bytes(cpu, n), ef_uniform8.workspace_bytes(cpu, n), loco4.workspace_bytes(cpu, n),
+       dynamic.workspace_bytes(cpu, n), shared_scale.workspace_bytes(cpu, n),
+       topk.workspace_bytes(reference_executor{}, n), threshold.workspace_bytes(reference_executor{}, n),
+       ef_topk.workspace_bytes(reference_executor{}, n), ef_uniform8.workspace_bytes(reference_executor{}, n),
+       loco4.workspace_bytes(reference_executor{}, n), mpc.workspace_bytes(reference_executor{}, n), std::size_t{1}});
 
   fmt::print(stderr, "gradcomp-bench: n = {}, k = {}: allocating and filling buffers\n", n, k);
   std::fflush(stderr);
@@ -513,6 +518,31 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
       [&] { sum.add_message(message(loco_bytes)); });
   add("loco_uniform4/encode", loco_encode, dense_bytes / static_cast<double>(loco_bytes));
 
+  // The wrappers on the reference: a first step from a fresh state must send the CPU's first
+  // message (the CPU's fused paths against the plain steps); later steps are timed.
+  fmt::print(stderr, "gradcomp-bench: n = {}: reference backends of the feedback wrappers\n", n);
+  std::fflush(stderr);
+  const auto reference_step_records = [&](const auto& wrapper, const std::string& name) {
+    auto cpu_state = wrapper.make_state(cpu, n);
+    const std::size_t cpu_bytes = wrapper.encode(cpu, gradient, cpu_state, out, ws, key);
+    const std::vector<std::byte> expected(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(cpu_bytes));
+    auto state = wrapper.make_state(ref, n);
+    std::size_t bytes = wrapper.encode(ref, gradient, state, out, ws, key);
+    require_check(bytes == cpu_bytes && std::equal(expected.begin(), expected.end(), out.begin()),
+                  fmt::format("{}: the reference's first message differs from the CPU backend's", name));
+    const timing encode = measure(
+        reference_opt, [&] { bytes = wrapper.encode(ref, gradient, state, out, ws, key); },
+        [&] { sum.add_message(message(bytes)); });
+    const double cpu_encode = find_record(records, name + "/encode", n)->time.median;
+    record& r = add(name + "/encode", encode, dense_bytes / static_cast<double>(bytes));
+    r.backend = reference_executor::name;
+    r.baseline = name + "/encode";
+    r.speedup = cpu_encode / encode.median;
+  };
+  reference_step_records(ef_topk, "ef_topk");
+  reference_step_records(ef_uniform8, "ef_uniform8");
+  reference_step_records(loco4, "loco_uniform4");
+
   // Dynamic sparsification (TAGC), f* = 0.8. The thresholds are checked outside timing: exactly
   // ⌊f*·n⌋ magnitudes lie below the exact one, ties aside. Densities recorded are kept / n.
   fmt::print(stderr, "gradcomp-bench: n = {}: dynamic\n", n);
@@ -594,6 +624,34 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
     float smallest = 0.0f;
     require_check(decoded.recovered == plan.union_nonzeros && count_nonzero(dense, smallest) == plan.union_nonzeros,
                   fmt::format("lhc recovered {} of {} non-zeros", decoded.recovered, plan.union_nonzeros));
+
+    // The same on the reference: its sketch and its decode must be the CPU backend's.
+    const std::vector<float> cpu_sketch(sketch_buffer.data(), sketch_buffer.data() + sketch_buffer.size());
+    const std::vector<float> cpu_decoded(dense.begin(), dense.end());
+    buffer<std::byte> reference_workspace(std::max<std::size_t>(lhc.workspace_bytes(ref, plan), 1));
+    const timing reference_encode = measure(
+        reference_opt,
+        [&] {
+          lhc.encode_index(ref, sparse, index);
+          plan = lhc.plan(ref, index, n, 1);
+          lhc.encode_sketch(ref, sparse, index, plan, sketch_buffer.span());
+        },
+        [&] { sum.add_sample(sketch_buffer.span()); });
+    require_check(std::memcmp(cpu_sketch.data(), sketch_buffer.data(), cpu_sketch.size() * sizeof(float)) == 0,
+                  "lhc: the reference's sketch differs from the CPU backend's");
+    const timing reference_decode = measure(
+        reference_opt,
+        [&] { decoded = lhc.decode(ref, index, plan, sketch_buffer.span(), dense, reference_workspace.span()); },
+        [&] { sum.add_sample(dense); });
+    require_check(std::memcmp(cpu_decoded.data(), dense.data(), cpu_decoded.size() * sizeof(float)) == 0,
+                  "lhc: the reference's decode differs from the CPU backend's");
+    for (const auto& [name, t, cpu_time] : {std::tuple{std::string("lhc/encode"), reference_encode, lhc_encode},
+                                            std::tuple{std::string("lhc/decode"), reference_decode, lhc_decode}}) {
+      record& r = add(name, t, dense_bytes / lhc_bytes);
+      r.backend = reference_executor::name;
+      r.baseline = name;
+      r.speedup = cpu_time.median / t.median;
+    }
   }
 
   // Count sketch: encode, then the heavy-hitter decode (every estimate, radix-selected top 1%).
@@ -639,7 +697,6 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
   fmt::print(stderr, "gradcomp-bench: n = {}: mpc\n", n);
   std::fflush(stderr);
   {
-    const mpc_codec mpc;
     buffer<float> smooth_buffer(size);
     for (std::size_t i = 0; i < size; ++i)
       smooth_buffer.data()[i] = static_cast<float>(std::sin(1e-4 * static_cast<double>(i)));
@@ -651,6 +708,7 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
                     name + " did not decode to the encoded bits");
     }
   }
+  reference_records(mpc, "mpc", true);
 
   // ZFP fixed rate at 8 and 16 bits per value. The decode is checked against the documented error
   // bound, |x − g| ≤ (2^(8 − R) + 2^−23)·2^emax per block of 4 (lossless.md §2); the largest error
@@ -677,6 +735,7 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
     r.max_error = largest_error;
     r.error_to_bound = worst;
     require_check(worst <= 1.0, fmt::format("{} decoded outside its error bound (ratio {})", name, worst));
+    reference_records(zfp_fixed_rate_codec({.rate_bits = rate}), name, true);
   }
 
   // CRC-32C of the gradient's bytes: crc32c() as the envelope calls it, and the table it replaces

@@ -2,11 +2,13 @@
 // backend compare equal to the reference's; a changed byte is found at its offset and named with
 // the field and elements that docs/wire-format.md gives for it (the expected fields are worked out
 // here from the documented layouts, not asked of the code under test); truncated and overlong
-// messages, inputs the reference rejects, and decoded tensors that differ by one bit.
+// messages, inputs the reference rejects, and decoded tensors that differ by one bit; the pipeline's
+// nested message, MPC's groups and ZFP's blocks.
 #include <gradcomp/gradcomp.hpp>
 
 #include <doctest/doctest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -84,6 +86,10 @@ TEST_CASE("compare_encoding: the CPU backend's messages are the reference's, for
   same(randomk_sparsifier<double>(randomk_params{.amount = sparsity{.density = 0.1}, .seed = 5}), xd);
   same(threshold_sparsifier<float>(), x);
   same(count_sketch<double>({.rows = 4, .columns = 50, .seed = 3}), xd);
+  same(pipeline(topk_sparsifier<float>(sparsity{.density = 0.05}), uniform_quantizer<float>(uniform_params{.bits = 4})),
+       x);
+  same(mpc_codec(mpc_params{.dim = 3}), x);
+  same(zfp_fixed_rate_codec(zfp_params{.rate_bits = 7}), x);
 }
 
 TEST_CASE("compare_encoding: the uniform quantizer's envelope fields, scales, codes, truncation and overlong bytes") {
@@ -202,6 +208,48 @@ TEST_CASE("compare_encoding: a count sketch's cell b of row j") {
   const std::vector<std::byte> m = cpu_message(cs, x);
   REQUIRE(m.size() == 56 + 120);
   expect_field(cs, x, flipped(m, 56 + 4 * 17 + 2), 56 + 70, "cell 7 of row 1", 56 + 68, 4, 0, 0);
+}
+
+TEST_CASE("compare_encoding: a pipeline's index section, then its nested message's fields by kept value") {
+  // k = 10 of 1000: count and a u32 list (8 + 40 bytes), then the 8-bit quantizer's message of the
+  // 10 kept values: its 56-byte envelope, one float scale (block 256), 10 codes (docs/wire-format.md §12.1).
+  const std::vector<float> x = make_input<float>(input_kind::normal, 1000, 8);
+  const pipeline p(topk_sparsifier<float>(sparsity{.density = 0.01}),
+                   uniform_quantizer<float>(uniform_params{.bits = 8}));
+  const std::vector<std::byte> m = cpu_message(p, x);
+  REQUIRE(m.size() == 56 + 48 + 56 + 4 + 10);
+  const auto index_in_message = [&](std::size_t j) {
+    std::uint32_t i;
+    std::memcpy(&i, m.data() + 64 + 4 * j, 4);
+    return std::uint64_t{i};
+  };
+  expect_field(p, x, flipped(m, 60), 60, "count k", 56, 8, 0, 0);
+  expect_field(p, x, flipped(m, 64 + 4 * 6), 88, "index of kept value 6", 88, 4, index_in_message(6), 1);
+  expect_field(p, x, flipped(m, 104 + 33), 137, "nested envelope params_hash", 104 + 32, 8, 0, 0);
+  expect_field(p, x, flipped(m, 160 + 1), 161, "nested scale of block 0 (kept values 0..9)", 160, 4,
+               index_in_message(0), 1);
+  expect_field(p, x, flipped(m, 164 + 4), 168, "nested code of element (kept value 4)", 168, 1, index_in_message(4), 1);
+}
+
+TEST_CASE("compare_encoding: MPC's bitmaps and kept words name their group, ZFP's bytes their blocks") {
+  // MPC, n = 100: 4 groups (the last of 4 elements), bitmaps at payload words 0..3, then the kept
+  // words group after group (docs/wire-format.md §17).
+  const std::vector<float> x = make_input<float>(input_kind::normal, 100, 9);
+  const mpc_codec mpc;
+  const std::vector<std::byte> m = cpu_message(mpc, x);
+  std::uint32_t bitmap[4];
+  std::memcpy(bitmap, m.data() + 56, 16);
+  expect_field(mpc, x, flipped(m, 56 + 4 * 3 + 1), 69, "bitmap of group 3", 68, 4, 96, 4);
+  const auto in_group0 = static_cast<std::size_t>(std::popcount(bitmap[0]));
+  const std::size_t word = 4 + in_group0;  // the first kept word of group 1
+  expect_field(mpc, x, flipped(m, 56 + 4 * word), 56 + 4 * word, "kept word 0 of group 1", 56 + 4 * word, 4, 32, 32);
+
+  // ZFP at R = 7: 28 bits per block of 4; payload byte 7 holds stream bits 56..63, all of block 2
+  // (bits 56..83); byte 10 holds bits 80..87, blocks 2 and 3 (docs/wire-format.md §18).
+  const zfp_fixed_rate_codec zfp(zfp_params{.rate_bits = 7});
+  const std::vector<std::byte> z = cpu_message(zfp, x);
+  expect_field(zfp, x, flipped(z, 56 + 7), 63, "stream bits of block 2", 63, 1, 8, 4);
+  expect_field(zfp, x, flipped(z, 56 + 10), 66, "stream bits of blocks 2..3", 66, 1, 8, 8);
 }
 
 TEST_CASE("compare_encoding: an input the reference rejects is reported, not compared") {

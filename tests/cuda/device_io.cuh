@@ -1,9 +1,10 @@
 #pragma once
 // The CUDA side of the executor-generic tests: executor_memory<cuda_executor> (host vectors copied
 // to device memory and back on the executor's stream, support/executor_io.hpp), which codecs have
-// a CUDA backend, the CPU-against-GPU check, and GRADCOMP_TEST_ON_EXECUTORS, which runs one test
+// a CUDA backend, the reference-against-GPU check, and GRADCOMP_TEST_ON_EXECUTORS, which runs one test
 // body on cpu_executor and on the CUDA tests' non-blocking stream (cuda/gpu_case.cuh says when the
 // CUDA half runs, skips or fails).
+#include <gradcomp/core/reference_executor.hpp>
 #include <gradcomp/cuda.cuh>
 
 #include <doctest/doctest.h>
@@ -119,23 +120,24 @@ struct executor_memory<cuda_executor> {
   }
 };
 
-/// Encodes `kind` input of n values on the CPU and on the CUDA tests' stream and requires the same
-/// bytes, then decodes that message on both, into poisoned values (every one must be written) and
-/// onto a non-zero buffer, and requires the same bits.
+/// Encodes `kind` input of n values on reference_executor and on the CUDA tests' stream and
+/// requires the same bytes, then decodes that message on both, into poisoned values (every one must
+/// be written) and onto a non-zero buffer, and requires the same bits.
 template <class Codec>
-void check_matches_cpu(const Codec& codec, std::size_t n, input_kind kind, std::uint64_t seed) {
+void check_matches_reference(const Codec& codec, std::size_t n, input_kind kind, std::uint64_t seed) {
   using T = typename Codec::value_type;
+  const reference_executor host;
   CAPTURE(n);
   CAPTURE(name(kind));
   const std::vector<T> x = make_input<T>(kind, n, seed);
   const message_key key{.step = seed % 97, .tensor_id = 6};
-  const std::vector<std::byte> cpu = encode_on(cpu_executor{}, codec, x, key);
-  CHECK(encode_on(test_gpu(), codec, x, key) == cpu);
+  const std::vector<std::byte> expected = encode_on(host, codec, x, key);
+  CHECK(encode_on(test_gpu(), codec, x, key) == expected);
   const std::vector<T> start = make_input<T>(input_kind::normal, n, seed + 1);
-  CHECK(bit_patterns(decode_on(test_gpu(), codec, cpu, poisoned_values<T>(n))) ==
-        bit_patterns(decode_on(cpu_executor{}, codec, cpu, poisoned_values<T>(n))));
-  CHECK(bit_patterns(decode_on(test_gpu(), codec, cpu, start, true)) ==
-        bit_patterns(decode_on(cpu_executor{}, codec, cpu, start, true)));
+  CHECK(bit_patterns(decode_on(test_gpu(), codec, expected, poisoned_values<T>(n))) ==
+        bit_patterns(decode_on(host, codec, expected, poisoned_values<T>(n))));
+  CHECK(bit_patterns(decode_on(test_gpu(), codec, expected, start, true)) ==
+        bit_patterns(decode_on(host, codec, expected, start, true)));
 }
 
 }  // namespace gradcomp::test

@@ -1,5 +1,5 @@
-// Error feedback and LoCo on the GPU: every step's message and carried error equal the CPU
-// reference's bit for bit (one-kernel paths and reference paths, with and without error feedback's
+// Error feedback and LoCo on the GPU: every step's message, carried error and saved state equal
+// reference_executor's bit for bit (one-kernel paths and reference paths, with and without error feedback's
 // decay, resets, magnitudes that send LoCo down its reference steps); and on both executors the EF
 // invariant holds (each decayed residual exactly fl(β·(a − d))), a NaN step leaves the
 // state as it was and no message behind, states saved on one executor resume on the other, and
@@ -20,12 +20,12 @@ using namespace gradcomp::test;
 
 namespace {
 
-/// Runs `steps` steps of the same gradients on the CPU and the GPU and compares every message and
-/// every carried error.
+/// Runs `steps` steps of the same gradients on the reference and the GPU and compares every
+/// message and every carried error, and the saved states at the end.
 template <class Wrapper>
-void check_steps_match_cpu(const Wrapper& wrapper, std::size_t n, std::uint64_t steps, double scale = 1.0) {
+void check_steps_match_reference(const Wrapper& wrapper, std::size_t n, std::uint64_t steps, double scale = 1.0) {
   using T = typename Wrapper::value_type;
-  stepper<cpu_executor, Wrapper> cpu({}, wrapper, n);
+  stepper<reference_executor, Wrapper> cpu({}, wrapper, n);
   stepper<cuda_executor, Wrapper> gpu(test_gpu(), wrapper, n);
   for (std::uint64_t t = 0; t < steps; ++t) {
     CAPTURE(t);
@@ -64,11 +64,10 @@ void check_nan_step_keeps_state(const auto& exec, const Wrapper& wrapper) {
 
 const auto nan_step_keeps_state = [](const auto& exec) {
   check_nan_step_keeps_state(exec, error_feedback(uniform_quantizer<float>({.bits = 8})));  // one kernel
-  check_nan_step_keeps_state(exec,
-                             error_feedback(uniform_quantizer<double>({.bits = 2, .block = 7})));  // reference steps
+  check_nan_step_keeps_state(exec, error_feedback(uniform_quantizer<double>({.bits = 2, .block = 7})));  // plain steps
   check_nan_step_keeps_state(exec, error_feedback(sign_quantizer<float>()));
   check_nan_step_keeps_state(exec, loco(uniform_quantizer<float>({.bits = 4})));  // one kernel
-  check_nan_step_keeps_state(exec, loco(uniform_quantizer<float>({.bits = 4, .block = 100})));  // reference steps
+  check_nan_step_keeps_state(exec, loco(uniform_quantizer<float>({.bits = 4, .block = 100})));  // plain steps
 };
 
 const auto ef_invariant_holds = [](const auto& exec) {
@@ -78,7 +77,7 @@ const auto ef_invariant_holds = [](const auto& exec) {
   check_ef_invariant(qsgd_quantizer<float>({.levels = 7, .seed = 3}), 2000, 20, 13, 3, exec);
   check_ef_invariant(uniform_quantizer<float>({.bits = 4}), 3000, 20, 11, 1, exec, 0.9);  // one kernel
   check_ef_invariant(uniform_quantizer<double>({.bits = 8, .block = 33, .round = rounding::stochastic, .seed = 2}),
-                     1000, 20, 12, 2, exec, 0.5);  // reference steps
+                     1000, 20, 12, 2, exec, 0.5);  // plain steps
   check_ef_invariant(topk_sparsifier<float>(sparsity{.density = 0.01}), 3000, 20, 14, 4, exec, 0.9);
   check_ef_invariant(sign_quantizer<double>({.block = 64}), 1000, 20, 15, 5, exec, 0.5);
 };
@@ -98,42 +97,46 @@ const auto carried_error_round_trips = [](const auto& exec) {
   const loco<uniform_quantizer<float>> lc(uniform_quantizer<float>({.bits = 4}));
   stepper<E, loco<uniform_quantizer<float>>> l(exec, lc, 1000);
   CHECK(l.set_carried_error(e) == "no exception");
-  stepper<cpu_executor, loco<uniform_quantizer<float>>> reference({}, lc, 1000);
+  stepper<reference_executor, loco<uniform_quantizer<float>>> reference({}, lc, 1000);
   CHECK(reference.set_carried_error(e) == "no exception");
   CHECK(bit_patterns(l.carried_error()) == bit_patterns(reference.carried_error()));
 };
 
 }  // namespace
 
-GRADCOMP_CUDA_TEST_CASE("error feedback steps equal the CPU's: messages, residuals and saved states") {
-  check_steps_match_cpu(error_feedback(uniform_quantizer<float>({.bits = 8})), 5000, 8);
-  check_steps_match_cpu(error_feedback(uniform_quantizer<float>(
-                            {.bits = 4, .block = 64, .round = rounding::stochastic, .seed = 9})),
-                        4099, 8);
-  check_steps_match_cpu(error_feedback(uniform_quantizer<double>({.bits = 8})), 3000, 6);
-  check_steps_match_cpu(error_feedback(uniform_quantizer<double>({.bits = 2, .block = 7})), 1001, 6);
-  check_steps_match_cpu(error_feedback(sign_quantizer<float>({.block = 128})), 3000, 8);
-  check_steps_match_cpu(error_feedback(qsgd_quantizer<double>({.levels = 3, .bucket = 50, .seed = 4})), 2000, 6);
-  check_steps_match_cpu(error_feedback(uniform_quantizer<float>({.bits = 8}, {.payload_checksum = true})), 1000, 3);
-  // With decay: the one-kernel path, the reference steps, and a sparsifier.
-  check_steps_match_cpu(error_feedback(uniform_quantizer<float>({.bits = 8}), {.decay = 0.9}), 5000, 8);
-  check_steps_match_cpu(error_feedback(uniform_quantizer<double>({.bits = 2, .block = 7}), {.decay = 0.5}), 1001, 6);
-  check_steps_match_cpu(error_feedback(sign_quantizer<float>({.block = 128}), {.decay = 0.9}), 3000, 8);
-  check_steps_match_cpu(error_feedback(topk_sparsifier<float>(sparsity{.density = 0.01}), {.decay = 0.9}), 3000, 8);
+GRADCOMP_CUDA_TEST_CASE("error feedback steps equal the reference's: messages, residuals and saved states") {
+  check_steps_match_reference(error_feedback(uniform_quantizer<float>({.bits = 8})), 5000, 8);
+  check_steps_match_reference(error_feedback(uniform_quantizer<float>(
+                                  {.bits = 4, .block = 64, .round = rounding::stochastic, .seed = 9})),
+                              4099, 8);
+  check_steps_match_reference(error_feedback(uniform_quantizer<double>({.bits = 8})), 3000, 6);
+  check_steps_match_reference(error_feedback(uniform_quantizer<double>({.bits = 2, .block = 7})), 1001, 6);
+  check_steps_match_reference(error_feedback(sign_quantizer<float>({.block = 128})), 3000, 8);
+  check_steps_match_reference(error_feedback(qsgd_quantizer<double>({.levels = 3, .bucket = 50, .seed = 4})), 2000, 6);
+  check_steps_match_reference(error_feedback(uniform_quantizer<float>({.bits = 8}, {.payload_checksum = true})), 1000,
+                              3);
+  // With decay: the one-kernel path, the plain steps, and a sparsifier.
+  check_steps_match_reference(error_feedback(uniform_quantizer<float>({.bits = 8}), {.decay = 0.9}), 5000, 8);
+  check_steps_match_reference(error_feedback(uniform_quantizer<double>({.bits = 2, .block = 7}), {.decay = 0.5}), 1001,
+                              6);
+  check_steps_match_reference(error_feedback(sign_quantizer<float>({.block = 128}), {.decay = 0.9}), 3000, 8);
+  check_steps_match_reference(error_feedback(topk_sparsifier<float>(sparsity{.density = 0.01}), {.decay = 0.9}), 3000,
+                              8);
 }
 
-GRADCOMP_CUDA_TEST_CASE("LoCo steps equal the CPU's, resets and large magnitudes included") {
+GRADCOMP_CUDA_TEST_CASE("LoCo steps equal the reference's, resets and large magnitudes included") {
   const loco_params period4{.beta = 0.8f, .reset_period = 4, .error_group = 256};
-  check_steps_match_cpu(loco(uniform_quantizer<float>({.bits = 4}), period4), 5000, 10);
-  check_steps_match_cpu(loco(uniform_quantizer<float>(
-                                 {.bits = 8, .block = 64, .round = rounding::stochastic, .seed = 5}),
-                             {.beta = 0.5f, .reset_period = 3, .error_group = 64}),
-                        4099, 8);
-  check_steps_match_cpu(loco(uniform_quantizer<double>({.bits = 4})), 3000, 6);
-  check_steps_match_cpu(loco(uniform_quantizer<float>({.bits = 4}), {.error_group = 100}), 3000, 6);  // groups ≠ blocks
-  check_steps_match_cpu(loco(sign_quantizer<float>()), 3000, 6);
-  // Gradients near FLT_MAX/16 send the one-kernel path to the reference steps.
-  check_steps_match_cpu(loco(uniform_quantizer<float>({.bits = 4})), 2000, 4, 1e40);
+  check_steps_match_reference(loco(uniform_quantizer<float>({.bits = 4}), period4), 5000, 10);
+  check_steps_match_reference(loco(uniform_quantizer<float>(
+                                       {.bits = 8, .block = 64, .round = rounding::stochastic, .seed = 5}),
+                                   {.beta = 0.5f, .reset_period = 3, .error_group = 64}),
+                              4099, 8);
+  check_steps_match_reference(loco(uniform_quantizer<double>({.bits = 4})), 3000, 6);
+  check_steps_match_reference(loco(uniform_quantizer<float>({.bits = 4}), {.error_group = 100}), 3000,
+                              6);  // groups ≠ blocks
+  check_steps_match_reference(loco(sign_quantizer<float>()), 3000, 6);
+  // Gradients near FLT_MAX/16: the one-kernel step declines and the plain steps run.
+  check_steps_match_reference(loco(uniform_quantizer<float>({.bits = 4})), 2000, 4, 1e40);
 }
 
 GRADCOMP_CUDA_TEST_CASE("states saved on the CPU resume on the GPU and the other way round") {

@@ -1,4 +1,4 @@
-// LHC's peeling decoder on the GPU against the CPU's, bit for bit: the values, every field of
+// LHC's peeling decoder on the GPU against reference_executor's, bit for bit: the values, every field of
 // lhc_decode_result and the errors (code and message), into an output with poisoned guard values
 // on both sides (never written) and a poisoned workspace; an error leaves the output untouched.
 // The "cuda:" cases need a GPU and skip without one.
@@ -6,7 +6,7 @@
 // The other cases run on the CPU: they replay the GPU decoder's rounds on the host through the very
 // functions its kernels call (cuda_detail::lhc_peeling), a loop standing in for each kernel,
 // std::stable_sort by cell for CUB's stable radix sort and a loop for each selection, and require
-// the CPU decoder's bits and errors. Their inputs put values from 2^-60 to 2^60 on one cell, where
+// the reference decoder's bits and errors. Their inputs put values from 2^-60 to 2^60 on one cell, where
 // the order of a cell's subtractions decides the double accumulator's rounding: the same replay
 // with each cell's subtractions reversed must give other bits, or the inputs would not test the
 // order at all.
@@ -177,7 +177,7 @@ decoding<T> decode_on(const E& exec, const lossless_homomorphic<T>& lhc, const b
 
 /// Decodes `in` on the GPU and on the CPU and requires the same decoding, the guards untouched.
 template <class T>
-void check_gpu_decodes_as_cpu(const lossless_homomorphic<T>& lhc, const lhc_input<T>& in) {
+void check_gpu_decodes_as_reference(const lossless_homomorphic<T>& lhc, const lhc_input<T>& in) {
   CAPTURE(in.plan.n);
   CAPTURE(in.plan.union_nonzeros);
   CAPTURE(in.plan.rows);
@@ -185,7 +185,7 @@ void check_gpu_decodes_as_cpu(const lossless_homomorphic<T>& lhc, const lhc_inpu
   CAPTURE(static_cast<int>(lhc.params().index));
   CAPTURE(lhc.params().reference_layout);
   CAPTURE(static_cast<int>(lhc.params().on_stall));
-  const decoding<T> cpu = decode_on(cpu_executor{}, lhc, in.index, in.plan, in.sketch, in.plan.n);
+  const decoding<T> cpu = decode_on(reference_executor{}, lhc, in.index, in.plan, in.sketch, in.plan.n);
   const decoding<T> gpu = decode_on(test_gpu(), lhc, in.index, in.plan, in.sketch, in.plan.n);
   CHECK(gpu.untouched_outside());
   CHECK(gpu.code == cpu.code);
@@ -195,9 +195,9 @@ void check_gpu_decodes_as_cpu(const lossless_homomorphic<T>& lhc, const lhc_inpu
 }
 
 template <class T>
-void check_gpu_decodes_as_cpu(const lhc_params& p, const std::vector<std::vector<T>>& ranks) {
+void check_gpu_decodes_as_reference(const lhc_params& p, const std::vector<std::vector<T>>& ranks) {
   const lossless_homomorphic<T> lhc(p);
-  check_gpu_decodes_as_cpu(lhc, encode_ranks(lhc, ranks));
+  check_gpu_decodes_as_reference(lhc, encode_ranks(lhc, ranks));
 }
 
 // ---- the GPU's rounds, replayed on the host ---------------------------------------------------------
@@ -367,8 +367,8 @@ struct replay_check {
 /// Requires the replay in the GPU's order to decode `in` as the CPU does; replays it in the wrong
 /// order too, which must give the same result (the structure of peeling has no order).
 template <class T>
-replay_check<T> check_replay_decodes_as_cpu(const lossless_homomorphic<T>& lhc, const lhc_input<T>& in) {
-  replay_check<T> check{decode_on(cpu_executor{}, lhc, in.index, in.plan, in.sketch, in.plan.n), false};
+replay_check<T> check_replay_decodes_as_reference(const lossless_homomorphic<T>& lhc, const lhc_input<T>& in) {
+  replay_check<T> check{decode_on(reference_executor{}, lhc, in.index, in.plan, in.sketch, in.plan.n), false};
   const decoding<T> gpu_order = replay(lhc, in, cell_order::by_key);
   CHECK(gpu_order.code == check.cpu.code);
   CHECK(gpu_order.message == check.cpu.message);
@@ -408,7 +408,7 @@ void check_replay_on_wide_values() {
                                              .seed = static_cast<std::uint32_t>(seed)});
           const lhc_input<T> in = encode_ranks(lhc, make_ranks<T>(ranks, n, density, seed, values::wide));
           REQUIRE_FALSE(in.plan.dense);
-          const replay_check<T> check = check_replay_decodes_as_cpu(lhc, in);
+          const replay_check<T> check = check_replay_decodes_as_reference(lhc, in);
           CHECK(check.cpu.code.empty());
           ++cases;
           order_mattered += check.order_matters ? 1 : 0;
@@ -434,7 +434,7 @@ TEST_CASE_TEMPLATE("lhc GPU rounds replayed on the host: a cell whose last eleme
     CAPTURE(block);
     const lossless_homomorphic<T> lhc({.block = block, .seed = block});
     const std::vector<T> x = order_sensitive_tensor(lhc, 4096, block);
-    const replay_check<T> check = check_replay_decodes_as_cpu(lhc, encode_ranks(lhc, {x}));
+    const replay_check<T> check = check_replay_decodes_as_reference(lhc, encode_ranks(lhc, {x}));
     CHECK(check.cpu.code.empty());
     CHECK(check.cpu.result.unrecovered == 0);
     CHECK(check.order_matters);
@@ -451,7 +451,7 @@ TEST_CASE_TEMPLATE(
     CAPTURE(static_cast<int>(policy));
     const lossless_homomorphic<T> lhc({.cells_per_nonzero = 1.0, .on_stall = policy, .seed = 3});
     const lhc_input<T> in = encode_ranks(lhc, x);
-    const replay_check<T> stalled = check_replay_decodes_as_cpu(lhc, in);
+    const replay_check<T> stalled = check_replay_decodes_as_reference(lhc, in);
     if (policy == lhc_stall_policy::report) {
       CHECK(stalled.cpu.code == named(errc::peeling_stalled));
     } else {
@@ -465,12 +465,12 @@ TEST_CASE_TEMPLATE(
     lhc_input<T> beyond = in;
     for (std::size_t c = 0; c < beyond.sketch.size(); ++c)
       beyond.sketch[c] = (c % 3 == 0 ? -1 : 1) * std::numeric_limits<T>::max();
-    CHECK(check_replay_decodes_as_cpu(lhc, beyond).cpu.code == named(errc::non_finite_input));
+    CHECK(check_replay_decodes_as_reference(lhc, beyond).cpu.code == named(errc::non_finite_input));
 
     lhc_input<T> not_finite = in;
     not_finite.sketch[not_finite.sketch.size() / 2] = std::numeric_limits<T>::quiet_NaN();
     not_finite.sketch[not_finite.sketch.size() / 3] = -std::numeric_limits<T>::infinity();
-    CHECK(check_replay_decodes_as_cpu(lhc, not_finite).cpu.code == named(errc::non_finite_input));
+    CHECK(check_replay_decodes_as_reference(lhc, not_finite).cpu.code == named(errc::non_finite_input));
   }
 }
 
@@ -481,36 +481,36 @@ TEST_CASE_TEMPLATE("cuda: LHC decode equals the CPU's on the CPU tests' cases", 
   // Exact sums of 2 to 16 ranks at 1.3 cells per non-zero.
   for (const std::size_t ranks : {2u, 4u, 8u, 16u})
     for (const double density : {0.002, 0.02, 0.08})
-      check_gpu_decodes_as_cpu<T>({.seed = static_cast<std::uint32_t>(ranks * 31)},
-                                  make_ranks<T>(ranks, (std::size_t{1} << 18) + 123, density, 1000 + ranks,
-                                                values::grid));
+      check_gpu_decodes_as_reference<T>({.seed = static_cast<std::uint32_t>(ranks * 31)},
+                                        make_ranks<T>(ranks, (std::size_t{1} << 18) + 123, density, 1000 + ranks,
+                                                      values::grid));
   // General data, 1 to 16 ranks.
   for (const std::size_t ranks : {1u, 4u, 16u})
-    check_gpu_decodes_as_cpu<T>({.cells_per_nonzero = 1.4, .seed = 5},
-                                make_ranks<T>(ranks, std::size_t{1} << 17, 0.05, 77 + ranks, values::normal));
+    check_gpu_decodes_as_reference<T>({.cells_per_nonzero = 1.4, .seed = 5},
+                                      make_ranks<T>(ranks, std::size_t{1} << 17, 0.05, 77 + ranks, values::normal));
   // The reference layout: rows coincide, and peeling stalls.
-  check_gpu_decodes_as_cpu<T>({.on_stall = lhc_stall_policy::median_estimate,
-                               .reference_layout = true,
-                               .fixed_compress_ratio = 2},
-                              make_ranks<T>(2, std::size_t{1} << 18, 0.1, 31, values::grid));
+  check_gpu_decodes_as_reference<T>({.on_stall = lhc_stall_policy::median_estimate,
+                                     .reference_layout = true,
+                                     .fixed_compress_ratio = 2},
+                                    make_ranks<T>(2, std::size_t{1} << 18, 0.1, 31, values::grid));
   // Blocks that are not powers of two, nor multiples of 64 bits.
   for (const std::uint32_t block : {100u, 1000u, 37u})
     for (const lhc_index_coding coding : {lhc_index_coding::bitmap, lhc_index_coding::sum4})
-      check_gpu_decodes_as_cpu<T>({.block = block, .index = coding, .seed = block},
-                                  make_ranks<T>(3, 40 * 1000 + 77, 0.04, block, values::grid));
+      check_gpu_decodes_as_reference<T>({.block = block, .index = coding, .seed = block},
+                                        make_ranks<T>(3, 40 * 1000 + 77, 0.04, block, values::grid));
   // Many small blocks (32-bit counters on the CPU).
-  check_gpu_decodes_as_cpu<T>({.block = 2, .seed = 1}, make_ranks<T>(3, 300000, 0.1, 8, values::grid));
+  check_gpu_decodes_as_reference<T>({.block = 2, .seed = 1}, make_ranks<T>(3, 300000, 0.1, 8, values::grid));
   // Tiny sketches of 16 cells, peeled or stalled.
   for (std::uint32_t seed = 0; seed < 400; seed += 7)
-    check_gpu_decodes_as_cpu<T>({.block = 2, .seed = seed}, make_ranks<T>(1, 64, 0.19, seed, values::grid));
+    check_gpu_decodes_as_reference<T>({.block = 2, .seed = seed}, make_ranks<T>(1, 64, 0.19, seed, values::grid));
   // Dense plans, empty tensors, all zeros, tensors shorter than a block.
   for (const std::size_t n : {std::size_t{1000}, std::size_t{5000}, std::size_t{100000}})
-    check_gpu_decodes_as_cpu<T>({}, make_ranks<T>(3, n, 0.6, n, values::normal));
-  check_gpu_decodes_as_cpu<T>({}, std::vector<std::vector<T>>(4, std::vector<T>()));
-  check_gpu_decodes_as_cpu<T>({}, std::vector<std::vector<T>>(2, std::vector<T>(5000, T{0})));
+    check_gpu_decodes_as_reference<T>({}, make_ranks<T>(3, n, 0.6, n, values::normal));
+  check_gpu_decodes_as_reference<T>({}, std::vector<std::vector<T>>(4, std::vector<T>()));
+  check_gpu_decodes_as_reference<T>({}, std::vector<std::vector<T>>(2, std::vector<T>(5000, T{0})));
   for (const std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{70 * 64 + 13}})
-    check_gpu_decodes_as_cpu<T>({.block = 64, .cells_per_nonzero = 2, .seed = 2},
-                                make_ranks<T>(4, n, 0.02, n + 1, values::grid));
+    check_gpu_decodes_as_reference<T>({.block = 64, .cells_per_nonzero = 2, .seed = 2},
+                                      make_ranks<T>(4, n, 0.02, n + 1, values::grid));
 }
 
 TEST_CASE_TEMPLATE("cuda: LHC decode equals the CPU's on random 1% and 10% patterns of 1 to 8 ranks", T, float,
@@ -525,30 +525,30 @@ TEST_CASE_TEMPLATE("cuda: LHC decode equals the CPU's on random 1% and 10% patte
           ++seed;
           const std::size_t ranks = 1 + seed % 8;
           const values kind = seed % 3 == 0 ? values::wide : (seed % 3 == 1 ? values::normal : values::grid);
-          check_gpu_decodes_as_cpu<T>({.block = block, .index = coding, .seed = static_cast<std::uint32_t>(seed)},
-                                      make_ranks<T>(ranks, n, density, seed, kind));
-          check_gpu_decodes_as_cpu<T>({.block = block,
-                                       .index = coding,
-                                       .on_stall = lhc_stall_policy::median_estimate,
-                                       .reference_layout = true,
-                                       .fixed_compress_ratio = 2,
-                                       .seed = static_cast<std::uint32_t>(seed)},
-                                      make_ranks<T>(ranks, n, density, seed + 1000, kind));
+          check_gpu_decodes_as_reference<T>({.block = block, .index = coding, .seed = static_cast<std::uint32_t>(seed)},
+                                            make_ranks<T>(ranks, n, density, seed, kind));
+          check_gpu_decodes_as_reference<T>({.block = block,
+                                             .index = coding,
+                                             .on_stall = lhc_stall_policy::median_estimate,
+                                             .reference_layout = true,
+                                             .fixed_compress_ratio = 2,
+                                             .seed = static_cast<std::uint32_t>(seed)},
+                                            make_ranks<T>(ranks, n, density, seed + 1000, kind));
         }
   for (const double density : {0.01, 0.1})
-    check_gpu_decodes_as_cpu<T>({}, make_ranks<T>(8, std::size_t{1} << 22, density, 4242, values::normal));
+    check_gpu_decodes_as_reference<T>({}, make_ranks<T>(8, std::size_t{1} << 22, density, 4242, values::normal));
 }
 
 TEST_CASE_TEMPLATE("cuda: LHC decode of values from 2^-60 to 2^60 on one cell equals the CPU's", T, float, double) {
   if (!proceed_on_gpu()) return;
   for (const std::uint32_t block : {64u, 37u}) {
     const lossless_homomorphic<T> lhc({.block = block, .seed = block});
-    check_gpu_decodes_as_cpu<T>(lhc, encode_ranks(lhc, {order_sensitive_tensor(lhc, 4096, block)}));
+    check_gpu_decodes_as_reference<T>(lhc, encode_ranks(lhc, {order_sensitive_tensor(lhc, 4096, block)}));
   }
   for (const std::uint32_t block : {1024u, 100u, 37u})
     for (const std::size_t ranks : {1u, 3u, 8u})
-      check_gpu_decodes_as_cpu<T>({.block = block, .on_stall = lhc_stall_policy::median_estimate, .seed = block},
-                                  make_ranks<T>(ranks, std::size_t{1} << 20, 0.05, ranks * block, values::wide));
+      check_gpu_decodes_as_reference<T>({.block = block, .on_stall = lhc_stall_policy::median_estimate, .seed = block},
+                                        make_ranks<T>(ranks, std::size_t{1} << 20, 0.05, ranks * block, values::wide));
 }
 
 TEST_CASE_TEMPLATE("cuda: LHC decode stalls, out-of-range sums and NaN as the CPU does, the output untouched", T, float,
@@ -562,29 +562,29 @@ TEST_CASE_TEMPLATE("cuda: LHC decode stalls, out-of-range sums and NaN as the CP
               {.block = block, .cells_per_nonzero = factor, .index = coding, .on_stall = policy, .seed = 3});
           const lhc_input<T> in =
               encode_ranks(lhc, make_ranks<T>(4, std::size_t{1} << 16, 0.03, block, values::normal));
-          check_gpu_decodes_as_cpu(lhc, in);
+          check_gpu_decodes_as_reference(lhc, in);
           lhc_input<T> beyond = in;  // finite cells whose peeled sums (or estimates) leave T's range
           for (std::size_t c = 0; c < beyond.sketch.size(); ++c)
             beyond.sketch[c] = (c % 3 == 0 ? -1 : 1) * std::numeric_limits<T>::max();
-          check_gpu_decodes_as_cpu(lhc, beyond);
+          check_gpu_decodes_as_reference(lhc, beyond);
           for (const T bad : {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity()}) {
             lhc_input<T> poisoned_sketch = in;
             poisoned_sketch.sketch[poisoned_sketch.sketch.size() / 2] = bad;
             poisoned_sketch.sketch[poisoned_sketch.sketch.size() / 3] = -bad;
-            check_gpu_decodes_as_cpu(lhc, poisoned_sketch);
+            check_gpu_decodes_as_reference(lhc, poisoned_sketch);
           }
         }
   // A SUM of the sketches that overflowed: two ranks' largest finite values in one element.
   std::vector<std::vector<T>> x(2, std::vector<T>(4096, T{0}));
   x[0][100] = x[1][100] = std::numeric_limits<T>::max();
   x[0][2000] = T{1};
-  check_gpu_decodes_as_cpu<T>({.block = 64}, x);
+  check_gpu_decodes_as_reference<T>({.block = 64}, x);
   // A dense plan's NaN.
   const lossless_homomorphic<T> dense;
   lhc_input<T> in = encode_ranks(dense, make_ranks<T>(2, 3000, 0.5, 1, values::normal));
   REQUIRE(in.plan.dense);
   in.sketch[1234] = std::numeric_limits<T>::quiet_NaN();
-  check_gpu_decodes_as_cpu(dense, in);
+  check_gpu_decodes_as_reference(dense, in);
 }
 
 GRADCOMP_CUDA_TEST_CASE("LHC decode refuses bad sizes, plans, indexes and workspaces as the CPU does") {
@@ -595,7 +595,7 @@ GRADCOMP_CUDA_TEST_CASE("LHC decode refuses bad sizes, plans, indexes and worksp
   const auto both = [&](const bytes& index, const lhc_plan& plan, const std::vector<float>& sketch, std::size_t out,
                         std::size_t short_by = 0) {
     const decoding<float> gpu = decode_on(test_gpu(), lhc, index, plan, sketch, out, short_by);
-    const decoding<float> cpu = decode_on(cpu_executor{}, lhc, index, plan, sketch, out, short_by);
+    const decoding<float> cpu = decode_on(reference_executor{}, lhc, index, plan, sketch, out, short_by);
     CHECK_FALSE(cpu.code.empty());
     CHECK(gpu.untouched_outside());
     CHECK(gpu.code == cpu.code);

@@ -1,4 +1,4 @@
-// The sign and QSGD quantizers on the GPU: messages and decodings equal the CPU reference's bit
+// The sign and QSGD quantizers on the GPU: messages and decodings equal reference_executor's bit
 // for bit over block sizes, levels, value types, sizes and special inputs (the per-block sums run
 // in the documented order on both); on both executors NaN/Inf and an overflowing QSGD norm are
 // non_finite_input with no message left.
@@ -20,7 +20,7 @@ namespace {
 template <class Codec>
 void check_all_inputs(const Codec& codec) {
   for (const std::size_t n : {0u, 1u, 33u, 1000u, 4099u})
-    for (const input_kind kind : all_input_kinds) check_matches_cpu(codec, n, kind, 4321 + n);
+    for (const input_kind kind : all_input_kinds) check_matches_reference(codec, n, kind, 4321 + n);
 }
 
 const auto non_finite_leaves_no_message = [](const auto& exec) {
@@ -40,7 +40,7 @@ const auto non_finite_leaves_no_message = [](const auto& exec) {
 
 }  // namespace
 
-GRADCOMP_CUDA_TEST_CASE("sign messages and decodings equal the CPU reference's bit for bit") {
+GRADCOMP_CUDA_TEST_CASE("sign messages and decodings equal the reference's bit for bit") {
   for (const std::uint32_t block : {1u, 5u, 32u, 100u, 256u}) {
     CAPTURE(block);
     check_all_inputs(sign_quantizer<float>({.block = block}));
@@ -49,7 +49,7 @@ GRADCOMP_CUDA_TEST_CASE("sign messages and decodings equal the CPU reference's b
   check_all_inputs(sign_quantizer<float>({.block = 64}, {.payload_checksum = true}));
 }
 
-GRADCOMP_CUDA_TEST_CASE("QSGD messages and decodings equal the CPU reference's bit for bit") {
+GRADCOMP_CUDA_TEST_CASE("QSGD messages and decodings equal the reference's bit for bit") {
   for (const std::uint32_t levels : {1u, 3u, 7u, 15u, 127u}) {
     for (const std::uint32_t bucket : {1u, 9u, 64u, 256u}) {
       CAPTURE(levels);

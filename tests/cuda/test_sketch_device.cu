@@ -1,11 +1,12 @@
 // The count sketch on the GPU. Encoding adds with atomics, in no fixed order: inputs whose cell
-// sums are exact give the CPU's bytes, and on any input every cell lies within twice the
-// recursive-summation bound of the CPU's (per-cell term counts and magnitude sums from the test's
-// own hashing oracle), plus, for float, what the atomics' flushing of subnormal operands and
-// results to zero can lose. Decoding is the CPU's arithmetic: estimates, heavy-hitter indices, decodings
-// and summed messages equal the CPU's bit for bit. On both executors: NaN or Inf in the gradient,
-// or a cell sum that overflows, leaves no message; a NaN cell is malformed_payload and leaves the
-// output untouched; a summed cell that overflows, or a step mismatch, leaves the sum untouched.
+// sums are exact give the reference's bytes, and on any input every cell lies within twice the
+// recursive-summation bound of the reference's (per-cell term counts and magnitude sums from the
+// test's own hashing oracle), plus, for float, what the atomics' flushing of subnormal operands and
+// results to zero can lose. Decoding is the reference's arithmetic: estimates, heavy-hitter
+// indices, decodings and summed messages equal the reference's bit for bit. On both executors: NaN
+// or Inf in the gradient, or a cell sum that overflows, leaves no message; a NaN cell is
+// malformed_payload and leaves the output untouched; a summed cell that overflows, or a step
+// mismatch, leaves the sum untouched.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -86,23 +87,24 @@ void check_encodings(const count_sketch_params& p, std::size_t n) {
   CAPTURE(p.columns);
   CAPTURE(n);
   const message_key key{.step = 3, .tensor_id = 9};
-  // Exact sums: the CPU's bytes. Subnormals only for double: float atomics flush them to zero.
+  // Exact sums: the reference's bytes. Subnormals only for double: float atomics flush them to zero.
   for (const input_kind kind : {input_kind::ties, input_kind::all_equal, input_kind::subnormals}) {
     if (kind == input_kind::subnormals && sizeof(T) == 4) continue;
     CAPTURE(name(kind));
     const std::vector<T> x = make_input<T>(kind, n, 40 + n);
-    CHECK(encode_on(test_gpu(), codec, x, key) == encode_on(cpu_executor{}, codec, x, key));
+    CHECK(encode_on(test_gpu(), codec, x, key) == encode_on(reference_executor{}, codec, x, key));
   }
   const std::vector<T> grid = exact_grid<T>(n, 41 + n);
-  CHECK(encode_on(test_gpu(), codec, grid, key) == encode_on(cpu_executor{}, codec, grid, key));
+  CHECK(encode_on(test_gpu(), codec, grid, key) == encode_on(reference_executor{}, codec, grid, key));
   for (const input_kind kind : {input_kind::normal, input_kind::signed_zeros, input_kind::subnormals}) {
     CAPTURE(name(kind));
     const std::vector<T> x = make_input<T>(kind, n, 42 + n);
-    check_within_summation_bound(p, x, encode_on(test_gpu(), codec, x, key), encode_on(cpu_executor{}, codec, x, key));
+    check_within_summation_bound(p, x, encode_on(test_gpu(), codec, x, key),
+                                 encode_on(reference_executor{}, codec, x, key));
   }
 }
 
-/// The CPU's message of `kind` input decoded on both executors: estimates, heavy hitters, decode
+/// The reference's message of `kind` input decoded on both executors: estimates, heavy hitters, decode
 /// and decode_accumulate bit for bit.
 template <class T>
 void check_decodings(const count_sketch_params& p, std::size_t n, input_kind kind) {
@@ -111,8 +113,8 @@ void check_decodings(const count_sketch_params& p, std::size_t n, input_kind kin
   CAPTURE(n);
   CAPTURE(name(kind));
   const std::vector<T> x = make_input<T>(kind, n, 50 + n);
-  const std::vector<std::byte> message = encode_on(cpu_executor{}, codec, x, {.step = 1});
-  const cpu_executor cpu;
+  const std::vector<std::byte> message = encode_on(reference_executor{}, codec, x, {.step = 1});
+  const reference_executor cpu;
   const cuda_executor gpu = test_gpu();
 
   std::vector<T> cpu_estimates(n);
@@ -173,7 +175,7 @@ const auto bad_input_leaves_nothing = [](const auto& exec) {
 
   // A NaN cell (a SUM that overflowed elsewhere) is malformed, and the output keeps its values.
   const std::vector<float> x = make_input<float>(input_kind::normal, 1000, 9);
-  std::vector<std::byte> message = encode_on(cpu_executor{}, codec, x, {.step = 2});
+  std::vector<std::byte> message = encode_on(reference_executor{}, codec, x, {.step = 2});
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::memcpy(message.data() + envelope::size + 17 * sizeof(float), &nan, sizeof nan);
   const std::vector<float> start = make_input<float>(input_kind::normal, 1000, 10);
@@ -182,12 +184,12 @@ const auto bad_input_leaves_nothing = [](const auto& exec) {
   CHECK(bit_patterns(decoded.output) == bit_patterns(start));
 
   // Sums: overflow and a step mismatch leave the accumulator's bytes as they were.
-  const std::vector<std::byte> big = encode_on(cpu_executor{}, single, std::vector<float>{3e38f}, {.step = 1});
+  const std::vector<std::byte> big = encode_on(reference_executor{}, single, std::vector<float>{3e38f}, {.step = 1});
   const outcome<std::byte> overflow = accumulate_outcome_on(exec, single, big, big);
   CHECK(overflow.status == named(errc::non_finite_input));
   CHECK(overflow.output == big);
-  const std::vector<std::byte> a = encode_on(cpu_executor{}, codec, x, {.step = 2});
-  const std::vector<std::byte> later = encode_on(cpu_executor{}, codec, x, {.step = 3});
+  const std::vector<std::byte> a = encode_on(reference_executor{}, codec, x, {.step = 2});
+  const std::vector<std::byte> later = encode_on(reference_executor{}, codec, x, {.step = 3});
   const outcome<std::byte> mismatch = accumulate_outcome_on(exec, codec, a, later);
   CHECK(mismatch.status == named(errc::step_mismatch));
   CHECK(mismatch.output == a);
@@ -247,13 +249,13 @@ lhc_encoding<T> lhc_encode_on(const E& exec, const lossless_homomorphic<T>& lhc,
   return result;
 }
 
-/// The rank-wise OR (bitmap) or uint8 sum (sum4, sum8) of the CPU's indexes of `ranks`.
+/// The rank-wise OR (bitmap) or uint8 sum (sum4, sum8) of the reference's indexes of `ranks`.
 template <class T>
 std::vector<std::byte> aggregated_index(const lossless_homomorphic<T>& lhc, const std::vector<std::vector<T>>& ranks) {
   std::vector<std::byte> total(lhc.index_bytes(ranks.front().size()), std::byte{0});
   for (const std::vector<T>& x : ranks) {
     std::vector<std::byte> mine(total.size());
-    lhc.encode_index(cpu_executor{}, std::span<const T>(x), std::span<std::byte>(mine));
+    lhc.encode_index(reference_executor{}, std::span<const T>(x), std::span<std::byte>(mine));
     for (std::size_t q = 0; q < total.size(); ++q) {
       const auto a = static_cast<unsigned>(total[q]), b = static_cast<unsigned>(mine[q]);
       total[q] = static_cast<std::byte>(lhc.params().index == lhc_index_coding::bitmap ? (a | b) : ((a + b) & 0xFFu));
@@ -274,12 +276,13 @@ void check_lhc_encodings(const lhc_params& params, std::size_t n, double density
   for (std::uint64_t r = 0; r < 3; ++r) ranks.push_back(sparse_gradient<T>(n, density, 100 * n + r));
   const std::vector<std::byte> global = aggregated_index(lhc, ranks);
   for (const std::vector<T>& x : ranks)
-    CHECK(lhc_encode_on(test_gpu(), lhc, x, global, 3) == lhc_encode_on(cpu_executor{}, lhc, x, global, 3));
+    CHECK(lhc_encode_on(test_gpu(), lhc, x, global, 3) == lhc_encode_on(reference_executor{}, lhc, x, global, 3));
 }
 
 }  // namespace
 
-GRADCOMP_CUDA_TEST_CASE("LHC indexes, plans and sketches equal the CPU's bit for bit, errors and poisoning included") {
+GRADCOMP_CUDA_TEST_CASE(
+    "LHC indexes, plans and sketches equal the reference's bit for bit, errors and poisoning included") {
   for (const lhc_index_coding coding : {lhc_index_coding::bitmap, lhc_index_coding::sum4, lhc_index_coding::sum8})
     for (const std::size_t n : {0u, 1u, 999u, 100003u})
       for (const double density : {0.001, 0.05, 0.5}) {
@@ -295,24 +298,26 @@ GRADCOMP_CUDA_TEST_CASE("LHC indexes, plans and sketches equal the CPU's bit for
   const std::vector<std::byte> global = aggregated_index(lhc, std::vector<std::vector<float>>{x});
   std::vector<float> with_nan = x;
   with_nan[77] = std::numeric_limits<float>::quiet_NaN();
-  CHECK(lhc_encode_on(test_gpu(), lhc, with_nan, global, 1) == lhc_encode_on(cpu_executor{}, lhc, with_nan, global, 1));
+  CHECK(lhc_encode_on(test_gpu(), lhc, with_nan, global, 1) ==
+        lhc_encode_on(reference_executor{}, lhc, with_nan, global, 1));
   std::vector<float> outside = x;
   for (float& v : outside)
     if (v == 0.0f) {
       v = 1.0f;
       break;
     }
-  CHECK(lhc_encode_on(test_gpu(), lhc, outside, global, 1) == lhc_encode_on(cpu_executor{}, lhc, outside, global, 1));
+  CHECK(lhc_encode_on(test_gpu(), lhc, outside, global, 1) ==
+        lhc_encode_on(reference_executor{}, lhc, outside, global, 1));
   const lhc_plan wrong = lhc.plan_for(5001, 5001);
   CHECK(lhc_encode_on(test_gpu(), lhc, x, global, 1, &wrong) ==
-        lhc_encode_on(cpu_executor{}, lhc, x, global, 1, &wrong));
+        lhc_encode_on(reference_executor{}, lhc, x, global, 1, &wrong));
   std::vector<std::byte> too_many = global;
   too_many[10] = std::byte{0x0F};  // a field of 15 with 2 contributors
-  CHECK(lhc_encode_on(test_gpu(), lhc, x, too_many, 2) == lhc_encode_on(cpu_executor{}, lhc, x, too_many, 2));
+  CHECK(lhc_encode_on(test_gpu(), lhc, x, too_many, 2) == lhc_encode_on(reference_executor{}, lhc, x, too_many, 2));
 }
 
 GRADCOMP_CUDA_TEST_CASE(
-    "count-sketch encodings give the CPU's bytes where sums are exact and lie within the summation bound "
+    "count-sketch encodings give the reference's bytes where sums are exact and lie within the summation bound "
     "elsewhere") {
   for (const count_sketch_params& p : shapes)
     for (const std::size_t n : {0u, 1u, 1000u, 100003u}) {
@@ -323,7 +328,7 @@ GRADCOMP_CUDA_TEST_CASE(
   check_encodings<float>({.rows = 3, .columns = std::uint64_t{1} << 20, .seed = 11}, std::size_t{1} << 22);
 }
 
-GRADCOMP_CUDA_TEST_CASE("count-sketch estimates, heavy hitters and decodings equal the CPU's bit for bit") {
+GRADCOMP_CUDA_TEST_CASE("count-sketch estimates, heavy hitters and decodings equal the reference's bit for bit") {
   for (const count_sketch_params& p : shapes)
     for (const std::size_t n : {1u, 1000u, 100003u})
       for (const input_kind kind : all_input_kinds) {
@@ -335,16 +340,16 @@ GRADCOMP_CUDA_TEST_CASE("count-sketch estimates, heavy hitters and decodings equ
                          input_kind::normal);
 }
 
-GRADCOMP_CUDA_TEST_CASE("summed count sketches equal the CPU's sums") {
+GRADCOMP_CUDA_TEST_CASE("summed count sketches equal the reference's sums") {
   for (const count_sketch_params& p : shapes) {
     const count_sketch<float> codec(p);
     const std::vector<std::byte> a =
-        encode_on(cpu_executor{}, codec, make_input<float>(input_kind::normal, 7000, 1), {.step = 4});
+        encode_on(reference_executor{}, codec, make_input<float>(input_kind::normal, 7000, 1), {.step = 4});
     const std::vector<std::byte> b =
-        encode_on(cpu_executor{}, codec, make_input<float>(input_kind::normal, 7000, 2), {.step = 4});
+        encode_on(reference_executor{}, codec, make_input<float>(input_kind::normal, 7000, 2), {.step = 4});
     const outcome<std::byte> gpu = accumulate_outcome_on(test_gpu(), codec, a, b);
     CHECK(gpu.status == "no exception");
-    CHECK(gpu == accumulate_outcome_on(cpu_executor{}, codec, a, b));
+    CHECK(gpu == accumulate_outcome_on(reference_executor{}, codec, a, b));
   }
 }
 

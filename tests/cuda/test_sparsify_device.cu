@@ -1,5 +1,5 @@
 // The sparsifiers on the GPU: top-k, random-k and threshold messages (and threshold's report)
-// equal the CPU reference's bit for bit over sizes, densities, ties, special inputs and value
+// equal the reference executor's bit for bit over sizes, densities, ties, special inputs and value
 // types, top-k included where its candidates overflow; decodes and random-k's accumulate_encoded
 // equal the CPU's; top-k with deferred errors runs inside a captured CUDA graph; and on both
 // executors NaN or Inf is non_finite_input with no message left.
@@ -23,7 +23,7 @@ template <class T>
 void check_topk(std::size_t n) {
   for (const sparsity amount : {sparsity{.k = 1}, sparsity{.density = 0.01}, sparsity{.density = 0.1},
                                 sparsity{.density = 0.5}, sparsity{.density = 1.0}})
-    for (const input_kind kind : all_input_kinds) check_matches_cpu(topk_sparsifier<T>(amount), n, kind, 31 + n);
+    for (const input_kind kind : all_input_kinds) check_matches_reference(topk_sparsifier<T>(amount), n, kind, 31 + n);
 }
 
 const auto non_finite_leaves_no_message = [](const auto& exec) {
@@ -40,7 +40,7 @@ const auto non_finite_leaves_no_message = [](const auto& exec) {
 
 }  // namespace
 
-GRADCOMP_CUDA_TEST_CASE("top-k messages and decodings equal the CPU reference's bit for bit") {
+GRADCOMP_CUDA_TEST_CASE("top-k messages and decodings equal the reference's bit for bit") {
   for (const std::size_t n : {1u, 2u, 1000u, 4099u, 100000u}) {
     check_topk<float>(n);
     check_topk<double>(n);
@@ -49,14 +49,14 @@ GRADCOMP_CUDA_TEST_CASE("top-k messages and decodings equal the CPU reference's 
   check_topk<float>(std::size_t{1} << 21);
 }
 
-GRADCOMP_CUDA_TEST_CASE("random-k messages, decodings and summed messages equal the CPU's") {
+GRADCOMP_CUDA_TEST_CASE("random-k messages, decodings and summed messages equal the reference's") {
   for (const bool scaled : {true, false})
     for (const std::size_t n : {1u, 1000u, 100003u})
       for (const double density : {0.001, 0.05, 1.0}) {
         const randomk_sparsifier<float> codec({.amount = {.density = density}, .seed = 9, .scaled = scaled});
-        check_matches_cpu(codec, n, input_kind::normal, 5 + n);
+        check_matches_reference(codec, n, input_kind::normal, 5 + n);
         const randomk_sparsifier<double> wide({.amount = {.density = density}, .seed = 10, .scaled = scaled});
-        check_matches_cpu(wide, n, input_kind::ties, 6 + n);
+        check_matches_reference(wide, n, input_kind::ties, 6 + n);
       }
   const randomk_sparsifier<float> codec({.amount = {.density = 0.1}, .seed = 3});
   const std::vector<float> a = make_input<float>(input_kind::normal, 10000, 1);
@@ -76,17 +76,17 @@ GRADCOMP_CUDA_TEST_CASE("random-k messages, decodings and summed messages equal 
   CHECK(to_host(test_gpu(), sum_gpu) == sum_cpu);
 }
 
-GRADCOMP_CUDA_TEST_CASE("threshold messages and reports equal the CPU's") {
+GRADCOMP_CUDA_TEST_CASE("threshold messages and reports equal the reference's") {
   for (const bool refine : {true, false})
     for (const std::size_t n : {1u, 1000u, 100000u, 1u << 20})
       for (const input_kind kind : {input_kind::normal, input_kind::ties, input_kind::signed_zeros}) {
         CAPTURE(refine);
         const threshold_sparsifier<float> codec(
             {.target = {.density = 0.01}, .sample_fraction = 0.02, .refine = refine, .seed = 4});
-        check_matches_cpu(codec, n, kind, 70 + n);
+        check_matches_reference(codec, n, kind, 70 + n);
         const threshold_sparsifier<double> wide(
             {.target = {.density = 0.05}, .min_samples = 100, .refine = refine, .seed = 5});
-        check_matches_cpu(wide, n, kind, 71 + n);
+        check_matches_reference(wide, n, kind, 71 + n);
         // The report: bytes, kept, target, threshold and density.
         const std::vector<float> x = make_input<float>(kind, n, 72 + n);
         std::vector<std::byte> out = poisoned_values<std::byte>(codec.max_encoded_bytes(n));
@@ -106,17 +106,18 @@ GRADCOMP_CUDA_TEST_CASE("threshold messages and reports equal the CPU's") {
       }
 }
 
-GRADCOMP_CUDA_TEST_CASE("pipeline messages and decodings equal the CPU's") {
+GRADCOMP_CUDA_TEST_CASE("pipeline messages and decodings equal the reference's") {
   for (const std::size_t n : {1u, 1000u, 100000u}) {
-    check_matches_cpu(pipeline(topk_sparsifier<float>(sparsity{.density = 0.01}),
-                               uniform_quantizer<float>({.bits = 8, .block = 64})),
-                      n, input_kind::normal, 90 + n);
-    check_matches_cpu(pipeline(topk_sparsifier<double>(sparsity{.density = 0.3}),
-                               uniform_quantizer<double>({.bits = 4, .block = 5})),
-                      n, input_kind::ties, 91 + n);
-    check_matches_cpu(pipeline(threshold_sparsifier<float>({.target = {.density = 0.02}}, {.payload_checksum = true}),
-                               qsgd_quantizer<float>({.levels = 7})),
-                      n, input_kind::normal, 92 + n);
+    check_matches_reference(pipeline(topk_sparsifier<float>(sparsity{.density = 0.01}),
+                                     uniform_quantizer<float>({.bits = 8, .block = 64})),
+                            n, input_kind::normal, 90 + n);
+    check_matches_reference(pipeline(topk_sparsifier<double>(sparsity{.density = 0.3}),
+                                     uniform_quantizer<double>({.bits = 4, .block = 5})),
+                            n, input_kind::ties, 91 + n);
+    check_matches_reference(pipeline(threshold_sparsifier<float>({.target = {.density = 0.02}},
+                                                                 {.payload_checksum = true}),
+                                     qsgd_quantizer<float>({.levels = 7})),
+                            n, input_kind::normal, 92 + n);
   }
 }
 

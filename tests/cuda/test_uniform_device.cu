@@ -1,4 +1,4 @@
-// The uniform quantizer on the GPU: its messages and decodings equal the CPU reference's bit for
+// The uniform quantizer on the GPU: its messages and decodings equal reference_executor's bit for
 // bit over widths, block sizes (whole-word blocks and blocks sharing code words), rounding modes,
 // value types, sizes and special inputs; and on both executors NaN/Inf, checksums, short buffers
 // and deferred errors behave as documented.
@@ -22,7 +22,8 @@ namespace {
 template <class T>
 void check_uniform(const uniform_params& p, wire_options wire = {}) {
   for (const std::size_t n : {0u, 1u, 31u, 1000u, 4099u})
-    for (const input_kind kind : all_input_kinds) check_matches_cpu(uniform_quantizer<T>(p, wire), n, kind, 1234 + n);
+    for (const input_kind kind : all_input_kinds)
+      check_matches_reference(uniform_quantizer<T>(p, wire), n, kind, 1234 + n);
 }
 
 const auto non_finite_leaves_no_message = [](const auto& exec) {
@@ -78,7 +79,7 @@ const auto short_buffers_are_named = [](const auto& exec) {
 
 }  // namespace
 
-GRADCOMP_CUDA_TEST_CASE("uniform messages and decodings equal the CPU reference's bit for bit") {
+GRADCOMP_CUDA_TEST_CASE("uniform messages and decodings equal the reference's bit for bit") {
   for (const int bits : {1, 2, 4, 8}) {
     for (const std::uint32_t block : {1u, 7u, 32u, 100u, 256u}) {
       for (const rounding mode : {rounding::nearest_even, rounding::stochastic}) {

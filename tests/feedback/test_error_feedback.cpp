@@ -27,6 +27,7 @@
 #include "support/ef_invariant.hpp"
 #include "support/errors.hpp"
 #include "support/oracles.hpp"
+#include "support/reference_check.hpp"
 
 using namespace gradcomp;
 using namespace gradcomp::test;
@@ -36,6 +37,12 @@ static_assert(stateful<error_feedback<randomk_sparsifier<double>>, cpu_executor>
 static_assert(stateful<error_feedback<threshold_sparsifier<float>>, cpu_executor>);
 static_assert(codec<error_feedback<topk_sparsifier<float>>>);
 static_assert(error_feedback<threshold_sparsifier<double>>::id == codec_id::threshold);
+// The fused step exists where it is written (cpu/uniform_feedback.hpp) and nowhere else.
+static_assert(fuses_error_feedback<uniform_quantizer<float>, cpu_executor>);
+static_assert(!fuses_error_feedback<uniform_quantizer<float>, reference_executor>);
+static_assert(!fuses_error_feedback<uniform_quantizer<double>, cpu_executor>);
+static_assert(!fuses_error_feedback<topk_sparsifier<float>, cpu_executor>);
+static_assert(stateful<error_feedback<topk_sparsifier<float>>, reference_executor>);
 
 namespace {
 
@@ -730,5 +737,26 @@ TEST_CASE("error feedback with decay saves β in the state hash, resumes, and re
     CHECK(bits_of(target) == untouched);
     decayed.load_state(cpu_executor{}, bytes, target);
     CHECK(bits_of(target) == bits_of(state));
+  }
+}
+
+TEST_CASE("error feedback on every cpu setting equals the reference step by step, fused paths included") {
+  // The float32 uniform quantizer's fused step (8-bit, 4-bit round to nearest, 8-bit stochastic),
+  // its layouts that take the plain step, other codecs, decay, and a NaN step.
+  check_steps_same_as_reference(error_feedback(uniform_quantizer<float>({.bits = 8})), 5000, 6, 1.0, 3);
+  check_steps_same_as_reference(error_feedback(uniform_quantizer<float>({.bits = 4})), 4099, 6);
+  check_steps_same_as_reference(error_feedback(uniform_quantizer<float>(
+                                    {.bits = 8, .block = 64, .round = rounding::stochastic, .seed = 9})),
+                                1000, 6);
+  check_steps_same_as_reference(error_feedback(uniform_quantizer<float>({.bits = 4, .block = 100})), 1001, 4, 1.0, 2);
+  check_steps_same_as_reference(error_feedback(uniform_quantizer<double>({.bits = 2, .block = 7})), 1001, 4);
+  check_steps_same_as_reference(error_feedback(uniform_quantizer<float>({.bits = 8}), {.decay = 0.9}), 5000, 6, 1.0, 4);
+  check_steps_same_as_reference(error_feedback(topk_sparsifier<float>(sparsity{.density = 0.01}), {.decay = 0.9}), 3000,
+                                6, 1.0, 2);
+  check_steps_same_as_reference(error_feedback(sign_quantizer<double>({.block = 64})), 1000, 4);
+  check_steps_same_as_reference(error_feedback(threshold_sparsifier<float>({.target = {.density = 0.05}})), 2000, 4);
+  for (const std::size_t n : edge_sizes) {
+    CAPTURE(n);
+    check_steps_same_as_reference(error_feedback(uniform_quantizer<float>({.bits = 8})), n, 3);
   }
 }

@@ -23,6 +23,7 @@
 #include "support/data.hpp"
 #include "support/errors.hpp"
 #include "support/oracles.hpp"
+#include "support/reference_check.hpp"
 
 using namespace gradcomp;
 using namespace gradcomp::test;
@@ -31,6 +32,9 @@ static_assert(stateful<loco<uniform_quantizer<float>>, cpu_executor>);
 static_assert(stateful<loco<uniform_quantizer<double>>, cpu_executor>);
 static_assert(codec<loco<uniform_quantizer<float>>>);
 static_assert(loco<uniform_quantizer<float>>::id == codec_id::uniform);
+static_assert(fuses_loco<uniform_quantizer<float>, cpu_executor>);
+static_assert(!fuses_loco<uniform_quantizer<float>, reference_executor>);
+static_assert(stateful<loco<uniform_quantizer<double>>, reference_executor>);
 
 namespace {
 
@@ -618,4 +622,20 @@ TEST_CASE("LoCo's carried error is the dequantized 8-bit error, and a new one is
         named(errc::size_mismatch));
   CHECK(thrown_by([&] { lc.carried_error(cpu, state, std::span<float>(error)); }) == named(errc::size_mismatch));
   CHECK(bits_of(state) == kept);
+}
+
+TEST_CASE("LoCo on every cpu setting equals the reference step by step, fused paths and resets included") {
+  const loco_params period4{.beta = 0.8f, .reset_period = 4, .error_group = 256};
+  check_steps_same_as_reference(loco(uq<float>({.bits = 4}), period4), 5000, 10, 1.0, 5);
+  check_steps_same_as_reference(loco(uq<float>({.bits = 8, .block = 64, .round = rounding::stochastic, .seed = 5}),
+                                     {.beta = 0.5f, .reset_period = 3, .error_group = 64}),
+                                4099, 8);
+  check_steps_same_as_reference(loco(uq<double>({.bits = 4})), 3000, 6, 1.0, 2);
+  check_steps_same_as_reference(loco(uq<float>({.bits = 4}), {.error_group = 100}), 3000, 6);  // groups ≠ blocks
+  // Gradients near FLT_MAX/16: the fused step declines and the plain step runs.
+  check_steps_same_as_reference(loco(uq<float>({.bits = 4})), 2000, 4, 1e40);
+  for (const std::size_t n : edge_sizes) {
+    CAPTURE(n);
+    check_steps_same_as_reference(loco(uq<float>({.bits = 8})), n, 3);
+  }
 }

@@ -22,6 +22,7 @@
 #include "support/data.hpp"
 #include "support/errors.hpp"
 #include "support/golden_cases.hpp"
+#include "support/reference_check.hpp"
 
 using namespace gradcomp;
 using namespace gradcomp::test;
@@ -356,4 +357,36 @@ TEST_CASE("golden mpc file reproduces byte for byte and decodes to the known inp
   REQUIRE(!m.empty());
   CHECK(m == fresh);
   CHECK(same_bits(decode_values(q, m, 1000), x));
+}
+
+TEST_CASE("mpc on every cpu setting equals the reference, which equals the literal transcription") {
+  for (const std::uint32_t dim : {1u, 3u, 32u}) {
+    CAPTURE(dim);
+    const mpc_codec q({.dim = dim});
+    check_inputs_same_as_reference(q);
+    for (const std::size_t n : sizes) {
+      CAPTURE(n);
+      const std::vector<float> x = random_bits(n, n + 5);
+      const std::vector<std::byte> m = check_same_as_reference(q, x, {.step = 3});
+      CHECK(std::vector<std::byte>(m.begin() + header, m.end()) == oracle_payload(x, dim));
+    }
+  }
+}
+
+TEST_CASE("mpc decoders reject what the reference rejects: bitmaps against words, padding, truncation") {
+  const mpc_codec q;
+  const std::vector<float> x = make_input<float>(input_kind::normal, 1000, 4);  // a partial last group
+  const std::vector<std::byte> good = encode_on(reference_executor{}, q, x);
+  CHECK(decode_status_everywhere(q, good, 1000) == "no exception");
+  // Every single-bit flip of the bitmaps and of the first and last carried words.
+  for (const std::size_t at : {header, header + 4 * 31, header + 4 * 32, good.size() - 4, good.size() - 1})
+    for (unsigned bit = 0; bit < 8; ++bit) {
+      CAPTURE(at);
+      CAPTURE(bit);
+      std::vector<std::byte> m = good;
+      m[at] ^= static_cast<std::byte>(1u << bit);
+      (void)decode_status_everywhere(q, m, 1000);
+    }
+  const std::vector<std::byte> short_by_one(good.begin(), good.end() - 1);
+  CHECK(decode_status_everywhere(q, short_by_one, 1000) != "no exception");
 }

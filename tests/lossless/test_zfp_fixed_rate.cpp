@@ -25,6 +25,7 @@
 #include "support/data.hpp"
 #include "support/errors.hpp"
 #include "support/golden_cases.hpp"
+#include "support/reference_check.hpp"
 #include "support/zfp_inputs.hpp"
 
 using namespace gradcomp;
@@ -372,68 +373,42 @@ TEST_CASE("zfp portable kernels write the same stream and decode to the same flo
   }
 }
 
-TEST_CASE("zfp's per-block coder (the GPU's, zfp_block) writes the codec's stream and decodes to its floats") {
-  // zfp_block::encode_block and decode_block code one block plane by plane with code_plane and
-  // parse_plane; the CUDA backend runs them one block per thread. Here they run on the host,
-  // each block's 4R bits put at bit 4R·b of a stream, against the codec's payload, including
-  // random payloads (hostile bits) and magnitudes at both ends of the float range.
-  const auto stream_bits_at = [](const std::vector<std::byte>& payload, std::uint64_t first, unsigned count) {
-    zfp_block::wide_word bits = 0;
-    for (unsigned j = 0; j < count; ++j) {
-      const std::uint64_t at = first + j;
-      if (at / 8 < payload.size() && ((static_cast<unsigned>(payload[at / 8]) >> (at % 8)) & 1u) != 0)
-        bits |= zfp_block::wide_word{1} << j;
-    }
-    return bits;
-  };
+TEST_CASE("zfp on every cpu setting equals the reference (zfp_block, one block at a time), random payloads included") {
+  // reference/zfp_fixed_rate.hpp codes each block with zfp_block::encode_block and decode_block
+  // (which the CUDA backend runs one block per thread) and moves its 4R bits one at a time; the
+  // CPU's table-driven coders must write the same stream and decode any payload of the right
+  // length, random ones (hostile bits) included, to the same floats, at both ends of the float range.
   std::mt19937_64 engine(77);
   for (unsigned rate = 3; rate <= 32; ++rate) {
     const zfp_fixed_rate_codec q({.rate_bits = rate});
-    const unsigned block_bits = 4 * rate;
-    const unsigned budget = block_bits - zfp_block::header_bits;
-    for (const std::size_t n : {std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{4}, std::size_t{1003}}) {
+    for (const std::size_t n :
+         {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{4}, std::size_t{1003}}) {
       for (int kind = 0; kind <= test_input_kinds; ++kind) {
         CAPTURE(rate);
         CAPTURE(n);
         CAPTURE(kind);
-        std::vector<float> x;
-        if (kind < test_input_kinds) {
-          x = test_input(kind, n, 17 * n + rate);
-        } else {
-          x = zfp_extreme_input(n, rate);
-        }
-        const std::vector<std::byte> payload = payload_of(encode_bytes(q, x));
-        std::vector<std::byte> stream(payload.size(), std::byte{0});
-        for (std::size_t b = 0; b * 4 < n; ++b) {
-          const zfp_block::wide_word bits =
-              zfp_block::encode_block(x.data() + 4 * b, static_cast<unsigned>(std::min<std::size_t>(4, n - 4 * b)),
-                                      budget, block_bits);
-          for (unsigned j = 0; j < block_bits; ++j)
-            if (((bits >> j) & 1u) != 0) {
-              const std::uint64_t at = b * block_bits + j;
-              stream[at / 8] |= static_cast<std::byte>(1u << (at % 8));
-            }
-        }
-        CHECK(stream == payload);
-        // Decoding the codec's payload, and a random payload of the same length.
-        std::vector<std::byte> random(payload.size());
-        for (std::byte& v : random) v = static_cast<std::byte>(engine());
-        if (zfp_fixed_rate_codec::block_count(n) % 2 == 1 && rate % 2 == 1) random.back() &= std::byte{0x0F};
-        for (const std::vector<std::byte>* bytes : std::array<const std::vector<std::byte>*, 2>{&payload, &random}) {
-          std::vector<std::byte> m = encode_bytes(q, x);
-          std::copy(bytes->begin(), bytes->end(), m.begin() + envelope::size);
-          const std::vector<float> expected = decode_values(q, m, n);
-          std::vector<float> g(n);
-          for (std::size_t b = 0; b * 4 < n; ++b) {
-            float four[4];
-            zfp_block::decode_block(stream_bits_at(*bytes, b * block_bits, block_bits), budget, four);
-            for (std::size_t i = 4 * b; i < std::min(n, 4 * b + 4); ++i) g[i] = four[i - 4 * b];
-          }
-          CHECK(same_bits(g, expected));
-        }
+        const std::vector<float> x =
+            kind < test_input_kinds ? test_input(kind, n, 17 * n + rate) : zfp_extreme_input(n, rate);
+        std::vector<std::byte> m = check_same_as_reference(q, x, {.step = 3});
+        REQUIRE(m.size() == q.max_encoded_bytes(n));
+        for (std::size_t i = envelope::size; i < m.size(); ++i) m[i] = static_cast<std::byte>(engine());
+        if (zfp_fixed_rate_codec::block_count(n) % 2 == 1 && rate % 2 == 1) m.back() &= std::byte{0x0F};
+        const std::vector<float> expected = decode_on(reference_executor{}, q, m, std::vector<float>(n));
+        for (const cpu_executor& cpu : cpu_settings())
+          CHECK(bit_patterns(decode_on(cpu, q, m, std::vector<float>(n))) == bit_patterns(expected));
       }
     }
   }
+}
+
+TEST_CASE("zfp rejects what the reference rejects: NaN and Inf, and stray bits after the last block") {
+  check_non_finite_same_as_reference(zfp_fixed_rate_codec({.rate_bits = 8}));
+  const zfp_fixed_rate_codec odd({.rate_bits = 7});
+  // Three blocks of 28 bits end in the middle of the 11th byte.
+  std::vector<std::byte> m = encode_on(reference_executor{}, odd, make_input<float>(input_kind::normal, 9, 1));
+  CHECK(decode_status_everywhere(odd, m, 9) == "no exception");
+  m.back() |= std::byte{0x10};
+  CHECK(decode_status_everywhere(odd, m, 9) == named(errc::malformed_payload));
 }
 
 TEST_CASE("zfp coders on every executor setting write the same stream and decode to the same floats") {

@@ -4,7 +4,8 @@
 // plain scan of the elements in synchronous rounds) predicts which elements stall, the rounds, the
 // median estimates and a rounding-error bound for general data; index codings, rank limits,
 // sizing, the reference layout's published hashes, dense and empty plans, odd sizes, and hostile
-// indexes, plans, sketches and buffers are checked.
+// indexes, plans, sketches and buffers are checked; the CPU backend equals reference_executor's
+// bit for bit (indexes, plans, sketches, peeling order, estimates, errors).
 #include <gradcomp/sketch/lossless_homomorphic.hpp>
 
 #include <doctest/doctest.h>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "support/errors.hpp"
+#include "support/executor_io.hpp"
 
 using namespace gradcomp;
 using namespace gradcomp::test;
@@ -86,9 +88,9 @@ struct protocol_run {
   lhc_decode_result result;
 };
 
-template <class T>
-protocol_run<T> run_protocol(const lossless_homomorphic<T>& lhc, const std::vector<std::vector<T>>& x) {
-  const cpu_executor cpu;
+template <class T, class E = cpu_executor>
+protocol_run<T> run_protocol(const lossless_homomorphic<T>& lhc, const std::vector<std::vector<T>>& x,
+                             const E& cpu = {}) {
   const std::size_t n = x.front().size();
   std::vector<bytes> indexes;
   for (const std::vector<T>& g : x) {
@@ -263,6 +265,133 @@ void check_equal_values(const std::vector<T>& out, const std::vector<T>& expecte
 }
 
 }  // namespace
+
+// ---- the reference backend ------------------------------------------------------------------------
+
+/// The protocol on the reference and on the CPU: the same aggregated index, plan, summed sketch,
+/// decoded bits and result, or the same named error.
+template <class T>
+void check_reference_protocol(const lossless_homomorphic<T>& lhc, const std::vector<std::vector<T>>& x) {
+  protocol_run<T> ref, cpu;
+  const std::string ref_status = thrown_by([&] { ref = run_protocol(lhc, x, reference_executor{}); });
+  const std::string cpu_status = thrown_by([&] { cpu = run_protocol(lhc, x, cpu_executor{}); });
+  CHECK(ref_status == cpu_status);
+  if (ref_status != "no exception" || cpu_status != "no exception") return;
+  CHECK(ref.index == cpu.index);
+  CHECK(ref.plan == cpu.plan);
+  CHECK(bit_patterns(ref.summed) == bit_patterns(cpu.summed));
+  CHECK(bit_patterns(ref.out) == bit_patterns(cpu.out));
+  CHECK(ref.result == cpu.result);
+}
+
+TEST_CASE_TEMPLATE("lhc on the CPU equals the reference: indexes, plans, sketches, peeling order and stalls", T, float,
+                   double) {
+  for (const lhc_index_coding coding : {lhc_index_coding::bitmap, lhc_index_coding::sum4, lhc_index_coding::sum8})
+    for (const std::uint32_t block : {1024u, 100u, 7u})
+      for (const double cells_per_nonzero : {1.0, 1.3})
+        for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{999}, std::size_t{40'000}})
+          for (const bool grid : {true, false}) {
+            CAPTURE(static_cast<int>(coding));
+            CAPTURE(block);
+            CAPTURE(cells_per_nonzero);
+            CAPTURE(n);
+            CAPTURE(grid);
+            // General data rounds in the peeling: only the documented order of subtractions
+            // gives the same bits. 1.0 cells per non-zero stalls: the estimates must agree too.
+            const auto x = make_gradients<T>(3, n, 0.05, n + block, grid);
+            check_reference_protocol(lossless_homomorphic<T>({.block = block,
+                                                              .cells_per_nonzero = cells_per_nonzero,
+                                                              .index = coding,
+                                                              .on_stall = lhc_stall_policy::median_estimate,
+                                                              .seed = block}),
+                                     x);
+            check_reference_protocol(lossless_homomorphic<T>(
+                                         {.block = block, .cells_per_nonzero = cells_per_nonzero, .index = coding}),
+                                     x);
+          }
+  // The reference's layout, whose rows may coincide, and TAGC's fixed ratio.
+  for (const std::size_t n : {std::size_t{5000}, std::size_t{70'001}})
+    check_reference_protocol(lossless_homomorphic<T>({.on_stall = lhc_stall_policy::median_estimate,
+                                                      .reference_layout = true,
+                                                      .fixed_compress_ratio = 2.0}),
+                             make_gradients<T>(4, n, 0.02, n, false));
+}
+
+TEST_CASE("lhc on the CPU rejects what the reference rejects: hostile sketches, indexes, plans and gradients") {
+  const lossless_homomorphic<float> lhc({.block = 64, .index = lhc_index_coding::sum4});
+  const std::size_t n = 3001;
+  const auto x = make_gradients<float>(2, n, 0.05, 3, true);
+  const protocol_run<float> run = run_protocol(lhc, x);
+  REQUIRE_FALSE(run.plan.dense);
+  const auto decode_status = [&](const auto& exec, bytes index, lhc_plan plan, std::vector<float> summed) {
+    std::vector<float> out(n, -3.0f);
+    bytes ws(lhc.workspace_bytes(exec, plan));
+    const std::string status = thrown_by([&] {
+      (void)lhc.decode(exec, std::span<const std::byte>(index), plan, std::span<const float>(summed),
+                       std::span<float>(out), std::span<std::byte>(ws));
+    });
+    if (status != "no exception") CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == -3.0f; }));
+    return status;
+  };
+  const auto same = [&](const bytes& index, const lhc_plan& plan, const std::vector<float>& summed) {
+    const std::string ref = decode_status(reference_executor{}, index, plan, summed);
+    CHECK(decode_status(cpu_executor{}, index, plan, summed) == ref);
+    return ref;
+  };
+  CHECK(same(run.index, run.plan, run.summed) == "no exception");
+  std::vector<float> nan = run.summed;
+  nan[nan.size() / 2] = std::numeric_limits<float>::quiet_NaN();
+  CHECK(same(run.index, run.plan, nan) == named(errc::non_finite_input));
+  std::vector<float> huge = run.summed;
+  for (float& v : huge) v = std::numeric_limits<float>::max();
+  (void)same(run.index, run.plan, huge);  // sums beyond float's range, or a stall: alike
+  bytes padded = run.index;
+  padded.back() |= std::byte{0x10};  // n odd: the high nibble of the last byte is padding
+  CHECK(same(padded, run.plan, run.summed) == named(errc::malformed_payload));
+  bytes over = run.index;
+  over[7] = std::byte{0xf0};  // a field of 15, the coding's limit: the union, and so the plan, may change
+  (void)same(over, run.plan, run.summed);
+  lhc_plan other = run.plan;
+  ++other.union_nonzeros;
+  CHECK(same(run.index, other, run.summed) == named(errc::invalid_argument));
+  std::mt19937_64 engine(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> random(run.summed.size());
+  for (float& v : random) v = normal(engine);
+  std::vector<float> ref_out(n), cpu_out(n);
+  bytes ws(
+      std::max(lhc.workspace_bytes(reference_executor{}, run.plan), lhc.workspace_bytes(cpu_executor{}, run.plan)));
+  const lhc_decode_result a = lhc.decode(reference_executor{}, std::span<const std::byte>(run.index), run.plan,
+                                         std::span<const float>(random), std::span<float>(ref_out), ws);
+  const lhc_decode_result b = lhc.decode(cpu_executor{}, std::span<const std::byte>(run.index), run.plan,
+                                         std::span<const float>(random), std::span<float>(cpu_out), ws);
+  CHECK(a == b);
+  CHECK(bit_patterns(ref_out) == bit_patterns(cpu_out));
+  // Encoders: NaN in a gradient, an element outside the index, a plan of another count.
+  std::vector<float> bad = x[0];
+  bad[10] = std::numeric_limits<float>::infinity();
+  const auto encode_statuses = [&](const auto& exec) {
+    bytes index(lhc.index_bytes(n));
+    std::vector<std::string> statuses;
+    statuses.push_back(
+        thrown_by([&] { lhc.encode_index(exec, std::span<const float>(bad), std::span<std::byte>(index)); }));
+    const bytes marked_all = index;
+    std::vector<float> sketch(run.plan.sketch_values());
+    std::vector<float> outside = x[0];  // with a plan of another count
+    statuses.push_back(thrown_by([&] {
+      lhc.encode_sketch(exec, std::span<const float>(outside), std::span<const std::byte>(run.index), other,
+                        std::span<float>(sketch));
+    }));
+    statuses.push_back(thrown_by([&] {
+      lhc.encode_sketch(exec, std::span<const float>(bad), std::span<const std::byte>(run.index), run.plan,
+                        std::span<float>(sketch));
+    }));
+    statuses.push_back(std::to_string(std::isnan(sketch[0])));
+    for (const std::byte byte : marked_all) statuses.push_back(std::to_string(std::to_integer<int>(byte)));
+    return statuses;
+  };
+  CHECK(encode_statuses(reference_executor{}) == encode_statuses(cpu_executor{}));
+}
 
 // ---- exact recovery -------------------------------------------------------------------------------
 

@@ -122,4 +122,39 @@ std::string decode_status_everywhere(const Codec& codec, const std::vector<std::
   return expected;
 }
 
+/// A stateful wrapper (error feedback, LoCo) stepped `steps` times on the reference and on every
+/// cpu setting with the same gradients and keys: after every step the same message (or the same
+/// named error, with no valid message left), the same carried error bit for bit and the same saved
+/// state. Gradients are N(0, 1e-3) times `scale` (ties at every third step when `scale` is 1); at
+/// step `nan_step` (if < steps) one value is NaN, which every executor rejects leaving its state.
+template <class Wrapper>
+void check_steps_same_as_reference(const Wrapper& wrapper, std::size_t n, std::uint64_t steps, double scale = 1.0,
+                                   std::uint64_t nan_step = UINT64_MAX) {
+  using T = typename Wrapper::value_type;
+  stepper<reference_executor, Wrapper> ref({}, wrapper, n);
+  std::vector<stepper<cpu_executor, Wrapper>> cpus;
+  for (const cpu_executor& cpu : cpu_settings()) cpus.emplace_back(cpu, wrapper, n);
+  for (std::uint64_t t = 0; t < steps; ++t) {
+    CAPTURE(t);
+    std::vector<T> g = make_input<T>(t % 3 == 2 && scale == 1.0 ? input_kind::ties : input_kind::normal, n, 500 + t);
+    for (T& v : g) v = static_cast<T>(static_cast<double>(v) * scale);
+    if (t == nan_step && n > 0) g[n / 2] = std::numeric_limits<T>::quiet_NaN();
+    const message_key key{.step = t, .tensor_id = 4};
+    const outcome<std::byte> expected = ref.try_step(g, key);
+    if (t == nan_step && n > 0) CHECK(expected.status == named(errc::non_finite_input));
+    const bool encoded = expected.status == "no exception";
+    if (!encoded) CHECK_FALSE(holds_valid_envelope(expected.output));
+    for (std::size_t c = 0; c < cpus.size(); ++c) {
+      CAPTURE(c);
+      const outcome<std::byte> got = cpus[c].try_step(g, key);
+      CHECK(got.status == expected.status);
+      if (encoded) CHECK(got.output == expected.output);
+      else
+        CHECK_FALSE(holds_valid_envelope(got.output));
+      CHECK(bit_patterns(cpus[c].carried_error()) == bit_patterns(ref.carried_error()));
+      CHECK(cpus[c].save() == ref.save());
+    }
+  }
+}
+
 }  // namespace gradcomp::test

@@ -20,8 +20,9 @@
 /// | `from_host(e, span<const byte> from, span<byte> to)` | copies a few host bytes into E's memory (in order with E's work) |
 /// | `require_ordered(e, transport)` | throws `invalid_argument` unless the transport's work is ordered with E's (the CUDA executor and a device transport must share a stream) |
 ///
-/// The specialisation for `cpu_executor` is in this header (host code). The one for
-/// `cuda_executor` is in `gradcomp/cuda/collective_memory.cuh`, included by `gradcomp/cuda.cuh`.
+/// The specialisation for host executors (`cpu_executor`, `reference_executor`: plain loops over
+/// host memory) is in this header. The one for `cuda_executor` is in
+/// `gradcomp/cuda/collective_memory.cuh`, included by `gradcomp/cuda.cuh`.
 
 #include <algorithm>
 #include <cmath>
@@ -33,7 +34,7 @@
 #include <utility>
 
 #include <gradcomp/core/concepts.hpp>
-#include <gradcomp/core/cpu_executor.hpp>
+#include <gradcomp/core/memory_space.hpp>
 #include <gradcomp/core/float_bits.hpp>
 
 namespace gradcomp {
@@ -51,9 +52,10 @@ struct collective_memory {
 template <class E, class T>
 using collective_buffer = typename collective_memory<E>::template buffer<T>;
 
-/// The collectives' memory operations on the host.
-template <>
-struct collective_memory<cpu_executor> {
+/// The collectives' memory operations on the host, for every executor whose memory is the host's.
+template <executor E>
+  requires(memory_space_of<E> == memory_space::host)
+struct collective_memory<E> {
   /// An array of T in host memory, not initialised, grow-only.
   template <class T>
   class buffer {
@@ -61,9 +63,9 @@ struct collective_memory<cpu_executor> {
     /// An empty buffer.
     buffer() noexcept = default;
     /// `count` elements (contents unspecified).
-    buffer(const cpu_executor& e, std::size_t count) { resize(e, count); }
+    buffer(const E& e, std::size_t count) { resize(e, count); }
     /// Makes the buffer `count` elements long; contents are unspecified when it grows.
-    void resize(const cpu_executor&, std::size_t count) {
+    void resize(const E&, std::size_t count) {
       if (count > capacity_) {
         data_ = std::make_unique_for_overwrite<T[]>(count);
         capacity_ = count;
@@ -84,23 +86,23 @@ struct collective_memory<cpu_executor> {
   };
 
   template <class T>
-  static void fill(const cpu_executor&, std::span<T> values, T value) {
+  static void fill(const E&, std::span<T> values, T value) {
     std::fill(values.begin(), values.end(), value);
   }
 
   template <class T>
-  static void copy(const cpu_executor&, std::span<const T> from, std::span<T> to) {
+  static void copy(const E&, std::span<const T> from, std::span<T> to) {
     if (!from.empty()) std::memcpy(to.data(), from.data(), from.size_bytes());
   }
 
   template <class T>
-  static void divide(const cpu_executor&, std::span<T> values, T divisor) {
+  static void divide(const E&, std::span<T> values, T divisor) {
     for (T& v : values) v = v / divisor;
   }
 
   /// The largest magnitude key, without an early exit, so that the loop vectorizes.
   template <class T>
-  [[nodiscard]] static bool all_finite(const cpu_executor&, std::span<const T> a, std::span<const T> b = {}) {
+  [[nodiscard]] static bool all_finite(const E&, std::span<const T> a, std::span<const T> b = {}) {
     typename float_traits<T>::bits_type largest = 0;
     if (b.empty()) {
       for (const T v : a) largest = std::max(largest, magnitude_key(v));
@@ -112,7 +114,7 @@ struct collective_memory<cpu_executor> {
   }
 
   template <class T>
-  [[nodiscard]] static double max_abs_difference(const cpu_executor&, std::span<const T> a, std::span<const T> b) {
+  [[nodiscard]] static double max_abs_difference(const E&, std::span<const T> a, std::span<const T> b) {
     double worst = 0.0;
     for (std::size_t i = 0; i < a.size(); ++i) {
       const double d = std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i]));
@@ -121,17 +123,17 @@ struct collective_memory<cpu_executor> {
     return worst;
   }
 
-  static void to_host(const cpu_executor&, std::span<const std::byte> from, std::span<std::byte> to) {
+  static void to_host(const E&, std::span<const std::byte> from, std::span<std::byte> to) {
     if (!from.empty()) std::memcpy(to.data(), from.data(), from.size());
   }
 
-  static void from_host(const cpu_executor&, std::span<const std::byte> from, std::span<std::byte> to) {
+  static void from_host(const E&, std::span<const std::byte> from, std::span<std::byte> to) {
     if (!from.empty()) std::memcpy(to.data(), from.data(), from.size());
   }
 
   /// Host transports run their calls to completion on the calling thread: always ordered.
   template <class X>
-  static void require_ordered(const cpu_executor&, const X&) noexcept {}
+  static void require_ordered(const E&, const X&) noexcept {}
 };
 
 namespace detail {

@@ -1,7 +1,7 @@
 #pragma once
 /// @file
-/// The float32 element steps of the fused CPU paths of error feedback (cpu/error_feedback.hpp) and
-/// LoCo (cpu/loco.hpp), each with an AVX2 kernel and a scalar twin computing the same IEEE
+/// The float32 element steps of the float32 uniform quantizer's fused error-feedback and LoCo steps
+/// on the CPU (cpu/uniform_feedback.hpp), each with an AVX2 kernel and a scalar twin computing the same IEEE
 /// operations in the same order (so the same bits as the reference loops): the compensated
 /// gradient (with its largest magnitude), error feedback's decay of the new residual, LoCo's
 /// moving average of the error and its 8-bit quantization. Products are rounded on their own

@@ -7,14 +7,12 @@
 /// (NaN or Inf in g + e) leaves e as it was without a pass that checks g first. The state thus
 /// takes 2·n values of device memory (docs/cuda.md §3).
 ///
-/// Around the uniform quantizer whose blocks fill whole code words, one kernel does the step: a
-/// warp per block forms h = g + e, finds its largest magnitude, writes the scale and the codes,
-/// and writes fl(β·(h − code·s)) as the new residual (one read of g and e, one write of the codes and of
-/// the new residual; for 8- and 4-bit codes and blocks of at most 256 values the block stays in
-/// registers and moves by 128-bit accesses, cuda/uniform.cuh). Around any other codec with a CUDA backend: h = g + e into the workspace
-/// (checked on the host), the inner codec's encode and decode, and the new residual
-/// fl(β·(h − decoded)). Both compute it with `decayed_residual` (feedback/error_feedback.hpp), as
-/// the CPU does: the product is rounded on its own (`__fmul_rn`), so the residuals stay the CPU's.
+/// A step: h = g + e into the workspace (checked on the host), the inner codec's encode and decode,
+/// and the new residual fl(β·(h − decoded)) into `next`, computed with `decayed_residual`
+/// (feedback/error_feedback.hpp) as the CPU does: the product is rounded on its own
+/// (`__fmul_rn`), so the residuals stay the reference's. Where the inner codec's backend fuses the
+/// step (`fuses_error_feedback`, feedback/fused_step.hpp: the uniform quantizer whose blocks fill
+/// whole code words, one kernel, cuda/uniform_feedback.cuh), the fused step runs instead.
 
 #include <gradcomp/cuda/config.cuh>
 
@@ -25,7 +23,6 @@
 #include <cstdint>
 #include <span>
 #include <string>
-#include <type_traits>
 #include <utility>
 
 #include <gradcomp/core/backend.hpp>
@@ -40,8 +37,8 @@
 #include <gradcomp/cuda/grid.cuh>
 #include <gradcomp/cuda/message.cuh>
 #include <gradcomp/cuda/operation.cuh>
-#include <gradcomp/cuda/uniform.cuh>
 #include <gradcomp/feedback/error_feedback.hpp>
+#include <gradcomp/feedback/fused_step.hpp>
 
 namespace gradcomp {
 
@@ -80,42 +77,6 @@ struct ef_residual {
   __device__ void operator()(std::uint64_t i) const { next[i] = decayed_residual(beta, h[i], decoded[i]); }
 };
 
-/// The values error feedback codes: h = g + e; the new residual fl(β·(h − decoded)) is written to
-/// `next` as each value is coded (the uniform encoder's one-warp-per-block kernel, cuda/uniform.cuh).
-template <class T>
-struct compensated_values {
-  const T* g;
-  const T* e;
-  T* next;
-  T beta;
-
-  __device__ T operator()(std::uint64_t i) const { return g[i] + e[i]; }
-  __device__ void coded(std::uint64_t i, T h, T decoded) const { next[i] = decayed_residual(beta, h, decoded); }
-
-  /// Whether the quad kernel may use 128-bit loads and stores.
-  [[nodiscard]] bool aligned() const { return vector_aligned(g) && vector_aligned(e) && vector_aligned(next); }
-  /// Reads h = g + e of the calling lane's quads of the block from element `begin`.
-  __device__ void load(std::uint64_t begin, bool vector, lane_quads<T>& h) const {
-    T residual[quad_rows][quad_values];
-#pragma unroll
-    for (unsigned r = 0; r < quad_rows; ++r) {
-      const std::uint64_t first = begin + quad_offset(r, lane_id());
-      load_quad(g + first, h.count[r], vector, h.x[r]);
-      load_quad(e + first, h.count[r], vector, residual[r]);
-#pragma unroll
-      for (unsigned k = 0; k < quad_values; ++k) h.x[r][k] = h.x[r][k] + residual[r][k];
-    }
-  }
-  /// Writes fl(β·(h − decoded)) of a coded quad as its new residual.
-  __device__ void coded_quad(std::uint64_t first, unsigned count, bool vector, const T (&h)[quad_values],
-                             const T (&decoded)[quad_values]) const {
-    T residual[quad_values];
-#pragma unroll
-    for (unsigned k = 0; k < quad_values; ++k) residual[k] = decayed_residual(beta, h[k], decoded[k]);
-    store_quad(next + first, count, vector, residual);
-  }
-};
-
 }  // namespace cuda_detail
 
 /// Error feedback on the GPU.
@@ -125,14 +86,9 @@ struct backend<error_feedback<Codec>, cuda_executor> {
   using ef_type = error_feedback<Codec>;
   using state_type = cuda_error_feedback_state<T>;
 
-  struct scratch {
-    std::span<T> compensated;  ///< h = g + e (the general path).
-    std::span<T> decoded;  ///< The inner codec's decoding of its message (the general path).
-    std::span<std::byte> inner;  ///< The inner codec's workspace (the general path).
-    cuda_detail::crc_scratch crc;  ///< The payload CRC (the one-kernel path, with checksums).
-  };
-
   static std::size_t workspace_bytes(const ef_type& ef, const cuda_executor& e, std::uint64_t n) {
+    if constexpr (fuses_error_feedback<Codec, cuda_executor>)
+      if (fused(ef, e)) return fused_feedback<Codec, cuda_executor>::error_feedback_workspace_bytes(ef.inner(), e, n);
     return cuda_detail::operation::workspace_bytes([&](workspace_arena& arena) { (void)carve(arena, ef, e, n); });
   }
 
@@ -146,19 +102,9 @@ struct backend<error_feedback<Codec>, cuda_executor> {
     // Deferred errors do not apply: the step waits for its verdict anyway, and its stages must not
     // leave a sticky word behind.
     const cuda_executor exec{.stream = caller.stream};
-    const std::uint64_t n = grad.size();
-    check_size(state, n, "gradient");
-    workspace_arena arena(ws);
-    const cuda_detail::operation op(exec, arena);
-    const scratch s = carve(arena, ef, exec, n);
-    std::size_t bytes = 0;
-    if constexpr (fusable) {
-      if (one_kernel(ef.inner())) bytes = encode_fused(ef, exec, grad, state, out, s, op, key);
-      else
-        bytes = encode_general(ef, exec, grad, state, out, s, op, key);
-    } else {
-      bytes = encode_general(ef, exec, grad, state, out, s, op, key);
-    }
+    ef_type::require_state_size(state, grad.size(), "gradient");
+    const std::size_t bytes = fused(ef, exec) ? encode_fused(ef, exec, grad, state, out, ws, key)
+                                              : encode_general(ef, exec, grad, state, out, ws, key);
     std::swap(state.residual, state.next);
     ++state.steps;
     return bytes;
@@ -183,7 +129,7 @@ struct backend<error_feedback<Codec>, cuda_executor> {
   }
 
   static void carried_error(const ef_type&, const cuda_executor& exec, const state_type& state, std::span<T> out) {
-    check_size(state, out.size(), "output");
+    ef_type::require_state_size(state, out.size(), "output");
     GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(out.data(), state.residual.data(), out.size() * sizeof(T),
                                         cudaMemcpyDeviceToDevice, exec.native_stream()));
   }
@@ -191,47 +137,56 @@ struct backend<error_feedback<Codec>, cuda_executor> {
   /// Checks `error` on the device, then copies it.
   static void set_carried_error(const ef_type&, const cuda_executor& exec, std::span<const T> error,
                                 state_type& state) {
-    check_size(state, error.size(), "error");
+    ef_type::require_state_size(state, error.size(), "error");
     cuda_detail::require_finite(exec, error, "the new carried error");
     GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(state.residual.data(), error.data(), error.size() * sizeof(T),
                                         cudaMemcpyDeviceToDevice, exec.native_stream()));
   }
 
  private:
-  /// Whether a one-kernel path exists: error feedback around the uniform quantizer.
-  static constexpr bool fusable = std::is_same_v<Codec, uniform_quantizer<T>>;
-
-  /// Whether this uniform quantizer's blocks fill whole code words (the one-kernel path).
-  static bool one_kernel(const Codec& inner) {
-    return backend<uniform_quantizer<T>, cuda_executor>::layout_of(inner, 0).whole_words();
-  }
-
+  /// The general steps' workspace (after the operation's status).
+  struct scratch {
+    std::span<T> compensated;    ///< h = g + e.
+    std::span<T> decoded;        ///< The inner codec's decoding of its message.
+    std::span<std::byte> inner;  ///< The inner codec's workspace.
+  };
   static scratch carve(workspace_arena& arena, const ef_type& ef, const cuda_executor& e, std::uint64_t n) {
     scratch s;
-    if constexpr (fusable) {
-      if (one_kernel(ef.inner())) {
-        s.crc = cuda_detail::carve_seal(arena, ef.inner().wire().payload_checksum);
-        return s;
-      }
-    }
     s.compensated = arena.take<T>(static_cast<std::size_t>(n));
     s.decoded = arena.take<T>(static_cast<std::size_t>(n));
     s.inner = arena.take<std::byte>(ef.inner().workspace_bytes(e, n));
     return s;
   }
 
-  static void check_size(const state_type& state, std::uint64_t n, const char* what) {
-    detail::require(state.residual.size() == n && state.next.size() == n, errc::size_mismatch, [&] {
-      return std::string(what) + " has " + std::to_string(n) + " elements, the state " +
-             std::to_string(state.residual.size());
-    });
+  /// Whether the inner codec's backend fuses this step (the uniform quantizer whose blocks fill
+  /// whole code words: cuda/uniform_feedback.cuh).
+  static bool fused(const ef_type& ef, const cuda_executor& e) {
+    if constexpr (fuses_error_feedback<Codec, cuda_executor>)
+      return fused_feedback<Codec, cuda_executor>::fuses_error_feedback(ef.inner(), e);
+    else
+      return false;
+  }
+
+  static std::size_t encode_fused(const ef_type& ef, const cuda_executor& exec, std::span<const T> grad,
+                                  state_type& state, std::span<std::byte> out, std::span<std::byte> ws,
+                                  message_key key) {
+    if constexpr (fuses_error_feedback<Codec, cuda_executor>) {
+      const error_feedback_operands<T> step{grad, std::span<const T>(state.residual.data(), state.residual.size()),
+                                            std::span<T>(state.next.data(), state.next.size()), ef.decay()};
+      return fused_feedback<Codec, cuda_executor>::encode_with_error_feedback(ef.inner(), exec, step, out, ws, key);
+    } else {
+      return 0;  // not reached: `fused` is false
+    }
   }
 
   /// h = g + e checked, the inner codec's message of h and its decoding, the new residual into `next`.
   static std::size_t encode_general(const ef_type& ef, const cuda_executor& exec, std::span<const T> grad,
-                                    state_type& state, std::span<std::byte> out, const scratch& s,
-                                    const cuda_detail::operation& op, message_key key) {
+                                    state_type& state, std::span<std::byte> out, std::span<std::byte> ws,
+                                    message_key key) {
     const std::uint64_t n = grad.size();
+    workspace_arena arena(ws);
+    const cuda_detail::operation op(exec, arena);
+    const scratch s = carve(arena, ef, exec, n);
     cuda_detail::for_each_item(exec, n,
                                cuda_detail::ef_compensate<T>{grad.data(), state.residual.data(), s.compensated.data(),
                                                              op.status()});
@@ -245,31 +200,6 @@ struct backend<error_feedback<Codec>, cuda_executor> {
                                cuda_detail::ef_residual<T>{s.compensated.data(), s.decoded.data(), state.next.data(),
                                                            ef.decay()});
     return bytes;
-  }
-
-  /// The whole step in one kernel (uniform quantizer, blocks filling whole code words).
-  static std::size_t encode_fused(const ef_type& ef, const cuda_executor& exec, std::span<const T> grad,
-                                  state_type& state, std::span<std::byte> out, const scratch& s,
-                                  const cuda_detail::operation& op, message_key key) {
-    const uniform_quantizer<T>& inner = ef.inner();
-    const std::uint64_t n = grad.size();
-    const std::size_t size = inner.max_encoded_bytes(n);
-    cuda_detail::begin_message(exec, out, size);
-    using uniform_backend = backend<uniform_quantizer<T>, cuda_executor>;
-    const cuda_detail::block_layout layout = uniform_backend::layout_of(inner, n);
-    cuda_detail::encode_whole_word_blocks(
-        exec, cuda_detail::compensated_values<T>{grad.data(), state.residual.data(), state.next.data(), ef.decay()},
-        layout, uniform_backend::rule_of(inner, key), cuda_detail::scales_of<T>(out.data()),
-        cuda_detail::codes_of<T>(out.data(), layout), op.status());
-    cuda_detail::seal_message(exec, out.data(),
-                              {codec_id::uniform, dtype_of<T>, 0, 0, key, n, inner.payload_bytes(n),
-                               inner.params_hash(), 0},
-                              s.crc, op);
-    op.finish([&](errc, std::uint64_t i, std::uint32_t) {
-      return "gradient + residual is NaN or Inf at element " + std::to_string(i) + " of " + std::to_string(n) +
-             "; the state is unchanged";
-    });
-    return size;
   }
 };
 

@@ -362,3 +362,5 @@ struct backend<uniform_quantizer<T>, cuda_executor> {
 };
 
 }  // namespace gradcomp
+
+#include <gradcomp/cuda/uniform_feedback.cuh>

@@ -137,6 +137,16 @@ class error_feedback
     return params_hasher{}.add(this->params_hash()).add(decay_).value();
   }
 
+  /// Checks that both residual buffers of `state` (on any executor) hold n values: `what` (the
+  /// gradient, an output) has n elements. @throws error `size_mismatch`.
+  template <class State>
+  static void require_state_size(const State& state, std::uint64_t n, const char* what) {
+    detail::require(state.residual.size() == n && state.next.size() == n, errc::size_mismatch, [&] {
+      return std::string(what) + " has " + std::to_string(n) + " elements, the state " +
+             std::to_string(state.residual.size()) + " (and " + std::to_string(state.next.size()) + " in next)";
+    });
+  }
+
   /// Size of a saved state of n elements (format in this file's comment; `load_state` checks it in
   /// the order given there).
   [[nodiscard]] static constexpr std::size_t saved_state_bytes(std::uint64_t n) noexcept {
@@ -208,4 +218,4 @@ class error_feedback
 
 }  // namespace gradcomp
 
-#include <gradcomp/cpu/error_feedback.hpp>
+#include <gradcomp/reference/error_feedback.hpp>

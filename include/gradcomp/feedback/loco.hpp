@@ -64,10 +64,13 @@
 #include <gradcomp/core/backend.hpp>
 #include <gradcomp/feedback/feedback_interface.hpp>
 #include <gradcomp/core/concepts.hpp>
+#include <gradcomp/core/config.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/saved_state.hpp>
+#include <gradcomp/core/rounded_product.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/quantize/uniform_math.hpp>
 
 namespace gradcomp {
 
@@ -87,6 +90,20 @@ struct loco_params {
 
   friend constexpr bool operator==(const loco_params&, const loco_params&) = default;
 };
+
+/// LoCo's new error of one element before quantization, v = β·old + (1 − β)·(h − ĥ) with
+/// keep = 1 − β, each product rounded on its own under any compiler flags (host and device).
+template <class T>
+GRADCOMP_HOST_DEVICE inline T loco_blend(T old, T h, T decoded, T beta, T keep) noexcept {
+  return mul_rn(beta, old) + mul_rn(keep, h - decoded);
+}
+
+/// quant8's code of one error value v under its group's step s: round_half_even(v / s) clamped to
+/// [−127, 127], and 0 when s = 0 (a group of zeros), host and device.
+template <class T>
+GRADCOMP_HOST_DEVICE inline std::int8_t loco_error_code(T v, T s) noexcept {
+  return s == T{0} ? std::int8_t{0} : static_cast<std::int8_t>(uniform_level(v / s, 8, rounding::nearest_even, T{0}));
+}
 
 /// State of LoCo for one tensor, in host memory: the 8-bit compensation error and step counters.
 template <gradient_value T>
@@ -160,6 +177,21 @@ class loco : public feedback_interface<loco<Codec>, Codec, loco_state<typename C
     return size;
   }
 
+  /// Checks that `state` (on any executor) holds n error codes and ⌈n/G⌉ error scales: `what` (the
+  /// gradient, an output, the state itself) has n elements. @throws error `size_mismatch`.
+  template <class State>
+  void require_state_shape(const State& state, std::uint64_t n, const char* what) const {
+    detail::require(state.codes.size() == n, errc::size_mismatch, [&] {
+      return std::string(what) + " has " + std::to_string(n) + " elements, the state " +
+             std::to_string(state.codes.size());
+    });
+    detail::require(state.scales.size() == group_count(n), errc::size_mismatch, [&] {
+      return "state holds " + std::to_string(state.scales.size()) + " error scales, " + std::to_string(n) +
+             " elements in groups of " + std::to_string(params_.error_group) + " need " +
+             std::to_string(group_count(n));
+    });
+  }
+
   /// A saved state checked for a state of n elements.
   struct saved_state_view {
     std::uint64_t steps;                 ///< Steps since the last reset (t).
@@ -221,4 +253,4 @@ class loco : public feedback_interface<loco<Codec>, Codec, loco_state<typename C
 
 }  // namespace gradcomp
 
-#include <gradcomp/cpu/loco.hpp>
+#include <gradcomp/reference/loco.hpp>

@@ -129,3 +129,4 @@ class mpc_codec : public codec_interface<mpc_codec, float> {
 }  // namespace gradcomp
 
 #include <gradcomp/cpu/mpc.hpp>
+#include <gradcomp/reference/mpc.hpp>

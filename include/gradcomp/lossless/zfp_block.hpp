@@ -186,7 +186,7 @@ GRADCOMP_HOST_DEVICE inline void scale_block(const std::uint32_t* values, std::u
 /// block; the CPU's table-driven coder writes the same bits.
 GRADCOMP_HOST_DEVICE inline wide_word encode_block(const float* values, unsigned count, unsigned budget,
                                                    unsigned block_bits) noexcept {
-  std::uint32_t f[4];
+  std::uint32_t f[4] = {0, 0, 0, 0};  // gather_block writes all four; zeroed so that compilers see it
   std::uint32_t u[4];
   gather_block(values, count, f);
   const std::uint32_t biased = cast_block(f, u);

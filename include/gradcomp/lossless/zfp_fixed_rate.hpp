@@ -143,3 +143,4 @@ class zfp_fixed_rate_codec : public codec_interface<zfp_fixed_rate_codec, float>
 }  // namespace gradcomp
 
 #include <gradcomp/cpu/zfp_fixed_rate.hpp>
+#include <gradcomp/reference/zfp_fixed_rate.hpp>

@@ -103,4 +103,5 @@ class uniform_quantizer : public codec_interface<uniform_quantizer<T>, T> {
 }  // namespace gradcomp
 
 #include <gradcomp/cpu/uniform.hpp>
+#include <gradcomp/cpu/uniform_feedback.hpp>
 #include <gradcomp/reference/uniform.hpp>

@@ -9,9 +9,11 @@
 /// from the reference's decode of the same message.
 ///
 /// Fields are named for the codecs that have a reference backend and the plain `encode`
-/// interface: the uniform quantizer, QSGD, sign, top-k, random-k, threshold and the count sketch.
+/// interface: the uniform quantizer, QSGD, sign, top-k, random-k, threshold, the count sketch, the
+/// pipeline, MPC and ZFP fixed rate.
 
 #include <algorithm>
+#include <bit>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -27,17 +29,23 @@
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/reference_executor.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/lossless/mpc.hpp>
+#include <gradcomp/lossless/zfp_fixed_rate.hpp>
+#include <gradcomp/pipeline.hpp>
 #include <gradcomp/quantize/qsgd.hpp>
 #include <gradcomp/sketch/count_sketch.hpp>
 #include <gradcomp/quantize/sign.hpp>
 #include <gradcomp/quantize/uniform.hpp>
 #include <gradcomp/reference/count_sketch.hpp>
+#include <gradcomp/reference/mpc.hpp>
+#include <gradcomp/reference/pipeline.hpp>
 #include <gradcomp/reference/qsgd.hpp>
 #include <gradcomp/reference/randomk.hpp>
 #include <gradcomp/reference/sign.hpp>
 #include <gradcomp/reference/threshold.hpp>
 #include <gradcomp/reference/topk.hpp>
 #include <gradcomp/reference/uniform.hpp>
+#include <gradcomp/reference/zfp_fixed_rate.hpp>
 #include <gradcomp/sparsify/randomk.hpp>
 #include <gradcomp/sparsify/sparse_format.hpp>
 #include <gradcomp/sparsify/threshold.hpp>
@@ -195,35 +203,40 @@ template <gradient_value T>
           1};
 }
 
-/// Top-k and threshold (docs/wire-format.md §4.1): the count, the index section in the coding the
-/// reference chose, then the values; indices and values name the element they keep.
+/// The element of the tensor that kept value j of `index` is.
+[[nodiscard]] inline std::uint64_t kept_element(const sparse_indices& index, std::uint64_t wanted) {
+  std::uint64_t element = 0;
+  index.for_each([&](std::uint64_t j, std::uint64_t i) {
+    if (j == wanted) element = i;
+  });
+  return element;
+}
+
+/// Payload byte p < index.bytes() of a sparse message or a pipeline (docs/wire-format.md §4.1,
+/// §12.1): the count, then the index section in the coding the reference chose.
+[[nodiscard]] inline message_field index_field(const sparse_indices& index, std::uint64_t n, std::size_t p) {
+  if (p < 8) return {"count k", envelope::size, 8, 0, 0};
+  const std::size_t q = p - 8;
+  if (index.coding == index_coding::bitmap) {
+    if (q * 8 >= n) return {"index section padding", envelope::size + p, 1, 0, 0};
+    return {"bitmap byte " + std::to_string(q), envelope::size + p, 1, q * 8, std::min<std::uint64_t>(8, n - q * 8)};
+  }
+  const std::size_t width = index.coding == index_coding::list32 ? 4 : 8;
+  const std::uint64_t j = q / width;
+  if (j >= index.kept) return {"index section padding", envelope::size + p, 1, 0, 0};
+  return {"index of kept value " + std::to_string(j), envelope::size + 8 + j * width, width, kept_element(index, j), 1};
+}
+
+/// Top-k and threshold (docs/wire-format.md §4.1): the count and index section, then the values;
+/// indices and values name the element they keep.
 template <gradient_value T>
 [[nodiscard]] message_field sparse_field(std::span<const std::byte> message, const envelope& e, std::size_t p) {
-  if (p < 8) return {"count k", envelope::size, 8, 0, 0};
-  const sparse_view<T> view = parse_sparse_payload<T>(e, message.subspan(envelope::size));
-  const sparse_indices& index = view.index;
-  const auto kept = [&](std::uint64_t wanted) {
-    std::uint64_t element = 0;
-    index.for_each([&](std::uint64_t j, std::uint64_t i) {
-      if (j == wanted) element = i;
-    });
-    return element;
-  };
-  const std::size_t section = static_cast<std::size_t>(index.bytes()) - 8;
-  const std::size_t q = p - 8;
-  if (q < section) {
-    if (index.coding == index_coding::bitmap) {
-      if (q * 8 >= e.elements) return {"index section padding", envelope::size + p, 1, 0, 0};
-      return {"bitmap byte " + std::to_string(q), envelope::size + p, 1, q * 8,
-              std::min<std::uint64_t>(8, e.elements - q * 8)};
-    }
-    const std::size_t width = index.coding == index_coding::list32 ? 4 : 8;
-    const std::uint64_t j = q / width;
-    if (j >= index.kept) return {"index section padding", envelope::size + p, 1, 0, 0};
-    return {"index of kept value " + std::to_string(j), envelope::size + 8 + j * width, width, kept(j), 1};
-  }
-  const std::uint64_t j = (q - section) / sizeof(T);
-  return {"kept value " + std::to_string(j), envelope::size + 8 + section + j * sizeof(T), sizeof(T), kept(j), 1};
+  const sparse_indices index = parse_sparse_payload<T>(e, message.subspan(envelope::size)).index;
+  const auto head = static_cast<std::size_t>(index.bytes());
+  if (p < head) return index_field(index, e.elements, p);
+  const std::uint64_t j = (p - head) / sizeof(T);
+  return {"kept value " + std::to_string(j), envelope::size + head + j * sizeof(T), sizeof(T), kept_element(index, j),
+          1};
 }
 
 template <gradient_value T>
@@ -248,12 +261,75 @@ template <gradient_value T>
           envelope::size + cell * sizeof(T), sizeof(T), 0, 0};
 }
 
+/// MPC (docs/wire-format.md §17): bitmap g covers the 32 elements of group g; kept word k belongs
+/// to the group whose bitmap marks it (the transforms spread each word over its whole group).
+[[nodiscard]] inline message_field payload_field(const mpc_codec&, std::span<const std::byte> message,
+                                                 const envelope& e, std::size_t p) {
+  const std::uint64_t n = e.elements, groups = mpc_codec::group_count(n);
+  const std::uint64_t word = p / 4;
+  const auto group_elements = [&](std::uint64_t g) { return std::min<std::uint64_t>(32, n - 32 * g); };
+  if (word < groups)
+    return {"bitmap of group " + std::to_string(word), envelope::size + 4 * word, 4, 32 * word, group_elements(word)};
+  std::uint64_t k = word - groups;
+  for (std::uint64_t g = 0; g < groups; ++g) {
+    std::uint32_t bitmap;
+    std::memcpy(&bitmap, message.data() + envelope::size + 4 * g, 4);
+    const auto marked = static_cast<std::uint64_t>(std::popcount(bitmap));
+    if (k < marked)
+      return {"kept word " + std::to_string(k) + " of group " + std::to_string(g), envelope::size + 4 * word, 4, 32 * g,
+              group_elements(g)};
+    k -= marked;
+  }
+  return {"payload", envelope::size + p, 1, 0, 0};
+}
+
+/// ZFP fixed rate (docs/wire-format.md §18): block b of four elements takes stream bits
+/// [b·4R, (b + 1)·4R); a byte names the blocks whose bits it holds.
+[[nodiscard]] inline message_field payload_field(const zfp_fixed_rate_codec& c, std::span<const std::byte>,
+                                                 const envelope& e, std::size_t p) {
+  const std::uint64_t bits = c.block_bits(), blocks = zfp_fixed_rate_codec::block_count(e.elements);
+  const std::uint64_t first = p * 8 / bits;
+  if (first >= blocks) return {"padding bits after the last block", envelope::size + p, 1, 0, 0};
+  const std::uint64_t last = std::min(blocks - 1, (p * 8 + 7) / bits);
+  const std::uint64_t begin = 4 * first, end = std::min(e.elements, 4 * (last + 1));
+  return {std::string("stream bits of block") + (last > first ? "s " : " ") + std::to_string(first) +
+              (last > first ? ".." + std::to_string(last) : ""),
+          envelope::size + p, 1, begin, end - begin};
+}
+
+/// A pipeline (docs/wire-format.md §12.1): the sparsifier's count and index section, then the
+/// quantizer's complete message of the k kept values, whose fields are named as the quantizer's
+/// with "kept values" for elements: its element j is kept value j, element `kept_element(j)`.
+template <class S, class Q>
+[[nodiscard]] message_field payload_field(const pipeline<S, Q>& c, std::span<const std::byte> message,
+                                          const envelope& e, std::size_t p);
+
 /// The field of the reference's `message` holding byte `offset`.
 template <class Codec>
 [[nodiscard]] message_field field_at(const Codec& codec, std::span<const std::byte> message, std::size_t offset) {
   if (offset >= message.size()) return past_the_end(message.size(), offset);
   if (offset < envelope::size) return envelope_field(offset);
   return payload_field(codec, message, parse_envelope(message), offset - envelope::size);
+}
+
+template <class S, class Q>
+[[nodiscard]] message_field payload_field(const pipeline<S, Q>& c, std::span<const std::byte> message,
+                                          const envelope& e, std::size_t p) {
+  const std::span<const std::byte> payload = message.subspan(envelope::size);
+  const sparse_indices index = parse_sparse_indices(e, payload, 0);
+  const auto head = static_cast<std::size_t>(index.bytes());
+  if (p < head) return index_field(index, e.elements, p);
+  const std::span<const std::byte> nested = payload.subspan(head);
+  message_field f = field_at(c.quantize_stage(), nested, p - head);
+  f.name = "nested " + f.name;
+  f.first_byte += envelope::size + head;
+  if (f.elements > 0) {
+    f.name += " (kept value" + std::string(f.elements > 1 ? "s " : " ") + std::to_string(f.first_element) +
+              (f.elements > 1 ? ".." + std::to_string(f.first_element + f.elements - 1) : "") + ")";
+    f.first_element = kept_element(index, f.first_element);
+    f.elements = 1;  // the first of them; kept values lie anywhere in the tensor
+  }
+  return f;
 }
 
 }  // namespace detail::comparison

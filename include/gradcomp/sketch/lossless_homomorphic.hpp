@@ -486,3 +486,4 @@ class lossless_homomorphic {
 }  // namespace gradcomp
 
 #include <gradcomp/cpu/lossless_homomorphic.hpp>
+#include <gradcomp/reference/lossless_homomorphic.hpp>
