@@ -156,10 +156,7 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
 
   static lhc_plan plan(const codec_type& codec, const cpu_executor&, std::span<const std::byte> global_index,
                        std::uint64_t n, std::uint64_t contributors) {
-    detail::require(contributors >= 1 && contributors <= codec.max_contributors(), errc::invalid_argument, [&] {
-      return std::to_string(contributors) + " contributors: the index coding aggregates 1 to " +
-             std::to_string(codec.max_contributors()) + " ranks exactly";
-    });
+    detail::lhc_require_contributors(contributors, codec.max_contributors());
     require_size(global_index.size(), codec.index_bytes(n), "index bytes");
     return codec.plan_for(n, count_union(codec, global_index, n, contributors));
   }
@@ -205,15 +202,7 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
         for (int j = 0; j < 3; ++j) sketch[cells.cell[j]] += cells.negative[j] ? -x : x;
       }
     }
-    if (finite && first_outside == n && members == plan.union_nonzeros) return;
-    std::fill(sketch.begin(), sketch.end(), std::numeric_limits<T>::quiet_NaN());
-    detail::require(finite, errc::non_finite_input, "the gradient holds NaN or Inf");
-    detail::require(first_outside == n, errc::invalid_argument, [&] {
-      return "element " + std::to_string(first_outside) + " is non-zero but absent from the aggregated index";
-    });
-    detail::fail(errc::invalid_argument, "the plan is not the plan of this index: it counts " +
-                                             std::to_string(plan.union_nonzeros) + " non-zeros, the index " +
-                                             std::to_string(members));
+    detail::lhc_finish_sketch(sketch, finite, first_outside, n, members, plan);
   }
 
   static lhc_decode_result decode(const codec_type& codec, const cpu_executor& e,

@@ -586,10 +586,7 @@ struct backend<lossless_homomorphic<T>, cuda_executor> {
   static lhc_plan plan(const codec_type& codec, const cuda_executor& exec, std::span<const std::byte> global_index,
                        std::uint64_t n, std::uint64_t contributors) {
     namespace cd = cuda_detail;
-    detail::require(contributors >= 1 && contributors <= codec.max_contributors(), errc::invalid_argument, [&] {
-      return std::to_string(contributors) + " contributors: the index coding aggregates 1 to " +
-             std::to_string(codec.max_contributors()) + " ranks exactly";
-    });
+    detail::lhc_require_contributors(contributors, codec.max_contributors());
     require_size(global_index.size(), codec.index_bytes(n), "index bytes");
     require_padding(codec, exec, global_index, n);
     const cd::stream_scratch scratch(exec, cd::operation::workspace_bytes([](workspace_arena& arena) {

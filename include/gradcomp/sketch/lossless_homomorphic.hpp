@@ -279,6 +279,31 @@ void lhc_require_padding(lhc_index_coding coding, std::uint64_t n, LastByte&& la
           "index bits past the last element are not zero");
 }
 
+/// Checks the number of ranks `plan` is told contributed to an index coding that aggregates 1 to
+/// `most` exactly. @throws error `invalid_argument`.
+inline void lhc_require_contributors(std::uint64_t contributors, std::uint64_t most) {
+  require(contributors >= 1 && contributors <= most, errc::invalid_argument, [&] {
+    return std::to_string(contributors) + " contributors: the index coding aggregates 1 to " + std::to_string(most) +
+           " ranks exactly";
+  });
+}
+/// The verdict of `encode_sketch` after its pass over n elements: nothing when the gradient was
+/// finite, every non-zero element was in the index (`first_outside` = n) and the index held the
+/// plan's `members`; otherwise every sketch value is set to NaN (a rank that joins the SUM anyway
+/// poisons it) and the first failure is thrown. @throws error `non_finite_input`, `invalid_argument`.
+template <gradient_value T>
+void lhc_finish_sketch(std::span<T> sketch, bool finite, std::uint64_t first_outside, std::uint64_t n,
+                       std::uint64_t members, const lhc_plan& plan) {
+  if (finite && first_outside == n && members == plan.union_nonzeros) return;
+  std::fill(sketch.begin(), sketch.end(), std::numeric_limits<T>::quiet_NaN());
+  require(finite, errc::non_finite_input, "the gradient holds NaN or Inf");
+  require(first_outside == n, errc::invalid_argument, [&] {
+    return "element " + std::to_string(first_outside) + " is non-zero but absent from the aggregated index";
+  });
+  fail(errc::invalid_argument, "the plan is not the plan of this index: it counts " +
+                                   std::to_string(plan.union_nonzeros) + " non-zeros, the index " +
+                                   std::to_string(members));
+}
 /// Checks that `plan` is `expected`, the plan of the index a call is given.
 /// @throws error `invalid_argument`.
 inline void lhc_require_plan_of_index(const lhc_plan& plan, const lhc_plan& expected) {
