@@ -27,7 +27,7 @@
 ///                        reference median (informational: the reference is written to be read);
 ///                        each reference message is checked to equal the CPU backend's; likewise
 ///                        ef_topk, ef_uniform8 and loco_uniform4 (a first step from a fresh state
-///                        checked, later steps timed), lhc, mpc, zfp8 and zfp16
+///                        checked, later steps timed), lhc, count_sketch, mpc, zfp8 and zfp16
 ///   ef_topk/encode       error feedback around top-k 1% (one step: residual in, residual out)
 ///   ef_uniform8/encode   error feedback around 8-bit round to nearest
 ///   loco_uniform4/encode LoCo around 4-bit round to nearest (8-bit error state)
@@ -84,7 +84,6 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -451,6 +450,15 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
   options reference_opt = opt;
   reference_opt.warmup = std::min(opt.warmup, 1);
   reference_opt.reps = std::min(opt.reps, 3);
+  // The reference's record of `name` (the CPU backend's record of the same name must exist): its
+  // baseline is that record, its speedup the CPU median over the reference's.
+  const auto add_reference = [&](const std::string& name, const timing& t, double ratio) {
+    const double cpu_median = find_record(records, name, n)->time.median;
+    record& r = add(name, t, ratio);
+    r.backend = reference_executor::name;
+    r.baseline = name;
+    r.speedup = cpu_median / t.median;
+  };
   const auto reference_records = [&](const auto& codec, const std::string& name, bool with_decode) {
     const std::size_t cpu_bytes = codec.encode(cpu, gradient, out, ws, key);
     const std::vector<std::byte> expected(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(cpu_bytes));
@@ -460,19 +468,11 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
         [&] { sum.add_message(message(bytes)); });
     require_check(bytes == cpu_bytes && std::equal(expected.begin(), expected.end(), out.begin()),
                   fmt::format("{}: the reference's message differs from the CPU backend's", name));
-    const double cpu_encode = find_record(records, name + "/encode", n)->time.median;
-    record& r = add(name + "/encode", encode, dense_bytes / static_cast<double>(bytes));
-    r.backend = reference_executor::name;
-    r.baseline = name + "/encode";
-    r.speedup = cpu_encode / encode.median;
+    add_reference(name + "/encode", encode, dense_bytes / static_cast<double>(bytes));
     if (!with_decode) return;
     const timing decode = measure(
         reference_opt, [&] { codec.decode(ref, message(bytes), dense, ws); }, [&] { sum.add_sample(dense); });
-    const double cpu_decode = find_record(records, name + "/decode", n)->time.median;
-    record& d = add(name + "/decode", decode, dense_bytes / static_cast<double>(bytes));
-    d.backend = reference_executor::name;
-    d.baseline = name + "/decode";
-    d.speedup = cpu_decode / decode.median;
+    add_reference(name + "/decode", decode, dense_bytes / static_cast<double>(bytes));
   };
   reference_records(topk, "topk", true);
   reference_records(randomk, "randomk", true);
@@ -533,11 +533,7 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
     const timing encode = measure(
         reference_opt, [&] { bytes = wrapper.encode(ref, gradient, state, out, ws, key); },
         [&] { sum.add_message(message(bytes)); });
-    const double cpu_encode = find_record(records, name + "/encode", n)->time.median;
-    record& r = add(name + "/encode", encode, dense_bytes / static_cast<double>(bytes));
-    r.backend = reference_executor::name;
-    r.baseline = name + "/encode";
-    r.speedup = cpu_encode / encode.median;
+    add_reference(name + "/encode", encode, dense_bytes / static_cast<double>(bytes));
   };
   reference_step_records(ef_topk, "ef_topk");
   reference_step_records(ef_uniform8, "ef_uniform8");
@@ -645,13 +641,8 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
         [&] { sum.add_sample(dense); });
     require_check(std::memcmp(cpu_decoded.data(), dense.data(), cpu_decoded.size() * sizeof(float)) == 0,
                   "lhc: the reference's decode differs from the CPU backend's");
-    for (const auto& [name, t, cpu_time] : {std::tuple{std::string("lhc/encode"), reference_encode, lhc_encode},
-                                            std::tuple{std::string("lhc/decode"), reference_decode, lhc_decode}}) {
-      record& r = add(name, t, dense_bytes / lhc_bytes);
-      r.backend = reference_executor::name;
-      r.baseline = name;
-      r.speedup = cpu_time.median / t.median;
-    }
+    add_reference("lhc/encode", reference_encode, dense_bytes / lhc_bytes);
+    add_reference("lhc/decode", reference_decode, dense_bytes / lhc_bytes);
   }
 
   // Count sketch: encode, then the heavy-hitter decode (every estimate, radix-selected top 1%).
@@ -675,6 +666,24 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
     const std::size_t kept = count_nonzero(dense, smallest);
     require_check(kept <= sketch.heavy_hitter_count(n) && kept + 16 >= sketch.heavy_hitter_count(n),
                   fmt::format("count sketch decoded {} non-zeros, expected {}", kept, sketch.heavy_hitter_count(n)));
+
+    // The same on the reference: its message and its decode must be the CPU backend's.
+    const std::vector<std::byte> cpu_message(sketch_message.begin(), sketch_message.end());
+    const std::vector<float> cpu_decoded(dense.begin(), dense.end());
+    buffer<std::byte> reference_workspace(std::max<std::size_t>(sketch.workspace_bytes(ref, n), 1));
+    const timing reference_encode = measure(
+        reference_opt,
+        [&] { (void)sketch.encode(ref, gradient, sketch_buffer.span(), reference_workspace.span(), key); },
+        [&] { sum.add_message(sketch_message); });
+    require_check(std::equal(cpu_message.begin(), cpu_message.end(), sketch_message.begin()),
+                  "count_sketch: the reference's message differs from the CPU backend's");
+    const timing reference_decode = measure(
+        reference_opt, [&] { sketch.decode(ref, sketch_message, dense, reference_workspace.span()); },
+        [&] { sum.add_sample(dense); });
+    require_check(std::memcmp(cpu_decoded.data(), dense.data(), cpu_decoded.size() * sizeof(float)) == 0,
+                  "count_sketch: the reference's decode differs from the CPU backend's");
+    add_reference("count_sketch/encode", reference_encode, dense_bytes / static_cast<double>(sketch_message.size()));
+    add_reference("count_sketch/decode", reference_decode, dense_bytes / static_cast<double>(sketch_message.size()));
   }
 
   // Encode of `input` into a buffer of the codec's size, then decode into `dense`: the records
