@@ -70,6 +70,27 @@ const auto nan_step_keeps_state = [](const auto& exec) {
   check_nan_step_keeps_state(exec, loco(uniform_quantizer<float>({.bits = 4, .block = 100})));  // plain steps
 };
 
+/// 1-bit stochastic rounding decodes a value to ±s, s = max|a| of its block, with either sign: a
+/// value of −m/2 decoded to +m leaves −1.5·m, which overflows for m near the largest float. The
+/// step is refused, no message passes for it and the state stays (the CPU half also checks that
+/// this draw does overflow).
+const auto residual_overflow_is_refused = [](const auto& exec) {
+  using E = std::decay_t<decltype(exec)>;
+  const error_feedback<uniform_quantizer<float>> ef(
+      uniform_quantizer<float>({.bits = 1, .block = 64, .round = rounding::stochastic, .seed = 5}));
+  constexpr std::size_t n = 256;
+  stepper<E, error_feedback<uniform_quantizer<float>>> run(exec, ef, n);
+  (void)run.step(std::vector<float>(n, 0.0f), {.step = 0, .tensor_id = 3});
+  const std::vector<std::byte> saved = run.save();
+  const float m = std::numeric_limits<float>::max() * 0.9f;
+  std::vector<float> g(n, -m / 2);
+  g[0] = m;
+  const outcome<std::byte> failed = run.try_step(g, {.step = 1, .tensor_id = 3});
+  CHECK(failed.status == named(errc::non_finite_input));
+  CHECK(thrown_by([&] { (void)parse_envelope(failed.output); }) != "no exception");
+  CHECK(run.save() == saved);
+};
+
 const auto ef_invariant_holds = [](const auto& exec) {
   check_ef_invariant(uniform_quantizer<float>({.bits = 4}), 3000, 20, 11, 1, exec);
   check_ef_invariant(uniform_quantizer<double>({.bits = 8, .block = 33, .round = rounding::stochastic, .seed = 2}),
@@ -168,6 +189,8 @@ GRADCOMP_CUDA_TEST_CASE("states saved on the CPU resume on the GPU and the other
 
 GRADCOMP_TEST_ON_EXECUTORS("feedback: a NaN step is non_finite_input, leaves the state and no message",
                            nan_step_keeps_state)
+GRADCOMP_TEST_ON_EXECUTORS("error feedback: a new residual that overflows is refused, with no message left",
+                           residual_overflow_is_refused)
 GRADCOMP_TEST_ON_EXECUTORS("error feedback: decoded messages plus the residual sum to the gradients",
                            ef_invariant_holds)
 GRADCOMP_TEST_ON_EXECUTORS("feedback: carried errors are set, read back, and NaN is refused", carried_error_round_trips)

@@ -524,7 +524,7 @@ TEST_CASE("error feedback around the float uniform quantizer sends C(g + e) and 
   }
 }
 
-TEST_CASE("error feedback rejects a step whose new residual would overflow, and keeps the state") {
+TEST_CASE("error feedback rejects a step whose new residual would overflow, keeps the state and leaves no message") {
   // 1-bit stochastic rounding decodes a value to ±s, s = max|a| of its block, with either sign: a
   // value of −m/2 decoded to +m leaves −1.5·m, which overflows for m near the largest float.
   const uniform_quantizer<float> inner({.bits = 1, .block = 64, .round = rounding::stochastic, .seed = 5});
@@ -550,9 +550,24 @@ TEST_CASE("error feedback rejects a step whose new residual would overflow, and 
                                                        key_of(1)),
                                                    n);
   REQUIRE(std::count(decoded.begin(), decoded.end(), decoded[0]) > 1);
-  CHECK(thrown_by([&] { ef_step(ef, g, state, key_of(1)); }) == named(errc::non_finite_input));
-  CHECK(bits_of(state) == before);
-  CHECK(state.steps == 1);
+  for (const cpu_executor& exec : {cpu_executor{}, cpu_executor{.max_simd = cpu_simd::baseline}}) {
+    std::vector<std::byte> out(ef.max_encoded_bytes(n), std::byte{0xAB});
+    std::vector<std::byte> ws(ef.workspace_bytes(exec, n));
+    CHECK(thrown_by([&] { (void)ef.encode(exec, std::span<const float>(g), state, out, ws, key_of(1)); }) ==
+          named(errc::non_finite_input));
+    CHECK(thrown_by([&] { (void)parse_envelope(out); }) != "no exception");  // no message passes for this step
+    CHECK(bits_of(state) == before);
+    CHECK(state.steps == 1);
+  }
+  // The reference refuses it alike.
+  auto reference_state = ef.make_state(reference_executor{}, n);
+  reference_state.residual = state.residual;
+  std::vector<std::byte> out(ef.max_encoded_bytes(n), std::byte{0xAB});
+  std::vector<std::byte> ws(ef.workspace_bytes(reference_executor{}, n));
+  CHECK(thrown_by([&] {
+          (void)ef.encode(reference_executor{}, std::span<const float>(g), reference_state, out, ws, key_of(1));
+        }) == named(errc::non_finite_input));
+  CHECK(thrown_by([&] { (void)parse_envelope(out); }) != "no exception");
 }
 
 TEST_CASE("step_rollback undoes an error-feedback step without copying the residual") {

@@ -8,7 +8,8 @@
 /// takes 2·n values of device memory (docs/cuda.md §3).
 ///
 /// A step: h = g + e into the workspace (checked on the host), the inner codec's encode and decode,
-/// and the new residual fl(β·(h − decoded)) into `next`, computed with `decayed_residual`
+/// and the new residual fl(β·(h − decoded)) into `next` (checked: where it overflows, the step is
+/// refused and the message's envelope zeroed, as on the host), computed with `decayed_residual`
 /// (feedback/error_feedback.hpp) as the CPU does: the product is rounded on its own
 /// (`__fmul_rn`), so the residuals stay the reference's. Where the inner codec's backend fuses the
 /// step (`fuses_error_feedback`, feedback/fused_step.hpp: the uniform quantizer whose blocks fill
@@ -66,15 +67,20 @@ struct ef_compensate {
   }
 };
 
-/// next = fl(β·(h − decoded)) (h − decoded when β = 1).
+/// next = fl(β·(h − decoded)) (h − decoded when β = 1), recording the first element where it is
+/// NaN or Inf.
 template <class T>
 struct ef_residual {
   const T* h;
   const T* decoded;
   T* next;
   T beta;
+  device_status* status;
 
-  __device__ void operator()(std::uint64_t i) const { next[i] = decayed_residual(beta, h[i], decoded[i]); }
+  __device__ void operator()(std::uint64_t i) const {
+    next[i] = decayed_residual(beta, h[i], decoded[i]);
+    if (!is_finite(next[i])) record_failure(status, errc::non_finite_input, i);
+  }
 };
 
 }  // namespace cuda_detail
@@ -198,7 +204,18 @@ struct backend<error_feedback<Codec>, cuda_executor> {
     ef.inner().decode(exec, std::span<const std::byte>(out.first(bytes)), s.decoded, s.inner);
     cuda_detail::for_each_item(exec, n,
                                cuda_detail::ef_residual<T>{s.compensated.data(), s.decoded.data(), state.next.data(),
-                                                           ef.decay()});
+                                                           ef.decay(), op.status()});
+    try {
+      op.finish([&](errc, std::uint64_t i, std::uint32_t) {
+        return "the new residual (g + e minus its decoding) is NaN or Inf at element " + std::to_string(i) +
+               "; the state is unchanged";
+      });
+    } catch (const error&) {
+      // The inner message is already in `out`; do not leave it passing for a sent step.
+      GRADCOMP_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, envelope::size, exec.native_stream()));
+      exec.synchronize();
+      throw;
+    }
     return bytes;
   }
 };

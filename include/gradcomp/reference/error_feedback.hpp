@@ -14,6 +14,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <utility>
@@ -149,6 +150,8 @@ struct backend<error_feedback<Codec>, E> {
     if (beta == T{1}) new_residual([](T x, T d) { return x - d; });
     else
       new_residual([beta](T x, T d) { return decayed_residual(beta, x, d); });
+    // The inner message is already in `out`; do not leave it passing for a sent step.
+    if (overflowed != 0) std::memset(out.data(), 0, envelope::size);
     detail::require(overflowed == 0, errc::non_finite_input, [&] {
       return std::to_string(overflowed) + " of " + std::to_string(n) +
              " values of the new residual (g + e minus its decoding) are NaN or Inf; the state is unchanged";
