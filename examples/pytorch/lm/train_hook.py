@@ -134,10 +134,11 @@ def worker(rank, args, result_path):
 
 def summarize(paths):
     """The Markdown table of the runs in the JSON-lines files `paths`: per (P, codec, steps, dense
-    steps, bucket cap, label), the seeds' final validation losses and their gaps to dense of the same P, seed and
-    steps (mean, sample standard deviation, min..max), the traffic saved, the plans and the time."""
+    steps, bucket cap, label), the seeds' final validation losses and their gaps to dense of the same P, seed,
+    steps and batch per rank (mean, sample standard deviation, min..max), the traffic saved, the plans and the
+    time."""
     runs = [json.loads(line) for path in paths for line in open(path) if line.strip()]
-    dense = {(r["args"]["world"], r["args"]["seed"], r["args"]["steps"]): r["final_val_loss"]
+    dense = {(r["args"]["world"], r["args"]["seed"], r["args"]["steps"], r["args"]["batch"]): r["final_val_loss"]
              for r in runs if r["args"]["codec"] == gradcomp_ddp.DENSE}
     rows = {}
     for r in runs:
@@ -151,7 +152,7 @@ def summarize(paths):
             rows.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] != "dense", kv[0][2], kv[0][5])):
         rs = sorted(rs, key=lambda r: r["args"]["seed"])
         gaps = [100 * (r["final_val_loss"] / dense[key] - 1) for r in rs
-                if (key := (world, r["args"]["seed"], steps)) in dense]
+                if (key := (world, r["args"]["seed"], steps, r["args"]["batch"])) in dense]
         spread = ""
         if gaps:
             sd = (sum((g - sum(gaps) / len(gaps)) ** 2 for g in gaps) / (len(gaps) - 1)) ** 0.5 if len(gaps) > 1 else None
