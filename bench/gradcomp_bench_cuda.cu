@@ -216,7 +216,7 @@ constexpr std::uint64_t sketch_columns = std::uint64_t{1} << 20;
 /// a multiplicative hash of i (one multiply, against the sketch's three MurmurHash3 evaluations).
 __global__ void random_atomics_kernel(const float* x, std::uint64_t n, float* table) {
   constexpr std::uint32_t multipliers[3] = {0x9E3779B1u, 0x85EBCA77u, 0xC2B2AE3Du};
-  for (std::uint64_t i = gradcomp::cuda_detail::thread_id(); i < n; i += gradcomp::cuda_detail::thread_count()) {
+  for (std::uint64_t i = gradcomp::detail::cuda::thread_id(); i < n; i += gradcomp::detail::cuda::thread_count()) {
     const float value = x[i];
 #pragma unroll
     for (std::uint32_t j = 0; j < 3; ++j) {
@@ -458,8 +458,8 @@ void run(const options& opt) {
                                                                   indices.data(), sorted_indices.data(), n));
     device_array<std::byte> temp(temp_bytes);
     bench.add("radix_sort/sort", [&] {
-      gradcomp::cuda_detail::for_each_item(cuda_executor{.stream = stream}, n,
-                                           magnitude_pairs{gradient.data(), keys.data(), indices.data()});
+      gradcomp::detail::cuda::for_each_item(cuda_executor{.stream = stream}, n,
+                                            magnitude_pairs{gradient.data(), keys.data(), indices.data()});
       std::size_t bytes = temp.size();
       GRADCOMP_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(temp.data(), bytes, keys.data(), sorted_keys.data(),
                                                                     indices.data(), sorted_indices.data(), n, 0, 32,
@@ -500,8 +500,8 @@ void run(const options& opt) {
     device_array<float> table(3 * sketch_columns);
     bench.add("atomics3/add", [&] {
       GRADCOMP_CUDA_CHECK(cudaMemsetAsync(table.data(), 0, table.size() * sizeof(float), stream));
-      cuda_detail::launch(cuda_executor{.stream = stream}, cuda_detail::grid_for(n), cuda_detail::block_threads,
-                          random_atomics_kernel, static_cast<const float*>(gradient.data()), n, table.data());
+      detail::cuda::launch(cuda_executor{.stream = stream}, detail::cuda::grid_for(n), detail::cuda::block_threads,
+                           random_atomics_kernel, static_cast<const float*>(gradient.data()), n, table.data());
     });
   }
   bench.codec_records("count_sketch", count_sketch<float>({.rows = 3, .columns = sketch_columns}), true, errors.data());

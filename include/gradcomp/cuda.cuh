@@ -10,35 +10,35 @@
 
 #include <gradcomp/gradcomp.hpp>
 
-#include <gradcomp/cuda/block_codes.cuh>
+#include <gradcomp/cuda/detail/block_codes.cuh>
 #include <gradcomp/cuda/check.cuh>
 #include <gradcomp/cuda/collective_memory.cuh>
 #include <gradcomp/cuda/count_sketch.cuh>
-#include <gradcomp/cuda/crc32c.cuh>
+#include <gradcomp/cuda/detail/crc32c.cuh>
 #include <gradcomp/cuda/device_array.cuh>
 #include <gradcomp/cuda/dynamic.cuh>
 #include <gradcomp/cuda/error_feedback.cuh>
 #include <gradcomp/cuda/executor.cuh>
-#include <gradcomp/cuda/finite_check.cuh>
-#include <gradcomp/cuda/grid.cuh>
+#include <gradcomp/cuda/detail/finite_check.cuh>
+#include <gradcomp/cuda/detail/grid.cuh>
 #include <gradcomp/cuda/loco.cuh>
 #include <gradcomp/cuda/lossless_homomorphic.cuh>
-#include <gradcomp/cuda/message.cuh>
+#include <gradcomp/cuda/detail/message.cuh>
 #include <gradcomp/cuda/mpc.cuh>
-#include <gradcomp/cuda/operation.cuh>
+#include <gradcomp/cuda/detail/operation.cuh>
 #include <gradcomp/cuda/pipeline.cuh>
 #include <gradcomp/cuda/qsgd.cuh>
-#include <gradcomp/cuda/radix_select.cuh>
-#include <gradcomp/cuda/rank_order_combine.cuh>
+#include <gradcomp/cuda/detail/radix_select.cuh>
+#include <gradcomp/cuda/detail/rank_order_combine.cuh>
 #include <gradcomp/cuda/randomk.cuh>
 #include <gradcomp/cuda/shared_scale.cuh>
 #include <gradcomp/cuda/sign.cuh>
-#include <gradcomp/cuda/sparse_coding.cuh>
+#include <gradcomp/cuda/detail/sparse_coding.cuh>
 #include <gradcomp/cuda/step_rollback.cuh>
 #include <gradcomp/cuda/threshold.cuh>
 #include <gradcomp/cuda/topk.cuh>
 #include <gradcomp/cuda/uniform.cuh>
-#include <gradcomp/cuda/warp.cuh>
+#include <gradcomp/cuda/detail/warp.cuh>
 #include <gradcomp/cuda/zfp_fixed_rate.cuh>
 
 #include <gradcomp/transport/staged.cuh>

@@ -10,7 +10,7 @@
 
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/philox.hpp>
-#include <gradcomp/cpu/philox_simd.hpp>
+#include <gradcomp/cpu/detail/philox_simd.hpp>
 
 namespace {
 

@@ -1,5 +1,5 @@
 // The lane layouts of the CUDA kernels, checked on the CPU (no GPU needed): which elements each
-// lane of a warp holds (quads, cuda/lane_layout.cuh), which code words it stores and what they
+// lane of a warp holds (quads, cuda/detail/lane_layout.cuh), which code words it stores and what they
 // hold, which random words stochastic rounding gives each value, which elements the block-sum
 // tiles stage, the decoders' block of a word, and the alignment decisions. Each is checked
 // exhaustively over the layouts the kernels take, against independent oracles: the packed codes
@@ -26,7 +26,7 @@
 #include "support/executor_io.hpp"
 
 using namespace gradcomp;
-using namespace gradcomp::cuda_detail;
+using namespace gradcomp::detail::cuda;
 using gradcomp::test::bit_patterns;
 using gradcomp::test::input_kind;
 using gradcomp::test::make_input;

@@ -4,7 +4,7 @@
 // The "cuda:" cases need a GPU and skip without one.
 //
 // The other cases run on the CPU: they replay the GPU decoder's rounds on the host through the very
-// functions its kernels call (cuda_detail::lhc_peeling), a loop standing in for each kernel,
+// functions its kernels call (detail::cuda::lhc_peeling), a loop standing in for each kernel,
 // std::stable_sort by cell for CUB's stable radix sort and a loop for each selection, and require
 // the reference decoder's bits and errors. Their inputs put values from 2^-60 to 2^60 on one cell, where
 // the order of a cell's subtractions decides the double accumulator's rounding: the same replay
@@ -214,7 +214,7 @@ struct applied {
 };
 
 /// What the replay saw, for the constructed case: every subtraction in the order applied, and the
-/// element recovered from each cell (`cuda_detail::lhc_no_element` if none).
+/// element recovered from each cell (`detail::cuda::lhc_no_element` if none).
 struct replay_trace {
   std::vector<applied> subtractions;
   std::vector<std::uint64_t> recovered_from;
@@ -227,7 +227,7 @@ struct replay_trace {
 template <class Index, class T>
 decoding<T> replay_gpu_peeling(const lossless_homomorphic<T>& lhc, const lhc_input<T>& in, cell_order order,
                                replay_trace* trace = nullptr) {
-  namespace cd = cuda_detail;
+  namespace cd = detail::cuda;
   const lhc_params& p = lhc.params();
   const lhc_plan& plan = in.plan;
   REQUIRE((!plan.dense && plan.cells > 0));
@@ -344,7 +344,7 @@ std::vector<T> order_sensitive_tensor(const lossless_homomorphic<T>& lhc, std::s
     const applied& second = s[q + 1];
     const std::uint64_t last = trace.recovered_from[first.cell];
     const bool found = second.round == first.round && second.cell == first.cell &&
-                       last != cuda_detail::lhc_no_element && last != first.element && last != second.element &&
+                       last != detail::cuda::lhc_no_element && last != first.element && last != second.element &&
                        (q == 0 || s[q - 1].round != first.round || s[q - 1].cell != first.cell);
     if (!found) continue;
     x[first.element] = static_cast<T>(0x1p60);

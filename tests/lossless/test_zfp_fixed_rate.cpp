@@ -343,8 +343,8 @@ TEST_CASE("zfp payloads equal the transcribed zfp coder bit for bit and decode t
 }
 
 TEST_CASE("zfp portable kernels write the same stream and decode to the same floats as the codec's") {
-  // The codec runs cpu::zfp_detail::fast_kernels (SSE2 on x86-64); the scalar twins must agree.
-  using namespace gradcomp::cpu::zfp_detail;
+  // The codec runs detail::cpu::zfp_detail::fast_kernels (SSE2 on x86-64); the scalar twins must agree.
+  using namespace gradcomp::detail::cpu::zfp_detail;
   for (const unsigned rate : {3u, 5u, 8u, 13u, 16u, 17u, 24u, 32u}) {
     const zfp_fixed_rate_codec q({.rate_bits = rate});
     for (const std::size_t n : {std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{17}, std::size_t{1003}}) {

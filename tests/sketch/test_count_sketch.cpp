@@ -127,8 +127,8 @@ TEST_CASE("the test's MurmurHash3 matches the published vectors and the library'
   for (const std::uint32_t first : {0u, 5u, 0xfffffff0u - 40u})
     for (std::size_t count = 0; count < 40; ++count) {
       std::vector<std::uint32_t> fast(count), slow(count);
-      cpu::murmur3_32_run(first, count, 0xabcdu, fast.data(), cpu_has_avx2());
-      cpu::murmur3_32_run(first, count, 0xabcdu, slow.data(), false);
+      detail::cpu::murmur3_32_run(first, count, 0xabcdu, fast.data(), cpu_has_avx2());
+      detail::cpu::murmur3_32_run(first, count, 0xabcdu, slow.data(), false);
       bool equal = fast == slow;
       for (std::size_t m = 0; m < count; ++m)
         equal = equal && slow[m] == oracle_murmur(first + static_cast<std::uint32_t>(m), 0xabcdu);

@@ -6,7 +6,7 @@
 /// Three ways compute the same value: a byte-wise table (the host reference, and what constant
 /// evaluation uses), bit by bit in device code, and on x86-64 hosts whose CPU has SSE4.2 its
 /// `crc32` instruction eight bytes at a time, chosen at run time (`cpu_has_sse42()`), as the other
-/// SIMD paths are (core/cpu_executor.hpp). The GPU path for long payloads is cuda/crc32c.cuh.
+/// SIMD paths are (core/cpu_executor.hpp). The GPU path for long payloads is cuda/detail/crc32c.cuh.
 
 #include <array>
 #include <cstddef>

@@ -4,7 +4,7 @@
 ///
 /// Encoding, given `workspace_bytes(n)` of workspace, goes row by row. The hashes of a chunk of
 /// 2048 elements are computed first, eight keys per AVX2 instruction where the executor allows it
-/// (cpu/murmur3_simd.hpp). Then each element's update (column h_j(i), value σ_j(i)·x_i) is appended
+/// (cpu/detail/murmur3_simd.hpp). Then each element's update (column h_j(i), value σ_j(i)·x_i) is appended
 /// to the queue of its column range: at most 16 ranges per row, of 2^18 bytes of cells each unless
 /// the row is longer. A queue is applied to its cells when the next chunk might not fit in it, and
 /// at the end of the row. A queue holds its updates in ascending element order, so every cell still
@@ -18,7 +18,7 @@
 /// the cell a fixed distance further along the row prefetched; the next batch's hashes are ready
 /// before the current batch's last cells, so the prefetches run ahead across batch boundaries too.
 /// Heavy hitters are chosen by radix selection on the estimates' magnitude keys
-/// (cpu/radix_select.hpp), never by sorting. Cells are read and written through memcpy, so a
+/// (cpu/detail/radix_select.hpp), never by sorting. Cells are read and written through memcpy, so a
 /// message may start at any address.
 
 #include <algorithm>
@@ -37,9 +37,9 @@
 #include <gradcomp/core/murmur3.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
-#include <gradcomp/cpu/message.hpp>
-#include <gradcomp/cpu/murmur3_simd.hpp>
-#include <gradcomp/cpu/radix_select.hpp>
+#include <gradcomp/cpu/detail/message.hpp>
+#include <gradcomp/cpu/detail/murmur3_simd.hpp>
+#include <gradcomp/cpu/detail/radix_select.hpp>
 #include <gradcomp/sketch/count_sketch.hpp>
 
 namespace gradcomp {
@@ -63,9 +63,9 @@ struct backend<count_sketch<T>, cpu_executor> {
   static std::size_t encode(const codec_type& codec, const cpu_executor& e, std::span<const T> grad,
                             std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
     const std::uint64_t n = grad.size();
-    if (n > 0) (void)cpu::max_magnitude(grad.data(), grad.data() + n, e.avx2());  // NaN/Inf: nothing written
+    if (n > 0) (void)detail::cpu::max_magnitude(grad.data(), grad.data() + n, e.avx2());  // NaN/Inf: nothing written
     const std::size_t size = codec.max_encoded_bytes(n);
-    cpu::begin_message(out, size);
+    detail::cpu::begin_message(out, size);
     std::byte* const cells = out.data() + envelope::size;
     std::memset(cells, 0, codec.summable_bytes(n));
     const T* const g = grad.data();
@@ -82,7 +82,7 @@ struct backend<count_sketch<T>, cpu_executor> {
     }
     detail::require(all_finite(cells, cell_count(codec)), errc::non_finite_input,
                     "a cell sum overflows the value type (the gradient's magnitudes are too large to sketch)");
-    cpu::seal_message(
+    detail::cpu::seal_message(
         out, {codec_id::count_sketch, dtype_of<T>, 0, 0, key, n, size - envelope::size, codec.params_hash(), 0}, false);
     return size;
   }
@@ -232,7 +232,7 @@ struct backend<count_sketch<T>, cpu_executor> {
       for (std::uint64_t first = 0; first < n; first += part.chunk) {
         const auto count = static_cast<std::size_t>(std::min<std::uint64_t>(part.chunk, n - first));
         const std::uint32_t high = murmur3_fmix32(static_cast<std::uint32_t>(first >> 32));
-        cpu::murmur3_32_run(static_cast<std::uint32_t>(first), count, seed ^ high, s.hashes.data(), avx2);
+        detail::cpu::murmur3_32_run(static_cast<std::uint32_t>(first), count, seed ^ high, s.hashes.data(), avx2);
         for (std::size_t r = 0; r < part.ranges; ++r)
           if (static_cast<std::size_t>(queues + (r + 1) * part.capacity - ends[r]) < count) apply(r);
         const T* const x = g + first;
@@ -257,8 +257,8 @@ struct backend<count_sketch<T>, cpu_executor> {
     if (n == 0) return {};
     scratch s;
     s.estimates = arena.take<T>(static_cast<std::size_t>(n));
-    s.histogram = arena.take<std::uint64_t>(cpu::radix_buckets);
-    s.sub_histograms = arena.take<std::uint32_t>(cpu::histogram_scratch_counters);
+    s.histogram = arena.take<std::uint64_t>(detail::cpu::radix_buckets);
+    s.sub_histograms = arena.take<std::uint32_t>(detail::cpu::histogram_scratch_counters);
     return s;
   }
 
@@ -297,7 +297,7 @@ struct backend<count_sketch<T>, cpu_executor> {
       const auto count = static_cast<std::size_t>(std::min<std::uint64_t>(batch, n - first));
       const std::uint32_t high = murmur3_fmix32(static_cast<std::uint32_t>(first >> 32));
       for (std::uint32_t j = 0; j < rows; ++j)
-        cpu::murmur3_32_run(static_cast<std::uint32_t>(first), count, row_seeds[j] ^ high, into[j], avx2);
+        detail::cpu::murmur3_32_run(static_cast<std::uint32_t>(first), count, row_seeds[j] ^ high, into[j], avx2);
       return count;
     };
     const auto cell_of = [columns](Byte* row, std::uint32_t hash) {
@@ -313,9 +313,9 @@ struct backend<count_sketch<T>, cpu_executor> {
         const std::uint32_t* const h_next = hashes[current ^ 1][j];
         for (std::size_t b = 0; b < count; ++b) {
           const std::size_t ahead = b + prefetch_ahead;
-          if (ahead < count) cpu::prefetch(cell_of(row, h[ahead]), cell_of(row, h[ahead]) + 1);
+          if (ahead < count) detail::cpu::prefetch(cell_of(row, h[ahead]), cell_of(row, h[ahead]) + 1);
           else if (ahead - count < next_count)
-            cpu::prefetch(cell_of(row, h_next[ahead - count]), cell_of(row, h_next[ahead - count]) + 1);
+            detail::cpu::prefetch(cell_of(row, h_next[ahead - count]), cell_of(row, h_next[ahead - count]) + 1);
           visit(j, first + b, cell_of(row, h[b]), h[b]);
         }
       }
@@ -350,16 +350,16 @@ struct backend<count_sketch<T>, cpu_executor> {
   template <class F>
   static void for_each_heavy_hitter(const scratch& s, std::uint64_t k, F&& f) {
     const std::span<const T> estimates = s.estimates;
-    cpu::magnitude_histogram<T>(estimates, s.histogram, s.sub_histograms);
-    const cpu::bucket_choice choice = cpu::choose_bucket(s.histogram, k);
-    const cpu::kth_key<key_type> kth = cpu::select_kth_largest<key_type>(
+    detail::cpu::magnitude_histogram<T>(estimates, s.histogram, s.sub_histograms);
+    const detail::cpu::bucket_choice choice = detail::cpu::choose_bucket(s.histogram, k);
+    const detail::cpu::kth_key<key_type> kth = detail::cpu::select_kth_largest<key_type>(
         [&](auto&& visit) {
           for (const T v : estimates) visit(magnitude_key(v));
         },
-        float_traits<T>::magnitude_bits, k - choice.above, static_cast<key_type>(choice.bucket), cpu::radix_digit_bits,
-        s.histogram);
+        float_traits<T>::magnitude_bits, k - choice.above, static_cast<key_type>(choice.bucket),
+        detail::cpu::radix_digit_bits, s.histogram);
     std::uint64_t ties = kth.ties;
-    cpu::for_each_at_least<T>(estimates, kth.key, [&](std::size_t i) {
+    detail::cpu::for_each_at_least<T>(estimates, kth.key, [&](std::size_t i) {
       if (magnitude_key(estimates[i]) > kth.key) {
         f(i);
       } else if (ties > 0) {

@@ -36,7 +36,7 @@
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/rounded_product.hpp>
 #include <gradcomp/core/workspace.hpp>
-#include <gradcomp/cpu/radix_select.hpp>
+#include <gradcomp/cpu/detail/radix_select.hpp>
 #include <gradcomp/sparsify/dynamic.hpp>
 
 #if defined(__SSE2__)
@@ -52,7 +52,7 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
   using state_type = dynamic_state<T>;
   using key_type = typename float_traits<T>::bits_type;
   static constexpr int key_bits = float_traits<T>::magnitude_bits;
-  static constexpr int first_shift = key_bits - cpu::radix_digit_bits;
+  static constexpr int first_shift = key_bits - detail::cpu::radix_digit_bits;
 
   /// Keys the bucket list holds: an eighth of n (a bucket of N(0, σ) data at f* = 0.8 holds about
   /// 9%), or all of a small tensor.
@@ -75,8 +75,8 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
 
   static scratch carve(workspace_arena& arena, std::uint64_t n) {
     scratch s;
-    s.histogram = arena.take<std::uint64_t>(cpu::radix_buckets);
-    s.sub_histograms = arena.take<std::uint32_t>(cpu::histogram_scratch_counters);
+    s.histogram = arena.take<std::uint64_t>(detail::cpu::radix_buckets);
+    s.sub_histograms = arena.take<std::uint32_t>(detail::cpu::histogram_scratch_counters);
     s.list = arena.take<key_type>(static_cast<std::size_t>(list_capacity(n)) + 16);
     s.sample = arena.take<key_type>(n >= sampled_min_n ? sample_size : 0);
     return s;
@@ -157,25 +157,25 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
                               static_cast<key_type>(window.lo >> (key_bits - known)), known);
       }
     }
-    cpu::magnitude_histogram<T>(n, value_at, s.histogram, s.sub_histograms);
-    detail::require_dynamic_finite(cpu::non_finite_count<T>(s.histogram), n);
+    detail::cpu::magnitude_histogram<T>(n, value_at, s.histogram, s.sub_histograms);
+    detail::require_dynamic_finite(detail::cpu::non_finite_count<T>(s.histogram), n);
     if (z == n) return float_traits<T>::infinity_key;
 
     // The z-th smallest key (0-based) is the (n − z)-th largest. The chosen bucket ends at or
     // below +Inf's key, since the histogram holds no NaN or ±Inf.
-    const cpu::bucket_choice choice = cpu::choose_bucket(s.histogram, n - z);
+    const detail::cpu::bucket_choice choice = detail::cpu::choose_bucket(s.histogram, n - z);
     const std::uint64_t rank = n - z - choice.above;
     const auto bucket = static_cast<key_type>(choice.bucket);
     if (s.histogram[choice.bucket] <= list_capacity(n)) {
       const window_pass w = collect_window(n, value_at, static_cast<key_type>(bucket << first_shift),
                                            static_cast<key_type>((bucket + 1) << first_shift), s.list);
-      return select_in_list(s, w.count, rank, bucket, cpu::radix_digit_bits);
+      return select_in_list(s, w.count, rank, bucket, detail::cpu::radix_digit_bits);
     }
-    return cpu::select_kth_largest<key_type>(
+    return detail::cpu::select_kth_largest<key_type>(
                [&](auto&& visit) {
                  for (std::size_t i = 0; i < n; ++i) visit(magnitude_key<T>(value_at(i)));
                },
-               key_bits, rank, bucket, cpu::radix_digit_bits, s.histogram)
+               key_bits, rank, bucket, detail::cpu::radix_digit_bits, s.histogram)
         .key;
   }
 
@@ -183,7 +183,7 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
   static key_type select_in_list(const scratch& s, std::size_t count, std::uint64_t rank, key_type prefix,
                                  int known_bits) {
     const key_type* const list = s.list.data();
-    return cpu::select_kth_largest<key_type>(
+    return detail::cpu::select_kth_largest<key_type>(
                [&](auto&& visit) {
                  for (std::size_t j = 0; j < count; ++j) visit(list[j]);
                },
@@ -213,7 +213,7 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
     const double margin = mul_rn(4.0, std::sqrt(static_cast<double>(sample_size) * p * (1.0 - p))) + 32.0;
     // The ascending rank-th sampled key (0-based) is the (sample_size − rank)-th largest.
     const auto sampled = [&](std::size_t rank) {
-      return cpu::select_kth_largest<key_type>(
+      return detail::cpu::select_kth_largest<key_type>(
                  [&](auto&& visit) {
                    for (std::size_t j = 0; j < sample_size; ++j) visit(sample[j]);
                  },
@@ -272,10 +272,10 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
         out[w.count++] = magnitude_key(v[std::countr_zero(in)]);
     };
     const auto take = [&](const T* v, std::uint32_t valid) {
-      const std::uint32_t at_least_lo = cpu::at_least_mask16(v, lo) & valid;
+      const std::uint32_t at_least_lo = detail::cpu::at_least_mask16(v, lo) & valid;
       w.below += bits_set16(valid & ~at_least_lo);
-      w.non_finite = w.non_finite || (cpu::at_least_mask16(v, float_traits<T>::infinity_key) & valid) != 0;
-      list_hits(v, at_least_lo & ~cpu::at_least_mask16(v, hi));
+      w.non_finite = w.non_finite || (detail::cpu::at_least_mask16(v, float_traits<T>::infinity_key) & valid) != 0;
+      list_hits(v, at_least_lo & ~detail::cpu::at_least_mask16(v, hi));
     };
     std::size_t i = 0;
 #if defined(__SSE2__)

@@ -29,7 +29,7 @@
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/workspace.hpp>
-#include <gradcomp/cpu/staged_writer.hpp>
+#include <gradcomp/cpu/detail/staged_writer.hpp>
 #include <gradcomp/sketch/lossless_homomorphic.hpp>
 
 namespace gradcomp {
@@ -660,7 +660,7 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     // The output span by span: the log grouped by span, then zeros and the span's values in the
     // scratch span, written out.
     for (std::uint64_t q = 0; q < logged; ++q) s.by_span[s.span_end[s.log[q].element / output_span]++] = s.log[q];
-    cpu::staged_writer writer(reinterpret_cast<std::byte*>(out.data()), e.streams(n * sizeof(T)));
+    detail::cpu::staged_writer writer(reinterpret_cast<std::byte*>(out.data()), e.streams(n * sizeof(T)));
     for (std::uint64_t k = 0; k < s.span_end.size(); ++k) {
       const std::uint64_t first = k * output_span;
       const std::uint64_t count = std::min(output_span, n - first);

@@ -1,7 +1,7 @@
 #pragma once
 /// @file
 /// CPU backend of the MPC codec (lossless/mpc.hpp). Each 1024-word chunk is transformed in a
-/// stack buffer that stays in L1: the encoder subtracts, transposes each group (cpu/bit_transpose.hpp,
+/// stack buffer that stays in L1: the encoder subtracts, transposes each group (cpu/detail/bit_transpose.hpp,
 /// AVX2 where the executor allows it) and writes bitmaps and non-zero words branch-free; the
 /// decoder first checks the bitmaps against the payload length and
 /// the padding of the last group (decoding the last chunk first), and only then writes the output.
@@ -17,9 +17,9 @@
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
-#include <gradcomp/cpu/bit_transpose.hpp>
-#include <gradcomp/cpu/message.hpp>
-#include <gradcomp/cpu/staged_writer.hpp>
+#include <gradcomp/cpu/detail/bit_transpose.hpp>
+#include <gradcomp/cpu/detail/message.hpp>
+#include <gradcomp/cpu/detail/staged_writer.hpp>
 #include <gradcomp/lossless/mpc.hpp>
 
 #if defined(GRADCOMP_HAVE_AVX2)
@@ -28,7 +28,7 @@
 
 namespace gradcomp {
 
-namespace cpu::mpc_detail {
+namespace detail::cpu::mpc_detail {
 
 inline constexpr std::size_t chunk = mpc_codec::chunk;
 inline constexpr std::size_t group = mpc_codec::group;
@@ -373,7 +373,7 @@ inline void add_values(const std::uint32_t* v, std::size_t count, float* out) no
   }
 }
 
-}  // namespace cpu::mpc_detail
+}  // namespace detail::cpu::mpc_detail
 
 /// MPC on the CPU.
 template <>
@@ -382,9 +382,9 @@ struct backend<mpc_codec, cpu_executor> {
 
   static std::size_t encode(const mpc_codec& codec, const cpu_executor& exec, std::span<const float> grad,
                             std::span<std::byte> out, std::span<std::byte>, message_key key) {
-    using namespace cpu::mpc_detail;
+    using namespace detail::cpu::mpc_detail;
     const std::uint64_t n = grad.size();
-    cpu::begin_message(out, codec.max_encoded_bytes(n));
+    detail::cpu::begin_message(out, codec.max_encoded_bytes(n));
     const bool avx2 = exec.avx2();
     const std::size_t dim = codec.params().dim;
     std::byte* const bitmaps = out.data() + envelope::size;
@@ -399,14 +399,14 @@ struct backend<mpc_codec, cpu_executor> {
       end = finish_chunk(w, (count + group - 1) / group, avx2, bitmaps + 4 * (base / group), end);
     }
     const auto payload = static_cast<std::uint64_t>(end - bitmaps);
-    cpu::seal_message(out, {codec_id::mpc, value_dtype::float32, 0, 0, key, n, payload, codec.params_hash(), 0},
-                      codec.wire().payload_checksum);
+    detail::cpu::seal_message(out, {codec_id::mpc, value_dtype::float32, 0, 0, key, n, payload, codec.params_hash(), 0},
+                              codec.wire().payload_checksum);
     return static_cast<std::size_t>(envelope::size + payload);
   }
 
   static void decode(const mpc_codec& codec, const cpu_executor& exec, std::span<const std::byte> message,
                      std::span<float> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
-    using namespace cpu::mpc_detail;
+    using namespace detail::cpu::mpc_detail;
     const envelope e = parse_envelope(message);
     validate_envelope(e, {codec_id::mpc, value_dtype::float32, out.size(), codec.params_hash()}, limits);
     const std::uint64_t carried = mpc_codec::carried_words(e);
@@ -453,7 +453,7 @@ struct backend<mpc_codec, cpu_executor> {
                  .next;
       if (accumulate) add_values(values, chunk, dense + base);
     }
-    if (streaming) cpu::streaming_fence();
+    if (streaming) detail::cpu::streaming_fence();
     if (accumulate) add_values(last, last_count, dense + last_base);
     else
       std::memcpy(dense + last_base, last, 4 * last_count);

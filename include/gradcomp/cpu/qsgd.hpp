@@ -18,7 +18,7 @@
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/philox.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
-#include <gradcomp/cpu/message.hpp>
+#include <gradcomp/cpu/detail/message.hpp>
 #include <gradcomp/quantize/qsgd.hpp>
 
 namespace gradcomp {
@@ -34,7 +34,7 @@ struct backend<qsgd_quantizer<T>, cpu_executor> {
                             std::span<std::byte> out, std::span<std::byte>, message_key key) {
     const std::uint64_t n = grad.size();
     const std::size_t size = codec.max_encoded_bytes(n);
-    cpu::begin_message(out, size);
+    detail::cpu::begin_message(out, size);
     const int bits = codec.bits();
     const std::uint32_t levels = codec.levels();
     const std::uint64_t bucket = codec.params().bucket;
@@ -45,7 +45,7 @@ struct backend<qsgd_quantizer<T>, cpu_executor> {
 
     for (std::uint64_t begin = 0, j = 0; begin < n; begin += bucket, ++j) {
       const std::uint64_t end = std::min(n, begin + bucket);
-      const T m = cpu::max_magnitude(grad.data() + begin, grad.data() + end);
+      const T m = detail::cpu::max_magnitude(grad.data() + begin, grad.data() + end);
       T norm{};
       detail::require(qsgd_bucket_norm(grad.data() + begin, end - begin, m, norm), errc::non_finite_input,
                       [&] { return "the L2 norm of bucket " + std::to_string(j) + " overflows the value type"; });
@@ -67,8 +67,10 @@ struct backend<qsgd_quantizer<T>, cpu_executor> {
       }
     }
 
-    cpu::seal_message(out, {codec_id::qsgd, dtype_of<T>, 0, 0, key, n, size - envelope::size, codec.params_hash(), 0},
-                      codec.wire().payload_checksum);
+    detail::cpu::seal_message(out,
+                              {codec_id::qsgd, dtype_of<T>, 0, 0, key, n, size - envelope::size, codec.params_hash(),
+                               0},
+                              codec.wire().payload_checksum);
     return size;
   }
 

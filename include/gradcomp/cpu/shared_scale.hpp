@@ -23,11 +23,11 @@
 #include <gradcomp/core/rounded_product.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
-#include <gradcomp/cpu/message.hpp>
-#include <gradcomp/cpu/philox_simd.hpp>
+#include <gradcomp/cpu/detail/message.hpp>
+#include <gradcomp/cpu/detail/philox_simd.hpp>
 #include <gradcomp/quantize/shared_scale.hpp>
 #include <gradcomp/quantize/sign_math.hpp>
-#include <gradcomp/quantize/uniform.hpp>  // and its CPU backend, with cpu::uniform_scalar_codes
+#include <gradcomp/quantize/uniform.hpp>  // and its CPU backend, with detail::cpu::uniform_scalar_codes
 #include <gradcomp/reference/shared_scale.hpp>
 
 namespace gradcomp {
@@ -55,7 +55,7 @@ struct backend<shared_scale_quantizer<T>, cpu_executor> {
     const std::uint64_t block = codec.params().block;
     try {
       for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j)
-        maxima[j] = cpu::max_magnitude(grad.data() + begin, grad.data() + std::min(n, begin + block), e.avx2());
+        maxima[j] = detail::cpu::max_magnitude(grad.data() + begin, grad.data() + std::min(n, begin + block), e.avx2());
     } catch (const error&) {
       std::fill(maxima.begin(), maxima.end(), std::numeric_limits<T>::infinity());
       throw;
@@ -78,7 +78,7 @@ struct backend<shared_scale_quantizer<T>, cpu_executor> {
     codec.validate_agreed_maxima(n, agreed);
     const std::uint64_t block = codec.params().block;
     for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
-      const T m = cpu::max_magnitude(grad.data() + begin, grad.data() + std::min(n, begin + block), e.avx2());
+      const T m = detail::cpu::max_magnitude(grad.data() + begin, grad.data() + std::min(n, begin + block), e.avx2());
       detail::require(m <= agreed[j], errc::parameter_mismatch, [&] {
         return "agreed maximum of block " + std::to_string(j) +
                " is below this rank's own maximum: the maxima were not "
@@ -178,13 +178,13 @@ struct backend<shared_scale_quantizer<T>, cpu_executor> {
 
   /// Writes the message for `grad` with validated maxima; nothing in here can fail but the size
   /// check of `out`, which comes first. Codes come from the uniform quantizer's reference
-  /// arithmetic (cpu::uniform_scalar_codes) with the agreed maxima, a chunk at a time.
+  /// arithmetic (detail::cpu::uniform_scalar_codes) with the agreed maxima, a chunk at a time.
   static std::size_t write_message(const codec_type& codec, const cpu_executor& e, std::span<const T> grad,
                                    std::span<const T> maxima, std::span<std::byte> out, message_key key,
                                    std::uint32_t rank) {
     const std::uint64_t n = grad.size();
     const std::size_t size = codec.max_encoded_bytes(n);
-    cpu::begin_message(out, size);
+    detail::cpu::begin_message(out, size);
     const int bits = codec.bits();
     const std::size_t offset = codec.summable_offset(n);
     std::memset(out.data() + envelope::size, 0, offset - envelope::size);
@@ -207,16 +207,16 @@ struct backend<shared_scale_quantizer<T>, cpu_executor> {
             p.round == rounding::stochastic
                 ? detail::philox_stream_halves(stream, first, count, random_halves, e.simd())
                 : nullptr;
-        cpu::uniform_scalar_codes(grad.data() + first, count, maxima[j], s, bits, p.round, halves, codes);
+        detail::cpu::uniform_scalar_codes(grad.data() + first, count, maxima[j], s, bits, p.round, halves, codes);
         for (std::uint64_t c = 0; c < count; ++c) fields.put(codes[c]);
       }
     }
     fields.flush();
 
-    cpu::seal_message(out,
-                      {codec_id::uniform_shared, dtype_of<T>, 0, 0, key, n, size - envelope::size, codec.params_hash(),
-                       0},
-                      false);
+    detail::cpu::seal_message(out,
+                              {codec_id::uniform_shared, dtype_of<T>, 0, 0, key, n, size - envelope::size,
+                               codec.params_hash(), 0},
+                              false);
     return size;
   }
 

@@ -17,7 +17,7 @@
 #include <gradcomp/core/crc32c.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
-#include <gradcomp/cpu/message.hpp>
+#include <gradcomp/cpu/detail/message.hpp>
 #include <gradcomp/quantize/sign.hpp>
 
 namespace gradcomp {
@@ -33,7 +33,7 @@ struct backend<sign_quantizer<T>, cpu_executor> {
                             std::span<std::byte> out, std::span<std::byte>, message_key key) {
     const std::uint64_t n = grad.size();
     const std::size_t size = codec.max_encoded_bytes(n);
-    cpu::begin_message(out, size);
+    detail::cpu::begin_message(out, size);
     const std::uint64_t block = codec.params().block;
     std::byte* const scales = out.data() + envelope::size;
     auto* const bits = reinterpret_cast<std::uint8_t*>(scales + codec.block_count(n) * sizeof(T));
@@ -41,7 +41,7 @@ struct backend<sign_quantizer<T>, cpu_executor> {
 
     for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
       const std::uint64_t end = std::min(n, begin + block);
-      const T m = cpu::max_magnitude(grad.data() + begin, grad.data() + end);
+      const T m = detail::cpu::max_magnitude(grad.data() + begin, grad.data() + end);
       const T s = sign_block_scale(grad.data() + begin, end - begin, m);
       std::memcpy(scales + j * sizeof(T), &s, sizeof s);
       if (s == T{0}) continue;  // a zero-scale block keeps its bits 0
@@ -49,8 +49,10 @@ struct backend<sign_quantizer<T>, cpu_executor> {
         bits[i / 8] = static_cast<std::uint8_t>(bits[i / 8] | (sign_bit_of(grad[i]) << (i % 8)));
     }
 
-    cpu::seal_message(out, {codec_id::sign, dtype_of<T>, 0, 0, key, n, size - envelope::size, codec.params_hash(), 0},
-                      codec.wire().payload_checksum);
+    detail::cpu::seal_message(out,
+                              {codec_id::sign, dtype_of<T>, 0, 0, key, n, size - envelope::size, codec.params_hash(),
+                               0},
+                              codec.wire().payload_checksum);
     return size;
   }
 

@@ -15,8 +15,8 @@
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/philox.hpp>
 #include <gradcomp/core/workspace.hpp>
-#include <gradcomp/cpu/radix_select.hpp>
-#include <gradcomp/cpu/sparse_coding.hpp>
+#include <gradcomp/cpu/detail/radix_select.hpp>
+#include <gradcomp/cpu/detail/sparse_coding.hpp>
 #include <gradcomp/sparsify/threshold.hpp>
 
 namespace gradcomp {
@@ -37,8 +37,8 @@ struct backend<threshold_sparsifier<T>, cpu_executor> {
   static scratch<Index> carve(workspace_arena& arena, const threshold_sparsifier<T>& codec, std::uint64_t n) {
     scratch<Index> s;
     s.sample = arena.take<key_type>(static_cast<std::size_t>(codec.sample_count(n)));
-    s.kept = arena.take<Index>(static_cast<std::size_t>(n) + cpu::collect_slack);
-    s.histogram = arena.take<std::uint64_t>(cpu::radix_buckets);
+    s.kept = arena.take<Index>(static_cast<std::size_t>(n) + detail::cpu::collect_slack);
+    s.histogram = arena.take<std::uint64_t>(detail::cpu::radix_buckets);
     return s;
   }
 
@@ -59,8 +59,8 @@ struct backend<threshold_sparsifier<T>, cpu_executor> {
 
   static void decode(const threshold_sparsifier<T>& codec, const cpu_executor&, std::span<const std::byte> message,
                      std::span<T> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
-    cpu::decode_sparse_message<T>(message, {codec_id::threshold, dtype_of<T>, out.size(), codec.params_hash()}, limits,
-                                  out, accumulate);
+    detail::cpu::decode_sparse_message<T>(message, {codec_id::threshold, dtype_of<T>, out.size(), codec.params_hash()},
+                                          limits, out, accumulate);
   }
 
  private:
@@ -90,7 +90,7 @@ struct backend<threshold_sparsifier<T>, cpu_executor> {
     // m = ⌈k·s/n⌉ sampled keys lie at or above τ, in exact integer arithmetic.
     __extension__ using wide = unsigned __int128;
     const auto m = static_cast<std::uint64_t>((wide{k} * s + n - 1) / n);
-    const cpu::kth_key<key_type> kth = cpu::select_kth_largest<key_type>(
+    const detail::cpu::kth_key<key_type> kth = detail::cpu::select_kth_largest<key_type>(
         [&](auto&& visit) {
           for (const key_type sampled : sample) visit(sampled);
         },
@@ -105,7 +105,7 @@ struct backend<threshold_sparsifier<T>, cpu_executor> {
     const std::uint64_t k = codec.k(n);
     const envelope header{codec_id::threshold, dtype_of<T>, 0, 0, key, n, 0, codec.params_hash(), 0};
     const bool checksum = codec.wire().payload_checksum;
-    if (n == 0) return {cpu::write_sparse_message<T>(header, 0, checksum, out, [](auto&) {}), 0, 0, T{0}, 0.0};
+    if (n == 0) return {detail::cpu::write_sparse_message<T>(header, 0, checksum, out, [](auto&) {}), 0, 0, T{0}, 0.0};
 
     workspace_arena arena(ws);
     const scratch<Index> s = carve<Index>(arena, codec, n);
@@ -113,11 +113,11 @@ struct backend<threshold_sparsifier<T>, cpu_executor> {
 
     const T* const g = grad.data();
     Index* const kept = s.kept.data();
-    std::uint64_t count = cpu::collect_at_least<T>(grad, tau, kept);
+    std::uint64_t count = detail::cpu::collect_at_least<T>(grad, tau, kept);
 
     __extension__ using wide = unsigned __int128;
     if (codec.params().refine && wide{count} * 10 > wide{k} * 13) {
-      const cpu::kth_key<key_type> kth = cpu::select_kth_largest<key_type>(
+      const detail::cpu::kth_key<key_type> kth = detail::cpu::select_kth_largest<key_type>(
           [&](auto&& visit) {
             for (std::uint64_t j = 0; j < count; ++j) visit(magnitude_key(g[kept[j]]));
           },
@@ -136,7 +136,7 @@ struct backend<threshold_sparsifier<T>, cpu_executor> {
 
     // Non-finite magnitudes are at least τ (which is clamped to Inf's key), so every one of them is
     // in the kept list (refinement keeps the largest keys) and is caught while the message is written.
-    const std::size_t bytes = cpu::write_sparse_message<T>(header, count, checksum, out, [&](auto& sink) {
+    const std::size_t bytes = detail::cpu::write_sparse_message<T>(header, count, checksum, out, [&](auto& sink) {
       constexpr std::uint64_t ahead = 16;  // prefetch distance of the gather (5% of the encode)
       for (std::uint64_t j = 0; j < count; ++j) {
 #if defined(__GNUC__)

@@ -17,8 +17,8 @@
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/workspace.hpp>
-#include <gradcomp/cpu/radix_select.hpp>
-#include <gradcomp/cpu/sparse_coding.hpp>
+#include <gradcomp/cpu/detail/radix_select.hpp>
+#include <gradcomp/cpu/detail/sparse_coding.hpp>
 #include <gradcomp/sparsify/topk.hpp>
 
 namespace gradcomp {
@@ -28,7 +28,7 @@ template <gradient_value T>
 struct backend<topk_sparsifier<T>, cpu_executor> {
   using key_type = typename float_traits<T>::bits_type;
   static constexpr int key_bits = float_traits<T>::magnitude_bits;
-  static constexpr int first_shift = key_bits - cpu::radix_digit_bits;
+  static constexpr int first_shift = key_bits - detail::cpu::radix_digit_bits;
 
   /// Indices the candidate list holds: a sixteenth of n, or all of a small tensor.
   [[nodiscard]] static std::uint64_t list_capacity(std::uint64_t n) noexcept {
@@ -45,9 +45,9 @@ struct backend<topk_sparsifier<T>, cpu_executor> {
   template <class Index>
   static scratch<Index> carve(workspace_arena& arena, std::uint64_t n) {
     scratch<Index> s;
-    s.histogram = arena.take<std::uint64_t>(cpu::radix_buckets);
-    s.sub_histograms = arena.take<std::uint32_t>(cpu::histogram_scratch_counters);
-    s.list = arena.take<Index>(static_cast<std::size_t>(list_capacity(n)) + cpu::collect_slack);
+    s.histogram = arena.take<std::uint64_t>(detail::cpu::radix_buckets);
+    s.sub_histograms = arena.take<std::uint32_t>(detail::cpu::histogram_scratch_counters);
+    s.list = arena.take<Index>(static_cast<std::size_t>(list_capacity(n)) + detail::cpu::collect_slack);
     return s;
   }
 
@@ -67,8 +67,8 @@ struct backend<topk_sparsifier<T>, cpu_executor> {
 
   static void decode(const topk_sparsifier<T>& codec, const cpu_executor&, std::span<const std::byte> message,
                      std::span<T> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
-    cpu::decode_sparse_message<T>(message, {codec_id::topk, dtype_of<T>, out.size(), codec.params_hash()}, limits, out,
-                                  accumulate);
+    detail::cpu::decode_sparse_message<T>(message, {codec_id::topk, dtype_of<T>, out.size(), codec.params_hash()},
+                                          limits, out, accumulate);
   }
 
  private:
@@ -79,43 +79,45 @@ struct backend<topk_sparsifier<T>, cpu_executor> {
     const std::uint64_t k = codec.k(n);
     const envelope header{codec_id::topk, dtype_of<T>, 0, 0, key, n, 0, codec.params_hash(), 0};
     const bool checksum = codec.wire().payload_checksum;
-    if (k == 0) return cpu::write_sparse_message<T>(header, 0, checksum, out, [](auto&) {});
+    if (k == 0) return detail::cpu::write_sparse_message<T>(header, 0, checksum, out, [](auto&) {});
 
     workspace_arena arena(ws);
     const scratch<Index> s = carve<Index>(arena, n);
-    cpu::magnitude_histogram<T>(grad, s.histogram, s.sub_histograms);
-    const std::uint64_t non_finite = cpu::non_finite_count<T>(s.histogram);
+    detail::cpu::magnitude_histogram<T>(grad, s.histogram, s.sub_histograms);
+    const std::uint64_t non_finite = detail::cpu::non_finite_count<T>(s.histogram);
     detail::require(non_finite == 0, errc::non_finite_input, [&] {
       return std::to_string(non_finite) + " of " + std::to_string(n) + " gradient values are NaN or Inf";
     });
 
-    const cpu::bucket_choice choice = cpu::choose_bucket(s.histogram, k);
+    const detail::cpu::bucket_choice choice = detail::cpu::choose_bucket(s.histogram, k);
     const std::uint64_t rank = k - choice.above;
     const auto bucket = static_cast<key_type>(choice.bucket);
     const T* const g = grad.data();
 
     if (choice.above + s.histogram[choice.bucket] <= list_capacity(n)) {
       Index* const list = s.list.data();
-      const std::size_t count = cpu::collect_at_least<T>(grad, static_cast<key_type>(bucket << first_shift), list);
-      const cpu::kth_key<key_type> kth = cpu::select_kth_largest<key_type>(
+      const std::size_t count =
+          detail::cpu::collect_at_least<T>(grad, static_cast<key_type>(bucket << first_shift), list);
+      const detail::cpu::kth_key<key_type> kth = detail::cpu::select_kth_largest<key_type>(
           [&](auto&& visit) {
             for (std::size_t j = 0; j < count; ++j) visit(magnitude_key(g[list[j]]));
           },
-          key_bits, rank, bucket, cpu::radix_digit_bits, s.histogram);
-      return cpu::write_sparse_message<T>(header, k, checksum, out, [&](auto& sink) {
+          key_bits, rank, bucket, detail::cpu::radix_digit_bits, s.histogram);
+      return detail::cpu::write_sparse_message<T>(header, k, checksum, out, [&](auto& sink) {
         std::uint64_t ties = kth.ties;
         for (std::size_t j = 0; j < count; ++j) push_if_kept(sink, list[j], g[list[j]], kth.key, ties);
       });
     }
 
-    const cpu::kth_key<key_type> kth = cpu::select_kth_largest<key_type>(
+    const detail::cpu::kth_key<key_type> kth = detail::cpu::select_kth_largest<key_type>(
         [&](auto&& visit) {
           for (const T v : grad) visit(magnitude_key(v));
         },
-        key_bits, rank, bucket, cpu::radix_digit_bits, s.histogram);
-    return cpu::write_sparse_message<T>(header, k, checksum, out, [&](auto& sink) {
+        key_bits, rank, bucket, detail::cpu::radix_digit_bits, s.histogram);
+    return detail::cpu::write_sparse_message<T>(header, k, checksum, out, [&](auto& sink) {
       std::uint64_t ties = kth.ties;
-      cpu::for_each_at_least<T>(grad, kth.key, [&](std::size_t i) { push_if_kept(sink, i, g[i], kth.key, ties); });
+      detail::cpu::for_each_at_least<T>(grad, kth.key,
+                                        [&](std::size_t i) { push_if_kept(sink, i, g[i], kth.key, ties); });
     });
   }
 

@@ -4,7 +4,7 @@
 /// one pass for the maximum magnitude (which also finds NaN and Inf), then codes computed a chunk
 /// at a time and packed whole bytes at a time. float32 in the common layouts (8-bit codes, or 4-bit
 /// round-to-nearest, blocks a multiple of 32) takes the vectorised kernels of
-/// cpu/uniform_kernels.hpp: the encoder reads the blocks front to back (the hardware prefetcher
+/// cpu/detail/uniform_kernels.hpp: the encoder reads the blocks front to back (the hardware prefetcher
 /// follows) and writes the codes through a staged_writer, the decoder validates every code first
 /// and then writes values directly; large outputs are written with non-temporal stores
 /// (cpu_executor). Every path computes the codes and values of quantize/uniform_math.hpp.
@@ -24,10 +24,10 @@
 #include <gradcomp/core/philox.hpp>
 #include <gradcomp/core/rounded_product.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
-#include <gradcomp/cpu/message.hpp>
-#include <gradcomp/cpu/philox_simd.hpp>
-#include <gradcomp/cpu/uniform_block_encoder.hpp>
-#include <gradcomp/cpu/uniform_kernels.hpp>
+#include <gradcomp/cpu/detail/message.hpp>
+#include <gradcomp/cpu/detail/philox_simd.hpp>
+#include <gradcomp/cpu/detail/uniform_block_encoder.hpp>
+#include <gradcomp/cpu/detail/uniform_kernels.hpp>
 #include <gradcomp/quantize/uniform.hpp>
 
 namespace gradcomp {
@@ -42,15 +42,15 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
   static std::size_t encode(const uniform_quantizer<T>& codec, const cpu_executor& exec, std::span<const T> grad,
                             std::span<std::byte> out, std::span<std::byte>, message_key key) {
     if constexpr (std::is_same_v<T, float>) {
-      if (cpu::uniform_vectorised(codec)) return encode_vectorised(codec, exec, grad, out, key);
+      if (detail::cpu::uniform_vectorised(codec)) return encode_vectorised(codec, exec, grad, out, key);
     }
     const std::uint64_t n = grad.size();
     const std::size_t size = codec.max_encoded_bytes(n);
-    cpu::begin_message(out, size);
+    detail::cpu::begin_message(out, size);
     std::byte* const scales = out.data() + envelope::size;
     auto* const codes = reinterpret_cast<std::uint8_t*>(scales + codec.block_count(n) * sizeof(T));
     encode_generic(codec, exec, grad, key, scales, codes);
-    cpu::seal_uniform_message(codec, out, key, n);
+    detail::cpu::seal_uniform_message(codec, out, key, n);
     return size;
   }
 
@@ -74,7 +74,7 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
     const std::uint64_t block = codec.params().block;
     T* const dense = out.data();
     if constexpr (std::is_same_v<T, float>) {
-      if (block % cpu::kernel_width == 0 && (bits == 8 || bits == 4)) {
+      if (block % detail::cpu::kernel_width == 0 && (bits == 8 || bits == 4)) {
         decode_vectorised(exec, codes, scales, n, block, bits, dense, accumulate);
         return;
       }
@@ -100,7 +100,7 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
   static void store_codes(const std::uint8_t* chunk_codes, std::uint64_t count, std::uint64_t first, int bits,
                           std::uint8_t* codes) {
     if (first * static_cast<std::uint64_t>(bits) % 8 == 0) {
-      cpu::pack_codes_aligned(chunk_codes, count, bits, codes + first * static_cast<std::uint64_t>(bits) / 8);
+      detail::cpu::pack_codes_aligned(chunk_codes, count, bits, codes + first * static_cast<std::uint64_t>(bits) / 8);
       return;
     }
     for (std::uint64_t c = 0; c < count; ++c) {
@@ -123,7 +123,7 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
     alignas(16) std::uint16_t random_halves[chunk + detail::philox_halves_slack];
     for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
       const std::uint64_t end = std::min(n, begin + block);
-      const T m = cpu::max_magnitude(grad.data() + begin, grad.data() + end, exec.avx2());
+      const T m = detail::cpu::max_magnitude(grad.data() + begin, grad.data() + end, exec.avx2());
       const T s = uniform_step(m, bits);
       std::memcpy(scales + j * sizeof(T), &s, sizeof s);
       for (std::uint64_t first = begin; first < end; first += chunk) {
@@ -132,7 +132,7 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
             mode == rounding::stochastic
                 ? detail::philox_stream_halves(stream, first, count, random_halves, exec.simd())
                 : nullptr;
-        cpu::uniform_scalar_codes(grad.data() + first, count, m, s, bits, mode, halves, chunk_codes);
+        detail::cpu::uniform_scalar_codes(grad.data() + first, count, m, s, bits, mode, halves, chunk_codes);
         store_codes(chunk_codes, count, first, bits, codes);
       }
     }
@@ -144,7 +144,7 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
     const std::uint64_t n = grad.size();
     const std::uint64_t block = codec.params().block;
     const float* const g = grad.data();
-    cpu::uniform_block_encoder encoder(codec, exec, out, n, key);
+    detail::cpu::uniform_block_encoder encoder(codec, exec, out, n, key);
     for (std::uint64_t begin = 0; begin < n; begin += block) {
       const std::uint64_t end = std::min(n, begin + block);
       encoder.next(g + begin, end - begin);
@@ -162,10 +162,10 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
     for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
       const std::uint64_t end = std::min(n, begin + block);
       const float s = scale_at(scales, j);
-      cpu::uniform_decode_block(codes + begin * static_cast<std::uint64_t>(bits) / 8, end - begin, bits, s,
-                                dense + begin, accumulate, streaming, avx2);
+      detail::cpu::uniform_decode_block(codes + begin * static_cast<std::uint64_t>(bits) / 8, end - begin, bits, s,
+                                        dense + begin, accumulate, streaming, avx2);
     }
-    if (streaming) cpu::streaming_fence();
+    if (streaming) detail::cpu::streaming_fence();
   }
 
   [[nodiscard]] static T scale_at(const std::byte* scales, std::uint64_t j) noexcept {
@@ -180,8 +180,8 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
     const std::uint64_t used_bits = n * static_cast<std::uint64_t>(bits);
     const std::uint64_t bytes = used_bits / 8 + (used_bits % 8 != 0 ? 1 : 0);
     bool all_ones = false;
-    if (bits == 8) all_ones = cpu::any_code_all_ones<8>(codes, bytes, avx2);
-    if (bits == 4) all_ones = cpu::any_code_all_ones<4>(codes, bytes, avx2);
+    if (bits == 8) all_ones = detail::cpu::any_code_all_ones<8>(codes, bytes, avx2);
+    if (bits == 4) all_ones = detail::cpu::any_code_all_ones<4>(codes, bytes, avx2);
     if (bits == 2) {
       unsigned found = 0;
       for (std::uint64_t b = 0; b < bytes; ++b) found |= codes[b] & (codes[b] >> 1) & 0x55u;  // bit 2k: field k is 0b11

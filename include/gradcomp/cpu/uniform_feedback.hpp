@@ -2,7 +2,7 @@
 /// @file
 /// The float32 uniform quantizer's fused steps of error feedback and LoCo on the CPU
 /// (feedback/fused_step.hpp): one pass over the blocks, in the vectorised layouts that
-/// `cpu::uniform_vectorised` accepts, writing the bytes and the new state of the wrappers' plain
+/// `detail::cpu::uniform_vectorised` accepts, writing the bytes and the new state of the wrappers' plain
 /// steps bit for bit. Measurements: docs/feedback.md §8.
 
 #include <algorithm>
@@ -17,10 +17,10 @@
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
-#include <gradcomp/cpu/feedback_kernels.hpp>
-#include <gradcomp/cpu/message.hpp>
-#include <gradcomp/cpu/staged_writer.hpp>
-#include <gradcomp/cpu/uniform_block_encoder.hpp>
+#include <gradcomp/cpu/detail/feedback_kernels.hpp>
+#include <gradcomp/cpu/detail/message.hpp>
+#include <gradcomp/cpu/detail/staged_writer.hpp>
+#include <gradcomp/cpu/detail/uniform_block_encoder.hpp>
 #include <gradcomp/feedback/fused_step.hpp>
 #include <gradcomp/quantize/uniform.hpp>
 #include <gradcomp/quantize/uniform_math.hpp>
@@ -34,7 +34,7 @@ struct fused_feedback<uniform_quantizer<float>, cpu_executor> {
 
   /// Error feedback fuses in every layout the vectorised block encoder codes.
   static bool fuses_error_feedback(const quantizer& q, const cpu_executor&) noexcept {
-    return cpu::uniform_vectorised(q);
+    return detail::cpu::uniform_vectorised(q);
   }
 
   /// One block of h = g + e.
@@ -45,7 +45,7 @@ struct fused_feedback<uniform_quantizer<float>, cpu_executor> {
   }
 
   /// One step in one pass over the blocks: per block, h = g + e and its largest magnitude (which
-  /// finds NaN and ±Inf), the message's codes (cpu/uniform_block_encoder.hpp), and the new residual
+  /// finds NaN and ±Inf), the message's codes (cpu/detail/uniform_block_encoder.hpp), and the new residual
   /// h − decoded written into `next` straight from the codes (streamed when large, per the
   /// executor). It reads g and e once and writes the codes and the new residual once. With β ≠ 1
   /// each block's residual is then multiplied by β while it is in cache (not streamed). The new
@@ -58,28 +58,28 @@ struct fused_feedback<uniform_quantizer<float>, cpu_executor> {
     const std::uint64_t block = q.params().block;
     workspace_arena arena(ws);
     float* const h = arena.take<float>(static_cast<std::size_t>(std::min<std::uint64_t>(n, block))).data();
-    cpu::uniform_block_encoder encoder(q, e, out, n, key);
+    detail::cpu::uniform_block_encoder encoder(q, e, out, n, key);
     const bool avx2 = e.avx2();
     float* const next = step.next.data();
     const bool decays = step.decay != 1.0f;
-    const bool streaming = !decays && e.streams(n * sizeof(float)) && cpu::streamable(next);
+    const bool streaming = !decays && e.streams(n * sizeof(float)) && detail::cpu::streamable(next);
     const float* const g = step.grad.data();
     const float* const residual = step.residual.data();
     for (std::uint64_t begin = 0; begin < n; begin += block) {
       const std::uint64_t count = std::min(block, n - begin);
-      const std::uint32_t largest = cpu::ef_compensate(g + begin, residual + begin, count, h, avx2);
+      const std::uint32_t largest = detail::cpu::ef_compensate(g + begin, residual + begin, count, h, avx2);
       if (largest >= float_traits<float>::infinity_key) detail::fail_compensated_non_finite(step.grad, step.residual);
       encoder.next(h, count, from_bits<float>(largest), next + begin, streaming);
-      if (decays) cpu::ef_decay(next + begin, count, step.decay, avx2);
+      if (decays) detail::cpu::ef_decay(next + begin, count, step.decay, avx2);
     }
     const std::size_t size = encoder.finish();
-    if (streaming) cpu::streaming_fence();
+    if (streaming) detail::cpu::streaming_fence();
     return size;
   }
 
   /// LoCo fuses where its error groups are the quantizer's blocks, in a vectorised layout.
   static bool fuses_loco(const quantizer& q, const cpu_executor&, std::size_t error_group) noexcept {
-    return error_group == q.params().block && cpu::uniform_vectorised(q);
+    return error_group == q.params().block && detail::cpu::uniform_vectorised(q);
   }
 
   /// One block each of h and of the decoding, then the new error; one group of zero codes.
@@ -100,7 +100,7 @@ struct fused_feedback<uniform_quantizer<float>, cpu_executor> {
     const std::uint64_t n = step.grad.size();
     workspace_arena arena(ws);
     const loco_scratch s = carve_loco(arena, q, n);
-    cpu::uniform_block_encoder encoder(q, e, out, n, key);
+    detail::cpu::uniform_block_encoder encoder(q, e, out, n, key);
     const std::uint64_t block = q.params().block;
     const int bits = q.bits();
     const bool avx2 = e.avx2();
@@ -112,21 +112,21 @@ struct fused_feedback<uniform_quantizer<float>, cpu_executor> {
     const float* const g = step.grad.data();
     for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
       const std::uint64_t count = std::min(block, n - begin);
-      cpu::prefetch(g + std::min(n, begin + ahead), g + std::min(n, begin + count + ahead));
+      detail::cpu::prefetch(g + std::min(n, begin + ahead), g + std::min(n, begin + count + ahead));
       std::int8_t* const error = step.codes.data() + begin;
       const std::int8_t* const old = step.reset ? s.zero_codes.data() : error;
       const float old_scale = step.reset ? 0.0f : step.scales[j];
-      cpu::loco_compensate(g + begin, old, old_scale, count, s.h.data(), avx2);
+      detail::cpu::loco_compensate(g + begin, old, old_scale, count, s.h.data(), avx2);
       const float coded_step = encoder.next(s.h.data(), count);
-      cpu::uniform_decode_block(encoder.codes(), count, bits, coded_step, s.v.data(), false, false, avx2);
-      cpu::loco_blend(s.h.data(), old, old_scale, beta, keep, count, s.v.data(), avx2);
-      const float error_step = uniform_step(cpu::max_magnitude(s.v.data(), s.v.data() + count, avx2), 8);
+      detail::cpu::uniform_decode_block(encoder.codes(), count, bits, coded_step, s.v.data(), false, false, avx2);
+      detail::cpu::loco_blend(s.h.data(), old, old_scale, beta, keep, count, s.v.data(), avx2);
+      const float error_step = uniform_step(detail::cpu::max_magnitude(s.v.data(), s.v.data() + count, avx2), 8);
       step.scales[j] = error_step;
       if (error_step == 0.0f) {
         std::memset(error, 0, static_cast<std::size_t>(count));
         continue;
       }
-      cpu::loco_quantize_error(s.v.data(), error_step, count, error, avx2);
+      detail::cpu::loco_quantize_error(s.v.data(), error_step, count, error, avx2);
     }
     return encoder.finish();
   }
@@ -159,8 +159,8 @@ struct fused_feedback<uniform_quantizer<float>, cpu_executor> {
   static bool small_enough(const cpu_executor& e, const loco_operands<float>& step) noexcept {
     constexpr float limit = std::numeric_limits<float>::max() / 16.0f;
     const std::uint64_t n = step.grad.size();
-    const std::uint64_t whole = n / cpu::kernel_width * cpu::kernel_width;
-    std::uint32_t largest = cpu::max_magnitude_key32(step.grad.data(), whole, e.avx2());
+    const std::uint64_t whole = n / detail::cpu::kernel_width * detail::cpu::kernel_width;
+    std::uint32_t largest = detail::cpu::max_magnitude_key32(step.grad.data(), whole, e.avx2());
     for (std::uint64_t i = whole; i < n; ++i) largest = std::max(largest, magnitude_key(step.grad[i]));
     float scale = 0;
     if (!step.reset)

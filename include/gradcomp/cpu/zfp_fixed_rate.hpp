@@ -39,7 +39,7 @@
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
-#include <gradcomp/cpu/message.hpp>
+#include <gradcomp/cpu/detail/message.hpp>
 #include <gradcomp/lossless/zfp_block.hpp>
 #include <gradcomp/lossless/zfp_fixed_rate.hpp>
 
@@ -52,7 +52,7 @@
 
 namespace gradcomp {
 
-namespace cpu::zfp_detail {
+namespace detail::cpu::zfp_detail {
 
 using namespace gradcomp::zfp_block;
 
@@ -933,7 +933,7 @@ void decode_blocks(const std::byte* payload, const std::byte* end, std::size_t n
   return (blocks % 2) * (rate % 2) != 0;
 }
 
-}  // namespace cpu::zfp_detail
+}  // namespace detail::cpu::zfp_detail
 
 /// ZFP fixed rate on the CPU.
 template <>
@@ -944,7 +944,7 @@ struct backend<zfp_fixed_rate_codec, cpu_executor> {
 
   static std::size_t encode(const zfp_fixed_rate_codec& codec, const cpu_executor& exec, std::span<const float> grad,
                             std::span<std::byte> out, std::span<std::byte>, message_key key) {
-    using namespace cpu::zfp_detail;
+    using namespace detail::cpu::zfp_detail;
     const std::uint64_t n = grad.size();
     const std::size_t size = codec.max_encoded_bytes(n);
     detail::require(out.size() >= size, errc::buffer_too_small, [&] {
@@ -952,24 +952,24 @@ struct backend<zfp_fixed_rate_codec, cpu_executor> {
              "-byte message";
     });
     // NaN and Inf are reported before anything is written.
-    (void)cpu::max_magnitude(grad.data(), grad.data() + grad.size(), exec.avx2());
-    cpu::begin_message(out, size);
+    (void)detail::cpu::max_magnitude(grad.data(), grad.data() + grad.size(), exec.avx2());
+    detail::cpu::begin_message(out, size);
 
     const std::uint32_t rate = codec.params().rate_bits;
     std::byte* const payload = out.data() + envelope::size;
     if (rate <= 16) encode_blocks<fast_kernels, std::uint64_t>(grad.data(), grad.size(), rate, exec.avx2(), payload);
     else
       encode_blocks<fast_kernels, wide_word>(grad.data(), grad.size(), rate, exec.avx2(), payload);
-    cpu::seal_message(out,
-                      {codec_id::zfp_fixed_rate, value_dtype::float32, 0, 0, key, n, codec.payload_bytes(n),
-                       codec.params_hash(), 0},
-                      codec.wire().payload_checksum);
+    detail::cpu::seal_message(out,
+                              {codec_id::zfp_fixed_rate, value_dtype::float32, 0, 0, key, n, codec.payload_bytes(n),
+                               codec.params_hash(), 0},
+                              codec.wire().payload_checksum);
     return size;
   }
 
   static void decode(const zfp_fixed_rate_codec& codec, const cpu_executor& exec, std::span<const std::byte> message,
                      std::span<float> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
-    using namespace cpu::zfp_detail;
+    using namespace detail::cpu::zfp_detail;
     const envelope e = parse_envelope(message);
     validate_envelope(e, {codec_id::zfp_fixed_rate, value_dtype::float32, out.size(), codec.params_hash()}, limits);
     codec.check_layout(e);

@@ -13,7 +13,7 @@
 
 #include <gradcomp/core/error.hpp>
 
-namespace gradcomp::cuda_detail {
+namespace gradcomp::detail::cuda {
 
 /// Throws `device_failed` for a status other than `cudaSuccess`, naming `call` at `file`:`line`.
 inline void check(cudaError_t status, const char* call, const char* file, int line) {
@@ -23,8 +23,8 @@ inline void check(cudaError_t status, const char* call, const char* file, int li
                                        cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")");
 }
 
-}  // namespace gradcomp::cuda_detail
+}  // namespace gradcomp::detail::cuda
 
 /// Runs a CUDA runtime call; throws `gradcomp::error` (`errc::device_failed`) naming the call, the
 /// file and line, and the CUDA error when it does not return `cudaSuccess`.
-#define GRADCOMP_CUDA_CHECK(call) ::gradcomp::cuda_detail::check((call), #call, __FILE__, __LINE__)
+#define GRADCOMP_CUDA_CHECK(call) ::gradcomp::detail::cuda::check((call), #call, __FILE__, __LINE__)

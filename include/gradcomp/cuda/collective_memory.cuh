@@ -29,12 +29,12 @@
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/cuda/check.cuh>
 #include <gradcomp/cuda/executor.cuh>
-#include <gradcomp/cuda/grid.cuh>
-#include <gradcomp/cuda/operation.cuh>
+#include <gradcomp/cuda/detail/grid.cuh>
+#include <gradcomp/cuda/detail/operation.cuh>
 
 namespace gradcomp {
 
-namespace cuda_detail {
+namespace detail::cuda {
 
 /// values[i] = value.
 template <class T>
@@ -77,7 +77,7 @@ struct largest_difference {
   }
 };
 
-}  // namespace cuda_detail
+}  // namespace detail::cuda
 
 /// The collectives' memory operations on the GPU.
 template <>
@@ -151,7 +151,7 @@ struct collective_memory<cuda_executor> {
 
   template <class T>
   static void fill(const cuda_executor& e, std::span<T> values, T value) {
-    cuda_detail::for_each_item(e, values.size(), cuda_detail::fill_values<T>{values.data(), value});
+    detail::cuda::for_each_item(e, values.size(), detail::cuda::fill_values<T>{values.data(), value});
   }
 
   template <class T>
@@ -163,7 +163,7 @@ struct collective_memory<cuda_executor> {
 
   template <class T>
   static void divide(const cuda_executor& e, std::span<T> values, T divisor) {
-    cuda_detail::for_each_item(e, values.size(), cuda_detail::divide_values<T>{values.data(), divisor});
+    detail::cuda::for_each_item(e, values.size(), detail::cuda::divide_values<T>{values.data(), divisor});
   }
 
   /// Waits for the stream.
@@ -173,8 +173,8 @@ struct collective_memory<cuda_executor> {
     buffer<unsigned int> found(e, 1);
     unsigned int* const word = found.span().data();
     GRADCOMP_CUDA_CHECK(cudaMemsetAsync(word, 0, sizeof *word, e.native_stream()));
-    cuda_detail::for_each_item(e, a.size(),
-                               cuda_detail::find_non_finite_sum<T>{a.data(), b.empty() ? nullptr : b.data(), word});
+    detail::cuda::for_each_item(e, a.size(),
+                                detail::cuda::find_non_finite_sum<T>{a.data(), b.empty() ? nullptr : b.data(), word});
     unsigned int host = 0;
     GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(&host, word, sizeof host, cudaMemcpyDeviceToHost, e.native_stream()));
     e.synchronize();
@@ -188,7 +188,7 @@ struct collective_memory<cuda_executor> {
     buffer<unsigned long long> largest(e, 1);
     unsigned long long* const word = largest.span().data();
     GRADCOMP_CUDA_CHECK(cudaMemsetAsync(word, 0, sizeof *word, e.native_stream()));  // the bits of +0.0
-    cuda_detail::for_each_item(e, a.size(), cuda_detail::largest_difference<T>{a.data(), b.data(), word});
+    detail::cuda::for_each_item(e, a.size(), detail::cuda::largest_difference<T>{a.data(), b.data(), word});
     unsigned long long host = 0;
     GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(&host, word, sizeof host, cudaMemcpyDeviceToHost, e.native_stream()));
     e.synchronize();

@@ -3,7 +3,7 @@
 /// What the CUDA backend requires of its compiler and of CCCL, checked once: every `cuda/` header
 /// includes this first. The backend is compiled by nvcc (or clang in CUDA mode) with C++20 and
 /// CCCL ≥ 3.0; CCCL 3.0.1 (CUDA 13.0) has no `cub::DeviceTopK`, so exact top-k is gradcomp's own
-/// radix select (cuda/radix_select.cuh), built from CUB's block primitives.
+/// radix select (cuda/detail/radix_select.cuh), built from CUB's block primitives.
 
 #if !defined(__CUDACC__)
 // clang-format off

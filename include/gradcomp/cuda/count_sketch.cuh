@@ -35,16 +35,16 @@
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
 #include <gradcomp/cuda/executor.cuh>
-#include <gradcomp/cuda/finite_check.cuh>
-#include <gradcomp/cuda/grid.cuh>
-#include <gradcomp/cuda/message.cuh>
-#include <gradcomp/cuda/operation.cuh>
+#include <gradcomp/cuda/detail/finite_check.cuh>
+#include <gradcomp/cuda/detail/grid.cuh>
+#include <gradcomp/cuda/detail/message.cuh>
+#include <gradcomp/cuda/detail/operation.cuh>
 #include <gradcomp/cuda/topk.cuh>
 #include <gradcomp/sketch/count_sketch.hpp>
 
 namespace gradcomp {
 
-namespace cuda_detail {
+namespace detail::cuda {
 
 /// What the kernels need to hash an element into every row: the row seeds s_j, r and c.
 struct count_sketch_rows {
@@ -156,13 +156,13 @@ struct add_cells {
   __device__ void operator()(std::uint64_t m) const { a[m] = a[m] + b[m]; }
 };
 
-}  // namespace cuda_detail
+}  // namespace detail::cuda
 
 /// The count sketch on the GPU.
 template <gradient_value T>
 struct backend<count_sketch<T>, cuda_executor> {
   using codec_type = count_sketch<T>;
-  using selection = cuda_detail::largest_magnitudes<T>;
+  using selection = detail::cuda::largest_magnitudes<T>;
 
   /// Decoding's workspace after the status and the CRC scratch (which the message's checks use,
   /// so they are carved first): the n estimates and the selection of the heavy hitters.
@@ -182,15 +182,15 @@ struct backend<count_sketch<T>, cuda_executor> {
 
   /// Decoding's workspace (encoding's, the status alone, is smaller).
   static std::size_t workspace_bytes(const codec_type& codec, const cuda_executor&, std::uint64_t n) {
-    return cuda_detail::operation::workspace_bytes([&](workspace_arena& arena) {
-      (void)cuda_detail::crc_scratch::carve(arena);
+    return detail::cuda::operation::workspace_bytes([&](workspace_arena& arena) {
+      (void)detail::cuda::crc_scratch::carve(arena);
       (void)carve_decode(arena, codec, n);
     });
   }
 
   static std::size_t encode(const codec_type& codec, const cuda_executor& exec, std::span<const T> grad,
                             std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
-    namespace cd = cuda_detail;
+    namespace cd = detail::cuda;
     const std::uint64_t n = grad.size();
     const std::size_t size = codec.max_encoded_bytes(n);
     workspace_arena arena(ws);
@@ -220,24 +220,24 @@ struct backend<count_sketch<T>, cuda_executor> {
                      std::span<T> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
     const std::uint64_t n = out.size();
     workspace_arena arena(ws);
-    const cuda_detail::operation op(exec, arena);
-    const cuda_detail::crc_scratch crc = cuda_detail::crc_scratch::carve(arena);
+    const detail::cuda::operation op(exec, arena);
+    const detail::cuda::crc_scratch crc = detail::cuda::crc_scratch::carve(arena);
     (void)parse_checked(codec, exec, message, n, limits, op, crc);
     const scratch s = carve_decode(arena, codec, n);
     if (n == 0) return;
     if (!accumulate) GRADCOMP_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, n * sizeof(T), exec.native_stream()));
     const std::uint64_t k = select_heavy_hitters(codec, exec, message, n, s, op);
-    cuda_detail::for_each_item(exec, k,
-                               cuda_detail::place_estimates<T>{s.select.sort.sorted.data(), s.estimates.data(),
-                                                               out.data(), n, accumulate});
+    detail::cuda::for_each_item(exec, k,
+                                detail::cuda::place_estimates<T>{s.select.sort.sorted.data(), s.estimates.data(),
+                                                                 out.data(), n, accumulate});
     finish_internal(op);
   }
 
   static void estimate(const codec_type& codec, const cuda_executor& exec, std::span<const std::byte> message,
                        std::span<T> out, std::span<std::byte> ws, const decode_limits& limits) {
     workspace_arena arena(ws);
-    const cuda_detail::operation op(exec, arena);
-    const cuda_detail::crc_scratch crc = cuda_detail::crc_scratch::carve(arena);
+    const detail::cuda::operation op(exec, arena);
+    const detail::cuda::crc_scratch crc = detail::cuda::crc_scratch::carve(arena);
     (void)parse_checked(codec, exec, message, out.size(), limits, op, crc);
     estimate_into(codec, exec, message, out.data(), out.size());
   }
@@ -247,8 +247,8 @@ struct backend<count_sketch<T>, cuda_executor> {
                                    std::span<std::uint64_t> indices, std::span<std::byte> ws,
                                    const decode_limits& limits) {
     workspace_arena arena(ws);
-    const cuda_detail::operation op(exec, arena);
-    const cuda_detail::crc_scratch crc = cuda_detail::crc_scratch::carve(arena);
+    const detail::cuda::operation op(exec, arena);
+    const detail::cuda::crc_scratch crc = detail::cuda::crc_scratch::carve(arena);
     (void)parse_checked(codec, exec, message, n, limits, op, crc);
     const std::uint64_t k = codec.heavy_hitter_count(n);
     detail::require(indices.size() >= k, errc::buffer_too_small, [&] {
@@ -266,7 +266,7 @@ struct backend<count_sketch<T>, cuda_executor> {
 
   static void accumulate_encoded(const codec_type& codec, const cuda_executor& exec, std::span<std::byte> acc,
                                  std::span<const std::byte> other) {
-    namespace cd = cuda_detail;
+    namespace cd = detail::cuda;
     const cd::pooled_status_and_crc scratch(exec);
     const std::span<const std::byte> mine_bytes(acc);
     const envelope mine =
@@ -294,17 +294,17 @@ struct backend<count_sketch<T>, cuda_executor> {
   static void estimate_into(const codec_type& codec, const cuda_executor& exec, std::span<const std::byte> message,
                             T* out, std::uint64_t n) {
     if (n == 0) return;
-    cuda_detail::launch(exec, cuda_detail::grid_for(n), cuda_detail::block_threads,
-                        cuda_detail::count_sketch_estimate_kernel<T>,
-                        reinterpret_cast<const T*>(message.data() + envelope::size),
-                        cuda_detail::count_sketch_rows::of(codec.params()), out, n);
+    detail::cuda::launch(exec, detail::cuda::grid_for(n), detail::cuda::block_threads,
+                         detail::cuda::count_sketch_estimate_kernel<T>,
+                         reinterpret_cast<const T*>(message.data() + envelope::size),
+                         detail::cuda::count_sketch_rows::of(codec.params()), out, n);
   }
 
   /// Queues the estimates into s.estimates and the selection of the heavy hitters, whose indices
   /// end ascending in s.select.sort.sorted; returns how many there are (n ≥ 1).
   static std::uint64_t select_heavy_hitters(const codec_type& codec, const cuda_executor& exec,
                                             std::span<const std::byte> message, std::uint64_t n, const scratch& s,
-                                            const cuda_detail::operation& op) {
+                                            const detail::cuda::operation& op) {
     estimate_into(codec, exec, message, s.estimates.data(), n);
     const std::uint64_t k = codec.heavy_hitter_count(n);
     selection::select(exec, s.estimates.data(), n, k, s.select, op.status());
@@ -313,7 +313,7 @@ struct backend<count_sketch<T>, cuda_executor> {
 
   /// Waits for the stream and reports a failure the selection recorded (none can occur for a
   /// validated message, whose estimates are finite).
-  static void finish_internal(const cuda_detail::operation& op) {
+  static void finish_internal(const detail::cuda::operation& op) {
     op.finish([](errc, std::uint64_t, std::uint32_t) {
       return std::string("internal error: the heavy-hitter selection failed on finite estimates");
     });
@@ -322,20 +322,20 @@ struct backend<count_sketch<T>, cuda_executor> {
   /// The CPU's checks of a whole message for an `elements`-element tensor (wire-format.md §16.2):
   /// the envelope on the host, then every cell finite on the device. Waits for the stream.
   static envelope parse_checked(const codec_type& codec, const cuda_executor& exec, std::span<const std::byte> message,
-                                std::uint64_t elements, const decode_limits& limits, const cuda_detail::operation& op,
-                                const cuda_detail::crc_scratch& crc) {
+                                std::uint64_t elements, const decode_limits& limits, const detail::cuda::operation& op,
+                                const detail::cuda::crc_scratch& crc) {
     const envelope e =
-        cuda_detail::read_envelope(exec, message, {codec_id::count_sketch, dtype_of<T>, elements, codec.params_hash()},
-                                   limits, crc);
+        detail::cuda::read_envelope(exec, message, {codec_id::count_sketch, dtype_of<T>, elements, codec.params_hash()},
+                                    limits, crc);
     detail::require(e.layout == 0, errc::malformed_payload, "count-sketch messages have layout 0");
     detail::require(e.payload_bytes == codec.summable_bytes(e.elements), errc::malformed_payload, [&] {
       return "payload of " + std::to_string(e.payload_bytes) + " bytes, the sketch has " +
              std::to_string(codec.summable_bytes(e.elements)) + " bytes of cells";
     });
-    cuda_detail::for_each_item(exec, cell_count(codec),
-                               cuda_detail::find_non_finite<T>{reinterpret_cast<const T*>(message.data() +
-                                                                                          envelope::size),
-                                                               op.status(), errc::malformed_payload});
+    detail::cuda::for_each_item(exec, cell_count(codec),
+                                detail::cuda::find_non_finite<T>{reinterpret_cast<const T*>(message.data() +
+                                                                                            envelope::size),
+                                                                 op.status(), errc::malformed_payload});
     op.finish([](errc, std::uint64_t m, std::uint32_t) {
       return "cell " + std::to_string(m) + " is NaN or Inf (a sum of sketches overflowed)";
     });

@@ -4,7 +4,7 @@
 /// report (sparsify/dynamic.hpp has the rules).
 ///
 /// a = g + R is never stored: every pass recomputes it with the same IEEE addition (a new id's
-/// a = g + 0, as on the CPU). Exact rule: radix selection (cuda/radix_select.cuh) of the
+/// a = g + 0, as on the CPU). Exact rule: radix selection (cuda/detail/radix_select.cuh) of the
 /// (z + 1)-th smallest |a| key, one histogram pass over a per 11-bit digit (three for float, six
 /// for double); the first pass also counts NaN and ±Inf, which fill the top bins. The host then
 /// reads the status and the selection's state: τ* and, from the rank left among the ties at τ*, how
@@ -38,9 +38,9 @@
 #include <gradcomp/core/workspace.hpp>
 #include <gradcomp/cuda/device_array.cuh>
 #include <gradcomp/cuda/executor.cuh>
-#include <gradcomp/cuda/grid.cuh>
-#include <gradcomp/cuda/operation.cuh>
-#include <gradcomp/cuda/radix_select.cuh>
+#include <gradcomp/cuda/detail/grid.cuh>
+#include <gradcomp/cuda/detail/operation.cuh>
+#include <gradcomp/cuda/detail/radix_select.cuh>
 #include <gradcomp/sparsify/dynamic.hpp>
 
 namespace gradcomp {
@@ -52,7 +52,7 @@ struct cuda_dynamic_state {
   std::uint64_t steps = 0;                             ///< Successful steps, all tensors together.
 };
 
-namespace cuda_detail {
+namespace detail::cuda {
 
 /// Values of the reference's threshold table.
 inline constexpr unsigned tagc_table_slots = static_cast<unsigned>(tagc_threshold_table.size());
@@ -127,7 +127,7 @@ struct dynamic_apply {
   }
 };
 
-}  // namespace cuda_detail
+}  // namespace detail::cuda
 
 /// The dynamic sparsifier on the GPU.
 template <gradient_value T>
@@ -139,20 +139,20 @@ struct backend<dynamic_sparsifier<T>, cuda_executor> {
 
   /// The workspace after the status: the selection's bins and states, the table's bins.
   struct scratch {
-    cuda_detail::radix_scratch radix;
+    detail::cuda::radix_scratch radix;
     std::span<unsigned long long> table_bins;
   };
 
   static scratch carve(workspace_arena& arena) {
     scratch s;
-    s.radix = cuda_detail::radix_scratch::carve(arena);
-    s.table_bins = arena.take<unsigned long long>(cuda_detail::tagc_table_bins);
+    s.radix = detail::cuda::radix_scratch::carve(arena);
+    s.table_bins = arena.take<unsigned long long>(detail::cuda::tagc_table_bins);
     return s;
   }
 
   /// About 16 KiB, whatever n is (the same for both rules).
   static std::size_t workspace_bytes(const sparsifier&, const cuda_executor&, std::uint64_t) {
-    return cuda_detail::operation::workspace_bytes([](workspace_arena& arena) { (void)carve(arena); });
+    return detail::cuda::operation::workspace_bytes([](workspace_arena& arena) { (void)carve(arena); });
   }
 
   static T threshold(const sparsifier& sp, const cuda_executor& exec, std::span<const T> a, std::span<std::byte> ws) {
@@ -171,8 +171,9 @@ struct backend<dynamic_sparsifier<T>, cuda_executor> {
     // nothing if it throws.
     device_array<T>& residual =
         known ? found->second : state.residuals.emplace(tensor_id, device_array<T>(n, exec)).first->second;
-    cuda_detail::for_each_item(exec, n,
-                               cuda_detail::dynamic_apply<T>{grad.data(), residual.data(), out.data(), t.tau, !known});
+    detail::cuda::for_each_item(exec, n,
+                                detail::cuda::dynamic_apply<T>{grad.data(), residual.data(), out.data(), t.tau,
+                                                               !known});
     ++state.steps;
     const double zero_fraction = n == 0 ? 0.0 : static_cast<double>(n - t.kept) / static_cast<double>(n);
     return {from_bits<T>(t.tau), t.kept, zero_fraction};
@@ -220,8 +221,8 @@ struct backend<dynamic_sparsifier<T>, cuda_executor> {
   /// τ* of the values of `source` under the current rule; waits for the device.
   /// @throws error `non_finite_input`, `workspace_too_small`, `device_failed`.
   static threshold_found find_threshold(const sparsifier& sp, const cuda_executor& exec,
-                                        const cuda_detail::compensated_keys<T>& source, std::span<std::byte> ws) {
-    namespace cd = cuda_detail;
+                                        const detail::cuda::compensated_keys<T>& source, std::span<std::byte> ws) {
+    namespace cd = detail::cuda;
     const std::uint64_t n = source.n;
     workspace_arena arena(ws);
     const cd::operation op(exec, arena);

@@ -31,13 +31,13 @@
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
-#include <gradcomp/cuda/block_codes.cuh>
+#include <gradcomp/cuda/detail/block_codes.cuh>
 #include <gradcomp/cuda/device_array.cuh>
 #include <gradcomp/cuda/executor.cuh>
-#include <gradcomp/cuda/finite_check.cuh>
-#include <gradcomp/cuda/grid.cuh>
-#include <gradcomp/cuda/message.cuh>
-#include <gradcomp/cuda/operation.cuh>
+#include <gradcomp/cuda/detail/finite_check.cuh>
+#include <gradcomp/cuda/detail/grid.cuh>
+#include <gradcomp/cuda/detail/message.cuh>
+#include <gradcomp/cuda/detail/operation.cuh>
 #include <gradcomp/feedback/error_feedback.hpp>
 #include <gradcomp/feedback/fused_step.hpp>
 
@@ -51,7 +51,7 @@ struct cuda_error_feedback_state {
   std::uint64_t steps = 0;  ///< Steps completed.
 };
 
-namespace cuda_detail {
+namespace detail::cuda {
 
 /// h = g + e, recording the first element where it is NaN or Inf.
 template <class T>
@@ -83,7 +83,7 @@ struct ef_residual {
   }
 };
 
-}  // namespace cuda_detail
+}  // namespace detail::cuda
 
 /// Error feedback on the GPU.
 template <class Codec>
@@ -95,7 +95,7 @@ struct backend<error_feedback<Codec>, cuda_executor> {
   static std::size_t workspace_bytes(const ef_type& ef, const cuda_executor& e, std::uint64_t n) {
     if constexpr (fuses_error_feedback<Codec, cuda_executor>)
       if (fused(ef, e)) return fused_feedback<Codec, cuda_executor>::error_feedback_workspace_bytes(ef.inner(), e, n);
-    return cuda_detail::operation::workspace_bytes([&](workspace_arena& arena) { (void)carve(arena, ef, e, n); });
+    return detail::cuda::operation::workspace_bytes([&](workspace_arena& arena) { (void)carve(arena, ef, e, n); });
   }
 
   static state_type make_state(const ef_type&, const cuda_executor& exec, std::uint64_t n) {
@@ -144,7 +144,7 @@ struct backend<error_feedback<Codec>, cuda_executor> {
   static void set_carried_error(const ef_type&, const cuda_executor& exec, std::span<const T> error,
                                 state_type& state) {
     ef_type::require_state_size(state, error.size(), "error");
-    cuda_detail::require_finite(exec, error, "the new carried error");
+    detail::cuda::require_finite(exec, error, "the new carried error");
     GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(state.residual.data(), error.data(), error.size() * sizeof(T),
                                         cudaMemcpyDeviceToDevice, exec.native_stream()));
   }
@@ -191,20 +191,20 @@ struct backend<error_feedback<Codec>, cuda_executor> {
                                     message_key key) {
     const std::uint64_t n = grad.size();
     workspace_arena arena(ws);
-    const cuda_detail::operation op(exec, arena);
+    const detail::cuda::operation op(exec, arena);
     const scratch s = carve(arena, ef, exec, n);
-    cuda_detail::for_each_item(exec, n,
-                               cuda_detail::ef_compensate<T>{grad.data(), state.residual.data(), s.compensated.data(),
-                                                             op.status()});
+    detail::cuda::for_each_item(exec, n,
+                                detail::cuda::ef_compensate<T>{grad.data(), state.residual.data(), s.compensated.data(),
+                                                               op.status()});
     op.finish([&](errc, std::uint64_t i, std::uint32_t) {
       return "gradient + residual is NaN or Inf at element " + std::to_string(i) + " of " + std::to_string(n) +
              "; the state is unchanged";
     });
     const std::size_t bytes = ef.inner().encode(exec, std::span<const T>(s.compensated), out, s.inner, key);
     ef.inner().decode(exec, std::span<const std::byte>(out.first(bytes)), s.decoded, s.inner);
-    cuda_detail::for_each_item(exec, n,
-                               cuda_detail::ef_residual<T>{s.compensated.data(), s.decoded.data(), state.next.data(),
-                                                           ef.decay(), op.status()});
+    detail::cuda::for_each_item(exec, n,
+                                detail::cuda::ef_residual<T>{s.compensated.data(), s.decoded.data(), state.next.data(),
+                                                             ef.decay(), op.status()});
     try {
       op.finish([&](errc, std::uint64_t i, std::uint32_t) {
         return "the new residual (g + e minus its decoding) is NaN or Inf at element " + std::to_string(i) +

@@ -38,7 +38,7 @@ struct cuda_executor {
 
   /// The stream every kernel and copy of an operation is queued on (the legacy default stream
   /// unless set).
-  cuda::stream_ref stream{};
+  ::cuda::stream_ref stream{};
   /// Optional device word for deferred error reporting. When set, an encoder whose message size
   /// the host knows does not wait for the device: a failure it finds there (NaN or Inf in the
   /// gradient) is recorded as the `errc` value in this word, if it still holds 0, and the message

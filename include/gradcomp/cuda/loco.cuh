@@ -29,14 +29,14 @@
 #include <gradcomp/core/rounded_product.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
-#include <gradcomp/cuda/block_codes.cuh>
+#include <gradcomp/cuda/detail/block_codes.cuh>
 #include <gradcomp/cuda/device_array.cuh>
 #include <gradcomp/cuda/error_feedback.cuh>
 #include <gradcomp/cuda/executor.cuh>
-#include <gradcomp/cuda/finite_check.cuh>
-#include <gradcomp/cuda/grid.cuh>
-#include <gradcomp/cuda/message.cuh>
-#include <gradcomp/cuda/operation.cuh>
+#include <gradcomp/cuda/detail/finite_check.cuh>
+#include <gradcomp/cuda/detail/grid.cuh>
+#include <gradcomp/cuda/detail/message.cuh>
+#include <gradcomp/cuda/detail/operation.cuh>
 #include <gradcomp/feedback/fused_step.hpp>
 #include <gradcomp/feedback/loco.hpp>
 #include <gradcomp/quantize/uniform_math.hpp>
@@ -52,7 +52,7 @@ struct cuda_loco_state {
   std::uint64_t total_steps = 0;    ///< Steps completed in all.
 };
 
-namespace cuda_detail {
+namespace detail::cuda {
 
 /// The stored error: dequant8(e)_i = code_i·scale_{i/G}, or +0 at a reset.
 template <class T>
@@ -122,7 +122,7 @@ struct loco_quantize_error {
   }
 };
 
-}  // namespace cuda_detail
+}  // namespace detail::cuda
 
 /// LoCo on the GPU.
 template <class Codec>
@@ -133,7 +133,7 @@ struct backend<loco<Codec>, cuda_executor> {
 
   static std::size_t workspace_bytes(const loco_type& lc, const cuda_executor& e, std::uint64_t n) {
     std::size_t bytes =
-        cuda_detail::operation::workspace_bytes([&](workspace_arena& arena) { (void)carve(arena, lc, e, n); });
+        detail::cuda::operation::workspace_bytes([&](workspace_arena& arena) { (void)carve(arena, lc, e, n); });
     if constexpr (fuses_loco<Codec, cuda_executor>)
       if (fused(lc, e)) bytes += fused_workspace_bytes(lc, e, n);
     return bytes;
@@ -157,7 +157,7 @@ struct backend<loco<Codec>, cuda_executor> {
       if (fused(lc, exec)) {
         // The fused step's workspace follows the plain steps'.
         const std::size_t plain =
-            cuda_detail::operation::workspace_bytes([&](workspace_arena& arena) { (void)carve(arena, lc, exec, n); });
+            detail::cuda::operation::workspace_bytes([&](workspace_arena& arena) { (void)carve(arena, lc, exec, n); });
         const loco_operands<T> step{grad, std::span<std::int8_t>(state.codes.data(), state.codes.size()),
                                     std::span<T>(state.scales.data(), state.scales.size()), reset,
                                     static_cast<T>(lc.params().beta)};
@@ -167,7 +167,7 @@ struct backend<loco<Codec>, cuda_executor> {
     }
     if (!bytes) {
       workspace_arena arena(ws);
-      const cuda_detail::operation op(exec, arena);
+      const detail::cuda::operation op(exec, arena);
       const scratch s = carve(arena, lc, exec, n);
       bytes = encode_plain(lc, exec, grad, state, out, s, op, key, reset);
     }
@@ -203,15 +203,15 @@ struct backend<loco<Codec>, cuda_executor> {
 
   static void carried_error(const loco_type& lc, const cuda_executor& exec, const state_type& state, std::span<T> out) {
     lc.require_state_shape(state, out.size(), "output");
-    cuda_detail::for_each_item(exec, out.size(),
-                               cuda_detail::loco_dequantize<T>{error_of(lc, state, false), out.data()});
+    detail::cuda::for_each_item(exec, out.size(),
+                                detail::cuda::loco_dequantize<T>{error_of(lc, state, false), out.data()});
   }
 
   /// Checks `error` on the device, then stores it in 8 bits.
   static void set_carried_error(const loco_type& lc, const cuda_executor& exec, std::span<const T> error,
                                 state_type& state) {
     lc.require_state_shape(state, error.size(), "error");
-    cuda_detail::require_finite(exec, error, "the new carried error");
+    detail::cuda::require_finite(exec, error, "the new carried error");
     quantize_error(lc, exec, error.data(), state);
   }
 
@@ -246,24 +246,24 @@ struct backend<loco<Codec>, cuda_executor> {
       return 0;
   }
 
-  static cuda_detail::loco_error<T> error_of(const loco_type& lc, const state_type& state, bool reset) {
+  static detail::cuda::loco_error<T> error_of(const loco_type& lc, const state_type& state, bool reset) {
     return {state.codes.data(), state.scales.data(), lc.params().error_group, reset};
   }
 
   static void quantize_error(const loco_type& lc, const cuda_executor& exec, const T* v, state_type& state) {
-    cuda_detail::for_each_block(exec, state.scales.size(),
-                                cuda_detail::loco_quantize_error<T>{v, state.codes.size(), lc.params().error_group,
-                                                                    state.codes.data(), state.scales.data()});
+    detail::cuda::for_each_block(exec, state.scales.size(),
+                                 detail::cuda::loco_quantize_error<T>{v, state.codes.size(), lc.params().error_group,
+                                                                      state.codes.data(), state.scales.data()});
   }
 
   /// The plain steps; the state is written only by the last one, after every check.
   static std::size_t encode_plain(const loco_type& lc, const cuda_executor& exec, std::span<const T> grad,
                                   state_type& state, std::span<std::byte> out, const scratch& s,
-                                  const cuda_detail::operation& op, message_key key, bool reset) {
+                                  const detail::cuda::operation& op, message_key key, bool reset) {
     const std::uint64_t n = grad.size();
-    const cuda_detail::loco_error<T> old = error_of(lc, state, reset);
-    cuda_detail::for_each_item(exec, n,
-                               cuda_detail::loco_compensate<T>{grad.data(), old, s.compensated.data(), op.status()});
+    const detail::cuda::loco_error<T> old = error_of(lc, state, reset);
+    detail::cuda::for_each_item(exec, n,
+                                detail::cuda::loco_compensate<T>{grad.data(), old, s.compensated.data(), op.status()});
     op.finish([&](errc, std::uint64_t i, std::uint32_t) {
       return "gradient + error is NaN or Inf at element " + std::to_string(i) + " of " + std::to_string(n) +
              "; the state is unchanged";
@@ -271,9 +271,9 @@ struct backend<loco<Codec>, cuda_executor> {
     const std::size_t bytes = lc.inner().encode(exec, std::span<const T>(s.compensated), out, s.inner, key);
     lc.inner().decode(exec, std::span<const std::byte>(out.first(bytes)), s.decoded, s.inner);
     const auto beta = static_cast<T>(lc.params().beta);
-    cuda_detail::for_each_item(exec, n,
-                               cuda_detail::loco_new_error<T>{s.compensated.data(), old, beta, T{1} - beta,
-                                                              s.decoded.data(), op.status()});
+    detail::cuda::for_each_item(exec, n,
+                                detail::cuda::loco_new_error<T>{s.compensated.data(), old, beta, T{1} - beta,
+                                                                s.decoded.data(), op.status()});
     try {
       op.finish([&](errc, std::uint64_t i, std::uint32_t) {
         return "the new compensation error is NaN or Inf at element " + std::to_string(i) + "; the state is unchanged";

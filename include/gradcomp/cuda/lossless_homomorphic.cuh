@@ -23,7 +23,7 @@
 ///   round's subtractions (keyed 3·position + hash) by cell, one thread per cell subtracts them in
 ///   key order, and the cells left with one element, selected in key order, are the next round's
 ///   list. Atomics only count (the cells' elements and XORs, integers); no value depends on the
-///   order of threads. The steps are host-device functions (`cuda_detail::lhc_peeling`) that
+///   order of threads. The steps are host-device functions (`detail::cuda::lhc_peeling`) that
 ///   tests/cuda/test_lhc_decode_device.cu also replays on the host against the CPU decoder.
 ///
 /// `encode_index`, `plan` and `encode_sketch` take no workspace argument: their scratch comes from
@@ -53,16 +53,16 @@
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/workspace.hpp>
 #include <gradcomp/cuda/executor.cuh>
-#include <gradcomp/cuda/finite_check.cuh>
-#include <gradcomp/cuda/grid.cuh>
-#include <gradcomp/cuda/operation.cuh>
-#include <gradcomp/cuda/radix_select.cuh>
-#include <gradcomp/cuda/warp.cuh>
+#include <gradcomp/cuda/detail/finite_check.cuh>
+#include <gradcomp/cuda/detail/grid.cuh>
+#include <gradcomp/cuda/detail/operation.cuh>
+#include <gradcomp/cuda/detail/radix_select.cuh>
+#include <gradcomp/cuda/detail/warp.cuh>
 #include <gradcomp/sketch/lossless_homomorphic.hpp>
 
 namespace gradcomp {
 
-namespace cuda_detail {
+namespace detail::cuda {
 
 /// Sum of a value over the warp (every lane gets it); the whole warp must call it.
 __device__ inline unsigned long long warp_sum(unsigned long long value) {
@@ -552,7 +552,7 @@ struct lhc_decode_scratch {
   }
 };
 
-}  // namespace cuda_detail
+}  // namespace detail::cuda
 
 /// Lossless homomorphic compression on the GPU.
 template <gradient_value T>
@@ -561,7 +561,7 @@ struct backend<lossless_homomorphic<T>, cuda_executor> {
 
   static void encode_index(const codec_type& codec, const cuda_executor& exec, std::span<const T> grad,
                            std::span<std::byte> index) {
-    namespace cd = cuda_detail;
+    namespace cd = detail::cuda;
     const std::uint64_t n = grad.size();
     require_size(index.size(), codec.index_bytes(n), "index bytes");
     const cd::stream_scratch scratch(exec, cd::operation::workspace_bytes([](workspace_arena&) {}));
@@ -585,7 +585,7 @@ struct backend<lossless_homomorphic<T>, cuda_executor> {
 
   static lhc_plan plan(const codec_type& codec, const cuda_executor& exec, std::span<const std::byte> global_index,
                        std::uint64_t n, std::uint64_t contributors) {
-    namespace cd = cuda_detail;
+    namespace cd = detail::cuda;
     detail::lhc_require_contributors(contributors, codec.max_contributors());
     require_size(global_index.size(), codec.index_bytes(n), "index bytes");
     require_padding(codec, exec, global_index, n);
@@ -600,7 +600,7 @@ struct backend<lossless_homomorphic<T>, cuda_executor> {
 
   static void encode_sketch(const codec_type& codec, const cuda_executor& exec, std::span<const T> grad,
                             std::span<const std::byte> global_index, const lhc_plan& plan, std::span<T> sketch) {
-    namespace cd = cuda_detail;
+    namespace cd = detail::cuda;
     const std::uint64_t n = grad.size();
     require_size(n, plan.n, "elements");
     require_size(global_index.size(), codec.index_bytes(n), "index bytes");
@@ -665,13 +665,13 @@ struct backend<lossless_homomorphic<T>, cuda_executor> {
 
 
   /// The decoder's workspace: its status and counters, and for a sketched plan the peeling state
-  /// (`cuda_detail::lhc_decode_scratch`).
+  /// (`detail::cuda::lhc_decode_scratch`).
   static std::size_t workspace_bytes(const codec_type& codec, const cuda_executor&, const lhc_plan& plan) {
-    return cuda_detail::operation::workspace_bytes([&](workspace_arena& arena) {
-      (void)arena.take<cuda_detail::lhc_decode_counters>(1);
+    return detail::cuda::operation::workspace_bytes([&](workspace_arena& arena) {
+      (void)arena.take<detail::cuda::lhc_decode_counters>(1);
       if (!plan.dense && plan.cells > 0)
         with_index_type(plan, [&]<class Index>() {
-          (void)cuda_detail::lhc_decode_scratch<Index>::carve(arena, codec.block_count(plan.n), plan.cells);
+          (void)detail::cuda::lhc_decode_scratch<Index>::carve(arena, codec.block_count(plan.n), plan.cells);
         });
     });
   }
@@ -679,7 +679,7 @@ struct backend<lossless_homomorphic<T>, cuda_executor> {
   static lhc_decode_result decode(const codec_type& codec, const cuda_executor& exec,
                                   std::span<const std::byte> global_index, const lhc_plan& plan,
                                   std::span<const T> summed_sketch, std::span<T> out, std::span<std::byte> ws) {
-    namespace cd = cuda_detail;
+    namespace cd = detail::cuda;
     const std::uint64_t n = out.size();
     require_size(n, plan.n, "elements");
     require_size(global_index.size(), codec.index_bytes(n), "index bytes");
@@ -717,9 +717,9 @@ struct backend<lossless_homomorphic<T>, cuda_executor> {
   /// field above `contributors` (sum4, sum8) in `op`'s status; waits, and returns the count.
   /// @throws error `malformed_payload` (such a field), `device_failed`.
   static std::uint64_t count_union(const codec_type& codec, const cuda_executor& exec, std::span<const std::byte> index,
-                                   std::uint64_t contributors, const cuda_detail::operation& op,
+                                   std::uint64_t contributors, const detail::cuda::operation& op,
                                    unsigned long long* members) {
-    namespace cd = cuda_detail;
+    namespace cd = detail::cuda;
     GRADCOMP_CUDA_CHECK(cudaMemsetAsync(members, 0, sizeof *members, exec.native_stream()));
     const std::uint64_t bytes = index.size();
     if (bytes > 0)
@@ -765,8 +765,8 @@ struct backend<lossless_homomorphic<T>, cuda_executor> {
   static lhc_decode_result peel(const codec_type& codec, const cuda_executor& exec,
                                 std::span<const std::byte> global_index, const lhc_plan& plan,
                                 std::span<const T> summed_sketch, std::span<T> out, workspace_arena& arena,
-                                const cuda_detail::operation& op, cuda_detail::lhc_decode_counters* counters) {
-    namespace cd = cuda_detail;
+                                const detail::cuda::operation& op, detail::cuda::lhc_decode_counters* counters) {
+    namespace cd = detail::cuda;
     const lhc_params& p = codec.params();
     const std::uint64_t n = plan.n;
     const std::uint64_t blocks = codec.block_count(n);

@@ -36,14 +36,14 @@
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
 #include <gradcomp/cuda/executor.cuh>
-#include <gradcomp/cuda/message.cuh>
-#include <gradcomp/cuda/operation.cuh>
-#include <gradcomp/cuda/warp.cuh>
+#include <gradcomp/cuda/detail/message.cuh>
+#include <gradcomp/cuda/detail/operation.cuh>
+#include <gradcomp/cuda/detail/warp.cuh>
 #include <gradcomp/lossless/mpc.hpp>
 
 namespace gradcomp {
 
-namespace cuda_detail {
+namespace detail::cuda {
 
 /// Where a stream's pieces lie: n words in chunks of 1024, G = ⌈n/32⌉ bitmaps (u32, from the
 /// payload's start), the kept words after them, and d.
@@ -245,21 +245,21 @@ struct mpc_scratch {
   }
 };
 
-}  // namespace cuda_detail
+}  // namespace detail::cuda
 
 /// MPC on the GPU.
 template <>
 struct backend<mpc_codec, cuda_executor> {
   static std::size_t workspace_bytes(const mpc_codec&, const cuda_executor&, std::uint64_t n) {
-    return cuda_detail::operation::workspace_bytes([n](workspace_arena& arena) {
-      (void)cuda_detail::crc_scratch::carve(arena);
-      (void)cuda_detail::mpc_scratch::carve(arena, n);
+    return detail::cuda::operation::workspace_bytes([n](workspace_arena& arena) {
+      (void)detail::cuda::crc_scratch::carve(arena);
+      (void)detail::cuda::mpc_scratch::carve(arena, n);
     });
   }
 
   static std::size_t encode(const mpc_codec& codec, const cuda_executor& exec, std::span<const float> grad,
                             std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
-    namespace cd = cuda_detail;
+    namespace cd = detail::cuda;
     const std::uint64_t n = grad.size();
     workspace_arena arena(ws);
     const cd::operation op(exec, arena);
@@ -286,7 +286,7 @@ struct backend<mpc_codec, cuda_executor> {
 
   static void decode(const mpc_codec& codec, const cuda_executor& exec, std::span<const std::byte> message,
                      std::span<float> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
-    namespace cd = cuda_detail;
+    namespace cd = detail::cuda;
     workspace_arena arena(ws);
     const cd::operation op(exec, arena);
     const cd::crc_scratch crc = cd::crc_scratch::carve(arena);

@@ -3,9 +3,9 @@
 /// The QSGD quantizer on the GPU, byte-identical to the CPU backend: a warp per 32 buckets stages
 /// them in shared memory and lane b finds bucket b's largest magnitude and sums its squares in the
 /// documented left-to-right order (quantize/qsgd_math.hpp, the sum the CPU forms; block sums,
-/// cuda/block_codes.cuh); then one thread per 32-bit word
+/// cuda/detail/block_codes.cuh); then one thread per 32-bit word
 /// codes its values, drawing element i's uniform from word i of the Philox stream. Decoding
-/// checks every norm and code first, then writes ±norm·level/s (cuda/block_codes.cuh).
+/// checks every norm and code first, then writes ±norm·level/s (cuda/detail/block_codes.cuh).
 
 #include <gradcomp/cuda/config.cuh>
 
@@ -22,18 +22,18 @@
 #include <gradcomp/core/philox.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
-#include <gradcomp/cuda/block_codes.cuh>
+#include <gradcomp/cuda/detail/block_codes.cuh>
 #include <gradcomp/cuda/executor.cuh>
-#include <gradcomp/cuda/grid.cuh>
-#include <gradcomp/cuda/message.cuh>
-#include <gradcomp/cuda/operation.cuh>
+#include <gradcomp/cuda/detail/grid.cuh>
+#include <gradcomp/cuda/detail/message.cuh>
+#include <gradcomp/cuda/detail/operation.cuh>
 #include <gradcomp/quantize/qsgd.hpp>
 #include <gradcomp/quantize/qsgd_math.hpp>
 #include <gradcomp/quantize/sign_math.hpp>
 
 namespace gradcomp {
 
-namespace cuda_detail {
+namespace detail::cuda {
 
 /// Reason of a bucket whose L2 norm overflows the value type (after the block-code reasons).
 inline constexpr std::uint32_t qsgd_norm_overflow = 4;
@@ -79,25 +79,25 @@ struct qsgd_rule {
   __device__ T value(std::uint8_t c, T norm) const { return qsgd_decoded(c, norm, levels, bits); }
 };
 
-}  // namespace cuda_detail
+}  // namespace detail::cuda
 
 /// QSGD quantization on the GPU.
 template <gradient_value T>
 struct backend<qsgd_quantizer<T>, cuda_executor> {
-  using rule = cuda_detail::qsgd_rule<T>;
+  using rule = detail::cuda::qsgd_rule<T>;
 
   static std::size_t workspace_bytes(const qsgd_quantizer<T>&, const cuda_executor&, std::uint64_t) {
-    return cuda_detail::status_and_crc_bytes();
+    return detail::cuda::status_and_crc_bytes();
   }
 
   static std::size_t encode(const qsgd_quantizer<T>& codec, const cuda_executor& exec, std::span<const T> grad,
                             std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
-    return cuda_detail::encode_block_coded(
+    return detail::cuda::encode_block_coded(
         codec, exec, grad, out, ws, key, layout_of(codec, grad.size()),
-        [](workspace_arena&, T* norms) { return cuda_detail::qsgd_bucket_norm_stat<T>{norms}; },
-        [&](const cuda_detail::qsgd_bucket_norm_stat<T>& stat) { return rule_of(codec, key, stat.norms); },
+        [](workspace_arena&, T* norms) { return detail::cuda::qsgd_bucket_norm_stat<T>{norms}; },
+        [&](const detail::cuda::qsgd_bucket_norm_stat<T>& stat) { return rule_of(codec, key, stat.norms); },
         [](errc, std::uint64_t position, std::uint32_t reason) {
-          if (reason == cuda_detail::qsgd_norm_overflow)
+          if (reason == detail::cuda::qsgd_norm_overflow)
             return "the L2 norm of bucket " + std::to_string(position) +
                    " overflows the value type; no message was written";
           return "gradient value " + std::to_string(position) + " is NaN or Inf; no message was written";
@@ -106,13 +106,13 @@ struct backend<qsgd_quantizer<T>, cuda_executor> {
 
   static void decode(const qsgd_quantizer<T>& codec, const cuda_executor& exec, std::span<const std::byte> message,
                      std::span<T> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
-    cuda_detail::decode_block_coded(
+    detail::cuda::decode_block_coded(
         codec, exec, message, out, ws, limits, accumulate, [&](std::uint64_t n) { return layout_of(codec, n); },
         [&](message_key key) { return rule_of(codec, key, nullptr); }, "norm");
   }
 
  private:
-  static cuda_detail::block_layout layout_of(const qsgd_quantizer<T>& codec, std::uint64_t n) {
+  static detail::cuda::block_layout layout_of(const qsgd_quantizer<T>& codec, std::uint64_t n) {
     return {n, codec.params().bucket, codec.bits(), packed_bytes(n, codec.bits())};
   }
   static rule rule_of(const qsgd_quantizer<T>& codec, message_key key, const T* norms) {

@@ -23,14 +23,14 @@
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
 #include <gradcomp/cuda/executor.cuh>
-#include <gradcomp/cuda/grid.cuh>
-#include <gradcomp/cuda/message.cuh>
-#include <gradcomp/cuda/operation.cuh>
+#include <gradcomp/cuda/detail/grid.cuh>
+#include <gradcomp/cuda/detail/message.cuh>
+#include <gradcomp/cuda/detail/operation.cuh>
 #include <gradcomp/sparsify/randomk.hpp>
 
 namespace gradcomp {
 
-namespace cuda_detail {
+namespace detail::cuda {
 
 /// values[j] = x[π(j)], recording a NaN or Inf at its draw position j.
 template <class T>
@@ -96,13 +96,13 @@ struct randomk_add {
   __device__ void operator()(std::uint64_t j) const { sum[j] = sum[j] + add[j]; }
 };
 
-}  // namespace cuda_detail
+}  // namespace detail::cuda
 
 /// Random-k on the GPU.
 template <gradient_value T>
 struct backend<randomk_sparsifier<T>, cuda_executor> {
   static std::size_t workspace_bytes(const randomk_sparsifier<T>&, const cuda_executor&, std::uint64_t) {
-    return cuda_detail::status_and_crc_bytes();
+    return detail::cuda::status_and_crc_bytes();
   }
 
   static std::size_t encode(const randomk_sparsifier<T>& codec, const cuda_executor& exec, std::span<const T> grad,
@@ -111,14 +111,14 @@ struct backend<randomk_sparsifier<T>, cuda_executor> {
     const std::uint64_t k = codec.k(n);
     const std::size_t size = codec.max_encoded_bytes(n);
     workspace_arena arena(ws);
-    const cuda_detail::operation op(exec, arena);
-    const cuda_detail::crc_scratch crc = cuda_detail::carve_seal(arena, codec.wire().payload_checksum);
-    cuda_detail::begin_message(exec, out, size);  // after the workspace is carved: a refused call writes nothing
+    const detail::cuda::operation op(exec, arena);
+    const detail::cuda::crc_scratch crc = detail::cuda::carve_seal(arena, codec.wire().payload_checksum);
+    detail::cuda::begin_message(exec, out, size);  // after the workspace is carved: a refused call writes nothing
     auto* const values = reinterpret_cast<T*>(out.data() + envelope::size);
     if (k > 0)
-      cuda_detail::for_each_item(exec, k,
-                                 cuda_detail::randomk_gather<T>{grad.data(), codec.permutation(n, key), values,
-                                                                op.status()});
+      detail::cuda::for_each_item(exec, k,
+                                  detail::cuda::randomk_gather<T>{grad.data(), codec.permutation(n, key), values,
+                                                                  op.status()});
     seal(codec, exec, out.data(), n, key, crc, op);
     op.finish_encode([&](errc, std::uint64_t j, std::uint32_t) {
       return "gradient value " + std::to_string(codec.permutation(n, key)(j)) + " is NaN or Inf";
@@ -129,30 +129,30 @@ struct backend<randomk_sparsifier<T>, cuda_executor> {
   static void decode(const randomk_sparsifier<T>& codec, const cuda_executor& exec, std::span<const std::byte> message,
                      std::span<T> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
     workspace_arena arena(ws);
-    const cuda_detail::operation op(exec, arena);
-    const cuda_detail::crc_scratch crc = cuda_detail::crc_scratch::carve(arena);
+    const detail::cuda::operation op(exec, arena);
+    const detail::cuda::crc_scratch crc = detail::cuda::crc_scratch::carve(arena);
     const envelope e = read_checked(codec, exec, message, out.size(), limits, crc);
     const std::uint64_t n = e.elements;
     const std::uint64_t k = codec.k(n);
     const auto* const values = reinterpret_cast<const T*>(message.data() + envelope::size);
     const T scale =
         k == 0 || !codec.params().scaled ? T{1} : static_cast<T>(static_cast<double>(n) / static_cast<double>(k));
-    cuda_detail::for_each_item(exec, k, cuda_detail::randomk_check<T>{values, scale, op.status()});
+    detail::cuda::for_each_item(exec, k, detail::cuda::randomk_check<T>{values, scale, op.status()});
     op.finish([](errc, std::uint64_t j, std::uint32_t) {
       return "value at position " + std::to_string(j) + " is non-finite or overflows when scaled";
     });
     if (!accumulate && !out.empty())
       GRADCOMP_CUDA_CHECK(cudaMemsetAsync(out.data(), 0, out.size_bytes(), exec.native_stream()));
     if (k == 0) return;
-    cuda_detail::for_each_item(exec, k,
-                               cuda_detail::randomk_scatter<T>{values, scale, codec.permutation(n, e.key), out.data(),
-                                                               accumulate});
+    detail::cuda::for_each_item(exec, k,
+                                detail::cuda::randomk_scatter<T>{values, scale, codec.permutation(n, e.key), out.data(),
+                                                                 accumulate});
   }
 
   static void accumulate_encoded(const randomk_sparsifier<T>& codec, const cuda_executor& exec,
                                  std::span<std::byte> acc, std::span<const std::byte> other) {
-    const cuda_detail::pooled_status_and_crc scratch(exec);
-    const envelope mine = cuda_detail::fetch_envelope(exec, acc, scratch.crc);
+    const detail::cuda::pooled_status_and_crc scratch(exec);
+    const envelope mine = detail::cuda::fetch_envelope(exec, acc, scratch.crc);
     validate_envelope(mine, expectation(codec, mine.elements), {});
     codec.validate_payload_size(mine);
     const envelope theirs = read_checked(codec, exec, other, mine.elements, {}, scratch.crc);
@@ -161,21 +161,22 @@ struct backend<randomk_sparsifier<T>, cuda_executor> {
     const std::uint64_t k = codec.k(mine.elements);
     auto* const sum = reinterpret_cast<T*>(acc.data() + envelope::size);
     const auto* const add = reinterpret_cast<const T*>(other.data() + envelope::size);
-    cuda_detail::for_each_item(exec, k, cuda_detail::randomk_check_sum<T>{sum, add, scratch.op.status()});
+    detail::cuda::for_each_item(exec, k, detail::cuda::randomk_check_sum<T>{sum, add, scratch.op.status()});
     scratch.op.finish(
         [](errc, std::uint64_t j, std::uint32_t) { return "sum overflows at position " + std::to_string(j); });
-    cuda_detail::for_each_item(exec, k, cuda_detail::randomk_add<T>{sum, add});
-    const cuda_detail::crc_scratch seal_crc = codec.wire().payload_checksum ? scratch.crc : cuda_detail::crc_scratch{};
+    detail::cuda::for_each_item(exec, k, detail::cuda::randomk_add<T>{sum, add});
+    const detail::cuda::crc_scratch seal_crc =
+        codec.wire().payload_checksum ? scratch.crc : detail::cuda::crc_scratch{};
     seal(codec, exec, acc.data(), mine.elements, mine.key, seal_crc, scratch.op);
   }
 
  private:
   static void seal(const randomk_sparsifier<T>& codec, const cuda_executor& exec, std::byte* out, std::uint64_t n,
-                   message_key key, const cuda_detail::crc_scratch& crc, const cuda_detail::operation& op) {
-    cuda_detail::seal_message(exec, out,
-                              {codec_id::random_k, dtype_of<T>, 0, 0, key, n, codec.k(n) * sizeof(T),
-                               codec.params_hash(), 0},
-                              crc, op);
+                   message_key key, const detail::cuda::crc_scratch& crc, const detail::cuda::operation& op) {
+    detail::cuda::seal_message(exec, out,
+                               {codec_id::random_k, dtype_of<T>, 0, 0, key, n, codec.k(n) * sizeof(T),
+                                codec.params_hash(), 0},
+                               crc, op);
   }
 
   /// What a decoder of an `elements`-element buffer expects of a message's envelope.
@@ -186,8 +187,8 @@ struct backend<randomk_sparsifier<T>, cuda_executor> {
   /// Reads and checks a random-k message for an `elements`-element buffer (payload: k values).
   static envelope read_checked(const randomk_sparsifier<T>& codec, const cuda_executor& exec,
                                std::span<const std::byte> message, std::uint64_t elements, const decode_limits& limits,
-                               const cuda_detail::crc_scratch& crc) {
-    const envelope e = cuda_detail::read_envelope(exec, message, expectation(codec, elements), limits, crc);
+                               const detail::cuda::crc_scratch& crc) {
+    const envelope e = detail::cuda::read_envelope(exec, message, expectation(codec, elements), limits, crc);
     codec.validate_payload_size(e);
     return e;
   }

@@ -28,11 +28,11 @@
 #include <gradcomp/core/rounded_product.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
-#include <gradcomp/cuda/block_codes.cuh>
+#include <gradcomp/cuda/detail/block_codes.cuh>
 #include <gradcomp/cuda/executor.cuh>
-#include <gradcomp/cuda/grid.cuh>
-#include <gradcomp/cuda/message.cuh>
-#include <gradcomp/cuda/operation.cuh>
+#include <gradcomp/cuda/detail/grid.cuh>
+#include <gradcomp/cuda/detail/message.cuh>
+#include <gradcomp/cuda/detail/operation.cuh>
 #include <gradcomp/cuda/uniform.cuh>
 #include <gradcomp/quantize/shared_scale.hpp>
 #include <gradcomp/quantize/sign_math.hpp>
@@ -40,7 +40,7 @@
 
 namespace gradcomp {
 
-namespace cuda_detail {
+namespace detail::cuda {
 
 /// Checks of agreed maxima and of this rank's own maxima, numbered in the CPU's order.
 enum shared_maximum_reason : std::uint32_t {
@@ -235,7 +235,7 @@ struct add_words {
   __device__ void operator()(std::uint64_t w) const { acc[w] += other[w]; }
 };
 
-}  // namespace cuda_detail
+}  // namespace detail::cuda
 
 /// Shared-scale quantization on the GPU.
 template <gradient_value T>
@@ -244,23 +244,23 @@ struct backend<shared_scale_quantizer<T>, cuda_executor> {
 
   /// Status and CRC scratch, and the single-stage `encode`'s own block maxima.
   static std::size_t workspace_bytes(const codec_type& codec, const cuda_executor&, std::uint64_t n) {
-    return cuda_detail::operation::workspace_bytes([&](workspace_arena& arena) {
-      (void)cuda_detail::crc_scratch::carve(arena);
+    return detail::cuda::operation::workspace_bytes([&](workspace_arena& arena) {
+      (void)detail::cuda::crc_scratch::carve(arena);
       (void)arena.take<T>(static_cast<std::size_t>(codec.block_count(n)));
     });
   }
 
   static void block_maxima(const codec_type& codec, const cuda_executor& exec, std::span<const T> grad,
                            std::span<T> maxima) {
-    const cuda_detail::pooled_status_and_crc scratch(exec);
+    const detail::cuda::pooled_status_and_crc scratch(exec);
     find_block_maxima(codec, exec, grad, maxima, scratch.op);
   }
 
   static std::size_t encode(const codec_type& codec, const cuda_executor& exec, std::span<const T> grad,
                             std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
     workspace_arena arena(ws);
-    const cuda_detail::operation op(exec, arena);
-    (void)cuda_detail::crc_scratch::carve(arena);
+    const detail::cuda::operation op(exec, arena);
+    (void)detail::cuda::crc_scratch::carve(arena);
     const std::span<T> maxima = arena.take<T>(static_cast<std::size_t>(codec.block_count(grad.size())));
     find_block_maxima(codec, exec, grad, maxima, op);
     check_agreed(codec, exec, grad.size(), maxima, op);
@@ -271,12 +271,12 @@ struct backend<shared_scale_quantizer<T>, cuda_executor> {
                                    std::span<const T> agreed, std::span<std::byte> out, std::span<std::byte> ws,
                                    message_key key, std::uint32_t rank) {
     workspace_arena arena(ws);
-    const cuda_detail::operation op(exec, arena);
+    const detail::cuda::operation op(exec, arena);
     const std::uint64_t n = grad.size();
     check_agreed(codec, exec, n, agreed, op);
-    const cuda_detail::shared_layout layout = layout_of(codec, n);
-    cuda_detail::for_each_block(exec, layout.blocks(),
-                                cuda_detail::shared_check_own<T>{grad.data(), layout, agreed.data(), op.status()});
+    const detail::cuda::shared_layout layout = layout_of(codec, n);
+    detail::cuda::for_each_block(exec, layout.blocks(),
+                                 detail::cuda::shared_check_own<T>{grad.data(), layout, agreed.data(), op.status()});
     finish_maxima_check(op);
     return write_message(codec, exec, grad, agreed, out, key, rank, op);
   }
@@ -284,29 +284,30 @@ struct backend<shared_scale_quantizer<T>, cuda_executor> {
   static void decode(const codec_type& codec, const cuda_executor& exec, std::span<const std::byte> message,
                      std::span<T> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
     workspace_arena arena(ws);
-    const cuda_detail::operation op(exec, arena);
-    const cuda_detail::crc_scratch crc = cuda_detail::crc_scratch::carve(arena);
-    const envelope e = cuda_detail::read_envelope(exec, message, expectation(codec, out.size()), limits, crc);
+    const detail::cuda::operation op(exec, arena);
+    const detail::cuda::crc_scratch crc = detail::cuda::crc_scratch::carve(arena);
+    const envelope e = detail::cuda::read_envelope(exec, message, expectation(codec, out.size()), limits, crc);
     check_payload(codec, exec, message, e, op);
-    const cuda_detail::shared_layout layout = layout_of(codec, e.elements);
-    cuda_detail::for_each_item(exec, layout.words(),
-                               cuda_detail::shared_decode_words<T>{layout, message.data(), out.data(), accumulate});
+    const detail::cuda::shared_layout layout = layout_of(codec, e.elements);
+    detail::cuda::for_each_item(exec, layout.words(),
+                                detail::cuda::shared_decode_words<T>{layout, message.data(), out.data(), accumulate});
   }
 
   static void accumulate_encoded(const codec_type& codec, const cuda_executor& exec, std::span<std::byte> acc,
                                  std::span<const std::byte> other) {
-    const cuda_detail::pooled_status_and_crc scratch(exec);
-    const envelope mine = cuda_detail::fetch_envelope(exec, acc, scratch.crc);
+    const detail::cuda::pooled_status_and_crc scratch(exec);
+    const envelope mine = detail::cuda::fetch_envelope(exec, acc, scratch.crc);
     validate_envelope(mine, expectation(codec, mine.elements), {});
     check_payload(codec, exec, acc, mine, scratch.op);
-    const envelope theirs = cuda_detail::read_envelope(exec, other, expectation(codec, mine.elements), {}, scratch.crc);
+    const envelope theirs =
+        detail::cuda::read_envelope(exec, other, expectation(codec, mine.elements), {}, scratch.crc);
     check_payload(codec, exec, other, theirs, scratch.op);
     detail::require(mine.key == theirs.key, errc::step_mismatch,
                     "messages of different steps or tensors cannot be summed");
-    const cuda_detail::shared_layout layout = layout_of(codec, mine.elements);
-    cuda_detail::for_each_item(exec, layout.offset - envelope::size,
-                               cuda_detail::same_bytes{acc.data() + envelope::size, other.data() + envelope::size,
-                                                       scratch.op.status()});
+    const detail::cuda::shared_layout layout = layout_of(codec, mine.elements);
+    detail::cuda::for_each_item(exec, layout.offset - envelope::size,
+                                detail::cuda::same_bytes{acc.data() + envelope::size, other.data() + envelope::size,
+                                                         scratch.op.status()});
     scratch.op.finish([](errc, std::uint64_t, std::uint32_t) {
       return std::string("the block scales differ: the ranks did not agree the block maxima");
     });
@@ -320,14 +321,14 @@ struct backend<shared_scale_quantizer<T>, cuda_executor> {
       return "the sum would hold " + std::to_string(counts[0] + counts[1]) + " contributions, the headroom allows " +
              std::to_string(codec.max_contributions()) + ": raise headroom_bits";
     });
-    cuda_detail::for_each_item(exec, 1 + layout.words(),
-                               cuda_detail::add_words{reinterpret_cast<std::uint64_t*>(acc.data() + layout.offset),
-                                                      reinterpret_cast<const std::uint64_t*>(other.data() +
-                                                                                             layout.offset)});
+    detail::cuda::for_each_item(exec, 1 + layout.words(),
+                                detail::cuda::add_words{reinterpret_cast<std::uint64_t*>(acc.data() + layout.offset),
+                                                        reinterpret_cast<const std::uint64_t*>(other.data() +
+                                                                                               layout.offset)});
   }
 
  private:
-  static cuda_detail::shared_layout layout_of(const codec_type& codec, std::uint64_t n) {
+  static detail::cuda::shared_layout layout_of(const codec_type& codec, std::uint64_t n) {
     return {n,
             codec.params().block,
             codec.bits(),
@@ -340,22 +341,22 @@ struct backend<shared_scale_quantizer<T>, cuda_executor> {
   /// This rank's block maxima into `maxima`; on NaN or Inf every maximum is +Inf and
   /// `non_finite_input` is thrown.
   static void find_block_maxima(const codec_type& codec, const cuda_executor& exec, std::span<const T> grad,
-                                std::span<T> maxima, const cuda_detail::operation& op) {
+                                std::span<T> maxima, const detail::cuda::operation& op) {
     const std::uint64_t n = grad.size();
     detail::require(maxima.size() == codec.block_count(n), errc::size_mismatch, [&] {
       return "maxima hold " + std::to_string(maxima.size()) + " values, the gradient has " +
              std::to_string(codec.block_count(n)) + " blocks";
     });
-    const cuda_detail::block_layout layout{n, codec.params().block, codec.bits(), 0};
-    cuda_detail::for_each_block(exec, layout.blocks(),
-                                cuda_detail::block_statistics<T, cuda_detail::maximum_stat<T>>{
-                                    grad.data(), layout, {maxima.data()}, op.status()});
+    const detail::cuda::block_layout layout{n, codec.params().block, codec.bits(), 0};
+    detail::cuda::for_each_block(exec, layout.blocks(),
+                                 detail::cuda::block_statistics<T, detail::cuda::maximum_stat<T>>{
+                                     grad.data(), layout, {maxima.data()}, op.status()});
     try {
       op.finish([](errc, std::uint64_t i, std::uint32_t) {
         return "gradient value " + std::to_string(i) + " is NaN or Inf";
       });
     } catch (const error&) {
-      cuda_detail::for_each_item(exec, maxima.size(), cuda_detail::infinite_maxima<T>{maxima.data()});
+      detail::cuda::for_each_item(exec, maxima.size(), detail::cuda::infinite_maxima<T>{maxima.data()});
       exec.synchronize();
       throw;
     }
@@ -363,35 +364,36 @@ struct backend<shared_scale_quantizer<T>, cuda_executor> {
 
   /// Checks agreed maxima in the CPU's order (count, then per block: finite, sign, overflow).
   static void check_agreed(const codec_type& codec, const cuda_executor& exec, std::uint64_t n,
-                           std::span<const T> agreed, const cuda_detail::operation& op) {
+                           std::span<const T> agreed, const detail::cuda::operation& op) {
     detail::require(agreed.size() == codec.block_count(n), errc::size_mismatch, [&] {
       return "agreed maxima hold " + std::to_string(agreed.size()) + " values, the gradient has " +
              std::to_string(codec.block_count(n)) + " blocks";
     });
-    cuda_detail::for_each_item(exec, agreed.size(),
-                               cuda_detail::shared_check_agreed<T>{agreed.data(), codec.bits(),
-                                                                   codec.largest_level_sum(), op.status()});
+    detail::cuda::for_each_item(exec, agreed.size(),
+                                detail::cuda::shared_check_agreed<T>{agreed.data(), codec.bits(),
+                                                                     codec.largest_level_sum(), op.status()});
     finish_maxima_check(op);
   }
 
-  static void finish_maxima_check(const cuda_detail::operation& op) {
+  static void finish_maxima_check(const detail::cuda::operation& op) {
     op.finish_by_reason(
         [](std::uint32_t reason) {
           switch (reason) {
-            case cuda_detail::maximum_negative: return errc::invalid_argument;
-            case cuda_detail::own_above_agreed: return errc::parameter_mismatch;
+            case detail::cuda::maximum_negative: return errc::invalid_argument;
+            case detail::cuda::own_above_agreed: return errc::parameter_mismatch;
             default: return errc::non_finite_input;
           }
         },
         [](std::uint64_t j, std::uint32_t reason) -> std::string {
           switch (reason) {
-            case cuda_detail::maximum_not_finite:
+            case detail::cuda::maximum_not_finite:
               return "agreed maximum of block " + std::to_string(j) + " is NaN or Inf";
-            case cuda_detail::maximum_negative: return "agreed maximum of block " + std::to_string(j) + " is negative";
-            case cuda_detail::maximum_overflows:
+            case detail::cuda::maximum_negative: return "agreed maximum of block " + std::to_string(j) + " is negative";
+            case detail::cuda::maximum_overflows:
               return "agreed maximum of block " + std::to_string(j) +
                      " is so large that the largest sum overflows the value type";
-            case cuda_detail::own_not_finite: return "block " + std::to_string(j) + " of the gradient holds NaN or Inf";
+            case detail::cuda::own_not_finite:
+              return "block " + std::to_string(j) + " of the gradient holds NaN or Inf";
             default:
               return "agreed maximum of block " + std::to_string(j) +
                      " is below this rank's own maximum: the maxima were not MAX-reduced over all ranks";
@@ -403,31 +405,31 @@ struct backend<shared_scale_quantizer<T>, cuda_executor> {
   /// and seals it.
   static std::size_t write_message(const codec_type& codec, const cuda_executor& exec, std::span<const T> grad,
                                    std::span<const T> maxima, std::span<std::byte> out, message_key key,
-                                   std::uint32_t rank, const cuda_detail::operation& op) {
+                                   std::uint32_t rank, const detail::cuda::operation& op) {
     const std::uint64_t n = grad.size();
     const std::size_t size = codec.max_encoded_bytes(n);
-    cuda_detail::begin_message(exec, out, size);
-    const cuda_detail::shared_layout layout = layout_of(codec, n);
+    detail::cuda::begin_message(exec, out, size);
+    const detail::cuda::shared_layout layout = layout_of(codec, n);
     std::byte* const message = out.data();
     GRADCOMP_CUDA_CHECK(
         cudaMemsetAsync(message + envelope::size, 0, layout.offset - envelope::size, exec.native_stream()));
-    T* const scales = cuda_detail::scales_of<T>(message);
-    cuda_detail::for_each_item(exec, layout.blocks(),
-                               cuda_detail::shared_scales<T>{maxima.data(), layout.bits, scales});
-    cuda_detail::launch(exec, 1, 32, cuda_detail::store_word_kernel<>, message + layout.offset, std::uint64_t{1});
+    T* const scales = detail::cuda::scales_of<T>(message);
+    detail::cuda::for_each_item(exec, layout.blocks(),
+                                detail::cuda::shared_scales<T>{maxima.data(), layout.bits, scales});
+    detail::cuda::launch(exec, 1, 32, detail::cuda::store_word_kernel<>, message + layout.offset, std::uint64_t{1});
     const shared_scale_params& p = codec.params();
-    const cuda_detail::uniform_rule<T> rule{p.bits, p.round,
-                                            random_stream{shared_scale_stream_seed(p.seed, rank), key.step,
-                                                          key.tensor_id, random_purpose::stochastic_rounding},
-                                            maxima.data(), scales};
-    cuda_detail::for_each_item(exec, layout.words(),
-                               cuda_detail::shared_encode_words<T>{grad.data(), layout, rule,
-                                                                   reinterpret_cast<std::uint64_t*>(
-                                                                       message + layout.offset + 8)});
-    cuda_detail::seal_message(exec, message,
-                              {codec_id::uniform_shared, dtype_of<T>, 0, 0, key, n, size - envelope::size,
-                               codec.params_hash(), 0},
-                              cuda_detail::crc_scratch{}, op);
+    const detail::cuda::uniform_rule<T> rule{p.bits, p.round,
+                                             random_stream{shared_scale_stream_seed(p.seed, rank), key.step,
+                                                           key.tensor_id, random_purpose::stochastic_rounding},
+                                             maxima.data(), scales};
+    detail::cuda::for_each_item(exec, layout.words(),
+                                detail::cuda::shared_encode_words<T>{grad.data(), layout, rule,
+                                                                     reinterpret_cast<std::uint64_t*>(
+                                                                         message + layout.offset + 8)});
+    detail::cuda::seal_message(exec, message,
+                               {codec_id::uniform_shared, dtype_of<T>, 0, 0, key, n, size - envelope::size,
+                                codec.params_hash(), 0},
+                               detail::cuda::crc_scratch{}, op);
     return size;
   }
 
@@ -439,13 +441,13 @@ struct backend<shared_scale_quantizer<T>, cuda_executor> {
   /// Checks the payload of a message whose envelope `e` was read and checked: its size (host),
   /// then the count, scales, padding and fields (device).
   static void check_payload(const codec_type& codec, const cuda_executor& exec, std::span<const std::byte> message,
-                            const envelope& e, const cuda_detail::operation& op) {
+                            const envelope& e, const detail::cuda::operation& op) {
     codec.validate_payload_size(e);
-    const cuda_detail::shared_check_message<T> check{layout_of(codec, e.elements), message.data(),
-                                                     codec.largest_level_sum(), codec.largest_field(1), op.status()};
-    cuda_detail::for_each_item(exec, check.items(), check);
+    const detail::cuda::shared_check_message<T> check{layout_of(codec, e.elements), message.data(),
+                                                      codec.largest_level_sum(), codec.largest_field(1), op.status()};
+    detail::cuda::for_each_item(exec, check.items(), check);
     op.finish([](errc, std::uint64_t position, std::uint32_t reason) {
-      return cuda_detail::describe_block_code_failure(position, reason, "scale");
+      return detail::cuda::describe_block_code_failure(position, reason, "scale");
     });
   }
 };

@@ -3,9 +3,9 @@
 /// The sign quantizer on the GPU, byte-identical to the CPU backend: a warp per 32 blocks stages
 /// them in shared memory and lane b finds block b's largest magnitude and sums its mean magnitude
 /// in the documented left-to-right order (quantize/sign_math.hpp, the sum the CPU forms; block
-/// sums, cuda/block_codes.cuh); then one thread per 32-bit word
+/// sums, cuda/detail/block_codes.cuh); then one thread per 32-bit word
 /// writes 32 sign bits (0 under a zero scale). Decoding checks every scale and bit first, then
-/// writes ±scale (cuda/block_codes.cuh).
+/// writes ±scale (cuda/detail/block_codes.cuh).
 
 #include <gradcomp/cuda/config.cuh>
 
@@ -21,17 +21,17 @@
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
-#include <gradcomp/cuda/block_codes.cuh>
+#include <gradcomp/cuda/detail/block_codes.cuh>
 #include <gradcomp/cuda/executor.cuh>
-#include <gradcomp/cuda/grid.cuh>
-#include <gradcomp/cuda/message.cuh>
-#include <gradcomp/cuda/operation.cuh>
+#include <gradcomp/cuda/detail/grid.cuh>
+#include <gradcomp/cuda/detail/message.cuh>
+#include <gradcomp/cuda/detail/operation.cuh>
 #include <gradcomp/quantize/sign.hpp>
 #include <gradcomp/quantize/sign_math.hpp>
 
 namespace gradcomp {
 
-namespace cuda_detail {
+namespace detail::cuda {
 
 /// A block's mean-magnitude scale into the message, from its sum in the documented order
 /// (block_sums_kernel forms it).
@@ -59,21 +59,21 @@ struct sign_rule {
   __device__ T value(std::uint8_t bit, T s) const { return sign_decoded(bit, s); }
 };
 
-}  // namespace cuda_detail
+}  // namespace detail::cuda
 
 /// Sign quantization on the GPU.
 template <gradient_value T>
 struct backend<sign_quantizer<T>, cuda_executor> {
   static std::size_t workspace_bytes(const sign_quantizer<T>&, const cuda_executor&, std::uint64_t) {
-    return cuda_detail::status_and_crc_bytes();
+    return detail::cuda::status_and_crc_bytes();
   }
 
   static std::size_t encode(const sign_quantizer<T>& codec, const cuda_executor& exec, std::span<const T> grad,
                             std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
-    return cuda_detail::encode_block_coded(
+    return detail::cuda::encode_block_coded(
         codec, exec, grad, out, ws, key, layout_of(codec, grad.size()),
-        [](workspace_arena&, T* scales) { return cuda_detail::sign_block_scale_stat<T>{scales}; },
-        [](const cuda_detail::sign_block_scale_stat<T>& stat) { return cuda_detail::sign_rule<T>{stat.scales}; },
+        [](workspace_arena&, T* scales) { return detail::cuda::sign_block_scale_stat<T>{scales}; },
+        [](const detail::cuda::sign_block_scale_stat<T>& stat) { return detail::cuda::sign_rule<T>{stat.scales}; },
         [](errc, std::uint64_t i, std::uint32_t) {
           return "gradient value " + std::to_string(i) + " is NaN or Inf; no message was written";
         });
@@ -81,13 +81,13 @@ struct backend<sign_quantizer<T>, cuda_executor> {
 
   static void decode(const sign_quantizer<T>& codec, const cuda_executor& exec, std::span<const std::byte> message,
                      std::span<T> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
-    cuda_detail::decode_block_coded(
+    detail::cuda::decode_block_coded(
         codec, exec, message, out, ws, limits, accumulate, [&](std::uint64_t n) { return layout_of(codec, n); },
-        [](message_key) { return cuda_detail::sign_rule<T>{nullptr}; }, "scale");
+        [](message_key) { return detail::cuda::sign_rule<T>{nullptr}; }, "scale");
   }
 
  private:
-  static cuda_detail::block_layout layout_of(const sign_quantizer<T>& codec, std::uint64_t n) {
+  static detail::cuda::block_layout layout_of(const sign_quantizer<T>& codec, std::uint64_t n) {
     return {n, codec.params().block, 1, packed_bytes(n, 1)};
   }
 };

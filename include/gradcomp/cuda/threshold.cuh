@@ -1,7 +1,7 @@
 #pragma once
 /// @file
 /// The sampled-threshold sparsifier on the GPU, byte-identical to the CPU backend: one thread
-/// per sample reads |x| at its Philox position; the radix selection of cuda/radix_select.cuh
+/// per sample reads |x| at its Philox position; the radix selection of cuda/detail/radix_select.cuh
 /// finds τ among the samples; one pass appends every index whose magnitude is at least τ; the
 /// host reads how many survived (the message size depends on it); with refinement, when more
 /// than 1.3·k survive, the selection picks the exact top k among the survivors (ties to the lower
@@ -24,16 +24,16 @@
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
 #include <gradcomp/cuda/executor.cuh>
-#include <gradcomp/cuda/grid.cuh>
-#include <gradcomp/cuda/message.cuh>
-#include <gradcomp/cuda/operation.cuh>
-#include <gradcomp/cuda/radix_select.cuh>
-#include <gradcomp/cuda/sparse_coding.cuh>
+#include <gradcomp/cuda/detail/grid.cuh>
+#include <gradcomp/cuda/detail/message.cuh>
+#include <gradcomp/cuda/detail/operation.cuh>
+#include <gradcomp/cuda/detail/radix_select.cuh>
+#include <gradcomp/cuda/detail/sparse_coding.cuh>
 #include <gradcomp/sparsify/threshold.hpp>
 
 namespace gradcomp {
 
-namespace cuda_detail {
+namespace detail::cuda {
 
 /// Sample j: the magnitude key of x at position ⌊r·n/2^64⌋ for the 64-bit word r made of stream
 /// words 2j and 2j + 1 (or of x[j] itself when every element is sampled).
@@ -117,7 +117,7 @@ __global__ void threshold_key_kernel(const radix_state* state, std::uint64_t* ta
   if (blockIdx.x == 0 && threadIdx.x == 0) *tau = threshold_key<T>(state);
 }
 
-}  // namespace cuda_detail
+}  // namespace detail::cuda
 
 /// Threshold sparsification on the GPU.
 template <gradient_value T>
@@ -125,39 +125,39 @@ struct backend<threshold_sparsifier<T>, cuda_executor> {
   static constexpr int key_bits = float_traits<T>::magnitude_bits;
 
   struct scratch {
-    cuda_detail::crc_scratch crc;
-    cuda_detail::radix_scratch radix;
+    detail::cuda::crc_scratch crc;
+    detail::cuda::radix_scratch radix;
     std::span<unsigned long long> counts;  ///< [0] survivors, [1] kept after refinement.
     std::span<std::uint64_t> tau;          ///< τ's key, for the report.
     std::span<std::uint64_t> sample;       ///< Sampled magnitude keys.
     std::span<std::uint64_t> survivors;    ///< Indices with |x| ≥ τ, unordered.
     std::span<std::uint64_t> kept;         ///< The refinement's top k, unordered.
-    cuda_detail::index_sort_scratch sort;  ///< The message's indices, ascending.
+    detail::cuda::index_sort_scratch sort;  ///< The message's indices, ascending.
   };
 
   static scratch carve_encode(workspace_arena& arena, const threshold_sparsifier<T>& codec, std::uint64_t n) {
     scratch s;
-    s.crc = cuda_detail::carve_seal(arena, codec.wire().payload_checksum);
-    s.radix = cuda_detail::radix_scratch::carve(arena);
+    s.crc = detail::cuda::carve_seal(arena, codec.wire().payload_checksum);
+    s.radix = detail::cuda::radix_scratch::carve(arena);
     s.counts = arena.take<unsigned long long>(2);
     s.tau = arena.take<std::uint64_t>(1);
     s.sample = arena.take<std::uint64_t>(static_cast<std::size_t>(codec.sample_count(n)));
     s.survivors = arena.take<std::uint64_t>(static_cast<std::size_t>(n));
     s.kept = arena.take<std::uint64_t>(static_cast<std::size_t>(codec.k(n)));
-    s.sort = cuda_detail::index_sort_scratch::carve(arena, n, n);
+    s.sort = detail::cuda::index_sort_scratch::carve(arena, n, n);
     return s;
   }
 
   static std::size_t workspace_bytes(const threshold_sparsifier<T>& codec, const cuda_executor&, std::uint64_t n) {
     const std::size_t encoder =
-        cuda_detail::operation::workspace_bytes([&](workspace_arena& arena) { (void)carve_encode(arena, codec, n); });
-    return std::max(encoder, cuda_detail::sparse_decoder_bytes(n));
+        detail::cuda::operation::workspace_bytes([&](workspace_arena& arena) { (void)carve_encode(arena, codec, n); });
+    return std::max(encoder, detail::cuda::sparse_decoder_bytes(n));
   }
 
   static threshold_report<T> encode_with_report(const threshold_sparsifier<T>& codec, const cuda_executor& exec,
                                                 std::span<const T> grad, std::span<std::byte> out,
                                                 std::span<std::byte> ws, message_key key) {
-    namespace cd = cuda_detail;
+    namespace cd = detail::cuda;
     const std::uint64_t n = grad.size();
     const std::uint64_t k = codec.k(n);
     workspace_arena arena(ws);
@@ -234,7 +234,7 @@ struct backend<threshold_sparsifier<T>, cuda_executor> {
   static void decode(const threshold_sparsifier<T>& codec, const cuda_executor& exec,
                      std::span<const std::byte> message, std::span<T> out, std::span<std::byte> ws,
                      const decode_limits& limits, bool accumulate) {
-    cuda_detail::decode_sparse_codec(codec, exec, message, out, ws, limits, accumulate);
+    detail::cuda::decode_sparse_codec(codec, exec, message, out, ws, limits, accumulate);
   }
 };
 

@@ -10,7 +10,7 @@
 /// the selection of the lowest indices among the ties of the k-th key, read only the candidates
 /// (or the gradient again, when they did not fit). A last pass over the candidates appends the
 /// rest of the top k; CUB's radix sort puts the k indices in ascending order, and the message is
-/// written from the sorted list (cuda/sparse_coding.cuh). The gradient is read twice.
+/// written from the sorted list (cuda/detail/sparse_coding.cuh). The gradient is read twice.
 
 #include <gradcomp/cuda/config.cuh>
 
@@ -28,15 +28,15 @@
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
 #include <gradcomp/cuda/executor.cuh>
-#include <gradcomp/cuda/message.cuh>
-#include <gradcomp/cuda/operation.cuh>
-#include <gradcomp/cuda/radix_select.cuh>
-#include <gradcomp/cuda/sparse_coding.cuh>
+#include <gradcomp/cuda/detail/message.cuh>
+#include <gradcomp/cuda/detail/operation.cuh>
+#include <gradcomp/cuda/detail/radix_select.cuh>
+#include <gradcomp/cuda/detail/sparse_coding.cuh>
 #include <gradcomp/sparsify/topk.hpp>
 
 namespace gradcomp {
 
-namespace cuda_detail {
+namespace detail::cuda {
 
 /// The magnitude keys of a gradient, index j at position j.
 template <class T>
@@ -201,29 +201,29 @@ struct largest_magnitudes {
   }
 };
 
-}  // namespace cuda_detail
+}  // namespace detail::cuda
 
 /// Top-k on the GPU.
 template <gradient_value T>
 struct backend<topk_sparsifier<T>, cuda_executor> {
-  using selection = cuda_detail::largest_magnitudes<T>;
+  using selection = detail::cuda::largest_magnitudes<T>;
 
   struct scratch {
-    cuda_detail::crc_scratch crc;
+    detail::cuda::crc_scratch crc;
     typename selection::scratch select;
   };
 
   static scratch carve_encode(workspace_arena& arena, const topk_sparsifier<T>& codec, std::uint64_t n) {
     scratch s;
-    s.crc = cuda_detail::carve_seal(arena, codec.wire().payload_checksum);
+    s.crc = detail::cuda::carve_seal(arena, codec.wire().payload_checksum);
     s.select = selection::scratch::carve(arena, codec.k(n), n);
     return s;
   }
 
   static std::size_t workspace_bytes(const topk_sparsifier<T>& codec, const cuda_executor&, std::uint64_t n) {
     const std::size_t encoder =
-        cuda_detail::operation::workspace_bytes([&](workspace_arena& arena) { (void)carve_encode(arena, codec, n); });
-    return std::max(encoder, cuda_detail::sparse_decoder_bytes(n));
+        detail::cuda::operation::workspace_bytes([&](workspace_arena& arena) { (void)carve_encode(arena, codec, n); });
+    return std::max(encoder, detail::cuda::sparse_decoder_bytes(n));
   }
 
   static std::size_t encode(const topk_sparsifier<T>& codec, const cuda_executor& exec, std::span<const T> grad,
@@ -233,18 +233,18 @@ struct backend<topk_sparsifier<T>, cuda_executor> {
     const std::uint64_t payload_bytes = sparse_payload_bytes(choose_index_coding(n, k), n, k, sizeof(T));
     const std::size_t size = static_cast<std::size_t>(envelope::size + payload_bytes);
     workspace_arena arena(ws);
-    const cuda_detail::operation op(exec, arena);
+    const detail::cuda::operation op(exec, arena);
     const scratch s = carve_encode(arena, codec, n);
-    cuda_detail::begin_message(exec, out, size);  // after the workspace is carved: a refused call writes nothing
+    detail::cuda::begin_message(exec, out, size);  // after the workspace is carved: a refused call writes nothing
     if (k > 0) selection::select(exec, grad.data(), n, k, s.select, op.status());
     // Pass 1 counted the NaN and Inf values already: the writer need not look again.
-    cuda_detail::write_sparse_payload(exec, out.data() + envelope::size, n, k, grad.data(),
-                                      static_cast<const std::uint64_t*>(s.select.sort.sorted.data()), false,
-                                      op.status());
-    cuda_detail::seal_message(exec, out.data(),
-                              {codec_id::topk, dtype_of<T>, static_cast<std::uint8_t>(choose_index_coding(n, k)), 0,
-                               key, n, payload_bytes, codec.params_hash(), 0},
-                              s.crc, op);
+    detail::cuda::write_sparse_payload(exec, out.data() + envelope::size, n, k, grad.data(),
+                                       static_cast<const std::uint64_t*>(s.select.sort.sorted.data()), false,
+                                       op.status());
+    detail::cuda::seal_message(exec, out.data(),
+                               {codec_id::topk, dtype_of<T>, static_cast<std::uint8_t>(choose_index_coding(n, k)), 0,
+                                key, n, payload_bytes, codec.params_hash(), 0},
+                               s.crc, op);
     op.finish_encode([n](errc code, std::uint64_t position, std::uint32_t) {
       if (code == errc::non_finite_input)
         return std::to_string(position) + " of " + std::to_string(n) + " gradient values are NaN or Inf";
@@ -255,7 +255,7 @@ struct backend<topk_sparsifier<T>, cuda_executor> {
 
   static void decode(const topk_sparsifier<T>& codec, const cuda_executor& exec, std::span<const std::byte> message,
                      std::span<T> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
-    cuda_detail::decode_sparse_codec(codec, exec, message, out, ws, limits, accumulate);
+    detail::cuda::decode_sparse_codec(codec, exec, message, out, ws, limits, accumulate);
   }
 };
 

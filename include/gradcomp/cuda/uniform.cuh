@@ -6,12 +6,12 @@
 /// Encode. When a block's codes fill whole 32-bit words (B·b a multiple of 32, as for the default
 /// B = 256), one kernel gives each block one warp. For 8- and 4-bit codes and blocks of at most
 /// 256 values (a multiple of 8), the warp holds the block in registers (quads,
-/// cuda/lane_layout.cuh): each lane reads its two quads once (128-bit loads where the gradient is
+/// cuda/detail/lane_layout.cuh): each lane reads its two quads once (128-bit loads where the gradient is
 /// 16-byte aligned), the warp's largest magnitude gives the scale (and finds NaN and Inf), and each
 /// lane codes its quads from registers, stochastic rounding drawing one Philox block per lane, and
 /// stores whole code words. For other whole-word blocks the lanes read the block for its largest
 /// magnitude and then code whole words of 32/b consecutive values (the second read of the block
-/// hits L1). Otherwise the shared block-code kernels run (cuda/block_codes.cuh): scales and
+/// hits L1). Otherwise the shared block-code kernels run (cuda/detail/block_codes.cuh): scales and
 /// largest magnitudes first, then word by word. The payload is sealed on the device once the
 /// codes are written.
 ///
@@ -36,19 +36,19 @@
 #include <gradcomp/core/rounded_product.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
-#include <gradcomp/cuda/block_codes.cuh>
+#include <gradcomp/cuda/detail/block_codes.cuh>
 #include <gradcomp/cuda/executor.cuh>
-#include <gradcomp/cuda/grid.cuh>
-#include <gradcomp/cuda/message.cuh>
-#include <gradcomp/cuda/operation.cuh>
-#include <gradcomp/cuda/warp.cuh>
+#include <gradcomp/cuda/detail/grid.cuh>
+#include <gradcomp/cuda/detail/message.cuh>
+#include <gradcomp/cuda/detail/operation.cuh>
+#include <gradcomp/cuda/detail/warp.cuh>
 #include <gradcomp/quantize/sign_math.hpp>
 #include <gradcomp/quantize/uniform.hpp>
 #include <gradcomp/quantize/uniform_math.hpp>
 
 namespace gradcomp {
 
-namespace cuda_detail {
+namespace detail::cuda {
 
 /// The coding of one block: its largest magnitude m, step s, and L/m when that is finite.
 template <class T>
@@ -108,7 +108,7 @@ struct uniform_rule {
 };
 
 /// The stream words of stochastic rounding for a lane's quads of the block from element `begin`
-/// (quads, cuda/lane_layout.cuh): each lane computes one Philox block and swaps halves with its
+/// (quads, cuda/detail/lane_layout.cuh): each lane computes one Philox block and swaps halves with its
 /// partner lane. The whole warp calls this.
 template <class T>
 __device__ void quad_random(const uniform_rule<T>& rule, std::uint64_t begin, word_pair (&words)[quad_rows]) {
@@ -236,7 +236,7 @@ __device__ void code_quads(const uniform_rule<T>& rule, const uniform_block_codi
 }
 
 /// One warp per block of Bits-bit codes (8 or 4) and at most 256 values, held in registers
-/// (quads, cuda/lane_layout.cuh), with the operands of uniform_encode_blocks: each lane reads its
+/// (quads, cuda/detail/lane_layout.cuh), with the operands of uniform_encode_blocks: each lane reads its
 /// quads once (128-bit loads when `vector`), the warp's largest magnitude (recording the first
 /// NaN or Inf) gives the scale, and the lanes code from registers, stochastic rounding drawing one
 /// Philox block per lane, and store whole code words.
@@ -294,62 +294,64 @@ struct uniform_block_step {
   }
 };
 
-}  // namespace cuda_detail
+}  // namespace detail::cuda
 
 /// Uniform quantization on the GPU.
 template <gradient_value T>
 struct backend<uniform_quantizer<T>, cuda_executor> {
   static std::size_t workspace_bytes(const uniform_quantizer<T>& codec, const cuda_executor&, std::uint64_t n) {
-    const std::size_t encoder = cuda_detail::operation::workspace_bytes([&](workspace_arena& arena) {
-      (void)cuda_detail::carve_seal(arena, codec.wire().payload_checksum);
+    const std::size_t encoder = detail::cuda::operation::workspace_bytes([&](workspace_arena& arena) {
+      (void)detail::cuda::carve_seal(arena, codec.wire().payload_checksum);
       if (!layout_of(codec, n).whole_words()) (void)arena.take<T>(static_cast<std::size_t>(codec.block_count(n)));
     });
-    return std::max(encoder, cuda_detail::status_and_crc_bytes());
+    return std::max(encoder, detail::cuda::status_and_crc_bytes());
   }
 
   static std::size_t encode(const uniform_quantizer<T>& codec, const cuda_executor& exec, std::span<const T> grad,
                             std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
     const std::uint64_t n = grad.size();
-    const cuda_detail::block_layout layout = layout_of(codec, n);
+    const detail::cuda::block_layout layout = layout_of(codec, n);
     if (!layout.whole_words())
-      return cuda_detail::encode_block_coded(
+      return detail::cuda::encode_block_coded(
           codec, exec, grad, out, ws, key, layout,
           [&](workspace_arena& arena, T* scales) {
-            return cuda_detail::uniform_block_step<T>{layout.bits, scales,
-                                                      arena.take<T>(static_cast<std::size_t>(layout.blocks())).data()};
+            return detail::cuda::uniform_block_step<T>{layout.bits, scales,
+                                                       arena.take<T>(static_cast<std::size_t>(layout.blocks())).data()};
           },
-          [&](const cuda_detail::uniform_block_step<T>& stat) { return rule_of(codec, key, stat.maxima, stat.scales); },
+          [&](const detail::cuda::uniform_block_step<T>& stat) {
+            return rule_of(codec, key, stat.maxima, stat.scales);
+          },
           describe_encode_failure);
     const std::size_t size = codec.max_encoded_bytes(n);
     workspace_arena arena(ws);
-    const cuda_detail::operation op(exec, arena);
-    const cuda_detail::crc_scratch crc = cuda_detail::carve_seal(arena, codec.wire().payload_checksum);
-    cuda_detail::begin_message(exec, out, size);  // after the workspace is carved: a refused call writes nothing
-    cuda_detail::encode_whole_word_blocks(exec, cuda_detail::plain_values<T>{grad.data()}, layout, rule_of(codec, key),
-                                          cuda_detail::scales_of<T>(out.data()),
-                                          cuda_detail::codes_of<T>(out.data(), layout), op.status());
-    cuda_detail::seal_message(exec, out.data(),
-                              {codec_id::uniform, dtype_of<T>, 0, 0, key, n, codec.payload_bytes(n),
-                               codec.params_hash(), 0},
-                              crc, op);
+    const detail::cuda::operation op(exec, arena);
+    const detail::cuda::crc_scratch crc = detail::cuda::carve_seal(arena, codec.wire().payload_checksum);
+    detail::cuda::begin_message(exec, out, size);  // after the workspace is carved: a refused call writes nothing
+    detail::cuda::encode_whole_word_blocks(exec, detail::cuda::plain_values<T>{grad.data()}, layout,
+                                           rule_of(codec, key), detail::cuda::scales_of<T>(out.data()),
+                                           detail::cuda::codes_of<T>(out.data(), layout), op.status());
+    detail::cuda::seal_message(exec, out.data(),
+                               {codec_id::uniform, dtype_of<T>, 0, 0, key, n, codec.payload_bytes(n),
+                                codec.params_hash(), 0},
+                               crc, op);
     op.finish_encode(describe_encode_failure);
     return size;
   }
 
   static void decode(const uniform_quantizer<T>& codec, const cuda_executor& exec, std::span<const std::byte> message,
                      std::span<T> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
-    cuda_detail::decode_block_coded(
+    detail::cuda::decode_block_coded(
         codec, exec, message, out, ws, limits, accumulate, [&](std::uint64_t n) { return layout_of(codec, n); },
         [&](message_key key) { return rule_of(codec, key); }, "scale");
   }
 
   /// The layout of an n-element message.
-  static cuda_detail::block_layout layout_of(const uniform_quantizer<T>& codec, std::uint64_t n) {
+  static detail::cuda::block_layout layout_of(const uniform_quantizer<T>& codec, std::uint64_t n) {
     return {n, codec.params().block, codec.bits(), packed_bytes(n, codec.bits())};
   }
   /// The per-value rule for `key` (with the per-block maxima and steps the word-by-word encoder reads).
-  static cuda_detail::uniform_rule<T> rule_of(const uniform_quantizer<T>& codec, message_key key,
-                                              const T* maxima = nullptr, const T* scales = nullptr) {
+  static detail::cuda::uniform_rule<T> rule_of(const uniform_quantizer<T>& codec, message_key key,
+                                               const T* maxima = nullptr, const T* scales = nullptr) {
     const uniform_params& p = codec.params();
     return {p.bits, p.round, random_stream{p.seed, key.step, key.tensor_id, random_purpose::stochastic_rounding},
             maxima, scales};

@@ -17,7 +17,7 @@
 /// and codes, ĥ, the new error v = β·dequant8(e) + (1 − β)·(h − ĥ) and its 8-bit codes, written
 /// over the old ones (each lane rewrites only the elements it read; for 8- and 4-bit codes and
 /// blocks of at most 256 values the block stays in registers and is read once,
-/// cuda/lane_layout.cuh). The message is sealed before the host reads the verdict; when the
+/// cuda/detail/lane_layout.cuh). The message is sealed before the host reads the verdict; when the
 /// magnitudes are too large, the step declines and LoCo's plain steps run.
 
 #include <gradcomp/cuda/config.cuh>
@@ -37,14 +37,14 @@
 #include <gradcomp/core/rounded_product.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
-#include <gradcomp/cuda/block_codes.cuh>
+#include <gradcomp/cuda/detail/block_codes.cuh>
 #include <gradcomp/cuda/executor.cuh>
-#include <gradcomp/cuda/grid.cuh>
-#include <gradcomp/cuda/lane_layout.cuh>
-#include <gradcomp/cuda/message.cuh>
-#include <gradcomp/cuda/operation.cuh>
+#include <gradcomp/cuda/detail/grid.cuh>
+#include <gradcomp/cuda/detail/lane_layout.cuh>
+#include <gradcomp/cuda/detail/message.cuh>
+#include <gradcomp/cuda/detail/operation.cuh>
 #include <gradcomp/cuda/uniform.cuh>
-#include <gradcomp/cuda/warp.cuh>
+#include <gradcomp/cuda/detail/warp.cuh>
 #include <gradcomp/feedback/error_feedback.hpp>
 #include <gradcomp/feedback/fused_step.hpp>
 #include <gradcomp/feedback/loco.hpp>
@@ -53,7 +53,7 @@
 
 namespace gradcomp {
 
-namespace cuda_detail {
+namespace detail::cuda {
 
 /// The values error feedback codes: h = g + e; the new residual fl(β·(h − decoded)) is written to
 /// `next` as each value is coded (the uniform encoder's one-warp-per-block kernel, cuda/uniform.cuh).
@@ -250,7 +250,7 @@ struct loco_uniform_blocks {
 };
 
 /// One warp per block (= error group) of Bits-bit codes (8 or 4) and at most 256 values, the
-/// whole LoCo step in registers (quads, cuda/lane_layout.cuh), with the operands of
+/// whole LoCo step in registers (quads, cuda/detail/lane_layout.cuh), with the operands of
 /// loco_uniform_blocks: each lane reads its quads of g and of the old error codes once (128-bit
 /// and 32-bit loads when `vector`) and forms h = g + dequant8(e); the warp's largest |h| gives the
 /// message's scale; each lane codes h, keeps v = β·dequant8(e) + (1 − β)·(h − ĥ), and stores whole
@@ -306,7 +306,7 @@ struct loco_uniform_quads {
   }
 };
 
-}  // namespace cuda_detail
+}  // namespace detail::cuda
 
 /// Error feedback and LoCo fused into the uniform quantizer's GPU encode.
 template <class T>
@@ -321,8 +321,8 @@ struct fused_feedback<uniform_quantizer<T>, cuda_executor> {
 
   /// The operation's status and the payload CRC's scratch.
   static std::size_t error_feedback_workspace_bytes(const quantizer& q, const cuda_executor&, std::uint64_t) {
-    return cuda_detail::operation::workspace_bytes(
-        [&](workspace_arena& arena) { (void)cuda_detail::carve_seal(arena, q.wire().payload_checksum); });
+    return detail::cuda::operation::workspace_bytes(
+        [&](workspace_arena& arena) { (void)detail::cuda::carve_seal(arena, q.wire().payload_checksum); });
   }
 
   /// The whole step in one kernel; waits for its verdict.
@@ -330,19 +330,19 @@ struct fused_feedback<uniform_quantizer<T>, cuda_executor> {
                                                 const error_feedback_operands<T>& step, std::span<std::byte> out,
                                                 std::span<std::byte> ws, message_key key) {
     workspace_arena arena(ws);
-    const cuda_detail::operation op(exec, arena);
-    const cuda_detail::crc_scratch crc = cuda_detail::carve_seal(arena, q.wire().payload_checksum);
+    const detail::cuda::operation op(exec, arena);
+    const detail::cuda::crc_scratch crc = detail::cuda::carve_seal(arena, q.wire().payload_checksum);
     const std::uint64_t n = step.grad.size();
     const std::size_t size = q.max_encoded_bytes(n);
-    cuda_detail::begin_message(exec, out, size);
-    const cuda_detail::block_layout layout = uniform_backend::layout_of(q, n);
-    cuda_detail::encode_whole_word_blocks(
-        exec, cuda_detail::compensated_values<T>{step.grad.data(), step.residual.data(), step.next.data(), step.decay},
-        layout, uniform_backend::rule_of(q, key), cuda_detail::scales_of<T>(out.data()),
-        cuda_detail::codes_of<T>(out.data(), layout), op.status());
-    cuda_detail::seal_message(exec, out.data(),
-                              {codec_id::uniform, dtype_of<T>, 0, 0, key, n, q.payload_bytes(n), q.params_hash(), 0},
-                              crc, op);
+    detail::cuda::begin_message(exec, out, size);
+    const detail::cuda::block_layout layout = uniform_backend::layout_of(q, n);
+    detail::cuda::encode_whole_word_blocks(
+        exec, detail::cuda::compensated_values<T>{step.grad.data(), step.residual.data(), step.next.data(), step.decay},
+        layout, uniform_backend::rule_of(q, key), detail::cuda::scales_of<T>(out.data()),
+        detail::cuda::codes_of<T>(out.data(), layout), op.status());
+    detail::cuda::seal_message(exec, out.data(),
+                               {codec_id::uniform, dtype_of<T>, 0, 0, key, n, q.payload_bytes(n), q.params_hash(), 0},
+                               crc, op);
     op.finish([&](errc, std::uint64_t i, std::uint32_t) {
       return "gradient + residual is NaN or Inf at element " + std::to_string(i) + " of " + std::to_string(n) +
              "; the state is unchanged";
@@ -357,7 +357,7 @@ struct fused_feedback<uniform_quantizer<T>, cuda_executor> {
 
   /// The operation's status, the check's flags and the payload CRC's scratch.
   static std::size_t loco_workspace_bytes(const quantizer& q, const cuda_executor&, std::uint64_t) {
-    return cuda_detail::operation::workspace_bytes([&](workspace_arena& arena) { (void)carve_loco(arena, q); });
+    return detail::cuda::operation::workspace_bytes([&](workspace_arena& arena) { (void)carve_loco(arena, q); });
   }
 
   /// The one-kernel step; declines (nothing written to the state) when the magnitudes call for the
@@ -366,45 +366,46 @@ struct fused_feedback<uniform_quantizer<T>, cuda_executor> {
                                                      const loco_operands<T>& step, std::span<std::byte> out,
                                                      std::span<std::byte> ws, message_key key) {
     workspace_arena arena(ws);
-    const cuda_detail::operation op(exec, arena);
+    const detail::cuda::operation op(exec, arena);
     const loco_scratch s = carve_loco(arena, q);
     const std::uint64_t n = step.grad.size();
     const std::size_t size = q.max_encoded_bytes(n);
-    cuda_detail::begin_message(exec, out, size);
-    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(s.flags, 0, sizeof(cuda_detail::loco_check_flags), exec.native_stream()));
-    const cuda_detail::loco_check_gradient<T> check{step.grad.data(), n, cuda_detail::vector_aligned(step.grad.data()),
-                                                    s.flags, op.status()};
-    cuda_detail::for_each_item(exec, check.items(), check);
+    detail::cuda::begin_message(exec, out, size);
+    GRADCOMP_CUDA_CHECK(cudaMemsetAsync(s.flags, 0, sizeof(detail::cuda::loco_check_flags), exec.native_stream()));
+    const detail::cuda::loco_check_gradient<T> check{step.grad.data(), n,
+                                                     detail::cuda::vector_aligned(step.grad.data()), s.flags,
+                                                     op.status()};
+    detail::cuda::for_each_item(exec, check.items(), check);
     if (!step.reset)
-      cuda_detail::for_each_item(exec, step.scales.size(),
-                                 cuda_detail::loco_check_scales<T>{step.scales.data(), s.flags});
-    const cuda_detail::block_layout layout = uniform_backend::layout_of(q, n);
-    const cuda_detail::uniform_rule<T> rule = uniform_backend::rule_of(q, key);
-    T* const scales = cuda_detail::scales_of<T>(out.data());
-    std::byte* const codes = cuda_detail::codes_of<T>(out.data(), layout);
-    const cuda_detail::loco_uniform_blocks<T> kernel{
+      detail::cuda::for_each_item(exec, step.scales.size(),
+                                  detail::cuda::loco_check_scales<T>{step.scales.data(), s.flags});
+    const detail::cuda::block_layout layout = uniform_backend::layout_of(q, n);
+    const detail::cuda::uniform_rule<T> rule = uniform_backend::rule_of(q, key);
+    T* const scales = detail::cuda::scales_of<T>(out.data());
+    std::byte* const codes = detail::cuda::codes_of<T>(out.data(), layout);
+    const detail::cuda::loco_uniform_blocks<T> kernel{
         step.grad.data(), layout, rule,  step.codes.data(), step.scales.data(), step.reset, step.beta,
         T{1} - step.beta, scales, codes, s.flags,           op.status()};
-    if (cuda_detail::quads_fit(layout.block, layout.bits)) {
-      const bool vector =
-          cuda_detail::vector_aligned(step.grad.data()) && reinterpret_cast<std::uintptr_t>(step.codes.data()) % 4 == 0;
-      cuda_detail::with_quad_constants(layout.bits, rule.mode, [&](auto bits, auto mode) {
-        cuda_detail::for_each_block(
+    if (detail::cuda::quads_fit(layout.block, layout.bits)) {
+      const bool vector = detail::cuda::vector_aligned(step.grad.data()) &&
+                          reinterpret_cast<std::uintptr_t>(step.codes.data()) % 4 == 0;
+      detail::cuda::with_quad_constants(layout.bits, rule.mode, [&](auto bits, auto mode) {
+        detail::cuda::for_each_block(
             exec, layout.blocks(),
-            cuda_detail::loco_uniform_quads<T, decltype(bits)::value, decltype(mode)::value>{kernel, vector});
+            detail::cuda::loco_uniform_quads<T, decltype(bits)::value, decltype(mode)::value>{kernel, vector});
       });
     } else {
-      cuda_detail::for_each_block(exec, layout.blocks(), kernel);
+      detail::cuda::for_each_block(exec, layout.blocks(), kernel);
     }
     // Sealed before the wait; the seal writes nothing after a recorded failure (NaN or Inf in g).
-    cuda_detail::seal_message(exec, out.data(),
-                              {codec_id::uniform, dtype_of<T>, 0, 0, key, n, q.payload_bytes(n), q.params_hash(), 0},
-                              s.crc, op);
+    detail::cuda::seal_message(exec, out.data(),
+                               {codec_id::uniform, dtype_of<T>, 0, 0, key, n, q.payload_bytes(n), q.params_hash(), 0},
+                               s.crc, op);
     op.finish([&](errc, std::uint64_t i, std::uint32_t) {
       return "gradient value " + std::to_string(i) + " of " + std::to_string(n) +
              " is NaN or Inf; the state is unchanged";
     });
-    cuda_detail::loco_check_flags flags{};  // the stream is idle now: this read does not wait for the step
+    detail::cuda::loco_check_flags flags{};  // the stream is idle now: this read does not wait for the step
     GRADCOMP_CUDA_CHECK(cudaMemcpyAsync(&flags, s.flags, sizeof flags, cudaMemcpyDeviceToHost, exec.native_stream()));
     exec.synchronize();
     if (flags.too_large != 0) {
@@ -418,13 +419,13 @@ struct fused_feedback<uniform_quantizer<T>, cuda_executor> {
  private:
   /// The fused LoCo step's workspace after the operation's status.
   struct loco_scratch {
-    cuda_detail::loco_check_flags* flags;  ///< The check's verdict.
-    cuda_detail::crc_scratch crc;          ///< The payload CRC (with checksums).
+    detail::cuda::loco_check_flags* flags;  ///< The check's verdict.
+    detail::cuda::crc_scratch crc;          ///< The payload CRC (with checksums).
   };
   static loco_scratch carve_loco(workspace_arena& arena, const quantizer& q) {
     loco_scratch s{};
-    s.flags = arena.take<cuda_detail::loco_check_flags>(1).data();
-    s.crc = cuda_detail::carve_seal(arena, q.wire().payload_checksum);
+    s.flags = arena.take<detail::cuda::loco_check_flags>(1).data();
+    s.crc = detail::cuda::carve_seal(arena, q.wire().payload_checksum);
     return s;
   }
 };

@@ -29,15 +29,15 @@
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
 #include <gradcomp/cuda/executor.cuh>
-#include <gradcomp/cuda/message.cuh>
-#include <gradcomp/cuda/operation.cuh>
-#include <gradcomp/cuda/warp.cuh>
+#include <gradcomp/cuda/detail/message.cuh>
+#include <gradcomp/cuda/detail/operation.cuh>
+#include <gradcomp/cuda/detail/warp.cuh>
 #include <gradcomp/lossless/zfp_block.hpp>
 #include <gradcomp/lossless/zfp_fixed_rate.hpp>
 
 namespace gradcomp {
 
-namespace cuda_detail {
+namespace detail::cuda {
 
 /// The geometry of a stream: n values, ⌈n/4⌉ blocks of 4R bits, and the budget 4R − 9.
 struct zfp_geometry {
@@ -106,7 +106,7 @@ __global__ void zfp_decode_kernel(const std::byte* payload, std::uint64_t payloa
   }
 }
 
-}  // namespace cuda_detail
+}  // namespace detail::cuda
 
 /// ZFP fixed rate on the GPU.
 template <>
@@ -114,12 +114,12 @@ struct backend<zfp_fixed_rate_codec, cuda_executor> {
   /// The status and, for checksummed messages and every decode, the CRC scratch (about 270 KB,
   /// whatever n is).
   static std::size_t workspace_bytes(const zfp_fixed_rate_codec&, const cuda_executor&, std::uint64_t) {
-    return cuda_detail::status_and_crc_bytes();
+    return detail::cuda::status_and_crc_bytes();
   }
 
   static std::size_t encode(const zfp_fixed_rate_codec& codec, const cuda_executor& exec, std::span<const float> grad,
                             std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
-    namespace cd = cuda_detail;
+    namespace cd = detail::cuda;
     const std::uint64_t n = grad.size();
     const std::size_t size = codec.max_encoded_bytes(n);
     workspace_arena arena(ws);
@@ -146,7 +146,7 @@ struct backend<zfp_fixed_rate_codec, cuda_executor> {
 
   static void decode(const zfp_fixed_rate_codec& codec, const cuda_executor& exec, std::span<const std::byte> message,
                      std::span<float> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
-    namespace cd = cuda_detail;
+    namespace cd = detail::cuda;
     workspace_arena arena(ws);
     const cd::operation op(exec, arena);
     const cd::crc_scratch crc = cd::crc_scratch::carve(arena);

@@ -50,7 +50,7 @@
 /// comment documents them and their argument checks). `ncclAllReduce` promises no order (rings and
 /// trees, split into chunks per channel, chosen by message size and topology), so step 1 is grouped
 /// `ncclSend` / `ncclRecv` (NCCL's all-to-all), step 2 a kernel that combines the P received blocks
-/// in rank order on the device (cuda/rank_order_combine.cuh), and step 3 grouped `ncclSend` /
+/// in rank order on the device (cuda/detail/rank_order_combine.cuh), and step 3 grouped `ncclSend` /
 /// `ncclRecv` of the combined blocks, which may differ in size by one element, to every rank (to the
 /// root for `reduce_sum`). Each rank sends and receives about 2·n·(P−1)/P values, as NCCL's ring
 /// all-reduce does.
@@ -121,7 +121,7 @@
 #include <gradcomp/core/memory_space.hpp>
 #include <gradcomp/cuda/collective_memory.cuh>
 #include <gradcomp/cuda/executor.cuh>
-#include <gradcomp/cuda/rank_order_combine.cuh>
+#include <gradcomp/cuda/detail/rank_order_combine.cuh>
 #include <gradcomp/transport/deadline.hpp>
 #include <gradcomp/transport/rank_ordered.hpp>
 #include <gradcomp/transport/received_bytes.hpp>
@@ -510,7 +510,7 @@ class nccl_transport : public detail::rank_ordered_reductions<nccl_transport> {
   /// Step 2 on the device, in rank order.
   template <class V, class Op>
   void combine(std::span<V> blocks, int parts, Op op) {
-    cuda_detail::combine_in_rank_order(exec_, blocks, parts, op);
+    detail::cuda::combine_in_rank_order(exec_, blocks, parts, op);
   }
 
   /// `to` becomes `from` (device to device).

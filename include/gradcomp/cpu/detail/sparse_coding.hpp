@@ -13,11 +13,11 @@
 #include <gradcomp/core/crc32c.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
-#include <gradcomp/cpu/message.hpp>
+#include <gradcomp/cpu/detail/message.hpp>
 #include <gradcomp/reference/sparse_message.hpp>
 #include <gradcomp/sparsify/sparse_format.hpp>
 
-namespace gradcomp::cpu {
+namespace gradcomp::detail::cpu {
 
 /// Appends (index, value) pairs in ascending index order to a sparse payload of one coding.
 template <gradient_value T, index_coding Coding>
@@ -102,4 +102,4 @@ std::size_t write_sparse_message(envelope header, std::uint64_t k, bool payload_
 /// vectorise.
 using detail::reference::decode_sparse_message;
 
-}  // namespace gradcomp::cpu
+}  // namespace gradcomp::detail::cpu

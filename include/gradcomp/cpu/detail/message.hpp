@@ -16,13 +16,13 @@
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
-#include <gradcomp/cpu/uniform_kernels.hpp>
+#include <gradcomp/cpu/detail/uniform_kernels.hpp>
 
 #if defined(__SSE2__)
 #  include <xmmintrin.h>
 #endif
 
-namespace gradcomp::cpu {
+namespace gradcomp::detail::cpu {
 
 /// Checks that `out` holds a `size`-byte message and zeroes its envelope (core/wire_envelope.hpp).
 inline constexpr auto& begin_message = detail::begin_host_message;
@@ -63,4 +63,4 @@ template <gradient_value T>
   return from_bits<T>(largest);
 }
 
-}  // namespace gradcomp::cpu
+}  // namespace gradcomp::detail::cpu

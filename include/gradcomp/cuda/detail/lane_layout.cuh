@@ -31,9 +31,9 @@
 #include <gradcomp/core/config.hpp>
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/philox.hpp>
-#include <gradcomp/cuda/warp.cuh>
+#include <gradcomp/cuda/detail/warp.cuh>
 
-namespace gradcomp::cuda_detail {
+namespace gradcomp::detail::cuda {
 
 /// Values of a quad.
 inline constexpr unsigned quad_values = 4;
@@ -226,4 +226,4 @@ struct lane_quads {
   }
 };
 
-}  // namespace gradcomp::cuda_detail
+}  // namespace gradcomp::detail::cuda

@@ -13,7 +13,7 @@
 #  include <emmintrin.h>
 #endif
 
-namespace gradcomp::cpu {
+namespace gradcomp::detail::cpu {
 
 /// Orders earlier non-temporal stores before every later store, so that data written with them
 /// is visible to whoever is handed the buffer next.
@@ -103,4 +103,4 @@ class staged_writer {
   bool streamed_ = false;
 };
 
-}  // namespace gradcomp::cpu
+}  // namespace gradcomp::detail::cpu

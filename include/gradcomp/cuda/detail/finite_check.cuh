@@ -16,10 +16,10 @@
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/workspace.hpp>
 #include <gradcomp/cuda/executor.cuh>
-#include <gradcomp/cuda/grid.cuh>
-#include <gradcomp/cuda/operation.cuh>
+#include <gradcomp/cuda/detail/grid.cuh>
+#include <gradcomp/cuda/detail/operation.cuh>
 
-namespace gradcomp::cuda_detail {
+namespace gradcomp::detail::cuda {
 
 /// Records the first NaN or Inf of `values` as `code` (check `reason`).
 template <class T>
@@ -47,4 +47,4 @@ void require_finite(const cuda_executor& exec, std::span<const T> values, const 
   });
 }
 
-}  // namespace gradcomp::cuda_detail
+}  // namespace gradcomp::detail::cuda

@@ -13,9 +13,9 @@
 #include <span>
 
 #include <gradcomp/cuda/executor.cuh>
-#include <gradcomp/cuda/grid.cuh>
+#include <gradcomp/cuda/detail/grid.cuh>
 
-namespace gradcomp::cuda_detail {
+namespace gradcomp::detail::cuda {
 
 /// blocks[i] = ((blocks[i] ⊕ blocks[m + i]) ⊕ blocks[2m + i]) ⊕ … over `parts` blocks.
 template <class V, class Op>
@@ -40,4 +40,4 @@ void combine_in_rank_order(const cuda_executor& e, std::span<V> blocks, int part
   for_each_item(e, m, combine_blocks<V, Op>{blocks.data(), m, parts, op});
 }
 
-}  // namespace gradcomp::cuda_detail
+}  // namespace gradcomp::detail::cuda

@@ -30,10 +30,10 @@
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/workspace.hpp>
 #include <gradcomp/cuda/executor.cuh>
-#include <gradcomp/cuda/operation.cuh>
-#include <gradcomp/cuda/warp.cuh>
+#include <gradcomp/cuda/detail/operation.cuh>
+#include <gradcomp/cuda/detail/warp.cuh>
 
-namespace gradcomp::cuda_detail {
+namespace gradcomp::detail::cuda {
 
 /// Bits of the digit resolved per pass.
 inline constexpr int radix_digit_bits = 11;
@@ -321,4 +321,4 @@ inline void sort_indices(const cuda_executor& exec, const index_sort_scratch& s,
                                                      index_bits_for(n), exec.native_stream()));
 }
 
-}  // namespace gradcomp::cuda_detail
+}  // namespace gradcomp::detail::cuda

@@ -17,7 +17,7 @@
 
 #include <gradcomp/core/float_bits.hpp>
 
-namespace gradcomp::cpu {
+namespace gradcomp::detail::cpu {
 
 /// Bits resolved per radix pass.
 inline constexpr int radix_digit_bits = 11;
@@ -201,4 +201,4 @@ void for_each_at_least(std::span<const T> values, typename float_traits<T>::bits
     f(i + static_cast<std::size_t>(std::countr_zero(mask)));
 }
 
-}  // namespace gradcomp::cpu
+}  // namespace gradcomp::detail::cpu

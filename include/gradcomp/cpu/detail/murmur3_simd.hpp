@@ -14,7 +14,7 @@
 #  include <immintrin.h>
 #endif
 
-namespace gradcomp::cpu {
+namespace gradcomp::detail::cpu {
 
 namespace murmur3_detail {
 
@@ -67,4 +67,4 @@ inline void murmur3_32_run(std::uint32_t first, std::size_t count, std::uint32_t
   for (; m < count; ++m) out[m] = murmur3_32(first + static_cast<std::uint32_t>(m), seed);
 }
 
-}  // namespace gradcomp::cpu
+}  // namespace gradcomp::detail::cpu

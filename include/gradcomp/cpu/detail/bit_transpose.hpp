@@ -13,7 +13,7 @@
 #  include <immintrin.h>
 #endif
 
-namespace gradcomp::cpu {
+namespace gradcomp::detail::cpu {
 
 /// Transposes the 32×32 bit matrix `m[0..32)` in place (row i = word i, column L = bit L).
 inline void transpose32(std::uint32_t* m, bool avx2) noexcept;
@@ -82,4 +82,4 @@ inline void transpose32(std::uint32_t* m, bool avx2) noexcept {
   transpose_detail::transpose32_baseline(m);
 }
 
-}  // namespace gradcomp::cpu
+}  // namespace gradcomp::detail::cpu

@@ -25,10 +25,10 @@
 #include <gradcomp/core/crc32c.hpp>
 #include <gradcomp/core/workspace.hpp>
 #include <gradcomp/cuda/executor.cuh>
-#include <gradcomp/cuda/grid.cuh>
-#include <gradcomp/cuda/operation.cuh>
+#include <gradcomp/cuda/detail/grid.cuh>
+#include <gradcomp/cuda/detail/operation.cuh>
 
-namespace gradcomp::cuda_detail {
+namespace gradcomp::detail::cuda {
 
 /// log2 of the smallest chunk of the first pass (512 bytes).
 inline constexpr int crc_min_chunk_log2 = 9;
@@ -168,4 +168,4 @@ inline void crc32c_device(const cuda_executor& exec, const std::byte* data, std:
          static_cast<const gf2_matrix*>(s.powers.data()), s.result.data());
 }
 
-}  // namespace gradcomp::cuda_detail
+}  // namespace gradcomp::detail::cuda

@@ -21,11 +21,11 @@
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
-#include <gradcomp/cuda/crc32c.cuh>
+#include <gradcomp/cuda/detail/crc32c.cuh>
 #include <gradcomp/cuda/executor.cuh>
-#include <gradcomp/cuda/operation.cuh>
+#include <gradcomp/cuda/detail/operation.cuh>
 
-namespace gradcomp::cuda_detail {
+namespace gradcomp::detail::cuda {
 
 /// Alignment the CUDA backend requires of device messages.
 inline constexpr std::size_t message_alignment = 8;
@@ -147,4 +147,4 @@ struct pooled_status_and_crc {
   crc_scratch crc;
 };
 
-}  // namespace gradcomp::cuda_detail
+}  // namespace gradcomp::detail::cuda

@@ -6,7 +6,7 @@
 /// gradient (with its largest magnitude), error feedback's decay of the new residual, LoCo's
 /// moving average of the error and its 8-bit quantization. Products are rounded on their own
 /// (`mul_rn`, `rounded`), under any compiler flags. Error feedback's new residual comes with the
-/// codes (cpu/uniform_kernels.hpp).
+/// codes (cpu/detail/uniform_kernels.hpp).
 /// LoCo's old errors are dequantized as code·scale; a reset reads them as zero. Each function
 /// takes any count: the AVX2 kernel does the whole vectors, the scalar twin the rest.
 
@@ -16,14 +16,14 @@
 
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/rounded_product.hpp>
-#include <gradcomp/cpu/uniform_kernels.hpp>
+#include <gradcomp/cpu/detail/uniform_kernels.hpp>
 #include <gradcomp/quantize/uniform_math.hpp>
 
 #if defined(GRADCOMP_HAVE_AVX2)
 #  include <immintrin.h>
 #endif
 
-namespace gradcomp::cpu {
+namespace gradcomp::detail::cpu {
 
 namespace kernel_detail {
 
@@ -172,4 +172,4 @@ inline void loco_quantize_error(const float* v, float step, std::uint64_t count,
     codes[i] = static_cast<std::int8_t>(uniform_level(v[i] / step, 8, rounding::nearest_even, 0.0f));
 }
 
-}  // namespace gradcomp::cpu
+}  // namespace gradcomp::detail::cpu

@@ -11,10 +11,10 @@
 #include <cstdint>
 
 #include <gradcomp/cuda/executor.cuh>
-#include <gradcomp/cuda/operation.cuh>
-#include <gradcomp/cuda/warp.cuh>
+#include <gradcomp/cuda/detail/operation.cuh>
+#include <gradcomp/cuda/detail/warp.cuh>
 
-namespace gradcomp::cuda_detail {
+namespace gradcomp::detail::cuda {
 
 /// Calls f(j) on every lane of one warp for each block j < blocks.
 template <class F>
@@ -44,4 +44,4 @@ void for_each_item(const cuda_executor& exec, std::uint64_t items, const F& f) {
   launch(exec, grid_for(items), block_threads, thread_per_item_kernel<F>, f, items);
 }
 
-}  // namespace gradcomp::cuda_detail
+}  // namespace gradcomp::detail::cuda

@@ -5,10 +5,10 @@
 /// packed b-bit codes (core/bit_packing.hpp order); the codes start 4-byte aligned, since device
 /// messages start on 8 bytes and the envelope and the scales take a multiple of 4 bytes.
 ///
-/// The shared kernels (cuda/grid.cuh shapes): the block's scale first, either by a warp per block
+/// The shared kernels (cuda/detail/grid.cuh shapes): the block's scale first, either by a warp per block
 /// (its largest magnitude, recording the first NaN or Inf; lane 0 writes the scale) or, for the
 /// scales that sum the block in the documented order (sign, QSGD), by a warp per 32 blocks that
-/// stages them in shared memory and sums block b on lane b (tiles, cuda/lane_layout.cuh); then
+/// stages them in shared memory and sums block b on lane b (tiles, cuda/detail/lane_layout.cuh); then
 /// one thread per 32-bit code word codes its 32/b values, each under its own block's scale
 /// (`encode_words`). A decoder checks every scale and code (`check_codes`), and once the host has
 /// the verdict writes or adds each value (`decode_words`: with 128-bit stores where each word's
@@ -32,13 +32,13 @@
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
 #include <gradcomp/cuda/executor.cuh>
-#include <gradcomp/cuda/grid.cuh>
-#include <gradcomp/cuda/lane_layout.cuh>
-#include <gradcomp/cuda/message.cuh>
-#include <gradcomp/cuda/operation.cuh>
-#include <gradcomp/cuda/warp.cuh>
+#include <gradcomp/cuda/detail/grid.cuh>
+#include <gradcomp/cuda/detail/lane_layout.cuh>
+#include <gradcomp/cuda/detail/message.cuh>
+#include <gradcomp/cuda/detail/operation.cuh>
+#include <gradcomp/cuda/detail/warp.cuh>
 
-namespace gradcomp::cuda_detail {
+namespace gradcomp::detail::cuda {
 
 /// Reasons a block-coded payload fails its check (the low byte of `device_status::detail`).
 enum block_code_reason : std::uint32_t {
@@ -222,7 +222,7 @@ struct block_statistics {
 
 /// One warp per 32 consecutive blocks, for the scales that sum a block in the documented order
 /// (`Stat::sum_type`, e.g. sign_magnitude_sum): the blocks are staged in shared memory a 128-byte
-/// column chunk at a time with coalesced loads (tiles, cuda/lane_layout.cuh), and lane b finds
+/// column chunk at a time with coalesced loads (tiles, cuda/detail/lane_layout.cuh), and lane b finds
 /// block b's largest magnitude m and adds its values to its sum in index order (after a first
 /// pass for m when the terms need it). Lane b then calls `stat(j, sum, count, m, status)`, which
 /// writes the block's scale; a block holding NaN or Inf gets m = 0 and its first such value is
@@ -498,4 +498,4 @@ void decode_block_coded(const Codec& codec, const cuda_executor& exec, std::span
                 decode_words<T, rule_type>::make(layout, rule, scales, codes, out.data(), accumulate));
 }
 
-}  // namespace gradcomp::cuda_detail
+}  // namespace gradcomp::detail::cuda

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-namespace gradcomp::cuda_detail {
+namespace gradcomp::detail::cuda {
 
 /// This thread's lane in its warp.
 __device__ inline unsigned lane_id() { return threadIdx.x % 32u; }
@@ -31,4 +31,4 @@ __device__ inline std::uint64_t thread_id() { return blockIdx.x * std::uint64_t{
 /// Number of threads of the launch.
 __device__ inline std::uint64_t thread_count() { return std::uint64_t{gridDim.x} * blockDim.x; }
 
-}  // namespace gradcomp::cuda_detail
+}  // namespace gradcomp::detail::cuda

@@ -22,12 +22,12 @@
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
 #include <gradcomp/cuda/executor.cuh>
-#include <gradcomp/cuda/grid.cuh>
-#include <gradcomp/cuda/message.cuh>
-#include <gradcomp/cuda/operation.cuh>
+#include <gradcomp/cuda/detail/grid.cuh>
+#include <gradcomp/cuda/detail/message.cuh>
+#include <gradcomp/cuda/detail/operation.cuh>
 #include <gradcomp/sparsify/sparse_format.hpp>
 
-namespace gradcomp::cuda_detail {
+namespace gradcomp::detail::cuda {
 
 /// Reasons a sparse payload fails its check (the low byte of `device_status::detail`).
 enum sparse_reason : std::uint32_t {
@@ -308,4 +308,4 @@ void decode_sparse_codec(const Codec& codec, const cuda_executor& exec, std::spa
                            accumulate, op, crc, s);
 }
 
-}  // namespace gradcomp::cuda_detail
+}  // namespace gradcomp::detail::cuda

@@ -18,13 +18,13 @@
 #include <gradcomp/core/philox.hpp>
 #include <gradcomp/core/rounded_product.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
-#include <gradcomp/cpu/message.hpp>
-#include <gradcomp/cpu/philox_simd.hpp>
-#include <gradcomp/cpu/staged_writer.hpp>
-#include <gradcomp/cpu/uniform_kernels.hpp>
+#include <gradcomp/cpu/detail/message.hpp>
+#include <gradcomp/cpu/detail/philox_simd.hpp>
+#include <gradcomp/cpu/detail/staged_writer.hpp>
+#include <gradcomp/cpu/detail/uniform_kernels.hpp>
 #include <gradcomp/quantize/uniform_math.hpp>
 
-namespace gradcomp::cpu {
+namespace gradcomp::detail::cpu {
 
 /// Codes (one per byte) of x[0, count) in a block of largest magnitude m and step s, with the
 /// random halves `halves` (stochastic rounding only): the reference arithmetic, value by value.
@@ -238,4 +238,4 @@ class uniform_block_encoder {
   alignas(16) std::uint16_t random_halves_[chunk + detail::philox_halves_slack];
 };
 
-}  // namespace gradcomp::cpu
+}  // namespace gradcomp::detail::cpu

@@ -25,14 +25,14 @@
 #  include <immintrin.h>
 #endif
 
-namespace gradcomp::cpu {
+namespace gradcomp::detail::cpu {
 
 /// Values per kernel step; kernel counts are multiples of it.
 inline constexpr std::uint64_t kernel_width = 32;
 
 /// Whether the coding, decoding and residual kernels below are compiled: with SSE2 (the x86-64
 /// baseline), and their AVX2 twins with GRADCOMP_HAVE_AVX2. Without them the callers
-/// (cpu/uniform_block_encoder.hpp) code and decode every value with the scalar arithmetic of
+/// (cpu/detail/uniform_block_encoder.hpp) code and decode every value with the scalar arithmetic of
 /// quantize/uniform_math.hpp, which reference/uniform.hpp specifies, and never call them.
 inline constexpr bool uniform_kernels_compiled =
 #if defined(__SSE2__)
@@ -465,4 +465,4 @@ inline bool any_code_all_ones(const std::uint8_t* codes, std::uint64_t bytes, bo
   return found;
 }
 
-}  // namespace gradcomp::cpu
+}  // namespace gradcomp::detail::cpu

@@ -28,7 +28,7 @@
 #  define GRADCOMP_CUDA_MAX_GRID (std::uint64_t{1} << 20)
 #endif
 
-namespace gradcomp::cuda_detail {
+namespace gradcomp::detail::cuda {
 
 /// Threads per block of the backend's kernels (8 warps).
 inline constexpr unsigned block_threads = 256;
@@ -186,4 +186,4 @@ class operation {
   device_status* status_;
 };
 
-}  // namespace gradcomp::cuda_detail
+}  // namespace gradcomp::detail::cuda
