@@ -107,7 +107,7 @@ struct fused_feedback<uniform_quantizer<float>, cpu_executor> {
     const float beta = step.beta;
     const float keep = 1.0f - beta;
     // After a reset the old error reads as +0, as the plain step's T{0} does.
-    std::ranges::fill(s.zero_codes, std::int8_t{0});
+    if (step.reset) std::ranges::fill(s.zero_codes, std::int8_t{0});
     constexpr std::uint64_t ahead = prefetch_bytes / sizeof(float);
     const float* const g = step.grad.data();
     for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
