@@ -46,6 +46,12 @@
 ///   zfp8/encode          ZFP fixed rate, 8 bits per value (compression ratio 4); /decode (the
 ///                        largest error is checked against lossless.md §2's bound and reported)
 ///   zfp16/encode         ZFP fixed rate, 16 bits per value; /decode
+///   powersgd_r4/step     one step of PowerSGD's all-reduce at r = 4 on one in-process rank, the
+///                        gradient viewed as a matrix (4096 × 4096 at 2^24): compensate, both
+///                        products, orthonormalise, error and result; checked against the
+///                        reference backend; compression ratio a·b / ((a + b)·r)
+///   powersgd_r4/compress the compression alone: P = G·Q, orthonormalise, Q = Gᵀ·P̂ (two passes over
+///                        the matrix and the small products; no error feedback, no result)
 ///   crc32c/checksum      CRC-32C of the n·4 gradient bytes as the envelope's payload checksum
 ///                        computes it (SSE4.2's crc32 instruction where the CPU has it); baseline
 ///                        crc32c_table/checksum, the byte-wise table
@@ -115,8 +121,18 @@ constexpr ratio_target quantizer_targets[] = {
     {"ef_uniform8/encode", 0.5},  {"loco_uniform4/encode", 0.3}, {"lhc/encode", 0.15},
     {"lhc/decode", 0.1},          {"mpc/encode", 0.25},          {"mpc/decode", 0.3},
     {"zfp8/encode", 0.1},         {"zfp8/decode", 0.1},          {"zfp16/encode", 0.1},
-    {"zfp16/decode", 0.1},
+    {"zfp16/decode", 0.1},        {"powersgd_r4/compress", 0.4},
 };
+constexpr std::uint32_t powersgd_bench_rank = 4;  // PowerSGD's rank r in powersgd_r4/step
+
+/// The gradient of n values as PowerSGD's matrix: rows the largest divisor of n up to √n (4096 ×
+/// 4096 at n = 2^24, 8192 × 8192 at 2^26).
+gradcomp::matrix_shape powersgd_bench_shape(std::uint64_t n) {
+  auto rows = static_cast<std::uint64_t>(std::sqrt(static_cast<double>(n)));
+  while (rows > 1 && n % rows != 0) --rows;
+  return {rows, n / rows};
+}
+
 constexpr double lhc_cut_sigmas = 1.959964;  // |x| > 1.96σ keeps 5% of a normal gradient
 constexpr std::uint32_t sketch_rows = 3;                        // count sketch: r
 constexpr std::uint64_t sketch_columns = std::uint64_t{1} << 20;  // count sketch: c
@@ -747,6 +763,50 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
     reference_records(zfp_fixed_rate_codec({.rate_bits = rate}), name, true);
   }
 
+  // PowerSGD at rank 4 on the gradient viewed as a matrix (4096 × 4096 at n = 2^24): one step of its
+  // all-reduce on one in-process rank, in place (compensate, P = M·Q, orthonormalise, Q = Mᵀ·P̂,
+  // the error and the result; with one rank the all-reduces copy nothing). In place, the matrix a
+  // step starts from stays G + E0 step after step (the result plus the new error), so every timed
+  // step does the same work. The first step's result must equal the reference backend's.
+  fmt::print(stderr, "gradcomp-bench: n = {}: powersgd_r4\n", n);
+  std::fflush(stderr);
+  {
+    const matrix_shape shape = powersgd_bench_shape(n);
+    const powersgd<float> scheme({.rank = powersgd_bench_rank});
+    const std::size_t factor_bytes = (shape.rows + shape.cols) * powersgd_bench_rank * sizeof(float);
+    in_process_group(1).run([&](in_process_transport& t) {
+      std::vector<float> reference_result(gradient.begin(), gradient.end());
+      powersgd_state<float> reference_state;
+      compressed_all_reduce(reference_executor{}, t, scheme, reference_state, std::span<float>(reference_result),
+                            shape);
+      std::copy(gradient.begin(), gradient.end(), dense.begin());
+      powersgd_state<float> state;
+      compressed_all_reduce(cpu, t, scheme, state, dense, shape);
+      require_check(std::equal(dense.begin(), dense.end(), reference_result.begin(),
+                               [](float x, float y) { return to_bits(x) == to_bits(y); }),
+                    "powersgd_r4: the CPU step differs from the reference backend's");
+      std::copy(gradient.begin(), gradient.end(), dense.begin());
+      const timing step = measure(
+          opt, [&] { compressed_all_reduce(cpu, t, scheme, state, dense, shape); }, [&] { sum.add_sample(dense); });
+      add("powersgd_r4/step", step, dense_bytes / static_cast<double>(factor_bytes));
+    });
+    // The compression alone, the "two passes over M plus the small products": P = G·Q, P̂,
+    // Q = Gᵀ·P̂ by the CPU backend, from the first step's Q.
+    using steps = backend<powersgd<float>, cpu_executor>;
+    const std::uint64_t r = powersgd_bench_rank;
+    std::vector<float> q(shape.cols * r), p(shape.rows * r);
+    const timing compress = measure(
+        opt,
+        [&] {
+          powersgd_draw_q(std::span<float>(q), shape.cols, r, 0, 0, 0, false);
+          steps::project(cpu, shape, r, gradient, {}, std::span<const float>(q), {}, std::span<float>(p));
+          powersgd_orthonormalise(std::span<float>(p), shape.rows, r, false);
+          steps::back_project(cpu, shape, r, gradient, std::span<const float>(p), std::span<float>(q));
+        },
+        [&] { sum.add_sample(std::span<const float>(q)); });
+    add("powersgd_r4/compress", compress, dense_bytes / static_cast<double>(factor_bytes));
+  }
+
   // CRC-32C of the gradient's bytes: crc32c() as the envelope calls it, and the table it replaces
   // where the CPU has SSE4.2. Both must give the same value.
   fmt::print(stderr, "gradcomp-bench: n = {}: crc32c\n", n);
@@ -828,6 +888,43 @@ void print_targets(const std::vector<record>& records, const std::vector<std::ui
   }
 }
 
+/// Bytes one rank contributes per step for a GPT-2-small-shaped model (124M parameters, Hugging
+/// Face's Conv1D layouts): dense float32, PowerSGD at r = 1, 2, 4 (matrices its rule compresses, the
+/// rest dense), top-k 1% and 4-bit LoCo (their messages, one per tensor). These are payloads: what
+/// each plan then moves per rank is collective/all_reduce_cost.hpp's business.
+void print_gpt2_small_bytes() {
+  using gradcomp::matrix_shape;
+  std::vector<matrix_shape> tensors{{50257, 768}, {1024, 768}, {1, 768}, {1, 768}};  // wte, wpe, ln_f
+  for (int layer = 0; layer < 12; ++layer)
+    for (const matrix_shape t :
+         {matrix_shape{1, 768}, matrix_shape{1, 768}, matrix_shape{768, 2304}, matrix_shape{1, 2304},
+          matrix_shape{768, 768}, matrix_shape{1, 768}, matrix_shape{1, 768}, matrix_shape{1, 768},
+          matrix_shape{768, 3072}, matrix_shape{1, 3072}, matrix_shape{3072, 768}, matrix_shape{1, 768}})
+      tensors.push_back(t);
+  double dense = 0.0, topk = 0.0, loco4 = 0.0, values = 0.0;
+  const gradcomp::topk_sparsifier<float> top1({.density = 0.01});
+  const gradcomp::uniform_quantizer<float> q4({.bits = 4});
+  for (const matrix_shape t : tensors) {
+    values += static_cast<double>(t.count());
+    dense += static_cast<double>(t.count() * sizeof(float));
+    topk += static_cast<double>(top1.expected_encoded_bytes(t.count()));
+    loco4 += static_cast<double>(q4.max_encoded_bytes(t.count()));
+  }
+  fmt::print("\nGPT-2 small ({:.1f}M parameters in {} tensors), bytes per rank per step:\n", values / 1e6,
+             tensors.size());
+  fmt::print("  {:<24} {:>14.0f}  {:>7.1f}x\n", "dense float32", dense, 1.0);
+  for (const std::uint32_t r : {1u, 2u, 4u}) {
+    const gradcomp::powersgd<float> scheme({.rank = r});
+    double bytes = 0.0;
+    for (const matrix_shape t : tensors)
+      bytes += scheme.compresses(t) ? static_cast<double>((t.rows + t.cols) * scheme.rank_for(t) * sizeof(float))
+                                    : static_cast<double>(t.count() * sizeof(float));
+    fmt::print("  {:<24} {:>14.0f}  {:>7.1f}x\n", fmt::format("PowerSGD r = {}", r), bytes, dense / bytes);
+  }
+  fmt::print("  {:<24} {:>14.0f}  {:>7.1f}x\n", "top-k 1%", topk, dense / topk);
+  fmt::print("  {:<24} {:>14.0f}  {:>7.1f}x\n", "4-bit LoCo", loco4, dense / loco4);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -849,6 +946,7 @@ int main(int argc, char** argv) {
                run.logical_cpus, run.compiler, run.flags, run.version, run.commit);
     print_table(records, gradcomp::cpu_executor::name);
     print_targets(records, opt.sizes);
+    print_gpt2_small_bytes();
     fmt::print("\nchecksum {:016x}\n", sum.value());
 
     if (!opt.json.empty()) {

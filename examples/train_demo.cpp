@@ -3,7 +3,8 @@
 // compresses it; the messages are "all-gathered": decoded in rank order into one sum, averaged,
 // and applied as one SGD step (identical on every worker, so one copy of the model is kept). The
 // TAGC rows instead reduce-scatter every tensor over an in-process group of threads, as a sharded
-// trainer would. The table compares what each codec sends with the loss and accuracy it reaches.
+// trainer would; the PowerSGD rows all-reduce each tensor's low-rank factors over such a group.
+// The table compares what each codec sends with the loss and accuracy it reaches.
 //
 // Everything is deterministic (fixed seeds; the threads of the TAGC rows sum in rank order): the
 // same build prints the same losses and accuracies on every run; only the times vary.
@@ -30,6 +31,7 @@
 #include "train/experiment.hpp"
 #include "train/gravac_aggregator.hpp"
 #include "train/mlp.hpp"
+#include "train/powersgd_aggregator.hpp"
 #include "train/ring_aggregator.hpp"
 #include "train/sketch_aggregator.hpp"
 #include "train/tagc_aggregator.hpp"
@@ -62,6 +64,9 @@ struct demo_rows {
   void tagc(const char* name, gradcomp::tagc_params params) { entries.push_back(train::tagc_entry(name, params)); }
   void gravac(const char* name, gradcomp::gravac_options options, std::size_t samples) {
     entries.push_back(train::gravac_entry(name, options, samples));
+  }
+  void powersgd(const char* name, gradcomp::powersgd_params params) {
+    entries.push_back(train::powersgd_entry(name, params));
   }
 };
 
@@ -218,7 +223,9 @@ int main(int argc, char** argv) {
       "index, sketch and tail segments a rank contributes; encode µs is one rank's whole collective step\n"
       "(sparsify, index, sketch, peel, and the waiting for the other ranks).\n"
       "Ring rows all-reduce the whole gradient over an in-process ring: bytes/worker counts both phases\n"
-      "(2(P-1)/P of the gradient: {:.0f} bytes uncompressed); encode µs is one rank's whole collective.\n",
+      "(2(P-1)/P of the gradient: {:.0f} bytes uncompressed); encode µs is one rank's whole collective.\n"
+      "PowerSGD rows all-reduce each tensor's factors (the biases dense) over an in-process group: their\n"
+      "ratio is against the same ring all-reduce uncompressed; encode µs is one rank's whole collective.\n",
       n * sizeof(float), loss_window, base.name, test_samples, 100.0 / classes, base.name, workers,
       2.0 * static_cast<double>(workers - 1) / static_cast<double>(workers) * dense_bytes);
   for (const result& r : results)

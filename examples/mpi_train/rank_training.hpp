@@ -30,6 +30,7 @@
 #include "../train/compressor.hpp"
 #include "../train/experiment.hpp"
 #include "../train/gravac_aggregator.hpp"
+#include "../train/powersgd_aggregator.hpp"
 #include "../train/tagc_aggregator.hpp"
 #include "timed_transport.hpp"
 
@@ -107,6 +108,24 @@ class tagc_reducer final : public rank_reducer<X> {
   gradcomp::tagc_state<float, gradcomp::cpu_executor> state_;
   std::vector<parameter> layout_;
   std::vector<bool> compressed_;
+};
+
+/// PowerSGD: every tensor through gradcomp's PowerSGD all-reduce, a state per tensor, as in the
+/// demo (powersgd_rank_all_reduce). Its reports count ring all-reduces, the dense baseline too.
+template <class X>
+class powersgd_reducer final : public rank_reducer<X> {
+ public:
+  powersgd_reducer(const gradcomp::powersgd_params& params, const std::vector<parameter>& layout)
+      : scheme_(params), layout_(layout), states_(layout.size()) {}
+
+  gradcomp::compressed_report reduce(X& t, std::span<float> grad, std::uint64_t step) override {
+    return powersgd_rank_all_reduce(t, scheme_, states_, layout_, grad, step);
+  }
+
+ private:
+  gradcomp::powersgd<float> scheme_;
+  std::vector<parameter> layout_;
+  std::vector<gradcomp::powersgd_state<float>> states_;
 };
 
 /// Sketched SGD (the demo's sketched_sgd_aggregator, one worker per rank): the count sketch of
@@ -288,6 +307,11 @@ struct rank_rows {
   void gravac(const char* name, const gradcomp::gravac_options& options, std::size_t batch) {
     rows.push_back({name, [options, batch](const std::vector<parameter>& layout) -> std::unique_ptr<rank_reducer<X>> {
                       return std::make_unique<gravac_reducer<X>>(options, layout, batch);
+                    }});
+  }
+  void powersgd(const char* name, const gradcomp::powersgd_params& params) {
+    rows.push_back({name, [params](const std::vector<parameter>& layout) -> std::unique_ptr<rank_reducer<X>> {
+                      return std::make_unique<powersgd_reducer<X>>(params, layout);
                     }});
   }
 };

@@ -528,6 +528,7 @@ struct codec_rows {
   template <class C>
   void ring(const char*, const C&) {}
   void sketched_sgd(const char*, const gradcomp::count_sketch<float>&) {}
+  void powersgd(const char*, const gradcomp::powersgd_params&) {}  // not in the hook yet (docs/lowrank.md §6)
   void tagc(const char* name, const gradcomp::tagc_params& params) {
     tagc_rows.emplace(name, [params] { return std::make_shared<tagc_scheme>(params); });
   }

@@ -9,11 +9,13 @@
 //   visitor.sketched_sgd(name, sketch)     sketched SGD with a count sketch and a second exact round
 //   visitor.tagc(name, params)             TAGC, every tensor reduce-scattered (sharded training)
 //   visitor.gravac(name, options, batch)   GraVAC choosing the top-k density
+//   visitor.powersgd(name, params)         PowerSGD, every tensor all-reduced as a low-rank matrix
 // train_demo.cpp turns every row into an aggregator over simulated workers; mpi_train runs the rows
 // its ranks can aggregate over a real transport.
 #include <gradcomp/gradcomp.hpp>
 
 #include <cstddef>
+#include <cstdint>
 
 namespace train {
 
@@ -62,6 +64,11 @@ void visit_codecs(Visitor& visitor, std::size_t batch) {
       "GraVAC top-k 10%..0.1% + EF",
       gravac_options{.theta_min = 0.1, .theta_max = 0.001, .window = 20, .feedback = gravac_feedback::both_paths},
       batch);
+  // PowerSGD at ranks 1, 2 and 4 (warm start, the shared error of PyTorch's hook): both weight
+  // matrices compressed (fc2's 10 x 128 only up to r = 4 by the (a + b)·r < a·b / 2 rule), the
+  // biases sent dense.
+  for (const std::uint32_t r : {1u, 2u, 4u})
+    visitor.powersgd(r == 1 ? "PowerSGD r=1" : r == 2 ? "PowerSGD r=2" : "PowerSGD r=4", powersgd_params{.rank = r});
 }
 
 }  // namespace train

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <utility>
@@ -77,6 +78,29 @@ class aggregator {
   /// values: the whole gradient once (an all-gather), unless the aggregation moves more.
   [[nodiscard]] virtual double dense_bytes(std::size_t n) const { return static_cast<double>(n * sizeof(float)); }
 };
+
+/// One step of an aggregator whose workers are ranks of `group`: `reduce(t, mine)` turns `mine`, a
+/// copy of the rank's gradient, into the all-reduced result and returns its report; then, one rank
+/// at a time, `done(rank, mine, report)` (rank 0 writes the mean), and the step's cost adds every
+/// rank's bytes and time in the collective.
+template <class Reduce, class Done>
+step_cost group_step(gradcomp::in_process_group& group, const std::vector<std::vector<float>>& grads, Reduce reduce,
+                     Done done) {
+  step_cost cost;
+  std::mutex mutex;
+  group.run([&](gradcomp::in_process_transport& t) {
+    const auto r = static_cast<std::size_t>(t.rank());
+    std::vector<float> mine = grads[r];
+    const auto started = clock_type::now();
+    const gradcomp::compressed_report report = reduce(t, mine);
+    const auto elapsed = clock_type::now() - started;
+    const std::lock_guard lock(mutex);
+    cost.bytes += report.sent_bytes;
+    cost.encode += elapsed;
+    done(r, mine, report);
+  });
+  return cost;
+}
 
 /// A row of the demo: a name and a factory of its aggregator, given the model's parameter layout
 /// (n = the sum of the parameter sizes) and the number of workers.

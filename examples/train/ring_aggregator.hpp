@@ -12,7 +12,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <utility>
@@ -30,25 +29,19 @@ class ring_aggregator final : public aggregator {
 
   step_cost aggregate(const std::vector<std::vector<float>>& grads, std::span<float> mean,
                       std::uint64_t step) override {
-    step_cost cost;
-    std::mutex mutex;
-    group_.run([&](gradcomp::in_process_transport& t) {
-      const auto r = static_cast<std::size_t>(t.rank());
-      const auto started = clock_type::now();
-      std::vector<float> sum = grads[r];
-      const auto report = gradcomp::ring_all_reduce(gradcomp::cpu_executor{}, t, codec_, std::span<float>(sum),
-                                                    {.key = {.step = step}});
-      const auto elapsed = clock_type::now() - started;
-      // Every rank holds the same sum; rank 0 writes the mean.
-      if (r == 0)
-        std::transform(sum.begin(), sum.end(), mean.begin(),
-                       [&](float v) { return v / static_cast<float>(grads.size()); });
-      const std::lock_guard lock(mutex);
-      cost.bytes += report.sent_bytes;
-      cost.encode += elapsed;
-      largest_bound_ = std::max(largest_bound_, report.error_bound);
-    });
-    return cost;
+    return group_step(
+        group_, grads,
+        [&](gradcomp::in_process_transport& t, std::vector<float>& sum) {
+          return gradcomp::ring_all_reduce(gradcomp::cpu_executor{}, t, codec_, std::span<float>(sum),
+                                           {.key = {.step = step}});
+        },
+        [&](std::size_t r, const std::vector<float>& sum, const gradcomp::compressed_report& report) {
+          // Every rank holds the same sum; rank 0 writes the mean.
+          if (r == 0)
+            std::transform(sum.begin(), sum.end(), mean.begin(),
+                           [&](float v) { return v / static_cast<float>(grads.size()); });
+          largest_bound_ = std::max(largest_bound_, report.error_bound);
+        });
   }
 
   /// An uncompressed ring sends 2(P − 1)/P of the gradient per rank: P − 1 chunks in each phase.

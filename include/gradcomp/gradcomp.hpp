@@ -47,6 +47,9 @@
 #include <gradcomp/lossless/mpc.hpp>
 #include <gradcomp/lossless/zfp_fixed_rate.hpp>
 
+#include <gradcomp/lowrank/powersgd.hpp>
+#include <gradcomp/lowrank/powersgd_math.hpp>
+
 #include <gradcomp/reference/comparison.hpp>
 
 #include <gradcomp/collective/agreement.hpp>
@@ -60,6 +63,7 @@
 #include <gradcomp/collective/compressed_reduce_scatter.hpp>
 #include <gradcomp/collective/executor_transport.hpp>
 #include <gradcomp/collective/lhc_stages.hpp>
+#include <gradcomp/collective/low_rank_all_reduce.hpp>
 #include <gradcomp/collective/ring.hpp>
 #include <gradcomp/collective/scatter_reduce.hpp>
 #include <gradcomp/collective/tagc.hpp>

@@ -48,6 +48,7 @@ enum class random_purpose : std::uint8_t {
   random_k = 1,             ///< Round keys of random-k's index permutation.
   threshold_sample = 2,     ///< Sample positions of the threshold estimate.
   sketch_hash = 3,          ///< Reserved, unused: the sketches hash with MurmurHash3 (core/murmur3.hpp) instead.
+  low_rank_init = 4,        ///< PowerSGD's draws of its factor Q (lowrank/powersgd_math.hpp).
 };
 
 /// A keyed stream of 32-bit random words: word `i` of the stream for (seed, step, tensor, purpose)

@@ -31,6 +31,8 @@ enum class codec_id : std::uint16_t {
   mpc = 48,             ///< MPC lossless float32 codec (48 on: the lossless float codecs of the hybrid scheme).
   zfp_fixed_rate = 49,  ///< ZFP fixed-rate lossy float32 codec (libzfp's 1-D fixed-rate bit stream).
   pipeline = 64,        ///< A sparsifier's indices with its kept values encoded by a quantizer.
+  powersgd = 80,        ///< PowerSGD: low-rank factors summed by two all-reduces (no message of its own; the
+                        ///< agreement record and saved states name it).
 };
 
 /// Element type of the values a message carries. Values are part of the wire format.
