@@ -144,7 +144,9 @@ class GradcompHookState:
     codec: a name of `codec_names()`, of `tagc_names()` (every parameter reduce-scattered through
            TAGC: dynamic sparsification, the LHC index all-reduce and sketch reduce-scatter, then
            the shards all-gathered), of `gravac_names()` (top-k + EF, the density chosen by
-           GraVAC for the whole model), or "dense" (the process group's all-reduce).
+           GraVAC for the whole model), of `powersgd_names()` (every parameter through gradcomp's
+           PowerSGD all-reduce as a matrix, its first dimension × the rest, a state per
+           parameter; docs/lowrank.md), or "dense" (the process group's all-reduce).
     model: the module whose parameters DDP buckets (names key the states).
     dense_below: buckets of fewer elements go dense (the message header would outweigh them).
     record: a directory; every bucket's input and mean are appended to rank<r>.bin (for
@@ -169,7 +171,9 @@ class GradcompHookState:
         self.gravac = self.ext.Gravac(codec) if codec in self.ext.gravac_names() else None
         self.print_decisions = print_decisions
         self.gravac_trace = []  # (first step, path, density sent or None, gain of the candidate, of the safe level)
-        scheme = self.tagc is not None or self.gravac is not None
+        # PowerSGD: a state per parameter (keyed by its index), inside the object.
+        self.powersgd = self.ext.PowerSGD(codec) if codec in self.ext.powersgd_names() else None
+        scheme = self.tagc is not None or self.gravac is not None or self.powersgd is not None
         self.codec = None if codec == DENSE or scheme else self.ext.Codec(codec)
         self.ops = ProcessGroupOps(process_group)
         self.dense_below = dense_below
@@ -205,6 +209,8 @@ class GradcompHookState:
             states = {"tagc": self.tagc.save_state(self.tagc_state)}
         if self.gravac is not None:
             states = {"gravac": self.gravac.save()}
+        if self.powersgd is not None:
+            states = {"powersgd": self.powersgd.save()}
         return {"format": 2, "codec": self.codec_name, "step": self.step, "relaid": self.relaid,
                 "server_values_dropped": self.server_values_dropped, "skipped_steps": list(self.skipped_steps),
                 "states": states}
@@ -217,6 +223,8 @@ class GradcompHookState:
             self.tagc_state = self.tagc.load_state(saved["states"]["tagc"])
         elif self.gravac is not None:
             self.gravac.load(saved["states"]["gravac"])
+        elif self.powersgd is not None:
+            self.powersgd.load(saved["states"]["powersgd"])
         else:
             world, rank = self.ops.size(), self.ops.rank()
             self.states = {key: (self.codec.load_bucket_state(blob, sum(sizes), world, rank), sizes)
@@ -241,7 +249,7 @@ class GradcompHookState:
         if offset != bucket.buffer().numel():
             raise ValueError(f"a bucket of {bucket.buffer().numel()} values holds parameters of {offset}")
         entries.sort()
-        self._parameters = [(e[0], e[1], e[4]) for e in entries]  # (index, name, shape), for TAGC
+        self._parameters = [(e[0], e[1], e[4]) for e in entries]  # (index, name, shape), for TAGC and PowerSGD
         return (tuple(e[1] for e in entries), [e[2] for e in entries], [e[3] for e in entries])
 
     def _state_for(self, key, sizes):
@@ -352,6 +360,10 @@ class GradcompHookState:
                 self.sent_bytes += report["sent_bytes"]
                 if bucket.is_last():
                     self._trace_gravac()
+            elif self.powersgd is not None:
+                self.plans[bucket.index()] = "dense" if warm_up else "low_rank"
+                report = self.powersgd.all_reduce_mean(self.ops, data, self._parameters, self.step, self.dense_steps)
+                self.sent_bytes += report["sent_bytes"]
             elif self.tagc is not None and not warm_up:
                 self.plans[bucket.index()] = "tagc"
                 report = self.tagc.all_reduce_mean(self.ops, data, self.tagc_state, self._parameters)

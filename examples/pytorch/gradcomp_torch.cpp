@@ -73,6 +73,7 @@
 #include "bucket_state.hpp"
 #include "gravac_buckets.hpp"
 #include "hook_codecs.hpp"
+#include "powersgd_buckets.hpp"
 
 // Hidden, as pybind11's own namespace is: the types hold Python objects.
 namespace [[gnu::visibility("hidden")]] gradcomp_torch {
@@ -528,7 +529,9 @@ struct codec_rows {
   template <class C>
   void ring(const char*, const C&) {}
   void sketched_sgd(const char*, const gradcomp::count_sketch<float>&) {}
-  void powersgd(const char*, const gradcomp::powersgd_params&) {}  // not in the hook yet (docs/lowrank.md §6)
+  void powersgd(const char* name, const gradcomp::powersgd_params& params) {
+    powersgd_rows.emplace(name, [params] { return std::make_shared<powersgd_buckets>(params); });
+  }
   void tagc(const char* name, const gradcomp::tagc_params& params) {
     tagc_rows.emplace(name, [params] { return std::make_shared<tagc_scheme>(params); });
   }
@@ -537,6 +540,7 @@ struct codec_rows {
   }
   std::map<std::string, std::function<std::shared_ptr<tagc_scheme>()>> tagc_rows;
   std::map<std::string, std::function<std::shared_ptr<gravac_buckets>()>> gravac_rows;
+  std::map<std::string, std::function<std::shared_ptr<powersgd_buckets>()>> powersgd_rows;
 };
 
 inline const codec_rows& table() {
@@ -559,6 +563,13 @@ inline std::shared_ptr<tagc_scheme> tagc_named(const std::string& name) {
   const auto it = table().tagc_rows.find(name);
   gradcomp::detail::require(it != table().tagc_rows.end(), gradcomp::errc::invalid_argument,
                             [&] { return "no TAGC row named \"" + name + "\" (see tagc_names())"; });
+  return it->second();
+}
+
+inline std::shared_ptr<powersgd_buckets> powersgd_named(const std::string& name) {
+  const auto it = table().powersgd_rows.find(name);
+  gradcomp::detail::require(it != table().powersgd_rows.end(), gradcomp::errc::invalid_argument,
+                            [&] { return "no PowerSGD row named \"" + name + "\" (see powersgd_names())"; });
   return it->second();
 }
 
@@ -590,6 +601,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("codec_names", [] {
     std::vector<std::string> names;
     for (const auto& [name, make] : table().rows) names.push_back(name);
+    return names;
+  });
+
+  m.def(
+      "powersgd_initial_q",
+      [](std::uint64_t cols, std::uint64_t rank, std::uint64_t seed, std::uint64_t step, std::uint32_t tensor_id) {
+        torch::Tensor q = torch::empty({static_cast<std::int64_t>(cols), static_cast<std::int64_t>(rank)});
+        gradcomp::powersgd_draw_q(floats_of(q, "q"), cols, rank, seed, step, tensor_id, false);
+        return q;
+      },
+      py::arg("cols"), py::arg("rank"), py::arg("seed"), py::arg("step"), py::arg("tensor_id"));
+
+  m.def("powersgd_names", [] {
+    std::vector<std::string> names;
+    for (const auto& [name, make] : table().powersgd_rows) names.push_back(name);
     return names;
   });
 
@@ -722,6 +748,29 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             return out;
           },
           py::arg("ops"), py::arg("data"), py::arg("params"), py::arg("step"), py::arg("tensor_id"), py::arg("last"));
+
+  py::class_<powersgd_buckets, std::shared_ptr<powersgd_buckets>>(m, "PowerSGD")
+      .def(py::init(&powersgd_named), py::arg("name"))
+      .def("save",
+           [](const powersgd_buckets& s) {
+             const std::vector<std::byte> bytes = s.save();
+             return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+           })
+      .def(
+          "load",
+          [](powersgd_buckets& s, const std::string& bytes) { s.load(std::as_bytes(std::span<const char>(bytes))); },
+          py::arg("saved"))
+      .def(
+          "all_reduce_mean",
+          [](powersgd_buckets& s, py::object ops, const torch::Tensor& data,
+             const std::vector<powersgd_buckets::parameter_info>& params, std::uint64_t step,
+             std::uint64_t dense_steps) {
+            process_group_transport t(std::move(ops));
+            py::dict out;
+            out["sent_bytes"] = s.all_reduce_mean(t, floats_of(data, "the data"), params, step, dense_steps);
+            return out;
+          },
+          py::arg("ops"), py::arg("data"), py::arg("params"), py::arg("step"), py::arg("dense_steps") = 0);
 
   py::class_<tagc_scheme, std::shared_ptr<tagc_scheme>>(m, "Tagc")
       .def(py::init(&tagc_named), py::arg("name"))

@@ -35,6 +35,15 @@ class Bucket:
     def index(self):
         return self._index
 
+    def gradients(self):
+        """Views of the buffer, one per parameter, in its shape (PyTorch's powerSGD_hook writes
+        through them)."""
+        views, offset = [], 0
+        for p in self._params:
+            views.append(self._buffer[offset:offset + p.numel()].view(p.shape))
+            offset += p.numel()
+        return views
+
     def is_last(self):
         return self._last
 
@@ -355,6 +364,44 @@ class HookStateTest(unittest.TestCase):
         self.assertEqual(len(self.logged), 1)
         self.assertTrue(self.logged[0].startswith("GraVAC from step 1: dense (dense; gain candidate"), self.logged[0])
         self.check_state_follows_parameters(name, 45, sparse_weight=False)
+
+    def test_powersgd_reproduces_and_resumes(self):
+        self.assertEqual(EXT.powersgd_names(), ["PowerSGD r=1", "PowerSGD r=2", "PowerSGD r=4"])
+        self.check_state_follows_parameters("PowerSGD r=2", 8, sparse_weight=False)
+        m = model()
+        hook = self.hook("PowerSGD r=2", m)
+        run_step(hook, m, [[3, 2, 1, 0]], 0)
+        with self.assertRaises(EXT.GradcompError) as caught:
+            hook.powersgd.load(hook.powersgd.save()[:-1])
+        self.assertEqual(caught.exception.args[0], "truncated")
+
+    def test_powersgd_matches_pytorchs_hook(self):
+        # PyTorch's powerSGD_hook on the same bucket, same rank and the same initial Q (gradcomp's
+        # draw, put in its memory), with error feedback and warm start, over three steps: the same
+        # means up to float32 rounding (both orthonormalise Q and P by Gram-Schmidt; the products
+        # and sums differ in order). One rank: the mean is this rank's own rank-2 approximation.
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 10))
+        params = list(m.parameters())
+        ours = self.hook("PowerSGD r=2", m)
+        theirs = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=2,
+                                        use_error_feedback=True, warm_start=True)
+        theirs.iter = 2  # past PyTorch's warm-up; the hook's starts at 0
+        # PyTorch's memory for bucket 0: the Ps, then the Qs of the compressed matrices in bucket order.
+        compressed = [0, 2]  # 128 x 64 and 10 x 128; the biases go uncompressed in both
+        qs = [EXT.powersgd_initial_q(params[i].shape[1], 2, 0, 0, i) for i in compressed]
+        theirs.p_memory_dict[0] = torch.empty(sum(params[i].shape[0] * 2 for i in compressed))
+        theirs.q_memory_dict[0] = torch.cat([q.flatten() for q in qs])
+        for step in range(3):
+            grads = dyadic_gradients(m, step)
+            mine = Bucket(0, params, grads, True)
+            mean = gradcomp_ddp.gradcomp_hook(ours, mine).wait()
+            reference = Bucket(0, params, grads, True)
+            expected = powersgd.powerSGD_hook(theirs, reference).wait()
+            scale = float(expected.abs().max())
+            self.assertLess(float((mean - expected).abs().max()), 1e-5 * scale, step)
+            self.assertFalse(torch.equal(mean, torch.cat([grads[id(p)].flatten() for p in params])))  # compressed
 
     def test_foreign_parameter_is_refused(self):
         m = model()

@@ -30,9 +30,11 @@ gradcomp::compressed_report powersgd_rank_all_reduce(X& t, const gradcomp::power
   gradcomp::compressed_report total;
   for (std::size_t l = 0; l < layout.size(); ++l) {
     const parameter& p = layout[l];
-    const gradcomp::compressed_report report = gradcomp::compressed_all_reduce(
-        gradcomp::cpu_executor{}, t, scheme, states[l], grad.subspan(p.offset, p.size()), {p.rows, p.cols},
-        {.key = {.step = step, .tensor_id = static_cast<std::uint32_t>(l)}, .average = true});
+    const gradcomp::compressed_report report =
+        gradcomp::compressed_all_reduce(gradcomp::cpu_executor{}, t, scheme, states[l],
+                                        grad.subspan(p.offset, p.size()), {p.rows, p.cols},
+                                        {.key = {.step = step, .tensor_id = static_cast<std::uint32_t>(l)},
+                                         .average = true});
     total.sent_bytes += report.sent_bytes;
     total.dense_bytes += report.dense_bytes;
   }

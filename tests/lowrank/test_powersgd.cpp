@@ -142,7 +142,8 @@ TEST_CASE("PowerSGD all-reduce: one step against the float64 oracle, P = 1 and 3
     std::uint64_t a, b;
     std::uint32_t r;
   };
-  for (const shape_case c : {shape_case{37, 29, 4}, shape_case{64, 48, 8}, shape_case{30, 41, 3}, shape_case{9, 70, 1}}) {
+  for (const shape_case c :
+       {shape_case{37, 29, 4}, shape_case{64, 48, 8}, shape_case{30, 41, 3}, shape_case{9, 70, 1}}) {
     for (int P : {1, 3}) {
       CAPTURE(c.a);
       CAPTURE(c.b);
@@ -163,9 +164,8 @@ TEST_CASE("PowerSGD all-reduce: one step against the float64 oracle, P = 1 and 3
         for (std::size_t i = 0; i < expected.size(); ++i) worst = std::max(worst, std::abs(run.data[i] - expected[i]));
         CHECK(worst <= tolerance);
         CHECK(bit_patterns(run.data) == bit_patterns(runs[0].data));
-        CHECK(run.report.sent_bytes ==
-              ring_all_reduce_dense_bytes(c.a * c.r * 4, static_cast<std::uint64_t>(P)) +
-                  ring_all_reduce_dense_bytes(c.b * c.r * 4, static_cast<std::uint64_t>(P)));
+        CHECK(run.report.sent_bytes == ring_all_reduce_dense_bytes(c.a * c.r * 4, static_cast<std::uint64_t>(P)) +
+                                           ring_all_reduce_dense_bytes(c.b * c.r * 4, static_cast<std::uint64_t>(P)));
         CHECK(run.report.dense_bytes == ring_all_reduce_dense_bytes(c.a * c.b * 4, static_cast<std::uint64_t>(P)));
       }
     }
@@ -267,7 +267,8 @@ TEST_CASE("PowerSGD all-reduce: dense when the matrix does not compress or befor
   CHECK_FALSE(powersgd<float>({.rank = 1}).compresses({1, 1000}));
 }
 
-TEST_CASE("PowerSGD all-reduce: another shape, NaN or a bad state on one rank, or a plan it lacks, throws on every rank, nothing changed") {
+TEST_CASE(
+    "PowerSGD all-reduce: another shape, NaN or a bad state on one rank, or a plan it lacks, throws on every rank, nothing changed") {
   const int P = 3;
   const powersgd<float> scheme({.rank = 2});
   struct fault_case {
@@ -297,12 +298,11 @@ TEST_CASE("PowerSGD all-reduce: another shape, NaN or a bad state on one rank, o
       }
       const std::vector<float> g_before = g;
       const powersgd_state<float> state_before = state;
-      thrown[static_cast<std::size_t>(t.rank())] =
-          thrown_by([&] { compressed_all_reduce(cpu_executor{}, t, scheme, state, std::span<float>(g), shape, options); });
-      unchanged[static_cast<std::size_t>(t.rank())] = bit_patterns(g) == bit_patterns(g_before) &&
-                                                      bit_patterns(state.error) == bit_patterns(state_before.error) &&
-                                                      bit_patterns(state.q) == bit_patterns(state_before.q) &&
-                                                      state.steps == state_before.steps;
+      thrown[static_cast<std::size_t>(t.rank())] = thrown_by(
+          [&] { compressed_all_reduce(cpu_executor{}, t, scheme, state, std::span<float>(g), shape, options); });
+      unchanged[static_cast<std::size_t>(t.rank())] =
+          bit_patterns(g) == bit_patterns(g_before) && bit_patterns(state.error) == bit_patterns(state_before.error) &&
+          bit_patterns(state.q) == bit_patterns(state_before.q) && state.steps == state_before.steps;
     });
     for (int r = 0; r < P; ++r) {
       CAPTURE(r);

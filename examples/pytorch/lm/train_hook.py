@@ -9,7 +9,7 @@ The task is the simulation harness's (simulate.py): the same model and initialis
 torch.manual_seed(seed)), the same minibatch per (seed, step, rank) (data.train_batch), Adam at
 lr 2e-3, betas (0.9, 0.999), eps 1e-8 (torch.optim.Adam), the same fixed validation set evaluated
 every --eval-every steps (rank 0, after the step). `--codec dense` is DDP's own all-reduce (no hook);
-any other name is a row of the extension's codec_names(), tagc_names() or gravac_names()
+any other name is a row of the extension's codec_names(), tagc_names(), gravac_names() or powersgd_names()
 (`--list` prints them). Every rank runs torch.set_num_threads(1).
 
 The JSON line: the arguments, the corpus digest, the final and per-evaluation validation loss (and
@@ -198,7 +198,7 @@ def main():
         return 0
     ext = gradcomp_ddp.load_extension()  # build once, before the ranks start
     if args.list:
-        print("\n".join([gradcomp_ddp.DENSE] + ext.codec_names() + ext.tagc_names() + ext.gravac_names()))
+        print("\n".join([gradcomp_ddp.DENSE] + ext.codec_names() + ext.tagc_names() + ext.gravac_names() + ext.powersgd_names()))
         return 0
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:

@@ -93,10 +93,11 @@ compressed_report compressed_all_reduce(const E& e, X& t, const powersgd<T>& sch
     detail::require_executor_transport<E, X>(e, t);
     const powersgd_params& p = scheme.params();
     options.dense_steps = std::max(options.dense_steps, p.start_iter);
-    const all_reduce_plan plan = detail::resolved_plan(
-        options, scheme.compresses(shape) ? all_reduce_plan::low_rank : all_reduce_plan::dense);
+    const all_reduce_plan plan =
+        detail::resolved_plan(options, scheme.compresses(shape) ? all_reduce_plan::low_rank : all_reduce_plan::dense);
     const detail::local_problem problem = detail::powersgd_problem(scheme, state, data.size(), shape, plan);
-    const detail::powersgd_call<T> call{params_hasher{}.add(scheme.params_hash()).add(shape.rows).add(shape.cols).value()};
+    const detail::powersgd_call<T> call{
+        params_hasher{}.add(scheme.params_hash()).add(shape.rows).add(shape.cols).value()};
     const std::uint64_t a = shape.rows, b = shape.cols, r = scheme.rank_for(shape);
     const bool low_rank = plan == all_reduce_plan::low_rank && problem.empty();
 
@@ -108,8 +109,10 @@ compressed_report compressed_all_reduce(const E& e, X& t, const powersgd<T>& sch
       if (state.q.empty() || !p.warm_start)
         powersgd_draw_q(std::span<T>(q), b, r, p.seed, options.key.step, options.key.tensor_id,
                         p.orthonormalise_in_double);
-      else
-        q = state.q;
+      else {
+        q = state.q;  // Q/p of the last step, orthonormalised again as PyTorch's hook does
+        powersgd_orthonormalise(std::span<T>(q), b, r, p.orthonormalise_in_double);
+      }
       // The first step has E = 0: M is G itself, read from `data` until the last pass overwrites it.
       state.compensated.resize(state.error.empty() ? 0 : data.size());
       steps::project(e, shape, r, std::span<const T>(data), std::span<const T>(state.error), std::span<const T>(q),

@@ -14,7 +14,7 @@
 ///     E = M − P̂·(Q/p)ᵀ   (`powersgd_feedback::shared`: the mean every rank applies, PyTorch's hook)
 ///     E = M − P̂·(Mᵀ·P̂)ᵀ (`powersgd_feedback::local`: this rank's own approximation, before the Q
 ///                          all-reduce)
-///     Q ← Q/p for the next step (`warm_start`), else a fresh draw
+///     Q ← Q/p for the next step (`warm_start`; orthonormalised before it is used), else a fresh draw
 ///
 /// A new error that is not finite (M − M̂ overflowed) is replaced by zeros.
 ///
@@ -225,7 +225,9 @@ class powersgd {
     std::vector<T> q(q_count), e(e_count);
     std::memcpy(q.data(), payload.data(), q_count * sizeof(T));
     std::memcpy(e.data(), payload.data() + q_count * sizeof(T), e_count * sizeof(T));
-    const auto finite = [](const std::vector<T>& v) { return std::ranges::all_of(v, [](T x) { return is_finite(x); }); };
+    const auto finite = [](const std::vector<T>& v) {
+      return std::ranges::all_of(v, [](T x) { return is_finite(x); });
+    };
     detail::require(finite(q) && finite(e), errc::malformed_payload, "saved PowerSGD state holds NaN or Inf");
     const std::uint64_t steps = detail::load_le<std::uint64_t>(p + 29);
     state.steps = steps;
