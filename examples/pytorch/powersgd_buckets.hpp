@@ -46,8 +46,7 @@ class powersgd_buckets {
       return "the bucket holds " + std::to_string(data.size()) + " values, its parameters " + std::to_string(offset);
     });
     const bool finite = std::ranges::all_of(data, [](float v) { return gradcomp::is_finite(v); });
-    gradcomp::detail::agree_on_status(t, finite ? gradcomp::errc{} : gradcomp::errc::non_finite_input,
-                                      "PowerSGD hook");
+    gradcomp::detail::agree_on_status(t, finite ? gradcomp::errc{} : gradcomp::errc::non_finite_input, "PowerSGD hook");
     std::size_t sent = 0;
     offset = 0;
     for (std::size_t l = 0; l < params.size(); ++l) {

@@ -63,7 +63,7 @@
 #include <gradcomp/collective/compressed_reduce_scatter.hpp>
 #include <gradcomp/collective/executor_transport.hpp>
 #include <gradcomp/collective/lhc_stages.hpp>
-#include <gradcomp/collective/low_rank_all_reduce.hpp>
+#include <gradcomp/collective/low_rank_collectives.hpp>
 #include <gradcomp/collective/ring.hpp>
 #include <gradcomp/collective/scatter_reduce.hpp>
 #include <gradcomp/collective/tagc.hpp>

@@ -3,7 +3,8 @@
 // library's), P̂ orthonormal, the full-rank case exact up to rounding, both error-feedback
 // invariants, the reference and CPU backends bit for bit with every rank holding the same bits,
 // the dense fallbacks, the agreement's errors with nothing changed, and the saved state.
-#include <gradcomp/collective/low_rank_all_reduce.hpp>
+#include <gradcomp/collective/compressed_reduce_scatter.hpp>
+#include <gradcomp/collective/low_rank_collectives.hpp>
 #include <gradcomp/lowrank/powersgd.hpp>
 #include <gradcomp/lowrank/powersgd_math.hpp>
 #include <gradcomp/transport/in_process.hpp>
@@ -356,6 +357,63 @@ TEST_CASE("PowerSGD saved state: a run resumed from it continues bit for bit; da
   CHECK(refuses(bytes, shape, scheme) == named(errc::bad_magic));
   CHECK(target.steps == 0);
   CHECK(target.q.empty());
+}
+
+TEST_CASE("PowerSGD reduce-scatter: each rank's chunk of the all-reduce's result, the same state and bytes") {
+  const matrix_shape shape{37, 29};
+  const powersgd<float> scheme({.rank = 3});
+  for (int P : {1, 3, 4}) {
+    CAPTURE(P);
+    const auto whole = run_powersgd<float>(P, shape, scheme, 3, {.average = true});
+    std::vector<std::vector<float>> chunks(static_cast<std::size_t>(P));
+    std::vector<powersgd_state<float>> states(static_cast<std::size_t>(P));
+    std::vector<compressed_report> reports(static_cast<std::size_t>(P));
+    in_process_group(P).run([&](in_process_transport& t) {
+      const auto rank = static_cast<std::size_t>(t.rank());
+      for (std::uint64_t s = 0; s < 3; ++s) {
+        const std::vector<float> g = gradient_of<float>(t.rank(), shape.count(), s);
+        chunks[rank].assign(ring_chunk_of(shape.count(), P, t.rank()).count, 0.0f);
+        reports[rank] =
+            compressed_reduce_scatter(cpu_executor{}, t, scheme, states[rank], std::span<const float>(g), shape,
+                                      std::span<float>(chunks[rank]), {.key = {.step = s}, .average = true});
+      }
+    });
+    for (int r = 0; r < P; ++r) {
+      CAPTURE(r);
+      const auto rank = static_cast<std::size_t>(r);
+      const ring_chunk c = ring_chunk_of(shape.count(), P, r);
+      const std::vector<float> expected(whole[rank].data.begin() + static_cast<std::ptrdiff_t>(c.offset),
+                                        whole[rank].data.begin() + static_cast<std::ptrdiff_t>(c.offset + c.count));
+      CHECK(bit_patterns(chunks[rank]) == bit_patterns(expected));
+      CHECK(bit_patterns(states[rank].error) == bit_patterns(whole[rank].state.error));
+      CHECK(reports[rank].sent_bytes == whole[rank].report.sent_bytes);
+      CHECK(reports[rank].dense_bytes == (shape.count() - c.count) * sizeof(float));
+    }
+  }
+  // The dense plan (a matrix that does not compress) is the codecs' dense reduce-scatter, state
+  // untouched; an `out` of another size fails on every rank.
+  const int P = 3;
+  std::vector<std::string> thrown(P);
+  in_process_group(P).run([&](in_process_transport& t) {
+    const matrix_shape small{6, 5};
+    const std::vector<float> g = gradient_of<float>(t.rank(), small.count());
+    powersgd_state<float> state;
+    std::vector<float> out(ring_chunk_of(small.count(), P, t.rank()).count);
+    compressed_reduce_scatter(cpu_executor{}, t, scheme, state, std::span<const float>(g), small,
+                              std::span<float>(out));
+    const std::vector<float> sum = rank_order_sum(P, small.count());
+    const ring_chunk c = ring_chunk_of(small.count(), P, t.rank());
+    CHECK(bit_patterns(out) ==
+          bit_patterns(std::vector<float>(sum.begin() + static_cast<std::ptrdiff_t>(c.offset),
+                                          sum.begin() + static_cast<std::ptrdiff_t>(c.offset + c.count))));
+    CHECK(state.steps == 0);
+    std::vector<float> wrong(out.size() + (t.rank() == 2 ? 1 : 0));
+    thrown[static_cast<std::size_t>(t.rank())] = thrown_by([&] {
+      compressed_reduce_scatter(cpu_executor{}, t, scheme, state, std::span<const float>(g), small,
+                                std::span<float>(wrong));
+    });
+  });
+  for (const std::string& s : thrown) CHECK(s == named(errc::invalid_argument));
 }
 
 TEST_CASE("powersgd parameters: invalid ones are refused with a named error") {

@@ -84,7 +84,7 @@ enum class all_reduce_plan : std::uint8_t {
   two_stage = 4,         ///< Lossless homomorphic compression: aggregate the indexes, then SUM the sketches.
   scatter_reduce = 5,  ///< All-to-all of chunks; each owner sums and re-encodes its chunk; all-gather of the chunks.
   dense = 6,  ///< Uncompressed SUM all-reduce (the warm-up steps); codec states untouched.
-  low_rank = 7,  ///< PowerSGD: SUM all-reduces of its factors P and Q (collective/low_rank_all_reduce.hpp).
+  low_rank = 7,  ///< PowerSGD: SUM all-reduces of its factors P and Q (collective/low_rank_collectives.hpp).
 };
 
 /// Options of `compressed_all_reduce`.

@@ -57,6 +57,7 @@ enum class reduce_scatter_plan : std::uint8_t {
   gather_decode = 3,  ///< All-gather of whole messages; each rank decodes its chunk of the rank-order sum.
   tagc = 4,  ///< TAGC's sharded sketch (collective/tagc.hpp): the only plan of a `tagc` scheme.
   dense = 5,  ///< Uncompressed reduce-scatter (the warm-up steps); codec states untouched.
+  low_rank = 6,  ///< PowerSGD: its factors all-reduced, this rank's chunk kept (collective/low_rank_collectives.hpp).
 };
 
 /// Options of `compressed_reduce_scatter`.

@@ -128,7 +128,7 @@ struct powersgd_saved_format {
 };
 
 /// PowerSGD for `float` or `double` gradients: a scheme of the compressed all-reduce
-/// (collective/low_rank_all_reduce.hpp) with a state per tensor, not a codec with messages.
+/// (collective/low_rank_collectives.hpp) with a state per tensor, not a codec with messages.
 template <gradient_value T = float>
 class powersgd {
  public:
