@@ -8,6 +8,7 @@
 /// Doubles, and CPUs (or executors) without AVX2, run the reference loops.
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <type_traits>
@@ -97,6 +98,47 @@ struct backend<powersgd<T>, cpu_executor> {
     rows[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
   }
 
+  /// What one pass of project_avx2 over eight rows needs: rows i..i+8, sums [first, first + Count)
+  /// of each, `e` and `m` null when there is no error or no M to write.
+  struct rows_pass {
+    std::uint64_t i, first, b, whole, r;
+    const float* g;
+    const float* e;
+    float* m;
+    const float* q;
+    float* sums;  ///< 8·r: row w's sum k at w·r + k.
+  };
+
+  /// One pass of project_avx2, its Count accumulators in registers (Count a compile-time constant).
+  template <std::size_t Count>
+  GRADCOMP_TARGET_AVX2 static void project_pass(const rows_pass& s) {
+    __m256 acc[Count];
+    for (__m256& v : acc) v = _mm256_setzero_ps();
+    for (std::uint64_t j = 0; j < s.whole; j += 8) {
+      __m256 block[8];
+#  pragma GCC unroll 8
+      for (std::uint64_t w = 0; w < 8; ++w) {
+        const std::uint64_t at = (s.i + w) * s.b + j;
+        block[w] = _mm256_loadu_ps(s.g + at);
+        if (s.e != nullptr) block[w] = _mm256_add_ps(block[w], _mm256_loadu_ps(s.e + at));
+        if (s.m != nullptr) _mm256_storeu_ps(s.m + at, block[w]);
+      }
+      transpose8(block);
+#  pragma GCC unroll 8
+      for (std::uint64_t c = 0; c < 8; ++c) {
+        const float* const qj = s.q + (j + c) * s.r + s.first;
+#  pragma GCC unroll 8
+        for (std::size_t k = 0; k < Count; ++k)
+          acc[k] = _mm256_add_ps(acc[k], rounded(_mm256_mul_ps(block[c], _mm256_set1_ps(qj[k]))));
+      }
+    }
+    for (std::size_t k = 0; k < Count; ++k) {
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, acc[k]);
+      for (std::uint64_t w = 0; w < 8; ++w) s.sums[w * s.r + s.first + static_cast<std::uint64_t>(k)] = lanes[w];
+    }
+  }
+
   /// M = G + E and P = M·Q for any r with AVX2: eight rows at a time, each lane one row, so that
   /// lane w of accumulator k sums M[i + w][j]·Q[j][k] over j ascending. Blocks of 8 × 8 values
   /// are read row by row (and M written so), then transposed into columns; the columns past the
@@ -118,28 +160,25 @@ struct backend<powersgd<T>, cpu_executor> {
     std::uint64_t i = 0;
     for (; i + 8 <= a; i += 8) {
       for (std::uint64_t first = 0; first < r; first += 8) {  // up to 8 sums of each row per pass
-        const std::uint64_t count = std::min<std::uint64_t>(8, r - first);
-        __m256 acc[8];
-        for (__m256& v : acc) v = _mm256_setzero_ps();
-        for (std::uint64_t j = 0; j < whole; j += 8) {
-          __m256 block[8];
-          for (std::uint64_t w = 0; w < 8; ++w) {
-            const std::uint64_t at = (i + w) * b + j;
-            block[w] = _mm256_loadu_ps(g.data() + at);
-            if (!error.empty()) block[w] = _mm256_add_ps(block[w], _mm256_loadu_ps(error.data() + at));
-            if (first == 0 && !m.empty()) _mm256_storeu_ps(m.data() + at, block[w]);
-          }
-          transpose8(block);
-          for (std::uint64_t c = 0; c < 8; ++c) {
-            const float* const qj = q.data() + (j + c) * r + first;
-            for (std::uint64_t k = 0; k < count; ++k)
-              acc[k] = _mm256_add_ps(acc[k], rounded(_mm256_mul_ps(block[c], _mm256_set1_ps(qj[k]))));
-          }
-        }
-        for (std::uint64_t k = 0; k < count; ++k) {
-          alignas(32) float lanes[8];
-          _mm256_store_ps(lanes, acc[k]);
-          for (std::uint64_t w = 0; w < 8; ++w) sums[w * r + first + k] = lanes[w];
+        const rows_pass pass{i,
+                             first,
+                             b,
+                             whole,
+                             r,
+                             g.data(),
+                             error.empty() ? nullptr : error.data(),
+                             first == 0 && !m.empty() ? m.data() : nullptr,
+                             q.data(),
+                             sums.data()};
+        switch (std::min<std::uint64_t>(8, r - first)) {
+          case 1: project_pass<1>(pass); break;
+          case 2: project_pass<2>(pass); break;
+          case 3: project_pass<3>(pass); break;
+          case 4: project_pass<4>(pass); break;
+          case 5: project_pass<5>(pass); break;
+          case 6: project_pass<6>(pass); break;
+          case 7: project_pass<7>(pass); break;
+          default: project_pass<8>(pass); break;
         }
       }
       for (std::uint64_t w = 0; w < 8; ++w) {
@@ -154,54 +193,126 @@ struct backend<powersgd<T>, cpu_executor> {
     }
   }
 
-  /// Q = Mᵀ·P̂ for any r with AVX2, over transposed accumulators Qᵀ (r × b): rows of M two at a
-  /// time, each adding M[i][j..j+8)·P̂[i][k] to Qᵀ[k][j..j+8) for every k, so that each Q[j][k]
-  /// still sums i ascending. Qᵀ is then transposed into Q.
+  /// Rows of M that back_project_avx2 adds into Qᵀ per load and store of its accumulators (more
+  /// rows would be more streams of M than the prefetchers follow well).
+  static constexpr std::uint64_t back_project_tile = 8;
+
+  /// What one pass of back_project_avx2 over a tile of rows needs: rows [i, end), sums [first,
+  /// first + Count) of Qᵀ, columns [0, whole) in vectors of eight.
+  struct tile_pass {
+    std::uint64_t i, end, first, b, whole, r;
+    const float* m;
+    const float* p_hat;
+    float* qt;  ///< r × b: Qᵀ[k][j] at k·b + j.
+  };
+
+  /// One pass of back_project_avx2: for each eight columns, Count accumulators loaded from Qᵀ, the
+  /// tile's rows added in order, stored back.
+  template <std::size_t Count>
+  GRADCOMP_TARGET_AVX2 static void back_project_pass(const tile_pass& s) {
+    for (std::uint64_t j = 0; j < s.whole; j += 8) {
+      __m256 acc[Count];
+#  pragma GCC unroll 8
+      for (std::size_t k = 0; k < Count; ++k)
+        acc[k] = _mm256_loadu_ps(s.qt + (s.first + static_cast<std::uint64_t>(k)) * s.b + j);
+      for (std::uint64_t i = s.i; i < s.end; ++i) {
+        const __m256 v = _mm256_loadu_ps(s.m + i * s.b + j);
+        const float* const pi = s.p_hat + i * s.r + s.first;
+#  pragma GCC unroll 8
+        for (std::size_t k = 0; k < Count; ++k)
+          acc[k] = _mm256_add_ps(acc[k], rounded(_mm256_mul_ps(v, _mm256_set1_ps(pi[k]))));
+      }
+#  pragma GCC unroll 8
+      for (std::size_t k = 0; k < Count; ++k)
+        _mm256_storeu_ps(s.qt + (s.first + static_cast<std::uint64_t>(k)) * s.b + j, acc[k]);
+    }
+  }
+
+  /// Q = Mᵀ·P̂ for any r with AVX2, over transposed accumulators Qᵀ (r × b, zeros at first): for a
+  /// tile of up to 8 rows at a time, eight columns of up to eight rows of Qᵀ are held in
+  /// registers while the tile's rows add M[i][j..j+8)·P̂[i][k] in order, so each Q[j][k] still sums
+  /// i ascending; the columns past the last eight go value by value, tile by tile. Qᵀ is then
+  /// transposed into Q.
   GRADCOMP_TARGET_AVX2 static void back_project_avx2(matrix_shape shape, std::uint64_t r, std::span<const float> m,
                                                      std::span<const float> p_hat, std::span<float> q) {
     const std::uint64_t a = shape.rows, b = shape.cols, whole = b / 8 * 8;
     std::vector<float> qt(static_cast<std::size_t>(r * b), 0.0f);
-    const auto add_row = [&](std::uint64_t i, std::uint64_t j, float value) {
-      for (std::uint64_t k = 0; k < r; ++k) qt[k * b + j] = qt[k * b + j] + mul_rn(value, p_hat[i * r + k]);
-    };
-    std::uint64_t i = 0;
-    for (; i + 2 <= a; i += 2) {
-      const float* const m0 = m.data() + i * b;
-      const float* const m1 = m0 + b;
-      for (std::uint64_t j = 0; j < whole; j += 8) {
-        const __m256 v0 = _mm256_loadu_ps(m0 + j), v1 = _mm256_loadu_ps(m1 + j);
-        for (std::uint64_t k = 0; k < r; ++k) {
-          float* const at = qt.data() + k * b + j;
-          __m256 acc = _mm256_add_ps(_mm256_loadu_ps(at), rounded(_mm256_mul_ps(v0, _mm256_set1_ps(p_hat[i * r + k]))));
-          acc = _mm256_add_ps(acc, rounded(_mm256_mul_ps(v1, _mm256_set1_ps(p_hat[(i + 1) * r + k]))));
-          _mm256_storeu_ps(at, acc);
+    for (std::uint64_t i = 0; i < a; i += back_project_tile) {
+      const std::uint64_t end = std::min(a, i + back_project_tile);
+      for (std::uint64_t first = 0; first < r; first += 8) {
+        const tile_pass pass{i, end, first, b, whole, r, m.data(), p_hat.data(), qt.data()};
+        switch (std::min<std::uint64_t>(8, r - first)) {
+          case 1: back_project_pass<1>(pass); break;
+          case 2: back_project_pass<2>(pass); break;
+          case 3: back_project_pass<3>(pass); break;
+          case 4: back_project_pass<4>(pass); break;
+          case 5: back_project_pass<5>(pass); break;
+          case 6: back_project_pass<6>(pass); break;
+          case 7: back_project_pass<7>(pass); break;
+          default: back_project_pass<8>(pass); break;
         }
       }
-      for (std::uint64_t j = whole; j < b; ++j) {
-        add_row(i, j, m0[j]);
-        add_row(i + 1, j, m1[j]);
-      }
-    }
-    for (; i < a; ++i) {  // an odd last row
-      const float* const mi = m.data() + i * b;
-      for (std::uint64_t j = 0; j < whole; j += 8) {
-        const __m256 v = _mm256_loadu_ps(mi + j);
-        for (std::uint64_t k = 0; k < r; ++k) {
-          float* const at = qt.data() + k * b + j;
-          _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at),
-                                             rounded(_mm256_mul_ps(v, _mm256_set1_ps(p_hat[i * r + k])))));
-        }
-      }
-      for (std::uint64_t j = whole; j < b; ++j) add_row(i, j, mi[j]);
+      for (std::uint64_t row = i; row < end; ++row)
+        for (std::uint64_t j = whole; j < b; ++j)
+          for (std::uint64_t k = 0; k < r; ++k)
+            qt[k * b + j] = qt[k * b + j] + mul_rn(m[row * b + j], p_hat[row * r + k]);
     }
     for (std::uint64_t j = 0; j < b; ++j)
       for (std::uint64_t k = 0; k < r; ++k) q[j * r + k] = qt[k * b + j];
   }
 
-  /// The step's last pass with AVX2: for each row i, eight consecutive outputs per vector, each
-  /// lane summing P̂[i][k]·Q[j][k] over k ascending from transposed copies of Q_out and Q_err (r ×
-  /// b); error = M − the Q_err sum (the Q_out sum when they are one span), out = the Q_out sum. The
-  /// columns past the last eight go value by value. Returns whether every error value is finite.
+  /// What one block of rows of reconstruct_avx2 needs.
+  struct rows_out {
+    std::uint64_t i, b, whole, r;
+    const float* p_hat;
+    const float* ot;  ///< Q_outᵀ, r × b.
+    const float* et;  ///< Q_errᵀ, r × b; `ot` itself when Q_err is Q_out.
+    const float* m;
+    float* out;
+    float* error;
+  };
+
+  /// Rows i..i+Rows of reconstruct_avx2's whole vectors of eight columns: each load of Qᵀ serves
+  /// every row of the block. Returns a mask whose bits are set where an error value is NaN or ±Inf.
+  template <std::size_t Rows>
+  GRADCOMP_TARGET_AVX2 static int reconstruct_rows(const rows_out& s) {
+    const bool same = s.et == s.ot;
+    const __m256i exponent = _mm256_set1_epi32(0x7F800000);
+    __m256i special = _mm256_setzero_si256();
+    for (std::uint64_t j = 0; j < s.whole; j += 8) {
+      __m256 applied[Rows], subtracted[Rows];
+#  pragma GCC unroll 8
+      for (std::size_t w = 0; w < Rows; ++w) applied[w] = subtracted[w] = _mm256_setzero_ps();
+      for (std::uint64_t k = 0; k < s.r; ++k) {
+        const __m256 o = _mm256_loadu_ps(s.ot + k * s.b + j);
+        const __m256 e = same ? o : _mm256_loadu_ps(s.et + k * s.b + j);
+#  pragma GCC unroll 8
+        for (std::size_t w = 0; w < Rows; ++w) {
+          const __m256 pk = _mm256_set1_ps(s.p_hat[(s.i + static_cast<std::uint64_t>(w)) * s.r + k]);
+          applied[w] = _mm256_add_ps(applied[w], rounded(_mm256_mul_ps(pk, o)));
+          if (!same) subtracted[w] = _mm256_add_ps(subtracted[w], rounded(_mm256_mul_ps(pk, e)));
+        }
+      }
+#  pragma GCC unroll 8
+      for (std::size_t w = 0; w < Rows; ++w) {
+        const std::uint64_t at = (s.i + static_cast<std::uint64_t>(w)) * s.b + j;
+        const __m256 err = _mm256_sub_ps(_mm256_loadu_ps(s.m + at), same ? applied[w] : subtracted[w]);
+        // All exponent bits set: NaN or ±Inf.
+        special = _mm256_or_si256(special,
+                                  _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(err), exponent), exponent));
+        _mm256_storeu_ps(s.error + at, err);
+        _mm256_storeu_ps(s.out + at, applied[w]);
+      }
+    }
+    return _mm256_movemask_epi8(special);
+  }
+
+  /// The step's last pass with AVX2: for each eight consecutive outputs of two rows at a time (one
+  /// when r < 4),
+  /// each lane sums P̂[i][k]·Q[j][k] over k ascending from transposed copies of Q_out and Q_err
+  /// (r × b); error = M − the Q_err sum (the Q_out sum when they are one span), out = the Q_out
+  /// sum. The columns past the last eight go value by value. Returns whether every error value is
+  /// finite.
   GRADCOMP_TARGET_AVX2 static bool reconstruct_avx2(matrix_shape shape, std::uint64_t r, std::span<const float> p_hat,
                                                     std::span<const float> q_out, std::span<const float> q_err,
                                                     std::span<const float> m, std::span<float> out,
@@ -216,42 +327,28 @@ struct backend<powersgd<T>, cpu_executor> {
     };
     const std::vector<float> out_t = transposed(q_out);
     const std::vector<float> err_t = same ? std::vector<float>{} : transposed(q_err);
-    const float* const ot = out_t.data();
-    const float* const et = same ? ot : err_t.data();
-    const __m256i exponent = _mm256_set1_epi32(0x7F800000);
-    __m256i special = _mm256_setzero_si256();
-    bool finite = true;
+    rows_out block{0,        b,          whole,       r, p_hat.data(), out_t.data(), same ? out_t.data() : err_t.data(),
+                   m.data(), out.data(), error.data()};
+    int special = 0;
+    // Two rows per Qᵀ load from r = 4 on; below, the products are too few to pay for the streams.
+    if (r >= 4)
+      for (; block.i + 2 <= a; block.i += 2) special |= reconstruct_rows<2>(block);
+    for (; block.i < a; ++block.i) special |= reconstruct_rows<1>(block);
+    bool finite = special == 0;
     for (std::uint64_t i = 0; i < a; ++i) {
       const float* const pi = p_hat.data() + i * r;
-      const std::uint64_t row = i * b;
-      for (std::uint64_t j = 0; j < whole; j += 8) {
-        __m256 applied = _mm256_setzero_ps();
-        __m256 subtracted = _mm256_setzero_ps();
-        for (std::uint64_t k = 0; k < r; ++k) {
-          const __m256 pk = _mm256_set1_ps(pi[k]);
-          applied = _mm256_add_ps(applied, rounded(_mm256_mul_ps(pk, _mm256_loadu_ps(ot + k * b + j))));
-          if (!same)
-            subtracted = _mm256_add_ps(subtracted, rounded(_mm256_mul_ps(pk, _mm256_loadu_ps(et + k * b + j))));
-        }
-        const __m256 e = _mm256_sub_ps(_mm256_loadu_ps(m.data() + row + j), same ? applied : subtracted);
-        // All exponent bits set: NaN or ±Inf.
-        special =
-            _mm256_or_si256(special, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(e), exponent), exponent));
-        _mm256_storeu_ps(error.data() + row + j, e);
-        _mm256_storeu_ps(out.data() + row + j, applied);
-      }
       for (std::uint64_t j = whole; j < b; ++j) {
         float applied = 0.0f, subtracted = 0.0f;
         for (std::uint64_t k = 0; k < r; ++k) {
-          applied = applied + mul_rn(pi[k], ot[k * b + j]);
-          subtracted = subtracted + mul_rn(pi[k], et[k * b + j]);
+          applied = applied + mul_rn(pi[k], block.ot[k * b + j]);
+          subtracted = subtracted + mul_rn(pi[k], block.et[k * b + j]);
         }
-        error[row + j] = m[row + j] - subtracted;
-        finite = finite && is_finite(error[row + j]);
-        out[row + j] = applied;
+        error[i * b + j] = m[i * b + j] - subtracted;
+        finite = finite && is_finite(error[i * b + j]);
+        out[i * b + j] = applied;
       }
     }
-    return finite && _mm256_movemask_epi8(special) == 0;
+    return finite;
   }
 #endif
 };
