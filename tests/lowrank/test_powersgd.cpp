@@ -269,7 +269,7 @@ TEST_CASE("PowerSGD all-reduce: dense when the matrix does not compress or befor
 }
 
 TEST_CASE(
-    "PowerSGD all-reduce: another shape, NaN or a bad state on one rank, or a plan it lacks, throws on every rank, nothing changed") {
+    "PowerSGD all-reduce: a rank's other shape, NaN or bad state, or a plan it lacks: every rank throws, nothing changed") {
   const int P = 3;
   const powersgd<float> scheme({.rank = 2});
   struct fault_case {

@@ -3,16 +3,17 @@
 /// PowerSGD's collectives (lowrank/powersgd.hpp; docs/lowrank.md): the compressed all-reduce's
 /// `low_rank` plan, two SUM all-reduces of the factors P (a × r) and Q (b × r) per step instead of
 /// one of the a × b gradient, and the same step for reduce-scatter users, on a host executor
-/// (`reference_executor`, `cpu_executor`) over any transport. The transports sum in rank order (transport/rank_ordered.hpp), so every rank gets
-/// the same P, P̂, Q and result bits, and the same ones over MPI, Gloo and in-process.
+/// (`reference_executor`, `cpu_executor`) over any transport. The transports sum in rank order
+/// (transport/rank_ordered.hpp), so every rank gets the same P, P̂, Q and result bits, and the same
+/// ones over MPI, Gloo and in-process.
 ///
 /// Before anything is sent the ranks agree (collective/agreement.hpp): the record names PowerSGD,
 /// the plan, the element count, step and tensor, and hashes the parameters with the matrix shape;
 /// its non-finite flag is raised by NaN or ±Inf in M = G + E (so an error that overflows with the
-/// gradient is caught too), found in P = M·Q, or by a P that overflows. A disagreement, a rank's own bad arguments or a non-finite M make every
-/// rank throw the same error with `data` and `state` unchanged; a timeout or a transport failure
-/// during the exchange leaves both unchanged too (the new state is committed after the last
-/// collective).
+/// gradient is caught too), found in P = M·Q, or by a P that overflows. A disagreement, a rank's
+/// own bad arguments or a non-finite M make every rank throw the same error with `data` and
+/// `state` unchanged (but for its scratch matrices); a timeout or a transport failure during the
+/// exchange leaves both unchanged too (the new state is committed after the last collective).
 
 #include <algorithm>
 #include <cstddef>
