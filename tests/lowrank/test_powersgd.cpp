@@ -268,8 +268,7 @@ TEST_CASE("PowerSGD all-reduce: dense when the matrix does not compress or befor
   CHECK_FALSE(powersgd<float>({.rank = 1}).compresses({1, 1000}));
 }
 
-TEST_CASE(
-    "PowerSGD all-reduce: a rank's other shape, NaN or bad state, or a plan it lacks: every rank throws, nothing changed") {
+TEST_CASE("PowerSGD all-reduce: a rank's other shape, NaN or bad state, or a plan it lacks: all throw, unchanged") {
   const int P = 3;
   const powersgd<float> scheme({.rank = 2});
   struct fault_case {
