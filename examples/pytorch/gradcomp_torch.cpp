@@ -529,8 +529,8 @@ struct codec_rows {
   template <class C>
   void ring(const char*, const C&) {}
   void sketched_sgd(const char*, const gradcomp::count_sketch<float>&) {}
-  void powersgd(const char* name, const gradcomp::powersgd_params& params) {
-    powersgd_rows.emplace(name, [params] { return std::make_shared<powersgd_buckets>(params); });
+  void powersgd(const char* name, const gradcomp::powersgd_params& params, bool batched = false) {
+    powersgd_rows.emplace(name, [params, batched] { return std::make_shared<powersgd_buckets>(params, batched); });
   }
   void tagc(const char* name, const gradcomp::tagc_params& params) {
     tagc_rows.emplace(name, [params] { return std::make_shared<tagc_scheme>(params); });

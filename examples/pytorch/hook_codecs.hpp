@@ -4,7 +4,7 @@
 // ranks add with a SUM all-reduce instead of all-gathering them (the shared-scale 4-bit quantizer:
 // block maxima agreed by a MAX all-reduce, codes in 7-bit fields with 3 headroom bits, so up to 8
 // ranks), top-k 1% with decayed error feedback (β = 0.9), the variant for Adam-trained models
-// (docs/feedback.md §7), two 2-bit LoCo variants, and GraVAC with its back-off.
+// (docs/feedback.md §7), two 2-bit LoCo variants, batched PowerSGD, and GraVAC with its back-off.
 #include <gradcomp/gradcomp.hpp>
 
 #include "../train/codec_table.hpp"
@@ -25,6 +25,8 @@ void visit_hook_codecs(Visitor& visitor) {
                 gradcomp::loco(gradcomp::uniform_quantizer<float>({.bits = 2, .block = 64}), {.error_group = 64}));
   visitor.codec("uniform 2-bit SR + LoCo", gradcomp::loco(gradcomp::uniform_quantizer<float>(
                                                {.bits = 2, .round = gradcomp::rounding::stochastic, .seed = 3})));
+  // PowerSGD as PyTorch's batched_powerSGD_hook: each bucket padded to one square matrix.
+  visitor.powersgd("PowerSGD r=4, batched", gradcomp::powersgd_params{.rank = 4}, true);
   // The table's GraVAC row with the back-off (docs/control.md §1.1): the gain measured on the
   // gradient without its residual, and θ_cur raised when that gain is below ε at a window's end.
   visitor.gravac("GraVAC top-k 10%..0.1% + EF, back-off",

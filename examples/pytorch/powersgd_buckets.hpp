@@ -1,8 +1,10 @@
 #pragma once
-// PowerSGD over DDP's buckets: every parameter of a bucket goes through gradcomp's PowerSGD
-// all-reduce as its own matrix, viewed as PyTorch's powerSGD_hook views it (the first dimension ×
-// the rest; a vector is 1 × n and goes dense), with its state kept here, keyed by the parameter's
-// index in the model, so DDP's bucket rebuilds change nothing (docs/lowrank.md).
+// PowerSGD over DDP's buckets (docs/lowrank.md §6): every parameter of a bucket goes through
+// gradcomp's PowerSGD all-reduce as its own matrix, viewed as PyTorch's powerSGD_hook views it (the
+// first dimension × the rest; a vector is 1 × n and goes dense), with its state kept here, keyed by
+// the parameter's index in the model, so DDP's bucket rebuilds change nothing. Batched, as
+// PyTorch's batched_powerSGD_hook: the whole bucket padded to one square matrix, its state keyed by
+// the bucket's set of parameters (a rebuilt bucket starts from zero error).
 #include <gradcomp/gradcomp.hpp>
 
 #include <algorithm>
@@ -23,7 +25,8 @@ class powersgd_buckets {
   /// A parameter of a bucket: its index in the model, its name and its shape.
   using parameter_info = std::tuple<std::uint32_t, std::string, std::vector<std::int64_t>>;
 
-  explicit powersgd_buckets(gradcomp::powersgd_params params) : scheme_(params) {}
+  explicit powersgd_buckets(gradcomp::powersgd_params params, bool batched = false)
+      : scheme_(params), batched_(batched) {}
 
   /// `data` (the bucket's parameters one after another, in the order of `params`) becomes the
   /// mean over the ranks, parameter by parameter (tensor id: the parameter's index; warm-up: the
@@ -48,6 +51,19 @@ class powersgd_buckets {
     const bool finite = std::ranges::all_of(data, [](float v) { return gradcomp::is_finite(v); });
     gradcomp::detail::agree_on_status(t, finite ? gradcomp::errc{} : gradcomp::errc::non_finite_input, "PowerSGD hook");
     std::size_t sent = 0;
+    if (batched_) {
+      std::uint64_t key = 0xcbf29ce484222325ull;  // FNV-1a over the parameter ids
+      for (const auto& parameter : params) key = (key ^ std::get<0>(parameter)) * 0x100000001b3ull;
+      const auto id = static_cast<std::uint32_t>(key ^ (key >> 32));
+      const std::uint64_t side = gradcomp::powersgd_square_side(data.size());
+      sent = gradcomp::compressed_all_reduce(gradcomp::cpu_executor{}, t, scheme_, states_[id], data,
+                                             {.key = {.step = step, .tensor_id = id},
+                                              .average = true,
+                                              .dense_steps = dense_steps})
+                 .sent_bytes;
+      shapes_[id] = {side, side};
+      return sent;
+    }
     offset = 0;
     for (std::size_t l = 0; l < params.size(); ++l) {
       const auto id = std::get<0>(params[l]);
@@ -64,8 +80,9 @@ class powersgd_buckets {
     return sent;
   }
 
-  /// The states as bytes: per parameter its index (u32), rows and columns (u64 each), the size of
-  /// its saved state (u64) and that state (lowrank/powersgd.hpp's format), native byte order.
+  /// The states as bytes: per parameter (batched: per bucket) its key (u32), rows and columns (u64
+  /// each), the size of its saved state (u64) and that state (lowrank/powersgd.hpp's format),
+  /// native byte order.
   [[nodiscard]] std::vector<std::byte> save() const {
     std::vector<std::byte> bytes;
     for (const auto& [id, state] : states_) {
@@ -117,7 +134,8 @@ class powersgd_buckets {
   }
 
   gradcomp::powersgd<float> scheme_;
-  std::map<std::uint32_t, gradcomp::powersgd_state<float>> states_;  // by parameter index
+  bool batched_;
+  std::map<std::uint32_t, gradcomp::powersgd_state<float>> states_;  // by parameter index (batched: bucket key)
   std::map<std::uint32_t, gradcomp::matrix_shape> shapes_;
 };
 

@@ -99,7 +99,7 @@ struct replayer {
   void sketched_sgd(const char*, const gradcomp::count_sketch<float>&) {}
   void tagc(const char*, const gradcomp::tagc_params&) {}
   void gravac(const char*, const gradcomp::gravac_options&, std::size_t) {}
-  void powersgd(const char*, const gradcomp::powersgd_params&) {}
+  void powersgd(const char*, const gradcomp::powersgd_params&, bool = false) {}
 
   template <class C>
   void codec(const char* name, const C& c) {

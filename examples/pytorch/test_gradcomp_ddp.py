@@ -366,8 +366,10 @@ class HookStateTest(unittest.TestCase):
         self.check_state_follows_parameters(name, 45, sparse_weight=False)
 
     def test_powersgd_reproduces_and_resumes(self):
-        self.assertEqual(EXT.powersgd_names(), ["PowerSGD r=1", "PowerSGD r=2", "PowerSGD r=4"])
+        self.assertEqual(EXT.powersgd_names(), ["PowerSGD r=1", "PowerSGD r=2", "PowerSGD r=4",
+                                                "PowerSGD r=4, batched"])
         self.check_state_follows_parameters("PowerSGD r=2", 8, sparse_weight=False)
+        self.check_state_follows_parameters("PowerSGD r=4, batched", 8, sparse_weight=False)
         m = model()
         hook = self.hook("PowerSGD r=2", m)
         run_step(hook, m, [[3, 2, 1, 0]], 0)

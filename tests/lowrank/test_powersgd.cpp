@@ -415,6 +415,42 @@ TEST_CASE("PowerSGD reduce-scatter: each rank's chunk of the all-reduce's result
   for (const std::string& s : thrown) CHECK(s == named(errc::invalid_argument));
 }
 
+TEST_CASE("PowerSGD batched view: a vector padded to a square matrix, as the shape overload on the padded copy") {
+  CHECK(powersgd_square_side(0) == 0);
+  CHECK(powersgd_square_side(1) == 1);
+  CHECK(powersgd_square_side(2) == 2);
+  CHECK(powersgd_square_side(4) == 2);
+  CHECK(powersgd_square_side(5) == 3);
+  CHECK(powersgd_square_side(std::uint64_t{1} << 24) == 4096);
+  CHECK(powersgd_square_side((std::uint64_t{1} << 40) + 1) == (std::uint64_t{1} << 20) + 1);
+  CHECK(powersgd_square_side(UINT64_MAX) == std::uint64_t{1} << 32);
+  const std::size_t n = 1000;  // 32 x 32 = 1024 after padding
+  const powersgd<float> scheme({.rank = 2});
+  const int P = 3;
+  std::vector<std::vector<float>> batched(P), padded(P);
+  in_process_group(P).run([&](in_process_transport& t) {
+    const auto rank = static_cast<std::size_t>(t.rank());
+    powersgd_state<float> a, b;
+    for (std::uint64_t s = 0; s < 2; ++s) {
+      batched[rank] = gradient_of<float>(t.rank(), n, s);
+      padded[rank] = batched[rank];
+      padded[rank].resize(1024, 0.0f);
+      const compressed_report r =
+          compressed_all_reduce(cpu_executor{}, t, scheme, a, std::span<float>(batched[rank]), {.key = {.step = s}});
+      compressed_all_reduce(cpu_executor{}, t, scheme, b, std::span<float>(padded[rank]), {32, 32},
+                            {.key = {.step = s}});
+      CHECK(r.sent_bytes == 2 * ring_all_reduce_dense_bytes(32 * 2 * sizeof(float), P));
+      CHECK(r.dense_bytes == ring_all_reduce_dense_bytes(n * sizeof(float), P));
+    }
+    CHECK(bit_patterns(a.error) == bit_patterns(b.error));
+  });
+  for (std::size_t r = 0; r < P; ++r) {
+    padded[r].resize(n);
+    CHECK(bit_patterns(batched[r]) == bit_patterns(padded[r]));
+    CHECK(bit_patterns(batched[r]) == bit_patterns(batched[0]));
+  }
+}
+
 TEST_CASE("powersgd parameters: invalid ones are refused with a named error") {
   CHECK(thrown_by([] { powersgd<float>({.rank = 0}); }) == named(errc::invalid_argument));
   CHECK(thrown_by([] { powersgd<float>({.min_compression_rate = 0.5f}); }) == named(errc::invalid_argument));

@@ -183,6 +183,25 @@ compressed_report compressed_all_reduce(const E& e, X& t, const powersgd<T>& sch
   });
 }
 
+/// The batched view of PyTorch's `batched_powerSGD_hook`: `data` of any shape (a 1-D gradient, a
+/// whole bucket) is padded with zeros to s² values, s = ⌈√n⌉ (`powersgd_square_side`), and
+/// all-reduced as one s × s matrix by the overload above; `data` gets back its n values of the
+/// result. `state` is the square matrix's (s² errors; the padding's error stays 0). Sends
+/// 2·s·r values per all-reduce pair where the per-tensor view sends Σ (a + b)·r, and one pair of
+/// all-reduces per call instead of one per tensor. @throws error as the overload above.
+template <executor E, transport X, gradient_value T>
+  requires(memory_space_of<E> == memory_space::host)
+compressed_report compressed_all_reduce(const E& e, X& t, const powersgd<T>& scheme, powersgd_state<T>& state,
+                                        std::type_identity_t<std::span<T>> data, all_reduce_options options = {}) {
+  const std::uint64_t side = powersgd_square_side(data.size());
+  std::vector<T> square(static_cast<std::size_t>(side * side), T{0});
+  std::ranges::copy(data, square.begin());
+  compressed_report report = compressed_all_reduce(e, t, scheme, state, std::span<T>(square), {side, side}, options);
+  std::copy_n(square.begin(), data.size(), data.begin());
+  report.dense_bytes = ring_all_reduce_dense_bytes(data.size() * sizeof(T), static_cast<std::uint64_t>(t.size()));
+  return report;
+}
+
 /// PowerSGD for reduce-scatter users (FSDP, ZeRO): `out` (`ring_chunk_of(n, P, rank).count`
 /// values) becomes this rank's chunk of the sum over ranks (the mean with `options.average`) of
 /// the rank-r approximations, on host executor `e`. A low-rank approximation cannot be split by

@@ -14,6 +14,15 @@
 
 namespace gradcomp {
 
+/// s = ⌈√n⌉, the side of the square matrix PyTorch's `batched_powerSGD_hook` views n values as
+/// (padded with zeros to s²), computed exactly on integers.
+[[nodiscard]] constexpr std::uint64_t powersgd_square_side(std::uint64_t n) noexcept {
+  std::uint64_t side = 0;
+  for (std::uint64_t bit = std::uint64_t{1} << 31; bit != 0; bit >>= 1)
+    if ((side + bit) * (side + bit) <= n) side += bit;  // ⌊√n⌋, bit by bit
+  return side * side == n ? side : side + 1;
+}
+
 /// Orthonormalises the r columns of the row-major rows × r matrix `m` in place by modified
 /// Gram–Schmidt, columns in order (PyTorch's `_orthogonalize_gram_schmidt`): column k is divided
 /// by its norm √(Σ_i m[i][k]²), then its projection is subtracted from each later column l,
