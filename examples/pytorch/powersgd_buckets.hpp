@@ -56,13 +56,12 @@ class powersgd_buckets {
       for (const auto& parameter : params) key = (key ^ std::get<0>(parameter)) * 0x100000001b3ull;
       const auto id = static_cast<std::uint32_t>(key ^ (key >> 32));
       const std::uint64_t side = gradcomp::powersgd_square_side(data.size());
-      sent = gradcomp::compressed_all_reduce(gradcomp::cpu_executor{}, t, scheme_, states_[id], data,
+      shapes_[id] = {side, side};
+      return gradcomp::compressed_all_reduce(gradcomp::cpu_executor{}, t, scheme_, states_[id], data,
                                              {.key = {.step = step, .tensor_id = id},
                                               .average = true,
                                               .dense_steps = dense_steps})
-                 .sent_bytes;
-      shapes_[id] = {side, side};
-      return sent;
+          .sent_bytes;
     }
     offset = 0;
     for (std::size_t l = 0; l < params.size(); ++l) {
@@ -70,22 +69,23 @@ class powersgd_buckets {
       const gradcomp::matrix_shape shape = shapes[l];
       const std::span<float> values = data.subspan(offset, static_cast<std::size_t>(shape.count()));
       offset += values.size();
+      shapes_[id] = shape;
       sent += gradcomp::compressed_all_reduce(gradcomp::cpu_executor{}, t, scheme_, states_[id], values, shape,
                                               {.key = {.step = step, .tensor_id = id},
                                                .average = true,
                                                .dense_steps = dense_steps})
                   .sent_bytes;
-      shapes_[id] = shape;
     }
     return sent;
   }
 
-  /// The states as bytes: per parameter (batched: per bucket) its key (u32), rows and columns (u64
-  /// each), the size of its saved state (u64) and that state (lowrank/powersgd.hpp's format),
-  /// native byte order.
+  /// The states as bytes: per parameter (batched: per bucket) compressed at least once, its key
+  /// (u32), rows and columns (u64 each), the size of its saved state (u64) and that state
+  /// (lowrank/powersgd.hpp's format), native byte order.
   [[nodiscard]] std::vector<std::byte> save() const {
     std::vector<std::byte> bytes;
     for (const auto& [id, state] : states_) {
+      if (state.steps == 0) continue;  // never compressed (a vector, a small matrix, the warm-up): nothing kept
       const gradcomp::matrix_shape shape = shapes_.at(id);
       std::vector<std::byte> saved(scheme_.saved_state_bytes(shape));
       saved.resize(scheme_.save_state(state, shape, saved));

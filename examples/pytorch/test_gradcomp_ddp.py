@@ -370,11 +370,14 @@ class HookStateTest(unittest.TestCase):
                                                 "PowerSGD r=4, batched"])
         self.check_state_follows_parameters("PowerSGD r=2", 8, sparse_weight=False)
         self.check_state_follows_parameters("PowerSGD r=4, batched", 8, sparse_weight=False)
-        m = model()
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 10))  # both weights compressed
         hook = self.hook("PowerSGD r=2", m)
         run_step(hook, m, [[3, 2, 1, 0]], 0)
+        saved = hook.powersgd.save()
+        self.assertGreater(len(saved), 4 * (128 * 64 + 10 * 128))  # both errors, not the biases' empty states
         with self.assertRaises(EXT.GradcompError) as caught:
-            hook.powersgd.load(hook.powersgd.save()[:-1])
+            hook.powersgd.load(saved[:-1])
         self.assertEqual(caught.exception.args[0], "truncated")
 
     def test_powersgd_matches_pytorchs_hook(self):
