@@ -1,7 +1,7 @@
 // Fingerprints of every result the documentation promises bit for bit, on inputs large enough for
 // the vectorised kernels and their tails: encodings, decodes and accumulations of every codec,
-// error-feedback, LoCo and dynamic-sparsifier messages and saved states over several steps, and
-// aggregates (shared-scale and count-sketch sums, lossless homomorphic sketches). Each output's
+// error-feedback, LoCo and dynamic-sparsifier messages and saved states over several steps,
+// PowerSGD's results and saved states over several steps on three ranks, and aggregates (shared-scale and count-sketch sums, lossless homomorphic sketches). Each output's
 // size and FNV-1a hash must equal tests/golden/fingerprints.txt, written by a build without FMA
 // contraction (the documented definition: every operation rounded as written). The CPU tests run
 // again from builds with other compilers and flags (the fma-* presets, tests/fp_matrix.sh), which
@@ -335,6 +335,39 @@ void lhc_sum(const std::string& name) {
   lhc.decode(cpu, std::span<const std::byte>(index), plan, std::span<const T>(summed), std::span<T>(out),
              std::span<std::byte>(ws));
   check_fingerprint(name + "/decode", out);
+}
+
+template <class T>
+void powersgd_steps(const std::string& name, const powersgd<T>& scheme, bool average) {
+  // 365 x 359: no dimension a multiple of 8, so every vectorised loop has a tail; three ranks.
+  const matrix_shape shape{365, 359};
+  const int P = 3;
+  for (const cpu_executor& cpu : executors) {
+    std::vector<std::vector<T>> results(3);  // rank 0's, step by step
+    std::vector<bytes> states(P);
+    in_process_group(P).run([&](in_process_transport& t) {
+      const auto rank = static_cast<std::size_t>(t.rank());
+      powersgd_state<T> state;
+      for (std::uint64_t step = 1; step <= 3; ++step) {
+        std::vector<T> g = input<T>(static_cast<std::size_t>(shape.count()), 500 * step + rank);
+        compressed_all_reduce(cpu, t, scheme, state, std::span<T>(g), shape, {.key = key_at(step), .average = average});
+        if (rank == 0) results[step - 1] = std::move(g);
+      }
+      states[rank].resize(scheme.saved_state_bytes(shape));
+      states[rank].resize(scheme.save_state(state, shape, states[rank]));
+    });
+    for (std::size_t step = 1; step <= 3; ++step)
+      check_fingerprint(name + "/step" + std::to_string(step), results[step - 1]);
+    check_fingerprint(name + "/state_rank0", states[0]);
+    check_fingerprint(name + "/state_rank2", states[2]);
+  }
+}
+
+TEST_CASE("fingerprints: PowerSGD results and states over three steps, three ranks") {
+  powersgd_steps("powersgd_r4_f32", powersgd<float>({.rank = 4, .seed = 2}), false);
+  powersgd_steps("powersgd_r3_local_mean_f32",
+                 powersgd<float>({.rank = 3, .seed = 2, .feedback = powersgd_feedback::local}), true);
+  powersgd_steps("powersgd_r2_f64", powersgd<double>({.rank = 2, .seed = 2, .orthonormalise_in_double = true}), false);
 }
 
 TEST_CASE("fingerprints: aggregates (shared-scale sums, count-sketch sums, lossless homomorphic sketches)") {
