@@ -24,7 +24,7 @@ void visit_hook_codecs(Visitor& visitor) {
   visitor.codec("uniform 2-bit, blocks of 64 + LoCo",
                 gradcomp::loco(gradcomp::uniform_quantizer<float>({.bits = 2, .block = 64}), {.error_group = 64}));
   // LoCo's β above its default 0.8: the error averaged over more steps (docs/lm-hook-runs.md §2);
-  // with a scale per 64 values, the row that keeps 2-bit LoCo within 5% at 16 windows per rank.
+  // with a scale per 64 values, the row that keeps 2-bit LoCo within 5% at P = 16 (12.47×).
   visitor.codec("uniform 2-bit + LoCo beta 0.9",
                 gradcomp::loco(gradcomp::uniform_quantizer<float>({.bits = 2}), {.beta = 0.9f}));
   visitor.codec("uniform 2-bit, blocks of 64 + LoCo beta 0.95",
