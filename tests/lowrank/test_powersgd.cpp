@@ -104,7 +104,7 @@ std::vector<rank_run<T>> run_powersgd(int P, matrix_shape shape, const powersgd<
 
 }  // namespace
 
-TEST_CASE("powersgd_orthonormalise: orthonormal columns in float and double sums; a zero column stays zero") {
+TEST_CASE("powersgd_orthonormalise: orthonormal columns in float and double sums, a zero column stays zero") {
   const std::uint64_t a = 57, r = 5;
   for (const bool in_double : {false, true}) {
     CAPTURE(in_double);
@@ -123,7 +123,7 @@ TEST_CASE("powersgd_orthonormalise: orthonormal columns in float and double sums
   }
 }
 
-TEST_CASE("powersgd_draw_q: uniform in [-1, 1) before orthonormalising, keyed by step and tensor, orthonormal") {
+TEST_CASE("powersgd_draw_q: uniform from -1 to 1 before orthonormalising, keyed by step and tensor, orthonormal") {
   const std::uint64_t b = 40, r = 4;
   std::vector<float> q(b * r), again(b * r), other(b * r);
   powersgd_draw_q(std::span<float>(q), b, r, 7, 3, 1, false);
@@ -312,7 +312,7 @@ TEST_CASE("PowerSGD all-reduce: a rank's other shape, NaN or bad state, or a pla
   }
 }
 
-TEST_CASE("PowerSGD saved state: a run resumed from it continues bit for bit; damaged or mismatched bytes refused") {
+TEST_CASE("PowerSGD saved state: a run resumed from it continues bit for bit, damaged or mismatched bytes refused") {
   const matrix_shape shape{24, 36};
   const powersgd<float> scheme({.rank = 3, .seed = 5});
   const int P = 2;
