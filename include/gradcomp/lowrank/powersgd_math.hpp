@@ -70,7 +70,7 @@ void powersgd_draw_q(std::span<T> q, std::uint64_t cols, std::uint64_t r, std::u
                      std::uint32_t tensor_id, bool in_double) noexcept {
   const random_stream stream{seed, step, tensor_id, random_purpose::low_rank_init};
   for (std::uint64_t i = 0; i < q.size(); ++i)
-    q[i] = static_cast<T>(stream.word(i) >> 8) * static_cast<T>(1.0 / 8388608.0) - T{1};
+    q[i] = mul_rn(static_cast<T>(stream.word(i) >> 8), static_cast<T>(1.0 / 8388608.0)) - T{1};
   powersgd_orthonormalise(q, cols, r, in_double);
 }
 
