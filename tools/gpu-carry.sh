@@ -6,9 +6,10 @@
 #
 #   deps     copies doctest and fmt from this machine's packages (headers, CMake package files,
 #            libfmt) into .gpu-carry/deps, relocatable: nothing in it names a path of this machine
-#   build    compile, then copies the three programs into .gpu-carry/bin, libcudart into
-#            .gpu-carry/lib, and the digest of the sources they were built from into
-#            .gpu-carry/manifest.txt (gpu-check.sh uses them only while it matches the tree)
+#   build    compile, then packs the three programs (bin/) and libcudart (lib/) into
+#            .gpu-carry/binaries.tar.gz, which gpu-check.sh unpacks, and writes the digest of the
+#            sources they were built from into .gpu-carry/manifest.txt (gpu-check.sh uses them only
+#            while it matches the tree)
 #   compile  configures the gpu-check preset (build/gpu-check-build) with the carried doctest and
 #            fmt only and builds gradcomp_cuda_tests, gradcomp-bench-cuda and, where NCCL is found
 #            (NCCL_INCLUDE_DIR and NCCL_LIBRARY in the environment name it), nccl_allreduce; what
@@ -91,8 +92,13 @@ build_binaries() {
     echo "g++ $(g++ -dumpfullversion), $(ldd --version | head -n 1)"
     echo "git $(git -C "$root" describe --always --dirty 2>/dev/null || echo unknown)"
   } >"$carry/manifest.txt"
-  echo "gpu-carry: built in $((SECONDS - started)) s; .gpu-carry holds $(du -sh "$carry" | cut -f1):"
+  echo "gpu-carry: built in $((SECONDS - started)) s:"
   du -h "$carry"/bin/* "$carry"/lib/* | sed 's/^/  /'
+  # bin/ and lib/ travel as one gzip'd tar, about a quarter of their size (the device tool copies
+  # at most 64 MiB, the tree included); gpu-check.sh and gpu-profile.sh unpack it there.
+  tar -czf "$carry/binaries.tar.gz" -C "$carry" bin lib
+  rm -rf "$carry/bin" "$carry/lib"
+  echo "gpu-carry: packed into $carry/binaries.tar.gz; .gpu-carry holds $(du -sh "$carry" | cut -f1)"
 }
 
 [ $# -gt 0 ] || set -- deps build

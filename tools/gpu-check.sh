@@ -6,9 +6,9 @@
 #
 # In order, each step with a time limit inside the budget (default 450 s; 7200 for a dry run):
 #   1. the GPU and toolchain found (nvidia-smi, nvcc, compute-sanitizer, CMake, torch, NCCL);
-#   2. the binaries: the ones tools/gpu-carry.sh built on the CPU machine (.gpu-carry/bin) while
-#      their source digest matches this tree, else (or with --build) built here with the carried
-#      doctest and fmt (.gpu-carry/deps) and all cores;
+#   2. the binaries: the ones tools/gpu-carry.sh built on the CPU machine (packed in
+#      .gpu-carry/binaries.tar.gz) while their source digest matches this tree, else (or with
+#      --build) built here with the carried doctest and fmt (.gpu-carry/deps) and all cores;
 #   3. gradcomp_cuda_tests, every case (what ctest -R '^cuda\.' runs), one process per source
 #      file, with --duration=true; compute-sanitizer memcheck and racecheck (then synccheck and
 #      initcheck while time is left) on the GPU cases that fit about a minute each, chosen from
@@ -119,6 +119,13 @@ run_logged() {
   return $rc
 }
 skip() { record "$1" "$2" 0 "$3"; echo "== [$(elapsed)] $1: $2${3:+ ($3)}"; }
+# .gpu-carry/binaries.tar.gz (tools/gpu-carry.sh build) unpacked into bin/ and lib/, replacing any
+# left there by an earlier run.
+unpack_carried_binaries() {
+  [ -f "$1/binaries.tar.gz" ] || return 0
+  rm -rf "$1/bin" "$1/lib"
+  tar -xzf "$1/binaries.tar.gz" -C "$1"
+}
 # A device name as a file name: "NVIDIA H200" -> nvidia-h200.
 slug() { echo "$1" | tr 'A-Z ' 'a-z-' | tr -cd 'a-z0-9._-'; }
 
@@ -189,6 +196,7 @@ record toolchain "$status" $((SECONDS - t0)) "${missing[*]:+missing: ${missing[*
 # ---- 2. binaries --------------------------------------------------------------------------------
 
 test_bin="" bench_bin="" nccl_bin="" run_libs=""
+unpack_carried_binaries "$carry"
 # A copy to the GPU machine may not keep the execute bits.
 [ ! -d "$carry/bin" ] || chmod +x "$carry"/bin/* 2>/dev/null
 digest="$(python3 tools/gpu_check.py digest "$root")"

@@ -11,12 +11,17 @@
         the table that ends the check: steps, test counts, sanitizer errors, and every bench target
         of docs/cuda.md §7 judged from the JSON. Exit status 1 when a test, a sanitizer or a
         required step failed (bench targets are reported, as the bench reports them, not failed).
+    gpu_check.py kernels CSV [--top N]
+        ncu's per-launch times (tools/gpu-profile.sh): the kernels by total time, then every launch
+        in order, runs of one kernel folded.
 """
 import argparse
+import csv
 import hashlib
 import json
 import os
 import re
+import subprocess
 import sys
 
 # What the binaries are built from: a change to any of these makes carried binaries stale.
@@ -36,18 +41,35 @@ H100_COPY_GBPS = 1500.0  # the bench's assumed H100 copy, for MPC's target on an
 
 # ---- sources ------------------------------------------------------------------------------------
 
-def tree_digest(root):
-    """sha256 over the relative paths and contents of SOURCES (16 hex digits)."""
-    h = hashlib.sha256()
+def tree_files(root):
+    """The files under SOURCES that travel to the GPU machine: all of them, less those git ignores
+    (logs of local runs, say), which the device tool does not copy. Without git (or outside a
+    checkout) every file counts."""
+    files = []
     for top in SOURCES:
         path = os.path.join(root, top)
         if os.path.isfile(path):
-            files = [path]
+            files.append(path)
         else:
-            files = [os.path.join(d, f) for d, _, names in os.walk(path) if "__pycache__" not in d for f in names]
-        for f in sorted(files):
-            with open(f, "rb") as stream:
-                h.update(os.path.relpath(f, root).encode() + b"\0" + hashlib.sha256(stream.read()).digest())
+            files += [os.path.join(d, f) for d, _, names in os.walk(path) if "__pycache__" not in d for f in names]
+    try:
+        listed = subprocess.run(["git", "-C", root, "check-ignore", "--no-index", "--stdin", "-z"],
+                                input="\0".join(os.path.relpath(f, root) for f in files).encode(),
+                                capture_output=True, check=False)
+    except OSError:
+        return sorted(files)
+    if listed.returncode not in (0, 1):  # 1: nothing ignored; anything else: not a checkout
+        return sorted(files)
+    ignored = {os.path.join(root, f) for f in listed.stdout.decode().split("\0") if f}
+    return sorted(f for f in files if f not in ignored)
+
+
+def tree_digest(root):
+    """sha256 over the relative paths and contents of the files tree_files lists (16 hex digits)."""
+    h = hashlib.sha256()
+    for f in tree_files(root):
+        with open(f, "rb") as stream:
+            h.update(os.path.relpath(f, root).encode() + b"\0" + hashlib.sha256(stream.read()).digest())
     return h.hexdigest()[:16]
 
 
@@ -402,6 +424,58 @@ def summarize(logs, bench_path, torch_path):
     return lines, verdict == "FAIL"
 
 
+# ---- kernel times (tools/gpu-profile.sh) --------------------------------------------------------
+
+def short_kernel_name(name):
+    """A demangled kernel name without namespaces of gradcomp and CUB, `void` and the parameters."""
+    name = re.sub(r"^void ", "", name.strip())
+    depth = 0
+    for i in range(len(name) - 1, -1, -1):  # drop the trailing parameter list "(...)"
+        if name[i] == ")":
+            depth += 1
+        elif name[i] == "(":
+            depth -= 1
+            if depth == 0:
+                name = name[:i]
+                break
+    for prefix in ("gradcomp::detail::cuda::", "gradcomp::", "cub::CUB_300001_SM_900_NS::", "cub::", "std::"):
+        name = name.replace(prefix, "")
+    return re.sub(r"\s+", " ", name)
+
+
+def kernel_launches(text):
+    """(short name, nanoseconds) of each launch in ncu's --csv --print-units base output."""
+    rows = csv.DictReader(line for line in text.splitlines() if line.startswith('"'))
+    launches = []
+    for r in rows:
+        if r.get("Metric Name") == "gpu__time_duration.sum":
+            launches.append((short_kernel_name(r["Kernel Name"]), float(r["Metric Value"].replace(",", ""))))
+    return launches
+
+
+def kernel_report(launches, top=40):
+    """Lines: the kernels by total time, then the launches in order, runs of one kernel folded."""
+    total = sum(ns for _, ns in launches)
+    by_name = {}
+    for name, ns in launches:
+        count, sum_ns = by_name.get(name, (0, 0.0))
+        by_name[name] = (count + 1, sum_ns + ns)
+    lines = [f"{len(launches)} launches, {total / 1e6:.3f} ms in all; the {top} largest totals:",
+             f"{'total ms':>9} {'launches':>8} {'mean us':>9}  kernel"]
+    for name, (count, sum_ns) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]:
+        lines.append(f"{sum_ns / 1e6:9.3f} {count:8d} {sum_ns / count / 1e3:9.1f}  {name[:150]}")
+    lines += ["", "in launch order (consecutive launches of one kernel folded):"]
+    i = 0
+    while i < len(launches):
+        j = i
+        while j < len(launches) and launches[j][0] == launches[i][0]:
+            j += 1
+        ns = sum(t for _, t in launches[i:j])
+        lines.append(f"{i:6d} {j - i:5d}x {ns / 1e3:10.1f} us  {launches[i][0][:150]}")
+        i = j
+    return lines
+
+
 # ---- command line -------------------------------------------------------------------------------
 
 def main(argv):
@@ -421,10 +495,16 @@ def main(argv):
     p.add_argument("--bench")
     p.add_argument("--torch")
     p.add_argument("--out")
+    p = sub.add_parser("kernels")
+    p.add_argument("csv", help="ncu --csv --print-units base --metrics gpu__time_duration.sum output")
+    p.add_argument("--top", type=int, default=40)
     args = parser.parse_args(argv)
 
     if args.command == "digest":
         print(tree_digest(args.root))
+        return 0
+    if args.command == "kernels":
+        print("\n".join(kernel_report(kernel_launches(read(args.csv) or ""), args.top)))
         return 0
     if args.command == "select":
         if args.listing:

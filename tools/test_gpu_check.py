@@ -283,6 +283,39 @@ class Summary(unittest.TestCase):
         self.assertTrue(text.rstrip().endswith("verdict: PASS; targets: 9 of 16 met"), text)
 
 
+# ncu 2025.3's --csv --print-units base output of gpu__time_duration.sum, abridged to three launches.
+NCU_CSV = """==PROF== Connected to process 4242 (/work/main/.gpu-carry/bin/gradcomp-bench-cuda)
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC",\
+"Section Name","Metric Name","Metric Unit","Metric Value"
+"0","4242","gradcomp-bench-cuda","127.0.0.1","void gradcomp::detail::cuda::thread_per_item_kernel<gradcomp::detail::cuda::\
+decode_words<float, gradcomp::detail::cuda::uniform_rule<float>>>(T1, unsigned long)","1","7","(256, 1, 1)","(1048576, 1, 1)",\
+"0","9.0","Command line profiler metrics","gpu__time_duration.sum","ns","1,125,000"
+"1","4242","gradcomp-bench-cuda","127.0.0.1","void cub::CUB_300001_SM_900_NS::DeviceRadixSortOnesweepKernel<int, \
+unsigned int>(int *, unsigned int)","1","7","(384, 1, 1)","(2048, 1, 1)","0","9.0","Command line profiler metrics",\
+"gpu__time_duration.sum","ns","2,000"
+"2","4242","gradcomp-bench-cuda","127.0.0.1","void cub::CUB_300001_SM_900_NS::DeviceRadixSortOnesweepKernel<int, \
+unsigned int>(int *, unsigned int)","1","7","(384, 1, 1)","(2048, 1, 1)","0","9.0","Command line profiler metrics",\
+"gpu__time_duration.sum","ns","3,000"
+==PROF== Disconnected from process 4242
+"""
+
+
+class Kernels(unittest.TestCase):
+    def test_launches_named_and_timed(self):
+        self.assertEqual(gpu_check.kernel_launches(NCU_CSV), [
+            ("thread_per_item_kernel<decode_words<float, uniform_rule<float>>>", 1125000.0),
+            ("DeviceRadixSortOnesweepKernel<int, unsigned int>", 2000.0),
+            ("DeviceRadixSortOnesweepKernel<int, unsigned int>", 3000.0)])
+
+    def test_report_totals_then_folded_order(self):
+        lines = gpu_check.kernel_report(gpu_check.kernel_launches(NCU_CSV))
+        self.assertEqual(lines[0], "3 launches, 1.130 ms in all; the 40 largest totals:")
+        self.assertEqual(lines[2].split(), ["1.125", "1", "1125.0", "thread_per_item_kernel<decode_words<float,",
+                                            "uniform_rule<float>>>"])
+        self.assertEqual(lines[3].split()[:3], ["0.005", "2", "2.5"])
+        self.assertEqual(lines[-1].split()[:4], ["1", "2x", "5.0", "us"])
+
+
 def write_fixture(folder):
     """The made-up H200 records above as bench.json and torch.json, for a dry run to judge
     (tools/gpu-check.sh --dry-run --bench-json FOLDER/bench.json --torch-json FOLDER/torch.json)."""

@@ -224,21 +224,29 @@ TEST_CASE("kernel layout: index_divisor divides exactly by shift, 32-bit and 64-
   CHECK(index_divisor(100).shift == -1);
 }
 
-TEST_CASE("kernel layout: a decoder's whole words lie in one block, found by word_block, and start on quads") {
+TEST_CASE("kernel layout: a decoder's quads lie in one word of one block, found by shifts and word_block") {
   for (const int bits : {1, 2, 4, 8})
-    for (const std::uint64_t block : {4ull, 8ull, 12ull, 32ull, 100ull, 256ull, 1000ull, 4096ull}) {
-      const block_layout layout{20011, block, bits, packed_bytes(20011, bits)};
-      if (!layout.whole_words()) continue;
-      CAPTURE(bits);
-      CAPTURE(block);
-      const index_divisor word_block = layout.word_block();
-      for (std::uint64_t w = 0; w < layout.words(); ++w) {
-        const std::uint64_t first = w * layout.per_word();
-        CHECK(first % quad_values == 0);  // 128-bit stores from an aligned output
-        for (std::uint64_t i = first; i < first + layout.per_word() && i < layout.n; ++i)
-          CHECK(i / block == word_block(w));
+    for (const std::uint64_t n : {0ull, 1ull, 31ull, 20011ull, (1ull << 33) + 5})
+      for (const std::uint64_t block : {4ull, 8ull, 12ull, 32ull, 100ull, 256ull, 1000ull, 4096ull}) {
+        const block_layout layout{n, block, bits, packed_bytes(n, bits)};
+        CAPTURE(bits);
+        CAPTURE(n);
+        CAPTURE(block);
+        // The division-free sizes equal the plain formulas.
+        CHECK(layout.per_word() == 32u / static_cast<unsigned>(bits));
+        CHECK(layout.words() == (n + 32u / static_cast<unsigned>(bits) - 1) / (32u / static_cast<unsigned>(bits)));
+        if (!layout.whole_words() || n > 20011) continue;
+        const index_divisor word_block = layout.word_block();
+        for (std::uint64_t first = 0; first < n; first += quad_values) {  // decode_words::write_quad's mapping
+          const std::uint64_t w = first * static_cast<unsigned>(bits) / 32;
+          const std::uint64_t c = first & (layout.per_word() - 1);
+          for (std::uint64_t i = first; i < first + quad_values && i < n; ++i) {
+            CHECK(i / layout.per_word() == w);
+            CHECK(i % layout.per_word() == c + (i - first));
+            CHECK(i / block == word_block(w));
+          }
+        }
       }
-    }
 }
 
 TEST_CASE("kernel layout: 128-bit accesses are taken only for 16-byte aligned pointers") {
@@ -374,7 +382,10 @@ GRADCOMP_CUDA_TEST_CASE("uniform quad kernels and word decoders equal the CPU on
   sweep(uniform_quantizer<float>({.bits = 8, .block = 100}));  // whole words, but not on Philox blocks
   sweep(qsgd_quantizer<float>({.levels = 7, .bucket = 64, .seed = 3}));    // 4-bit word decoder
   sweep(qsgd_quantizer<double>({.levels = 127, .bucket = 256, .seed = 4}));  // 8-bit word decoder
-  sweep(sign_quantizer<float>({.block = 100}));
+  sweep(sign_quantizer<float>({.block = 100}));  // 1-bit codes, words across blocks: word by word
+  sweep(sign_quantizer<float>({.block = 64}));   // 1-bit codes by quads, 8 to a word
+  sweep(uniform_quantizer<float>({.bits = 2, .block = 48}));  // 2-bit codes by quads, 4 to a word
+  sweep(uniform_quantizer<double>({.bits = 1, .block = 32}));
 }
 
 GRADCOMP_CUDA_TEST_CASE(

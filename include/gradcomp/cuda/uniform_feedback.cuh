@@ -55,17 +55,27 @@ namespace gradcomp {
 
 namespace detail::cuda {
 
+/// The reason (low byte of `device_status::detail`) recorded with `non_finite_input` where the new
+/// residual, rather than h = g + e, is NaN or Inf.
+inline constexpr std::uint32_t residual_not_finite = 1;
+
 /// The values error feedback codes: h = g + e; the new residual fl(β·(h − decoded)) is written to
-/// `next` as each value is coded (the uniform encoder's one-warp-per-block kernel, cuda/uniform.cuh).
+/// `next` as each value is coded (the uniform encoder's one-warp-per-block kernel, cuda/uniform.cuh),
+/// and where it overflows (a 1-bit stochastic code of a large block can land far from h) the step
+/// fails with `residual_not_finite`, as the plain step's check does.
 template <class T>
 struct compensated_values {
   const T* g;
   const T* e;
   T* next;
   T beta;
+  device_status* status;
 
   __device__ T operator()(std::uint64_t i) const { return g[i] + e[i]; }
-  __device__ void coded(std::uint64_t i, T h, T decoded) const { next[i] = decayed_residual(beta, h, decoded); }
+  __device__ void coded(std::uint64_t i, T h, T decoded) const {
+    next[i] = decayed_residual(beta, h, decoded);
+    if (!is_finite(next[i])) record_failure(status, errc::non_finite_input, i, residual_not_finite);
+  }
 
   /// Whether the quad kernel may use 128-bit loads and stores.
   [[nodiscard]] bool aligned() const { return vector_aligned(g) && vector_aligned(e) && vector_aligned(next); }
@@ -86,7 +96,11 @@ struct compensated_values {
                              const T (&decoded)[quad_values]) const {
     T residual[quad_values];
 #pragma unroll
-    for (unsigned k = 0; k < quad_values; ++k) residual[k] = decayed_residual(beta, h[k], decoded[k]);
+    for (unsigned k = 0; k < quad_values; ++k) {
+      residual[k] = decayed_residual(beta, h[k], decoded[k]);
+      if (k < count && !is_finite(residual[k]))
+        record_failure(status, errc::non_finite_input, first + k, residual_not_finite);
+    }
     store_quad(next + first, count, vector, residual);
   }
 };
@@ -336,16 +350,20 @@ struct fused_feedback<uniform_quantizer<T>, cuda_executor> {
     const std::size_t size = q.max_encoded_bytes(n);
     detail::cuda::begin_message(exec, out, size);
     const detail::cuda::block_layout layout = uniform_backend::layout_of(q, n);
-    detail::cuda::encode_whole_word_blocks(
-        exec, detail::cuda::compensated_values<T>{step.grad.data(), step.residual.data(), step.next.data(), step.decay},
-        layout, uniform_backend::rule_of(q, key), detail::cuda::scales_of<T>(out.data()),
-        detail::cuda::codes_of<T>(out.data(), layout), op.status());
+    detail::cuda::encode_whole_word_blocks(exec,
+                                           detail::cuda::compensated_values<T>{step.grad.data(), step.residual.data(),
+                                                                               step.next.data(), step.decay,
+                                                                               op.status()},
+                                           layout, uniform_backend::rule_of(q, key),
+                                           detail::cuda::scales_of<T>(out.data()),
+                                           detail::cuda::codes_of<T>(out.data(), layout), op.status());
     detail::cuda::seal_message(exec, out.data(),
                                {codec_id::uniform, dtype_of<T>, 0, 0, key, n, q.payload_bytes(n), q.params_hash(), 0},
                                crc, op);
-    op.finish([&](errc, std::uint64_t i, std::uint32_t) {
-      return "gradient + residual is NaN or Inf at element " + std::to_string(i) + " of " + std::to_string(n) +
-             "; the state is unchanged";
+    op.finish([&](errc, std::uint64_t i, std::uint32_t reason) {
+      return (reason == detail::cuda::residual_not_finite ? "the new residual (g + e minus its decoding) is NaN or Inf"
+                                                          : "gradient + residual is NaN or Inf") +
+             std::string(" at element ") + std::to_string(i) + " of " + std::to_string(n) + "; the state is unchanged";
     });
     return size;
   }

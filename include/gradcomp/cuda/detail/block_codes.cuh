@@ -11,8 +11,8 @@
 /// stages them in shared memory and sums block b on lane b (tiles, cuda/detail/lane_layout.cuh); then
 /// one thread per 32-bit code word codes its 32/b values, each under its own block's scale
 /// (`encode_words`). A decoder checks every scale and code (`check_codes`), and once the host has
-/// the verdict writes or adds each value (`decode_words`: with 128-bit stores where each word's
-/// values are whole quads of an aligned output). A codec supplies the per-value rule: its code,
+/// the verdict writes or adds each value (`decode_words`: a thread per quad of 4 values and 128-bit
+/// stores where each word lies in one block and the output is aligned). A codec supplies the per-value rule: its code,
 /// whether a code is valid under a scale, and the value it decodes to.
 
 #include <gradcomp/cuda/config.cuh>
@@ -71,12 +71,18 @@ struct block_layout {
   int bits;                  ///< Bits per code (1, 2, 4 or 8).
   std::uint64_t code_bytes;  ///< Bytes of the packed codes (⌈n·b/8⌉).
 
+  // Per-element kernels call these for every item: no integer division by a run-time value (a
+  // 64-bit one is a long instruction sequence on the GPU) except in blocks(), which such kernels
+  // take from the host.
+
   /// Number of blocks (and scales).
   [[nodiscard]] __host__ __device__ std::uint64_t blocks() const { return (n + block - 1) / block; }
-  /// Codes per 32-bit word.
-  [[nodiscard]] __host__ __device__ std::uint64_t per_word() const { return 32u / static_cast<unsigned>(bits); }
-  /// Code words (the last may be partial).
-  [[nodiscard]] __host__ __device__ std::uint64_t words() const { return (n + per_word() - 1) / per_word(); }
+  /// Codes per 32-bit word (32/b).
+  [[nodiscard]] __host__ __device__ std::uint64_t per_word() const {
+    return bits == 1 ? 32u : bits == 2 ? 16u : bits == 4 ? 8u : 4u;
+  }
+  /// Code words (the last may be partial): ⌈n·b/32⌉.
+  [[nodiscard]] __host__ __device__ std::uint64_t words() const { return (n * static_cast<unsigned>(bits) + 31) / 32; }
   /// Number of values of block j.
   [[nodiscard]] __host__ __device__ std::uint64_t count(std::uint64_t j) const {
     return n - j * block < block ? n - j * block : block;
@@ -324,21 +330,19 @@ struct check_codes {
   const std::byte* codes;
   device_status* status;
   index_divisor word_block;  ///< layout.word_block().
+  std::uint64_t blocks;      ///< layout.blocks(), divided once on the host.
 
   /// The check of a layout's scales and codes.
   static check_codes make(const block_layout& layout, const Rule& rule, const T* scales, const std::byte* codes,
                           device_status* status) {
-    return {layout, rule, scales, codes, status, layout.word_block()};
+    return {layout, rule, scales, codes, status, layout.word_block(), layout.blocks()};
   }
 
   /// Items to check: the larger of the scale and word counts.
-  [[nodiscard]] std::uint64_t items() const {
-    return layout.words() > layout.blocks() ? layout.words() : layout.blocks();
-  }
+  [[nodiscard]] std::uint64_t items() const { return layout.words() > blocks ? layout.words() : blocks; }
 
   __device__ void operator()(std::uint64_t t) const {
-    if (t < layout.blocks() && !rule.valid_scale(scales[t]))
-      record_failure(status, errc::malformed_payload, t, bad_scale);
+    if (t < blocks && !rule.valid_scale(scales[t])) record_failure(status, errc::malformed_payload, t, bad_scale);
     if (t >= layout.words()) return;
     const std::uint32_t word = load_code_word(codes, t, layout.code_bytes);
     unsigned used = 0;
@@ -358,11 +362,13 @@ struct check_codes {
   }
 };
 
-/// One thread per code word: `rule.value(code, scale)` of its values written into `out`, or added
-/// to it when `accumulate`. For 8- and 4-bit codes where every word's values lie in one block
-/// (B·b a multiple of 32) and `out` is 16-byte aligned, a whole word's 4 or 8 values (whole quads)
-/// go out in 128-bit stores under its block's scale, read once; otherwise (and for a partial last
-/// word) value by value.
+/// `rule.value(code, scale)` of every element written into `out`, or added to it when
+/// `accumulate`. Where every word's values lie in one block (B·b a multiple of 32) and `out` is
+/// 16-byte aligned, one thread per quad of 4 values: it reads the code word holding them (the
+/// lanes sharing a word read it together), its block's scale, and writes the quad by one 128-bit
+/// store, so a warp's stores are 512 contiguous bytes whatever the code width (one thread per word
+/// of 1-bit codes would store 32 values, 128 bytes apart from its neighbours'). Otherwise (and for
+/// a partial last quad) one thread per code word, value by value.
 template <class T, class Rule>
 struct decode_words {
   block_layout layout;
@@ -371,48 +377,60 @@ struct decode_words {
   const std::byte* codes;
   T* out;
   bool accumulate;
-  bool vector;               ///< Whole words by 128-bit stores (see above).
+  bool vector;               ///< One thread per quad, 128-bit stores (see above).
   index_divisor word_block;  ///< layout.word_block().
 
   /// The decoder of a layout into `out`.
   static decode_words make(const block_layout& layout, const Rule& rule, const T* scales, const std::byte* codes,
                            T* out, bool accumulate) {
-    const bool vector = (layout.bits == 8 || layout.bits == 4) && layout.whole_words() && vector_aligned(out);
+    const bool vector = layout.whole_words() && vector_aligned(out);
     return {layout, rule, scales, codes, out, accumulate, vector, layout.word_block()};
   }
 
-  __device__ void operator()(std::uint64_t w) const {
-    const std::uint32_t word = load_code_word(codes, w, layout.code_bytes);
-    if (vector && (w + 1) * layout.per_word() <= layout.n)
-      return layout.bits == 8 ? write_word<4>(w, word) : write_word<8>(w, word);
+  /// Items to decode: quads where `vector`, else code words.
+  [[nodiscard]] std::uint64_t items() const {
+    return vector ? (layout.n + quad_values - 1) / quad_values : layout.words();
+  }
+
+  __device__ void operator()(std::uint64_t t) const {
+    if (vector) return write_quad(t);
+    const std::uint32_t word = load_code_word(codes, t, layout.code_bytes);
     const auto write = [&](std::uint64_t i, unsigned c, T s) {
       const T v = rule.value(code_in_word(word, c, layout.bits), s);
       out[i] = accumulate ? out[i] + v : v;
     };
     if (layout.whole_words()) {
-      const T s = scales[word_block(w)];
-      layout.for_each_in_whole_word(w, word_block, [&](std::uint64_t i, unsigned c, std::uint64_t) { write(i, c, s); });
+      const T s = scales[word_block(t)];
+      layout.for_each_in_whole_word(t, word_block, [&](std::uint64_t i, unsigned c, std::uint64_t) { write(i, c, s); });
     } else {
-      layout.for_each_in_word(w, [&](std::uint64_t i, unsigned c, std::uint64_t j) { write(i, c, scales[j]); });
+      layout.for_each_in_word(t, [&](std::uint64_t i, unsigned c, std::uint64_t j) { write(i, c, scales[j]); });
     }
   }
 
  private:
-  /// The PerWord values of whole word w, quad by quad.
-  template <unsigned PerWord>
-  __device__ void write_word(std::uint64_t w, std::uint32_t word) const {
+  /// Quad q: elements 4q … 4q + 3 (fewer at the end), codes 4q mod (32/b) onwards of one word.
+  __device__ void write_quad(std::uint64_t q) const {
+    const std::uint64_t first = q * quad_values;
+    // 32/b codes per word (4, 8, 16 or 32: a power of two, a multiple of the quad).
+    const std::uint64_t w = first * static_cast<unsigned>(layout.bits) / 32;
+    const std::uint32_t word = load_code_word(codes, w, layout.code_bytes);
+    const auto c = static_cast<unsigned>(first & (layout.per_word() - 1));
     const T s = scales[word_block(w)];
-    T* const at = out + w * PerWord;
-#pragma unroll
-    for (unsigned q = 0; q < PerWord / quad_values; ++q) {
+    T* const at = out + first;
+    if (first + quad_values <= layout.n) {
       T v[quad_values]{};
-      if (accumulate) load_quad(at + quad_values * q, quad_values, true, v);
+      if (accumulate) load_quad(at, quad_values, true, v);
 #pragma unroll
       for (unsigned e = 0; e < quad_values; ++e) {
-        const T value = rule.value(code_in_word(word, quad_values * q + e, layout.bits), s);
+        const T value = rule.value(code_in_word(word, c + e, layout.bits), s);
         v[e] = accumulate ? v[e] + value : value;
       }
-      store_quad(at + quad_values * q, quad_values, true, v);
+      store_quad(at, quad_values, true, v);
+      return;
+    }
+    for (std::uint64_t i = first; i < layout.n; ++i) {
+      const T value = rule.value(code_in_word(word, c + static_cast<unsigned>(i - first), layout.bits), s);
+      out[i] = accumulate ? out[i] + value : value;
     }
   }
 };
@@ -494,8 +512,8 @@ void decode_block_coded(const Codec& codec, const cuda_executor& exec, std::span
   op.finish([scale_name](errc, std::uint64_t position, std::uint32_t reason) {
     return describe_block_code_failure(position, reason, scale_name);
   });
-  for_each_item(exec, layout.words(),
-                decode_words<T, rule_type>::make(layout, rule, scales, codes, out.data(), accumulate));
+  const auto decode = decode_words<T, rule_type>::make(layout, rule, scales, codes, out.data(), accumulate);
+  for_each_item(exec, decode.items(), decode);
 }
 
 }  // namespace gradcomp::detail::cuda
