@@ -321,8 +321,8 @@ class gravac_controller {
 
   /// Bytes `save_state` writes.
   [[nodiscard]] std::size_t saved_state_bytes() const noexcept {
-    return state_format::header_bytes + 24 * std::size_t{options_.window} + 24 * throughputs_.size() +
-           state_format::checksum_bytes;
+    return state_format::header_bytes + 3 * sizeof(double) * std::size_t{options_.window} +
+           state_format::record_bytes * throughputs_.size() + state_format::checksum_bytes;
   }
 
   /// Writes the controller's history for a checkpoint (layout in the file comment).
@@ -333,29 +333,28 @@ class gravac_controller {
     detail::require_state_room(bytes, size);
     std::byte* const p = bytes.data();
     detail::write_state_head<state_format>(p, codec_id{}, value_dtype::float64, options_.window);
-    detail::store_le<std::uint64_t>(p + 17, options_.hash());
-    detail::store_le<std::uint64_t>(p + 25, steps_);
-    detail::store_le<double>(p + 33, theta_current_);
-    detail::store_le<std::uint32_t>(p + 41, window_steps_);
-    detail::store_le<std::uint8_t>(p + 45, searching_ ? 1 : 0);
-    detail::store_le<std::uint32_t>(p + 46, static_cast<std::uint32_t>(throughputs_.size()));
-    std::byte* q = p + 50;
-    for (const auto* e : ewmas()) {
-      detail::store_le<std::uint32_t>(q, static_cast<std::uint32_t>(e->next_slot()));
-      detail::store_le<std::uint32_t>(q + 4, static_cast<std::uint32_t>(e->count()));
-      q += 8;
+    state_format::options_hash.store(p, options_.hash());
+    state_format::steps.store(p, steps_);
+    state_format::theta_current.store(p, theta_current_);
+    state_format::window_steps.store(p, window_steps_);
+    state_format::searching.store(p, searching_ ? 1 : 0);
+    state_format::throughput_count.store(p, static_cast<std::uint32_t>(throughputs_.size()));
+    const auto ewma = ewmas();
+    for (std::size_t i = 0; i < ewma.size(); ++i) {
+      state_format::ewma_next(i).store(p, static_cast<std::uint32_t>(ewma[i]->next_slot()));
+      state_format::ewma_count(i).store(p, static_cast<std::uint32_t>(ewma[i]->count()));
     }
-    q = p + state_format::header_bytes;
+    std::byte* q = p + state_format::header_bytes;
     for (const auto* e : ewmas())
       for (double v : e->samples()) {
         detail::store_le<double>(q, v);
         q += 8;
       }
     for (const auto& t : throughputs_) {
-      detail::store_le<double>(q, t.theta);
-      detail::store_le<double>(q + 8, t.sum);
-      detail::store_le<std::uint64_t>(q + 16, t.count);
-      q += 24;
+      state_format::record_theta.store(q, t.theta);
+      state_format::record_sum.store(q, t.sum);
+      state_format::record_count.store(q, t.count);
+      q += state_format::record_bytes;
     }
     detail::seal_state<state_format>(p, size - state_format::header_bytes - state_format::checksum_bytes);
     return size;
@@ -371,25 +370,26 @@ class gravac_controller {
     const std::uint64_t window =
         detail::check_state_head<state_format>(bytes, codec_id{}, value_dtype::float64, "GCGV");
     const std::byte* const p = bytes.data();
-    detail::require(window == options_.window && detail::load_le<std::uint64_t>(p + 17) == options_.hash(),
+    detail::require(window == options_.window && state_format::options_hash.load(p) == options_.hash(),
                     errc::parameter_mismatch, "GraVAC state saved by a controller with other options");
-    const auto throughput_count = detail::load_le<std::uint32_t>(p + 46);
-    const auto payload = detail::check_state_body<state_format>(bytes, 24 * std::size_t{options_.window} +
-                                                                           24 * std::size_t{throughput_count});
+    const auto throughput_count = state_format::throughput_count.load(p);
+    const auto payload =
+        detail::check_state_body<state_format>(bytes, 3 * sizeof(double) * std::size_t{options_.window} +
+                                                          state_format::record_bytes * throughput_count);
     const auto bad = [](const char* what) {
       detail::fail(errc::malformed_payload, std::string("GraVAC state: ") + what);
     };
     const auto density = [&](double theta) { return theta >= options_.theta_max && theta <= 1.0; };
 
-    const double theta = detail::load_le<double>(p + 33);
-    const auto window_steps = detail::load_le<std::uint32_t>(p + 41);
-    const auto searching = detail::load_le<std::uint8_t>(p + 45);
+    const double theta = state_format::theta_current.load(p);
+    const auto window_steps = state_format::window_steps.load(p);
+    const auto searching = state_format::searching.load(p);
     if (!(density(theta) && theta <= options_.theta_min)) bad("candidate density out of range");
     if (window_steps >= options_.window || searching > 1) bad("window position out of range");
     std::array<std::uint32_t, 3> next{}, count{};
     for (std::size_t i = 0; i < 3; ++i) {
-      next[i] = detail::load_le<std::uint32_t>(p + 50 + 8 * i);
-      count[i] = detail::load_le<std::uint32_t>(p + 54 + 8 * i);
+      next[i] = state_format::ewma_next(i).load(p);
+      count[i] = state_format::ewma_count(i).load(p);
       if (next[i] >= options_.window || count[i] > options_.window) bad("EWMA position out of range");
     }
     std::vector<double> samples(3 * std::size_t{options_.window});
@@ -400,17 +400,17 @@ class gravac_controller {
     std::vector<throughput> throughputs(throughput_count);
     const std::byte* q = payload.data() + 8 * samples.size();
     for (auto& t : throughputs) {
-      t = {detail::load_le<double>(q), detail::load_le<double>(q + 8), detail::load_le<std::uint64_t>(q + 16)};
+      t = {state_format::record_theta.load(q), state_format::record_sum.load(q), state_format::record_count.load(q)};
       if (!density(t.theta) || !(t.sum >= 0.0 && std::isfinite(t.sum)) || t.count == 0)
         bad("throughput record out of range");
-      q += 24;
+      q += state_format::record_bytes;
     }
 
     const auto ring = std::span<const double>(samples);
     const std::size_t w = options_.window;
     auto ewma = ewmas();
     for (std::size_t i = 0; i < 3; ++i) ewma[i]->restore(ring.subspan(i * w, w), next[i], count[i]);
-    steps_ = detail::load_le<std::uint64_t>(p + 25);
+    steps_ = state_format::steps.load(p);
     theta_current_ = theta;
     window_steps_ = window_steps;
     searching_ = searching == 1;
@@ -437,14 +437,35 @@ class gravac_controller {
   }
 
  private:
-  /// Saved-state frame of the controller (core/saved_state.hpp).
-  struct state_format {
-    static constexpr std::uint32_t magic = 0x56474347u;  // "GCGV" as a little-endian word
-    static constexpr std::uint16_t version = 2;
-    static constexpr std::size_t header_crc_offset = 74;
-    static constexpr std::size_t header_bytes = 78;
-    static constexpr std::size_t checksum_bytes = 4;
+  /// The controller's saved-state header and payload records, field by field (the table in the
+  /// file comment), after the frame's (core/saved_state.hpp).
+  struct state_format : detail::saved_state_frame {
+    static constexpr std::uint32_t magic = 0x56474347u;  ///< "GCGV" as a little-endian word.
+    static constexpr std::uint16_t version = 2;          ///< The version this build writes and reads.
+    static constexpr detail::state_field<std::uint64_t> options_hash = count.then<std::uint64_t>();
+    static constexpr detail::state_field<std::uint64_t> steps = options_hash.then<std::uint64_t>();
+    static constexpr detail::state_field<double> theta_current = steps.then<double>();
+    static constexpr detail::state_field<std::uint32_t> window_steps = theta_current.then<std::uint32_t>();
+    static constexpr detail::state_field<std::uint8_t> searching = window_steps.then<std::uint8_t>();
+    static constexpr detail::state_field<std::uint32_t> throughput_count = searching.then<std::uint32_t>();
+    /// EWMA i's next slot (gradient, candidate, safe: i = 0, 1, 2), after the fields above.
+    static constexpr detail::state_field<std::uint32_t> ewma_next(std::size_t i) {
+      return {throughput_count.end() + ewma_bytes * i};
+    }
+    /// EWMA i's sample count, after its next slot.
+    static constexpr detail::state_field<std::uint32_t> ewma_count(std::size_t i) {
+      return ewma_next(i).then<std::uint32_t>();
+    }
+    static constexpr std::size_t ewma_bytes = 8;  ///< Next slot and count of one EWMA.
+    static constexpr std::size_t header_crc_offset = throughput_count.end() + 3 * ewma_bytes;  ///< After the EWMAs.
+    static constexpr std::size_t header_bytes = header_crc_offset + crc_bytes;  ///< Header size, its CRC included.
+    /// A throughput record of the payload: θ, then the throughput sum and count.
+    static constexpr detail::state_field<double> record_theta{0};
+    static constexpr detail::state_field<double> record_sum = record_theta.then<double>();
+    static constexpr detail::state_field<std::uint64_t> record_count = record_sum.then<std::uint64_t>();
+    static constexpr std::size_t record_bytes = record_count.end();  ///< One throughput record.
   };
+  static_assert(state_format::header_bytes == 78 && state_format::record_bytes == 24, "the table in the file comment");
 
   [[nodiscard]] std::array<const detail::windowed_ewma*, 3> ewmas() const noexcept {
     return {&gradient_, &current_, &safe_};

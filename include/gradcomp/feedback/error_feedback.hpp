@@ -97,14 +97,18 @@ class step_rollback<error_feedback_state<T>> : public exchanging_rollback<error_
   using exchanging_rollback<error_feedback_state<T>>::exchanging_rollback;
 };
 
-/// Layout constants of a saved error-feedback state (see the table in this file's comment).
-struct error_feedback_saved_format {
-  static constexpr std::uint32_t magic = 0x46454347u;   ///< "GCEF" as a little-endian word.
-  static constexpr std::uint16_t version = 1;           ///< The version this build writes and reads.
-  static constexpr std::size_t header_crc_offset = 33;  ///< Where the header CRC lies; it covers bytes before.
-  static constexpr std::size_t header_bytes = 37;       ///< Header size, its CRC included.
-  static constexpr std::size_t checksum_bytes = 4;      ///< Size of the trailing CRC of the values.
+/// The header of a saved error-feedback state, field by field (the table in this file's comment),
+/// after the frame's (core/saved_state.hpp).
+struct error_feedback_saved_format : detail::saved_state_frame {
+  static constexpr std::uint32_t magic = 0x46454347u;  ///< "GCEF" as a little-endian word.
+  static constexpr std::uint16_t version = 1;          ///< The version this build writes and reads.
+  static constexpr detail::state_field<std::uint64_t> steps = count.then<std::uint64_t>();  ///< Steps taken.
+  static constexpr detail::state_field<std::uint64_t> state_hash =
+      steps.then<std::uint64_t>();  ///< See `state_hash()`.
+  static constexpr std::size_t header_crc_offset = state_hash.end();  ///< The header CRC; it covers bytes before.
+  static constexpr std::size_t header_bytes = header_crc_offset + crc_bytes;  ///< Header size, its CRC included.
 };
+static_assert(error_feedback_saved_format::header_bytes == 37, "the table in this file's comment");
 
 /// Error feedback around `Codec`: encodes the gradient plus the carried residual, and carries what
 /// the codec dropped, times the decay β, into the next step. Entry points: see
@@ -165,8 +169,8 @@ class error_feedback
     detail::require_state_room(bytes, size);
     std::byte* const p = bytes.data();
     detail::write_state_head<format>(p, Codec::id, dtype_of<value_type>, n);
-    detail::store_le<std::uint64_t>(p + 17, steps);
-    detail::store_le<std::uint64_t>(p + 25, state_hash());
+    format::steps.store(p, steps);
+    format::state_hash.store(p, state_hash());
     copy_residual(p + format::header_bytes);
     detail::seal_state<format>(p, static_cast<std::size_t>(n) * sizeof(value_type));
     return size;
@@ -186,7 +190,7 @@ class error_feedback
       return "saved state has " + std::to_string(saved_n) + " elements, the state " + std::to_string(n);
     });
     const std::byte* const p = bytes.data();
-    detail::require(detail::load_le<std::uint64_t>(p + 25) == state_hash(), errc::parameter_mismatch,
+    detail::require(format::state_hash.load(p) == state_hash(), errc::parameter_mismatch,
                     "codec parameters or decay (state hash) differ between the saved state and this wrapper");
     const std::span<const std::byte> values =
         detail::check_state_body<format>(bytes, static_cast<std::size_t>(n) * sizeof(value_type));
@@ -198,7 +202,7 @@ class error_feedback
     }
     detail::require(largest < float_traits<value_type>::infinity_key, errc::malformed_payload,
                     "a saved residual value is NaN or Inf");
-    return {detail::load_le<std::uint64_t>(p + 17), values};
+    return {format::steps.load(p), values};
   }
 
  private:

@@ -114,14 +114,23 @@ struct loco_state {
   std::uint64_t total_steps = 0;   ///< Steps completed in all.
 };
 
-/// Layout constants of a saved LoCo state (see the table in this file's comment).
-struct loco_saved_format {
-  static constexpr std::uint32_t magic = 0x434C4347u;   ///< "GCLC" as a little-endian word.
-  static constexpr std::uint16_t version = 1;           ///< The version this build writes and reads.
-  static constexpr std::size_t header_crc_offset = 53;  ///< Where the header CRC lies; it covers bytes before.
-  static constexpr std::size_t header_bytes = 57;       ///< Header size, its CRC included.
-  static constexpr std::size_t checksum_bytes = 4;      ///< Size of the trailing CRC of codes and scales.
+/// The header of a saved LoCo state, field by field (the table in this file's comment), after the
+/// frame's (core/saved_state.hpp).
+struct loco_saved_format : detail::saved_state_frame {
+  static constexpr std::uint32_t magic = 0x434C4347u;  ///< "GCLC" as a little-endian word.
+  static constexpr std::uint16_t version = 1;          ///< The version this build writes and reads.
+  static constexpr detail::state_field<std::uint64_t> steps =
+      count.then<std::uint64_t>();  ///< t, since the last reset.
+  static constexpr detail::state_field<std::uint64_t> total_steps = steps.then<std::uint64_t>();  ///< Steps in all.
+  static constexpr detail::state_field<std::uint64_t> inner_hash =
+      total_steps.then<std::uint64_t>();  ///< Inner codec's.
+  static constexpr detail::state_field<std::uint32_t> beta = inner_hash.then<std::uint32_t>();  ///< β's float32 bits.
+  static constexpr detail::state_field<std::uint32_t> reset_period = beta.then<std::uint32_t>();  ///< T.
+  static constexpr detail::state_field<std::uint32_t> error_group = reset_period.then<std::uint32_t>();  ///< G.
+  static constexpr std::size_t header_crc_offset = error_group.end();  ///< The header CRC; it covers bytes before.
+  static constexpr std::size_t header_bytes = header_crc_offset + crc_bytes;  ///< Header size, its CRC included.
 };
+static_assert(loco_saved_format::header_bytes == 57, "the table in this file's comment");
 
 /// LoCo around `Codec`: encodes the gradient plus the stored compensation error, and folds what
 /// the codec dropped into that error as a moving average.
@@ -165,12 +174,12 @@ class loco : public feedback_interface<loco<Codec>, Codec, loco_state<typename C
     detail::require_state_room(bytes, size);
     std::byte* const p = bytes.data();
     detail::write_state_head<format>(p, Codec::id, dtype_of<value_type>, n);
-    detail::store_le<std::uint64_t>(p + 17, steps);
-    detail::store_le<std::uint64_t>(p + 25, total_steps);
-    detail::store_le<std::uint64_t>(p + 33, this->params_hash());
-    detail::store_le<std::uint32_t>(p + 41, std::bit_cast<std::uint32_t>(params_.beta));
-    detail::store_le<std::uint32_t>(p + 45, params_.reset_period);
-    detail::store_le<std::uint32_t>(p + 49, params_.error_group);
+    format::steps.store(p, steps);
+    format::total_steps.store(p, total_steps);
+    format::inner_hash.store(p, this->params_hash());
+    format::beta.store(p, std::bit_cast<std::uint32_t>(params_.beta));
+    format::reset_period.store(p, params_.reset_period);
+    format::error_group.store(p, params_.error_group);
     std::byte* const codes = p + format::header_bytes;
     copy_error(codes, codes + n);
     detail::seal_state<format>(p, static_cast<std::size_t>(n + group_count(n) * sizeof(value_type)));
@@ -194,10 +203,10 @@ class loco : public feedback_interface<loco<Codec>, Codec, loco_state<typename C
 
   /// A saved state checked for a state of n elements.
   struct saved_state_view {
-    std::uint64_t steps;                 ///< Steps since the last reset (t).
-    std::uint64_t total_steps;           ///< Steps taken in all.
-    std::span<const std::byte> codes;    ///< The n error codes.
-    std::span<const std::byte> scales;   ///< The ⌈n/G⌉ error scales' bytes.
+    std::uint64_t steps;  ///< Steps since the last reset (t).
+    std::uint64_t total_steps;  ///< Steps taken in all.
+    std::span<const std::byte> codes;  ///< The n error codes.
+    std::span<const std::byte> scales;  ///< The ⌈n/G⌉ error scales' bytes.
   };
   /// Checks saved bytes for a state of n elements holding `state_scales` error scales, in the order
   /// of this file's comment, codes and scales included (every backend's `load_state`, before it
@@ -210,10 +219,10 @@ class loco : public feedback_interface<loco<Codec>, Codec, loco_state<typename C
     detail::require(saved_n == n, errc::size_mismatch, [&] {
       return "saved state has " + std::to_string(saved_n) + " elements, the state " + std::to_string(n);
     });
-    detail::require(detail::load_le<std::uint64_t>(p + 33) == this->params_hash(), errc::parameter_mismatch,
+    detail::require(format::inner_hash.load(p) == this->params_hash(), errc::parameter_mismatch,
                     "inner codec parameters (hash) differ between the saved state and this codec");
-    const loco_params saved{std::bit_cast<float>(detail::load_le<std::uint32_t>(p + 41)),
-                            detail::load_le<std::uint32_t>(p + 45), detail::load_le<std::uint32_t>(p + 49)};
+    const loco_params saved{std::bit_cast<float>(format::beta.load(p)), format::reset_period.load(p),
+                            format::error_group.load(p)};
     detail::require(std::bit_cast<std::uint32_t>(saved.beta) == std::bit_cast<std::uint32_t>(params_.beta) &&
                         saved.reset_period == params_.reset_period && saved.error_group == params_.error_group,
                     errc::parameter_mismatch, [&] {
@@ -243,8 +252,7 @@ class loco : public feedback_interface<loco<Codec>, Codec, loco_state<typename C
       valid &= (to_bits(scale) >> (sizeof(value_type) * 8 - 1)) == 0 && is_finite(scale * value_type{127});
     }
     detail::require(valid, errc::malformed_payload, "a saved error scale is negative, NaN, Inf or too large");
-    return {detail::load_le<std::uint64_t>(p + 17), detail::load_le<std::uint64_t>(p + 25), payload.first(code_bytes),
-            scales};
+    return {format::steps.load(p), format::total_steps.load(p), payload.first(code_bytes), scales};
   }
 
  private:

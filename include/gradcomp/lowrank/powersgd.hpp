@@ -118,14 +118,19 @@ struct powersgd_state {
   std::vector<T> next_error;   ///< Scratch: the step's new error, until it succeeds.
 };
 
-/// Layout constants of a saved PowerSGD state (see the table in this file's comment).
-struct powersgd_saved_format {
-  static constexpr std::uint32_t magic = 0x53504347u;   ///< "GCPS" as a little-endian word.
-  static constexpr std::uint16_t version = 1;           ///< The version this build writes and reads.
-  static constexpr std::size_t header_crc_offset = 45;  ///< Where the header CRC lies; it covers bytes before.
-  static constexpr std::size_t header_bytes = 49;       ///< Header size, its CRC included.
-  static constexpr std::size_t checksum_bytes = 4;      ///< The payload CRC after the values.
+/// The header of a saved PowerSGD state, field by field (the table in this file's comment), after
+/// the frame's (core/saved_state.hpp).
+struct powersgd_saved_format : detail::saved_state_frame {
+  static constexpr std::uint32_t magic = 0x53504347u;  ///< "GCPS" as a little-endian word.
+  static constexpr std::uint16_t version = 1;          ///< The version this build writes and reads.
+  static constexpr detail::state_field<std::uint64_t> rows = count.then<std::uint64_t>();  ///< a.
+  static constexpr detail::state_field<std::uint32_t> rank = rows.then<std::uint32_t>();   ///< r, capped.
+  static constexpr detail::state_field<std::uint64_t> steps = rank.then<std::uint64_t>();  ///< Steps taken.
+  static constexpr detail::state_field<std::uint64_t> params_hash = steps.then<std::uint64_t>();  ///< The scheme's.
+  static constexpr std::size_t header_crc_offset = params_hash.end();  ///< The header CRC; it covers bytes before.
+  static constexpr std::size_t header_bytes = header_crc_offset + crc_bytes;  ///< Header size, its CRC included.
 };
+static_assert(powersgd_saved_format::header_bytes == 49, "the table in this file's comment");
 
 /// PowerSGD for `float` or `double` gradients: a scheme of the compressed all-reduce
 /// (collective/low_rank_collectives.hpp) with a state per tensor, not a codec with messages.
@@ -186,10 +191,10 @@ class powersgd {
     detail::require_state_room(bytes, size);
     std::byte* const p = bytes.data();
     detail::write_state_head<powersgd_saved_format>(p, id, dtype_of<T>, shape.count());
-    detail::store_le<std::uint64_t>(p + 17, shape.rows);
-    detail::store_le<std::uint32_t>(p + 25, static_cast<std::uint32_t>(rank_for(shape)));
-    detail::store_le<std::uint64_t>(p + 29, state.steps);
-    detail::store_le<std::uint64_t>(p + 37, params_hash());
+    powersgd_saved_format::rows.store(p, shape.rows);
+    powersgd_saved_format::rank.store(p, static_cast<std::uint32_t>(rank_for(shape)));
+    powersgd_saved_format::steps.store(p, state.steps);
+    powersgd_saved_format::params_hash.store(p, params_hash());
     const std::size_t q_bytes = static_cast<std::size_t>(shape.cols * rank_for(shape)) * sizeof(T);
     const std::size_t e_bytes = static_cast<std::size_t>(shape.count()) * sizeof(T);
     std::byte* const payload = p + powersgd_saved_format::header_bytes;
@@ -207,8 +212,8 @@ class powersgd {
   void load_state(std::span<const std::byte> bytes, matrix_shape shape, powersgd_state<T>& state) const {
     const std::uint64_t saved_n = detail::check_state_head<powersgd_saved_format>(bytes, id, dtype_of<T>, "GCPS");
     const std::byte* const p = bytes.data();
-    const std::uint64_t saved_rows = detail::load_le<std::uint64_t>(p + 17);
-    const std::uint32_t saved_rank = detail::load_le<std::uint32_t>(p + 25);
+    const std::uint64_t saved_rows = powersgd_saved_format::rows.load(p);
+    const std::uint32_t saved_rank = powersgd_saved_format::rank.load(p);
     detail::require(saved_n == shape.count() && saved_rows == shape.rows && saved_rank == rank_for(shape),
                     errc::size_mismatch, [&] {
                       return "saved state has " + std::to_string(saved_n) + " elements in " +
@@ -216,7 +221,7 @@ class powersgd {
                              ", the state " + std::to_string(shape.count()) + " in " + std::to_string(shape.rows) +
                              " rows at rank " + std::to_string(rank_for(shape));
                     });
-    detail::require(detail::load_le<std::uint64_t>(p + 37) == params_hash(), errc::parameter_mismatch,
+    detail::require(powersgd_saved_format::params_hash.load(p) == params_hash(), errc::parameter_mismatch,
                     "PowerSGD parameters differ between the saved state and this scheme");
     const std::size_t q_count = static_cast<std::size_t>(shape.cols * rank_for(shape));
     const std::size_t e_count = static_cast<std::size_t>(shape.count());
@@ -229,7 +234,7 @@ class powersgd {
       return std::ranges::all_of(v, [](T x) { return is_finite(x); });
     };
     detail::require(finite(q) && finite(e), errc::malformed_payload, "saved PowerSGD state holds NaN or Inf");
-    const std::uint64_t steps = detail::load_le<std::uint64_t>(p + 29);
+    const std::uint64_t steps = powersgd_saved_format::steps.load(p);
     state.steps = steps;
     if (steps == 0) {
       state.q.clear();

@@ -205,16 +205,24 @@ struct dynamic_state {
   std::uint64_t steps = 0;                            ///< Successful steps, all tensors together.
 };
 
-/// Layout constants of a saved dynamic-sparsifier state (see the table in this file's comment).
-struct dynamic_saved_format {
-  static constexpr std::uint32_t magic = 0x53444347u;   ///< "GCDS" as a little-endian word.
-  static constexpr std::uint16_t version = 1;           ///< The version this build writes and reads.
-  static constexpr std::size_t header_crc_offset = 33;  ///< Where the header CRC lies; it covers bytes before.
-  static constexpr std::size_t header_bytes = 37;       ///< Header size, its CRC included.
-  static constexpr std::size_t checksum_bytes = 4;      ///< Size of the trailing CRC of the entries.
-  static constexpr std::size_t entry_head_bytes = 16;   ///< u64 id and u64 n before each entry's values.
-  static constexpr codec_id codec = codec_id{0};        ///< The codec field: this stage writes no messages.
+/// The header of a saved dynamic-sparsifier state and of each of its entries, field by field (the
+/// table in this file's comment), after the frame's (core/saved_state.hpp).
+struct dynamic_saved_format : detail::saved_state_frame {
+  static constexpr std::uint32_t magic = 0x53444347u;  ///< "GCDS" as a little-endian word.
+  static constexpr std::uint16_t version = 1;          ///< The version this build writes and reads.
+  static constexpr codec_id codec = codec_id{0};       ///< The codec field: this stage writes no messages.
+  static constexpr detail::state_field<std::uint64_t> tensors = count.then<std::uint64_t>();  ///< Entries.
+  static constexpr detail::state_field<std::uint64_t> steps = tensors.then<std::uint64_t>();  ///< Successful steps.
+  static constexpr std::size_t header_crc_offset = steps.end();  ///< The header CRC; it covers bytes before.
+  static constexpr std::size_t header_bytes = header_crc_offset + crc_bytes;  ///< Header size, its CRC included.
+  /// An entry's tensor id, from the entry's first byte.
+  static constexpr detail::state_field<std::uint64_t> entry_id{0};
+  /// An entry's value count n, after its id.
+  static constexpr detail::state_field<std::uint64_t> entry_count = entry_id.then<std::uint64_t>();
+  static constexpr std::size_t entry_head_bytes = entry_count.end();  ///< Before each entry's values.
 };
+static_assert(dynamic_saved_format::header_bytes == 37 && dynamic_saved_format::entry_head_bytes == 16,
+              "the table in this file's comment");
 
 /// TAGC's dynamic sparsifier with error feedback keyed by tensor id, for `float` or `double`.
 template <gradient_value T = float>
@@ -309,12 +317,12 @@ class dynamic_sparsifier {
     for (const auto& entry : host.residuals) total += entry.second.size();
     std::byte* const p = bytes.data();
     detail::write_state_head<format>(p, format::codec, dtype_of<T>, total);
-    detail::store_le<std::uint64_t>(p + 17, host.residuals.size());
-    detail::store_le<std::uint64_t>(p + 25, host.steps);
+    format::tensors.store(p, host.residuals.size());
+    format::steps.store(p, host.steps);
     std::byte* q = p + format::header_bytes;
     for (const auto& [id, residual] : host.residuals) {
-      detail::store_le<std::uint64_t>(q, id);
-      detail::store_le<std::uint64_t>(q + 8, residual.size());
+      format::entry_id.store(q, id);
+      format::entry_count.store(q, residual.size());
       q = std::ranges::copy(std::as_bytes(std::span<const T>(residual)), q + format::entry_head_bytes).out;
     }
     detail::seal_state<format>(p, static_cast<std::size_t>(q - (p + format::header_bytes)));
@@ -328,7 +336,7 @@ class dynamic_sparsifier {
     using format = dynamic_saved_format;
     const std::uint64_t total = detail::check_state_head<format>(bytes, format::codec, dtype_of<T>, "GCDS");
     const std::byte* const p = bytes.data();
-    const std::uint64_t tensors = detail::load_le<std::uint64_t>(p + 17);
+    const std::uint64_t tensors = format::tensors.load(p);
     detail::require(tensors <= bytes.size() / format::entry_head_bytes && total <= bytes.size() / sizeof(T),
                     errc::truncated, [&] {
                       return "saved state of " + std::to_string(bytes.size()) + " bytes cannot hold the " +
@@ -345,8 +353,8 @@ class dynamic_sparsifier {
       detail::require(entries.size() - at >= format::entry_head_bytes, errc::malformed_payload, [&] {
         return "saved tensor " + std::to_string(j) + " of " + std::to_string(tensors) + " starts past the entries";
       });
-      const std::uint64_t id = detail::load_le<std::uint64_t>(entries.data() + at);
-      const std::uint64_t count = detail::load_le<std::uint64_t>(entries.data() + at + 8);
+      const std::uint64_t id = format::entry_id.load(entries.data() + at);
+      const std::uint64_t count = format::entry_count.load(entries.data() + at);
       at += format::entry_head_bytes;
       detail::require(loaded.residuals.empty() || id > loaded.residuals.rbegin()->first, errc::malformed_payload, [&] {
         return "saved tensor ids are not strictly ascending: " + std::to_string(id) + " follows " +
@@ -366,7 +374,7 @@ class dynamic_sparsifier {
       return "saved tensors hold " + std::to_string(at) + " bytes of entries, the header declares " +
              std::to_string(entries.size());
     });
-    loaded.steps = detail::load_le<std::uint64_t>(p + 25);
+    loaded.steps = format::steps.load(p);
     return loaded;
   }
 
