@@ -50,6 +50,8 @@ done
 out="$(realpath -m "$out")"
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root" || exit 2
+# unpack_carried_binaries, find_file
+source tools/gpu-common.sh
 
 # GRADCOMP_GOLDEN_FLIP_STRIDE: every N-th bit flip of the golden messages is decoded on the GPU.
 # About 120k decodes in all; the native run takes a third of them, memcheck one in 101.
@@ -119,32 +121,10 @@ run_logged() {
   return $rc
 }
 skip() { record "$1" "$2" 0 "$3"; echo "== [$(elapsed)] $1: $2${3:+ ($3)}"; }
-# .gpu-carry/binaries.tar.gz (tools/gpu-carry.sh build) unpacked into bin/ and lib/, replacing any
-# left there by an earlier run.
-unpack_carried_binaries() {
-  [ -f "$1/binaries.tar.gz" ] || return 0
-  rm -rf "$1/bin" "$1/lib"
-  tar -xzf "$1/binaries.tar.gz" -C "$1"
-}
 # A device name as a file name: "NVIDIA H200" -> nvidia-h200.
 slug() { echo "$1" | tr 'A-Z ' 'a-z-' | tr -cd 'a-z0-9._-'; }
 
 # ---- 1. GPU and toolchain -----------------------------------------------------------------------
-
-python_sites() {
-  python3 -c 'import site, sysconfig; print("\n".join(dict.fromkeys(site.getsitepackages() + [sysconfig.get_paths()["purelib"]])))' 2>/dev/null
-}
-# The first existing file named $1 under the pip packages' nvidia/ folders, then in $2...
-find_file() {
-  local name="$1" d f
-  shift
-  while read -r d; do
-    [ -d "$d/nvidia" ] || continue
-    f="$(find "$d/nvidia" -maxdepth 4 -name "$name" -print -quit 2>/dev/null)"
-    [ -z "$f" ] || { echo "$f"; return; }
-  done < <(python_sites)
-  for d in "$@"; do [ -e "$d/$name" ] && { echo "$d/$name"; return; }; done
-}
 
 echo "== gpu-check in $root -> $out$([ $dry_run -eq 1 ] && echo ' (dry run)')"
 echo "budget=$budget" >"$logs/toolchain.txt"

@@ -16,10 +16,9 @@ cd "$root" || exit 2
 out="$(realpath -m "${1:-build/gpu-profile}")"
 [ $# -eq 0 ] || shift
 mkdir -p "$out"
-if [ -f .gpu-carry/binaries.tar.gz ]; then
-  rm -rf .gpu-carry/bin .gpu-carry/lib
-  tar -xzf .gpu-carry/binaries.tar.gz -C .gpu-carry
-fi
+# unpack_carried_binaries, find_file
+source tools/gpu-common.sh
+unpack_carried_binaries .gpu-carry
 bench=.gpu-carry/bin/gradcomp-bench-cuda
 [ -x "$bench" ] || chmod +x "$bench" 2>/dev/null
 [ -x "$bench" ] || bench=build/gpu-check-build/bench/gradcomp-bench-cuda
@@ -27,8 +26,7 @@ bench=.gpu-carry/bin/gradcomp-bench-cuda
 ncu="$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)"
 [ -n "$ncu" ] || { echo "gpu-profile: no ncu (Nsight Compute) on this machine" >&2; exit 2; }
 # The carried libraries, and NCCL from pip's nvidia packages (the bench's nccl/allreduce records).
-nccl="$(python3 -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null |
-  while read -r d; do find "$d/nvidia" -maxdepth 3 -name libnccl.so.2 -print -quit 2>/dev/null; done | head -n 1)"
+nccl="$(find_file libnccl.so.2 /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu)"
 export LD_LIBRARY_PATH="$root/.gpu-carry/lib:$root/.gpu-carry/deps/lib/x86_64-linux-gnu${nccl:+:$(dirname "$nccl")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 timeout --kill-after=10 "${GPU_PROFILE_SECONDS:-240}" "$ncu" --clock-control none --metrics gpu__time_duration.sum \
   --csv --print-units base --log-file "$out/kernels.csv" "$bench" --warmup 0 --reps 1 --no-check "$@" \

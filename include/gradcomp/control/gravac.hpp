@@ -458,7 +458,7 @@ class gravac_controller {
     }
     static constexpr std::size_t ewma_bytes = 8;  ///< Next slot and count of one EWMA.
     static constexpr std::size_t header_crc_offset = throughput_count.end() + 3 * ewma_bytes;  ///< After the EWMAs.
-    static constexpr std::size_t header_bytes = header_crc_offset + crc_bytes;  ///< Header size, its CRC included.
+    static constexpr std::size_t header_bytes = header_crc_offset + checksum_bytes;  ///< Header size, its CRC included.
     /// A throughput record of the payload: θ, then the throughput sum and count.
     static constexpr detail::state_field<double> record_theta{0};
     static constexpr detail::state_field<double> record_sum = record_theta.then<double>();

@@ -50,8 +50,7 @@ struct saved_state_frame {
   static constexpr state_field<std::uint16_t> codec_field = version_field.then<std::uint16_t>();  ///< 6..7.
   static constexpr state_field<std::uint8_t> dtype_field = codec_field.then<std::uint8_t>();      ///< 8.
   static constexpr state_field<std::uint64_t> count = dtype_field.then<std::uint64_t>();         ///< 9..16: n.
-  static constexpr std::size_t crc_bytes = 4;                 ///< Each CRC-32C.
-  static constexpr std::size_t checksum_bytes = crc_bytes;  ///< The payload's trailing CRC.
+  static constexpr std::size_t checksum_bytes = 4;  ///< Each CRC-32C: the header's and the payload's.
 };
 
 /// Checks that `bytes` can hold a saved state of `size` bytes.
@@ -65,7 +64,6 @@ inline void require_state_room(std::span<std::byte> bytes, std::size_t size) {
 /// Writes the common head (bytes 0..16) of a saved state.
 template <class Format>
 void write_state_head(std::byte* p, codec_id codec, value_dtype dtype, std::uint64_t n) noexcept {
-  static_assert(Format::header_bytes == Format::header_crc_offset + Format::crc_bytes);
   Format::magic_field.store(p, Format::magic);
   Format::version_field.store(p, Format::version);
   Format::codec_field.store(p, static_cast<std::uint16_t>(codec));

@@ -72,10 +72,7 @@ struct compensated_values {
   device_status* status;
 
   __device__ T operator()(std::uint64_t i) const { return g[i] + e[i]; }
-  __device__ void coded(std::uint64_t i, T h, T decoded) const {
-    next[i] = decayed_residual(beta, h, decoded);
-    if (!is_finite(next[i])) record_failure(status, errc::non_finite_input, i, residual_not_finite);
-  }
+  __device__ void coded(std::uint64_t i, T h, T decoded) const { next[i] = checked_residual(i, h, decoded); }
 
   /// Whether the quad kernel may use 128-bit loads and stores.
   [[nodiscard]] bool aligned() const { return vector_aligned(g) && vector_aligned(e) && vector_aligned(next); }
@@ -96,12 +93,17 @@ struct compensated_values {
                              const T (&decoded)[quad_values]) const {
     T residual[quad_values];
 #pragma unroll
-    for (unsigned k = 0; k < quad_values; ++k) {
-      residual[k] = decayed_residual(beta, h[k], decoded[k]);
-      if (k < count && !is_finite(residual[k]))
-        record_failure(status, errc::non_finite_input, first + k, residual_not_finite);
-    }
+    for (unsigned k = 0; k < quad_values; ++k)  // values past `count` are zeros: their residual is 0
+      residual[k] = checked_residual(first + k, h[k], decoded[k]);
     store_quad(next + first, count, vector, residual);
+  }
+
+ private:
+  /// fl(β·(h − decoded)) of element i, recording `residual_not_finite` where it is NaN or Inf.
+  __device__ T checked_residual(std::uint64_t i, T h, T decoded) const {
+    const T residual = decayed_residual(beta, h, decoded);
+    if (!is_finite(residual)) record_failure(status, errc::non_finite_input, i, residual_not_finite);
+    return residual;
   }
 };
 

@@ -106,7 +106,7 @@ struct error_feedback_saved_format : detail::saved_state_frame {
   static constexpr detail::state_field<std::uint64_t> state_hash =
       steps.then<std::uint64_t>();  ///< See `state_hash()`.
   static constexpr std::size_t header_crc_offset = state_hash.end();  ///< The header CRC; it covers bytes before.
-  static constexpr std::size_t header_bytes = header_crc_offset + crc_bytes;  ///< Header size, its CRC included.
+  static constexpr std::size_t header_bytes = header_crc_offset + checksum_bytes;  ///< Header size, its CRC included.
 };
 static_assert(error_feedback_saved_format::header_bytes == 37, "the table in this file's comment");
 
@@ -178,8 +178,8 @@ class error_feedback
 
   /// A saved state checked for a state of n elements.
   struct saved_state_view {
-    std::uint64_t steps;                      ///< Steps taken.
-    std::span<const std::byte> residual;      ///< The n residual values' bytes.
+    std::uint64_t steps;  ///< Steps taken.
+    std::span<const std::byte> residual;  ///< The n residual values' bytes.
   };
   /// Checks saved bytes for a state of n elements in the order of this file's comment (every
   /// backend's `load_state`, before it touches the state). @throws error as listed there.

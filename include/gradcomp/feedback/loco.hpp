@@ -128,7 +128,7 @@ struct loco_saved_format : detail::saved_state_frame {
   static constexpr detail::state_field<std::uint32_t> reset_period = beta.then<std::uint32_t>();  ///< T.
   static constexpr detail::state_field<std::uint32_t> error_group = reset_period.then<std::uint32_t>();  ///< G.
   static constexpr std::size_t header_crc_offset = error_group.end();  ///< The header CRC; it covers bytes before.
-  static constexpr std::size_t header_bytes = header_crc_offset + crc_bytes;  ///< Header size, its CRC included.
+  static constexpr std::size_t header_bytes = header_crc_offset + checksum_bytes;  ///< Header size, its CRC included.
 };
 static_assert(loco_saved_format::header_bytes == 57, "the table in this file's comment");
 

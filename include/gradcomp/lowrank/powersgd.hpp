@@ -128,7 +128,7 @@ struct powersgd_saved_format : detail::saved_state_frame {
   static constexpr detail::state_field<std::uint64_t> steps = rank.then<std::uint64_t>();  ///< Steps taken.
   static constexpr detail::state_field<std::uint64_t> params_hash = steps.then<std::uint64_t>();  ///< The scheme's.
   static constexpr std::size_t header_crc_offset = params_hash.end();  ///< The header CRC; it covers bytes before.
-  static constexpr std::size_t header_bytes = header_crc_offset + crc_bytes;  ///< Header size, its CRC included.
+  static constexpr std::size_t header_bytes = header_crc_offset + checksum_bytes;  ///< Header size, its CRC included.
 };
 static_assert(powersgd_saved_format::header_bytes == 49, "the table in this file's comment");
 
@@ -137,9 +137,9 @@ static_assert(powersgd_saved_format::header_bytes == 49, "the table in this file
 template <gradient_value T = float>
 class powersgd {
  public:
-  using value_type = T;                               ///< Element type of the gradient.
+  using value_type = T;  ///< Element type of the gradient.
   static constexpr codec_id id = codec_id::powersgd;  ///< Named in the agreement record and saved states.
-  static constexpr bool is_homomorphic = true;        ///< The factors are summed by all-reduces.
+  static constexpr bool is_homomorphic = true;  ///< The factors are summed by all-reduces.
 
   /// @throws error `invalid_argument` for invalid parameters.
   explicit powersgd(powersgd_params params = {}) : params_(params) { params_.validate(); }

@@ -214,7 +214,7 @@ struct dynamic_saved_format : detail::saved_state_frame {
   static constexpr detail::state_field<std::uint64_t> tensors = count.then<std::uint64_t>();  ///< Entries.
   static constexpr detail::state_field<std::uint64_t> steps = tensors.then<std::uint64_t>();  ///< Successful steps.
   static constexpr std::size_t header_crc_offset = steps.end();  ///< The header CRC; it covers bytes before.
-  static constexpr std::size_t header_bytes = header_crc_offset + crc_bytes;  ///< Header size, its CRC included.
+  static constexpr std::size_t header_bytes = header_crc_offset + checksum_bytes;  ///< Header size, its CRC included.
   /// An entry's tensor id, from the entry's first byte.
   static constexpr detail::state_field<std::uint64_t> entry_id{0};
   /// An entry's value count n, after its id.
@@ -228,9 +228,9 @@ static_assert(dynamic_saved_format::header_bytes == 37 && dynamic_saved_format::
 template <gradient_value T = float>
 class dynamic_sparsifier {
  public:
-  using value_type = T;                  ///< Element type of the gradient.
-  using state_type = dynamic_state<T>;   ///< Residuals carried across steps on the CPU.
-  using result_type = dynamic_result<T>; ///< What a step reports.
+  using value_type = T;  ///< Element type of the gradient.
+  using state_type = dynamic_state<T>;  ///< Residuals carried across steps on the CPU.
+  using result_type = dynamic_result<T>;  ///< What a step reports.
   /// The state on executor E: `dynamic_state<T>` on the CPU, `cuda_dynamic_state<T>` on the GPU.
   template <executor E>
   using state_on = typename backend<dynamic_sparsifier, E>::state_type;

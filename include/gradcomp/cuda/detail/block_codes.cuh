@@ -332,7 +332,6 @@ struct check_codes {
   device_status* status;
   index_divisor word_block;  ///< layout.word_block().
   std::uint64_t blocks;      ///< layout.blocks(), divided once on the host.
-  std::uint64_t words;       ///< layout.words().
 
   /// What `load` reads for item t.
   struct loaded {
@@ -344,16 +343,16 @@ struct check_codes {
   /// The check of a layout's scales and codes.
   static check_codes make(const block_layout& layout, const Rule& rule, const T* scales, const std::byte* codes,
                           device_status* status) {
-    return {layout, rule, scales, codes, status, layout.word_block(), layout.blocks(), layout.words()};
+    return {layout, rule, scales, codes, status, layout.word_block(), layout.blocks()};
   }
 
   /// Items to check: the larger of the scale and word counts.
-  [[nodiscard]] std::uint64_t items() const { return words > blocks ? words : blocks; }
+  [[nodiscard]] std::uint64_t items() const { return layout.words() > blocks ? layout.words() : blocks; }
 
   __device__ loaded load(std::uint64_t t) const {
     loaded v{};
     if (t < blocks) v.scale = scales[t];
-    if (t < words) {
+    if (t < layout.words()) {
       v.word = load_code_word(codes, t, layout.code_bytes);
       if (layout.whole_words()) v.word_scale = scales[word_block(t)];
     }
@@ -362,7 +361,7 @@ struct check_codes {
 
   __device__ void handle(std::uint64_t t, const loaded& v) const {
     if (t < blocks && !rule.valid_scale(v.scale)) record_failure(status, errc::malformed_payload, t, bad_scale);
-    if (t >= words) return;
+    if (t >= layout.words()) return;
     unsigned used = 0;
     const auto check = [&](std::uint64_t i, unsigned c, T s) {
       used = c + 1;

@@ -2,9 +2,10 @@
 /// @file
 /// The shapes of work of the CUDA backend's kernels, written once: one warp per block of values (a
 /// quantization block or bucket: the lanes share its reductions), one thread per item (a code
-/// word, an index, a value), and batches of items per thread whose loads go out together. A codec supplies a functor with a `__device__`
-/// `operator()` taking the block or item index; the kernels stride over the grid, so any count
-/// runs in a launch of at most `max_grid` blocks.
+/// word, an index, a value), and batches of items per thread whose loads go out together. A codec
+/// supplies a functor with a `__device__` `operator()` taking the block or item index (or, for the
+/// batches, `load` and `handle`); the kernels stride over the grid, so any count runs in a launch
+/// of at most `max_grid` blocks.
 
 #include <gradcomp/cuda/config.cuh>
 
