@@ -98,7 +98,7 @@ __device__ std::uint64_t threshold_key(const radix_state* state) {
   return key < 1 ? 1 : (key > top ? top : key);
 }
 
-/// Appends i to `survivors` when |x_i| ≥ τ (run by `for_each_item_batched`).
+/// Appends i to `survivors` when |x_i| ≥ τ.
 template <class T>
 struct threshold_survivors {
   const T* x;
@@ -106,11 +106,8 @@ struct threshold_survivors {
   std::uint64_t* survivors;
   unsigned long long* count;
 
-  using loaded = std::uint64_t;  ///< |x_i|'s magnitude key.
-
-  __device__ loaded load(std::uint64_t i) const { return magnitude_key(x[i]); }
-  __device__ void handle(std::uint64_t i, loaded key) const {
-    if (key >= threshold_key<T>(state)) survivors[append_slot(count)] = i;
+  __device__ void operator()(std::uint64_t i) const {
+    if (magnitude_key(x[i]) >= threshold_key<T>(state)) survivors[append_slot(count)] = i;
   }
 };
 
@@ -187,9 +184,9 @@ struct backend<threshold_sparsifier<T>, cuda_executor> {
       GRADCOMP_CUDA_CHECK(cudaMemsetAsync(s.counts.data(), 0, s.counts.size_bytes(), exec.native_stream()));
       cd::launch(exec, 1, 32, cd::threshold_key_kernel<T>, static_cast<const cd::radix_state*>(s.radix.value_state()),
                  s.tau.data());
-      cd::for_each_item_batched(exec, n,
-                                cd::threshold_survivors<T>{grad.data(), s.radix.value_state(), s.survivors.data(),
-                                                           s.counts.data()});
+      cd::for_each_item(exec, n,
+                        cd::threshold_survivors<T>{grad.data(), s.radix.value_state(), s.survivors.data(),
+                                                   s.counts.data()});
       unsigned long long survivors = 0;
       GRADCOMP_CUDA_CHECK(
           cudaMemcpyAsync(&survivors, s.counts.data(), sizeof survivors, cudaMemcpyDeviceToHost, exec.native_stream()));

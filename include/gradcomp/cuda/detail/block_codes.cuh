@@ -319,10 +319,9 @@ struct encode_words {
   }
 };
 
-/// Item t: scale t (`rule.valid_scale`) and code word t (`rule.valid_code` for each code, zero
-/// padding bits), recording failures; run by `for_each_item_batched`, whose `load` reads the item's
-/// scale, word, and (where every word lies in one block) the word's block scale. Where words span
-/// blocks, `handle` reads each element's scale itself.
+/// One thread per item: scale t (`rule.valid_scale`) and code word t (`rule.valid_code` for each
+/// code, zero padding bits), recording failures. Where every word lies in one block, the word's
+/// block and scale are found once.
 template <class T, class Rule>
 struct check_codes {
   block_layout layout;
@@ -333,13 +332,6 @@ struct check_codes {
   index_divisor word_block;  ///< layout.word_block().
   std::uint64_t blocks;      ///< layout.blocks(), divided once on the host.
 
-  /// What `load` reads for item t.
-  struct loaded {
-    T scale;                 ///< Scale t (t < blocks).
-    T word_scale;            ///< The scale of word t's block (whole words, t < words).
-    std::uint32_t word;      ///< Code word t (t < words).
-  };
-
   /// The check of a layout's scales and codes.
   static check_codes make(const block_layout& layout, const Rule& rule, const T* scales, const std::byte* codes,
                           device_status* status) {
@@ -349,44 +341,34 @@ struct check_codes {
   /// Items to check: the larger of the scale and word counts.
   [[nodiscard]] std::uint64_t items() const { return layout.words() > blocks ? layout.words() : blocks; }
 
-  __device__ loaded load(std::uint64_t t) const {
-    loaded v{};
-    if (t < blocks) v.scale = scales[t];
-    if (t < layout.words()) {
-      v.word = load_code_word(codes, t, layout.code_bytes);
-      if (layout.whole_words()) v.word_scale = scales[word_block(t)];
-    }
-    return v;
-  }
-
-  __device__ void handle(std::uint64_t t, const loaded& v) const {
-    if (t < blocks && !rule.valid_scale(v.scale)) record_failure(status, errc::malformed_payload, t, bad_scale);
+  __device__ void operator()(std::uint64_t t) const {
+    if (t < blocks && !rule.valid_scale(scales[t])) record_failure(status, errc::malformed_payload, t, bad_scale);
     if (t >= layout.words()) return;
+    const std::uint32_t word = load_code_word(codes, t, layout.code_bytes);
     unsigned used = 0;
     const auto check = [&](std::uint64_t i, unsigned c, T s) {
       used = c + 1;
-      if (!rule.valid_code(code_in_word(v.word, c, layout.bits), s))
+      if (!rule.valid_code(code_in_word(word, c, layout.bits), s))
         record_failure(status, errc::malformed_payload, i, bad_code);
     };
     if (layout.whole_words()) {
-      layout.for_each_in_whole_word(t, word_block,
-                                    [&](std::uint64_t i, unsigned c, std::uint64_t) { check(i, c, v.word_scale); });
+      const T s = scales[word_block(t)];
+      layout.for_each_in_whole_word(t, word_block, [&](std::uint64_t i, unsigned c, std::uint64_t) { check(i, c, s); });
     } else {
       layout.for_each_in_word(t, [&](std::uint64_t i, unsigned c, std::uint64_t j) { check(i, c, scales[j]); });
     }
-    if (used < layout.per_word() && (v.word >> (used * static_cast<unsigned>(layout.bits))) != 0)
+    if (used < layout.per_word() && (word >> (used * static_cast<unsigned>(layout.bits))) != 0)
       record_failure(status, errc::malformed_payload, layout.n, bad_padding);
   }
 };
 
 /// `rule.value(code, scale)` of every element written into `out`, or added to it when
-/// `accumulate`; run by `for_each_item_batched`. Where every word's values lie in one block (B·b a
-/// multiple of 32) and `out` is 16-byte aligned, an item is a quad of 4 values: `load` reads the
-/// code word holding them (the items sharing a word read it together) and its block's scale, and
-/// `handle` writes the quad by one 128-bit store, so a warp's stores are 512 contiguous bytes
-/// whatever the code width (one thread per word of 1-bit codes would store 32 values, 128 bytes
-/// from its neighbour's). Otherwise (and for a partial last quad) an item is a code word, value by
-/// value.
+/// `accumulate`. Where every word's values lie in one block (B·b a multiple of 32) and `out` is
+/// 16-byte aligned, one thread per quad of 4 values: it reads the code word holding them (the
+/// lanes sharing a word read it together), its block's scale, and writes the quad by one 128-bit
+/// store, so a warp's stores are 512 contiguous bytes whatever the code width (one thread per word
+/// of 1-bit codes would store 32 values, 128 bytes apart from its neighbours'). Otherwise (and for
+/// a partial last quad) one thread per code word, value by value.
 template <class T, class Rule>
 struct decode_words {
   block_layout layout;
@@ -395,14 +377,8 @@ struct decode_words {
   const std::byte* codes;
   T* out;
   bool accumulate;
-  bool vector;               ///< Items are quads, 128-bit stores (see above).
+  bool vector;               ///< One thread per quad, 128-bit stores (see above).
   index_divisor word_block;  ///< layout.word_block().
-
-  /// What `load` reads for an item.
-  struct loaded {
-    std::uint32_t word;  ///< The code word holding the item's codes.
-    T scale;             ///< Its block's scale (where every word lies in one block).
-  };
 
   /// The decoder of a layout into `out`.
   static decode_words make(const block_layout& layout, const Rule& rule, const T* scales, const std::byte* codes,
@@ -416,47 +392,44 @@ struct decode_words {
     return vector ? (layout.n + quad_values - 1) / quad_values : layout.words();
   }
 
-  __device__ loaded load(std::uint64_t t) const {
-    // A quad's word: 32/b codes per word (4, 8, 16 or 32: a power of two, a multiple of the quad).
-    const std::uint64_t w = vector ? t * quad_values * static_cast<unsigned>(layout.bits) / 32 : t;
-    loaded v{load_code_word(codes, w, layout.code_bytes), T{}};
-    if (layout.whole_words()) v.scale = scales[word_block(w)];
-    return v;
-  }
-
-  __device__ void handle(std::uint64_t t, const loaded& v) const {
-    if (vector) return write_quad(t, v);
+  __device__ void operator()(std::uint64_t t) const {
+    if (vector) return write_quad(t);
+    const std::uint32_t word = load_code_word(codes, t, layout.code_bytes);
     const auto write = [&](std::uint64_t i, unsigned c, T s) {
-      const T value = rule.value(code_in_word(v.word, c, layout.bits), s);
-      out[i] = accumulate ? out[i] + value : value;
+      const T v = rule.value(code_in_word(word, c, layout.bits), s);
+      out[i] = accumulate ? out[i] + v : v;
     };
     if (layout.whole_words()) {
-      layout.for_each_in_whole_word(t, word_block,
-                                    [&](std::uint64_t i, unsigned c, std::uint64_t) { write(i, c, v.scale); });
+      const T s = scales[word_block(t)];
+      layout.for_each_in_whole_word(t, word_block, [&](std::uint64_t i, unsigned c, std::uint64_t) { write(i, c, s); });
     } else {
       layout.for_each_in_word(t, [&](std::uint64_t i, unsigned c, std::uint64_t j) { write(i, c, scales[j]); });
     }
   }
 
  private:
-  /// Quad q: elements 4q … 4q + 3 (fewer at the end), codes 4q mod (32/b) onwards of its word.
-  __device__ void write_quad(std::uint64_t q, const loaded& v) const {
+  /// Quad q: elements 4q … 4q + 3 (fewer at the end), codes 4q mod (32/b) onwards of one word.
+  __device__ void write_quad(std::uint64_t q) const {
     const std::uint64_t first = q * quad_values;
+    // 32/b codes per word (4, 8, 16 or 32: a power of two, a multiple of the quad).
+    const std::uint64_t w = first * static_cast<unsigned>(layout.bits) / 32;
+    const std::uint32_t word = load_code_word(codes, w, layout.code_bytes);
     const auto c = static_cast<unsigned>(first & (layout.per_word() - 1));
+    const T s = scales[word_block(w)];
     T* const at = out + first;
     if (first + quad_values <= layout.n) {
-      T x[quad_values]{};
-      if (accumulate) load_quad(at, quad_values, true, x);
+      T v[quad_values]{};
+      if (accumulate) load_quad(at, quad_values, true, v);
 #pragma unroll
       for (unsigned e = 0; e < quad_values; ++e) {
-        const T value = rule.value(code_in_word(v.word, c + e, layout.bits), v.scale);
-        x[e] = accumulate ? x[e] + value : value;
+        const T value = rule.value(code_in_word(word, c + e, layout.bits), s);
+        v[e] = accumulate ? v[e] + value : value;
       }
-      store_quad(at, quad_values, true, x);
+      store_quad(at, quad_values, true, v);
       return;
     }
     for (std::uint64_t i = first; i < layout.n; ++i) {
-      const T value = rule.value(code_in_word(v.word, c + static_cast<unsigned>(i - first), layout.bits), v.scale);
+      const T value = rule.value(code_in_word(word, c + static_cast<unsigned>(i - first), layout.bits), s);
       out[i] = accumulate ? out[i] + value : value;
     }
   }
@@ -535,12 +508,12 @@ void decode_block_coded(const Codec& codec, const cuda_executor& exec, std::span
   const auto rule = rule_of(e.key);
   using rule_type = std::decay_t<decltype(rule)>;
   const auto check = check_codes<T, rule_type>::make(layout, rule, scales, codes, op.status());
-  for_each_item_batched(exec, check.items(), check);
+  for_each_item(exec, check.items(), check);
   op.finish([scale_name](errc, std::uint64_t position, std::uint32_t reason) {
     return describe_block_code_failure(position, reason, scale_name);
   });
   const auto decode = decode_words<T, rule_type>::make(layout, rule, scales, codes, out.data(), accumulate);
-  for_each_item_batched(exec, decode.items(), decode);
+  for_each_item(exec, decode.items(), decode);
 }
 
 }  // namespace gradcomp::detail::cuda
