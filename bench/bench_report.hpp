@@ -154,8 +154,9 @@ struct record {
   std::optional<double> max_error;          ///< ZFP decode: largest |x − decoded|.
   std::optional<double> error_to_bound;     ///< ZFP decode: largest |x − decoded| / the documented bound.
   std::string backend;                      ///< Executor that ran it, when not the table's (e.g. "reference").
+  std::size_t value_bytes = sizeof(float);  ///< Bytes per gradient value: 4, or 2 for a bf16 gradient.
 
-  [[nodiscard]] double dense_bytes() const noexcept { return static_cast<double>(n) * sizeof(float); }
+  [[nodiscard]] double dense_bytes() const noexcept { return static_cast<double>(n * value_bytes); }
   [[nodiscard]] double gradient_gbps() const noexcept { return dense_bytes() / time.median / 1e9; }
   [[nodiscard]] double copy_gbps() const noexcept { return dense_bytes() / copy_median / 1e9; }
   [[nodiscard]] double ratio_to_copy() const noexcept { return gradient_gbps() / copy_gbps(); }
@@ -309,7 +310,7 @@ inline std::string to_json(const std::vector<record>& records, std::string_view 
       s += ", \"device\": ";
       append_json_string(s, device);
     }
-    fmt::format_to(std::back_inserter(s), ", \"n\": {}", r.n);
+    fmt::format_to(std::back_inserter(s), ", \"n\": {}, \"value_bytes\": {}", r.n, r.value_bytes);
     s += ", \"seconds_best\": ";
     append_json_number(s, r.time.best);
     s += ", \"seconds_median\": ";

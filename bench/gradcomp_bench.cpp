@@ -21,6 +21,11 @@
 ///   sign/encode          sign quantization, blocks of 256 (one bit and a mean-magnitude scale); /decode
 ///   qsgd/encode          QSGD, 15 levels (8-bit codes), buckets of 256; /decode
 ///   shared_scale8/encode shared-scale 8-bit quantization, single-stage encode (own maxima); /decode
+///   memcpy_bf16/copy     std::memcpy of the gradient rounded to bf16 (n·2 bytes): the baseline of
+///                        the bf16 records, whose gradient_gbps count n·2 bytes (value_bytes 2)
+///   uniform8_rtn_bf16/encode  8-bit round to nearest of the bf16 gradient (widened inside the
+///                        encoder; its payload is checked to equal uniform8_rtn's of the widened
+///                        values); /decode into bf16, /decode_f32 into float32
 ///   (backend reference)  topk, randomk, threshold, uniform8_rtn, uniform8_sr, uniform4_rtn, sign,
 ///                        qsgd and shared_scale8 again on reference_executor, under the same names
 ///                        with backend "reference": baseline the CPU record, speedup CPU median /
@@ -121,7 +126,7 @@ constexpr ratio_target quantizer_targets[] = {
     {"ef_uniform8/encode", 0.5},  {"loco_uniform4/encode", 0.3}, {"lhc/encode", 0.15},
     {"lhc/decode", 0.1},          {"mpc/encode", 0.25},          {"mpc/decode", 0.3},
     {"zfp8/encode", 0.1},         {"zfp8/decode", 0.1},          {"zfp16/encode", 0.1},
-    {"zfp16/decode", 0.1},        {"powersgd_r4/compress", 0.4},
+    {"zfp16/decode", 0.1},        {"powersgd_r4/compress", 0.4}, {"uniform8_rtn_bf16/encode", 0.8},
 };
 constexpr std::uint32_t powersgd_bench_rank = 4;  // PowerSGD's rank r in powersgd_r4/step
 
@@ -455,6 +460,50 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
   quantizer_records(sign, "sign", true);
   quantizer_records(qsgd, "qsgd", true);
   quantizer_records(shared_scale, "shared_scale8", true);
+
+  // bf16: the gradient rounded to bf16 (outside timing), its own memcpy the baseline (n·2 bytes),
+  // 8-bit round to nearest read straight from the 16-bit values.
+  fmt::print(stderr, "gradcomp-bench: n = {}: bf16\n", n);
+  std::fflush(stderr);
+  double copy16_median = 0.0;
+  {
+    buffer<bf16> gradient16_buffer(size);
+    buffer<bf16> dense16_buffer(size);
+    for (std::size_t i = 0; i < size; ++i) gradient16_buffer.data()[i] = narrow<bf16>(gradient[i]);
+    const std::span<const bf16> gradient16 = gradient16_buffer.span();
+    const std::span<bf16> dense16 = dense16_buffer.span();
+    const double dense16_bytes = static_cast<double>(n) * sizeof(bf16);
+    const auto add16 = [&](std::string name, timing t, double compression_ratio) {
+      add(std::move(name), t, compression_ratio).value_bytes = sizeof(bf16);
+    };
+    const timing copy16 = measure(
+        opt, [&] { std::memcpy(dense16.data(), gradient16.data(), size * sizeof(bf16)); },
+        [&] { sum.add(std::uint64_t{dense16[size / 2].bits}); });
+    copy16_median = copy16.median;
+    add16("memcpy_bf16/copy", copy16, 1.0);
+    const uniform_quantizer<bf16> uniform8_bf16({.bits = 8});
+    std::size_t bytes = 0;
+    const timing encode = measure(
+        opt, [&] { bytes = uniform8_bf16.encode(cpu, gradient16, out, ws, key); },
+        [&] { sum.add_message(message(bytes)); });
+    add16("uniform8_rtn_bf16/encode", encode, dense16_bytes / static_cast<double>(bytes));
+    {
+      // The payload equals the float32 quantizer's of the widened values (docs/half-precision.md §2).
+      for (std::size_t i = 0; i < size; ++i) dense[i] = widen(gradient16[i]);
+      const std::span<std::byte> other(reinterpret_cast<std::byte*>(magnitude_buffer.data()), size * sizeof(float));
+      const std::size_t float_bytes = uniform8.encode(cpu, std::span<const float>(dense), other, ws, key);
+      require_check(float_bytes == bytes &&
+                        std::equal(out.begin() + envelope::size, out.begin() + bytes, other.begin() + envelope::size),
+                    "uniform8_rtn_bf16: the payload differs from uniform8_rtn's of the widened gradient");
+    }
+    const timing decode = measure(
+        opt, [&] { uniform8_bf16.decode(cpu, message(bytes), dense16, ws); },
+        [&] { sum.add(std::uint64_t{dense16[size / 3].bits}); });
+    add16("uniform8_rtn_bf16/decode", decode, dense16_bytes / static_cast<double>(bytes));
+    const timing decode_f32 = measure(
+        opt, [&] { uniform8_bf16.decode(cpu, message(bytes), dense, ws); }, [&] { sum.add_sample(dense); });
+    add16("uniform8_rtn_bf16/decode_f32", decode_f32, dense16_bytes / static_cast<double>(bytes));
+  }
 
   // The reference tier: each operation above run on reference_executor, the plain scalar backends
   // that specify the bytes, recorded next to the CPU backend's record (baseline: the CPU record;
@@ -827,7 +876,8 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
     require_check(crc == table_crc, fmt::format("crc32c {:#010x} differs from the table's {:#010x}", crc, table_crc));
   }
 
-  for (std::size_t i = first; i < records.size(); ++i) records[i].copy_median = copy.median;
+  for (std::size_t i = first; i < records.size(); ++i)
+    records[i].copy_median = records[i].value_bytes == sizeof(bf16) ? copy16_median : copy.median;
 }
 
 // ---- output -----------------------------------------------------------------------------------

@@ -307,7 +307,7 @@ TEST_CASE("parse_envelope rejects unknown flag bits, even with a valid header CR
 }
 
 TEST_CASE("parse_envelope rejects an unknown dtype as malformed_envelope") {
-  for (const unsigned dtype : {0u, 3u, 4u, 0x80u, 0xFFu}) {
+  for (const unsigned dtype : {0u, 5u, 6u, 0x80u, 0xFFu}) {
     CAPTURE(dtype);
     std::vector<std::byte> msg = message_of(bare_envelope(), {});
     put_le(msg, 8, dtype, 1);
@@ -421,7 +421,13 @@ TEST_CASE("dtype_of, dtype_size and message_key follow the wire values") {
   CHECK(gradcomp::dtype_size(value_dtype::float32) == 4);
   CHECK(gradcomp::dtype_size(value_dtype::float64) == 8);
   CHECK(gradcomp::dtype_size(static_cast<value_dtype>(0)) == 0);
-  CHECK(gradcomp::dtype_size(static_cast<value_dtype>(3)) == 0);
+  CHECK(gradcomp::dtype_of<gradcomp::bf16> == value_dtype::bfloat16);
+  CHECK(gradcomp::dtype_of<gradcomp::fp16> == value_dtype::float16);
+  CHECK(static_cast<int>(value_dtype::bfloat16) == 3);
+  CHECK(static_cast<int>(value_dtype::float16) == 4);
+  CHECK(gradcomp::dtype_size(value_dtype::bfloat16) == 2);
+  CHECK(gradcomp::dtype_size(value_dtype::float16) == 2);
+  CHECK(gradcomp::dtype_size(static_cast<value_dtype>(5)) == 0);
   CHECK(static_cast<int>(codec_id::topk) == 1);
   CHECK(static_cast<int>(codec_id::random_k) == 2);
   CHECK(static_cast<int>(codec_id::threshold) == 3);
@@ -472,6 +478,7 @@ TEST_CASE("errc values and names are the documented stable ones") {
       {errc::transport_failed, 21, "transport_failed"},
       {errc::device_failed, 22, "device_failed"},
       {errc::timeout, 23, "timeout"},
+      {errc::narrowing_overflow, 24, "narrowing_overflow"},
   };
   for (const entry& x : table) {
     CAPTURE(x.name);

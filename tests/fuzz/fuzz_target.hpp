@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 namespace gradcomp::fuzz {
@@ -43,12 +44,9 @@ inline std::size_t declared_elements(std::span<const std::byte> message, std::ui
   }
 }
 
-/// Runs decode and decode_accumulate of `codec` on `message`, with element cap `cap`; any
-/// gradcomp::error is an accepted outcome, anything else (a crash, a sanitizer report, a foreign
-/// exception) is a finding.
-template <class Codec>
-void decode_both(const Codec& codec, std::span<const std::byte> message, std::uint64_t cap = max_elements) {
-  using T = typename Codec::value_type;
+/// decode_both's body for an output of V values.
+template <class T, class Codec>
+void decode_both_into(const Codec& codec, std::span<const std::byte> message, std::uint64_t cap) {
   const cpu_executor cpu;
   const std::size_t n = declared_elements(message, cap);
   std::vector<T> out(n);
@@ -69,6 +67,15 @@ void decode_both(const Codec& codec, std::span<const std::byte> message, std::ui
     codec.decode_accumulate(cpu, message, std::span<T>(out), ws, limits);
   } catch (const error&) {
   }
+}
+
+/// Runs decode and decode_accumulate of `codec` on `message` into T values (the codec's own, or
+/// float32 for a 16-bit codec), with element cap `cap`; any gradcomp::error is an accepted outcome,
+/// anything else (a crash, a sanitizer report, a foreign exception) is a finding.
+template <class T = void, class Codec>
+void decode_both(const Codec& codec, std::span<const std::byte> message, std::uint64_t cap = max_elements) {
+  using V = std::conditional_t<std::is_void_v<T>, typename Codec::value_type, T>;
+  decode_both_into<V>(codec, message, cap);
 }
 
 /// Runs accumulate_encoded of `message` into a copy of itself (homomorphic codecs); any

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <initializer_list>
 #include <fstream>
 #include <span>
 #include <string>
@@ -22,15 +23,16 @@ std::vector<float> input(std::size_t n) {
 }
 
 template <class Codec, class T>
-void write_seeds(const std::filesystem::path& dir, const std::string& stem, const Codec& codec,
-                 const std::vector<T>& x) {
+void write_seeds(const std::filesystem::path& dir, const std::string& stem, const Codec& codec, const std::vector<T>& x,
+                 std::initializer_list<std::uint8_t> modes = {std::uint8_t{0}, std::uint8_t{1}, std::uint8_t{2},
+                                                              std::uint8_t{3}}) {
   const gradcomp::cpu_executor cpu;
   std::vector<std::byte> message(codec.max_encoded_bytes(x.size()));
   std::vector<std::byte> ws(codec.workspace_bytes(cpu, x.size()));
   message.resize(
       codec.encode(cpu, std::span<const T>(x), message, ws, gradcomp::message_key{.step = 3, .tensor_id = 1}));
   std::filesystem::create_directories(dir);
-  for (const std::uint8_t mode : {std::uint8_t{0}, std::uint8_t{1}, std::uint8_t{2}, std::uint8_t{3}}) {
+  for (const std::uint8_t mode : modes) {
     std::ofstream out(dir / (stem + "_mode" + std::to_string(mode) + ".bin"), std::ios::binary);
     out.put(static_cast<char>(mode));
     out.write(reinterpret_cast<const char*>(message.data()), static_cast<std::streamsize>(message.size()));
@@ -98,6 +100,17 @@ int main(int argc, char** argv) {
     write_seeds(root / "uniform", "u8_n" + size, uniform_quantizer<float>({.bits = 8, .block = 32}), x);
     write_seeds(root / "uniform", "u4_sr_f64_n" + size,
                 uniform_quantizer<double>({.bits = 4, .block = 16, .round = rounding::stochastic, .seed = 9}), xd);
+    std::vector<bf16> xb(x.size());
+    std::vector<fp16> xh(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      xb[i] = narrow<bf16>(x[i]);
+      xh[i] = narrow<fp16>(x[i]);
+    }
+    write_seeds(root / "uniform", "u8_bf16_n" + size, uniform_quantizer<bf16>({.bits = 8, .block = 32}), xb,
+                {std::uint8_t{4}, std::uint8_t{5}});
+    write_seeds(root / "uniform", "u4_sr_fp16_n" + size,
+                uniform_quantizer<fp16>({.bits = 4, .block = 64, .round = rounding::stochastic, .seed = 5}), xh,
+                {std::uint8_t{6}, std::uint8_t{7}});
     write_seeds(root / "sign", "f32_n" + size, sign_quantizer<float>({.block = 32}), x);
     write_seeds(root / "sign", "f64_n" + size, sign_quantizer<double>({.block = 16}), xd);
     write_seeds(root / "mpc", "d1_n" + size, mpc_codec({.dim = 1}), x);

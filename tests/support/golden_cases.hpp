@@ -16,11 +16,16 @@
 namespace gradcomp::test {
 
 /// x_i = sin(0.37·i)·(1 + i mod 5), computed in double and rounded to T.
+/// A 16-bit T: the value rounded to float32, then to T (round to nearest even both times).
 template <class T>
 std::vector<T> golden_input(std::size_t n) {
   std::vector<T> x(n);
-  for (std::size_t i = 0; i < n; ++i)
-    x[i] = static_cast<T>(std::sin(0.37 * static_cast<double>(i)) * static_cast<double>(1 + i % 5));
+  for (std::size_t i = 0; i < n; ++i) {
+    const double v = std::sin(0.37 * static_cast<double>(i)) * static_cast<double>(1 + i % 5);
+    if constexpr (half_precision<T>) x[i] = narrow<T>(static_cast<float>(v));
+    else
+      x[i] = static_cast<T>(v);
+  }
   return x;
 }
 
@@ -86,6 +91,16 @@ void for_each_golden_codec(F&& f) {
     message_key{.step = 9, .tensor_id = 5});
 }
 
+/// `for_each_golden_codec` for the messages of 16-bit gradients (docs/half-precision.md), which
+/// the CPU backends and the reference write (the CUDA backend does not take 16-bit values yet).
+template <class F>
+void for_each_golden_half_codec(F&& f) {
+  f("uniform8_bf16.bin", uniform_quantizer<bf16>({.bits = 8, .block = 32}), golden_input<bf16>(100),
+    message_key{.step = 4, .tensor_id = 3});
+  f("uniform4_sr_fp16.bin", uniform_quantizer<fp16>({.bits = 4, .block = 64, .round = rounding::stochastic, .seed = 5}),
+    golden_input<fp16>(150), message_key{.step = 7, .tensor_id = 1});
+}
+
 /// The codec of the shared-scale sum's golden file (three ranks' messages summed).
 inline shared_scale_quantizer<float> golden_shared_sum_codec() {
   return shared_scale_quantizer<float>({.bits = 8, .block = 32, .headroom_bits = 2});
@@ -96,9 +111,11 @@ inline shared_scale_quantizer<float> golden_shared_sum_codec() {
 inline const std::vector<golden_case>& golden_cases() {
   static const std::vector<golden_case> cases = [] {
     std::vector<golden_case> all;
-    for_each_golden_codec([&](const std::string& file, const auto& codec, const auto& x, message_key key) {
+    const auto add = [&](const std::string& file, const auto& codec, const auto& x, message_key key) {
       all.push_back({file, [codec, x, key] { return encode_bytes(codec, x, key); }, x.size()});
-    });
+    };
+    for_each_golden_codec(add);
+    for_each_golden_half_codec(add);
     all.push_back({"shared_scale8_sum3_f32.bin",
                    [] {
                      // Three ranks holding x, −x/2 and x/4, summed with accumulate_encoded.

@@ -83,6 +83,32 @@ TEST_CASE("golden uniform files decode within half a step of the known input") {
   CHECK(close4);
 }
 
+TEST_CASE("golden 16-bit uniform files decode within a step of the known input, into float32 and 16 bits") {
+  // |x| ≤ 5: the 8-bit RTN step is at most 5/127 (half of it is the error), the 4-bit stochastic
+  // step at most 5/7 (the error is below a whole step); a 16-bit output adds its own rounding,
+  // at most half an ulp of 8 (bf16: 2^-5; fp16: 2^-8).
+  const std::vector<bf16> x = golden_input<bf16>(100);
+  const uniform_quantizer<bf16> q8({.bits = 8, .block = 32});
+  const std::vector<std::byte> m8 = read_golden("uniform8_bf16.bin");
+  const std::vector<bf16> as_bf16 = decode_values(q8, m8, 100);
+  std::vector<float> as_float(100);
+  q8.decode(cpu_executor{}, m8, std::span<float>(as_float), {});
+  bool close8 = true;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    close8 = close8 && std::fabs(widen(x[i]) - as_float[i]) <= 0.5f * 5.0f / 127.0f * 1.0001f;
+    close8 = close8 && std::fabs(widen(x[i]) - widen(as_bf16[i])) <= 0.5f * 5.0f / 127.0f * 1.0001f + 0x1p-5f;
+  }
+  CHECK(close8);
+  const std::vector<fp16> y = golden_input<fp16>(150);
+  const std::vector<fp16> q4 =
+      decode_values(uniform_quantizer<fp16>({.bits = 4, .block = 64, .round = rounding::stochastic, .seed = 5}),
+                    read_golden("uniform4_sr_fp16.bin"), 150);
+  bool close4 = true;
+  for (std::size_t i = 0; i < y.size(); ++i)
+    close4 = close4 && std::fabs(widen(y[i]) - widen(q4[i])) < 5.0f / 7.0f + 0x1p-8f;
+  CHECK(close4);
+}
+
 TEST_CASE("golden shared-scale files decode within half a step per rank of the known sum") {
   // Three ranks hold x, −x/2 and x/4 (sum 0.75·x), |x| ≤ 5: the agreed step is at most 5/127 and
   // each rank's RTN errs by half of it. The single 2-bit stochastic message errs by less than a

@@ -39,13 +39,17 @@ decoder decoder_of(const Codec& codec) {
   return [codec, b = std::make_shared<buffers>()](std::span<const std::byte> message, std::size_t n,
                                                   decode_limits limits) {
     const cpu_executor cpu;
-    b->out.assign(n, T{7});
+    T seven{};  // the sentinel, 7 in T
+    if constexpr (half_precision<T>) seven = narrow<T>(7.0f);
+    else
+      seven = T{7};
+    b->out.assign(n, seven);
     b->ws.resize(codec.workspace_bytes(cpu, n));
     try {
       codec.decode(cpu, message, std::span<T>(b->out), b->ws, limits);
     } catch (const error&) {
       bool untouched = true;
-      for (const T v : b->out) untouched = untouched && v == T{7};
+      for (const T v : b->out) untouched = untouched && to_bits(v) == to_bits(seven);
       CHECK(untouched);
       return outcome::rejected;
     }
@@ -70,9 +74,11 @@ const decoder& decoder_for(const std::string& file) {
   if (file == "shared_scale8_sum3_f32.bin") {
     d = decoder_of(golden_shared_sum_codec());
   } else {
-    for_each_golden_codec([&](const std::string& name, const auto& codec, const auto&, message_key) {
+    const auto match = [&](const std::string& name, const auto& codec, const auto&, message_key) {
       if (name == file) d = decoder_of(codec);
-    });
+    };
+    for_each_golden_codec(match);
+    for_each_golden_half_codec(match);
   }
   REQUIRE(d);
   return decoders.emplace(file, std::move(d)).first->second;

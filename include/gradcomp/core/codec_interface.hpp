@@ -14,8 +14,14 @@
 
 namespace gradcomp {
 
+/// A codec that takes 16-bit gradients (`bf16`, `fp16`): it says so with a `static constexpr bool
+/// takes_half_precision = true` (docs/half-precision.md lists them).
+template <class Codec>
+concept takes_half_precision_values = requires { requires Codec::takes_half_precision; };
+
 /// Base of a codec `Codec` of `T` values (CRTP): workspace query, encode, decode and
-/// decode_accumulate on any executor for which `backend<Codec, E>` exists.
+/// decode_accumulate on any executor for which `backend<Codec, E>` exists. A codec of 16-bit
+/// values also decodes into, and accumulates in, float32 (`compute_type<T>`).
 template <class Codec, gradient_value T>
 class codec_interface {
  public:
@@ -31,6 +37,7 @@ class codec_interface {
   template <executor E>
   std::size_t encode(const E& e, std::span<const T> grad, std::span<std::byte> out, std::span<std::byte> ws,
                      message_key key = {}) const {
+    require_value_type();
     return backend<Codec, E>::encode(self(), e, grad, out, ws, key);
   }
 
@@ -39,6 +46,17 @@ class codec_interface {
   template <executor E>
   void decode(const E& e, std::span<const std::byte> message, std::span<T> out, std::span<std::byte> ws,
               decode_limits limits = {}) const {
+    require_value_type();
+    backend<Codec, E>::decode(self(), e, message, out, ws, limits, false);
+  }
+
+  /// A 16-bit codec's `decode` into float32: the decoded values without narrowing.
+  template <executor E>
+  void decode(const E& e, std::span<const std::byte> message, std::span<compute_type<T>> out, std::span<std::byte> ws,
+              decode_limits limits = {}) const
+    requires half_precision<T>
+  {
+    require_value_type();
     backend<Codec, E>::decode(self(), e, message, out, ws, limits, false);
   }
 
@@ -47,11 +65,30 @@ class codec_interface {
   template <executor E>
   void decode_accumulate(const E& e, std::span<const std::byte> message, std::span<T> acc, std::span<std::byte> ws,
                          decode_limits limits = {}) const {
+    require_value_type();
+    backend<Codec, E>::decode(self(), e, message, acc, ws, limits, true);
+  }
+
+  /// A 16-bit codec's `decode_accumulate` into a float32 accumulator: the way to sum many ranks'
+  /// messages (docs/half-precision.md §3), narrowing once at the end.
+  template <executor E>
+  void decode_accumulate(const E& e, std::span<const std::byte> message, std::span<compute_type<T>> acc,
+                         std::span<std::byte> ws, decode_limits limits = {}) const
+    requires half_precision<T>
+  {
+    require_value_type();
     backend<Codec, E>::decode(self(), e, message, acc, ws, limits, true);
   }
 
  private:
   [[nodiscard]] const Codec& self() const noexcept { return static_cast<const Codec&>(*this); }
+
+  /// A compile error, rather than a deep one, for a codec that does not take 16-bit values yet.
+  static constexpr void require_value_type() noexcept {
+    static_assert(!half_precision<T> || takes_half_precision_values<Codec>,
+                  "this codec takes float and double gradients only so far; docs/half-precision.md lists the "
+                  "codecs that take bf16 and fp16");
+  }
 };
 
 }  // namespace gradcomp

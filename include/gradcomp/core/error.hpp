@@ -39,6 +39,8 @@ enum class errc : std::uint8_t {
       22,  ///< A CUDA runtime call or kernel launch failed; the message names the call, file, line and CUDA error.
   timeout =
       23,  ///< A collective's deadline passed before its peers arrived; the message names the call, its key and, where known, the silent ranks.
+  narrowing_overflow =
+      24,  ///< A finite float32 result does not fit the 16-bit output (fp16 beyond 65504, or bf16's rounding to Inf); nothing was written.
 };
 
 /// Human-readable name of an error condition.
@@ -67,6 +69,7 @@ enum class errc : std::uint8_t {
     case errc::transport_failed: return "transport_failed";
     case errc::device_failed: return "device_failed";
     case errc::timeout: return "timeout";
+    case errc::narrowing_overflow: return "narrowing_overflow";
   }
   return "unknown";
 }

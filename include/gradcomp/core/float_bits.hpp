@@ -5,12 +5,14 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include <gradcomp/core/config.hpp>
+#include <gradcomp/core/half_float.hpp>
 
 namespace gradcomp {
 
-/// Bit layout facts of a supported value type (`float`, `double`).
+/// Bit layout facts of a supported value type (`float`, `double`, `bf16`, `fp16`).
 template <class T>
 struct float_traits;
 
@@ -32,9 +34,36 @@ struct float_traits<double> {
   static constexpr bits_type infinity_key = 0x7ff0000000000000ull;
 };
 
-/// The value types gradcomp codecs accept.
+/// bfloat16 (core/half_float.hpp).
+template <>
+struct float_traits<bf16> {
+  using bits_type = std::uint16_t;
+  static constexpr int magnitude_bits = 15;
+  static constexpr bits_type magnitude_mask = 0x7fffu;
+  static constexpr bits_type infinity_key = 0x7f80u;
+};
+
+/// IEEE-754 binary16 (core/half_float.hpp).
+template <>
+struct float_traits<fp16> {
+  using bits_type = std::uint16_t;
+  static constexpr int magnitude_bits = 15;
+  static constexpr bits_type magnitude_mask = 0x7fffu;
+  static constexpr bits_type infinity_key = 0x7c00u;
+};
+
+/// The value types of gradients: `float`, `double`, and the 16-bit `bf16` and `fp16`
+/// (docs/half-precision.md lists the codecs that take the 16-bit types so far).
 template <class T>
 concept gradient_value = requires { typename float_traits<T>::bits_type; };
+
+/// The 16-bit gradient types, whose arithmetic is done in float32.
+template <class T>
+concept half_precision = std::is_same_v<T, bf16> || std::is_same_v<T, fp16>;
+
+/// The type a codec computes a gradient of T in: float32 for the 16-bit types, T itself otherwise.
+template <gradient_value T>
+using compute_type = std::conditional_t<half_precision<T>, float, T>;
 
 /// Raw bits of a value.
 template <gradient_value T>

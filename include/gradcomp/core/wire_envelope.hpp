@@ -9,8 +9,10 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include <gradcomp/core/config.hpp>
+#include <gradcomp/core/half_float.hpp>
 #include <gradcomp/core/crc32c.hpp>
 #include <gradcomp/core/error.hpp>
 
@@ -37,19 +39,39 @@ enum class codec_id : std::uint16_t {
 
 /// Element type of the values a message carries. Values are part of the wire format.
 enum class value_dtype : std::uint8_t {
-  float32 = 1,  ///< IEEE-754 binary32.
-  float64 = 2,  ///< IEEE-754 binary64.
+  float32 = 1,   ///< IEEE-754 binary32.
+  float64 = 2,   ///< IEEE-754 binary64.
+  bfloat16 = 3,  ///< bfloat16 (`bf16`): the upper half of a binary32.
+  float16 = 4,   ///< IEEE-754 binary16 (`fp16`).
 };
 
-/// The `value_dtype` of a C++ value type.
+namespace detail {
+/// The `value_dtype` of T, or a compile error naming the types there are.
 template <class T>
-inline constexpr value_dtype dtype_of = sizeof(T) == 4 ? value_dtype::float32 : value_dtype::float64;
+consteval value_dtype dtype_for() noexcept {
+  if constexpr (std::is_same_v<T, float>) return value_dtype::float32;
+  else if constexpr (std::is_same_v<T, double>)
+    return value_dtype::float64;
+  else if constexpr (std::is_same_v<T, bf16>)
+    return value_dtype::bfloat16;
+  else {
+    static_assert(std::is_same_v<T, fp16>, "message values are float, double, bf16 or fp16");
+    return value_dtype::float16;
+  }
+}
+}  // namespace detail
+
+/// The `value_dtype` of a C++ value type (`float`, `double`, `bf16`, `fp16`).
+template <class T>
+inline constexpr value_dtype dtype_of = detail::dtype_for<T>();
 
 /// Size in bytes of one value of a dtype (0 for an unknown dtype).
 [[nodiscard]] constexpr std::size_t dtype_size(value_dtype d) noexcept {
   switch (d) {
     case value_dtype::float32: return 4;
     case value_dtype::float64: return 8;
+    case value_dtype::bfloat16:
+    case value_dtype::float16: return 2;
   }
   return 0;
 }

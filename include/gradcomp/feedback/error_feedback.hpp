@@ -121,6 +121,9 @@ class error_feedback
 
  public:
   using typename base::value_type;
+  static_assert(
+      !half_precision<value_type>,
+      "the state of a bf16 or fp16 gradient is not implemented yet: widen to float32 (docs/half-precision.md §5)");
 
   /// Error feedback around `inner` with decay `params.decay`.
   /// @throws error `invalid_argument` unless 0 < decay ≤ 1 (NaN included) and decay rounded to

@@ -140,6 +140,9 @@ class loco : public feedback_interface<loco<Codec>, Codec, loco_state<typename C
 
  public:
   using typename base::value_type;
+  static_assert(
+      !half_precision<value_type>,
+      "the state of a bf16 or fp16 gradient is not implemented yet: widen to float32 (docs/half-precision.md §5)");
 
   /// LoCo around `inner`. @throws error `invalid_argument` for invalid parameters.
   explicit loco(Codec inner = Codec{}, loco_params params = {}) : base(std::move(inner)), params_(params) {

@@ -4,10 +4,16 @@
 ///
 /// Payload layout after the envelope (layout byte 0):
 ///
-///     ⌈n/B⌉ scales s (value dtype: float32 or float64), block j covering elements [jB, jB + B)
+///     ⌈n/B⌉ scales s (float64 for double gradients, float32 for float, bf16 and fp16 ones), block j
+///     covering elements [jB, jB + B)
 ///     ⌈n·b/8⌉ bytes of packed b-bit codes (core/bit_packing.hpp order), unused high bits zero
 ///
-/// Codes and scales follow quantize/uniform_math.hpp; the message size depends only on n. Policy
+/// Codes and scales follow quantize/uniform_math.hpp; the message size depends only on n. A bf16 or
+/// fp16 gradient is coded from its exact float32 widening, value by value inside the kernels (no
+/// float32 copy of the gradient): its codes and scales are those of `uniform_quantizer<float>` on the
+/// widened values, and only the envelope's dtype and the parameter hash differ. Its decoder writes
+/// float32, or narrows to the 16-bit type (round to nearest even; a value beyond the type's range
+/// is `narrowing_overflow`, nothing written): docs/half-precision.md. Policy
 /// for special values: a block of zeros (either sign) has s = 0 and decodes to exact +0; a subnormal
 /// block whose step s underflows to 0 decodes to zeros too (its values are below L·2^-149); a
 /// gradient holding NaN or ±Inf is rejected with `errc::non_finite_input` and no valid message is
@@ -46,13 +52,15 @@ struct uniform_params {
   friend constexpr bool operator==(const uniform_params&, const uniform_params&) = default;
 };
 
-/// Uniform b-bit quantizer with per-block scales for `float` or `double` gradients.
+/// Uniform b-bit quantizer with per-block scales for `float`, `double`, `bf16` or `fp16` gradients.
 template <gradient_value T = float>
 class uniform_quantizer : public codec_interface<uniform_quantizer<T>, T> {
  public:
   using value_type = T;                              ///< Element type of the gradient.
+  using scale_type = compute_type<T>;                ///< Type of the scales and the arithmetic.
   static constexpr codec_id id = codec_id::uniform;  ///< Wire identifier.
   static constexpr bool is_homomorphic = false;      ///< Block scales differ between ranks.
+  static constexpr bool takes_half_precision = true;  ///< bf16 and fp16 gradients are coded natively.
 
   /// @throws error `invalid_argument` for invalid parameters.
   explicit uniform_quantizer(uniform_params params = {}, wire_options wire = {}) : params_(params), wire_(wire) {
@@ -71,7 +79,7 @@ class uniform_quantizer : public codec_interface<uniform_quantizer<T>, T> {
   }
   /// Payload bytes of an n-element tensor (scales, then packed codes).
   [[nodiscard]] std::uint64_t payload_bytes(std::uint64_t n) const noexcept {
-    return block_count(n) * sizeof(T) + packed_bytes(n, params_.bits);
+    return block_count(n) * sizeof(scale_type) + packed_bytes(n, params_.bits);
   }
   /// Exact size of every message for n elements.
   [[nodiscard]] std::size_t max_encoded_bytes(std::uint64_t n) const noexcept {

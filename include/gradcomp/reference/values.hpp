@@ -10,6 +10,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <vector>
 
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
@@ -25,12 +26,30 @@ void require_finite(std::span<const T> grad) {
             [&] { return "gradient value " + std::to_string(i) + " is NaN or Inf"; });
 }
 
-/// max |x_i| over x[begin, end) of finite values (+0 for a block of zeros of either sign).
+/// max |x_i| over x[begin, end) of finite values (+0 for a block of zeros of either sign), in the
+/// compute type (a bf16 or fp16 value widened to float32 exactly).
 template <gradient_value T>
-[[nodiscard]] T max_magnitude(std::span<const T> x, std::uint64_t begin, std::uint64_t end) noexcept {
-  T largest{0};
-  for (std::uint64_t i = begin; i < end; ++i) largest = std::fmax(largest, std::fabs(x[i]));
+[[nodiscard]] compute_type<T> max_magnitude(std::span<const T> x, std::uint64_t begin, std::uint64_t end) noexcept {
+  compute_type<T> largest{0};
+  for (std::uint64_t i = begin; i < end; ++i) largest = std::fmax(largest, std::fabs(widen(x[i])));
   return largest;
+}
+
+/// Writes `results` (in the compute type) to `out`: as they are, or narrowed to out's 16-bit type
+/// (round to nearest even) after checking that none becomes ±Inf.
+/// @throws error `narrowing_overflow` naming the first that would; `out` is then untouched.
+template <gradient_value C, gradient_value O>
+void store_results(const std::vector<C>& results, std::span<O> out) {
+  if constexpr (half_precision<O>) {
+    for (std::uint64_t i = 0; i < results.size(); ++i)
+      require(narrows_finite<O>(results[i]), errc::narrowing_overflow, [&] {
+        return "value " + std::to_string(i) + " (" + std::to_string(results[i]) +
+               ") is beyond the 16-bit output's range";
+      });
+    for (std::uint64_t i = 0; i < results.size(); ++i) out[i] = narrow<O>(results[i]);
+  } else {
+    for (std::uint64_t i = 0; i < results.size(); ++i) out[i] = results[i];
+  }
 }
 
 /// Value j of the array of T values starting at `at`.

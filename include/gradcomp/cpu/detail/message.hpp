@@ -41,16 +41,18 @@ inline void prefetch(const void* from, const void* to) noexcept {
 /// Seals a message whose payload is in place (core/wire_envelope.hpp).
 inline constexpr auto& seal_message = detail::seal_host_message;
 
-/// max |x| over [first, last) (vectorised for float, with AVX2 when `avx2`); throws
+/// max |x| over [first, last) (vectorised for float and bf16, with AVX2 when `avx2`); throws
 /// `non_finite_input` on NaN or Inf.
 template <gradient_value T>
 [[nodiscard]] T max_magnitude(const T* first, const T* last, bool avx2 = false) {
   using key_type = typename float_traits<T>::bits_type;
   key_type largest = 0;
   const T* p = first;
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bf16>) {
     const auto whole = static_cast<std::uint64_t>(last - first) / kernel_width * kernel_width;
-    largest = max_magnitude_key32(first, whole, avx2);
+    if constexpr (std::is_same_v<T, float>) largest = max_magnitude_key32(first, whole, avx2);
+    else
+      largest = max_magnitude_key16(first, whole, avx2);
     p += whole;
   }
   for (; p != last; ++p) largest = std::max(largest, magnitude_key(*p));

@@ -18,6 +18,7 @@
 #include <gradcomp/core/philox.hpp>
 #include <gradcomp/core/rounded_product.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/cpu/detail/half_conversion.hpp>
 #include <gradcomp/cpu/detail/message.hpp>
 #include <gradcomp/cpu/detail/philox_simd.hpp>
 #include <gradcomp/cpu/detail/staged_writer.hpp>
@@ -110,19 +111,20 @@ inline void uniform_residual_block(const std::uint8_t* codes, std::uint64_t coun
     residual[i] = x[i] - mul_rn(static_cast<float>(uniform_code_level(packed_code(codes, i, bits), bits)), s);
 }
 
-/// Whether `uniform_block_encoder` handles the float32 uniform quantizer `codec`'s layout: 8-bit
-/// codes, or 4-bit round to nearest, in blocks of a multiple of 32 values whose codes fit the
-/// stage.
+/// Whether `uniform_block_encoder` handles the uniform quantizer `codec`'s layout: float32 scales
+/// (a float, bf16 or fp16 gradient), 8-bit codes, or 4-bit round to nearest, in blocks of a
+/// multiple of 32 values whose codes fit the stage.
 template <class Quantizer>
 [[nodiscard]] constexpr bool uniform_vectorised(const Quantizer& codec) noexcept {
   const auto& p = codec.params();
-  return std::is_same_v<typename Quantizer::value_type, float> && p.block % kernel_width == 0 &&
+  return std::is_same_v<typename Quantizer::scale_type, float> && p.block % kernel_width == 0 &&
          packed_bytes(p.block, p.bits) <= staged_writer::capacity &&
          (p.bits == 8 || (p.bits == 4 && p.round == rounding::nearest_even));
 }
 
-/// Writes the scales and codes of a float32 uniform message (of `Quantizer` =
-/// `uniform_quantizer<float>`, in a layout `uniform_vectorised` accepts) block after block, each
+/// Writes the scales and codes of a uniform message with float32 scales (of `Quantizer` =
+/// `uniform_quantizer<float>`, or of bf16 or fp16 whose blocks the caller widens, in a layout
+/// `uniform_vectorised` accepts) block after block, each
 /// block's codes staged whole (so they can be read back until the next block) and written to the
 /// message through a staged_writer (streamed when large, per the executor). A template only so
 /// that this header does not need the quantizer's own header, which includes it.
@@ -150,6 +152,14 @@ class uniform_block_encoder {
 
   /// `next(x, count)` for a caller that has found m = max |x[0, count)| already (m finite).
   float next(const float* x, std::uint64_t count, float m) { return code_block(x, count, m, nullptr, false); }
+
+  /// `next(x, count, m)` for a block of 16-bit values, coded as their float32 widening: bf16 read
+  /// directly by the 8-bit round-to-nearest kernels, otherwise widened a chunk at a time into a
+  /// buffer of the encoder's.
+  template <half_precision H>
+  float next(const H* x, std::uint64_t count, float m) {
+    return code_block(x, count, m, nullptr, false);
+  }
 
   /// `next(x, count, m)` that also writes residual[i] = x[i] − (the decoding of code i) for
   /// i < count, error feedback's new residual: with 8-bit round-to-nearest codes in the same pass,
@@ -179,8 +189,10 @@ class uniform_block_encoder {
     return out;
   }
 
-  /// The block step of every `next`: the block's step and codes, and with `residual` its residual.
-  float code_block(const float* x, std::uint64_t count, float m, float* residual, bool streaming) {
+  /// The block step of every `next`: the block's step and codes, and with `residual` its residual
+  /// (float32 values only).
+  template <class X>
+  float code_block(const X* x, std::uint64_t count, float m, float* residual, bool streaming) {
     const auto& p = codec_.params();
     const int bits = p.bits;
     const float s = uniform_step(m, bits);
@@ -196,26 +208,38 @@ class uniform_block_encoder {
           rne ? nullptr : detail::philox_stream_halves(stream_, element_ + first, part, random_halves_, simd_);
       const std::uint64_t done = uniform_kernels_compiled && multiply ? part / kernel_width * kernel_width : 0;
       std::uint64_t with_residual = 0;  // values whose residual the coding kernel wrote
+      // The chunk as float32: x itself, or 16-bit values widened into `wide_` (bf16's 8-bit
+      // round-to-nearest kernel reads them directly, so only its scalar tail is widened).
+      const bool direct = std::is_same_v<X, bf16> && bits == 8 && rne;
+      const float* xf = nullptr;
+      if constexpr (std::is_same_v<X, float>) xf = x + first;
+      else {
+        const std::uint64_t from = direct ? done : 0;
+        widen_values(x + first + from, part - from, wide_ + from);
+        xf = wide_;
+      }
       if constexpr (uniform_kernels_compiled) {
         if (bits == 4) {
-          encode4_rtn(x + first, done, inv, target, avx2_);
+          encode4_rtn(xf, done, inv, target, avx2_);
         } else if (rne && residual != nullptr) {
-          encode8_rtn_residual(x + first, done, inv, s, target, residual + first, streaming, avx2_);
+          encode8_rtn_residual(xf, done, inv, s, target, residual + first, streaming, avx2_);
           with_residual = done;
         } else if (rne) {
-          encode8_rtn(x + first, done, inv, target, avx2_);
+          if constexpr (std::is_same_v<X, bf16>) encode8_rtn(x + first, done, inv, target, avx2_);
+          else
+            encode8_rtn(xf, done, inv, target, avx2_);
         } else {
-          encode8_sr(x + first, done, inv, halves, target, avx2_);
+          encode8_sr(xf, done, inv, halves, target, avx2_);
         }
       }
       if (done < part) {
-        uniform_scalar_codes(x + first + done, part - done, m, s, bits, p.round,
-                             halves == nullptr ? nullptr : halves + done, scalar_codes_);
+        uniform_scalar_codes(xf + done, part - done, m, s, bits, p.round, halves == nullptr ? nullptr : halves + done,
+                             scalar_codes_);
         pack_codes_aligned(scalar_codes_, part - done, bits, target + done * static_cast<std::uint64_t>(bits) / 8);
       }
       if (residual != nullptr)
         uniform_residual_block(target + with_residual * static_cast<std::uint64_t>(bits) / 8, part - with_residual,
-                               bits, s, x + first + with_residual, residual + first + with_residual, streaming, avx2_);
+                               bits, s, xf + with_residual, residual + first + with_residual, streaming, avx2_);
     }
     ++block_;
     element_ += count;
@@ -235,6 +259,7 @@ class uniform_block_encoder {
   std::uint64_t element_ = 0;
   std::uint8_t* codes_ = nullptr;
   std::uint8_t scalar_codes_[chunk];
+  alignas(64) float wide_[chunk];  ///< A chunk of 16-bit values widened (unused for float32 blocks).
   alignas(16) std::uint16_t random_halves_[chunk + detail::philox_halves_slack];
 };
 

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/float_bits.hpp>
@@ -44,8 +45,13 @@ inline constexpr bool uniform_kernels_compiled =
 /// Bits of max |x| over x[0, count) (count a multiple of 32): the magnitude key, whose value at or
 /// above the infinity key means NaN or Inf.
 [[nodiscard]] inline std::uint32_t max_magnitude_key32(const float* x, std::uint64_t count, bool avx2) noexcept;
-/// Codes rne(x·inv) + 127 of x[0, count) into codes[0, count).
-inline void encode8_rtn(const float* x, std::uint64_t count, float inv, std::uint8_t* codes, bool avx2) noexcept;
+/// Bits of max |x| over bf16 values x[0, count) (count a multiple of 32): the 16-bit magnitude key,
+/// whose value at or above 0x7f80 means NaN or Inf.
+[[nodiscard]] inline std::uint16_t max_magnitude_key16(const bf16* x, std::uint64_t count, bool avx2) noexcept;
+/// Codes rne(x·inv) + 127 of x[0, count) into codes[0, count); x float32, or bf16 widened in the
+/// kernel's registers (the values t are the same as for the widened floats).
+template <class X>
+inline void encode8_rtn(const X* x, std::uint64_t count, float inv, std::uint8_t* codes, bool avx2) noexcept;
 /// Codes rne(x·inv) + 7 of x[0, count), two per byte (even element in the low nibble).
 inline void encode4_rtn(const float* x, std::uint64_t count, float inv, std::uint8_t* packed, bool avx2) noexcept;
 /// Codes ⌊x·inv + u⌋ + 127 (clamped to [−127, 127] first), u = halves[i]·2^-16.
@@ -87,6 +93,13 @@ namespace kernel_detail {
 }
 
 #if defined(__SSE2__)
+/// Four values from x as float32: loaded, or (bf16) widened by a 16-bit shift.
+[[nodiscard]] inline __m128 load4(const float* x) noexcept { return _mm_loadu_ps(x); }
+[[nodiscard]] inline __m128 load4(const bf16* x) noexcept {
+  return _mm_castsi128_ps(
+      _mm_unpacklo_epi16(_mm_setzero_si128(), _mm_loadl_epi64(reinterpret_cast<const __m128i*>(x))));
+}
+
 /// Codes i .. i + 15, one per byte: 8-bit codes as they are, 4-bit codes unpacked from 8 bytes (i even).
 template <int Bits>
 [[nodiscard]] inline __m128i load16_codes(const std::uint8_t* codes, std::uint64_t i) noexcept {
@@ -127,6 +140,23 @@ inline void store4(float* at, __m128 v, bool streaming) noexcept {
 #endif
 
 #if defined(GRADCOMP_HAVE_AVX2)
+GRADCOMP_TARGET_AVX2 inline std::uint16_t max_key16_avx2(const bf16* x, std::uint64_t count) noexcept {
+  const __m256i mask = _mm256_set1_epi16(0x7fff);
+  __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
+  // Keys are below 2^15, so the signed 16-bit maximum orders them as unsigned.
+  for (std::uint64_t i = 0; i < count; i += 32) {
+    a = _mm256_max_epi16(a, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), mask));
+    b = _mm256_max_epi16(b, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + 16)), mask));
+  }
+  // The largest of the 16 lanes by halving: 128-bit halves, 64-bit, 32-bit, then 16-bit neighbours.
+  a = _mm256_max_epi16(a, b);
+  __m128i m = _mm_max_epi16(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+  m = _mm_max_epi16(m, _mm_shuffle_epi32(m, 0x4e));
+  m = _mm_max_epi16(m, _mm_shuffle_epi32(m, 0xb1));
+  m = _mm_max_epi16(m, _mm_srli_epi32(m, 16));
+  return static_cast<std::uint16_t>(_mm_cvtsi128_si32(m));
+}
+
 GRADCOMP_TARGET_AVX2 inline std::uint32_t max_key_avx2(const float* x, std::uint64_t count) noexcept {
   const __m256i mask = _mm256_set1_epi32(0x7fffffff);
   __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
@@ -159,6 +189,32 @@ GRADCOMP_TARGET_AVX2 inline void encode8_rtn_avx2(const float* x, std::uint64_t 
   for (std::uint64_t i = 0; i < count; i += 32)
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i),
                         _mm256_add_epi8(round_pack32_avx2(x + i, scale), offset));
+}
+
+/// encode8_rtn_avx2 of bf16 values without a shuffle to widen them: in each 32-bit word of 16
+/// values, the even value is the word shifted left by 16 and the odd one the word's high half; their
+/// codes meet again as the two bytes of a 16-bit lane (even value first), and one pack and one
+/// permutation restore the order.
+GRADCOMP_TARGET_AVX2 inline void encode8_rtn_bf16_avx2(const bf16* x, std::uint64_t count, float inv,
+                                                       std::uint8_t* codes) noexcept {
+  const __m256 scale = _mm256_set1_ps(inv);
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  const __m256i offset = _mm256_set1_epi32(127);
+  for (std::uint64_t i = 0; i < count; i += 32) {
+    __m256i pairs[2];
+    for (int h = 0; h < 2; ++h) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + 16 * h));
+      const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+      const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+      // |t| ≤ 127·(1 + 2^-23) rounds into [−127, 127], so each code is in [0, 254].
+      const __m256i code_even = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(even, scale)), offset);
+      const __m256i code_odd = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(odd, scale)), offset);
+      pairs[h] = _mm256_or_si256(code_even, _mm256_slli_epi32(code_odd, 8));
+    }
+    // The pack works within 128-bit lanes, giving the 8-value quarters 0, 2, 1, 3 (in units of 8).
+    const __m256i packed = _mm256_packus_epi32(pairs[0], pairs[1]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i), _mm256_permute4x64_epi64(packed, 0xd8));
+  }
 }
 
 GRADCOMP_TARGET_AVX2 inline void encode4_rtn_avx2(const float* x, std::uint64_t count, float inv,
@@ -317,19 +373,47 @@ inline std::uint32_t max_magnitude_key32(const float* x, std::uint64_t count, bo
   return largest;
 }
 
+inline std::uint16_t max_magnitude_key16(const bf16* x, std::uint64_t count, bool avx2) noexcept {
+#if defined(GRADCOMP_HAVE_AVX2)
+  if (avx2) return kernel_detail::max_key16_avx2(x, count);
+#endif
+  (void)avx2;
+  std::uint16_t largest = 0;
+  std::uint64_t i = 0;
 #if defined(__SSE2__)
-inline void encode8_rtn(const float* x, std::uint64_t count, float inv, std::uint8_t* codes, bool avx2) noexcept {
+  const __m128i mask = _mm_set1_epi16(0x7fff);
+  __m128i a = _mm_setzero_si128(), b = _mm_setzero_si128();
+  for (; i < count; i += 16) {  // keys are below 2^15: the signed maximum orders them
+    a = _mm_max_epi16(a, _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)), mask));
+    b = _mm_max_epi16(b, _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i + 8)), mask));
+  }
+  alignas(16) std::uint16_t lanes[8];
+  _mm_store_si128(reinterpret_cast<__m128i*>(lanes), _mm_max_epi16(a, b));
+  largest = *std::max_element(lanes, lanes + 8);
+#endif
+  for (; i < count; ++i) largest = std::max(largest, static_cast<std::uint16_t>(x[i].bits & 0x7fffu));
+  return largest;
+}
+
+#if defined(__SSE2__)
+template <class X>
+inline void encode8_rtn(const X* x, std::uint64_t count, float inv, std::uint8_t* codes, bool avx2) noexcept {
 #  if defined(GRADCOMP_HAVE_AVX2)
-  if (avx2) return kernel_detail::encode8_rtn_avx2(x, count, inv, codes);
+  if (avx2) {
+    if constexpr (std::is_same_v<X, bf16>) return kernel_detail::encode8_rtn_bf16_avx2(x, count, inv, codes);
+    else
+      return kernel_detail::encode8_rtn_avx2(x, count, inv, codes);
+  }
 #  endif
   (void)avx2;
+  using kernel_detail::load4;
   const __m128 scale = _mm_set1_ps(inv);
   const __m128i offset = _mm_set1_epi8(127);
   for (std::uint64_t i = 0; i < count; i += 16) {
-    const __m128i q0 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i), scale));
-    const __m128i q1 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i + 4), scale));
-    const __m128i q2 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i + 8), scale));
-    const __m128i q3 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i + 12), scale));
+    const __m128i q0 = _mm_cvtps_epi32(_mm_mul_ps(load4(x + i), scale));
+    const __m128i q1 = _mm_cvtps_epi32(_mm_mul_ps(load4(x + i + 4), scale));
+    const __m128i q2 = _mm_cvtps_epi32(_mm_mul_ps(load4(x + i + 8), scale));
+    const __m128i q3 = _mm_cvtps_epi32(_mm_mul_ps(load4(x + i + 12), scale));
     // |t| ≤ 127·(1 + 2^-23) rounds into [−127, 127]: the saturating packs are exact here.
     const __m128i q = _mm_packs_epi16(_mm_packs_epi32(q0, q1), _mm_packs_epi32(q2, q3));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm_add_epi8(q, offset));
