@@ -26,6 +26,10 @@
 ///   uniform8_rtn_bf16/encode  8-bit round to nearest of the bf16 gradient (widened inside the
 ///                        encoder; its payload is checked to equal uniform8_rtn's of the widened
 ///                        values); /decode into bf16, /decode_f32 into float32
+///   nth_element_bf16/select  the bf16 gradient's magnitudes widened to float32 into a buffer, then
+///                        std::nth_element (both timed), k = 1%
+///   topk_bf16/encode     exact top-k 1% of the bf16 gradient (its 16-bit keys); baseline
+///                        nth_element_bf16/select, whose k-th magnitude it must keep
 ///   (backend reference)  topk, randomk, threshold, uniform8_rtn, uniform8_sr, uniform4_rtn, sign,
 ///                        qsgd and shared_scale8 again on reference_executor, under the same names
 ///                        with backend "reference": baseline the CPU record, speedup CPU median /
@@ -109,7 +113,7 @@ constexpr double gradient_stddev = 1e-3;               // N(0, σ = 1e-3)
 constexpr std::uint64_t gradient_seed = 0x9E3779B97F4A7C15ull;
 constexpr std::uint64_t quick_n = std::uint64_t{1} << 20;
 constexpr std::uint64_t topk_target_n = std::uint64_t{1} << 24;
-constexpr double topk_speedup_target = 3.0;
+constexpr double topk_speedup_target = 3.0;  // top-k over nth_element, float32 and bf16 alike
 constexpr double ratio_to_copy_target = 0.5;
 constexpr double density_low = 0.8;
 constexpr double density_high = 1.25;
@@ -318,9 +322,9 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
                 uniform8.max_encoded_bytes(n), sign.max_encoded_bytes(n), qsgd.max_encoded_bytes(n),
                 shared_scale.max_encoded_bytes(n), mpc.max_encoded_bytes(n)});
   const std::size_t workspace_bytes = std::max(
-      {topk.workspace_bytes(cpu, n), randomk.workspace_bytes(cpu, n), threshold.workspace_bytes(cpu, n),
-       ef_topk.workspace_bytes(cpu, n), ef_uniform8.workspace_bytes(cpu, n), loco4.workspace_bytes(cpu, n),
-       dynamic.workspace_bytes(cpu, n), shared_scale.workspace_bytes(cpu, n),
+      {topk.workspace_bytes(cpu, n), topk_sparsifier<bf16>().workspace_bytes(cpu, n), randomk.workspace_bytes(cpu, n),
+       threshold.workspace_bytes(cpu, n), ef_topk.workspace_bytes(cpu, n), ef_uniform8.workspace_bytes(cpu, n),
+       loco4.workspace_bytes(cpu, n), dynamic.workspace_bytes(cpu, n), shared_scale.workspace_bytes(cpu, n),
        topk.workspace_bytes(reference_executor{}, n), threshold.workspace_bytes(reference_executor{}, n),
        ef_topk.workspace_bytes(reference_executor{}, n), ef_uniform8.workspace_bytes(reference_executor{}, n),
        loco4.workspace_bytes(reference_executor{}, n), mpc.workspace_bytes(reference_executor{}, n), std::size_t{1}});
@@ -503,6 +507,31 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
     const timing decode_f32 = measure(
         opt, [&] { uniform8_bf16.decode(cpu, message(bytes), dense, ws); }, [&] { sum.add_sample(dense); });
     add16("uniform8_rtn_bf16/decode_f32", decode_f32, dense16_bytes / static_cast<double>(bytes));
+
+    // Top-k 1% of the bf16 gradient, against std::nth_element over its widened magnitudes.
+    const timing select16 = measure(
+        opt,
+        [&] {
+          std::transform(gradient16.begin(), gradient16.end(), magnitudes, [](bf16 v) { return std::fabs(widen(v)); });
+          std::nth_element(magnitudes, magnitudes + (k - 1), magnitudes + size, std::greater<float>{});
+        },
+        [&] { sum.add(magnitudes[k - 1]); });
+    const float kth16 = magnitudes[k - 1];
+    add16("nth_element_bf16/select", select16, 1.0);
+    const topk_sparsifier<bf16> topk16(sparsity{.density = target_density});
+    std::size_t topk16_bytes = 0;
+    const timing topk16_encode = measure(
+        opt, [&] { topk16_bytes = topk16.encode(cpu, gradient16, out, ws, key); },
+        [&] { sum.add_message(message(topk16_bytes)); });
+    add16("topk_bf16/encode", topk16_encode, dense16_bytes / static_cast<double>(topk16_bytes));
+    records.back().baseline = "nth_element_bf16/select";
+    records.back().speedup = select16.median / topk16_encode.median;
+    topk16.decode(cpu, message(topk16_bytes), dense, ws);
+    float smallest = 0.0f;
+    const std::size_t kept = count_nonzero(dense, smallest);
+    require_check(kept == k && smallest == kth16,
+                  fmt::format("topk_bf16 kept {} values, smallest {}; expected {} and nth_element's {}", kept, smallest,
+                              k, kth16));
   }
 
   // The reference tier: each operation above run on reference_executor, the plain scalar backends
@@ -890,6 +919,12 @@ void print_targets(const std::vector<record>& records, const std::vector<std::ui
       line(*r->speedup >= topk_speedup_target,
            fmt::format("topk/encode n={}{}: speedup_vs_baseline {:.2f} >= {} (exact top-k, k = 1%, vs nth_element)", n,
                        n == topk_target_n ? "" : " (target set for n=2^24)", *r->speedup, topk_speedup_target));
+    }
+    if (const record* r = find_record(records, "topk_bf16/encode", n); r != nullptr && r->speedup) {
+      line(*r->speedup >= topk_speedup_target,
+           fmt::format("topk_bf16/encode n={}{}: speedup_vs_baseline {:.2f} >= {} (k = 1%, vs nth_element over the "
+                       "widened values)",
+                       n, n == topk_target_n ? "" : " (target set for n=2^24)", *r->speedup, topk_speedup_target));
     }
     if (const record* r = find_record(records, "threshold/encode", n); r != nullptr) {
       line(r->ratio_to_copy() >= ratio_to_copy_target, fmt::format("threshold/encode n={}: ratio_to_copy {:.3f} >= {}",

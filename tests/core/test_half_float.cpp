@@ -83,7 +83,8 @@ std::uint16_t oracle_narrow(float x) {
   const auto largest = static_cast<std::uint16_t>(table.size() - 1);
   const double spacing = table[largest] - table[largest - 1];
   const auto infinity = static_cast<std::uint16_t>(table.size());
-  if (a >= table[largest] + spacing / 2) return static_cast<std::uint16_t>(sign | infinity);  // the tie goes to Inf (even)
+  if (a >= table[largest] + spacing / 2)
+    return static_cast<std::uint16_t>(sign | infinity);  // the tie goes to Inf (even)
   const auto above = static_cast<std::uint16_t>(std::lower_bound(table.begin(), table.end(), a) - table.begin());
   if (above == 0) return sign;
   if (above > largest) return static_cast<std::uint16_t>(sign | largest);
@@ -152,7 +153,8 @@ TEST_CASE_TEMPLATE("narrowing rounds to the nearest 16-bit value, ties to even, 
   // Beyond the largest finite value: its midpoint with the next power of two is the first to
   // overflow (ties go to the even pattern, the infinity), the float just below it does not.
   const float largest = widen(H{static_cast<std::uint16_t>(float_traits<H>::infinity_key - 1)});
-  const float threshold = largest + (largest - widen(H{static_cast<std::uint16_t>(float_traits<H>::infinity_key - 2)})) / 2;
+  const float threshold =
+      largest + (largest - widen(H{static_cast<std::uint16_t>(float_traits<H>::infinity_key - 2)})) / 2;
   CHECK(narrowed_bits<H>(threshold) == float_traits<H>::infinity_key);
   CHECK(narrowed_bits<H>(std::nextafter(threshold, 0.0f)) == float_traits<H>::infinity_key - 1);
   CHECK(narrowed_bits<H>(-threshold) == (0x8000u | float_traits<H>::infinity_key));

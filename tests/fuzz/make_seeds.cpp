@@ -39,6 +39,14 @@ void write_seeds(const std::filesystem::path& dir, const std::string& stem, cons
   }
 }
 
+/// x rounded to the 16-bit type H.
+template <class H>
+std::vector<H> half_of(const std::vector<float>& x) {
+  std::vector<H> h(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) h[i] = gradcomp::narrow<H>(x[i]);
+  return h;
+}
+
 /// An LHC seed in fuzz_lhc.cpp's layout: the settings byte, n, the contributors, then the index
 /// and the sketch of one rank's sparse gradient (every fourth value of `x` kept).
 template <class T>
@@ -94,23 +102,21 @@ int main(int argc, char** argv) {
     write_seeds(root / "topk", "checksum_n" + size,
                 topk_sparsifier<float>(sparsity{.k = 10}, wire_options{.payload_checksum = true}), x);
     write_seeds(root / "topk", "bitmap_f64_n" + size, topk_sparsifier<double>(sparsity{.k = 40}), xd);
+    write_seeds(root / "topk", "list_bf16_n" + size, topk_sparsifier<bf16>(sparsity{.k = 10}), half_of<bf16>(x),
+                {std::uint8_t{4}, std::uint8_t{5}});
+    write_seeds(root / "topk", "bitmap_fp16_n" + size, topk_sparsifier<fp16>(sparsity{.k = 40}), half_of<fp16>(x),
+                {std::uint8_t{6}, std::uint8_t{7}});
     write_seeds(root / "threshold", "n" + size, threshold_sparsifier<float>({.target = {.density = 0.02}, .seed = 1}),
                 x);
     write_seeds(root / "randomk", "n" + size, randomk_sparsifier<float>({.amount = {.density = 0.05}, .seed = 42}), x);
     write_seeds(root / "uniform", "u8_n" + size, uniform_quantizer<float>({.bits = 8, .block = 32}), x);
     write_seeds(root / "uniform", "u4_sr_f64_n" + size,
                 uniform_quantizer<double>({.bits = 4, .block = 16, .round = rounding::stochastic, .seed = 9}), xd);
-    std::vector<bf16> xb(x.size());
-    std::vector<fp16> xh(x.size());
-    for (std::size_t i = 0; i < x.size(); ++i) {
-      xb[i] = narrow<bf16>(x[i]);
-      xh[i] = narrow<fp16>(x[i]);
-    }
-    write_seeds(root / "uniform", "u8_bf16_n" + size, uniform_quantizer<bf16>({.bits = 8, .block = 32}), xb,
-                {std::uint8_t{4}, std::uint8_t{5}});
+    write_seeds(root / "uniform", "u8_bf16_n" + size, uniform_quantizer<bf16>({.bits = 8, .block = 32}),
+                half_of<bf16>(x), {std::uint8_t{4}, std::uint8_t{5}});
     write_seeds(root / "uniform", "u4_sr_fp16_n" + size,
-                uniform_quantizer<fp16>({.bits = 4, .block = 64, .round = rounding::stochastic, .seed = 5}), xh,
-                {std::uint8_t{6}, std::uint8_t{7}});
+                uniform_quantizer<fp16>({.bits = 4, .block = 64, .round = rounding::stochastic, .seed = 5}),
+                half_of<fp16>(x), {std::uint8_t{6}, std::uint8_t{7}});
     write_seeds(root / "sign", "f32_n" + size, sign_quantizer<float>({.block = 32}), x);
     write_seeds(root / "sign", "f64_n" + size, sign_quantizer<double>({.block = 16}), xd);
     write_seeds(root / "mpc", "d1_n" + size, mpc_codec({.dim = 1}), x);

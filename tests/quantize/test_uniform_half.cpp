@@ -30,22 +30,6 @@ using namespace gradcomp::test;
 
 namespace {
 
-// n values of a kind, made in float32 and rounded to H; `scale` multiplies them first.
-template <class H>
-std::vector<H> half_input(input_kind kind, std::size_t n, std::uint64_t seed, float scale = 1.0f) {
-  const std::vector<float> wide = make_input<float>(kind, n, seed);
-  std::vector<H> x(n);
-  for (std::size_t i = 0; i < n; ++i) x[i] = narrow<H>(wide[i] * scale);
-  return x;
-}
-
-template <class H>
-std::vector<float> widened(const std::vector<H>& x) {
-  std::vector<float> w(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) w[i] = widen(x[i]);
-  return w;
-}
-
 // The payload (the bytes after the 56-byte envelope).
 std::vector<std::byte> payload_of(const std::vector<std::byte>& m) {
   return {m.begin() + static_cast<std::ptrdiff_t>(envelope::size), m.end()};
@@ -57,7 +41,7 @@ const uniform_params layouts[] = {
     {.bits = 4, .block = 64},
     {.bits = 2, .block = 256},
     {.bits = 1, .block = 7},
-    {.bits = 8, .block = 5000},  // longer than the CPU's widened stage
+    {.bits = 8, .block = 5000},  // longer than the CPU decoder's narrowing stage
     {.bits = 4, .block = 100},
     {.bits = 8, .block = 64, .round = rounding::stochastic, .seed = 5},
     {.bits = 2, .block = 32, .round = rounding::stochastic, .seed = 6},
@@ -72,11 +56,11 @@ TEST_CASE_TEMPLATE("16-bit uniform messages: every cpu setting writes the refere
     CAPTURE(p.block);
     const uniform_quantizer<H> q(p);
     for (const input_kind kind : all_input_kinds) {
-      for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{33}, std::size_t{257}, std::size_t{4099},
-                                  std::size_t{9000}}) {
+      for (const std::size_t n :
+           {std::size_t{0}, std::size_t{1}, std::size_t{33}, std::size_t{257}, std::size_t{4099}, std::size_t{9000}}) {
         CAPTURE(name(kind));
         CAPTURE(n);
-        (void)check_same_as_reference(q, half_input<H>(kind, n, 100 + n), {.step = 3, .tensor_id = 7});
+        (void)check_same_as_reference(q, make_half_input<H>(kind, n, 100 + n), {.step = 3, .tensor_id = 7});
       }
     }
   }
@@ -87,7 +71,7 @@ TEST_CASE_TEMPLATE("a 16-bit message carries the float32 quantizer's scales and 
   for (const uniform_params& p : layouts) {
     CAPTURE(p.bits);
     CAPTURE(p.block);
-    const std::vector<H> x = half_input<H>(input_kind::normal, 9000, 3, 40.0f);
+    const std::vector<H> x = make_half_input<H>(input_kind::normal, 9000, 3, 40.0f);
     const message_key key{.step = 2, .tensor_id = 1};
     const std::vector<std::byte> half_message = encode_bytes(uniform_quantizer<H>(p), x, key);
     const std::vector<std::byte> float_message = encode_bytes(uniform_quantizer<float>(p), widened(x), key);
@@ -101,12 +85,12 @@ TEST_CASE_TEMPLATE("a 16-bit message carries the float32 quantizer's scales and 
   }
 }
 
-TEST_CASE_TEMPLATE("16-bit RTN values decode within half a step of the widened input, and narrow as documented", H, bf16,
-                   fp16) {
+TEST_CASE_TEMPLATE("16-bit RTN values decode within half a step of the widened input, and narrow as documented", H,
+                   bf16, fp16) {
   const uniform_params p{.bits = 4, .block = 32};
   const uniform_quantizer<H> q(p);
   const std::size_t n = 1000;
-  const std::vector<H> x = half_input<H>(input_kind::normal, n, 9, 10.0f);
+  const std::vector<H> x = make_half_input<H>(input_kind::normal, n, 9, 10.0f);
   const std::vector<std::byte> m = encode_bytes(q, x, {.step = 1});
   // The oracle reads the scales straight from the documented layout: float32, one per block.
   std::vector<float> scales((n + p.block - 1) / p.block);
@@ -131,12 +115,13 @@ TEST_CASE_TEMPLATE("16-bit accumulation sums in float32 and rounds once", H, bf1
     CAPTURE(p.bits);
     const uniform_quantizer<H> q(p);
     const std::size_t n = 700;
-    const std::vector<H> x = half_input<H>(input_kind::normal, n, 4, 3.0f);
+    const std::vector<H> x = make_half_input<H>(input_kind::normal, n, 4, 3.0f);
     const std::vector<std::byte> m = encode_bytes(q, x, {.step = 1});
-    const std::vector<float> values = decode_values(uniform_quantizer<float>(p),
-                                                    encode_bytes(uniform_quantizer<float>(p), widened(x), {.step = 1}), n);
-    const std::vector<H> acc_half = half_input<H>(input_kind::normal, n, 8, 2.0f);
-    const std::vector<float> acc_float = widened(half_input<H>(input_kind::normal, n, 12, 2.0f));
+    const std::vector<float> values =
+        decode_values(uniform_quantizer<float>(p), encode_bytes(uniform_quantizer<float>(p), widened(x), {.step = 1}),
+                      n);
+    const std::vector<H> acc_half = make_half_input<H>(input_kind::normal, n, 8, 2.0f);
+    const std::vector<float> acc_float = widened(make_half_input<H>(input_kind::normal, n, 12, 2.0f));
     for (const cpu_executor& cpu : cpu_settings()) {
       CAPTURE(static_cast<int>(cpu.simd()));
       const std::vector<float> f = decode_on(cpu, q, m, acc_float, true);
@@ -157,7 +142,7 @@ TEST_CASE_TEMPLATE("16-bit accumulation sums in float32 and rounds once", H, bf1
 TEST_CASE_TEMPLATE("16-bit stochastic rounding is unbiased on the widened values", H, bf16, fp16) {
   const uniform_quantizer<H> q({.bits = 2, .block = 64, .round = rounding::stochastic, .seed = 17});
   const std::size_t n = 64;
-  const std::vector<H> x = half_input<H>(input_kind::normal, n, 21);
+  const std::vector<H> x = make_half_input<H>(input_kind::normal, n, 21);
   std::vector<double> mean(n, 0.0);
   const int trials = 4000;
   float step = 0;
@@ -187,9 +172,9 @@ TEST_CASE("an fp16 output refuses a value beyond 65504 with narrowing_overflow a
   e.params_hash = q.params_hash();
   std::vector<std::byte> m = float_message;
   write_envelope(e, m);
-  const std::vector<fp16> before = half_input<fp16>(input_kind::normal, n, 2);
-  for (const auto& exec_status : {decode_outcome_on(reference_executor{}, q, m, before),
-                                  decode_outcome_on(cpu_executor{}, q, m, before)}) {
+  const std::vector<fp16> before = make_half_input<fp16>(input_kind::normal, n, 2);
+  for (const auto& exec_status :
+       {decode_outcome_on(reference_executor{}, q, m, before), decode_outcome_on(cpu_executor{}, q, m, before)}) {
     CHECK(exec_status.status == named(errc::narrowing_overflow));
     CHECK(bit_patterns(exec_status.output) == bit_patterns(before));
   }
@@ -211,11 +196,11 @@ TEST_CASE("an fp16 output refuses a value beyond 65504 with narrowing_overflow a
 TEST_CASE_TEMPLATE("16-bit NaN and infinities are rejected, fp16 subnormals and signed zeros code like floats", H, bf16,
                    fp16) {
   const uniform_quantizer<H> q({.bits = 8, .block = 32});
-  for (const std::uint16_t bad : {std::uint16_t(float_traits<H>::infinity_key),
-                                  std::uint16_t(0x8000u | float_traits<H>::infinity_key),
-                                  std::uint16_t(float_traits<H>::infinity_key + 1)}) {
+  for (const std::uint16_t bad :
+       {std::uint16_t(float_traits<H>::infinity_key), std::uint16_t(0x8000u | float_traits<H>::infinity_key),
+        std::uint16_t(float_traits<H>::infinity_key + 1)}) {
     for (const std::size_t at : {std::size_t{0}, std::size_t{500}, std::size_t{999}}) {
-      std::vector<H> x = half_input<H>(input_kind::normal, 1000, 5);
+      std::vector<H> x = make_half_input<H>(input_kind::normal, 1000, 5);
       x[at] = H{bad};
       CAPTURE(at);
       CHECK(encode_outcome_on(reference_executor{}, q, x).status == named(errc::non_finite_input));
@@ -227,19 +212,20 @@ TEST_CASE_TEMPLATE("16-bit NaN and infinities are rejected, fp16 subnormals and 
   for (std::size_t i = 0; i < tiny.size(); ++i)
     tiny[i] = H{static_cast<std::uint16_t>((i % 3 == 0 ? 0x8000u : 0u) | (i % 5 == 0 ? 0u : (i * 7) % 1000 + 1))};
   const std::vector<std::byte> m = check_same_as_reference(q, tiny, {.step = 2});
-  const std::vector<std::byte> float_message = encode_bytes(uniform_quantizer<float>({.bits = 8, .block = 32}), widened(tiny), {.step = 2});
+  const std::vector<std::byte> float_message =
+      encode_bytes(uniform_quantizer<float>({.bits = 8, .block = 32}), widened(tiny), {.step = 2});
   CHECK(payload_of(m) == payload_of(float_message));
 }
 
 TEST_CASE("16-bit messages are checked for their dtype, and hostile bytes get named errors on every backend") {
   const uniform_params p{.bits = 4, .block = 32};
-  const std::vector<bf16> x = half_input<bf16>(input_kind::normal, 100, 1);
+  const std::vector<bf16> x = make_half_input<bf16>(input_kind::normal, 100, 1);
   const std::vector<std::byte> bf = encode_bytes(uniform_quantizer<bf16>(p), x);
   // Another dtype's decoder: dtype_mismatch, before anything else is read.
   CHECK(decode_status_everywhere(uniform_quantizer<fp16>(p), bf, 100) == named(errc::dtype_mismatch));
   CHECK(decode_status_everywhere(uniform_quantizer<float>(p), bf, 100) == named(errc::dtype_mismatch));
-  CHECK(decode_status_everywhere(uniform_quantizer<bf16>(p), encode_bytes(uniform_quantizer<float>(p), widened(x)), 100) ==
-        named(errc::dtype_mismatch));
+  CHECK(decode_status_everywhere(uniform_quantizer<bf16>(p), encode_bytes(uniform_quantizer<float>(p), widened(x)),
+                                 100) == named(errc::dtype_mismatch));
   // A negative scale, a code above 2L, and every truncation: rejected alike, output untouched.
   std::vector<std::byte> payload = payload_of(bf);
   payload[3] |= std::byte{0x80};

@@ -1,6 +1,8 @@
 #pragma once
 // Seeded test inputs (std::mt19937_64, independent of the library's Philox), including the
 // special values every codec must handle: ties, all-equal, ±0, subnormals.
+#include <gradcomp/core/half_float.hpp>
+
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -54,6 +56,23 @@ std::vector<T> make_input(input_kind kind, std::size_t n, std::uint64_t seed) {
     }
   }
   return x;
+}
+
+/// n values of a kind for a 16-bit type H: made in float32 (times `scale`), then rounded to H.
+template <class H>
+std::vector<H> make_half_input(input_kind kind, std::size_t n, std::uint64_t seed, float scale = 1.0f) {
+  const std::vector<float> wide = make_input<float>(kind, n, seed);
+  std::vector<H> x(n);
+  for (std::size_t i = 0; i < n; ++i) x[i] = narrow<H>(wide[i] * scale);
+  return x;
+}
+
+/// The float32 values of 16-bit values, widened exactly.
+template <class H>
+std::vector<float> widened(const std::vector<H>& x) {
+  std::vector<float> w(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) w[i] = widen(x[i]);
+  return w;
 }
 
 /// Bit-exact equality of two vectors (distinguishes -0 from +0).

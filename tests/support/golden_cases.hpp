@@ -99,6 +99,9 @@ void for_each_golden_half_codec(F&& f) {
     message_key{.step = 4, .tensor_id = 3});
   f("uniform4_sr_fp16.bin", uniform_quantizer<fp16>({.bits = 4, .block = 64, .round = rounding::stochastic, .seed = 5}),
     golden_input<fp16>(150), message_key{.step = 7, .tensor_id = 1});
+  f("topk_bf16_list32.bin", topk_sparsifier<bf16>(sparsity{.k = 12}), golden_input<bf16>(1000),
+    message_key{.step = 3, .tensor_id = 6});
+  f("topk_fp16_bitmap.bin", topk_sparsifier<fp16>(sparsity{.k = 30}), golden_input<fp16>(64), message_key{.step = 8});
 }
 
 /// The codec of the shared-scale sum's golden file (three ranks' messages summed).

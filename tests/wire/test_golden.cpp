@@ -109,6 +109,20 @@ TEST_CASE("golden 16-bit uniform files decode within a step of the known input, 
   CHECK(close4);
 }
 
+TEST_CASE("golden 16-bit top-k files decode to the largest magnitudes of the known input, bit for bit") {
+  const std::vector<bf16> x = golden_input<bf16>(1000);
+  const std::vector<float> wx = widened(x);
+  std::vector<float> got(1000);
+  topk_sparsifier<bf16>(sparsity{.k = 12})
+      .decode(cpu_executor{}, read_golden("topk_bf16_list32.bin"), std::span<float>(got), {});
+  CHECK(bitwise_equal(got, dense_at<float>(wx, topk_indices_oracle<float>(wx, 12))));
+  const std::vector<fp16> y = golden_input<fp16>(64);
+  const std::vector<float> wy = widened(y);
+  const std::vector<fp16> h =
+      decode_values(topk_sparsifier<fp16>(sparsity{.k = 30}), read_golden("topk_fp16_bitmap.bin"), 64);
+  CHECK(bitwise_equal(widened(h), dense_at<float>(wy, topk_indices_oracle<float>(wy, 30))));
+}
+
 TEST_CASE("golden shared-scale files decode within half a step per rank of the known sum") {
   // Three ranks hold x, −x/2 and x/4 (sum 0.75·x), |x| ≤ 5: the agreed step is at most 5/127 and
   // each rank's RTN errs by half of it. The single 2-bit stochastic message errs by less than a

@@ -10,6 +10,7 @@
 #include <gradcomp/core/backend.hpp>
 #include <gradcomp/core/concepts.hpp>
 #include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/memory_space.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 
 namespace gradcomp {
@@ -37,7 +38,7 @@ class codec_interface {
   template <executor E>
   std::size_t encode(const E& e, std::span<const T> grad, std::span<std::byte> out, std::span<std::byte> ws,
                      message_key key = {}) const {
-    require_value_type();
+    require_value_type<E>();
     return backend<Codec, E>::encode(self(), e, grad, out, ws, key);
   }
 
@@ -46,7 +47,7 @@ class codec_interface {
   template <executor E>
   void decode(const E& e, std::span<const std::byte> message, std::span<T> out, std::span<std::byte> ws,
               decode_limits limits = {}) const {
-    require_value_type();
+    require_value_type<E>();
     backend<Codec, E>::decode(self(), e, message, out, ws, limits, false);
   }
 
@@ -56,7 +57,7 @@ class codec_interface {
               decode_limits limits = {}) const
     requires half_precision<T>
   {
-    require_value_type();
+    require_value_type<E>();
     backend<Codec, E>::decode(self(), e, message, out, ws, limits, false);
   }
 
@@ -65,7 +66,7 @@ class codec_interface {
   template <executor E>
   void decode_accumulate(const E& e, std::span<const std::byte> message, std::span<T> acc, std::span<std::byte> ws,
                          decode_limits limits = {}) const {
-    require_value_type();
+    require_value_type<E>();
     backend<Codec, E>::decode(self(), e, message, acc, ws, limits, true);
   }
 
@@ -76,18 +77,22 @@ class codec_interface {
                          std::span<std::byte> ws, decode_limits limits = {}) const
     requires half_precision<T>
   {
-    require_value_type();
+    require_value_type<E>();
     backend<Codec, E>::decode(self(), e, message, acc, ws, limits, true);
   }
 
  private:
   [[nodiscard]] const Codec& self() const noexcept { return static_cast<const Codec&>(*this); }
 
-  /// A compile error, rather than a deep one, for a codec that does not take 16-bit values yet.
+  /// A compile error, rather than a deep one, for a codec or an executor that does not take
+  /// 16-bit values yet (the host backends of the codecs that say so do).
+  template <executor E>
   static constexpr void require_value_type() noexcept {
     static_assert(!half_precision<T> || takes_half_precision_values<Codec>,
                   "this codec takes float and double gradients only so far; docs/half-precision.md lists the "
                   "codecs that take bf16 and fp16");
+    static_assert(!half_precision<T> || memory_space_of<E> == memory_space::host,
+                  "the CUDA backend takes float and double gradients only so far (docs/half-precision.md §5)");
   }
 };
 

@@ -41,7 +41,9 @@ static_assert(sizeof(bf16) == 2 && alignof(bf16) == 2 && sizeof(fp16) == 2 && al
 namespace detail {
 
 /// The bits of a float32, in constant expressions and device code alike.
-GRADCOMP_HOST_DEVICE constexpr std::uint32_t float_bits_of(float x) noexcept { return __builtin_bit_cast(std::uint32_t, x); }
+GRADCOMP_HOST_DEVICE constexpr std::uint32_t float_bits_of(float x) noexcept {
+  return __builtin_bit_cast(std::uint32_t, x);
+}
 
 /// The float32 of a bit pattern.
 GRADCOMP_HOST_DEVICE constexpr float float_of_bits(std::uint32_t u) noexcept { return __builtin_bit_cast(float, u); }

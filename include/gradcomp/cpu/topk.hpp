@@ -65,10 +65,12 @@ struct backend<topk_sparsifier<T>, cpu_executor> {
     return encode_indexed<std::uint64_t>(codec, grad, out, ws, key);
   }
 
+  /// Decodes into `out` of T, or (a 16-bit T) of float32; with `accumulate` adds instead.
+  template <gradient_value O>
   static void decode(const topk_sparsifier<T>& codec, const cpu_executor&, std::span<const std::byte> message,
-                     std::span<T> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
-    detail::cpu::decode_sparse_message<T>(message, {codec_id::topk, dtype_of<T>, out.size(), codec.params_hash()},
-                                          limits, out, accumulate);
+                     std::span<O> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
+    detail::cpu::decode_sparse_message<T, O>(message, {codec_id::topk, dtype_of<T>, out.size(), codec.params_hash()},
+                                             limits, out, accumulate);
   }
 
  private:

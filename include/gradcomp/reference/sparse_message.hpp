@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string>
 
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
@@ -56,17 +57,39 @@ std::size_t write_sparse_message(envelope header, std::uint64_t k, bool payload_
   return static_cast<std::size_t>(envelope::size + payload);
 }
 
-/// Decodes a sparse message (docs/wire-format.md §4.3 validation first, so `dense` is untouched on error): zeros, then
-/// each kept value written, or each added when `accumulate`.
-template <gradient_value T>
+/// Decodes a sparse message of T values (docs/wire-format.md §4.3 validation first, so `dense` is
+/// untouched on error) into `dense` of O values (T, or float32 for a 16-bit T): zeros, then each
+/// kept value written, or each added when `accumulate`. A 16-bit value reaches a float32 output
+/// widened exactly; a sum into a 16-bit output is taken in float32 and rounded once, after every
+/// sum has been checked to fit (docs/half-precision.md §3; `narrowing_overflow` otherwise).
+template <gradient_value T, gradient_value O = T>
 void decode_sparse_message(std::span<const std::byte> message, const envelope_expectation& want,
-                           const decode_limits& limits, std::span<T> dense, bool accumulate) {
+                           const decode_limits& limits, std::span<O> dense, bool accumulate) {
   const envelope e = parse_envelope(message);
   validate_envelope(e, want, limits);
   const sparse_view<T> view = parse_sparse_payload<T>(e, payload_of(message));
-  if (!accumulate)
-    for (T& v : dense) v = T{0};
-  view.for_each([&](std::uint64_t i, T v) { dense[i] = accumulate ? dense[i] + v : v; });
+  if constexpr (half_precision<T>) {
+    if (accumulate && half_precision<O>) {
+      view.for_each([&](std::uint64_t i, T v) {
+        const float sum = widen(dense[i]) + widen(v);
+        require(narrows_finite<O>(sum), errc::narrowing_overflow, [&] {
+          return "the sum at element " + std::to_string(i) + " (" + std::to_string(sum) +
+                 ") is beyond the 16-bit output's range";
+        });
+      });
+    }
+    if (!accumulate)
+      for (O& v : dense) v = O{};
+    view.for_each([&](std::uint64_t i, T v) {
+      if constexpr (half_precision<O>) dense[i] = accumulate ? narrow<O>(widen(dense[i]) + widen(v)) : v;
+      else
+        dense[i] = accumulate ? dense[i] + widen(v) : widen(v);
+    });
+  } else {
+    if (!accumulate)
+      for (T& v : dense) v = T{0};
+    view.for_each([&](std::uint64_t i, T v) { dense[i] = accumulate ? dense[i] + v : v; });
+  }
 }
 
 }  // namespace gradcomp::detail::reference

@@ -61,10 +61,13 @@ struct backend<topk_sparsifier<T>, reference_executor> {
                                         [&](auto&& visit) { ref::for_each_kept(grad, kth, ties, visit); });
   }
 
+  /// Decodes into `out` of T, or (a 16-bit T) of float32; with `accumulate` adds instead.
+  template <gradient_value O>
   static void decode(const topk_sparsifier<T>& codec, const reference_executor&, std::span<const std::byte> message,
-                     std::span<T> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
-    detail::reference::decode_sparse_message<T>(message, {codec_id::topk, dtype_of<T>, out.size(), codec.params_hash()},
-                                                limits, out, accumulate);
+                     std::span<O> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
+    detail::reference::decode_sparse_message<T, O>(message,
+                                                   {codec_id::topk, dtype_of<T>, out.size(), codec.params_hash()},
+                                                   limits, out, accumulate);
   }
 };
 

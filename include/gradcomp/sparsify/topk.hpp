@@ -6,7 +6,9 @@
 /// payload (sparsify/sparse_format.hpp) with ascending indices. Selection is a radix select on the
 /// magnitude key, never a full sort. Policy for special values: ±0 and subnormals are ordered by
 /// magnitude like any other value (the sign is kept); a gradient holding NaN or ±Inf is rejected
-/// with `errc::non_finite_input` before anything is written.
+/// with `errc::non_finite_input` before anything is written. A bf16 or fp16 gradient is selected
+/// by its 16-bit magnitude keys (they order as the values do) and its kept values travel as they
+/// are, 2 bytes each (docs/half-precision.md); they decode into the 16-bit type or into float32.
 
 #include <cstddef>
 #include <cstdint>
@@ -22,13 +24,14 @@
 
 namespace gradcomp {
 
-/// Exact top-k sparsifier for `float` or `double` gradients.
+/// Exact top-k sparsifier for `float`, `double`, `bf16` or `fp16` gradients.
 template <gradient_value T = float>
 class topk_sparsifier : public codec_interface<topk_sparsifier<T>, T> {
  public:
   using value_type = T;                            ///< Element type of the gradient.
   static constexpr codec_id id = codec_id::topk;   ///< Wire identifier.
   static constexpr bool is_homomorphic = false;    ///< Index sets differ between ranks.
+  static constexpr bool takes_half_precision = true;  ///< bf16 and fp16 values are selected and sent as they are.
 
   /// A sparsifier keeping `amount` of each tensor.
   /// @throws error `invalid_argument` for a density outside (0, 1].

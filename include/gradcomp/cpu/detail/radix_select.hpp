@@ -52,7 +52,7 @@ struct bucket_choice {
 
 /// Selects the `rank`-th largest key (rank ≥ 1) among the keys whose top `known_bits` bits equal
 /// `prefix`, resolving `radix_digit_bits` per pass over `for_each_key`, which must call its argument
-/// once per key, in the same order every time. `key_bits` is the key width (31 for float, 63 for
+/// once per key, in the same order every time. `key_bits` is the key width (15 for bf16 and fp16, 31 for float, 63 for
 /// double); `histogram` needs `radix_buckets` entries.
 template <class K, class ForEachKey>
 [[nodiscard]] kth_key<K> select_kth_largest(ForEachKey&& for_each_key, int key_bits, std::uint64_t rank, K prefix,
@@ -60,14 +60,14 @@ template <class K, class ForEachKey>
   while (known_bits < key_bits) {
     const int digit_bits = key_bits - known_bits < radix_digit_bits ? key_bits - known_bits : radix_digit_bits;
     const int shift = key_bits - known_bits - digit_bits;
-    const K digit_mask = (K{1} << digit_bits) - 1;
+    const auto digit_mask = static_cast<K>((K{1} << digit_bits) - 1);
     for (std::size_t b = 0; b < (std::size_t{1} << digit_bits); ++b) histogram[b] = 0;
     for_each_key([&](K key) {
       if ((key >> (shift + digit_bits)) == prefix) ++histogram[static_cast<std::size_t>((key >> shift) & digit_mask)];
     });
     const bucket_choice choice = choose_bucket(histogram.first(std::size_t{1} << digit_bits), rank);
     rank -= choice.above;
-    prefix = static_cast<K>((prefix << digit_bits) | choice.bucket);
+    prefix = static_cast<K>((static_cast<std::uint64_t>(prefix) << digit_bits) | choice.bucket);
     known_bits += digit_bits;
   }
   return {prefix, rank};
@@ -140,6 +140,15 @@ template <gradient_value T>
       mask |= static_cast<std::uint32_t>(_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(bits, limit)))) << (4 * q);
     }
     return mask;
+  } else if constexpr (half_precision<T>) {
+    // 16-bit keys below 2^15: a signed 16-bit comparison orders them; eight lanes at a time, the
+    // two comparisons packed to bytes for one movemask.
+    const __m128i limit = _mm_set1_epi16(static_cast<short>(static_cast<int>(threshold) - 1));
+    const __m128i magnitude = _mm_set1_epi16(0x7fff);
+    const __m128i low = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(values)), magnitude);
+    const __m128i high = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(values + 8)), magnitude);
+    return static_cast<std::uint32_t>(
+        _mm_movemask_epi8(_mm_packs_epi16(_mm_cmpgt_epi16(low, limit), _mm_cmpgt_epi16(high, limit))));
   }
 #endif
   std::uint32_t mask = 0;
