@@ -37,6 +37,9 @@ class pipeline : public codec_interface<pipeline<S, Q>, typename S::value_type> 
   using value_type = typename S::value_type;           ///< Element type of the gradient.
   static constexpr codec_id id = codec_id::pipeline;   ///< Wire identifier.
   static constexpr bool is_homomorphic = false;        ///< Index sets differ between ranks.
+  /// bf16 and fp16 gradients when both stages take them (docs/half-precision.md): the kept values'
+  /// nested message is the quantizer's 16-bit message.
+  static constexpr bool takes_half_precision = takes_half_precision_values<S> && takes_half_precision_values<Q>;
 
   /// The composition of `sparsify` then `quantize`.
   explicit pipeline(S sparsify = S{}, Q quantize = Q{})

@@ -4,7 +4,10 @@
 // travel as their own 16 bits (2 bytes each, the message size the layout documents); decoding
 // into float32 widens them exactly, accumulation sums in float32 and a 16-bit accumulator rounds
 // once or refuses an overflow with its output untouched; NaN/±Inf and a wrong dtype get named errors.
+// The pipeline of 16-bit top-k and the 16-bit uniform quantizer decodes as its two stages do.
 #include <gradcomp/core/reference_executor.hpp>
+#include <gradcomp/pipeline.hpp>
+#include <gradcomp/quantize/uniform.hpp>
 #include <gradcomp/sparsify/topk.hpp>
 
 #include <doctest/doctest.h>
@@ -71,7 +74,8 @@ TEST_CASE_TEMPLATE("16-bit top-k keeps the oracle's indices and sends each value
   }
 }
 
-TEST_CASE_TEMPLATE("16-bit top-k accumulates in float32, and a 16-bit accumulator rounds once or refuses", H, bf16, fp16) {
+TEST_CASE_TEMPLATE("16-bit top-k accumulates in float32, and a 16-bit accumulator rounds once or refuses", H, bf16,
+                   fp16) {
   const std::size_t n = 4000;
   const topk_sparsifier<H> q(sparsity{.density = 0.05});
   const std::vector<H> x = make_half_input<H>(input_kind::normal, n, 5, 1000.0f);
@@ -105,9 +109,9 @@ TEST_CASE_TEMPLATE("16-bit top-k accumulates in float32, and a 16-bit accumulato
 
 TEST_CASE_TEMPLATE("16-bit top-k rejects NaN and infinities and messages of another dtype", H, bf16, fp16) {
   const topk_sparsifier<H> q(sparsity{.density = 0.1});
-  for (const std::uint16_t bad : {std::uint16_t(float_traits<H>::infinity_key),
-                                  std::uint16_t(0x8000u | float_traits<H>::infinity_key),
-                                  std::uint16_t(float_traits<H>::infinity_key + 3)}) {
+  for (const std::uint16_t bad :
+       {std::uint16_t(float_traits<H>::infinity_key), std::uint16_t(0x8000u | float_traits<H>::infinity_key),
+        std::uint16_t(float_traits<H>::infinity_key + 3)}) {
     std::vector<H> x = make_half_input<H>(input_kind::normal, 500, 9);
     x[250] = H{bad};
     CHECK(encode_outcome_on(reference_executor{}, q, x).status == named(errc::non_finite_input));
@@ -118,4 +122,39 @@ TEST_CASE_TEMPLATE("16-bit top-k rejects NaN and infinities and messages of anot
         named(errc::dtype_mismatch));
   CHECK(decode_status_everywhere(q, encode_bytes(topk_sparsifier<float>(sparsity{.density = 0.1}), widened(x)), 500) ==
         named(errc::dtype_mismatch));
+}
+
+TEST_CASE_TEMPLATE("a 16-bit pipeline (top-k, then 8-bit uniform codes of the kept values) decodes as its stages do", H,
+                   bf16, fp16) {
+  const pipeline<topk_sparsifier<H>, uniform_quantizer<H>> p(topk_sparsifier<H>(sparsity{.density = 0.05}),
+                                                             uniform_quantizer<H>({.bits = 8, .block = 16}));
+  for (const input_kind kind : all_input_kinds) {
+    for (const std::size_t n : edge_sizes) {
+      CAPTURE(name(kind));
+      CAPTURE(n);
+      (void)check_same_as_reference(p, make_half_input<H>(kind, n, 500 + n), {.step = 6, .tensor_id = 2});
+    }
+  }
+  // The oracle: the uniform quantizer's float32 decoding of the kept values (the oracle's top-k
+  // indices, in order) at those indices, zeros elsewhere; a 16-bit output is its rounding.
+  const std::size_t n = 3000;
+  const std::vector<H> x = make_half_input<H>(input_kind::normal, n, 77, 50.0f);
+  const std::vector<std::size_t> kept = topk_indices_oracle<float>(widened(x), p.k(n));
+  std::vector<H> kept_values;
+  for (const std::size_t i : kept) kept_values.push_back(x[i]);
+  const message_key key{.step = 9, .tensor_id = 1};
+  std::vector<float> quantized(kept.size());
+  p.quantize_stage().decode(cpu_executor{}, encode_bytes(p.quantize_stage(), kept_values, key),
+                            std::span<float>(quantized), {});
+  std::vector<float> expected(n, 0.0f);
+  for (std::size_t j = 0; j < kept.size(); ++j) expected[kept[j]] = quantized[j];
+  const std::vector<std::byte> m = encode_bytes(p, x, key);
+  std::vector<std::byte> ws(p.workspace_bytes(cpu_executor{}, n));
+  std::vector<float> as_float(n, 1.0f);
+  p.decode(cpu_executor{}, m, std::span<float>(as_float), ws);
+  CHECK(bitwise_equal(as_float, expected));
+  const std::vector<H> as_half = decode_on(cpu_executor{}, p, m, poisoned_values<H>(n));
+  bool rounded = true;
+  for (std::size_t i = 0; i < n; ++i) rounded = rounded && as_half[i].bits == narrow<H>(as_float[i]).bits;
+  CHECK(rounded);
 }

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string>
 
 #include <gradcomp/core/backend.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
@@ -29,32 +30,36 @@ template <class S, class Q, class E>
   requires(std::same_as<E, reference_executor> || std::same_as<E, cpu_executor>)
 struct backend<pipeline<S, Q>, E> {
   using T = typename S::value_type;
+  using C = compute_type<T>;  ///< What the decoder's kept values are held in (float32 for a 16-bit T).
 
+  /// The workspace, its kept values of type V (T when encoding, C when decoding).
+  template <class V>
   struct scratch {
     std::span<std::byte> sparse;  ///< The sparsifier's message.
     std::span<std::byte> stage;   ///< Workspace of whichever stage runs.
-    std::span<T> values;          ///< Kept values, contiguous.
+    std::span<V> values;          ///< Kept values, contiguous.
   };
 
-  static scratch carve(workspace_arena& arena, const pipeline<S, Q>& codec, const E& e, std::uint64_t n) {
-    scratch s;
+  template <class V>
+  static scratch<V> carve(workspace_arena& arena, const pipeline<S, Q>& codec, const E& e, std::uint64_t n) {
+    scratch<V> s;
     s.sparse = arena.take<std::byte>(codec.sparsify_stage().max_encoded_bytes(n));
     s.stage = arena.take<std::byte>(
         std::max(codec.sparsify_stage().workspace_bytes(e, n), codec.quantize_stage().workspace_bytes(e, n)));
-    s.values = arena.take<T>(static_cast<std::size_t>(n));
+    s.values = arena.take<V>(static_cast<std::size_t>(n));
     return s;
   }
 
   static std::size_t workspace_bytes(const pipeline<S, Q>& codec, const E& e, std::uint64_t n) {
     workspace_arena arena = workspace_arena::measure();
-    carve(arena, codec, e, n);
+    carve<C>(arena, codec, e, n);  // C is at least as large as T
     return arena.bytes_needed();
   }
 
   static std::size_t encode(const pipeline<S, Q>& codec, const E& e, std::span<const T> grad, std::span<std::byte> out,
                             std::span<std::byte> ws, message_key key) {
     workspace_arena arena(ws);
-    const scratch s = carve(arena, codec, e, grad.size());
+    const scratch<T> s = carve<T>(arena, codec, e, grad.size());
     // The sparsifier's own message (docs/wire-format.md §4): its count, index section and kept values.
     const std::size_t sparse_bytes = codec.sparsify_stage().encode(e, grad, s.sparse, s.stage, key);
     const std::span<const std::byte> sparse_message(s.sparse.data(), sparse_bytes);
@@ -81,7 +86,11 @@ struct backend<pipeline<S, Q>, E> {
     return static_cast<std::size_t>(envelope::size + payload_bytes);
   }
 
-  static void decode(const pipeline<S, Q>& codec, const E& e, std::span<const std::byte> message, std::span<T> out,
+  /// Decodes into `out` of T, or (a 16-bit T) of float32; with `accumulate` adds instead. A
+  /// 16-bit T's kept values are decoded into float32 and reach a 16-bit output rounded once
+  /// (docs/half-precision.md §3), every result checked to fit before the first is written.
+  template <gradient_value O>
+  static void decode(const pipeline<S, Q>& codec, const E& e, std::span<const std::byte> message, std::span<O> out,
                      std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
     // docs/wire-format.md §12.2, in order: the envelope, the count and index section, the workspace,
     // the nested message's key, then the quantizer's own checks of the nested message.
@@ -90,16 +99,31 @@ struct backend<pipeline<S, Q>, E> {
     const std::span<const std::byte> payload = payload_of(message);
     const sparse_indices index = parse_sparse_indices(env, payload, 0);
     workspace_arena arena(ws);
-    const scratch s = carve(arena, codec, e, out.size());
-    const std::span<T> values(s.values.data(), static_cast<std::size_t>(index.kept));
+    const scratch<C> s = carve<C>(arena, codec, e, out.size());
+    const std::span<C> values(s.values.data(), static_cast<std::size_t>(index.kept));
     const std::span<const std::byte> nested = payload.subspan(static_cast<std::size_t>(index.bytes()));
     detail::require(parse_envelope(nested).key == env.key, errc::step_mismatch,
                     "the nested quantizer message belongs to another step or tensor");
     codec.quantize_stage().decode(e, nested, values, s.stage,
                                   {.max_elements = index.kept, .require_checksum = limits.require_checksum});
-    // Zeros (decode), then value j at the j-th kept index, written or added.
-    if (!accumulate) std::fill(out.begin(), out.end(), T{0});
-    index.for_each([&](std::uint64_t j, std::uint64_t i) { out[i] = accumulate ? out[i] + values[j] : values[j]; });
+    // Zeros (decode), then value j at the j-th kept index, written or added (a 16-bit output's
+    // results checked to fit first, then rounded once).
+    const auto result = [&](std::uint64_t j, std::uint64_t i) {
+      return accumulate ? widen(out[i]) + values[j] : values[j];
+    };
+    if constexpr (half_precision<O>) {
+      index.for_each([&](std::uint64_t j, std::uint64_t i) {
+        detail::require(narrows_finite<O>(result(j, i)), errc::narrowing_overflow, [&] {
+          return "the value at element " + std::to_string(i) + " is beyond the 16-bit output's range";
+        });
+      });
+    }
+    if (!accumulate) std::fill(out.begin(), out.end(), O{});
+    index.for_each([&](std::uint64_t j, std::uint64_t i) {
+      if constexpr (half_precision<O>) out[i] = narrow<O>(result(j, i));
+      else
+        out[i] = result(j, i);
+    });
   }
 };
 
