@@ -53,6 +53,8 @@ class sign_quantizer : public codec_interface<sign_quantizer<T>, T> {
   using value_type = T;                           ///< Element type of the gradient.
   static constexpr codec_id id = codec_id::sign;  ///< Wire identifier.
   static constexpr bool is_homomorphic = false;   ///< Block scales differ between ranks.
+  using scale_type = compute_type<T>;              ///< Type of the scales: float32 for bf16 and fp16.
+  static constexpr bool takes_half_precision = true;  ///< bf16 and fp16: signs and float32 mean magnitudes.
 
   /// @throws error `invalid_argument` for invalid parameters.
   explicit sign_quantizer(sign_params params = {}, wire_options wire = {}) : params_(params), wire_(wire) {
@@ -69,7 +71,7 @@ class sign_quantizer : public codec_interface<sign_quantizer<T>, T> {
   }
   /// Payload bytes of an n-element tensor (scales, then packed sign bits).
   [[nodiscard]] std::uint64_t payload_bytes(std::uint64_t n) const noexcept {
-    return block_count(n) * sizeof(T) + packed_bytes(n, 1);
+    return block_count(n) * sizeof(scale_type) + packed_bytes(n, 1);
   }
   /// Exact size of every message for n elements.
   [[nodiscard]] std::size_t max_encoded_bytes(std::uint64_t n) const noexcept {

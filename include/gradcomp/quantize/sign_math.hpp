@@ -115,12 +115,15 @@ struct sign_magnitude_sum : block_sum<T> {
 };
 
 /// Scale of a block of `count` ≥ 1 finite values whose largest magnitude is `max_abs`: their mean
-/// magnitude, summed in the documented order (this file's comment).
-template <gradient_value T>
-GRADCOMP_HOST_DEVICE inline T sign_block_scale(const T* x, std::uint64_t count, T max_abs) noexcept {
+/// magnitude, summed in the documented order (this file's comment); bf16 and fp16 values as their
+/// float32 widenings (docs/half-precision.md), the scale a float32.
+template <gradient_value X>
+GRADCOMP_HOST_DEVICE inline compute_type<X> sign_block_scale(const X* x, std::uint64_t count,
+                                                             compute_type<X> max_abs) noexcept {
+  using T = compute_type<X>;
   if (!(max_abs > T{0})) return T{0};
   sign_magnitude_sum<T> sum(max_abs);
-  for (std::uint64_t i = 0; i < count; ++i) sum.add(x[i]);
+  for (std::uint64_t i = 0; i < count; ++i) sum.add(widen(x[i]));
   return sum.scale(count, max_abs);
 }
 
