@@ -17,6 +17,7 @@
 #include <gradcomp/core/crc32c.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/cpu/detail/half_conversion.hpp>
 #include <gradcomp/cpu/detail/message.hpp>
 #include <gradcomp/quantize/sign.hpp>
 
@@ -96,16 +97,7 @@ struct backend<sign_quantizer<T>, cpu_executor> {
         }
       }
     };
-    if constexpr (half_precision<O>) {
-      for_each_value([&](std::uint64_t i, C v) {
-        detail::require(narrows_finite<O>(v), errc::narrowing_overflow, [&] {
-          return "the value at element " + std::to_string(i) + " is beyond the 16-bit output's range";
-        });
-      });
-      for_each_value([&](std::uint64_t i, C v) { dense[i] = narrow<O>(v); });
-    } else {
-      for_each_value([&](std::uint64_t i, C v) { dense[i] = v; });
-    }
+    detail::cpu::store_values(for_each_value, dense);
   }
 
  private:

@@ -62,6 +62,8 @@ class qsgd_quantizer : public codec_interface<qsgd_quantizer<T>, T> {
   using value_type = T;                           ///< Element type of the gradient.
   static constexpr codec_id id = codec_id::qsgd;  ///< Wire identifier.
   static constexpr bool is_homomorphic = false;   ///< Bucket norms differ between ranks.
+  using scale_type = compute_type<T>;              ///< Type of the norms: float32 for bf16 and fp16.
+  static constexpr bool takes_half_precision = true;  ///< bf16 and fp16: levels of the widened values, float32 norms.
 
   /// @throws error `invalid_argument` for invalid parameters.
   explicit qsgd_quantizer(qsgd_params params = {}, wire_options wire = {}) : params_(params), wire_(wire) {
@@ -82,7 +84,7 @@ class qsgd_quantizer : public codec_interface<qsgd_quantizer<T>, T> {
   }
   /// Payload bytes of an n-element tensor (norms, then packed codes).
   [[nodiscard]] std::uint64_t payload_bytes(std::uint64_t n) const noexcept {
-    return bucket_count(n) * sizeof(T) + packed_bytes(n, bits());
+    return bucket_count(n) * sizeof(scale_type) + packed_bytes(n, bits());
   }
   /// Exact size of every message for n elements.
   [[nodiscard]] std::size_t max_encoded_bytes(std::uint64_t n) const noexcept {

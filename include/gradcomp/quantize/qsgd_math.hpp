@@ -72,12 +72,15 @@ struct qsgd_square_sum : block_sum<T> {
 };
 
 /// Norm of a bucket of `count` ≥ 1 finite values whose largest magnitude is `max_abs`, computed in
-/// the documented order. Returns false (leaving `norm` unset) when the norm is not representable in T.
-template <gradient_value T>
-GRADCOMP_HOST_DEVICE inline bool qsgd_bucket_norm(const T* x, std::uint64_t count, T max_abs, T& norm) noexcept {
+/// the documented order (bf16 and fp16 values as their float32 widenings, the norm a float32).
+/// Returns false (leaving `norm` unset) when the norm is not representable in the compute type.
+template <gradient_value X>
+GRADCOMP_HOST_DEVICE inline bool qsgd_bucket_norm(const X* x, std::uint64_t count, compute_type<X> max_abs,
+                                                  compute_type<X>& norm) noexcept {
+  using T = compute_type<X>;
   qsgd_square_sum<T> sum(max_abs);
   if (max_abs > T{0})
-    for (std::uint64_t i = 0; i < count; ++i) sum.add(x[i]);
+    for (std::uint64_t i = 0; i < count; ++i) sum.add(widen(x[i]));
   return sum.norm(max_abs, norm);
 }
 

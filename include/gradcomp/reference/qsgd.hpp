@@ -10,6 +10,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <vector>
 
 #include <gradcomp/core/backend.hpp>
 #include <gradcomp/core/bit_packing.hpp>
@@ -42,7 +43,7 @@ struct backend<qsgd_quantizer<T>, reference_executor> {
     const std::size_t size = codec.max_encoded_bytes(n);
     detail::begin_host_message(out, size);
     std::byte* const norms = out.data() + envelope::size;
-    auto* const codes = reinterpret_cast<std::uint8_t*>(norms + codec.bucket_count(n) * sizeof(T));
+    auto* const codes = reinterpret_cast<std::uint8_t*>(norms + codec.bucket_count(n) * sizeof(C));
 
     // docs/quantizers.md §12.6: a gradient holding NaN or ±Inf is rejected; the envelope stays zero.
     ref::require_finite(grad);
@@ -51,7 +52,7 @@ struct backend<qsgd_quantizer<T>, reference_executor> {
     for (std::uint64_t j = 0; j < codec.bucket_count(n); ++j) {
       const std::uint64_t begin = j * bucket;
       const std::uint64_t end = std::min(n, begin + bucket);
-      T norm{};
+      C norm{};
       detail::require(qsgd_bucket_norm(grad.data() + begin, end - begin, ref::max_magnitude(grad, begin, end), norm),
                       errc::non_finite_input,
                       [&] { return "the L2 norm of bucket " + std::to_string(j) + " overflows the value type"; });
@@ -63,10 +64,10 @@ struct backend<qsgd_quantizer<T>, reference_executor> {
     std::memset(codes, 0, static_cast<std::size_t>(packed_bytes(n, bits)));
     const random_stream stream{codec.params().seed, key.step, key.tensor_id, random_purpose::stochastic_rounding};
     for (std::uint64_t i = 0; i < n; ++i) {
-      const T norm = ref::load_value<T>(norms, i / bucket);
-      if (norm == T{0}) continue;
-      const T u = static_cast<T>(stream.word(i) >> 8) * static_cast<T>(1.0 / 16777216.0);
-      const int level = qsgd_level(std::fabs(grad[i]), norm, levels, u);
+      const C norm = ref::load_value<C>(norms, i / bucket);
+      if (norm == C{0}) continue;
+      const C u = static_cast<C>(stream.word(i) >> 8) * static_cast<C>(1.0 / 16777216.0);
+      const int level = qsgd_level(std::fabs(widen(grad[i])), norm, levels, u);
       const std::uint8_t code = qsgd_code(level, sign_bit_of(grad[i]), bits);
       const std::uint64_t bit = i * static_cast<std::uint64_t>(bits);
       codes[bit / 8] = static_cast<std::uint8_t>(codes[bit / 8] | code << (bit % 8));
@@ -80,8 +81,10 @@ struct backend<qsgd_quantizer<T>, reference_executor> {
     return size;
   }
 
+  /// Decodes into `out` of T, or (a 16-bit T) of float32; with `accumulate` adds instead.
+  template <gradient_value O>
   static void decode(const qsgd_quantizer<T>& codec, const reference_executor&, std::span<const std::byte> message,
-                     std::span<T> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
+                     std::span<O> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
     namespace ref = detail::reference;
     // docs/quantizers.md §12.5: the envelope and the payload size.
     const envelope e = parse_envelope(message);
@@ -92,11 +95,11 @@ struct backend<qsgd_quantizer<T>, reference_executor> {
     const std::uint64_t n = e.elements;
     const std::uint64_t bucket = codec.params().bucket;
     const std::byte* const norms = message.data() + envelope::size;
-    const auto* const codes = reinterpret_cast<const std::uint8_t*>(norms + codec.bucket_count(n) * sizeof(T));
+    const auto* const codes = reinterpret_cast<const std::uint8_t*>(norms + codec.bucket_count(n) * sizeof(C));
 
     // docs/quantizers.md §12.5: every norm finite with its sign bit clear.
     for (std::uint64_t j = 0; j < codec.bucket_count(n); ++j) {
-      const T norm = ref::load_value<T>(norms, j);
+      const C norm = ref::load_value<C>(norms, j);
       detail::require(sign_bit_of(norm) == 0 && is_finite(norm), errc::malformed_payload,
                       [&] { return "norm of bucket " + std::to_string(j) + " is negative or not finite"; });
     }
@@ -104,7 +107,7 @@ struct backend<qsgd_quantizer<T>, reference_executor> {
     for (std::uint64_t i = 0; i < n; ++i) {
       const std::uint8_t code = packed_code(codes, i, bits);
       const int level = qsgd_code_level(code, bits);
-      const bool zero_norm = ref::load_value<T>(norms, i / bucket) == T{0};
+      const bool zero_norm = ref::load_value<C>(norms, i / bucket) == C{0};
       detail::require(zero_norm ? code == 0 : level <= static_cast<int>(levels) && (level != 0 || code == 0),
                       errc::malformed_payload, [&] {
                         return "code " + std::to_string(i) +
@@ -116,12 +119,18 @@ struct backend<qsgd_quantizer<T>, reference_executor> {
       detail::require((codes[used_bits / 8] >> (used_bits % 8)) == 0, errc::malformed_payload,
                       "non-zero padding bits after the last code");
 
-    // docs/quantizers.md §12.4 decoding: ±norm·fl(level/s), written or added.
+    // docs/quantizers.md §12.4 decoding: ±norm·fl(level/s), written or added (in C; a 16-bit
+    // output narrowed after every result is checked to fit, docs/half-precision.md §3).
+    std::vector<C> results(static_cast<std::size_t>(n));
     for (std::uint64_t i = 0; i < n; ++i) {
-      const T value = qsgd_decoded(packed_code(codes, i, bits), ref::load_value<T>(norms, i / bucket), levels, bits);
-      out[i] = accumulate ? out[i] + value : value;
+      const C value = qsgd_decoded(packed_code(codes, i, bits), ref::load_value<C>(norms, i / bucket), levels, bits);
+      results[i] = accumulate ? widen(out[i]) + value : value;
     }
+    ref::store_results(results, out);
   }
+
+ private:
+  using C = compute_type<T>;  ///< The norms' and the arithmetic's type: float32 for a 16-bit T.
 };
 
 }  // namespace gradcomp

@@ -2,13 +2,15 @@
 /// @file
 /// Runs of 16-bit values widened to float32 and float32 values narrowed back, for the CPU kernels
 /// that read and write bf16 and fp16 gradients a cache-resident stage at a time (no float32 copy
-/// of the whole gradient). Each value converts as core/half_float.hpp's `widen` and `narrow`
+/// of the whole gradient), and the decoders' checked store of results into a 16-bit output. Each value converts as core/half_float.hpp's `widen` and `narrow`
 /// define, bit for bit; bf16 takes SSE2 (its widening is a 16-bit shift), fp16 the scalar
 /// conversion.
 
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
+#include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/half_float.hpp>
 
@@ -63,6 +65,26 @@ inline void narrow_values(const float* wide, std::uint64_t count, T* out) noexce
   }
 #endif
   for (; i < count; ++i) out[i] = narrow<T>(wide[i]);
+}
+
+/// Writes the results `for_each_result(use)` produces, calling `use(i, value)` in the compute type
+/// for every element i, to `out`: as they are, or narrowed to out's 16-bit type after a first run
+/// checks that none becomes ±Inf (docs/half-precision.md §3); `for_each_result` runs once or twice
+/// and must produce the same results each time (it may read `out`).
+/// @throws error `narrowing_overflow` naming the first result that would; `out` is then untouched.
+template <class ForEachResult, gradient_value O>
+void store_values(ForEachResult&& for_each_result, O* out) {
+  if constexpr (half_precision<O>) {
+    for_each_result([&](std::uint64_t i, float v) {
+      require(narrows_finite<O>(v), errc::narrowing_overflow, [&] {
+        return "the value at element " + std::to_string(i) + " (" + std::to_string(v) +
+               ") is beyond the 16-bit output's range";
+      });
+    });
+    for_each_result([&](std::uint64_t i, float v) { out[i] = narrow<O>(v); });
+  } else {
+    for_each_result([&](std::uint64_t i, O v) { out[i] = v; });
+  }
 }
 
 }  // namespace gradcomp::detail::cpu
