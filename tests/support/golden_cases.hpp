@@ -106,6 +106,8 @@ void for_each_golden_half_codec(F&& f) {
     message_key{.step = 5, .tensor_id = 2});
   f("qsgd_bf16.bin", qsgd_quantizer<bf16>({.levels = 15, .bucket = 32, .seed = 3}), golden_input<bf16>(100),
     message_key{.step = 4, .tensor_id = 1});
+  f("threshold_bf16.bin", threshold_sparsifier<bf16>({.target = {.density = 0.02}, .seed = 1}),
+    golden_input<bf16>(5000), message_key{.step = 3, .tensor_id = 4});
   f("pipeline_topk_u8_bf16.bin",
     pipeline(topk_sparsifier<bf16>(sparsity{.k = 30}), uniform_quantizer<bf16>({.bits = 8, .block = 16})),
     golden_input<bf16>(1000), message_key{.step = 2, .tensor_id = 4});

@@ -57,10 +57,13 @@ struct backend<threshold_sparsifier<T>, cpu_executor> {
     return encode_indexed<std::uint64_t>(codec, grad, out, ws, key);
   }
 
+  /// Decodes into `out` of T, or (a 16-bit T) of float32; with `accumulate` adds instead.
+  template <gradient_value O>
   static void decode(const threshold_sparsifier<T>& codec, const cpu_executor&, std::span<const std::byte> message,
-                     std::span<T> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
-    detail::cpu::decode_sparse_message<T>(message, {codec_id::threshold, dtype_of<T>, out.size(), codec.params_hash()},
-                                          limits, out, accumulate);
+                     std::span<O> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
+    detail::cpu::decode_sparse_message<T, O>(message,
+                                             {codec_id::threshold, dtype_of<T>, out.size(), codec.params_hash()},
+                                             limits, out, accumulate);
   }
 
  private:
@@ -105,7 +108,9 @@ struct backend<threshold_sparsifier<T>, cpu_executor> {
     const std::uint64_t k = codec.k(n);
     const envelope header{codec_id::threshold, dtype_of<T>, 0, 0, key, n, 0, codec.params_hash(), 0};
     const bool checksum = codec.wire().payload_checksum;
-    if (n == 0) return {detail::cpu::write_sparse_message<T>(header, 0, checksum, out, [](auto&) {}), 0, 0, T{0}, 0.0};
+    if (n == 0)
+      return {detail::cpu::write_sparse_message<T>(header, 0, checksum, out, [](auto&) {}), 0, 0, compute_type<T>{0},
+              0.0};
 
     workspace_arena arena(ws);
     const scratch<Index> s = carve<Index>(arena, codec, n);
@@ -148,7 +153,7 @@ struct backend<threshold_sparsifier<T>, cpu_executor> {
         sink.push(kept[j], v);
       }
     });
-    return {bytes, count, k, from_bits<T>(tau), static_cast<double>(count) / static_cast<double>(n)};
+    return {bytes, count, k, widen(from_bits<T>(tau)), static_cast<double>(count) / static_cast<double>(n)};
   }
 };
 

@@ -45,7 +45,9 @@ struct backend<threshold_sparsifier<T>, reference_executor> {
     const envelope header{codec_id::threshold, dtype_of<T>, 0, 0, key, n, 0, codec.params_hash(), 0};
     const bool checksum = codec.wire().payload_checksum;
     // docs/sparsifiers.md §4.1 step 1: n = 0 sends the empty message.
-    if (n == 0) return {ref::write_sparse_message<T>(header, 0, checksum, grad, out, [](auto&&) {}), 0, 0, T{0}, 0.0};
+    if (n == 0)
+      return {ref::write_sparse_message<T>(header, 0, checksum, grad, out, [](auto&&) {}), 0, 0, compute_type<T>{0},
+              0.0};
 
     // docs/sparsifiers.md §4.1 step 6: NaN or ±Inf anywhere is rejected (every one of them would be kept and sent).
     ref::require_finite(grad);
@@ -84,15 +86,17 @@ struct backend<threshold_sparsifier<T>, reference_executor> {
     const std::size_t bytes = ref::write_sparse_message<T>(header, count, checksum, grad, out, [&](auto&& visit) {
       ref::for_each_kept(grad, kth, ties, visit);
     });
-    return {bytes, count, k, from_bits<T>(tau), static_cast<double>(count) / static_cast<double>(n)};
+    return {bytes, count, k, widen(from_bits<T>(tau)), static_cast<double>(count) / static_cast<double>(n)};
   }
 
+  /// Decodes into `out` of T, or (a 16-bit T) of float32; with `accumulate` adds instead.
+  template <gradient_value O>
   static void decode(const threshold_sparsifier<T>& codec, const reference_executor&,
-                     std::span<const std::byte> message, std::span<T> out, std::span<std::byte>,
+                     std::span<const std::byte> message, std::span<O> out, std::span<std::byte>,
                      const decode_limits& limits, bool accumulate) {
-    detail::reference::decode_sparse_message<T>(message,
-                                                {codec_id::threshold, dtype_of<T>, out.size(), codec.params_hash()},
-                                                limits, out, accumulate);
+    detail::reference::decode_sparse_message<T, O>(message,
+                                                   {codec_id::threshold, dtype_of<T>, out.size(), codec.params_hash()},
+                                                   limits, out, accumulate);
   }
 };
 

@@ -21,6 +21,7 @@
 #include <gradcomp/core/concepts.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/memory_space.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/sparsify/sparse_format.hpp>
 #include <gradcomp/sparsify/sparsity.hpp>
@@ -52,17 +53,20 @@ struct threshold_report {
   std::size_t bytes = 0;       ///< Message size.
   std::uint64_t kept = 0;      ///< Elements sent.
   std::uint64_t target = 0;    ///< Elements asked for (k).
-  T threshold = 0;             ///< Magnitude threshold τ used by the selection pass.
+  compute_type<T> threshold = 0;  ///< Magnitude threshold τ used by the selection pass (float32 for bf16, fp16).
   double density = 0.0;        ///< kept / n (0 for an empty tensor).
 };
 
-/// Sampled-threshold sparsifier for `float` or `double` gradients.
+/// Sampled-threshold sparsifier for `float`, `double`, `bf16` or `fp16` gradients (a 16-bit gradient
+/// is sampled and selected by its 16-bit magnitude keys, and its kept values sent as they are, 2 bytes
+/// each: docs/half-precision.md).
 template <gradient_value T = float>
 class threshold_sparsifier : public codec_interface<threshold_sparsifier<T>, T> {
  public:
   using value_type = T;                               ///< Element type of the gradient.
   static constexpr codec_id id = codec_id::threshold; ///< Wire identifier.
   static constexpr bool is_homomorphic = false;       ///< Index sets differ between ranks.
+  static constexpr bool takes_half_precision = true;  ///< bf16 and fp16 values are selected and sent as they are.
 
   /// @throws error `invalid_argument` for a parameter out of range.
   explicit threshold_sparsifier(threshold_params params = {}, wire_options wire = {}) : params_(params), wire_(wire) {
@@ -110,6 +114,8 @@ class threshold_sparsifier : public codec_interface<threshold_sparsifier<T>, T> 
   template <executor E>
   threshold_report<T> encode_with_report(const E& e, std::span<const T> grad, std::span<std::byte> out,
                                          std::span<std::byte> ws, message_key key = {}) const {
+    static_assert(!half_precision<T> || memory_space_of<E> == memory_space::host,
+                  "the CUDA backend takes float and double gradients only so far (docs/half-precision.md §5)");
     return backend<threshold_sparsifier, E>::encode_with_report(*this, e, grad, out, ws, key);
   }
   /// Encodes `grad` into `out` (the report discarded). @returns bytes written.

@@ -1,13 +1,15 @@
-// Exact top-k on bf16 and fp16 gradients (docs/half-precision.md): every cpu_executor setting
+// Exact top-k and threshold sparsification on bf16 and fp16 gradients (docs/half-precision.md): every cpu_executor setting
 // writes the reference's bytes and decodes them alike; the kept indices are those of an
 // independent oracle (a full sort of the widened magnitudes, ties to the lower index), the values
 // travel as their own 16 bits (2 bytes each, the message size the layout documents); decoding
 // into float32 widens them exactly, accumulation sums in float32 and a 16-bit accumulator rounds
 // once or refuses an overflow with its output untouched; NaN/±Inf and a wrong dtype get named errors.
-// The pipeline of 16-bit top-k and the 16-bit uniform quantizer decodes as its two stages do.
+// The pipeline of 16-bit top-k and the 16-bit uniform quantizer decodes as its two stages do, and
+// threshold sparsification of a 16-bit gradient keeps what the float32 one keeps of the widened values.
 #include <gradcomp/core/reference_executor.hpp>
 #include <gradcomp/pipeline.hpp>
 #include <gradcomp/quantize/uniform.hpp>
+#include <gradcomp/sparsify/threshold.hpp>
 #include <gradcomp/sparsify/topk.hpp>
 
 #include <doctest/doctest.h>
@@ -157,4 +159,41 @@ TEST_CASE_TEMPLATE("a 16-bit pipeline (top-k, then 8-bit uniform codes of the ke
   bool rounded = true;
   for (std::size_t i = 0; i < n; ++i) rounded = rounded && as_half[i].bits == narrow<H>(as_float[i]).bits;
   CHECK(rounded);
+}
+
+TEST_CASE_TEMPLATE(
+    "16-bit threshold sparsification: the reference's bytes, the float32 selection of the widened values", H, bf16,
+    fp16) {
+  for (const bool refine : {false, true}) {
+    CAPTURE(refine);
+    const threshold_params params{.target = {.density = 0.02}, .refine = refine, .seed = 4};
+    const threshold_sparsifier<H> q(params);
+    for (const input_kind kind : all_input_kinds) {
+      for (const std::size_t n : edge_sizes) {
+        CAPTURE(name(kind));
+        CAPTURE(n);
+        (void)check_same_as_reference(q, make_half_input<H>(kind, n, 900 + n), {.step = 3, .tensor_id = 1});
+      }
+    }
+    // The same sample positions and the same order of magnitudes as the float32 sparsifier's on the
+    // widened values, so the same kept elements; the oracle for the unrefined selection: every
+    // element whose widened magnitude reaches the reported τ.
+    const std::size_t n = 20000;
+    const std::vector<H> x = make_half_input<H>(input_kind::normal, n, 41, 30.0f);
+    std::vector<std::byte> m(q.max_encoded_bytes(n)), ws(q.workspace_bytes(cpu_executor{}, n));
+    const threshold_report<H> report = q.encode_with_report(cpu_executor{}, std::span<const H>(x), m, ws, {.step = 2});
+    m.resize(report.bytes);
+    const threshold_sparsifier<float> f(params);
+    const std::vector<float> w = widened(x);
+    std::vector<float> from_half(n), from_float(n);
+    q.decode(cpu_executor{}, m, std::span<float>(from_half), {});
+    f.decode(cpu_executor{}, encode_bytes(f, w, {.step = 2}), std::span<float>(from_float), {});
+    CHECK(bitwise_equal(from_half, from_float));
+    if (!refine) {
+      bool kept_as_documented = true;
+      for (std::size_t i = 0; i < n; ++i)
+        kept_as_documented = kept_as_documented && (std::fabs(w[i]) >= report.threshold) == (from_half[i] != 0.0f);
+      CHECK(kept_as_documented);
+    }
+  }
 }
