@@ -23,13 +23,17 @@
 /// | 0 | 4 | magic "GCEF" |
 /// | 4 | 2 | format version (1) |
 /// | 6 | 2 | inner `codec_id` |
-/// | 8 | 1 | `value_dtype` |
+/// | 8 | 1 | `value_dtype` of the gradient |
 /// | 9 | 8 | element count n |
 /// | 17 | 8 | steps taken |
-/// | 25 | 8 | state hash: the inner `params_hash()`; with β ≠ 1, `params_hasher` of that hash and β as T |
+/// | 25 | 8 | state hash: the inner `params_hash()`; with β ≠ 1, `params_hasher` of that hash and β as R |
 /// | 33 | 4 | CRC-32C of bytes 0..32 |
-/// | 37 | n·sizeof(T) | residual values |
-/// | 37 + n·sizeof(T) | 4 | CRC-32C of the residual values |
+/// | 37 | n·sizeof(R) | residual values |
+/// | 37 + n·sizeof(R) | 4 | CRC-32C of the residual values |
+///
+/// R is the residual's type, `compute_type<T>`: the gradient's type for float and double, float32
+/// for a bf16 or fp16 gradient, whose residual is mostly below the 16-bit type's resolution
+/// (docs/half-precision.md §5); the dtype byte names the gradient's type.
 ///
 /// `load_state` checks, in this order, and throws the named `errc` before touching the state:
 /// length of the header (`truncated`), magic (`bad_magic`), version (`unsupported_version`),
@@ -114,33 +118,36 @@ static_assert(error_feedback_saved_format::header_bytes == 37, "the table in thi
 /// the codec dropped, times the decay β, into the next step. Entry points: see
 /// feedback/feedback_interface.hpp; `encode` sends C(g + e) and sets e ← fl(β·(g + e − D(C(g + e)))),
 /// and throws `non_finite_input` for NaN or ±Inf in g or g + e with the state unchanged.
+///
+/// A bf16 or fp16 gradient keeps its residual in float32 (`error_type`): a = widen(g) + e in float32,
+/// rounded to the 16-bit type (nearest even) for the inner codec, whose message is decoded into
+/// float32; the new residual a − D(C(round(a))) keeps the rounding too, so nothing is lost.
 template <class Codec>
-class error_feedback
-    : public feedback_interface<error_feedback<Codec>, Codec, error_feedback_state<typename Codec::value_type>> {
-  using base = feedback_interface<error_feedback<Codec>, Codec, error_feedback_state<typename Codec::value_type>>;
+class error_feedback : public feedback_interface<error_feedback<Codec>, Codec,
+                                                 error_feedback_state<compute_type<typename Codec::value_type>>> {
+  using base =
+      feedback_interface<error_feedback<Codec>, Codec, error_feedback_state<compute_type<typename Codec::value_type>>>;
 
  public:
+  using typename base::error_type;
   using typename base::value_type;
-  static_assert(
-      !half_precision<value_type>,
-      "the state of a bf16 or fp16 gradient is not implemented yet: widen to float32 (docs/half-precision.md §5)");
 
   /// Error feedback around `inner` with decay `params.decay`.
   /// @throws error `invalid_argument` unless 0 < decay ≤ 1 (NaN included) and decay rounded to
-  /// `value_type` is still positive.
+  /// `error_type` is still positive.
   explicit error_feedback(Codec inner = Codec{}, error_feedback_params params = {})
       : base(std::move(inner)), params_(params), decay_(checked_decay(params)) {}
 
   /// The parameters.
   [[nodiscard]] const error_feedback_params& params() const noexcept { return params_; }
-  /// β rounded to `value_type`: what a step multiplies the new residual by.
-  [[nodiscard]] value_type decay() const noexcept { return decay_; }
+  /// β rounded to `error_type`: what a step multiplies the new residual by.
+  [[nodiscard]] error_type decay() const noexcept { return decay_; }
 
   /// What a saved state carries at offset 25 and `load_state` compares: the inner codec's
   /// `params_hash()` when β = 1 (the bytes of states saved before the decay existed), otherwise
-  /// the `params_hasher` of that hash and β (as `value_type`). Messages keep the inner hash.
+  /// the `params_hasher` of that hash and β (as `error_type`). Messages keep the inner hash.
   [[nodiscard]] std::uint64_t state_hash() const noexcept {
-    if (decay_ == value_type{1}) return this->params_hash();
+    if (decay_ == error_type{1}) return this->params_hash();
     return params_hasher{}.add(this->params_hash()).add(decay_).value();
   }
 
@@ -157,7 +164,7 @@ class error_feedback
   /// Size of a saved state of n elements (format in this file's comment; `load_state` checks it in
   /// the order given there).
   [[nodiscard]] static constexpr std::size_t saved_state_bytes(std::uint64_t n) noexcept {
-    return error_feedback_saved_format::header_bytes + static_cast<std::size_t>(n) * sizeof(value_type) +
+    return error_feedback_saved_format::header_bytes + static_cast<std::size_t>(n) * sizeof(error_type) +
            error_feedback_saved_format::checksum_bytes;
   }
 
@@ -175,7 +182,7 @@ class error_feedback
     format::steps.store(p, steps);
     format::state_hash.store(p, state_hash());
     copy_residual(p + format::header_bytes);
-    detail::seal_state<format>(p, static_cast<std::size_t>(n) * sizeof(value_type));
+    detail::seal_state<format>(p, static_cast<std::size_t>(n) * sizeof(error_type));
     return size;
   }
 
@@ -196,31 +203,31 @@ class error_feedback
     detail::require(format::state_hash.load(p) == state_hash(), errc::parameter_mismatch,
                     "codec parameters or decay (state hash) differ between the saved state and this wrapper");
     const std::span<const std::byte> values =
-        detail::check_state_body<format>(bytes, static_cast<std::size_t>(n) * sizeof(value_type));
-    typename float_traits<value_type>::bits_type largest = 0;
-    for (std::size_t i = 0; i < values.size(); i += sizeof(value_type)) {
-      value_type v;
+        detail::check_state_body<format>(bytes, static_cast<std::size_t>(n) * sizeof(error_type));
+    typename float_traits<error_type>::bits_type largest = 0;
+    for (std::size_t i = 0; i < values.size(); i += sizeof(error_type)) {
+      error_type v;
       std::memcpy(&v, values.data() + i, sizeof v);
       largest = std::max(largest, magnitude_key(v));
     }
-    detail::require(largest < float_traits<value_type>::infinity_key, errc::malformed_payload,
+    detail::require(largest < float_traits<error_type>::infinity_key, errc::malformed_payload,
                     "a saved residual value is NaN or Inf");
     return {format::steps.load(p), values};
   }
 
  private:
-  /// β rounded to `value_type`. @throws error `invalid_argument` as the constructor says.
-  static value_type checked_decay(const error_feedback_params& params) {
+  /// β rounded to `error_type`. @throws error `invalid_argument` as the constructor says.
+  static error_type checked_decay(const error_feedback_params& params) {
     detail::require(params.decay > 0.0 && params.decay <= 1.0, errc::invalid_argument,
                     [&] { return "error feedback's decay must lie in (0, 1], got " + std::to_string(params.decay); });
-    const auto beta = static_cast<value_type>(params.decay);
-    detail::require(beta > value_type{0}, errc::invalid_argument,
+    const auto beta = static_cast<error_type>(params.decay);
+    detail::require(beta > error_type{0}, errc::invalid_argument,
                     [&] { return "error feedback's decay " + std::to_string(params.decay) + " rounds to 0"; });
     return beta;
   }
 
   error_feedback_params params_;
-  value_type decay_;
+  error_type decay_;
 };
 
 }  // namespace gradcomp

@@ -11,6 +11,7 @@
 
 #include <gradcomp/core/backend.hpp>
 #include <gradcomp/core/concepts.hpp>
+#include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 
 namespace gradcomp {
@@ -22,6 +23,9 @@ class feedback_interface {
 
  public:
   using value_type = typename Codec::value_type;  ///< Element type of the gradient.
+  /// Type of the carried error and of its arithmetic: float32 for a bf16 or fp16 gradient
+  /// (docs/half-precision.md §5), the gradient's type otherwise.
+  using error_type = compute_type<value_type>;
   using state_type = State;                       ///< State carried across steps on the CPU.
   /// State carried across steps on executor E (`state_type` on the CPU; device memory on the GPU).
   template <executor E>
@@ -72,6 +76,22 @@ class feedback_interface {
                          std::span<std::byte> ws, decode_limits limits = {}) const {
     inner_.decode_accumulate(e, message, acc, ws, limits);
   }
+  /// A 16-bit gradient's `decode` into float32 (the inner codec's).
+  template <executor E>
+  void decode(const E& e, std::span<const std::byte> message, std::span<error_type> out, std::span<std::byte> ws,
+              decode_limits limits = {}) const
+    requires half_precision<value_type>
+  {
+    inner_.decode(e, message, out, ws, limits);
+  }
+  /// A 16-bit gradient's `decode_accumulate` into a float32 accumulator (the inner codec's).
+  template <executor E>
+  void decode_accumulate(const E& e, std::span<const std::byte> message, std::span<error_type> acc,
+                         std::span<std::byte> ws, decode_limits limits = {}) const
+    requires half_precision<value_type>
+  {
+    inner_.decode_accumulate(e, message, acc, ws, limits);
+  }
   /// Writes `state` into `bytes` (at least the wrapper's `saved_state_bytes(n)`). @returns bytes written.
   /// @throws error `buffer_too_small`.
   template <executor E>
@@ -83,14 +103,14 @@ class feedback_interface {
   /// error). With `set_carried_error` it re-lays a state when the elements of a tensor change,
   /// as when a framework rebuilds its gradient buckets. @throws error `size_mismatch`.
   template <executor E>
-  void carried_error(const E& e, const state_type_on<E>& state, std::span<value_type> out) const {
+  void carried_error(const E& e, const state_type_on<E>& state, std::span<error_type> out) const {
     backend<Wrapper, E>::carried_error(self(), e, state, out);
   }
   /// Replaces the error `state` carries by `error` (one value per element; LoCo stores it in 8
   /// bits, so it reads back within half a quantization step). Step counters are kept.
   /// @throws error `size_mismatch`, `non_finite_input`; `state` is unchanged then.
   template <executor E>
-  void set_carried_error(const E& e, std::span<const value_type> error, state_type_on<E>& state) const {
+  void set_carried_error(const E& e, std::span<const error_type> error, state_type_on<E>& state) const {
     backend<Wrapper, E>::set_carried_error(self(), e, error, state);
   }
   /// Restores `state` from saved bytes, checking everything before touching it.

@@ -89,10 +89,10 @@ namespace detail {
 /// Throws `non_finite_input` with the number of values of g + e that are NaN or ±Inf (NaN or ±Inf
 /// in g, or a finite g whose sum with e overflows): error feedback's report, from any of its paths.
 template <class T>
-[[noreturn]] void fail_compensated_non_finite(std::span<const T> grad, std::span<const T> residual) {
+[[noreturn]] void fail_compensated_non_finite(std::span<const T> grad, std::span<const compute_type<T>> residual) {
   std::size_t non_finite = 0;
   for (std::size_t i = 0; i < grad.size(); ++i)
-    non_finite += static_cast<std::size_t>(!is_finite(grad[i] + residual[i]));
+    non_finite += static_cast<std::size_t>(!is_finite(widen(grad[i]) + residual[i]));
   fail(errc::non_finite_input, std::to_string(non_finite) + " of " + std::to_string(grad.size()) +
                                    " values of gradient + residual are NaN or Inf; the state is unchanged");
 }
