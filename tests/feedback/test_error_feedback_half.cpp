@@ -1,12 +1,15 @@
-// Error feedback around codecs of bf16 and fp16 gradients (docs/half-precision.md §5): the residual
+// Error feedback and LoCo around codecs of bf16 and fp16 gradients (docs/half-precision.md §5). EF: the residual
 // is float32; each step's message is the inner codec's encoding of a = widen(g) + e rounded to the
 // 16-bit type, and the new residual is exactly fl(a − d) with d the message decoded into float32
 // (both recomputed by the test from the codec's public API); Σ d + e_T = Σ g within float32
 // rounding; the reference and every cpu setting agree bit for bit; the saved state names the
 // gradient's dtype and stores float32 residuals; NaN, ±Inf and an fp16 overflow of g + e reject the
-// step and leave the state as it was.
+// step and leave the state as it was. LoCo: each message is the inner codec's of h rounded to the
+// 16-bit type, the new 8-bit error is within half a step of β·e + (1 − β)·(h − d), every backend
+// agrees bit for bit, and the saved state names the dtype with float32 scales.
 #include <gradcomp/core/reference_executor.hpp>
 #include <gradcomp/feedback/error_feedback.hpp>
+#include <gradcomp/feedback/loco.hpp>
 #include <gradcomp/pipeline.hpp>
 #include <gradcomp/quantize/qsgd.hpp>
 #include <gradcomp/quantize/sign.hpp>
@@ -16,6 +19,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -122,7 +126,8 @@ void check_half_error_feedback(const Codec& inner, std::size_t n, double decay) 
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("error feedback of 16-bit gradients keeps a float32 residual, exactly as documented", H, bf16, fp16) {
+TEST_CASE_TEMPLATE("error feedback of 16-bit gradients keeps a float32 residual, exactly as documented", H, bf16,
+                   fp16) {
   const std::size_t n = 3000;
   check_half_error_feedback(topk_sparsifier<H>(sparsity{.density = 0.01}), n, 1.0);
   check_half_error_feedback(topk_sparsifier<H>(sparsity{.density = 0.05}), n, 0.9);
@@ -131,9 +136,9 @@ TEST_CASE_TEMPLATE("error feedback of 16-bit gradients keeps a float32 residual,
   check_half_error_feedback(sign_quantizer<H>({.block = 128}), n, 1.0);
   check_half_error_feedback(qsgd_quantizer<H>({.levels = 7, .bucket = 128, .seed = 2}), n, 1.0);
   check_half_error_feedback(threshold_sparsifier<H>({.target = {.density = 0.02}, .seed = 3}), n, 1.0);
-  check_half_error_feedback(
-      pipeline(topk_sparsifier<H>(sparsity{.density = 0.02}), uniform_quantizer<H>({.bits = 8, .block = 32})), n,
-      1.0);
+  check_half_error_feedback(pipeline(topk_sparsifier<H>(sparsity{.density = 0.02}),
+                                     uniform_quantizer<H>({.bits = 8, .block = 32})),
+                            n, 1.0);
 }
 
 TEST_CASE_TEMPLATE("a 16-bit gradient's error-feedback state saves its dtype and float32 residuals", H, bf16, fp16) {
@@ -187,4 +192,82 @@ TEST_CASE_TEMPLATE("a 16-bit step with NaN, Inf, or g + e beyond fp16's range is
     else
       check_on(cpu_executor{});
   }
+}
+
+namespace {
+
+// LoCo stepped on the reference and every cpu setting: the same messages and errors bit for bit;
+// each message is the inner codec's encoding of h = widen(g) + e rounded to the 16-bit type, and
+// the new error is v = β·e + (1 − β)·(h − d) stored in 8 bits: within half of its group's step.
+template <class Codec>
+void check_half_loco(const Codec& inner, std::size_t n) {
+  using H = typename Codec::value_type;
+  const loco<Codec> lc(inner, {.beta = 0.8f, .reset_period = 5, .error_group = 64});
+  const reference_executor ref;
+  auto state = lc.make_state(ref, n);
+  std::vector<std::byte> ws(lc.workspace_bytes(ref, n));
+  std::vector<typename loco<Codec>::state_type> cpu_states;
+  for (const cpu_executor& cpu : cpu_settings()) cpu_states.push_back(lc.make_state(cpu, n));
+  std::uint64_t wrong_messages = 0, far_errors = 0, disagreements = 0;
+  for (std::uint64_t t = 0; t < 9; ++t) {  // a reset at step 5
+    const std::vector<H> g = make_half_input<H>(input_kind::normal, n, 80 + t, 100.0f);
+    const message_key key{.step = t, .tensor_id = 2};
+    std::vector<float> e(n);
+    lc.carried_error(ref, state, std::span<float>(e));
+    const bool reset = state.steps >= 5;
+    std::vector<float> h(n);
+    std::vector<H> rounded(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      h[i] = widen(g[i]) + (reset ? 0.0f : e[i]);
+      rounded[i] = narrow<H>(h[i]);
+    }
+    std::vector<std::byte> out(lc.max_encoded_bytes(n));
+    out.resize(lc.encode(ref, std::span<const H>(g), state, out, ws, key));
+    const std::vector<std::byte> expected = encode_bytes(inner, rounded, key);
+    wrong_messages += out != expected;
+    std::vector<float> d(n), after(n);
+    std::vector<std::byte> inner_ws(inner.workspace_bytes(cpu_executor{}, n));
+    inner.decode(cpu_executor{}, expected, std::span<float>(d), inner_ws);
+    lc.carried_error(ref, state, std::span<float>(after));
+    for (std::size_t begin = 0; begin < n; begin += 64) {
+      const std::size_t end = std::min(n, begin + 64);
+      std::vector<double> v(end - begin);
+      double largest = 0;
+      for (std::size_t i = begin; i < end; ++i) {
+        v[i - begin] = 0.8 * (reset ? 0.0 : e[i]) + 0.2 * (static_cast<double>(h[i]) - d[i]);
+        largest = std::max(largest, std::fabs(v[i - begin]));
+      }
+      for (std::size_t i = begin; i < end; ++i)
+        far_errors += std::fabs(after[i] - v[i - begin]) > largest / 127 / 2 * 1.01 + 1e-6 * largest;
+    }
+    for (std::size_t c = 0; c < cpu_states.size(); ++c) {
+      const cpu_executor cpu = cpu_settings()[c];
+      std::vector<std::byte> cws(lc.workspace_bytes(cpu, n)), cout(lc.max_encoded_bytes(n));
+      cout.resize(lc.encode(cpu, std::span<const H>(g), cpu_states[c], cout, cws, key));
+      std::vector<float> ce(n);
+      lc.carried_error(cpu, cpu_states[c], std::span<float>(ce));
+      disagreements += cout != out || bit_patterns(ce) != bit_patterns(after);
+    }
+  }
+  CHECK(wrong_messages == 0);
+  CHECK(far_errors == 0);
+  CHECK(disagreements == 0);
+  // The saved state names the gradient's dtype; its scales are float32.
+  std::vector<std::byte> saved(lc.saved_state_bytes(n));
+  CHECK(lc.save_state(ref, state, saved) == saved.size());
+  CHECK(saved.size() == 57 + n + (n + 63) / 64 * 4 + 4);
+  CHECK(std::to_integer<int>(saved[8]) == static_cast<int>(dtype_of<H>));
+  auto restored = lc.make_state(ref, n);
+  lc.load_state(ref, saved, restored);
+  CHECK(restored.codes == state.codes);
+  CHECK(bit_patterns(restored.scales) == bit_patterns(state.scales));
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("LoCo of 16-bit gradients keeps a float32-scaled 8-bit error, exactly as documented", H, bf16,
+                   fp16) {
+  check_half_loco(uniform_quantizer<H>({.bits = 4}), 2000);
+  check_half_loco(uniform_quantizer<H>({.bits = 2, .block = 64}), 1000);
+  check_half_loco(topk_sparsifier<H>(sparsity{.density = 0.05}), 1000);
 }

@@ -42,8 +42,8 @@
 /// | 49 | 4 | error group G |
 /// | 53 | 4 | CRC-32C of bytes 0..52 |
 /// | 57 | n | error codes (int8) |
-/// | 57 + n | m·sizeof(T) | error scales (value type) |
-/// | 57 + n + m·sizeof(T) | 4 | CRC-32C of the codes and scales |
+/// | 57 + n | m·sizeof(R) | error scales (R = `compute_type<T>`: float32 for a bf16 or fp16 gradient) |
+/// | 57 + n + m·sizeof(R) | 4 | CRC-32C of the codes and scales |
 ///
 /// `load_state` checks, in this order, and throws the named `errc` before touching the state:
 /// length of the header (`truncated`), magic (`bad_magic`), version (`unsupported_version`),
@@ -135,14 +135,12 @@ static_assert(loco_saved_format::header_bytes == 57, "the table in this file's c
 /// LoCo around `Codec`: encodes the gradient plus the stored compensation error, and folds what
 /// the codec dropped into that error as a moving average.
 template <class Codec>
-class loco : public feedback_interface<loco<Codec>, Codec, loco_state<typename Codec::value_type>> {
-  using base = feedback_interface<loco<Codec>, Codec, loco_state<typename Codec::value_type>>;
+class loco : public feedback_interface<loco<Codec>, Codec, loco_state<compute_type<typename Codec::value_type>>> {
+  using base = feedback_interface<loco<Codec>, Codec, loco_state<compute_type<typename Codec::value_type>>>;
 
  public:
+  using typename base::error_type;
   using typename base::value_type;
-  static_assert(
-      !half_precision<value_type>,
-      "the state of a bf16 or fp16 gradient is not implemented yet: widen to float32 (docs/half-precision.md §5)");
 
   /// LoCo around `inner`. @throws error `invalid_argument` for invalid parameters.
   explicit loco(Codec inner = Codec{}, loco_params params = {}) : base(std::move(inner)), params_(params) {
@@ -154,15 +152,15 @@ class loco : public feedback_interface<loco<Codec>, Codec, loco_state<typename C
   [[nodiscard]] std::uint64_t group_count(std::uint64_t n) const noexcept {
     return n / params_.error_group + (n % params_.error_group != 0 ? 1 : 0);
   }
-  /// Bytes of state per element: (n + ⌈n/G⌉·sizeof(T)) / n, 0 for n = 0.
+  /// Bytes of state per element: (n + ⌈n/G⌉·sizeof(R)) / n, 0 for n = 0 (R = `error_type`).
   [[nodiscard]] double state_bytes_per_element(std::uint64_t n) const noexcept {
     if (n == 0) return 0.0;
-    return static_cast<double>(n + group_count(n) * sizeof(value_type)) / static_cast<double>(n);
+    return static_cast<double>(n + group_count(n) * sizeof(error_type)) / static_cast<double>(n);
   }
   /// Size of a saved state of n elements (format in this file's comment; `load_state` checks it in
   /// the order given there).
   [[nodiscard]] std::size_t saved_state_bytes(std::uint64_t n) const noexcept {
-    return loco_saved_format::header_bytes + static_cast<std::size_t>(n + group_count(n) * sizeof(value_type)) +
+    return loco_saved_format::header_bytes + static_cast<std::size_t>(n + group_count(n) * sizeof(error_type)) +
            loco_saved_format::checksum_bytes;
   }
 
@@ -185,7 +183,7 @@ class loco : public feedback_interface<loco<Codec>, Codec, loco_state<typename C
     format::error_group.store(p, params_.error_group);
     std::byte* const codes = p + format::header_bytes;
     copy_error(codes, codes + n);
-    detail::seal_state<format>(p, static_cast<std::size_t>(n + group_count(n) * sizeof(value_type)));
+    detail::seal_state<format>(p, static_cast<std::size_t>(n + group_count(n) * sizeof(error_type)));
     return size;
   }
 
@@ -243,16 +241,16 @@ class loco : public feedback_interface<loco<Codec>, Codec, loco_state<typename C
     const std::size_t code_bytes = static_cast<std::size_t>(n);
     const std::size_t scale_count = static_cast<std::size_t>(group_count(n));
     const std::span<const std::byte> payload =
-        detail::check_state_body<format>(bytes, code_bytes + scale_count * sizeof(value_type));
+        detail::check_state_body<format>(bytes, code_bytes + scale_count * sizeof(error_type));
     bool valid = true;
     for (std::size_t i = 0; i < code_bytes; ++i)
       valid &= static_cast<std::int8_t>(std::to_integer<std::uint8_t>(payload[i])) != std::int8_t{-128};
     detail::require(valid, errc::malformed_payload, "a saved error code is -128, outside [-127, 127]");
     const std::span<const std::byte> scales = payload.subspan(code_bytes);
     for (std::size_t j = 0; j < scale_count; ++j) {
-      value_type scale;
-      std::memcpy(&scale, scales.data() + j * sizeof(value_type), sizeof scale);
-      valid &= (to_bits(scale) >> (sizeof(value_type) * 8 - 1)) == 0 && is_finite(scale * value_type{127});
+      error_type scale;
+      std::memcpy(&scale, scales.data() + j * sizeof(error_type), sizeof scale);
+      valid &= (to_bits(scale) >> (sizeof(error_type) * 8 - 1)) == 0 && is_finite(scale * error_type{127});
     }
     detail::require(valid, errc::malformed_payload, "a saved error scale is negative, NaN, Inf or too large");
     return {format::steps.load(p), format::total_steps.load(p), payload.first(code_bytes), scales};

@@ -36,13 +36,16 @@
 
 namespace gradcomp {
 
-/// LoCo around `Codec` on a host executor E (the reference, or the CPU).
+/// LoCo around `Codec` on a host executor E (the reference, or the CPU). A bf16 or fp16 gradient's
+/// error and arithmetic are float32 (R); h is rounded to the gradient's type for the inner codec,
+/// whose message is decoded into float32 (docs/half-precision.md §5).
 template <class Codec, class E>
   requires(std::same_as<E, reference_executor> || std::same_as<E, cpu_executor>)
 struct backend<loco<Codec>, E> {
   using T = typename Codec::value_type;
+  using R = compute_type<T>;  ///< The error's and the arithmetic's type: float32 for a 16-bit gradient.
   using loco_type = loco<Codec>;
-  using state_type = loco_state<T>;
+  using state_type = loco_state<R>;
   using format = loco_saved_format;
 
   /// Bits of the stored error.
@@ -50,17 +53,19 @@ struct backend<loco<Codec>, E> {
 
   /// The plain step's workspace.
   struct scratch {
-    std::span<T> compensated;    ///< h = g + dequant8(e).
-    std::span<T> decoded;        ///< ĥ, then the new error before quantization.
+    std::span<R> compensated;    ///< h = g + dequant8(e).
+    std::span<R> decoded;        ///< ĥ, then the new error before quantization.
     std::span<std::byte> inner;  ///< The inner codec's workspace.
     std::span<std::byte> fused;  ///< The fused step's workspace, where the inner codec fuses one.
+    std::span<T> rounded;        ///< A 16-bit gradient's h rounded to its type, the inner codec's input.
   };
 
   static scratch carve(workspace_arena& arena, const loco_type& lc, const E& e, std::uint64_t n) {
     scratch s;
-    s.compensated = arena.take<T>(static_cast<std::size_t>(n));
-    s.decoded = arena.take<T>(static_cast<std::size_t>(n));
+    s.compensated = arena.take<R>(static_cast<std::size_t>(n));
+    s.decoded = arena.take<R>(static_cast<std::size_t>(n));
     s.inner = arena.take<std::byte>(lc.inner().workspace_bytes(e, n));
+    if constexpr (half_precision<T>) s.rounded = arena.take<T>(static_cast<std::size_t>(n));
     if constexpr (fuses_loco<Codec, E>)
       if (fused(lc, e))
         s.fused = arena.take<std::byte>(fused_feedback<Codec, E>::loco_workspace_bytes(lc.inner(), e, n));
@@ -75,7 +80,7 @@ struct backend<loco<Codec>, E> {
 
   static state_type make_state(const loco_type& lc, const E&, std::uint64_t n) {
     return state_type{std::vector<std::int8_t>(static_cast<std::size_t>(n), std::int8_t{0}),
-                      std::vector<T>(static_cast<std::size_t>(lc.group_count(n)), T{0}), 0, 0};
+                      std::vector<R>(static_cast<std::size_t>(lc.group_count(n)), R{0}), 0, 0};
   }
 
   static std::size_t encode(const loco_type& lc, const E& e, std::span<const T> grad, state_type& state,
@@ -100,13 +105,13 @@ struct backend<loco<Codec>, E> {
     const std::size_t group = lc.params().error_group;
     const T* const g = grad.data();
     const std::int8_t* const codes = state.codes.data();
-    const T* const scales = state.scales.data();
-    T* const h = s.compensated.data();
+    const R* const scales = state.scales.data();
+    R* const h = s.compensated.data();
 
     // NaN or ±Inf in g makes h NaN or ±Inf too, so testing h alone also catches an overflow of g + e.
     std::size_t non_finite = 0;
     for (std::size_t i = 0; i < n; ++i) {
-      h[i] = g[i] + (reset ? T{0} : dequant(codes[i], scales[i / group]));
+      h[i] = widen(g[i]) + (reset ? R{0} : dequant(codes[i], scales[i / group]));
       non_finite += static_cast<std::size_t>(!is_finite(h[i]));
     }
     detail::require(non_finite == 0, errc::non_finite_input, [&] {
@@ -114,15 +119,23 @@ struct backend<loco<Codec>, E> {
              " values of gradient + error are NaN or Inf; the state is unchanged";
     });
 
-    const std::size_t bytes = lc.inner().encode(e, std::span<const T>(s.compensated), out, s.inner, key);
+    // The inner codec codes h (a 16-bit gradient's h rounded to its type, nearest even: the rounding
+    // then joins the error) and decodes its own message, as every receiver will.
+    std::size_t bytes = 0;
+    if constexpr (half_precision<T>) {
+      for (std::size_t i = 0; i < n; ++i) s.rounded[i] = narrow<T>(h[i]);
+      bytes = lc.inner().encode(e, std::span<const T>(s.rounded), out, s.inner, key);
+    } else {
+      bytes = lc.inner().encode(e, std::span<const T>(s.compensated), out, s.inner, key);
+    }
     lc.inner().decode(e, std::span<const std::byte>(out.first(bytes)), s.decoded, s.inner);
 
     // v = β·dequant8(e) + (1 − β)·(h − ĥ), written over ĥ.
-    const auto beta = static_cast<T>(lc.params().beta);
-    const T keep = T{1} - beta;
-    T* const v = s.decoded.data();
+    const auto beta = static_cast<R>(lc.params().beta);
+    const R keep = R{1} - beta;
+    R* const v = s.decoded.data();
     for (std::size_t i = 0; i < n; ++i) {
-      const T old = reset ? T{0} : dequant(codes[i], scales[i / group]);
+      const R old = reset ? R{0} : dequant(codes[i], scales[i / group]);
       v[i] = loco_blend(old, h[i], v[i], beta, keep);
       non_finite += static_cast<std::size_t>(!is_finite(v[i]));
     }
@@ -133,7 +146,7 @@ struct backend<loco<Codec>, E> {
              " values of the new compensation error are NaN or Inf; the state is unchanged";
     });
 
-    quantize_error(lc, std::span<const T>(v, n), state);
+    quantize_error(lc, std::span<const R>(v, n), state);
     state.steps = reset ? 1 : state.steps + 1;
     ++state.total_steps;
     return bytes;
@@ -144,28 +157,28 @@ struct backend<loco<Codec>, E> {
     lc.require_state_shape(state, static_cast<std::size_t>(n), "state");
     return lc.write_saved_state(n, state.steps, state.total_steps, bytes, [&](std::byte* codes, std::byte* scales) {
       std::ranges::copy(std::as_bytes(std::span<const std::int8_t>(state.codes)), codes);
-      std::ranges::copy(std::as_bytes(std::span<const T>(state.scales)), scales);
+      std::ranges::copy(std::as_bytes(std::span<const R>(state.scales)), scales);
     });
   }
 
   static void load_state(const loco_type& lc, const E&, std::span<const std::byte> bytes, state_type& state) {
     const auto saved = lc.check_saved_state(bytes, state.codes.size(), state.scales.size());
     std::ranges::copy(saved.codes, std::as_writable_bytes(std::span<std::int8_t>(state.codes)).begin());
-    std::ranges::copy(saved.scales, std::as_writable_bytes(std::span<T>(state.scales)).begin());
+    std::ranges::copy(saved.scales, std::as_writable_bytes(std::span<R>(state.scales)).begin());
     state.steps = saved.steps;
     state.total_steps = saved.total_steps;
   }
 
-  static void carried_error(const loco_type& lc, const E&, const state_type& state, std::span<T> out) {
+  static void carried_error(const loco_type& lc, const E&, const state_type& state, std::span<R> out) {
     lc.require_state_shape(state, out.size(), "output");
     const std::size_t group = lc.params().error_group;
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = dequant(state.codes[i], state.scales[i / group]);
   }
 
-  static void set_carried_error(const loco_type& lc, const E&, std::span<const T> error, state_type& state) {
+  static void set_carried_error(const loco_type& lc, const E&, std::span<const R> error, state_type& state) {
     lc.require_state_shape(state, error.size(), "error");
     const auto non_finite =
-        static_cast<std::size_t>(std::count_if(error.begin(), error.end(), [](T x) { return !is_finite(x); }));
+        static_cast<std::size_t>(std::count_if(error.begin(), error.end(), [](R x) { return !is_finite(x); }));
     detail::require(non_finite == 0, errc::non_finite_input, [&] {
       return std::to_string(non_finite) + " values of the new carried error are NaN or Inf; the state is unchanged";
     });
@@ -182,22 +195,22 @@ struct backend<loco<Codec>, E> {
   }
 
   /// quant8 of the new error `v`, group by group, straight into the state's codes and scales.
-  static void quantize_error(const loco_type& lc, std::span<const T> v, state_type& state) noexcept {
+  static void quantize_error(const loco_type& lc, std::span<const R> v, state_type& state) noexcept {
     const std::size_t n = v.size(), group = lc.params().error_group;
     std::int8_t* const new_codes = state.codes.data();
-    T* const new_scales = state.scales.data();
+    R* const new_scales = state.scales.data();
     for (std::size_t begin = 0, j = 0; begin < n; begin += group, ++j) {
       const std::size_t end = std::min(n, begin + group);
-      typename float_traits<T>::bits_type largest = 0;
+      typename float_traits<R>::bits_type largest = 0;
       for (std::size_t i = begin; i < end; ++i) largest = std::max(largest, magnitude_key(v[i]));
-      const T step = uniform_step(from_bits<T>(largest), error_bits);
+      const R step = uniform_step(from_bits<R>(largest), error_bits);
       new_scales[j] = step;
       for (std::size_t i = begin; i < end; ++i) new_codes[i] = loco_error_code(v[i], step);
     }
   }
 
   /// dequant8 of one element.
-  [[nodiscard]] static T dequant(std::int8_t code, T scale) noexcept { return mul_rn(static_cast<T>(code), scale); }
+  [[nodiscard]] static R dequant(std::int8_t code, R scale) noexcept { return mul_rn(static_cast<R>(code), scale); }
 };
 
 }  // namespace gradcomp
