@@ -3,7 +3,7 @@
 // training examples' table (train/codec_table.hpp), then a homomorphic codec, whose messages the
 // ranks add with a SUM all-reduce instead of all-gathering them (the shared-scale 4-bit quantizer:
 // block maxima agreed by a MAX all-reduce, codes in 7-bit fields with 3 headroom bits, so up to 8
-// ranks), top-k 1% with decayed error feedback (β = 0.9), the variant for Adam-trained models
+// ranks), top-k 1% with decayed error feedback (β = 0.9), top-k 3% and 5% with error feedback, the variant for Adam-trained models
 // (docs/feedback.md §7), four 2-bit LoCo variants, batched PowerSGD, and GraVAC with its back-off.
 #include <gradcomp/gradcomp.hpp>
 
@@ -19,6 +19,13 @@ void visit_hook_codecs(Visitor& visitor) {
   visitor.codec("top-k 1% + EF decay 0.9",
                 gradcomp::error_feedback(gradcomp::topk_sparsifier<float>(gradcomp::sparsity{.density = 0.01}),
                                          {.decay = 0.9}));
+  // The sparsification curve through the hook (docs/lm-hook-runs.md §2): top-k with error feedback
+  // at the densities around the curve's knee (docs/feedback.md §10.5), where 10x saved within 5% is
+  // nearest.
+  visitor.codec("top-k 3% + EF",
+                gradcomp::error_feedback(gradcomp::topk_sparsifier<float>(gradcomp::sparsity{.density = 0.03})));
+  visitor.codec("top-k 5% + EF",
+                gradcomp::error_feedback(gradcomp::topk_sparsifier<float>(gradcomp::sparsity{.density = 0.05})));
   // 2-bit LoCo variants for the large-batch gap (docs/lm-hook-runs.md §2): a scale per 64 values
   // instead of 256 (2.5 bits per value), and stochastic rounding (unbiased codes).
   visitor.codec("uniform 2-bit, blocks of 64 + LoCo",
