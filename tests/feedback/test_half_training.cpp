@@ -98,8 +98,8 @@ TEST_CASE("bf16 gradients through top-k 1% + EF and 4-bit LoCo train within 5% o
     using wrapper = loco<uniform_quantizer<bf16>>;
     return std::make_unique<wrapped_sender<wrapper>>(wrapper(uniform_quantizer<bf16>({.bits = 4})), n);
   });
-  MESSAGE("train loss after ", steps, " steps: float32 dense ", dense, ", bf16 top-k 1% + EF ", topk_ef,
-          " (", 100 * (topk_ef / dense - 1), "%), bf16 4-bit LoCo ", loco4, " (", 100 * (loco4 / dense - 1), "%)");
+  MESSAGE("train loss after ", steps, " steps: float32 dense ", dense, ", bf16 top-k 1% + EF ", topk_ef, " (",
+          100 * (topk_ef / dense - 1), "%), bf16 4-bit LoCo ", loco4, " (", 100 * (loco4 / dense - 1), "%)");
   CHECK(std::isfinite(dense));
   CHECK(topk_ef <= dense * 1.05);
   CHECK(loco4 <= dense * 1.05);
