@@ -227,14 +227,13 @@ TEST_CASE("16-bit messages are checked for their dtype, and hostile bytes get na
   CHECK(decode_status_everywhere(uniform_quantizer<bf16>(p), encode_bytes(uniform_quantizer<float>(p), widened(x)),
                                  100) == named(errc::dtype_mismatch));
   // A negative scale, a code above 2L, and every truncation: rejected alike, output untouched.
-  std::vector<std::byte> payload = payload_of(bf);
-  payload[3] |= std::byte{0x80};
-  CHECK(decode_status_everywhere(uniform_quantizer<bf16>(p), with_payload(bf, payload), 100) ==
-        named(errc::malformed_payload));
-  payload = payload_of(bf);
-  payload[4 * 4] = std::byte{0xff};
-  CHECK(decode_status_everywhere(uniform_quantizer<bf16>(p), with_payload(bf, payload), 100) ==
-        named(errc::malformed_payload));
+  // (The payload carries no checksum here, so its bytes are changed in place.)
+  std::vector<std::byte> negative = bf;
+  negative[envelope::size + 3] |= std::byte{0x80};  // the sign bit of scale 0
+  CHECK(decode_status_everywhere(uniform_quantizer<bf16>(p), negative, 100) == named(errc::malformed_payload));
+  std::vector<std::byte> too_large = bf;
+  too_large[envelope::size + 4 * 4] = std::byte{0xff};  // codes 0 and 1 (after the 4 scales) both 15
+  CHECK(decode_status_everywhere(uniform_quantizer<bf16>(p), too_large, 100) == named(errc::malformed_payload));
   for (std::size_t length = 0; length < bf.size(); ++length) {
     const std::vector<std::byte> prefix(bf.begin(), bf.begin() + static_cast<std::ptrdiff_t>(length));
     CHECK(decode_status_everywhere(uniform_quantizer<bf16>(p), prefix, 100) != "no exception");
