@@ -496,8 +496,8 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
       for (std::size_t i = 0; i < size; ++i) dense[i] = widen(gradient16[i]);
       const std::span<std::byte> other(reinterpret_cast<std::byte*>(magnitude_buffer.data()), size * sizeof(float));
       const std::size_t float_bytes = uniform8.encode(cpu, std::span<const float>(dense), other, ws, key);
-      require_check(float_bytes == bytes &&
-                        std::equal(out.begin() + envelope::size, out.begin() + bytes, other.begin() + envelope::size),
+      const auto payload = [&](std::span<std::byte> m) { return m.subspan(envelope::size, bytes - envelope::size); };
+      require_check(float_bytes == bytes && std::ranges::equal(payload(out), payload(other)),
                     "uniform8_rtn_bf16: the payload differs from uniform8_rtn's of the widened gradient");
     }
     const timing decode = measure(
