@@ -80,29 +80,9 @@ struct candidates_or_gradient {
     return {x, n, keys, indices, c, c > capacity};
   }
 };
-/// Pass 2's handling of element i with magnitude key `key` (see the file comment).
-__device__ inline void filter_one(std::uint64_t i, std::uint64_t key, int top_shift, std::uint64_t bin,
-                                  radix_digit next, std::uint64_t mask, unsigned int* local, std::uint64_t* kept,
-                                  unsigned long long* kept_count, std::uint64_t k, std::uint64_t* candidate_keys,
-                                  std::uint64_t* candidate_indices, unsigned long long* candidate_count,
-                                  std::uint64_t capacity, device_status* status) {
-  const std::uint64_t digit = key >> top_shift;
-  if (digit > bin) {
-    const std::uint64_t slot = append_slot(kept_count);
-    if (slot < k) kept[slot] = i;
-    else
-      record_failure(status, errc::invalid_argument, slot, 0xFF);
-  } else if (digit == bin) {
-    atomicAdd(&local[(key >> next.shift) & mask], 1u);
-    const std::uint64_t slot = append_slot(candidate_count);
-    if (slot < capacity) {
-      candidate_keys[slot] = key;
-      candidate_indices[slot] = i;
-    }
-  }
-}
-
-/// Pass 2 of top-k (see the file comment).
+/// Pass 2 of top-k (see the file comment): elements above the bin of the k-th key go to `kept`,
+/// those in it are histogrammed by the next digit and copied to the candidate list. Both lists are
+/// claimed a block round at a time (`block_append`).
 template <class T>
 __global__ void topk_filter_kernel(const T* x, std::uint64_t n, radix_digit top, radix_digit next,
                                    const radix_state* state, unsigned long long* bins, std::uint64_t* kept,
@@ -110,23 +90,52 @@ __global__ void topk_filter_kernel(const T* x, std::uint64_t n, radix_digit top,
                                    std::uint64_t* candidate_indices, unsigned long long* candidate_count,
                                    std::uint64_t capacity, device_status* status) {
   __shared__ unsigned int local[radix_bins];
+  __shared__ block_append append;
   for (unsigned b = threadIdx.x; b < radix_bins; b += blockDim.x) local[b] = 0;
   __syncthreads();
   const std::uint64_t bin = state->prefix >> top.shift;
   const std::uint64_t mask = (std::uint64_t{1} << next.width) - 1;
-  // Four elements per thread and round, loaded before any is handled (as the histogram kernel).
-  constexpr unsigned batch = 4;
-  const std::uint64_t stride = thread_count();
-  for (std::uint64_t first = thread_id(); first < n; first += batch * stride) {
+  // Block-wide rounds of `batch` elements per thread (the same loop for every thread of a block:
+  // `claim` holds barriers), loaded before any is handled, as the histogram kernel.
+  constexpr unsigned batch = 8;
+  const std::uint64_t tile = std::uint64_t{batch} * blockDim.x;
+  for (std::uint64_t first = blockIdx.x * tile; first < n; first += gridDim.x * tile) {
     std::uint64_t keys[batch];
 #pragma unroll
-    for (unsigned q = 0; q < batch; ++q) keys[q] = first + q * stride < n ? magnitude_key(x[first + q * stride]) : 0;
+    for (unsigned q = 0; q < batch; ++q) {
+      const std::uint64_t i = first + q * blockDim.x + threadIdx.x;
+      keys[q] = i < n ? magnitude_key(x[i]) : 0;
+    }
+    unsigned above = 0, in_bin = 0;  // bit q: element q is above the bin, or in it
 #pragma unroll
     for (unsigned q = 0; q < batch; ++q) {
-      const std::uint64_t i = first + q * stride;
-      if (i >= n) break;
-      filter_one(i, keys[q], top.shift, bin, next, mask, local, kept, kept_count, k, candidate_keys, candidate_indices,
-                 candidate_count, capacity, status);
+      if (first + q * blockDim.x + threadIdx.x >= n) continue;
+      const std::uint64_t digit = keys[q] >> top.shift;
+      if (digit > bin) {
+        above |= 1u << q;
+      } else if (digit == bin) {
+        in_bin |= 1u << q;
+        atomicAdd(&local[(keys[q] >> next.shift) & mask], 1u);
+      }
+    }
+    std::uint64_t kept_slot = 0, candidate_slot = 0;
+    append.claim(static_cast<unsigned>(__popc(above)), static_cast<unsigned>(__popc(in_bin)), kept_count,
+                 candidate_count, kept_slot, candidate_slot);
+#pragma unroll
+    for (unsigned q = 0; q < batch; ++q) {
+      const std::uint64_t i = first + q * blockDim.x + threadIdx.x;
+      if ((above >> q & 1u) != 0) {
+        if (kept_slot < k) kept[kept_slot] = i;
+        else
+          record_failure(status, errc::invalid_argument, kept_slot, 0xFF);
+        ++kept_slot;
+      } else if ((in_bin >> q & 1u) != 0) {
+        if (candidate_slot < capacity) {
+          candidate_keys[candidate_slot] = keys[q];
+          candidate_indices[candidate_slot] = i;
+        }
+        ++candidate_slot;
+      }
     }
   }
   __syncthreads();
