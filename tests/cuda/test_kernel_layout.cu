@@ -1,7 +1,8 @@
 // The lane layouts of the CUDA kernels, checked on the CPU (no GPU needed): which elements each
 // lane of a warp holds (quads, cuda/detail/lane_layout.cuh), which code words it stores and what they
 // hold, which random words stochastic rounding gives each value, which elements the block-sum
-// tiles stage, the decoders' block of a word, and the alignment decisions. Each is checked
+// tiles stage, the decoders' block of a word and the check's items (their code bytes, each quad's
+// block, the codes read from them), and the alignment decisions. Each is checked
 // exhaustively over the layouts the kernels take, against independent oracles: the packed codes
 // of core/bit_packing.hpp, the Philox stream's words, plain division.
 //
@@ -14,6 +15,7 @@
 
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <set>
@@ -249,6 +251,64 @@ TEST_CASE("kernel layout: a decoder's quads lie in one word of one block, found 
       }
 }
 
+TEST_CASE("kernel layout: the check's items hold 2b code bytes, and their quads lie in one block found by word_block") {
+  for (const int bits : {4, 8})
+    for (const std::uint64_t n : {1ull, 15ull, 16ull, 17ull, 20011ull})
+      for (const std::uint64_t block : {4ull, 8ull, 12ull, 32ull, 100ull, 256ull, 1000ull, 4096ull}) {
+        const block_layout layout{n, block, bits, packed_bytes(n, bits)};
+        if (!layout.whole_words()) continue;
+        CAPTURE(bits);
+        CAPTURE(n);
+        CAPTURE(block);
+        const index_divisor word_block = layout.word_block();
+        for (std::uint64_t first = 0; first < n; first += item_values) {  // check_codes::check_item's mapping
+          // The item's codes are the 2b bytes from byte 2b·t: whole bytes, inside the packed array
+          // unless the item is the last.
+          const std::uint64_t t = first / item_values;
+          CHECK(first * static_cast<unsigned>(bits) / 8 == 2 * static_cast<unsigned>(bits) * t);
+          if (first + item_values <= n) CHECK(2 * static_cast<unsigned>(bits) * (t + 1) <= layout.code_bytes);
+          for (std::uint64_t q = first; q < first + item_values && q < n; q += quad_values)
+            for (std::uint64_t i = q; i < q + quad_values && i < n; ++i)
+              CHECK(i / block == word_block(q * static_cast<unsigned>(bits) / 32));
+        }
+      }
+}
+
+TEST_CASE("kernel layout: an item's codes are read in the packed array's order, padding found from any code") {
+  // 16 random bytes as an item of each width, against the codes read one by one through words.
+  std::uint64_t state = 0x9E3779B97F4A7C15ull;
+  for (int round = 0; round < 200; ++round) {
+    std::array<std::uint8_t, 16> bytes{};
+    for (std::uint8_t& b : bytes) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      b = static_cast<std::uint8_t>(state >> 56);
+    }
+    item_codes c;
+    for (unsigned k = 0; k < 16; ++k) (k < 8 ? c.lo : c.hi) |= std::uint64_t{bytes[k]} << (8 * (k % 8));
+    for (const int bits : {4, 8}) {
+      CAPTURE(bits);
+      for (unsigned e = 0; e < item_values; ++e) {
+        const unsigned bit = e * static_cast<unsigned>(bits);
+        const std::uint32_t word = static_cast<std::uint32_t>(bytes[bit / 32 * 4]) |
+                                   static_cast<std::uint32_t>(bytes[bit / 32 * 4 + 1]) << 8 |
+                                   static_cast<std::uint32_t>(bytes[bit / 32 * 4 + 2]) << 16 |
+                                   static_cast<std::uint32_t>(bytes[bit / 32 * 4 + 3]) << 24;
+        CHECK(c.code(e, bits) == ((word >> (bit % 32)) & ((1u << bits) - 1u)));
+      }
+    }
+    for (unsigned used = 0; used < 128; ++used) {
+      bool any = false;
+      for (unsigned bit = used; bit < 128; ++bit) any = any || ((bytes[bit / 8] >> (bit % 8)) & 1u) != 0;
+      CHECK(c.any_from(used) == any);
+    }
+  }
+  alignas(16) std::byte buffer[32] = {};
+  CHECK(code_alignment(buffer) == 16);
+  CHECK(code_alignment(buffer + 4) == 4);
+  CHECK(code_alignment(buffer + 8) == 8);
+  CHECK(code_alignment(buffer + 12) == 4);
+}
+
 TEST_CASE("kernel layout: 128-bit accesses are taken only for 16-byte aligned pointers") {
   alignas(16) float values[12] = {};
   for (unsigned offset = 0; offset < 8; ++offset) CHECK(vector_aligned(values + offset) == (offset % 4 == 0));
@@ -366,7 +426,8 @@ void check_offset_steps_match_cpu(const Wrapper& wrapper, std::size_t n, std::si
 
 GRADCOMP_CUDA_TEST_CASE("uniform quad kernels and word decoders equal the CPU on aligned and misaligned spans") {
   const auto sweep = [](const auto& codec) {
-    for (const std::size_t n : {5u, 129u, 257u, 1000u, 4099u})
+    // 15, 16, 17: around the check's items of 16 values (a partial last item and its padding).
+    for (const std::size_t n : {5u, 15u, 16u, 17u, 129u, 257u, 1000u, 4099u})
       for (const input_kind kind : {input_kind::normal, input_kind::subnormals, input_kind::signed_zeros})
         check_offsets_match_cpu(codec, n, kind, 77 + n);
   };
@@ -380,10 +441,10 @@ GRADCOMP_CUDA_TEST_CASE("uniform quad kernels and word decoders equal the CPU on
         sweep(uniform_quantizer<double>({.bits = bits, .block = block, .round = mode, .seed = 32}));
       }
   sweep(uniform_quantizer<float>({.bits = 8, .block = 100}));  // whole words, but not on Philox blocks
-  sweep(qsgd_quantizer<float>({.levels = 7, .bucket = 64, .seed = 3}));    // 4-bit word decoder
+  sweep(qsgd_quantizer<float>({.levels = 7, .bucket = 64, .seed = 3}));  // 4-bit word decoder
   sweep(qsgd_quantizer<double>({.levels = 127, .bucket = 256, .seed = 4}));  // 8-bit word decoder
   sweep(sign_quantizer<float>({.block = 100}));  // 1-bit codes, words across blocks: word by word
-  sweep(sign_quantizer<float>({.block = 64}));   // 1-bit codes by quads, 8 to a word
+  sweep(sign_quantizer<float>({.block = 64}));  // 1-bit codes by quads, 8 to a word
   sweep(uniform_quantizer<float>({.bits = 2, .block = 48}));  // 2-bit codes by quads, 4 to a word
   sweep(uniform_quantizer<double>({.bits = 1, .block = 32}));
 }
