@@ -142,8 +142,8 @@ struct backend<error_feedback<Codec>, E> {
     if (!finite) detail::fail_compensated_non_finite(grad, std::span<const R>(state.residual));
 
     // The message C(a), and its decoding D(C(a)) as every receiver will see it.
-    const std::size_t bytes = detail::reference::encode_compensated(ef.inner(), e, std::span<const R>(a, n), s.rounded, out,
-                                                 s.decoded, s.inner, key);
+    const std::size_t bytes = detail::reference::encode_compensated(ef.inner(), e, std::span<const R>(a, n), s.rounded,
+                                                                    out, s.decoded, s.inner, key);
 
     // The new residual fl(β·(a − D(C(a)))) over a; a − D(C(a)) when β = 1 (a loop of its own, so
     // that the compiler vectorises the subtraction).

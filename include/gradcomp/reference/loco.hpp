@@ -121,8 +121,8 @@ struct backend<loco<Codec>, E> {
     });
 
     // The inner codec codes h and decodes its own message, as every receiver will.
-    const std::size_t bytes = detail::reference::encode_compensated(lc.inner(), e, std::span<const R>(h, n), s.rounded, out,
-                                                 s.decoded, s.inner, key);
+    const std::size_t bytes = detail::reference::encode_compensated(lc.inner(), e, std::span<const R>(h, n), s.rounded,
+                                                                    out, s.decoded, s.inner, key);
 
     // v = β·dequant8(e) + (1 − β)·(h − ĥ), written over ĥ.
     const auto beta = static_cast<R>(lc.params().beta);

@@ -15,6 +15,7 @@
 
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/narrowing.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 
 namespace gradcomp::detail::reference {
@@ -43,11 +44,7 @@ template <gradient_value T>
 template <gradient_value C, gradient_value O>
 void store_results(const std::vector<C>& results, std::span<O> out) {
   if constexpr (half_precision<O>) {
-    for (std::uint64_t i = 0; i < results.size(); ++i)
-      require(narrows_finite<O>(results[i]), errc::narrowing_overflow, [&] {
-        return "value " + std::to_string(i) + " (" + std::to_string(results[i]) +
-               ") is beyond the 16-bit output's range";
-      });
+    for (std::uint64_t i = 0; i < results.size(); ++i) require_narrows<O>(i, results[i]);
     for (std::uint64_t i = 0; i < results.size(); ++i) out[i] = narrow<O>(results[i]);
   } else {
     for (std::uint64_t i = 0; i < results.size(); ++i) out[i] = results[i];
