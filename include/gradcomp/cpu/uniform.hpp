@@ -24,6 +24,7 @@
 #include <gradcomp/core/bit_packing.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/crc32c.hpp>
+#include <gradcomp/core/narrowing.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/philox.hpp>
 #include <gradcomp/core/rounded_product.hpp>
@@ -221,19 +222,19 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
         }
       }
     };
-    const auto overflow = [](std::uint64_t i, float v) {
-      return error(errc::narrowing_overflow,
-                   "value " + std::to_string(i) + " (" + std::to_string(v) + ") is beyond the 16-bit output's range");
-    };
     if (accumulate) {
       for_each_stage([&](std::uint64_t first, std::uint64_t count) {
-        for (std::uint64_t c = 0; c < count; ++c)
-          if (!narrows_finite<O>(wide[c])) throw overflow(first + c, wide[c]);
+        for (std::uint64_t c = 0; c < count; ++c) detail::require_narrows<O>(first + c, wide[c]);
       });
     } else {
       const auto largest = static_cast<float>(uniform_levels(bits));
-      for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j)
-        if (const float m = mul_rn(largest, scale_at(scales, j)); !narrows_finite<O>(m)) throw overflow(begin, m);
+      for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
+        const float m = mul_rn(largest, scale_at(scales, j));
+        detail::require(narrows_finite<O>(m), errc::narrowing_overflow, [&] {
+          return "block " + std::to_string(j) + "'s largest result (" + std::to_string(m) +
+                 ") is beyond the 16-bit output's range";
+        });
+      }
     }
     for_each_stage(
         [&](std::uint64_t first, std::uint64_t count) { detail::cpu::narrow_values(wide, count, out + first); });

@@ -31,6 +31,7 @@
 #include <gradcomp/core/workspace.hpp>
 #include <gradcomp/feedback/error_feedback.hpp>
 #include <gradcomp/feedback/fused_step.hpp>
+#include <gradcomp/reference/values.hpp>
 
 namespace gradcomp {
 
@@ -140,16 +141,9 @@ struct backend<error_feedback<Codec>, E> {
     }
     if (!finite) detail::fail_compensated_non_finite(grad, std::span<const R>(state.residual));
 
-    // The message C(a), and its decoding D(C(a)) as every receiver will see it; a 16-bit gradient's
-    // a rounded to its type first (fp16 beyond 65504 becomes ±Inf, which the inner codec rejects).
-    std::size_t bytes = 0;
-    if constexpr (half_precision<T>) {
-      for (std::size_t i = 0; i < n; ++i) s.rounded[i] = narrow<T>(a[i]);
-      bytes = ef.inner().encode(e, std::span<const T>(s.rounded), out, s.inner, key);
-    } else {
-      bytes = ef.inner().encode(e, std::span<const T>(state.next), out, s.inner, key);
-    }
-    ef.inner().decode(e, std::span<const std::byte>(out.first(bytes)), s.decoded, s.inner);
+    // The message C(a), and its decoding D(C(a)) as every receiver will see it.
+    const std::size_t bytes = detail::reference::encode_compensated(ef.inner(), e, std::span<const R>(a, n), s.rounded,
+                                                                    out, s.decoded, s.inner, key);
 
     // The new residual fl(β·(a − D(C(a)))) over a; a − D(C(a)) when β = 1 (a loop of its own, so
     // that the compiler vectorises the subtraction).

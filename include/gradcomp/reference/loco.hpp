@@ -31,6 +31,7 @@
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
 #include <gradcomp/feedback/fused_step.hpp>
+#include <gradcomp/reference/values.hpp>
 #include <gradcomp/feedback/loco.hpp>
 #include <gradcomp/quantize/uniform_math.hpp>
 
@@ -119,16 +120,9 @@ struct backend<loco<Codec>, E> {
              " values of gradient + error are NaN or Inf; the state is unchanged";
     });
 
-    // The inner codec codes h (a 16-bit gradient's h rounded to its type, nearest even: the rounding
-    // then joins the error) and decodes its own message, as every receiver will.
-    std::size_t bytes = 0;
-    if constexpr (half_precision<T>) {
-      for (std::size_t i = 0; i < n; ++i) s.rounded[i] = narrow<T>(h[i]);
-      bytes = lc.inner().encode(e, std::span<const T>(s.rounded), out, s.inner, key);
-    } else {
-      bytes = lc.inner().encode(e, std::span<const T>(s.compensated), out, s.inner, key);
-    }
-    lc.inner().decode(e, std::span<const std::byte>(out.first(bytes)), s.decoded, s.inner);
+    // The inner codec codes h and decodes its own message, as every receiver will.
+    const std::size_t bytes = detail::reference::encode_compensated(lc.inner(), e, std::span<const R>(h, n), s.rounded,
+                                                                    out, s.decoded, s.inner, key);
 
     // v = β·dequant8(e) + (1 − β)·(h − ĥ), written over ĥ.
     const auto beta = static_cast<R>(lc.params().beta);

@@ -17,6 +17,7 @@
 #include <gradcomp/core/backend.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/error.hpp>
+#include <gradcomp/core/narrowing.hpp>
 #include <gradcomp/core/reference_executor.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
@@ -112,11 +113,7 @@ struct backend<pipeline<S, Q>, E> {
       return accumulate ? widen(out[i]) + values[j] : values[j];
     };
     if constexpr (half_precision<O>) {
-      index.for_each([&](std::uint64_t j, std::uint64_t i) {
-        detail::require(narrows_finite<O>(result(j, i)), errc::narrowing_overflow, [&] {
-          return "the value at element " + std::to_string(i) + " is beyond the 16-bit output's range";
-        });
-      });
+      index.for_each([&](std::uint64_t j, std::uint64_t i) { detail::require_narrows<O>(i, result(j, i)); });
     }
     if (!accumulate) std::fill(out.begin(), out.end(), O{});
     index.for_each([&](std::uint64_t j, std::uint64_t i) {

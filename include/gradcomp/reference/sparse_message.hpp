@@ -11,6 +11,7 @@
 
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/narrowing.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/reference/values.hpp>
 #include <gradcomp/sparsify/sparse_format.hpp>
@@ -70,13 +71,7 @@ void decode_sparse_message(std::span<const std::byte> message, const envelope_ex
   const sparse_view<T> view = parse_sparse_payload<T>(e, payload_of(message));
   if constexpr (half_precision<T>) {
     if (accumulate && half_precision<O>) {
-      view.for_each([&](std::uint64_t i, T v) {
-        const float sum = widen(dense[i]) + widen(v);
-        require(narrows_finite<O>(sum), errc::narrowing_overflow, [&] {
-          return "the sum at element " + std::to_string(i) + " (" + std::to_string(sum) +
-                 ") is beyond the 16-bit output's range";
-        });
-      });
+      view.for_each([&](std::uint64_t i, T v) { require_narrows<O>(i, widen(dense[i]) + widen(v)); });
     }
     if (!accumulate)
       for (O& v : dense) v = O{};

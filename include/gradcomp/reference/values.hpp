@@ -1,8 +1,9 @@
 #pragma once
 /// @file
 /// Steps every reference backend shares: rejecting a gradient that holds NaN or ±Inf, the largest
-/// magnitude of a block, and reading or writing the i-th value of a byte array (messages are
-/// byte arrays, so values in them may be unaligned).
+/// magnitude of a block, the inner message of error feedback's and LoCo's compensated values, and
+/// reading or writing the i-th value of a byte array (messages are byte arrays, so values in them
+/// may be unaligned).
 
 #include <cmath>
 #include <cstddef>
@@ -14,6 +15,8 @@
 
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/narrowing.hpp>
+#include <gradcomp/core/wire_envelope.hpp>
 
 namespace gradcomp::detail::reference {
 
@@ -41,11 +44,7 @@ template <gradient_value T>
 template <gradient_value C, gradient_value O>
 void store_results(const std::vector<C>& results, std::span<O> out) {
   if constexpr (half_precision<O>) {
-    for (std::uint64_t i = 0; i < results.size(); ++i)
-      require(narrows_finite<O>(results[i]), errc::narrowing_overflow, [&] {
-        return "value " + std::to_string(i) + " (" + std::to_string(results[i]) +
-               ") is beyond the 16-bit output's range";
-      });
+    for (std::uint64_t i = 0; i < results.size(); ++i) require_narrows<O>(i, results[i]);
     for (std::uint64_t i = 0; i < results.size(); ++i) out[i] = narrow<O>(results[i]);
   } else {
     for (std::uint64_t i = 0; i < results.size(); ++i) out[i] = results[i];
@@ -64,6 +63,27 @@ template <gradient_value T>
 template <gradient_value T>
 void store_value(std::byte* at, std::uint64_t j, T v) noexcept {
   std::memcpy(at + j * sizeof(T), &v, sizeof v);
+}
+
+/// The plain step of error feedback and LoCo around `inner` (docs/feedback.md §1, §8): its message
+/// of the compensated values h (in the compute type R) into `out`, and that message decoded into
+/// `decoded` as every receiver will decode it. A 16-bit gradient's h is rounded to its type T first
+/// (nearest even, into `rounded`: the rounding then joins the error; an fp16 h beyond 65504
+/// becomes ±Inf, which the inner codec rejects); for float and double `rounded` is unused and T = R.
+/// @return the message's size.
+template <class Inner, class E, gradient_value T, class R>
+std::size_t encode_compensated(const Inner& inner, const E& e, std::span<const R> h, std::span<T> rounded,
+                               std::span<std::byte> out, std::span<R> decoded, std::span<std::byte> inner_ws,
+                               message_key key) {
+  std::size_t bytes = 0;
+  if constexpr (half_precision<T>) {
+    for (std::size_t i = 0; i < h.size(); ++i) rounded[i] = narrow<T>(h[i]);
+    bytes = inner.encode(e, std::span<const T>(rounded), out, inner_ws, key);
+  } else {
+    bytes = inner.encode(e, h, out, inner_ws, key);
+  }
+  inner.decode(e, std::span<const std::byte>(out.first(bytes)), decoded, inner_ws);
+  return bytes;
 }
 
 }  // namespace gradcomp::detail::reference

@@ -13,6 +13,7 @@
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/half_float.hpp>
+#include <gradcomp/core/narrowing.hpp>
 
 #if defined(__SSE2__)
 #  include <emmintrin.h>
@@ -75,12 +76,7 @@ inline void narrow_values(const float* wide, std::uint64_t count, T* out) noexce
 template <class ForEachResult, gradient_value O>
 void store_values(ForEachResult&& for_each_result, O* out) {
   if constexpr (half_precision<O>) {
-    for_each_result([&](std::uint64_t i, float v) {
-      require(narrows_finite<O>(v), errc::narrowing_overflow, [&] {
-        return "the value at element " + std::to_string(i) + " (" + std::to_string(v) +
-               ") is beyond the 16-bit output's range";
-      });
-    });
+    for_each_result([&](std::uint64_t i, float v) { require_narrows<O>(i, v); });
     for_each_result([&](std::uint64_t i, float v) { out[i] = narrow<O>(v); });
   } else {
     for_each_result([&](std::uint64_t i, O v) { out[i] = v; });
