@@ -109,6 +109,10 @@ int main(int argc, char** argv) {
     write_seeds(root / "threshold", "n" + size, threshold_sparsifier<float>({.target = {.density = 0.02}, .seed = 1}),
                 x);
     write_seeds(root / "randomk", "n" + size, randomk_sparsifier<float>({.amount = {.density = 0.05}, .seed = 42}), x);
+    write_seeds(root / "randomk", "bf16_n" + size, randomk_sparsifier<bf16>({.amount = {.density = 0.05}, .seed = 42}),
+                half_of<bf16>(x), {std::uint8_t{4}, std::uint8_t{5}});
+    write_seeds(root / "randomk", "fp16_n" + size, randomk_sparsifier<fp16>({.amount = {.density = 0.05}, .seed = 42}),
+                half_of<fp16>(x), {std::uint8_t{6}, std::uint8_t{7}});
     write_seeds(root / "uniform", "u8_n" + size, uniform_quantizer<float>({.bits = 8, .block = 32}), x);
     write_seeds(root / "uniform", "u4_sr_f64_n" + size,
                 uniform_quantizer<double>({.bits = 4, .block = 16, .round = rounding::stochastic, .seed = 9}), xd);

@@ -108,6 +108,8 @@ void for_each_golden_half_codec(F&& f) {
     message_key{.step = 4, .tensor_id = 1});
   f("threshold_bf16.bin", threshold_sparsifier<bf16>({.target = {.density = 0.02}, .seed = 1}),
     golden_input<bf16>(5000), message_key{.step = 3, .tensor_id = 4});
+  f("randomk_fp16.bin", randomk_sparsifier<fp16>({.amount = {.density = 0.1}, .seed = 7}), golden_input<fp16>(300),
+    message_key{.step = 5, .tensor_id = 3});
   f("pipeline_topk_u8_bf16.bin",
     pipeline(topk_sparsifier<bf16>(sparsity{.k = 30}), uniform_quantizer<bf16>({.bits = 8, .block = 16})),
     golden_input<bf16>(1000), message_key{.step = 2, .tensor_id = 4});

@@ -31,8 +31,9 @@ struct backend<randomk_sparsifier<T>, cpu_executor> {
     return reference::encode(codec, reference_executor{}, grad, out, ws, key);
   }
 
+  template <gradient_value O>
   static void decode(const randomk_sparsifier<T>& codec, const cpu_executor&, std::span<const std::byte> message,
-                     std::span<T> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
+                     std::span<O> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
     reference::decode(codec, reference_executor{}, message, out, ws, limits, accumulate);
   }
 

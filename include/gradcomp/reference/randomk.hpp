@@ -11,6 +11,7 @@
 #include <gradcomp/core/backend.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/narrowing.hpp>
 #include <gradcomp/core/random_permutation.hpp>
 #include <gradcomp/core/reference_executor.hpp>
 #include <gradcomp/core/rounded_product.hpp>
@@ -23,6 +24,8 @@ namespace gradcomp {
 /// Random-k, written to be read.
 template <gradient_value T>
 struct backend<randomk_sparsifier<T>, reference_executor> {
+  using R = compute_type<T>;  ///< The decoder's arithmetic: float32 for a 16-bit gradient.
+
   static std::size_t workspace_bytes(const randomk_sparsifier<T>&, const reference_executor&, std::uint64_t) noexcept {
     return 0;
   }
@@ -50,33 +53,53 @@ struct backend<randomk_sparsifier<T>, reference_executor> {
     return size;
   }
 
+  /// Into `out` of the gradient's type or, for a 16-bit gradient, float32.
+  template <gradient_value O>
   static void decode(const randomk_sparsifier<T>& codec, const reference_executor&, std::span<const std::byte> message,
-                     std::span<T> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
+                     std::span<O> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
     namespace ref = detail::reference;
-    // Decode: validation (docs/wire-format.md §5), including every v_j·s finite.
+    // Decode: validation (docs/wire-format.md §5), including every v_j·s finite (in the compute
+    // type R: float32 for a 16-bit gradient).
     const envelope e = checked_envelope(codec, message, out.size(), limits);
     const std::uint64_t n = e.elements;
     const std::uint64_t k = codec.k(n);
     const std::byte* const values = message.data() + envelope::size;
-    const T scale =
-        k > 0 && codec.params().scaled ? static_cast<T>(static_cast<double>(n) / static_cast<double>(k)) : T{1};
+    const R scale =
+        k > 0 && codec.params().scaled ? static_cast<R>(static_cast<double>(n) / static_cast<double>(k)) : R{1};
     for (std::uint64_t j = 0; j < k; ++j)
-      detail::require(is_finite(ref::load_value<T>(values, j) * scale), errc::malformed_payload, [&] {
+      detail::require(is_finite(widen(ref::load_value<T>(values, j)) * scale), errc::malformed_payload, [&] {
         return "value at position " + std::to_string(j) + " is non-finite or overflows when scaled";
       });
+    if (k == 0) {
+      if (!accumulate)
+        for (O& v : out) v = O{};
+      return;
+    }
+    const random_permutation pick = codec.permutation(n, e.key);
+    // Result j: v_j·s, or out[π(j)] + v_j·s, in R.
+    const auto result = [&](std::uint64_t j, std::uint64_t i) {
+      const R value = mul_rn(widen(ref::load_value<T>(values, j)), scale);
+      return accumulate ? static_cast<R>(widen(out[i]) + value) : value;
+    };
+    // A 16-bit output: every result checked to fit before the first write.
+    if constexpr (half_precision<O>) {
+      for (std::uint64_t j = 0; j < k; ++j) {
+        const std::uint64_t i = pick(j);
+        detail::require_narrows<O>(i, result(j, i));
+      }
+    }
     // Then zeros (unless accumulating) and dense[π(j)] = v_j·s, or += v_j·s.
     if (!accumulate)
-      for (T& v : out) v = T{0};
-    if (k == 0) return;
-    const random_permutation pick = codec.permutation(n, e.key);
+      for (O& v : out) v = O{};
     for (std::uint64_t j = 0; j < k; ++j) {
-      const T value = mul_rn(ref::load_value<T>(values, j), scale);
-      out[pick(j)] = accumulate ? out[pick(j)] + value : value;
+      const std::uint64_t i = pick(j);
+      out[i] = ref::to_output<O>(result(j, i));
     }
   }
 
-  /// Homomorphic sum: both messages checked, equal keys, every sum finite; then acc's values are
-  /// replaced by the sums and its envelope rewritten.
+  /// Homomorphic sum: both messages checked, equal keys, every sum finite (and, for 16-bit values,
+  /// finite once rounded to the type); then acc's values are replaced by the sums (rounded to the
+  /// type, nearest even) and its envelope rewritten.
   static void accumulate_encoded(const randomk_sparsifier<T>& codec, const reference_executor&,
                                  std::span<std::byte> acc, std::span<const std::byte> other) {
     namespace ref = detail::reference;
@@ -87,11 +110,18 @@ struct backend<randomk_sparsifier<T>, reference_executor> {
     const std::uint64_t k = codec.k(mine.elements);
     std::byte* const sums = acc.data() + envelope::size;
     const std::byte* const addends = other.data() + envelope::size;
+    const auto sum = [&](std::uint64_t j) {
+      return static_cast<R>(widen(ref::load_value<T>(sums, j)) + widen(ref::load_value<T>(addends, j)));
+    };
+    const auto fits = [&](R v) {
+      if constexpr (half_precision<T>) return narrows_finite<T>(v);
+      else
+        return is_finite(v);
+    };
     for (std::uint64_t j = 0; j < k; ++j)
-      detail::require(is_finite(ref::load_value<T>(sums, j) + ref::load_value<T>(addends, j)), errc::non_finite_input,
+      detail::require(fits(sum(j)), errc::non_finite_input,
                       [&] { return "sum overflows at position " + std::to_string(j); });
-    for (std::uint64_t j = 0; j < k; ++j)
-      ref::store_value(sums, j, ref::load_value<T>(sums, j) + ref::load_value<T>(addends, j));
+    for (std::uint64_t j = 0; j < k; ++j) ref::store_value(sums, j, ref::to_output<T>(sum(j)));
     seal(codec, acc, mine.elements, mine.key);
   }
 

@@ -51,6 +51,14 @@ void store_results(const std::vector<C>& results, std::span<O> out) {
   }
 }
 
+/// v (in the compute type) as an O: rounded to nearest even for a 16-bit O, else as it is.
+template <gradient_value O, class R>
+[[nodiscard]] O to_output(R v) noexcept {
+  if constexpr (half_precision<O>) return narrow<O>(v);
+  else
+    return static_cast<O>(v);
+}
+
 /// Value j of the array of T values starting at `at`.
 template <gradient_value T>
 [[nodiscard]] T load_value(const std::byte* at, std::uint64_t j) noexcept {

@@ -8,6 +8,12 @@
 /// can be summed value by value: the codec is homomorphic. Decoding scales by n/k (unbiased
 /// estimate of the gradient) unless `scaled` is off. A selected NaN or ±Inf is rejected with
 /// `errc::non_finite_input`; values that are not selected are not inspected.
+///
+/// bf16 and fp16 values travel as their own 2 bytes (wire dtypes 3 and 4). Decoding computes
+/// v·n/k in float32; into a 16-bit output each result (or sum) is checked to fit and then rounded
+/// once (docs/half-precision.md §3). Summed messages (`accumulate_encoded`) hold 16-bit values, so
+/// each addition is rounded to the type: a sum over many ranks is exact only through
+/// `decode_accumulate` into a float32 buffer.
 
 #include <cstddef>
 #include <cstdint>
@@ -34,13 +40,14 @@ struct randomk_params {
   friend constexpr bool operator==(const randomk_params&, const randomk_params&) = default;
 };
 
-/// Random-k sparsifier for `float` or `double` gradients.
+/// Random-k sparsifier for `float`, `double`, `bf16` or `fp16` gradients.
 template <gradient_value T = float>
 class randomk_sparsifier : public codec_interface<randomk_sparsifier<T>, T> {
  public:
   using value_type = T;                              ///< Element type of the gradient.
   static constexpr codec_id id = codec_id::random_k; ///< Wire identifier.
   static constexpr bool is_homomorphic = true;       ///< Same indices on every rank: values add.
+  static constexpr bool takes_half_precision = true;  ///< bf16 and fp16 values are sent as they are.
 
   /// @throws error `invalid_argument` for a density outside (0, 1].
   explicit randomk_sparsifier(randomk_params params = {}, wire_options wire = {}) : params_(params), wire_(wire) {
