@@ -8,7 +8,9 @@
 #include <gradcomp/collective/ring.hpp>
 #include <gradcomp/lossless/mpc.hpp>
 #include <gradcomp/lossless/zfp_fixed_rate.hpp>
+#include <gradcomp/core/reference_executor.hpp>
 #include <gradcomp/quantize/uniform.hpp>
+#include <gradcomp/sparsify/topk.hpp>
 #include <gradcomp/transport/in_process.hpp>
 
 #include <doctest/doctest.h>
@@ -433,6 +435,86 @@ TEST_CASE(
             named(errc::size_mismatch));
       CHECK(std::all_of(untouched.begin(), untouched.end(), [](float v) { return v == 3.0f; }));
       CHECK(std::all_of(wrong_size.begin(), wrong_size.end(), [](float v) { return v == 3.0f; }));
+    }
+  });
+}
+
+TEST_CASE_TEMPLATE("compressed_all_gather and send/recv carry bf16 and fp16 blocks as their codecs decode them", H,
+                   bf16, fp16) {
+  // Every rank's block decoded into the 16-bit type (rounded once), on every rank, equals the
+  // reference executor's decoding of that rank's own message; the measured error is over the
+  // widened values. A NaN on one rank stops every rank with the output unchanged.
+  constexpr std::size_t m = 515;
+  const uniform_quantizer<H> q({.bits = 8, .block = 64});
+  const topk_sparsifier<H> topk(sparsity{.density = 0.1});
+  const auto block_of = [](int rank) {
+    std::vector<float> v = values_of(rank, m, 5);
+    std::vector<H> h(m);
+    for (std::size_t i = 0; i < m; ++i) h[i] = narrow<H>(v[i]);
+    return h;
+  };
+  const auto decoded_by_reference = [](const auto& codec, const std::vector<H>& x) {
+    std::vector<std::byte> message(codec.max_encoded_bytes(x.size()));
+    std::vector<std::byte> ws(codec.workspace_bytes(reference_executor{}, x.size()));
+    message.resize(codec.encode(reference_executor{}, std::span<const H>(x), message, ws, {}));
+    std::vector<H> out(x.size());
+    codec.decode(reference_executor{}, message, std::span<H>(out), ws);
+    return out;
+  };
+  const auto patterns = [](const std::vector<H>& x) {
+    std::vector<std::uint16_t> bits(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) bits[i] = x[i].bits;
+    return bits;
+  };
+  constexpr int P = 3;
+  std::vector<std::vector<H>> gathered(P), sparse(P);
+  std::vector<double> bounds(P);
+  in_process_group(P).run([&](in_process_transport& t) {
+    const std::vector<H> mine = block_of(t.rank());
+    std::vector<H> out(m * P);
+    bounds[static_cast<std::size_t>(t.rank())] = compressed_all_gather(cpu_executor{}, t, q, std::span<const H>(mine),
+                                                                       std::span<H>(out), {.measure_error = true})
+                                                     .error_bound;
+    gathered[static_cast<std::size_t>(t.rank())] = out;
+    compressed_all_gather(cpu_executor{}, t, topk, std::span<const H>(mine), std::span<H>(out));
+    sparse[static_cast<std::size_t>(t.rank())] = out;
+  });
+  std::vector<H> expected, expected_sparse;
+  double worst = 0.0;
+  for (int r = 0; r < P; ++r) {
+    const std::vector<H> x = block_of(r);
+    const std::vector<H> d = decoded_by_reference(q, x);
+    expected.insert(expected.end(), d.begin(), d.end());
+    const std::vector<H> s = decoded_by_reference(topk, x);
+    expected_sparse.insert(expected_sparse.end(), s.begin(), s.end());
+    for (std::size_t i = 0; i < m; ++i)
+      worst = std::max(worst, std::fabs(static_cast<double>(widen(x[i])) - static_cast<double>(widen(d[i]))));
+  }
+  for (int r = 0; r < P; ++r) {
+    CHECK(patterns(gathered[static_cast<std::size_t>(r)]) == patterns(expected));
+    CHECK(patterns(sparse[static_cast<std::size_t>(r)]) == patterns(expected_sparse));
+    CHECK(bounds[static_cast<std::size_t>(r)] == worst);
+  }
+  std::atomic<int> failed{0};
+  in_process_group(P).run([&](in_process_transport& t) {
+    std::vector<H> mine = block_of(t.rank());
+    if (t.rank() == 1) mine[3] = H{static_cast<std::uint16_t>(float_traits<H>::infinity_key + 1)};  // a NaN
+    std::vector<H> all(m * P, narrow<H>(2.0f));
+    if (thrown_by([&] { compressed_all_gather(cpu_executor{}, t, q, std::span<const H>(mine), std::span<H>(all)); }) ==
+        named(errc::non_finite_input))
+      ++failed;
+    CHECK(std::all_of(all.begin(), all.end(), [](H v) { return v.bits == narrow<H>(2.0f).bits; }));
+  });
+  CHECK(failed.load() == P);
+  // Point to point: the receiver gets the reference's decoding of the sender's message.
+  in_process_group(2).run([&](in_process_transport& t) {
+    const std::vector<H> data = block_of(0);
+    if (t.rank() == 0) {
+      compressed_send(cpu_executor{}, t, q, std::span<const H>(data), 1);
+    } else {
+      std::vector<H> out(m);
+      compressed_recv(cpu_executor{}, t, q, std::span<H>(out), 0);
+      CHECK(patterns(out) == patterns(decoded_by_reference(q, data)));
     }
   });
 }

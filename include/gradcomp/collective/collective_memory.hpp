@@ -117,7 +117,7 @@ struct collective_memory<E> {
   [[nodiscard]] static double max_abs_difference(const E&, std::span<const T> a, std::span<const T> b) {
     double worst = 0.0;
     for (std::size_t i = 0; i < a.size(); ++i) {
-      const double d = std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i]));
+      const double d = std::fabs(static_cast<double>(widen(a[i])) - static_cast<double>(widen(b[i])));
       if (!(d <= worst) && worst == worst) worst = d;  // a NaN difference wins and stays, so it is never hidden
     }
     return worst;
