@@ -5,11 +5,14 @@
 // round: every mismatch and every non-finite gradient is reported by every rank with the same
 // named error, data and state untouched.
 #include <gradcomp/collective/compressed_all_reduce.hpp>
+#include <gradcomp/core/reference_executor.hpp>
 #include <gradcomp/feedback/error_feedback.hpp>
 #include <gradcomp/lossless/mpc.hpp>
 #include <gradcomp/quantize/shared_scale.hpp>
+#include <gradcomp/quantize/uniform.hpp>
 #include <gradcomp/sketch/count_sketch.hpp>
 #include <gradcomp/sketch/lossless_homomorphic.hpp>
+#include <gradcomp/sparsify/randomk.hpp>
 #include <gradcomp/sparsify/threshold.hpp>
 #include <gradcomp/sparsify/topk.hpp>
 #include <gradcomp/transport/in_process.hpp>
@@ -26,6 +29,7 @@
 #include <numeric>
 #include <random>
 #include <span>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -415,6 +419,142 @@ TEST_CASE(
   });
   CHECK(matching.load() == P);
   CHECK(restored.load() == P);
+}
+
+}  // namespace gradcomp::test
+
+namespace gradcomp::test {
+namespace {
+
+/// Rank r's gradient of `gradient_of` rounded to the 16-bit type H.
+template <class H>
+std::vector<H> half_gradient_of(int rank, std::size_t n) {
+  const std::vector<double> g = gradient_of<double>(rank, n);
+  std::vector<H> h(n);
+  for (std::size_t i = 0; i < n; ++i) h[i] = narrow<H>(static_cast<float>(g[i]));
+  return h;
+}
+
+/// The 16-bit patterns of x.
+template <class H>
+std::vector<std::uint16_t> patterns_of(const std::vector<H>& x) {
+  std::vector<std::uint16_t> bits(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) bits[i] = x[i].bits;
+  return bits;
+}
+
+/// The oracle of a 16-bit gather_decode all-reduce: each rank's message made and decoded into
+/// float32 by the reference executor, summed in rank order in float32, divided by P with
+/// `average`, rounded once to H.
+template <class Codec>
+std::vector<typename Codec::value_type> half_gather_decode_oracle(const Codec& codec, int ranks, std::size_t n,
+                                                                  bool average) {
+  using H = typename Codec::value_type;
+  std::vector<float> sum(n, 0.0f);
+  for (int r = 0; r < ranks; ++r) {
+    const std::vector<H> x = half_gradient_of<H>(r, n);
+    std::vector<std::byte> message(codec.max_encoded_bytes(n));
+    std::vector<std::byte> ws(codec.workspace_bytes(reference_executor{}, n));
+    message.resize(codec.encode(reference_executor{}, std::span<const H>(x), message, ws, {}));
+    std::vector<float> decoded(n);
+    codec.decode(reference_executor{}, message, std::span<float>(decoded), ws);
+    for (std::size_t i = 0; i < n; ++i) sum[i] += decoded[i];
+  }
+  std::vector<H> out(n);
+  for (std::size_t i = 0; i < n; ++i) out[i] = narrow<H>(average ? sum[i] / static_cast<float>(ranks) : sum[i]);
+  return out;
+}
+
+/// Runs `body(t, data)` on P ranks, each with its `half_gradient_of`, and returns each rank's data.
+template <class H, class Body>
+std::vector<std::vector<H>> on_half_ranks(int P, std::size_t n, Body body) {
+  std::vector<std::vector<H>> results(static_cast<std::size_t>(P));
+  in_process_group(P).run([&](in_process_transport& t) {
+    std::vector<H> data = half_gradient_of<H>(t.rank(), n);
+    body(t, data);
+    results[static_cast<std::size_t>(t.rank())] = data;
+  });
+  return results;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("compressed_all_reduce of bf16 and fp16 data sums the ranks' decodings in float32 and rounds once",
+                   H, bf16, fp16) {
+  constexpr std::size_t n = 1500;
+  const uniform_quantizer<H> q({.bits = 8, .block = 64});
+  const topk_sparsifier<H> topk(sparsity{.density = 0.05});
+  const randomk_sparsifier<H> randomk({.amount = {.density = 0.2}, .seed = 4});
+  const auto check_codec = [&](const auto& codec, int P, bool average) {
+    const auto results = on_half_ranks<H>(P, n, [&](in_process_transport& t, std::vector<H>& data) {
+      const auto report = compressed_all_reduce(cpu_executor{}, t, codec, std::span<H>(data), {.average = average});
+      CHECK(report.dense_bytes == ring_all_reduce_dense_bytes(n * 2, static_cast<std::uint64_t>(P)));
+    });
+    const auto expected = patterns_of(half_gather_decode_oracle(codec, P, n, average));
+    for (const auto& r : results) CHECK(patterns_of(r) == expected);
+  };
+  for (const int P : {2, 3, 5})
+    for (const bool average : {false, true}) {
+      CAPTURE(P);
+      CAPTURE(average);
+      check_codec(q, P, average);
+      check_codec(topk, P, average);  // automatic: gather_decode
+      check_codec(randomk, P, average);  // summable, but 16-bit: gather_decode
+      // The dense plan: the float32 rank-order sum of the widened values, rounded once; float32 on
+      // the wire, twice the 16-bit dense bytes.
+      const auto dense = on_half_ranks<H>(P, n, [&](in_process_transport& t, std::vector<H>& data) {
+        const auto report = compressed_all_reduce(cpu_executor{}, t, q, std::span<H>(data),
+                                                  {.plan = all_reduce_plan::dense, .average = average});
+        CHECK(report.sent_bytes == 2 * report.dense_bytes);
+      });
+      std::vector<float> sum(n, 0.0f);
+      for (int r = 0; r < P; ++r) {
+        const std::vector<H> x = half_gradient_of<H>(r, n);
+        for (std::size_t i = 0; i < n; ++i) sum[i] += widen(x[i]);
+      }
+      std::vector<H> expected(n);
+      for (std::size_t i = 0; i < n; ++i) expected[i] = narrow<H>(average ? sum[i] / static_cast<float>(P) : sum[i]);
+      for (const auto& r : dense) CHECK(patterns_of(r) == patterns_of(expected));
+    }
+  // Error feedback from a fresh state: its first messages are the inner codec's, so the sum is too.
+  const auto ef = error_feedback(topk_sparsifier<H>(sparsity{.density = 0.05}));
+  const auto with_feedback = on_half_ranks<H>(3, n, [&](in_process_transport& t, std::vector<H>& data) {
+    auto state = ef.make_state(cpu_executor{}, n);
+    compressed_all_reduce(cpu_executor{}, t, ef, state, std::span<H>(data));
+  });
+  for (const auto& r : with_feedback)
+    CHECK(patterns_of(r) == patterns_of(half_gather_decode_oracle(topk, 3, n, false)));
+}
+
+TEST_CASE_TEMPLATE("compressed_all_reduce of 16-bit data: other plans and an overflowing sum are refused on every rank",
+                   H, bf16, fp16) {
+  constexpr std::size_t n = 600;
+  const uniform_quantizer<H> q({.bits = 8});
+  std::atomic<int> refused{0};
+  const auto before = on_half_ranks<H>(3, n, [](in_process_transport&, std::vector<H>&) {});
+  const auto after = on_half_ranks<H>(3, n, [&](in_process_transport& t, std::vector<H>& data) {
+    for (const all_reduce_plan plan :
+         {all_reduce_plan::ring, all_reduce_plan::scatter_reduce, all_reduce_plan::summed_encodings})
+      if (thrown_by([&] { compressed_all_reduce(cpu_executor{}, t, q, std::span<H>(data), {.plan = plan}); }) ==
+          named(errc::invalid_argument))
+        ++refused;
+  });
+  CHECK(refused.load() == 9);
+  for (std::size_t r = 0; r < 3; ++r) CHECK(patterns_of(after[r]) == patterns_of(before[r]));
+  if constexpr (std::is_same_v<H, fp16>) {
+    // Two ranks of 60000 sum to 120000, beyond fp16's 65504: narrowing_overflow, data unchanged.
+    std::atomic<int> overflowed{0};
+    in_process_group(2).run([&](in_process_transport& t) {
+      std::vector<H> data(n, narrow<H>(60000.0f));
+      const std::vector<H> copy = data;
+      for (const all_reduce_plan plan : {all_reduce_plan::gather_decode, all_reduce_plan::dense})
+        if (thrown_by([&] { compressed_all_reduce(cpu_executor{}, t, q, std::span<H>(data), {.plan = plan}); }) ==
+            named(errc::narrowing_overflow))
+          ++overflowed;
+      CHECK(patterns_of(data) == patterns_of(copy));
+    });
+    CHECK(overflowed.load() == 4);
+  }
 }
 
 }  // namespace gradcomp::test

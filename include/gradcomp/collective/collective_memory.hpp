@@ -36,6 +36,7 @@
 #include <gradcomp/core/concepts.hpp>
 #include <gradcomp/core/memory_space.hpp>
 #include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/narrowing.hpp>
 
 namespace gradcomp {
 
@@ -107,8 +108,12 @@ struct collective_memory<E> {
     if (b.empty()) {
       for (const T v : a) largest = std::max(largest, magnitude_key(v));
     } else {
-      for (std::size_t i = 0; i < a.size(); ++i)
-        largest = std::max(largest, magnitude_key(static_cast<T>(a[i] + b[i])));
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        if constexpr (half_precision<T>)
+          largest = std::max(largest, magnitude_key(narrow<T>(widen(a[i]) + widen(b[i]))));
+        else
+          largest = std::max(largest, magnitude_key(static_cast<T>(a[i] + b[i])));
+      }
     }
     return largest < float_traits<T>::infinity_key;
   }
@@ -144,8 +149,24 @@ namespace detail {
 template <executor E, class T>
 double apply_average(const E& e, int ranks, std::span<T> values, bool average) {
   if (!average) return 1.0;
-  collective_memory<E>::divide(e, values, static_cast<T>(ranks));
+  // 16-bit data: the plans that take it (dense, gather_decode) averaged their float32 sums before
+  // narrowing them once (`narrow_sums`).
+  if constexpr (!half_precision<T>) collective_memory<E>::divide(e, values, static_cast<T>(ranks));
   return 1.0 / static_cast<double>(ranks);
+}
+
+/// Writes float32 `sums` (the mean with `average` over `ranks`, divided in float32) into the
+/// 16-bit `out` (host memory: the codecs take 16-bit values on host executors only), each rounded
+/// once to nearest even, after checking that none becomes ±Inf.
+/// @throws error `narrowing_overflow` (every rank alike: their sums are the same); `out` is then
+/// untouched.
+template <gradient_value T>
+  requires half_precision<T>
+void narrow_sums(std::span<compute_type<T>> sums, int ranks, bool average, std::span<T> out) {
+  if (average)
+    for (compute_type<T>& v : sums) v = v / static_cast<compute_type<T>>(ranks);
+  for (std::size_t i = 0; i < sums.size(); ++i) require_narrows<T>(i, sums[i]);
+  for (std::size_t i = 0; i < sums.size(); ++i) out[i] = narrow<T>(sums[i]);
 }
 
 }  // namespace detail

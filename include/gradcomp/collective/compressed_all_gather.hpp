@@ -42,10 +42,13 @@ namespace detail {
 /// for every rank p (`block(p)` returns {offset, count}), in rank order; with `accumulate` the
 /// decoded frames are added there, onto zeros. Every rank sees the same frames, so a failed or
 /// unreadable frame makes every rank throw the same error (the largest code), before anything is
-/// written to `out`. Returns the largest bound the frames carry.
+/// written to `out`. Returns the largest bound the frames carry. 16-bit values are accumulated in
+/// float32, averaged there with `average` (over the P ranks), and narrowed once (`narrow_sums`);
+/// other types are averaged by the caller (`apply_average`).
 template <transport X, class C, executor E, class Block>
 double gather_and_decode(X& t, frame_coder<C, E>& coder, std::span<const std::byte> mine,
-                         std::span<typename C::value_type> out, Block block, bool accumulate, const char* where) {
+                         std::span<typename C::value_type> out, Block block, bool accumulate, const char* where,
+                         bool average = false) {
   using T = typename C::value_type;
   using memory = collective_memory<E>;
   const auto frames = t.all_gather_bytes(mine);
@@ -62,17 +65,29 @@ double gather_and_decode(X& t, frame_coder<C, E>& coder, std::span<const std::by
     bound = std::max(bound, views[p].bound);
   }
   if (status != 0) fail_from_frame(status, where);
-  typename memory::template buffer<T> result(coder.executor(), out.size());
-  if (accumulate) memory::fill(coder.executor(), result.span(), T{0});
-  for (std::size_t p = 0; p < frames.size(); ++p) {
-    const auto [offset, count] = block(static_cast<int>(p));
-    const std::uint8_t code =
-        coder.decode(views[p], result.span().subspan(static_cast<std::size_t>(offset), static_cast<std::size_t>(count)),
-                     accumulate);
-    if (code != 0)
-      fail(static_cast<errc>(code),
-           std::string(where) + ": the message of rank " + std::to_string(p) + " does not decode");
+  // Every frame decoded into `result` in rank order (added onto zeros with `accumulate`).
+  const auto decode_all = [&]<class R>(std::span<R> result) {
+    if (accumulate) memory::fill(coder.executor(), result, R{0});
+    for (std::size_t p = 0; p < frames.size(); ++p) {
+      const auto [offset, count] = block(static_cast<int>(p));
+      const std::uint8_t code =
+          coder.decode(views[p], result.subspan(static_cast<std::size_t>(offset), static_cast<std::size_t>(count)),
+                       accumulate);
+      if (code != 0)
+        fail(static_cast<errc>(code),
+             std::string(where) + ": the message of rank " + std::to_string(p) + " does not decode");
+    }
+  };
+  if constexpr (half_precision<T>) {
+    if (accumulate) {
+      typename memory::template buffer<compute_type<T>> sums(coder.executor(), out.size());
+      decode_all(sums.span());
+      narrow_sums(sums.span(), t.size(), average, out);
+      return bound;
+    }
   }
+  typename memory::template buffer<T> result(coder.executor(), out.size());
+  decode_all(result.span());
   memory::copy(coder.executor(), std::span<const T>(result.span()), out);
   return bound;
 }

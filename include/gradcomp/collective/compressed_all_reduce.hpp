@@ -140,7 +140,9 @@ concept agreed_scale_encoding =
 /// every rank, so the PyTorch hook calls it too.
 template <class C>
 [[nodiscard]] all_reduce_plan automatic_plan(const C& codec, std::uint64_t n, int ranks, bool can_all_to_all) {
-  if constexpr (summable_encoding<C>) {
+  if constexpr (half_precision<typename C::value_type>) {
+    return all_reduce_plan::gather_decode;  // the one compressed plan 16-bit data takes so far
+  } else if constexpr (summable_encoding<C>) {
     return all_reduce_plan::summed_encodings;
   } else {
     const auto encoded = [&](std::uint64_t m) { return modelled_encoded_bytes(codec, m); };
@@ -163,7 +165,8 @@ namespace detail {
 /// The plan `automatic` resolves to for codec `C` in a call without a server state.
 template <class C>
 inline constexpr all_reduce_plan stateless_automatic =
-    summable_encoding<C> ? all_reduce_plan::summed_encodings : all_reduce_plan::gather_decode;
+    summable_encoding<C> && !half_precision<typename C::value_type> ? all_reduce_plan::summed_encodings
+                                                                    : all_reduce_plan::gather_decode;
 
 /// How a call holds its codec state, which decides the plans it can run.
 enum class call_state : std::uint8_t {
@@ -186,6 +189,11 @@ template <class X, class C>
     case all_reduce_plan::scatter_reduce: ok = can_all_to_all<X> && state != call_state::single; break;
     default: break;
   }
+  if (ok && half_precision<typename C::value_type> && plan != all_reduce_plan::dense &&
+      plan != all_reduce_plan::gather_decode)
+    return {errc::invalid_argument,
+            "compressed_all_reduce: bf16 and fp16 data run the dense and gather_decode plans only so far (their "
+            "float32 sums are narrowed once; docs/half-precision.md §5)"};
   if (ok) return {};
   return {errc::invalid_argument,
           "compressed_all_reduce: plan " + std::to_string(static_cast<int>(plan)) +
@@ -200,14 +208,23 @@ template <class X, class C>
 template <executor E, transport X, class T>
 compressed_report dense_all_reduce(const E& e, X& t, std::span<T> data, bool average) {
   using memory = collective_memory<E>;
-  collective_buffer<E, T> sum(e, data.size());
-  memory::copy(e, std::span<const T>(data), sum.span());
-  t.all_reduce_sum(sum.span());
-  memory::copy(e, std::span<const T>(sum.span()), data);
-  apply_average(e, t.size(), data, average);
   compressed_report report;
   report.dense_bytes = ring_all_reduce_dense_bytes(data.size() * sizeof(T), static_cast<std::uint64_t>(t.size()));
-  report.sent_bytes = report.dense_bytes;
+  if constexpr (half_precision<T>) {
+    // Summed in float32 (a 16-bit SUM over many ranks loses the low bits), so twice the bytes.
+    collective_buffer<E, compute_type<T>> sum(e, data.size());
+    for (std::size_t i = 0; i < data.size(); ++i) sum.span()[i] = widen(data[i]);
+    t.all_reduce_sum(sum.span());
+    narrow_sums(sum.span(), t.size(), average, data);
+    report.sent_bytes = 2 * report.dense_bytes;
+  } else {
+    collective_buffer<E, T> sum(e, data.size());
+    memory::copy(e, std::span<const T>(data), sum.span());
+    t.all_reduce_sum(sum.span());
+    memory::copy(e, std::span<const T>(sum.span()), data);
+    apply_average(e, t.size(), data, average);
+    report.sent_bytes = report.dense_bytes;
+  }
   return report;
 }
 
@@ -222,10 +239,12 @@ void agree_on(const E& e, X& t, const Scheme& scheme, std::span<const typename S
 }
 
 /// The `gather_decode` plan: all-gathers `frame` and decodes every rank's frame in rank order into
-/// zeros, then into `data`.
+/// zeros, then into `data` (16-bit data: into float32 zeros, divided by P with `average`, then
+/// rounded once into `data`; other types are averaged by the caller).
 template <transport X, class C, executor E>
 compressed_report gather_decode_all_reduce(X& t, frame_coder<C, E>& coder, std::span<const std::byte> frame,
-                                           std::span<typename C::value_type> data, double max_error) {
+                                           std::span<typename C::value_type> data, double max_error,
+                                           bool average = false) {
   using T = typename C::value_type;
   const auto ranks = static_cast<std::uint64_t>(t.size());
   const auto n = static_cast<std::uint64_t>(data.size());
@@ -238,7 +257,7 @@ compressed_report gather_decode_all_reduce(X& t, frame_coder<C, E>& coder, std::
       [n](int) {
         return std::pair{std::uint64_t{0}, n};
       },
-      true, "compressed_all_reduce");
+      true, "compressed_all_reduce", average);
   // Each of the P messages adds at most its own error to the sum.
   report.error_bound = bound * static_cast<double>(ranks);
   return report;
@@ -299,14 +318,16 @@ compressed_report stateless_all_reduce(const E& e, X& t, const C& codec, server_
   using T = typename C::value_type;
   compressed_report report;
   if (plan == all_reduce_plan::dense) return dense_all_reduce(e, t, data, options.average);
+  // 16-bit data: the agreement refused every plan but dense and gather_decode (plan_problem).
+  constexpr bool wide = !half_precision<T>;
   if (plan == all_reduce_plan::summed_encodings) {
-    if constexpr (summable_encoding<C>) report = summed_all_reduce(e, t, codec, data, options.key);
+    if constexpr (summable_encoding<C> && wide) report = summed_all_reduce(e, t, codec, data, options.key);
   } else if (plan == all_reduce_plan::ring) {
-    if constexpr (transport_with_point_to_point<X>)
+    if constexpr (transport_with_point_to_point<X> && wide)
       return ring_all_reduce_within(
           e, t, codec, data, {.key = options.key, .average = options.average, .measure_error = options.measure_error});
   } else if (plan == all_reduce_plan::scatter_reduce) {
-    if constexpr (can_all_to_all<X>) {
+    if constexpr (can_all_to_all<X> && wide) {
       const std::uint64_t n = data.size();
       frame_coder<C, E> coder(e, codec, ring_chunk_of(n, t.size(), 0).count,
                               options.measure_error && server == nullptr);
@@ -346,7 +367,7 @@ compressed_report stateless_all_reduce(const E& e, X& t, const C& codec, server_
     frame_coder<C, E> coder(e, codec, data.size(), options.measure_error);
     double error = 0.0;
     const auto frame = coder.encode(std::span<const T>(data), options.key, 0.0, error);
-    report = gather_decode_all_reduce(t, coder, frame, data, error);
+    report = gather_decode_all_reduce(t, coder, frame, data, error, options.average);
   }
   report.error_bound *= apply_average(e, t.size(), data, options.average);
   return report;
@@ -359,12 +380,15 @@ compressed_report stateless_all_reduce(const E& e, X& t, const C& codec, server_
 /// `options.average`), the same bits on every rank. The plan is `options.plan`, by default chosen
 /// from the codec's traits (this file's comment: `summed_encodings` or `gather_decode`; a
 /// requested `scatter_reduce` re-encodes the chunk sums plainly). `report.dense_bytes` is what an
-/// uncompressed ring all-reduce sends from this rank, 2(P − 1)/P · n · sizeof(T).
+/// uncompressed ring all-reduce sends from this rank, 2(P − 1)/P · n · sizeof(T). bf16 and fp16
+/// data (host executors) run `gather_decode` (`automatic`) or `dense`, summed in float32 and
+/// rounded once (docs/half-precision.md §3).
 /// @throws error on every rank alike, with `data` unchanged: `codec_mismatch`, `dtype_mismatch`,
 /// `parameter_mismatch` (codec parameters or plan), `size_mismatch` (n), `step_mismatch` (step or
 /// tensor id) when the ranks disagree; `non_finite_input` when any rank's gradient holds NaN or
 /// ±Inf; the code of a rank whose encoding or decoding failed. `invalid_argument` (every rank
-/// alike) for a plan the codec or transport cannot run. `timeout` (each waiting rank) when the
+/// alike) for a plan the codec, its value type or the transport cannot run; `narrowing_overflow`
+/// for a 16-bit sum beyond the type's range. `timeout` (each waiting rank) when the
 /// deadline passes first, `transport_failed` when the transport fails.
 template <executor E, transport X, class C>
   requires codec_for<C, E>
@@ -503,7 +527,7 @@ compressed_report compressed_all_reduce(const E& e, X& t, const C& codec, state_
     step_rollback<state_type_of<C, E>> before = rollback_point(e, state);
     const auto frame = coder.encode_stateful(std::span<const T>(data), state, options.key);
     try {
-      compressed_report report = detail::gather_decode_all_reduce(t, coder, frame, data, 0.0);
+      compressed_report report = detail::gather_decode_all_reduce(t, coder, frame, data, 0.0, options.average);
       detail::apply_average(e, t.size(), data, options.average);
       return report;
     } catch (...) {

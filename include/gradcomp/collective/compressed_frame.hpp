@@ -169,9 +169,11 @@ class frame_coder {
   /// Reads a received frame (in E's memory). @throws error as `parse_frame`.
   [[nodiscard]] frame_view read(std::span<const std::byte> bytes) const { return read_frame(exec_, bytes); }
 
-  /// Decodes the message of frame `f` into `out` (replacing or, with `accumulate`, adding).
-  /// Returns 0, or the code of the `error` decoding threw (then `out` is unchanged).
-  [[nodiscard]] std::uint8_t decode(const frame_view& f, std::span<T> out, bool accumulate) {
+  /// Decodes the message of frame `f` into `out` (replacing or, with `accumulate`, adding), of the
+  /// codec's value type or, for a 16-bit codec, float32. Returns 0, or the code of the `error`
+  /// decoding threw (then `out` is unchanged).
+  template <class O>
+  [[nodiscard]] std::uint8_t decode(const frame_view& f, std::span<O> out, bool accumulate) {
     try {
       if (accumulate) codec_.decode_accumulate(exec_, f.message, out, workspace_.span());
       else
