@@ -447,7 +447,7 @@ TEST_CASE_TEMPLATE("compressed_all_gather and send/recv carry bf16 and fp16 bloc
   constexpr std::size_t m = 515;
   const uniform_quantizer<H> q({.bits = 8, .block = 64});
   const topk_sparsifier<H> topk(sparsity{.density = 0.1});
-  const auto block_of = [](int rank) {
+  const auto block_of = [&](int rank) {
     std::vector<float> v = values_of(rank, m, 5);
     std::vector<H> h(m);
     for (std::size_t i = 0; i < m; ++i) h[i] = narrow<H>(v[i]);
