@@ -8,6 +8,7 @@
 //   give the uncompressed rank-order sum (or this rank's chunk of it) bit for bit.
 #include <gradcomp/collective/compressed_all_reduce.hpp>
 #include <gradcomp/collective/compressed_reduce_scatter.hpp>
+#include <gradcomp/core/half_float.hpp>
 #include <gradcomp/lossless/mpc.hpp>
 #include <gradcomp/sketch/lossless_homomorphic.hpp>
 #include <gradcomp/sparsify/threshold.hpp>
@@ -45,6 +46,36 @@ std::vector<T> gradient_of(int rank, std::size_t n, std::uint64_t step = 0) {
   std::vector<T> v(n);
   for (T& x : v) x = static_cast<T>(scale * normal(engine));
   return v;
+}
+
+/// Rank r's gradient of `gradient_of` rounded to the 16-bit type H.
+template <class H>
+std::vector<H> half_gradient_of(int rank, std::size_t n, std::uint64_t step = 0) {
+  const std::vector<double> g = gradient_of<double>(rank, n, step);
+  std::vector<H> h(n);
+  for (std::size_t i = 0; i < n; ++i) h[i] = narrow<H>(static_cast<float>(g[i]));
+  return h;
+}
+
+/// The 16-bit patterns of x.
+template <class H>
+std::vector<std::uint16_t> patterns_of(const std::vector<H>& x) {
+  std::vector<std::uint16_t> bits(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) bits[i] = x[i].bits;
+  return bits;
+}
+
+/// Runs `body(t, data)` on P in-process ranks, each with its `half_gradient_of`, and returns each
+/// rank's data.
+template <class H, class Body>
+std::vector<std::vector<H>> on_half_ranks(int P, std::size_t n, Body body) {
+  std::vector<std::vector<H>> results(static_cast<std::size_t>(P));
+  in_process_group(P).run([&](in_process_transport& t) {
+    std::vector<H> data = half_gradient_of<H>(t.rank(), n);
+    body(t, data);
+    results[static_cast<std::size_t>(t.rank())] = data;
+  });
+  return results;
 }
 
 /// The oracle of a lossless all-reduce: the ranks' `gradient_of(r, n, step)` summed in rank order

@@ -5,7 +5,7 @@
 /// each chunk (`ring_chunk_of(n, P, j)`) once and sends chunk j to rank j, in one
 /// `all_to_all_bytes` where the transport has it (`transport_with_all_to_all`), else in P − 1
 /// shifted `sendrecv_bytes`; rank r decodes the P frames of its chunk (its own included) in rank
-/// order onto zeros.
+/// order onto zeros (bf16 and fp16 values onto float32 zeros, rounded once at the end).
 
 #include <cstddef>
 #include <cstdint>
@@ -26,10 +26,11 @@ namespace gradcomp::detail {
 template <class X>
 inline constexpr bool can_all_to_all = transport_with_all_to_all<X> || transport_with_point_to_point<X>;
 
-/// Reads frame `bytes` and decodes it onto `sum`; returns 0 or the code that stopped it.
-template <class C, executor E>
+/// Reads frame `bytes` and decodes it onto `sum` (of the codec's value type or, for a 16-bit
+/// codec, float32); returns 0 or the code that stopped it.
+template <class C, executor E, class O>
 [[nodiscard]] std::uint8_t accumulate_frame(frame_coder<C, E>& coder, std::span<const std::byte> bytes,
-                                            std::span<typename C::value_type> sum, double& bound) {
+                                            std::span<O> sum, double& bound) {
   frame_view f;
   try {
     f = coder.read(bytes);
@@ -45,12 +46,16 @@ template <class C, executor E>
 /// call). With `transport_with_all_to_all`, every frame is encoded (and copied) first and one
 /// `all_to_all_bytes` delivers them; otherwise P − 1 shifted `sendrecv_bytes`, each received frame
 /// kept until the P are there. Writes this rank's chunk sum into `out` unless some rank failed,
-/// which every rank throws.
+/// which every rank throws. 16-bit values are summed in float32 and rounded once into `out`,
+/// divided by P first with `average` (`narrow_sums`; a sum beyond the type's range is
+/// `narrowing_overflow` on every rank); other types are averaged by the caller.
 template <transport X, class C, executor E, class EncodeChunk>
   requires can_all_to_all<X>
 compressed_report all_to_all_reduce_scatter(X& t, frame_coder<C, E>& coder, std::uint64_t n,
-                                            std::span<typename C::value_type> out, EncodeChunk encode_chunk) {
+                                            std::span<typename C::value_type> out, bool average,
+                                            EncodeChunk encode_chunk) {
   using T = typename C::value_type;
+  using S = compute_type<T>;
   using memory = collective_memory<E>;
   const E& e = coder.executor();
   const int ranks = t.size(), rank = t.rank();
@@ -77,8 +82,8 @@ compressed_report all_to_all_reduce_scatter(X& t, frame_coder<C, E>& coder, std:
     report.sent_bytes += frame.size();
     report.dense_bytes += ring_chunk_of(n, ranks, dest).count * sizeof(T);
   }
-  collective_buffer<E, T> sum(e, out.size());
-  memory::fill(e, sum.span(), T{0});
+  collective_buffer<E, S> sum(e, out.size());
+  memory::fill(e, sum.span(), S{0});
   std::uint8_t status = 0;
   double bound = 0.0;
   const auto accumulate = [&](const auto& received) {
@@ -96,9 +101,17 @@ compressed_report all_to_all_reduce_scatter(X& t, frame_coder<C, E>& coder, std:
     for (const auto& f : frames) received.push_back(f.span());
     accumulate(received);
   }
-  agree_on_status(t, static_cast<errc>(status), "compressed_reduce_scatter");
   report.error_bound = bound;
-  memory::copy(e, std::span<const T>(sum.span()), out);
+  if constexpr (half_precision<T>) {
+    // Rounded into a copy first: a chunk sum beyond the type's range fails on every rank alike.
+    collective_buffer<E, T> narrowed(e, out.size());
+    if (status == 0) status = narrowing_status(sum.span(), ranks, average, narrowed.span());
+    agree_on_status(t, static_cast<errc>(status), "compressed_reduce_scatter");
+    memory::copy(e, std::span<const T>(narrowed.span()), out);
+  } else {
+    agree_on_status(t, static_cast<errc>(status), "compressed_reduce_scatter");
+    memory::copy(e, std::span<const T>(sum.span()), out);
+  }
   return report;
 }
 

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <span>
@@ -167,6 +168,20 @@ void narrow_sums(std::span<compute_type<T>> sums, int ranks, bool average, std::
     for (compute_type<T>& v : sums) v = v / static_cast<compute_type<T>>(ranks);
   for (std::size_t i = 0; i < sums.size(); ++i) require_narrows<T>(i, sums[i]);
   for (std::size_t i = 0; i < sums.size(); ++i) out[i] = narrow<T>(sums[i]);
+}
+
+/// `narrow_sums` for sums that differ between ranks (a chunk of a reduce-scatter): returns 0, or
+/// the code of `narrowing_overflow` for the caller to agree on (`out` is then unspecified).
+template <gradient_value T>
+  requires half_precision<T>
+[[nodiscard]] std::uint8_t narrowing_status(std::span<compute_type<T>> sums, int ranks, bool average,
+                                            std::span<T> out) {
+  try {
+    narrow_sums(sums, ranks, average, out);
+  } catch (const error& failure) {
+    return static_cast<std::uint8_t>(failure.code());
+  }
+  return 0;
 }
 
 }  // namespace detail

@@ -42,9 +42,9 @@ namespace detail {
 /// for every rank p (`block(p)` returns {offset, count}), in rank order; with `accumulate` the
 /// decoded frames are added there, onto zeros. Every rank sees the same frames, so a failed or
 /// unreadable frame makes every rank throw the same error (the largest code), before anything is
-/// written to `out`. Returns the largest bound the frames carry. 16-bit values are accumulated in
-/// float32, averaged there with `average` (over the P ranks), and narrowed once (`narrow_sums`);
-/// other types are averaged by the caller (`apply_average`).
+/// written to `out`. Returns the largest bound the frames carry. 16-bit values are decoded (and
+/// accumulated) in float32 when they are summed or averaged, divided by P there with `average`,
+/// and narrowed once (`narrow_sums`); other types are averaged by the caller (`apply_average`).
 template <transport X, class C, executor E, class Block>
 double gather_and_decode(X& t, frame_coder<C, E>& coder, std::span<const std::byte> mine,
                          std::span<typename C::value_type> out, Block block, bool accumulate, const char* where,
@@ -79,7 +79,7 @@ double gather_and_decode(X& t, frame_coder<C, E>& coder, std::span<const std::by
     }
   };
   if constexpr (half_precision<T>) {
-    if (accumulate) {
+    if (accumulate || average) {
       typename memory::template buffer<compute_type<T>> sums(coder.executor(), out.size());
       decode_all(sums.span());
       narrow_sums(sums.span(), t.size(), average, out);

@@ -140,9 +140,7 @@ concept agreed_scale_encoding =
 /// every rank, so the PyTorch hook calls it too.
 template <class C>
 [[nodiscard]] all_reduce_plan automatic_plan(const C& codec, std::uint64_t n, int ranks, bool can_all_to_all) {
-  if constexpr (half_precision<typename C::value_type>) {
-    return all_reduce_plan::gather_decode;  // the one compressed plan 16-bit data takes so far
-  } else if constexpr (summable_encoding<C>) {
+  if constexpr (summable_encoding<C> && !half_precision<typename C::value_type>) {
     return all_reduce_plan::summed_encodings;
   } else {
     const auto encoded = [&](std::uint64_t m) { return modelled_encoded_bytes(codec, m); };
@@ -189,11 +187,11 @@ template <class X, class C>
     case all_reduce_plan::scatter_reduce: ok = can_all_to_all<X> && state != call_state::single; break;
     default: break;
   }
-  if (ok && half_precision<typename C::value_type> && plan != all_reduce_plan::dense &&
-      plan != all_reduce_plan::gather_decode)
+  if (ok && half_precision<typename C::value_type> &&
+      (plan == all_reduce_plan::summed_encodings || plan == all_reduce_plan::ring))
     return {errc::invalid_argument,
-            "compressed_all_reduce: bf16 and fp16 data run the dense and gather_decode plans only so far (their "
-            "float32 sums are narrowed once; docs/half-precision.md §5)"};
+            "compressed_all_reduce: bf16 and fp16 data run the dense, gather_decode and scatter_reduce plans (their "
+            "float32 sums are rounded once; docs/half-precision.md §5), not summed_encodings or ring"};
   if (ok) return {};
   return {errc::invalid_argument,
           "compressed_all_reduce: plan " + std::to_string(static_cast<int>(plan)) +
@@ -318,7 +316,7 @@ compressed_report stateless_all_reduce(const E& e, X& t, const C& codec, server_
   using T = typename C::value_type;
   compressed_report report;
   if (plan == all_reduce_plan::dense) return dense_all_reduce(e, t, data, options.average);
-  // 16-bit data: the agreement refused every plan but dense and gather_decode (plan_problem).
+  // 16-bit data: the agreement refused summed_encodings and ring (plan_problem).
   constexpr bool wide = !half_precision<T>;
   if (plan == all_reduce_plan::summed_encodings) {
     if constexpr (summable_encoding<C> && wide) report = summed_all_reduce(e, t, codec, data, options.key);
@@ -327,7 +325,7 @@ compressed_report stateless_all_reduce(const E& e, X& t, const C& codec, server_
       return ring_all_reduce_within(
           e, t, codec, data, {.key = options.key, .average = options.average, .measure_error = options.measure_error});
   } else if (plan == all_reduce_plan::scatter_reduce) {
-    if constexpr (can_all_to_all<X> && wide) {
+    if constexpr (can_all_to_all<X>) {
       const std::uint64_t n = data.size();
       frame_coder<C, E> coder(e, codec, ring_chunk_of(n, t.size(), 0).count,
                               options.measure_error && server == nullptr);
@@ -342,20 +340,22 @@ compressed_report stateless_all_reduce(const E& e, X& t, const C& codec, server_
         return frame;
       };
       if (server == nullptr) {
-        report = scatter_reduce_all_reduce(t, coder, data, encode_chunk, [&](std::span<const T> sum, double bound) {
-          double error = 0.0;
-          const auto frame = coder.encode(sum, options.key, bound, error);
-          max_error = std::max(max_error, error);
-          return frame;
-        });
+        report = scatter_reduce_all_reduce(t, coder, data, options.average, encode_chunk,
+                                           [&](std::span<const T> sum, double bound) {
+                                             double error = 0.0;
+                                             const auto frame = coder.encode(sum, options.key, bound, error);
+                                             max_error = std::max(max_error, error);
+                                             return frame;
+                                           });
       } else {
         const server_codec_t<C, E> feedback = server_codec_of(e, codec);
         frame_coder<server_codec_t<C, E>, E> server_coder(e, feedback, ring_chunk_of(n, t.size(), 0).count, false);
         step_rollback<server_state_t<C, E>> before = rollback_point(e, *server);
         try {
-          report = scatter_reduce_all_reduce(t, coder, data, encode_chunk, [&](std::span<const T> sum, double) {
-            return server_coder.encode_stateful(sum, *server, options.key);
-          });
+          report = scatter_reduce_all_reduce(t, coder, data, options.average, encode_chunk,
+                                             [&](std::span<const T> sum, double) {
+                                               return server_coder.encode_stateful(sum, *server, options.key);
+                                             });
         } catch (...) {
           before.restore(*server);
           throw;
@@ -381,8 +381,8 @@ compressed_report stateless_all_reduce(const E& e, X& t, const C& codec, server_
 /// from the codec's traits (this file's comment: `summed_encodings` or `gather_decode`; a
 /// requested `scatter_reduce` re-encodes the chunk sums plainly). `report.dense_bytes` is what an
 /// uncompressed ring all-reduce sends from this rank, 2(P − 1)/P · n · sizeof(T). bf16 and fp16
-/// data (host executors) run `gather_decode` (`automatic`) or `dense`, summed in float32 and
-/// rounded once (docs/half-precision.md §3).
+/// data (host executors) run `gather_decode` (`automatic`), `scatter_reduce` or `dense`, summed in
+/// float32 (docs/half-precision.md §3).
 /// @throws error on every rank alike, with `data` unchanged: `codec_mismatch`, `dtype_mismatch`,
 /// `parameter_mismatch` (codec parameters or plan), `size_mismatch` (n), `step_mismatch` (step or
 /// tensor id) when the ranks disagree; `non_finite_input` when any rank's gradient holds NaN or
@@ -575,7 +575,7 @@ compressed_report compressed_all_reduce(const E& e, X& t, const C& codec, std::s
       before.push_back(rollback_point(e, server));
       try {
         compressed_report report = detail::scatter_reduce_all_reduce(
-            t, coder, data,
+            t, coder, data, options.average,
             [&](int j) {
               const ring_chunk c = ring_chunk_of(n, t.size(), j);
               return coder.encode_stateful(std::span<const T>(data).subspan(static_cast<std::size_t>(c.offset),

@@ -93,26 +93,40 @@ template <class X>
 
 /// The `dense` plan: chunk j of `data` (`ring_chunk_of(n, P, j)`) goes to block j of a buffer of P
 /// blocks of ⌈n/P⌉ values, zero-padded, which the transport's `reduce_scatter_sum` reduces; `out`
-/// receives the first values of this rank's block (the mean with `average`).
+/// receives the first values of this rank's block (the mean with `average`). 16-bit values are
+/// widened and summed in float32 (twice the bytes), then rounded once (`narrowing_overflow` on
+/// every rank when a rank's chunk sum is beyond the type's range).
 template <executor E, transport X, class T>
 compressed_report dense_reduce_scatter(const E& e, X& t, std::span<const T> data, std::span<T> out, bool average) {
   using memory = collective_memory<E>;
+  using S = compute_type<T>;
   const auto n = static_cast<std::uint64_t>(data.size());
   const int ranks = t.size();
   const auto block = static_cast<std::size_t>(ring_chunk_of(n, ranks, 0).count);
-  collective_buffer<E, T> blocks(e, block * static_cast<std::size_t>(ranks));
-  collective_buffer<E, T> mine(e, block);
-  memory::fill(e, blocks.span(), T{0});
+  collective_buffer<E, S> blocks(e, block * static_cast<std::size_t>(ranks));
+  collective_buffer<E, S> mine(e, block);
+  memory::fill(e, blocks.span(), S{0});
   for (int j = 0; j < ranks; ++j) {
     const ring_chunk c = ring_chunk_of(n, ranks, j);
-    memory::copy(e, data.subspan(static_cast<std::size_t>(c.offset), static_cast<std::size_t>(c.count)),
-                 blocks.span().subspan(static_cast<std::size_t>(j) * block, static_cast<std::size_t>(c.count)));
+    const auto from = data.subspan(static_cast<std::size_t>(c.offset), static_cast<std::size_t>(c.count));
+    const auto to = blocks.span().subspan(static_cast<std::size_t>(j) * block, static_cast<std::size_t>(c.count));
+    if constexpr (half_precision<T>) std::transform(from.begin(), from.end(), to.begin(), [](T v) { return widen(v); });
+    else
+      memory::copy(e, from, to);
   }
-  t.reduce_scatter_sum(std::span<const T>(blocks.span()), mine.span());
-  memory::copy(e, std::span<const T>(mine.span()).first(out.size()), out);
-  apply_average(e, ranks, out, average);
+  t.reduce_scatter_sum(std::span<const S>(blocks.span()), mine.span());
+  if constexpr (half_precision<T>) {
+    collective_buffer<E, T> narrowed(e, out.size());
+    agree_on_status(t,
+                    static_cast<errc>(narrowing_status(mine.span().first(out.size()), ranks, average, narrowed.span())),
+                    "compressed_reduce_scatter");
+    memory::copy(e, std::span<const T>(narrowed.span()), out);
+  } else {
+    memory::copy(e, std::span<const T>(mine.span()).first(out.size()), out);
+    apply_average(e, ranks, out, average);
+  }
   compressed_report report;
-  report.sent_bytes = block * sizeof(T) * static_cast<std::uint64_t>(ranks - 1);
+  report.sent_bytes = block * sizeof(S) * static_cast<std::uint64_t>(ranks - 1);
   report.dense_bytes = (n - out.size()) * sizeof(T);
   return report;
 }
@@ -124,11 +138,12 @@ compressed_report dense_reduce_scatter(const E& e, X& t, std::span<const T> data
 }
 
 /// Why this rank's arguments cannot run (empty: they can): `out` of another size than this
-/// rank's chunk, a plan that is no `reduce_scatter_plan` of a codec or cannot run here (`runnable`),
-/// or (`states` ≥ 0) a stateful call without one state per chunk. Carried by the agreement record,
+/// rank's chunk, a plan that is no `reduce_scatter_plan` of a codec or cannot run here (`runnable`;
+/// `half`: 16-bit data, which the ring does not take), or (`states` ≥ 0) a stateful call without
+/// one state per chunk. Carried by the agreement record,
 /// so every rank throws when one rank's arguments are wrong.
 [[nodiscard]] inline local_problem reduce_scatter_problem(std::size_t out_size, std::uint64_t n, int ranks, int rank,
-                                                          reduce_scatter_plan plan, bool runnable,
+                                                          reduce_scatter_plan plan, bool runnable, bool half,
                                                           long long states = -1) {
   const std::string where = "compressed_reduce_scatter: ";
   if (out_size != ring_chunk_of(n, ranks, rank).count)
@@ -136,6 +151,11 @@ compressed_report dense_reduce_scatter(const E& e, X& t, std::span<const T> data
                                         " values, not this rank's chunk of " +
                                         std::to_string(ring_chunk_of(n, ranks, rank).count)};
   if (plan == reduce_scatter_plan::dense) runnable = true;
+  if (plan == reduce_scatter_plan::ring && half)
+    return {errc::invalid_argument,
+            where +
+                "bf16 and fp16 data run the all_to_all, gather_decode and dense plans (their float32 sums are "
+                "rounded once; docs/half-precision.md §5), not ring"};
   if ((plan > reduce_scatter_plan::gather_decode && plan != reduce_scatter_plan::dense) || !runnable)
     return {errc::invalid_argument,
             where + "plan " + std::to_string(static_cast<int>(plan)) +
@@ -170,14 +190,15 @@ compressed_report compressed_reduce_scatter(const E& e, X& t, const C& codec,
     const auto plan = detail::warm_up_or(options, detail::resolved_plan<X>(options.plan));
     const auto n = static_cast<std::uint64_t>(data.size());
     constexpr bool p2p = transport_with_point_to_point<X>;
-    detail::agree_on(
-        e, t, codec, data, detail::agreement_plan(plan), options.key,
-        detail::reduce_scatter_problem(out.size(), n, t.size(), t.rank(), plan,
-                                       plan == reduce_scatter_plan::gather_decode ||
-                                           (plan == reduce_scatter_plan::ring ? p2p : detail::can_all_to_all<X>)),
-        "compressed_reduce_scatter");
+    detail::agree_on(e, t, codec, data, detail::agreement_plan(plan), options.key,
+                     detail::reduce_scatter_problem(out.size(), n, t.size(), t.rank(), plan,
+                                                    plan == reduce_scatter_plan::gather_decode ||
+                                                        (plan == reduce_scatter_plan::ring ? p2p
+                                                                                           : detail::can_all_to_all<X>),
+                                                    half_precision<T>),
+                     "compressed_reduce_scatter");
     if (plan == reduce_scatter_plan::dense) return detail::dense_reduce_scatter(e, t, data, out, options.average);
-    if constexpr (p2p) {
+    if constexpr (p2p && !half_precision<T>) {
       if (plan == reduce_scatter_plan::ring)
         return detail::ring_reduce_scatter_within(e, t, codec, data, out,
                                                   {.key = options.key,
@@ -189,7 +210,7 @@ compressed_report compressed_reduce_scatter(const E& e, X& t, const C& codec,
       if constexpr (detail::can_all_to_all<X>) {
         detail::frame_coder<C, E> coder(e, codec, ring_chunk_of(n, t.size(), 0).count, options.measure_error);
         double max_error = 0.0;
-        report = detail::all_to_all_reduce_scatter(t, coder, n, out, [&](int j) {
+        report = detail::all_to_all_reduce_scatter(t, coder, n, out, options.average, [&](int j) {
           const ring_chunk c = ring_chunk_of(n, t.size(), j);
           double error = 0.0;
           const auto frame =
@@ -206,7 +227,7 @@ compressed_report compressed_reduce_scatter(const E& e, X& t, const C& codec,
       collective_buffer<E, T> sum(e, data.size());
       double error = 0.0;
       const auto frame = coder.encode(data, options.key, 0.0, error);
-      report = detail::gather_decode_all_reduce(t, coder, frame, sum.span(), error);
+      report = detail::gather_decode_all_reduce(t, coder, frame, sum.span(), error, options.average);
       const ring_chunk mine = ring_chunk_of(n, t.size(), t.rank());
       report.dense_bytes = (n - mine.count) * sizeof(T);
       collective_memory<E>::copy(e,
@@ -244,6 +265,7 @@ compressed_report compressed_reduce_scatter(const E& e, X& t, const C& codec, st
                          detail::reduce_scatter_problem(out.size(), n, t.size(), t.rank(), plan,
                                                         detail::can_all_to_all<X> &&
                                                             plan == reduce_scatter_plan::all_to_all,
+                                                        half_precision<typename C::value_type>,
                                                         static_cast<long long>(states.size())),
                          "compressed_reduce_scatter");
         if (plan == reduce_scatter_plan::dense) return detail::dense_reduce_scatter(e, t, data, out, options.average);
@@ -253,7 +275,7 @@ compressed_report compressed_reduce_scatter(const E& e, X& t, const C& codec, st
           before.reserve(states.size());
           for (const auto& state : states) before.push_back(rollback_point(e, state));
           try {
-            compressed_report report = detail::all_to_all_reduce_scatter(t, coder, n, out, [&](int j) {
+            compressed_report report = detail::all_to_all_reduce_scatter(t, coder, n, out, options.average, [&](int j) {
               const ring_chunk c = ring_chunk_of(n, t.size(), j);
               return coder.encode_stateful(data.subspan(static_cast<std::size_t>(c.offset),
                                                         static_cast<std::size_t>(c.count)),

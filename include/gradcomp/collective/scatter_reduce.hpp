@@ -15,6 +15,12 @@
 ///
 /// Each rank sends Σ_{j≠r} F(c_j) + (P − 1) F(c_r) bytes (collective/all_reduce_cost.hpp): about
 /// 2(P − 1)/P of one message of n values, independent of P.
+///
+/// bf16 and fp16 values (host executors): the owner sums its chunk in float32 and rounds the sum
+/// once to the 16-bit type, which it re-encodes (the server state then carries what that encoding
+/// drops from the rounded sum); every rank decodes the re-encoded chunks into float32, divides by
+/// P there with `average`, and rounds once (docs/half-precision.md §3). A chunk sum beyond fp16's
+/// range is `narrowing_overflow` on every rank.
 
 #include <cstddef>
 #include <cstdint>
@@ -99,16 +105,18 @@ namespace detail {
 /// frame of chunk j (as in `all_to_all_reduce_scatter`), `encode_sum(sum, bound)` the frame of this
 /// rank's chunk sum re-encoded (`bound`: the error bound the sum carries). `coder` decodes both
 /// (a server wrapper's messages are its inner codec's). Writes the result into `data` only when
-/// every rank's every step succeeded; otherwise every rank throws the same error.
+/// every rank's every step succeeded; otherwise every rank throws the same error. `average`
+/// divides 16-bit results by P before they are rounded (this file's comment); other types are
+/// averaged by the caller.
 template <transport X, class C, executor E, class EncodeChunk, class EncodeSum>
   requires can_all_to_all<X>
 compressed_report scatter_reduce_all_reduce(X& t, frame_coder<C, E>& coder, std::span<typename C::value_type> data,
-                                            EncodeChunk encode_chunk, EncodeSum encode_sum) {
+                                            bool average, EncodeChunk encode_chunk, EncodeSum encode_sum) {
   using T = typename C::value_type;
   const auto n = static_cast<std::uint64_t>(data.size());
   const int ranks = t.size();
   collective_buffer<E, T> sum(coder.executor(), static_cast<std::size_t>(ring_chunk_of(n, ranks, t.rank()).count));
-  compressed_report report = all_to_all_reduce_scatter(t, coder, n, sum.span(), encode_chunk);
+  compressed_report report = all_to_all_reduce_scatter(t, coder, n, sum.span(), false, encode_chunk);
   const std::span<const std::byte> frame = encode_sum(std::span<const T>(sum.span()), report.error_bound);
   report.sent_bytes += frame.size() * static_cast<std::uint64_t>(ranks - 1);
   report.dense_bytes = ring_all_reduce_dense_bytes(n * sizeof(T), static_cast<std::uint64_t>(ranks));
@@ -118,7 +126,7 @@ compressed_report scatter_reduce_all_reduce(X& t, frame_coder<C, E>& coder, std:
         const ring_chunk c = ring_chunk_of(n, ranks, p);
         return std::pair{c.offset, c.count};
       },
-      false, "compressed_all_reduce");
+      false, "compressed_all_reduce", average);
   return report;
 }
 
