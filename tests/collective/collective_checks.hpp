@@ -32,6 +32,7 @@
 
 #include <doctest/doctest.h>
 
+#include "support/data.hpp"
 #include "support/errors.hpp"
 
 namespace gradcomp::test {
@@ -109,12 +110,6 @@ inline std::pair<std::size_t, std::size_t> rank_chunk(std::size_t n, int P, int 
   const std::size_t base = n / static_cast<std::size_t>(P), extra = n % static_cast<std::size_t>(P);
   const auto i = static_cast<std::size_t>(c);
   return {i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
-}
-
-/// Bitwise equality of two spans.
-template <class T>
-bool same_bits(std::span<const T> a, std::span<const T> b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
 }
 
 /// The calls of the `transport` concept alone, forwarded to another transport: a transport

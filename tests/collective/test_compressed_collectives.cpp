@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "support/data.hpp"
 #include "support/errors.hpp"
 
 namespace gradcomp::test {
@@ -41,10 +42,6 @@ std::vector<float> values_of(int rank, std::size_t n, std::uint64_t seed = 1) {
   std::vector<float> v(n);
   for (float& x : v) x = scale * normal(engine);
   return v;
-}
-
-bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
 }
 
 int wrap(int x, int P) { return ((x % P) + P) % P; }

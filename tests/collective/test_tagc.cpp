@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "support/data.hpp"
 #include "support/errors.hpp"
 
 namespace gradcomp::test {
@@ -38,10 +39,6 @@ std::vector<float> exact_gradient(std::size_t N, int rank, std::uint64_t step) {
   std::vector<float> g(N);
   for (float& v : g) v = std::ldexp(static_cast<float>(k(engine)), -12);
   return g;
-}
-
-bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
 }
 
 // Equal values (+0 and −0 count as equal: the sketch decodes a zero sum as +0, while a dense sum of

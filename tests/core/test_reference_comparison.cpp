@@ -25,7 +25,7 @@ using namespace gradcomp::test;
 
 namespace {
 
-constexpr message_key key{.step = 11, .tensor_id = 5};
+constexpr message_key comparison_key{.step = 11, .tensor_id = 5};
 
 /// The message `codec` writes on the CPU backend for `x`.
 template <class Codec>
@@ -33,7 +33,7 @@ std::vector<std::byte> cpu_message(const Codec& codec, const std::vector<typenam
   const cpu_executor cpu;
   std::vector<std::byte> out(codec.max_encoded_bytes(x.size()));
   std::vector<std::byte> ws(codec.workspace_bytes(cpu, x.size()));
-  out.resize(codec.encode(cpu, std::span<const typename Codec::value_type>(x), out, ws, key));
+  out.resize(codec.encode(cpu, std::span<const typename Codec::value_type>(x), out, ws, comparison_key));
   return out;
 }
 
@@ -49,8 +49,8 @@ encoding_comparison expect_field(const Codec& codec, const std::vector<typename 
                                  const std::vector<std::byte>& given, std::size_t at, const std::string& name,
                                  std::size_t first_byte, std::size_t bytes, std::uint64_t first_element,
                                  std::uint64_t elements) {
-  const encoding_comparison c =
-      compare_encoding(codec, std::span<const typename Codec::value_type>(x), key, std::span<const std::byte>(given));
+  const encoding_comparison c = compare_encoding(codec, std::span<const typename Codec::value_type>(x), comparison_key,
+                                                 std::span<const std::byte>(given));
   INFO(c.describe());
   CHECK_FALSE(c.same);
   CHECK(c.reference_error.empty());
@@ -72,7 +72,7 @@ TEST_CASE("compare_encoding: the CPU backend's messages are the reference's, for
     const auto message = cpu_message(codec, input);
     using T = typename std::decay_t<decltype(codec)>::value_type;
     const encoding_comparison c =
-        compare_encoding(codec, std::span<const T>(input), key, std::span<const std::byte>(message));
+        compare_encoding(codec, std::span<const T>(input), comparison_key, std::span<const std::byte>(message));
     INFO(c.describe());
     CHECK(c.same);
     CHECK(c.reference_bytes == message.size());
@@ -190,8 +190,8 @@ TEST_CASE("compare_encoding: random-k's value j names element pi(j), whose value
   const randomk_sparsifier<double> rk(randomk_params{.amount = sparsity{.density = 0.1}, .seed = 3});
   const std::vector<std::byte> m = cpu_message(rk, x);
   REQUIRE(m.size() == 56 + 50 * 8);
-  const encoding_comparison c =
-      compare_encoding(rk, std::span<const double>(x), key, std::span<const std::byte>(flipped(m, 56 + 7 * 8 + 2)));
+  const encoding_comparison c = compare_encoding(rk, std::span<const double>(x), comparison_key,
+                                                 std::span<const std::byte>(flipped(m, 56 + 7 * 8 + 2)));
   CHECK(c.field.name == "value 7");
   CHECK(c.field.first_byte == 56 + 56);
   CHECK(c.field.elements == 1);
@@ -258,7 +258,7 @@ TEST_CASE("compare_encoding: an input the reference rejects is reported, not com
   const uniform_quantizer<float> q;
   const std::vector<std::byte> anything(56);
   const encoding_comparison c =
-      compare_encoding(q, std::span<const float>(x), key, std::span<const std::byte>(anything));
+      compare_encoding(q, std::span<const float>(x), comparison_key, std::span<const std::byte>(anything));
   CHECK_FALSE(c.same);
   CHECK(c.reference_error.find("non_finite_input") == 0);
   CHECK(c.describe().find("the reference rejects this input: non_finite_input") == 0);

@@ -36,6 +36,9 @@ static_assert(fuses_loco<uniform_quantizer<float>, cpu_executor>);
 static_assert(!fuses_loco<uniform_quantizer<float>, reference_executor>);
 static_assert(stateful<loco<uniform_quantizer<double>>, reference_executor>);
 
+// The file's own namespace: its helpers share names with test_error_feedback.cpp's, which a unity
+// batch compiles in the same translation unit.
+namespace loco_tests {
 namespace {
 
 template <class T>
@@ -639,3 +642,5 @@ TEST_CASE("LoCo on every cpu setting equals the reference step by step, fused pa
     check_steps_same_as_reference(loco(uq<float>({.bits = 8})), n, 3);
   }
 }
+
+}  // namespace loco_tests

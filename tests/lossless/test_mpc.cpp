@@ -33,14 +33,13 @@ static_assert(std::is_same_v<mpc_codec::value_type, float>);
 
 namespace {
 
-constexpr std::size_t header = 56;
 
 // The reference (MPC_float_12.cu) for one tensor, without its magic and length words and without
 // words of groups past n: per chunk of 1024 words (zero past n), subtract the word dim back where
 // the index is below n, transpose each warp of 32 words bit by bit as its shuffle loop does,
 // subtract the previous word across the chunk, then per group a ballot of non-zero words. The
 // payload is all bitmaps, then all kept words, as little-endian uint32.
-std::vector<std::byte> oracle_payload(const std::vector<float>& x, std::uint32_t dim) {
+std::vector<std::byte> mpc_oracle_payload(const std::vector<float>& x, std::uint32_t dim) {
   const std::size_t n = x.size();
   std::vector<std::uint32_t> bitmaps, words;
   for (std::size_t base = 0; base < n; base += 1024) {
@@ -109,10 +108,6 @@ std::vector<float> smooth(std::size_t n) {
   return x;
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), 4 * a.size()) == 0);
-}
-
 std::vector<std::byte> encode_on(const mpc_codec& q, const cpu_executor& cpu, const std::vector<float>& x) {
   std::vector<std::byte> out(q.max_encoded_bytes(x.size()));
   out.resize(q.encode(cpu, std::span<const float>(x), out, {}, {.step = 3}));
@@ -129,7 +124,7 @@ void set_word(std::vector<std::byte>& payload, std::size_t i, std::uint32_t w) {
   std::memcpy(payload.data() + 4 * i, &w, 4);
 }
 
-const std::size_t sizes[] = {0, 1, 31, 32, 33, 1023, 1024, 1025, 3000};
+const std::size_t mpc_sizes[] = {0, 1, 31, 32, 33, 1023, 1024, 1025, 3000};
 const std::uint32_t dims[] = {1, 2, 3, 4, 7, 32};
 
 }  // namespace
@@ -139,7 +134,7 @@ TEST_CASE("mpc payloads equal the reference transform byte for byte on every ker
   const cpu_executor baseline{.max_simd = cpu_simd::baseline};
   for (const std::uint32_t dim : dims) {
     const mpc_codec q({.dim = dim});
-    for (const std::size_t n : sizes) {
+    for (const std::size_t n : mpc_sizes) {
       for (int kind = 0; kind < 3; ++kind) {
         CAPTURE(dim);
         CAPTURE(n);
@@ -148,9 +143,9 @@ TEST_CASE("mpc payloads equal the reference transform byte for byte on every ker
                                      : kind == 1 ? make_input<float>(input_kind::normal, n, n + 1)
                                                  : random_bits(n, n + 2);
         const std::vector<std::byte> m = encode_on(q, fast, x);
-        REQUIRE(m.size() >= header);
-        const std::vector<std::byte> payload(m.begin() + header, m.end());
-        CHECK(payload == oracle_payload(x, dim));
+        REQUIRE(m.size() >= envelope_bytes);
+        const std::vector<std::byte> payload(m.begin() + envelope_bytes, m.end());
+        CHECK(payload == mpc_oracle_payload(x, dim));
         CHECK(encode_on(q, baseline, x) == m);
         const envelope e = parse_envelope(m);
         CHECK(e.codec == codec_id::mpc);
@@ -218,10 +213,10 @@ TEST_CASE("mpc decodes with non-temporal stores into 32-byte aligned memory to t
 
 TEST_CASE("mpc messages stay within max_encoded_bytes and data without zero differences reaches it") {
   const mpc_codec q;
-  for (const std::size_t n : sizes) {
+  for (const std::size_t n : mpc_sizes) {
     CAPTURE(n);
     const std::size_t groups = (n + 31) / 32;
-    CHECK(q.max_encoded_bytes(n) == header + 4 * (groups + 32 * groups));
+    CHECK(q.max_encoded_bytes(n) == envelope_bytes + 4 * (groups + 32 * groups));
     for (const std::vector<float>& x : {smooth(n), special_values(n, 3), random_bits(n, 4)})
       CHECK(encode_bytes(q, x).size() <= q.max_encoded_bytes(n));
   }
@@ -235,7 +230,7 @@ TEST_CASE("mpc messages stay within max_encoded_bytes and data without zero diff
   CHECK(mpc_codec::group_count(big) == (std::uint64_t{1} << 28) + 1);
   CHECK(mpc_codec::max_payload_bytes(big) == ((std::uint64_t{1} << 28) + 1) * 132);
   if constexpr (sizeof(std::size_t) == 8)
-    CHECK(q.max_encoded_bytes(big) == header + ((std::size_t{1} << 28) + 1) * 132);
+    CHECK(q.max_encoded_bytes(big) == envelope_bytes + ((std::size_t{1} << 28) + 1) * 132);
   CHECK(q.max_encoded_bytes(UINT64_MAX) == std::numeric_limits<std::size_t>::max());
 }
 
@@ -276,7 +271,7 @@ TEST_CASE("mpc decoders reject short, long and inconsistent payloads and leave t
   const std::size_t n = 1000;  // 32 groups, the last holding 8 elements
   const std::vector<float> x = make_input<float>(input_kind::normal, n, 9);
   const std::vector<std::byte> good = encode_bytes(q, x);
-  const std::vector<std::byte> payload(good.begin() + header, good.end());
+  const std::vector<std::byte> payload(good.begin() + envelope_bytes, good.end());
   const auto rejects = [&](const std::vector<std::byte>& m, errc want) {
     std::vector<float> out(n, 7.0f);
     const std::string got = thrown_by([&] { q.decode(cpu_executor{}, m, std::span<float>(out), {}); });
@@ -364,11 +359,11 @@ TEST_CASE("mpc on every cpu setting equals the reference, which equals the liter
     CAPTURE(dim);
     const mpc_codec q({.dim = dim});
     check_inputs_same_as_reference(q);
-    for (const std::size_t n : sizes) {
+    for (const std::size_t n : mpc_sizes) {
       CAPTURE(n);
       const std::vector<float> x = random_bits(n, n + 5);
       const std::vector<std::byte> m = check_same_as_reference(q, x, {.step = 3});
-      CHECK(std::vector<std::byte>(m.begin() + header, m.end()) == oracle_payload(x, dim));
+      CHECK(std::vector<std::byte>(m.begin() + envelope_bytes, m.end()) == mpc_oracle_payload(x, dim));
     }
   }
 }
@@ -379,7 +374,8 @@ TEST_CASE("mpc decoders reject what the reference rejects: bitmaps against words
   const std::vector<std::byte> good = encode_on(reference_executor{}, q, x);
   CHECK(decode_status_everywhere(q, good, 1000) == "no exception");
   // Every single-bit flip of the bitmaps and of the first and last carried words.
-  for (const std::size_t at : {header, header + 4 * 31, header + 4 * 32, good.size() - 4, good.size() - 1})
+  for (const std::size_t at :
+       {envelope_bytes, envelope_bytes + 4 * 31, envelope_bytes + 4 * 32, good.size() - 4, good.size() - 1})
     for (unsigned bit = 0; bit < 8; ++bit) {
       CAPTURE(at);
       CAPTURE(bit);

@@ -38,7 +38,6 @@ static_assert(!zfp_fixed_rate_codec::is_lossless && !zfp_fixed_rate_codec::is_ho
 
 namespace {
 
-constexpr std::size_t header = 56;
 
 // ---- the oracle: zfp 1.0's encodef.c / encode.c / decodef.c / decode.c for 1-D float blocks in
 // fixed-rate mode (maxprec 32, minexp below every float exponent), transcribed statement by
@@ -204,7 +203,7 @@ void oracle_block(const std::vector<float>& x, std::size_t b, float* f) {
 
 // The stream of zfp_compress in fixed-rate mode (the cast is the exact f · 2^(30 − emax),
 // truncated, which libzfp computes where its float scale does not overflow).
-std::vector<std::byte> oracle_payload(const std::vector<float>& x, unsigned rate) {
+std::vector<std::byte> zfp_oracle_payload(const std::vector<float>& x, unsigned rate) {
   bit_stream s;
   const unsigned block_bits = 4 * rate;
   for (std::size_t b = 0; 4 * b < x.size(); ++b) {
@@ -274,12 +273,8 @@ std::vector<float> test_input(int kind, std::size_t n, std::uint64_t seed) {
 }
 constexpr int test_input_kinds = static_cast<int>(std::size(all_zfp_inputs)) + 1;
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), 4 * a.size()) == 0);
-}
-
 std::vector<std::byte> payload_of(const std::vector<std::byte>& message) {
-  return std::vector<std::byte>(message.begin() + static_cast<std::ptrdiff_t>(header), message.end());
+  return std::vector<std::byte>(message.begin() + static_cast<std::ptrdiff_t>(envelope_bytes), message.end());
 }
 
 // The documented bound: |f − g| ≤ (2^(8 − R) + 2^−23) · 2^emax in every block, emax its exponent.
@@ -325,7 +320,7 @@ TEST_CASE("zfp payloads equal the transcribed zfp coder bit for bit and decode t
         std::vector<std::byte> m(q.max_encoded_bytes(n));
         REQUIRE(q.encode(fast, std::span<const float>(x), m, {}, {.step = 3}) == m.size());
         const std::vector<std::byte> payload = payload_of(m);
-        CHECK(payload == oracle_payload(x, rate));
+        CHECK(payload == zfp_oracle_payload(x, rate));
         std::vector<std::byte> again(m.size());
         q.encode(baseline, std::span<const float>(x), again, {}, {.step = 3});
         CHECK(again == m);
@@ -450,7 +445,7 @@ TEST_CASE("zfp messages take exactly max_encoded_bytes, 4R bits per block of 4 v
       const std::size_t blocks = (n + 3) / 4;
       const std::size_t payload = (blocks * 4 * rate + 7) / 8;
       CHECK(q.payload_bytes(n) == payload);
-      CHECK(q.max_encoded_bytes(n) == header + payload);
+      CHECK(q.max_encoded_bytes(n) == envelope_bytes + payload);
       for (const std::vector<float>& x :
            {make_input<float>(input_kind::normal, n, n), std::vector<float>(n, 0.0f), random_finite(n, n)}) {
         const std::vector<std::byte> m = encode_bytes(q, x);
@@ -661,9 +656,9 @@ TEST_CASE("golden zfp file reproduces byte for byte and decodes to the transcrib
   const zfp_fixed_rate_codec q({.rate_bits = 8});
   const std::vector<std::byte> fresh = encode_bytes(q, x, {.step = 9, .tensor_id = 5});
   const std::vector<std::byte> m = golden_bytes("zfp_fixed_rate_r8_f32.bin", fresh);
-  REQUIRE(m.size() == header + 1000);  // 250 blocks of 32 bits
+  REQUIRE(m.size() == envelope_bytes + 1000);  // 250 blocks of 32 bits
   CHECK(m == fresh);
-  CHECK(payload_of(m) == oracle_payload(x, 8));
+  CHECK(payload_of(m) == zfp_oracle_payload(x, 8));
   const std::vector<float> g = decode_values(q, m, 1000);
   CHECK(same_bits(g, oracle_values(payload_of(m), 1000, 8)));
   CHECK(worst_bound_ratio(x, g, 8) <= 1.0);

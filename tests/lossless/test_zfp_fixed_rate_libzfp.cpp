@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "support/codec_io.hpp"
+#include "support/data.hpp"
 #include "support/golden_cases.hpp"
 #include "support/zfp_inputs.hpp"
 
@@ -66,10 +67,6 @@ bool payload_matches(std::span<const std::byte> payload, const std::vector<std::
   if (!std::equal(payload.begin(), payload.end(), stream.begin())) return false;
   return std::all_of(stream.begin() + static_cast<std::ptrdiff_t>(payload.size()), stream.end(),
                      [](std::byte b) { return b == std::byte{0}; });
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), 4 * a.size()) == 0);
 }
 
 }  // namespace

@@ -64,7 +64,7 @@ matrix oracle_step(const std::vector<matrix>& ms, const std::vector<double>& q0,
 }
 
 template <class T>
-matrix widened(const std::vector<T>& v) {
+matrix widened_matrix(const std::vector<T>& v) {
   return matrix(v.begin(), v.end());
 }
 
@@ -157,8 +157,8 @@ TEST_CASE("PowerSGD all-reduce: one step against the float64 oracle, P = 1 and 3
       std::vector<float> q0(c.b * c.r);
       powersgd_draw_q(std::span<float>(q0), c.b, c.r, 11, 0, 2, false);
       std::vector<matrix> ms;
-      for (int rank = 0; rank < P; ++rank) ms.push_back(widened(gradient_of<float>(rank, c.a * c.b, 0)));
-      const matrix expected = oracle_step(ms, widened(q0), c.a, c.b, c.r);
+      for (int rank = 0; rank < P; ++rank) ms.push_back(widened_matrix(gradient_of<float>(rank, c.a * c.b, 0)));
+      const matrix expected = oracle_step(ms, widened_matrix(q0), c.a, c.b, c.r);
       const double tolerance = 1e-4 * max_abs(expected) + 1e-6;
       for (const auto& run : runs) {
         double worst = 0.0;

@@ -39,7 +39,6 @@ static_assert(qsgd_quantizer<float>::id == codec_id::qsgd && static_cast<int>(co
 
 namespace {
 
-constexpr std::size_t header = 56;
 
 // The documented norm of x[first, last): Σ x² left to right in double (double inputs scaled by
 // 2^−ilogb(max|x|) first), square root, back to T.
@@ -78,7 +77,7 @@ int width_of(unsigned s) { return s == 1 ? 2 : (s <= 7 ? 4 : 8); }
 template <class T>
 T norm_in(const std::vector<std::byte>& m, std::size_t j) {
   T v;
-  std::memcpy(&v, m.data() + header + j * sizeof(T), sizeof v);
+  std::memcpy(&v, m.data() + envelope_bytes + j * sizeof(T), sizeof v);
   return v;
 }
 
@@ -103,8 +102,8 @@ void check_message(const std::vector<T>& x, unsigned s, std::uint32_t bucket, st
   const std::vector<std::byte> m = encode_on(reference_executor{}, q, x, key);
   const std::size_t n = x.size();
   const std::size_t buckets = (n + bucket - 1) / bucket;
-  REQUIRE(m.size() == header + buckets * sizeof(T) + (n * static_cast<std::size_t>(bits) + 7) / 8);
-  const std::size_t codes_offset = header + buckets * sizeof(T);
+  REQUIRE(m.size() == envelope_bytes + buckets * sizeof(T) + (n * static_cast<std::size_t>(bits) + 7) / 8);
+  const std::size_t codes_offset = envelope_bytes + buckets * sizeof(T);
   const std::vector<T> decoded = decode_on(reference_executor{}, q, m, poisoned_values<T>(n));
   bool norms_ok = true, codes_ok = true, grid_ok = true, values_ok = true, zeros_exact = true;
   for (std::size_t j = 0; j < buckets; ++j) {
@@ -141,11 +140,6 @@ void check_message(const std::vector<T>& x, unsigned s, std::uint32_t bucket, st
   CHECK(zeros_exact);
 }
 
-
-std::vector<std::byte> reseal(std::vector<std::byte> m) {  // keep the envelope valid after editing the payload
-  write_envelope(parse_envelope(m), m);
-  return m;
-}
 
 }  // namespace
 
@@ -310,7 +304,7 @@ TEST_CASE("QSGD draws are reproducible from (seed, step, tensor id)") {
   CHECK(encode_bytes(q, x, {.step = 3, .tensor_id = 1}) != encode_bytes(q, x, {.step = 3, .tensor_id = 2}));
   const qsgd_quantizer<float> other({.levels = 4, .seed = 78});
   const std::vector<std::byte> a = encode_bytes(q, x, {.step = 3}), b = encode_bytes(other, x, {.step = 3});
-  CHECK(!std::equal(a.begin() + header, a.end(), b.begin() + header, b.end()));
+  CHECK(!std::equal(a.begin() + envelope_bytes, a.end(), b.begin() + envelope_bytes, b.end()));
 }
 
 TEST_CASE_TEMPLATE("QSGD rejects NaN and Inf and leaves no valid message", T, float, double) {
@@ -330,12 +324,12 @@ TEST_CASE("QSGD decoders reject bad norms, impossible codes, padding, layouts an
   std::vector<float> x = make_input<float>(input_kind::normal, 99, 2);
   for (std::size_t i = 64; i < 96; ++i) x[i] = 0.0f;  // bucket 2 is zero
   const qsgd_quantizer<float> q({.levels = 4, .bucket = 32, .seed = 3});  // 4-bit codes after 4 norms
-  const std::size_t codes = header + 4 * 4;
+  const std::size_t codes = envelope_bytes + 4 * 4;
   const std::vector<std::byte> good = encode_bytes(q, x);
   CHECK(decode_values(q, good, 99).size() == 99);
   const auto with_norm = [&](std::size_t j, float v) {
     std::vector<std::byte> m = good;
-    std::memcpy(m.data() + header + 4 * j, &v, 4);
+    std::memcpy(m.data() + envelope_bytes + 4 * j, &v, 4);
     return reseal(m);
   };
   for (const float bad :

@@ -164,11 +164,6 @@ void check_sum_of_ranks(const shared_scale_params& params, const std::vector<std
   CHECK(homomorphic_sum);
 }
 
-std::vector<std::byte> reseal(std::vector<std::byte> m) {  // keeps the envelope valid after a payload edit
-  write_envelope(parse_envelope(m), m);
-  return m;
-}
-
 template <class T>
 std::string decode_error(const shared_scale_quantizer<T>& q, const std::vector<std::byte>& m, std::size_t n,
                          decode_limits limits = {}) {

@@ -78,11 +78,6 @@ bool numerically_equal(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
 }
 
-std::vector<std::byte> reseal(std::vector<std::byte> m) {  // keeps the envelope valid after a payload edit
-  write_envelope(parse_envelope(m), m);
-  return m;
-}
-
 template <class T>
 std::string decode_error(const count_sketch<T>& cs, const std::vector<std::byte>& m, std::size_t n,
                          decode_limits limits = {}) {

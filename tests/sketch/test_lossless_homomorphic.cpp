@@ -29,7 +29,7 @@ using namespace gradcomp::test;
 
 namespace {
 
-using bytes = std::vector<std::byte>;
+using byte_buffer = std::vector<std::byte>;
 
 // ---- inputs -------------------------------------------------------------------------------------
 
@@ -68,9 +68,9 @@ std::vector<T> rank_order_sum(const std::vector<std::vector<T>>& x) {
 // ---- the transport, simulated -------------------------------------------------------------------
 
 /// Aggregates rank indexes as the documented collective does: bitwise OR or a wrapping uint8 SUM.
-bytes aggregate_indexes(const std::vector<bytes>& indexes, lhc_index_coding coding) {
-  bytes total(indexes.front().size(), std::byte{0});
-  for (const bytes& mine : indexes)
+byte_buffer aggregate_indexes(const std::vector<byte_buffer>& indexes, lhc_index_coding coding) {
+  byte_buffer total(indexes.front().size(), std::byte{0});
+  for (const byte_buffer& mine : indexes)
     for (std::size_t q = 0; q < total.size(); ++q) {
       const auto a = std::to_integer<unsigned>(total[q]), b = std::to_integer<unsigned>(mine[q]);
       total[q] = static_cast<std::byte>(coding == lhc_index_coding::bitmap ? (a | b) : ((a + b) & 0xffu));
@@ -81,7 +81,7 @@ bytes aggregate_indexes(const std::vector<bytes>& indexes, lhc_index_coding codi
 /// One run of the whole protocol over the ranks' gradients.
 template <class T>
 struct protocol_run {
-  bytes index;
+  byte_buffer index;
   lhc_plan plan;
   std::vector<T> summed;
   std::vector<T> out;
@@ -92,7 +92,7 @@ template <class T, class E = cpu_executor>
 protocol_run<T> run_protocol(const lossless_homomorphic<T>& lhc, const std::vector<std::vector<T>>& x,
                              const E& cpu = {}) {
   const std::size_t n = x.front().size();
-  std::vector<bytes> indexes;
+  std::vector<byte_buffer> indexes;
   for (const std::vector<T>& g : x) {
     indexes.emplace_back(lhc.index_bytes(n));
     lhc.encode_index(cpu, std::span<const T>(g), std::span<std::byte>(indexes.back()));
@@ -107,7 +107,7 @@ protocol_run<T> run_protocol(const lossless_homomorphic<T>& lhc, const std::vect
                       std::span<T>(sketch));
     for (std::size_t c = 0; c < sketch.size(); ++c) run.summed[c] = r == 0 ? sketch[c] : run.summed[c] + sketch[c];
   }
-  bytes ws(lhc.workspace_bytes(cpu, run.plan));
+  byte_buffer ws(lhc.workspace_bytes(cpu, run.plan));
   run.out.assign(n, T{0});
   run.result = lhc.decode(cpu, std::span<const std::byte>(run.index), run.plan, std::span<const T>(run.summed),
                           std::span<T>(run.out), std::span<std::byte>(ws));
@@ -264,8 +264,6 @@ void check_equal_values(const std::vector<T>& out, const std::vector<T>& expecte
   CHECK(negative_zeros == 0);
 }
 
-}  // namespace
-
 // ---- the reference backend ------------------------------------------------------------------------
 
 /// The protocol on the reference and on the CPU: the same aggregated index, plan, summed sketch,
@@ -283,6 +281,8 @@ void check_reference_protocol(const lossless_homomorphic<T>& lhc, const std::vec
   CHECK(bit_patterns(ref.out) == bit_patterns(cpu.out));
   CHECK(ref.result == cpu.result);
 }
+
+}  // namespace
 
 TEST_CASE_TEMPLATE("lhc on the CPU equals the reference: indexes, plans, sketches, peeling order and stalls", T, float,
                    double) {
@@ -323,9 +323,9 @@ TEST_CASE("lhc on the CPU rejects what the reference rejects: hostile sketches, 
   const auto x = make_gradients<float>(2, n, 0.05, 3, true);
   const protocol_run<float> run = run_protocol(lhc, x);
   REQUIRE_FALSE(run.plan.dense);
-  const auto decode_status = [&](const auto& exec, bytes index, lhc_plan plan, std::vector<float> summed) {
+  const auto decode_status = [&](const auto& exec, byte_buffer index, lhc_plan plan, std::vector<float> summed) {
     std::vector<float> out(n, -3.0f);
-    bytes ws(lhc.workspace_bytes(exec, plan));
+    byte_buffer ws(lhc.workspace_bytes(exec, plan));
     const std::string status = thrown_by([&] {
       (void)lhc.decode(exec, std::span<const std::byte>(index), plan, std::span<const float>(summed),
                        std::span<float>(out), std::span<std::byte>(ws));
@@ -333,7 +333,7 @@ TEST_CASE("lhc on the CPU rejects what the reference rejects: hostile sketches, 
     if (status != "no exception") CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == -3.0f; }));
     return status;
   };
-  const auto same = [&](const bytes& index, const lhc_plan& plan, const std::vector<float>& summed) {
+  const auto same = [&](const byte_buffer& index, const lhc_plan& plan, const std::vector<float>& summed) {
     const std::string ref = decode_status(reference_executor{}, index, plan, summed);
     CHECK(decode_status(cpu_executor{}, index, plan, summed) == ref);
     return ref;
@@ -345,10 +345,10 @@ TEST_CASE("lhc on the CPU rejects what the reference rejects: hostile sketches, 
   std::vector<float> huge = run.summed;
   for (float& v : huge) v = std::numeric_limits<float>::max();
   (void)same(run.index, run.plan, huge);  // sums beyond float's range, or a stall: alike
-  bytes padded = run.index;
+  byte_buffer padded = run.index;
   padded.back() |= std::byte{0x10};  // n odd: the high nibble of the last byte is padding
   CHECK(same(padded, run.plan, run.summed) == named(errc::malformed_payload));
-  bytes over = run.index;
+  byte_buffer over = run.index;
   over[7] = std::byte{0xf0};  // a field of 15, the coding's limit: the union, and so the plan, may change
   (void)same(over, run.plan, run.summed);
   lhc_plan other = run.plan;
@@ -359,7 +359,7 @@ TEST_CASE("lhc on the CPU rejects what the reference rejects: hostile sketches, 
   std::vector<float> random(run.summed.size());
   for (float& v : random) v = normal(engine);
   std::vector<float> ref_out(n), cpu_out(n);
-  bytes ws(
+  byte_buffer ws(
       std::max(lhc.workspace_bytes(reference_executor{}, run.plan), lhc.workspace_bytes(cpu_executor{}, run.plan)));
   const lhc_decode_result a = lhc.decode(reference_executor{}, std::span<const std::byte>(run.index), run.plan,
                                          std::span<const float>(random), std::span<float>(ref_out), ws);
@@ -371,11 +371,11 @@ TEST_CASE("lhc on the CPU rejects what the reference rejects: hostile sketches, 
   std::vector<float> bad = x[0];
   bad[10] = std::numeric_limits<float>::infinity();
   const auto encode_statuses = [&](const auto& exec) {
-    bytes index(lhc.index_bytes(n));
+    byte_buffer index(lhc.index_bytes(n));
     std::vector<std::string> statuses;
     statuses.push_back(
         thrown_by([&] { lhc.encode_index(exec, std::span<const float>(bad), std::span<std::byte>(index)); }));
-    const bytes marked_all = index;
+    const byte_buffer marked_all = index;
     std::vector<float> sketch(run.plan.sketch_values());
     std::vector<float> outside = x[0];  // with a plan of another count
     statuses.push_back(thrown_by([&] {
@@ -454,19 +454,19 @@ TEST_CASE_TEMPLATE("lhc below the threshold reports the stall and never writes a
   SUBCASE("report throws peeling_stalled and leaves out untouched") {
     const lossless_homomorphic<T> lhc(stalls);
     const cpu_executor cpu;
-    std::vector<bytes> indexes;
+    std::vector<byte_buffer> indexes;
     for (const auto& g : x) {
       indexes.emplace_back(lhc.index_bytes(n));
       lhc.encode_index(cpu, std::span<const T>(g), std::span<std::byte>(indexes.back()));
     }
-    const bytes index = aggregate_indexes(indexes, lhc_index_coding::bitmap);
+    const byte_buffer index = aggregate_indexes(indexes, lhc_index_coding::bitmap);
     const lhc_plan plan = lhc.plan(cpu, std::span<const std::byte>(index), n, 4);
     std::vector<T> summed(plan.sketch_values(), T{0}), sketch(plan.sketch_values());
     for (const auto& g : x) {
       lhc.encode_sketch(cpu, std::span<const T>(g), std::span<const std::byte>(index), plan, std::span<T>(sketch));
       for (std::size_t c = 0; c < sketch.size(); ++c) summed[c] += sketch[c];
     }
-    bytes ws(lhc.workspace_bytes(cpu, plan));
+    byte_buffer ws(lhc.workspace_bytes(cpu, plan));
     std::vector<T> out(n, T{-7});
     CHECK(thrown_by([&] {
             (void)lhc.decode(cpu, std::span<const std::byte>(index), plan, std::span<const T>(summed),
@@ -506,7 +506,7 @@ TEST_CASE("lhc encode_index writes the documented bitmap, sum4 and sum8 layouts"
   for (const lhc_index_coding coding : {lhc_index_coding::bitmap, lhc_index_coding::sum4, lhc_index_coding::sum8}) {
     CAPTURE(static_cast<int>(coding));
     const lossless_homomorphic<float> lhc({.index = coding});
-    bytes expected;
+    byte_buffer expected;
     if (coding == lhc_index_coding::bitmap) {
       expected.assign(10, std::byte{0});
       for (std::size_t i = 0; i < n; ++i)
@@ -519,15 +519,15 @@ TEST_CASE("lhc encode_index writes the documented bitmap, sum4 and sum8 layouts"
       for (std::size_t i = 0; i < n; ++i) expected.push_back(static_cast<std::byte>(x[i] != 0 ? 1 : 0));
     }
     REQUIRE(lhc.index_bytes(n) == expected.size());
-    bytes index(expected.size(), std::byte{0xAB});
+    byte_buffer index(expected.size(), std::byte{0xAB});
     lhc.encode_index(cpu, std::span<const float>(x), std::span<std::byte>(index));
     CHECK(index == expected);
   }
   std::vector<float> signed_zero(9, 0.0f);
   signed_zero[3] = -0.0f;
-  bytes index(2);
+  byte_buffer index(2);
   lossless_homomorphic<float>().encode_index(cpu, std::span<const float>(signed_zero), std::span<std::byte>(index));
-  CHECK(index == bytes(2, std::byte{0}));  // −0 is zero
+  CHECK(index == byte_buffer(2, std::byte{0}));  // −0 is zero
 }
 
 TEST_CASE("lhc index codings aggregate as OR up to their rank limit and refuse more") {
@@ -562,16 +562,16 @@ TEST_CASE("lhc index codings aggregate as OR up to their rank limit and refuse m
     CHECK(thrown_by([&] { (void)lhc.plan(cpu, std::span<const std::byte>(run.index), n, k.limit + 1); }) ==
           named(errc::invalid_argument));
     // one rank more wraps (sum8) or carries into the neighbour (sum4): exactly why P is capped
-    bytes one_more(lhc.index_bytes(n));
+    byte_buffer one_more(lhc.index_bytes(n));
     lhc.encode_index(cpu, std::span<const float>(x.front()), std::span<std::byte>(one_more));
-    const bytes wrapped = aggregate_indexes({run.index, one_more}, k.coding);
+    const byte_buffer wrapped = aggregate_indexes({run.index, one_more}, k.coding);
     CHECK(std::to_integer<unsigned>(wrapped[k.coding == lhc_index_coding::sum4 ? 2 : 5]) == 0);  // element 5 vanished
     // a field above the declared contributors is refused
     CHECK(thrown_by([&] { (void)lhc.plan(cpu, std::span<const std::byte>(run.index), n, k.ranks - 1); }) ==
           named(errc::malformed_payload));
   }
   const lossless_homomorphic<float> any;
-  CHECK(thrown_by([&] { (void)any.plan(cpu, std::span<const std::byte>(bytes(2)), 16, 0); }) ==
+  CHECK(thrown_by([&] { (void)any.plan(cpu, std::span<const std::byte>(byte_buffer(2)), 16, 0); }) ==
         named(errc::invalid_argument));
 }
 
@@ -672,7 +672,7 @@ TEST_CASE_TEMPLATE(
                                              .seed = reference ? 0u : 5u});
           const std::vector<T> x = make_gradients<T>(1, n, density, n + block, false).front();
           const cpu_executor cpu;
-          bytes index(lhc.index_bytes(n));
+          byte_buffer index(lhc.index_bytes(n));
           lhc.encode_index(cpu, std::span<const T>(x), std::span<std::byte>(index));
           const lhc_plan plan = lhc.plan(cpu, std::span<const std::byte>(index), n, 1);
           if (plan.dense || plan.cells == 0) continue;
@@ -772,7 +772,7 @@ TEST_CASE_TEMPLATE("lhc decode writes every element, streamed or not, into a dir
   REQUIRE(run.result.unrecovered == 0);
   const std::vector<T> expected = rank_order_sum(x);
   const lossless_homomorphic<T> lhc = make_lhc<T>({.seed = 9});
-  bytes ws(lhc.workspace_bytes(cpu_executor{}, run.plan));
+  byte_buffer ws(lhc.workspace_bytes(cpu_executor{}, run.plan));
   for (const std::size_t streaming_bytes : {std::size_t{0}, std::numeric_limits<std::size_t>::max()})
     for (const std::size_t offset : {std::size_t{0}, std::size_t{1}, std::size_t{5}}) {
       CAPTURE(streaming_bytes);
@@ -823,7 +823,7 @@ TEST_CASE("lhc tiny sketches in which every cell holds an element decode exactly
     const auto x = make_gradients<float>(1, n, 0.19, seed, true);
     const lossless_homomorphic<float> lhc(p);
     const cpu_executor cpu;
-    bytes index(lhc.index_bytes(n));
+    byte_buffer index(lhc.index_bytes(n));
     lhc.encode_index(cpu, std::span<const float>(x[0]), std::span<std::byte>(index));
     const lhc_plan plan = lhc.plan(cpu, std::span<const std::byte>(index), n, 1);
     if (plan.dense || plan.cells != 16) continue;
@@ -837,7 +837,7 @@ TEST_CASE("lhc tiny sketches in which every cell holds an element decode exactly
     std::vector<float> sketch(plan.sketch_values());
     lhc.encode_sketch(cpu, std::span<const float>(x[0]), std::span<const std::byte>(index), plan,
                       std::span<float>(sketch));
-    bytes ws(lhc.workspace_bytes(cpu, plan));
+    byte_buffer ws(lhc.workspace_bytes(cpu, plan));
     std::vector<float> out(n, -1.0f);
     try {
       (void)lhc.decode(cpu, std::span<const std::byte>(index), plan, std::span<const float>(sketch),
@@ -862,7 +862,7 @@ TEST_CASE("lhc rejects hostile indexes, plans, sketches and buffers with named e
   const auto x = make_gradients<float>(2, n, 0.02, 99, true);
   const protocol_run<float> run = run_protocol(lhc, x);
   REQUIRE_FALSE(run.plan.dense);
-  bytes ws(lhc.workspace_bytes(cpu, run.plan));
+  byte_buffer ws(lhc.workspace_bytes(cpu, run.plan));
   std::vector<float> out(n, 3.0f);
   const std::vector<float> untouched = out;
   const auto decode = [&](std::span<const std::byte> index, const lhc_plan& plan, std::span<const float> sketch,
@@ -874,7 +874,7 @@ TEST_CASE("lhc rejects hostile indexes, plans, sketches and buffers with named e
   std::vector<float> sketch(run.plan.sketch_values());
 
   SUBCASE("sizes") {
-    bytes short_index(lhc.index_bytes(n) - 1);
+    byte_buffer short_index(lhc.index_bytes(n) - 1);
     CHECK(thrown_by([&] { lhc.encode_index(cpu, std::span<const float>(x[0]), std::span<std::byte>(short_index)); }) ==
           named(errc::size_mismatch));
     CHECK(thrown_by([&] { (void)lhc.plan(cpu, index.first(index.size() - 1), n, 2); }) == named(errc::size_mismatch));
@@ -890,7 +890,7 @@ TEST_CASE("lhc rejects hostile indexes, plans, sketches and buffers with named e
   SUBCASE("an index or plan that does not match") {
     const std::size_t odd = n - 3;
     std::vector<float> shorter(x[0].begin(), x[0].begin() + static_cast<std::ptrdiff_t>(odd));
-    bytes odd_index(lhc.index_bytes(odd));
+    byte_buffer odd_index(lhc.index_bytes(odd));
     lhc.encode_index(cpu, std::span<const float>(shorter), std::span<std::byte>(odd_index));
     odd_index.back() |= std::byte{0x80};
     CHECK(thrown_by([&] { (void)lhc.plan(cpu, std::span<const std::byte>(odd_index), odd, 1); }) ==
@@ -903,7 +903,7 @@ TEST_CASE("lhc rejects hostile indexes, plans, sketches and buffers with named e
     CHECK(thrown_by([&] {
             lhc.encode_sketch(cpu, std::span<const float>(x[0]), index, forged, std::span<float>(big));
           }) == named(errc::invalid_argument));
-    bytes fewer = run.index;
+    byte_buffer fewer = run.index;
     std::size_t dropped = 0;
     while (fewer[dropped / 8] == std::byte{0}) dropped += 8;
     while ((std::to_integer<unsigned>(fewer[dropped / 8]) >> (dropped % 8) & 1u) == 0) ++dropped;
@@ -923,11 +923,11 @@ TEST_CASE("lhc rejects hostile indexes, plans, sketches and buffers with named e
   SUBCASE("NaN and Inf") {
     std::vector<float> bad = x[0];
     bad[123] = std::numeric_limits<float>::quiet_NaN();
-    bytes bad_index(lhc.index_bytes(n), std::byte{0x5A});
+    byte_buffer bad_index(lhc.index_bytes(n), std::byte{0x5A});
     CHECK(thrown_by([&] { lhc.encode_index(cpu, std::span<const float>(bad), std::span<std::byte>(bad_index)); }) ==
           named(errc::non_finite_input));
-    CHECK(bad_index == bytes(lhc.index_bytes(n), std::byte{0xFF}));  // poisoned: every element a member
-    bytes all(lhc.index_bytes(n), std::byte{0xFF});
+    CHECK(bad_index == byte_buffer(lhc.index_bytes(n), std::byte{0xFF}));  // poisoned: every element a member
+    byte_buffer all(lhc.index_bytes(n), std::byte{0xFF});
     const lhc_plan plan_all = lhc.plan(cpu, std::span<const std::byte>(all), n, 1);
     std::vector<float> s(plan_all.sketch_values());
     bad[123] = std::numeric_limits<float>::infinity();
@@ -951,10 +951,10 @@ TEST_CASE("lhc a summed sketch that overflowed is refused and out is left untouc
   std::vector<std::vector<float>> x(2, std::vector<float>(n, 0.0f));
   x[0][100] = x[1][100] = std::numeric_limits<float>::max();
   x[0][2000] = 1.0f;
-  std::vector<bytes> indexes(2, bytes(lhc.index_bytes(n)));
+  std::vector<byte_buffer> indexes(2, byte_buffer(lhc.index_bytes(n)));
   for (std::size_t r = 0; r < 2; ++r)
     lhc.encode_index(cpu, std::span<const float>(x[r]), std::span<std::byte>(indexes[r]));
-  const bytes index = aggregate_indexes(indexes, lhc_index_coding::bitmap);
+  const byte_buffer index = aggregate_indexes(indexes, lhc_index_coding::bitmap);
   const lhc_plan plan = lhc.plan(cpu, std::span<const std::byte>(index), n, 2);
   REQUIRE_FALSE(plan.dense);
   // the transport's float SUM overflows to Inf in the cells of element 100
@@ -963,7 +963,7 @@ TEST_CASE("lhc a summed sketch that overflowed is refused and out is left untouc
   lhc.encode_sketch(cpu, std::span<const float>(x[1]), std::span<const std::byte>(index), plan, std::span<float>(b));
   std::vector<float> overflowed(plan.cells);
   for (std::size_t c = 0; c < a.size(); ++c) overflowed[c] = a[c] + b[c];
-  bytes ws(lhc.workspace_bytes(cpu, plan));
+  byte_buffer ws(lhc.workspace_bytes(cpu, plan));
   std::vector<float> out(n, 1.0f);
   CHECK(thrown_by([&] {
           (void)lhc.decode(cpu, std::span<const std::byte>(index), plan, std::span<const float>(overflowed),

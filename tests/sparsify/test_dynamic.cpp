@@ -173,7 +173,7 @@ void put_u64(std::vector<std::byte>& b, std::size_t at, std::uint64_t v) {
 }
 
 /// Recomputes both CRCs of a saved state after a deliberate edit (header CRC at 33, entries from 37).
-void reseal(std::vector<std::byte>& b) {
+void reseal_saved_state(std::vector<std::byte>& b) {
   put_u32(b, 33, crc32c(std::span<const std::byte>(b.data(), 33)));
   const std::size_t entries = b.size() - 37 - 4;
   put_u32(b, b.size() - 4, crc32c(std::span<const std::byte>(b.data() + 37, entries)));
@@ -611,7 +611,7 @@ TEST_CASE("dynamic load state names every error and leaves the state unchanged")
   {
     auto b = good;
     b[6] = std::byte{1};
-    reseal(b);
+    reseal_saved_state(b);
     fails(b, errc::codec_mismatch);
   }
   {
@@ -622,7 +622,7 @@ TEST_CASE("dynamic load state names every error and leaves the state unchanged")
   {
     auto b = good;
     put_u64(b, 17, ~std::uint64_t{0});  // more tensors than the bytes could hold
-    reseal(b);
+    reseal_saved_state(b);
     fails(b, errc::truncated);
   }
   fails(std::vector<std::byte>(good.begin(), good.end() - 1), errc::truncated);
@@ -639,19 +639,19 @@ TEST_CASE("dynamic load state names every error and leaves the state unchanged")
   {
     auto b = good;  // ids 3 then 8: make the second 3
     put_u64(b, 37 + 16 + 10 * 4, 3);
-    reseal(b);
+    reseal_saved_state(b);
     fails(b, errc::malformed_payload);
   }
   {
     auto b = good;  // the first entry claims all 20 value slots, leaving no room for the second head
     put_u64(b, 45, 20);
-    reseal(b);
+    reseal_saved_state(b);
     fails(b, errc::malformed_payload);
   }
   {
     auto b = good;  // the first entry claims 21 values, more than the entries hold
     put_u64(b, 45, 21);
-    reseal(b);
+    reseal_saved_state(b);
     fails(b, errc::malformed_payload);
   }
   {
@@ -659,7 +659,7 @@ TEST_CASE("dynamic load state names every error and leaves the state unchanged")
     step(sp, one, 5, make_input<float>(input_kind::normal, 2, 4), out);
     auto b = saved(sp, one);
     put_u64(b, 45, 1);
-    reseal(b);
+    reseal_saved_state(b);
     fails(b, errc::malformed_payload);
   }
   std::vector<std::byte> small(good.size() - 1);

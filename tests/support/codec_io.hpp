@@ -22,6 +22,16 @@ std::vector<std::byte> encode_bytes(const Codec& codec, const std::vector<T>& x,
   return out;
 }
 
+/// The envelope's size on the wire, written out (docs/wire-format.md §1): where a payload starts.
+inline constexpr std::size_t envelope_bytes = 56;
+
+/// Message `m` with its envelope rewritten to match its payload (CRC included): keeps a message
+/// valid after a test edited its payload.
+inline std::vector<std::byte> reseal(std::vector<std::byte> m) {
+  write_envelope(parse_envelope(m), m);
+  return m;
+}
+
 /// `good` (a message) with its payload replaced by `payload` and the envelope resealed to match.
 inline std::vector<std::byte> with_payload(const std::vector<std::byte>& good, const std::vector<std::byte>& payload) {
   envelope e = parse_envelope(good);

@@ -6,12 +6,26 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
 namespace gradcomp::test {
+
+/// Whether a and b hold the same values bit for bit (NaN payloads and the sign of zero included).
+template <class T>
+bool same_bits(std::span<const T> a, std::span<const T> b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
+}
+
+/// `same_bits` of two vectors.
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return same_bits(std::span<const T>(a), std::span<const T>(b));
+}
 
 /// Kinds of input the codec tests run over.
 enum class input_kind { normal, ties, all_equal, signed_zeros, subnormals };
