@@ -1,11 +1,12 @@
 // bf16 and fp16 data in the chunked plans: compressed_all_reduce's scatter_reduce (plain, with a
-// server error-feedback state, and a stateful wrapper with chunk and server states) and
-// compressed_reduce_scatter's all_to_all, gather_decode and dense plans, over the in-process
+// server error-feedback state, and a stateful wrapper with chunk and server states) and ring, and
+// compressed_reduce_scatter's all_to_all, gather_decode, dense and ring plans, over the in-process
 // transport. The oracle, written here from the reference executor's encode and decode and the
 // chunks cut independently of ring_chunk_of: every rank's chunk message decoded into float32 and
-// summed in rank order; for the all-reduce, that sum rounded once to the 16-bit type, re-encoded,
-// decoded into float32, divided by P with `average` and rounded once. Plus the refusals (ring,
-// summed_encodings) and fp16 overflow on one rank's chunk reported by every rank, data untouched.
+// summed in rank order (the ring: the partial sum of each hop in float32, rounded once for its
+// encoding); for the all-reduce, that sum rounded once to the 16-bit type, re-encoded, decoded
+// into float32, divided by P with `average` and rounded once. Plus the refusal of summed_encodings
+// and fp16 overflow on one rank's chunk reported by every rank, data untouched.
 #include <gradcomp/collective/compressed_all_reduce.hpp>
 #include <gradcomp/collective/compressed_reduce_scatter.hpp>
 #include <gradcomp/core/half_float.hpp>
@@ -239,48 +240,98 @@ TEST_CASE_TEMPLATE(
 }
 
 TEST_CASE_TEMPLATE(
-    "16-bit chunked plans: ring refused, and an fp16 sum beyond range on one rank's chunk stops every "
-    "rank alike, data untouched",
+    "the ring of bf16 and fp16 data: float32 partial sums, rounded once for each encoding and once "
+    "at the end",
+    H, bf16, fp16) {
+  const uniform_quantizer<H> q({.bits = 8, .block = 64});
+  for_each_setting(4, 1200, [&](int P, std::size_t n, bool average) {
+    // Chunk c by the ring's definition: rank c + 1's own values, then at each later rank c + k its
+    // own values (widened) plus the decoding of the previous partial sum rounded to H.
+    std::vector<std::vector<float>> chunk_sums(static_cast<std::size_t>(P));
+    std::vector<float> all_reduced(n);
+    for (int c = 0; c < P; ++c) {
+      const auto chunk = rank_chunk(n, P, c);
+      const std::size_t offset = chunk.first, count = chunk.second;
+      const auto own = [&](int k) {
+        const std::vector<H> g = half_gradient_of<H>((c + k) % P, n);
+        std::vector<float> v(count);
+        for (std::size_t i = 0; i < count; ++i) v[i] = widen(g[offset + i]);
+        return v;
+      };
+      std::vector<float> acc = own(1);
+      for (int k = 2; k <= P; ++k) {
+        const std::vector<H> sent = rounded<H>(acc, P, false);
+        const auto decoded = reference_decoding(q, std::span<const H>(sent));
+        acc = own(k);
+        for (std::size_t i = 0; i < count; ++i) acc[i] += decoded[i];
+      }
+      chunk_sums[static_cast<std::size_t>(c)] = acc;
+      const std::vector<H> owner_sum = rounded<H>(acc, P, false);
+      const auto decoded = reference_decoding(q, std::span<const H>(owner_sum));
+      std::copy(decoded.begin(), decoded.end(), all_reduced.begin() + static_cast<std::ptrdiff_t>(offset));
+    }
+    std::vector<std::vector<H>> outs(static_cast<std::size_t>(P));
+    const auto all = on_half_ranks<H>(P, n, [&](in_process_transport& t, std::vector<H>& data) {
+      std::vector<H> out(rank_chunk(n, P, t.rank()).second);
+      compressed_reduce_scatter(cpu_executor{}, t, q, std::span<const H>(data), std::span<H>(out),
+                                {.plan = reduce_scatter_plan::ring, .average = average});
+      outs[static_cast<std::size_t>(t.rank())] = out;
+      compressed_all_reduce(cpu_executor{}, t, q, std::span<H>(data),
+                            {.plan = all_reduce_plan::ring, .average = average});
+    });
+    for (int r = 0; r < P; ++r)
+      CHECK(patterns_of(outs[static_cast<std::size_t>(r)]) ==
+            patterns_of(rounded<H>(chunk_sums[static_cast<std::size_t>(r)], P, average)));
+    const auto expected = patterns_of(rounded<H>(all_reduced, P, average));
+    for (const auto& r : all) CHECK(patterns_of(r) == expected);
+  });
+}
+
+TEST_CASE_TEMPLATE(
+    "16-bit data: summed_encodings refused, and an fp16 sum beyond range on one rank's chunk stops "
+    "every rank alike, data untouched",
     H, bf16, fp16) {
   constexpr int P = 2;
   constexpr std::size_t n = 600;
   const uniform_quantizer<H> q({.bits = 8});
+  const auto before = on_half_ranks<H>(P, n, [](in_process_transport&, std::vector<H>&) {});
   std::atomic<int> refused{0};
-  in_process_group(P).run([&](in_process_transport& t) {
-    const std::vector<H> data = half_gradient_of<H>(t.rank(), n);
-    std::vector<H> out(n / 2, narrow<H>(7.0f));
+  const auto after = on_half_ranks<H>(P, n, [&](in_process_transport& t, std::vector<H>& data) {
     if (thrown_by([&] {
-          compressed_reduce_scatter(cpu_executor{}, t, q, std::span<const H>(data), std::span<H>(out),
-                                    {.plan = reduce_scatter_plan::ring});
+          compressed_all_reduce(cpu_executor{}, t, q, std::span<H>(data), {.plan = all_reduce_plan::summed_encodings});
         }) == named(errc::invalid_argument))
       ++refused;
-    CHECK(patterns_of(out) == patterns_of(std::vector<H>(n / 2, narrow<H>(7.0f))));
   });
   CHECK(refused.load() == P);
+  for (int r = 0; r < P; ++r)
+    CHECK(patterns_of(after[static_cast<std::size_t>(r)]) == patterns_of(before[static_cast<std::size_t>(r)]));
   if constexpr (std::is_same_v<H, fp16>) {
-    // 60000 on both ranks in chunk 0 only: rank 0's chunk sum (120000) is beyond 65504, rank 1's
-    // is not; every rank throws narrowing_overflow and keeps its data.
+    // 60000 on both ranks in chunk 0 only: its sum (120000) is beyond 65504, chunk 1's is not;
+    // every rank throws narrowing_overflow in every plan and keeps its data, whichever rank holds
+    // chunk 0.
     std::atomic<int> overflowed{0}, kept{0};
     in_process_group(P).run([&](in_process_transport& t) {
       std::vector<H> data = half_gradient_of<H>(t.rank(), n);
       data[5] = narrow<H>(60000.0f);
       const std::vector<H> copy = data;
       std::vector<H> out(n / 2, narrow<H>(7.0f));
-      for (const reduce_scatter_plan plan : {reduce_scatter_plan::all_to_all, reduce_scatter_plan::dense})
+      for (const reduce_scatter_plan plan :
+           {reduce_scatter_plan::all_to_all, reduce_scatter_plan::dense, reduce_scatter_plan::ring})
         if (thrown_by([&] {
               compressed_reduce_scatter(cpu_executor{}, t, q, std::span<const H>(data), std::span<H>(out),
                                         {.plan = plan});
             }) == named(errc::narrowing_overflow))
           ++overflowed;
-      if (thrown_by([&] {
-            compressed_all_reduce(cpu_executor{}, t, q, std::span<H>(data), {.plan = all_reduce_plan::scatter_reduce});
-          }) == named(errc::narrowing_overflow))
-        ++overflowed;
+      for (const all_reduce_plan plan : {all_reduce_plan::gather_decode, all_reduce_plan::dense,
+                                         all_reduce_plan::scatter_reduce, all_reduce_plan::ring})
+        if (thrown_by([&] { compressed_all_reduce(cpu_executor{}, t, q, std::span<H>(data), {.plan = plan}); }) ==
+            named(errc::narrowing_overflow))
+          ++overflowed;
       if (patterns_of(data) == patterns_of(copy) &&
           patterns_of(out) == patterns_of(std::vector<H>(n / 2, narrow<H>(7.0f))))
         ++kept;
     });
-    CHECK(overflowed.load() == 3 * P);
+    CHECK(overflowed.load() == 7 * P);
     CHECK(kept.load() == P);
   }
 }

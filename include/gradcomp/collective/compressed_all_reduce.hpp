@@ -187,11 +187,10 @@ template <class X, class C>
     case all_reduce_plan::scatter_reduce: ok = can_all_to_all<X> && state != call_state::single; break;
     default: break;
   }
-  if (ok && half_precision<typename C::value_type> &&
-      (plan == all_reduce_plan::summed_encodings || plan == all_reduce_plan::ring))
+  if (ok && half_precision<typename C::value_type> && plan == all_reduce_plan::summed_encodings)
     return {errc::invalid_argument,
-            "compressed_all_reduce: bf16 and fp16 data run the dense, gather_decode and scatter_reduce plans (their "
-            "float32 sums are rounded once; docs/half-precision.md §5), not summed_encodings or ring"};
+            "compressed_all_reduce: bf16 and fp16 data are summed in float32 (docs/half-precision.md §3), not in "
+            "the messages by summed_encodings"};
   if (ok) return {};
   return {errc::invalid_argument,
           "compressed_all_reduce: plan " + std::to_string(static_cast<int>(plan)) +
@@ -316,12 +315,12 @@ compressed_report stateless_all_reduce(const E& e, X& t, const C& codec, server_
   using T = typename C::value_type;
   compressed_report report;
   if (plan == all_reduce_plan::dense) return dense_all_reduce(e, t, data, options.average);
-  // 16-bit data: the agreement refused summed_encodings and ring (plan_problem).
-  constexpr bool wide = !half_precision<T>;
   if (plan == all_reduce_plan::summed_encodings) {
-    if constexpr (summable_encoding<C> && wide) report = summed_all_reduce(e, t, codec, data, options.key);
+    // 16-bit data: the agreement refused summed_encodings (plan_problem).
+    if constexpr (summable_encoding<C> && !half_precision<T>)
+      report = summed_all_reduce(e, t, codec, data, options.key);
   } else if (plan == all_reduce_plan::ring) {
-    if constexpr (transport_with_point_to_point<X> && wide)
+    if constexpr (transport_with_point_to_point<X>)
       return ring_all_reduce_within(
           e, t, codec, data, {.key = options.key, .average = options.average, .measure_error = options.measure_error});
   } else if (plan == all_reduce_plan::scatter_reduce) {
@@ -381,8 +380,8 @@ compressed_report stateless_all_reduce(const E& e, X& t, const C& codec, server_
 /// from the codec's traits (this file's comment: `summed_encodings` or `gather_decode`; a
 /// requested `scatter_reduce` re-encodes the chunk sums plainly). `report.dense_bytes` is what an
 /// uncompressed ring all-reduce sends from this rank, 2(P − 1)/P · n · sizeof(T). bf16 and fp16
-/// data (host executors) run `gather_decode` (`automatic`), `scatter_reduce` or `dense`, summed in
-/// float32 (docs/half-precision.md §3).
+/// data (host executors) run every plan but `summed_encodings`, summed in float32
+/// (docs/half-precision.md §3).
 /// @throws error on every rank alike, with `data` unchanged: `codec_mismatch`, `dtype_mismatch`,
 /// `parameter_mismatch` (codec parameters or plan), `size_mismatch` (n), `step_mismatch` (step or
 /// tensor id) when the ranks disagree; `non_finite_input` when any rank's gradient holds NaN or

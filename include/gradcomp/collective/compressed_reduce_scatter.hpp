@@ -138,12 +138,11 @@ compressed_report dense_reduce_scatter(const E& e, X& t, std::span<const T> data
 }
 
 /// Why this rank's arguments cannot run (empty: they can): `out` of another size than this
-/// rank's chunk, a plan that is no `reduce_scatter_plan` of a codec or cannot run here (`runnable`;
-/// `half`: 16-bit data, which the ring does not take), or (`states` ≥ 0) a stateful call without
-/// one state per chunk. Carried by the agreement record,
+/// rank's chunk, a plan that is no `reduce_scatter_plan` of a codec or cannot run here (`runnable`),
+/// or (`states` ≥ 0) a stateful call without one state per chunk. Carried by the agreement record,
 /// so every rank throws when one rank's arguments are wrong.
 [[nodiscard]] inline local_problem reduce_scatter_problem(std::size_t out_size, std::uint64_t n, int ranks, int rank,
-                                                          reduce_scatter_plan plan, bool runnable, bool half,
+                                                          reduce_scatter_plan plan, bool runnable,
                                                           long long states = -1) {
   const std::string where = "compressed_reduce_scatter: ";
   if (out_size != ring_chunk_of(n, ranks, rank).count)
@@ -151,11 +150,6 @@ compressed_report dense_reduce_scatter(const E& e, X& t, std::span<const T> data
                                         " values, not this rank's chunk of " +
                                         std::to_string(ring_chunk_of(n, ranks, rank).count)};
   if (plan == reduce_scatter_plan::dense) runnable = true;
-  if (plan == reduce_scatter_plan::ring && half)
-    return {errc::invalid_argument,
-            where +
-                "bf16 and fp16 data run the all_to_all, gather_decode and dense plans (their float32 sums are "
-                "rounded once; docs/half-precision.md §5), not ring"};
   if ((plan > reduce_scatter_plan::gather_decode && plan != reduce_scatter_plan::dense) || !runnable)
     return {errc::invalid_argument,
             where + "plan " + std::to_string(static_cast<int>(plan)) +
@@ -190,15 +184,14 @@ compressed_report compressed_reduce_scatter(const E& e, X& t, const C& codec,
     const auto plan = detail::warm_up_or(options, detail::resolved_plan<X>(options.plan));
     const auto n = static_cast<std::uint64_t>(data.size());
     constexpr bool p2p = transport_with_point_to_point<X>;
-    detail::agree_on(e, t, codec, data, detail::agreement_plan(plan), options.key,
-                     detail::reduce_scatter_problem(out.size(), n, t.size(), t.rank(), plan,
-                                                    plan == reduce_scatter_plan::gather_decode ||
-                                                        (plan == reduce_scatter_plan::ring ? p2p
-                                                                                           : detail::can_all_to_all<X>),
-                                                    half_precision<T>),
-                     "compressed_reduce_scatter");
+    detail::agree_on(
+        e, t, codec, data, detail::agreement_plan(plan), options.key,
+        detail::reduce_scatter_problem(out.size(), n, t.size(), t.rank(), plan,
+                                       plan == reduce_scatter_plan::gather_decode ||
+                                           (plan == reduce_scatter_plan::ring ? p2p : detail::can_all_to_all<X>)),
+        "compressed_reduce_scatter");
     if (plan == reduce_scatter_plan::dense) return detail::dense_reduce_scatter(e, t, data, out, options.average);
-    if constexpr (p2p && !half_precision<T>) {
+    if constexpr (p2p) {
       if (plan == reduce_scatter_plan::ring)
         return detail::ring_reduce_scatter_within(e, t, codec, data, out,
                                                   {.key = options.key,
@@ -265,7 +258,6 @@ compressed_report compressed_reduce_scatter(const E& e, X& t, const C& codec, st
                          detail::reduce_scatter_problem(out.size(), n, t.size(), t.rank(), plan,
                                                         detail::can_all_to_all<X> &&
                                                             plan == reduce_scatter_plan::all_to_all,
-                                                        half_precision<typename C::value_type>,
                                                         static_cast<long long>(states.size())),
                          "compressed_reduce_scatter");
         if (plan == reduce_scatter_plan::dense) return detail::dense_reduce_scatter(e, t, data, out, options.average);

@@ -25,6 +25,12 @@
 /// (`non_finite_input`), whether or not an encoding would meet it. A rank that stops calling makes
 /// the others throw `timeout` at the call's deadline (`ring_options::timeout`,
 /// collective/call_deadline.hpp), with the output unchanged.
+///
+/// bf16 and fp16 values (host executors, docs/half-precision.md §3): each rank keeps its partial
+/// sum in float32 (its own values widened, the received ones decoded into float32) and rounds it
+/// once to the 16-bit type for each encoding; the result is rounded once more from float32 (after
+/// dividing by P with `average`). A partial sum beyond fp16's range is `narrowing_overflow`, which
+/// travels as any failure does.
 
 #include <algorithm>
 #include <array>
@@ -81,13 +87,27 @@ namespace detail {
 /// What the hops of the ring reduce-scatter leave on one rank.
 template <class T, executor E>
 struct ring_sum {
-  collective_buffer<E, T>
+  using sum_type = compute_type<T>;  ///< What the partial sums are kept in: float32 for 16-bit values.
+  collective_buffer<E, sum_type>
       values;  ///< The sum of this rank's chunk in its first `count` values (valid when `status` is 0).
+  collective_buffer<E, T> rounded;  ///< 16-bit values: the partial sum rounded for an encoding.
   std::size_t count = 0;           ///< Values of this rank's chunk.
   double bound = 0.0;              ///< The error bound accumulated over its encodings.
   std::uint8_t status = 0;         ///< 0, or the code of the first failure this rank saw.
 
-  [[nodiscard]] std::span<T> chunk() noexcept { return values.span().first(count); }
+  [[nodiscard]] std::span<sum_type> chunk() noexcept { return values.span().first(count); }
+
+  /// The values to encode: the chunk's sum, or for 16-bit values that sum rounded once
+  /// (`narrowing_overflow` in `status` when it cannot be, divided by `ranks` first with `average`).
+  [[nodiscard]] std::span<const T> encodable(const E& e, int ranks, bool average) {
+    if constexpr (half_precision<T>) {
+      rounded.resize(e, count);
+      if (status == 0) status = narrowing_status(chunk(), ranks, average, rounded.span());
+      return rounded.span();
+    } else {
+      return chunk();
+    }
+  }
 };
 
 /// The P − 1 hops of the ring reduce-scatter of `data` (P ≥ 2).
@@ -107,7 +127,10 @@ ring_sum<typename C::value_type, E> ring_hops(X& t, frame_coder<C, E>& coder,
   };
   const auto take = [&](ring_sum<T, E>& sum, std::span<const T> values) {
     sum.count = values.size();
-    memory::copy(e, values, sum.chunk());
+    if constexpr (half_precision<T>)
+      std::transform(values.begin(), values.end(), sum.chunk().begin(), [](T v) { return widen(v); });
+    else
+      memory::copy(e, values, sum.chunk());
   };
   ring_sum<T, E> sum;
   sum.values.resize(e, static_cast<std::size_t>(ring_chunk_of(n, ranks, 0).count));
@@ -119,8 +142,9 @@ ring_sum<typename C::value_type, E> ring_hops(X& t, frame_coder<C, E>& coder,
   take(sum, chunk_at(1));
   for (int s = 0; s < ranks - 1; ++s) {
     double error = 0.0;
-    const auto frame = sum.status != 0 ? coder.failure(static_cast<errc>(sum.status))
-                                       : coder.encode(std::span<const T>(sum.chunk()), key, sum.bound, error);
+    const std::span<const T> values = sum.encodable(e, ranks, false);
+    const auto frame =
+        sum.status != 0 ? coder.failure(static_cast<errc>(sum.status)) : coder.encode(values, key, sum.bound, error);
     if (sum.status == 0) sum.status = coder.last_status();
     report.sent_bytes += frame.size();
     report.dense_bytes += sum.count * sizeof(T);
@@ -160,10 +184,12 @@ compressed_report ring_reduce_scatter_within(const E& e, X& t, const C& codec,
   }
   frame_coder<C, E> coder(e, codec, ring_chunk_of(data.size(), t.size(), 0).count, options.measure_error);
   auto sum = ring_hops(t, coder, data, options.key, report);
+  // 16-bit values are rounded here, the mean divided first, so that a failure is agreed on below.
+  const std::span<const T> result = sum.encodable(e, t.size(), options.average);
   std::array<double, 2> agreed{static_cast<double>(sum.status), sum.bound};
   control_all_reduce_max(t, std::span<double>(agreed));
   if (agreed[0] != 0.0) fail_from_frame(static_cast<std::uint8_t>(agreed[0]), "ring_reduce_scatter");
-  collective_memory<E>::copy(e, std::span<const T>(sum.chunk()), out);
+  collective_memory<E>::copy(e, result, out);
   report.error_bound = agreed[1] * apply_average(e, t.size(), out, options.average);
   return report;
 }
@@ -182,8 +208,9 @@ compressed_report ring_all_reduce_within(const E& e, X& t, const C& codec, std::
   frame_coder<C, E> coder(e, codec, ring_chunk_of(n, ranks, 0).count, options.measure_error);
   auto sum = ring_hops(t, coder, std::span<const T>(data), options.key, report);
   double error = 0.0;
+  const std::span<const T> values = sum.encodable(e, ranks, false);
   const auto frame = sum.status != 0 ? coder.failure(static_cast<errc>(sum.status))
-                                     : coder.encode(std::span<const T>(sum.chunk()), options.key, sum.bound, error);
+                                     : coder.encode(values, options.key, sum.bound, error);
   report.sent_bytes += frame.size() * static_cast<std::uint64_t>(ranks - 1);
   report.dense_bytes += sum.count * sizeof(T) * static_cast<std::uint64_t>(ranks - 1);
   report.max_error = std::max(report.max_error, error);
@@ -193,7 +220,7 @@ compressed_report ring_all_reduce_within(const E& e, X& t, const C& codec, std::
         const ring_chunk chunk = ring_chunk_of(n, ranks, c);
         return std::pair{chunk.offset, chunk.count};
       },
-      false, "ring_all_reduce");
+      false, "ring_all_reduce", options.average);
   report.error_bound *= apply_average(e, t.size(), data, options.average);
   return report;
 }

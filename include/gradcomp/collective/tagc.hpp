@@ -546,8 +546,8 @@ tagc_report compressed_reduce_scatter(const E& e, X& t, const tagc<T>& scheme, t
     const int ranks = t.size();
     if (options.key.step < options.dense_steps) {
       // The warm-up (docs/transports.md §9): an uncompressed reduce-scatter, every residual untouched.
-      const detail::local_problem problem = detail::reduce_scatter_problem(out.size(), data.size(), ranks, t.rank(),
-                                                                           reduce_scatter_plan::dense, true, false);
+      const detail::local_problem problem =
+          detail::reduce_scatter_problem(out.size(), data.size(), ranks, t.rank(), reduce_scatter_plan::dense, true);
       const bool finite = !problem.empty() || collective_memory<E>::all_finite(e, data);
       detail::agree(t,
                     detail::record_of(scheme, data.size(), detail::agreement_plan(reduce_scatter_plan::dense),
