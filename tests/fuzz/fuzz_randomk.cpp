@@ -10,8 +10,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const randomk_sparsifier<fp16> h16({.amount = {.density = 0.05}, .seed = 42});
   const auto both_types = [&](const auto& codec) {
     const std::vector<std::byte> m = fuzz::message_from(data, size, codec.params_hash());
-    fuzz::decode_both(codec, m);
-    fuzz::decode_both<float>(codec, m);
+    fuzz::decode_both_outputs(codec, m);
     fuzz::accumulate_into_copy(codec, m);
   };
   switch (size > 0 ? (data[0] >> 1) & 3u : 0u) {

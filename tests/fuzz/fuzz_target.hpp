@@ -78,6 +78,13 @@ void decode_both(const Codec& codec, std::span<const std::byte> message, std::ui
   decode_both_into<V>(codec, message, cap);
 }
 
+/// decode_both of a 16-bit codec into both of its outputs: its own type and float32.
+template <class Codec>
+void decode_both_outputs(const Codec& codec, std::span<const std::byte> message) {
+  decode_both(codec, message);
+  decode_both<float>(codec, message);
+}
+
 /// Runs accumulate_encoded of `message` into a copy of itself (homomorphic codecs); any
 /// gradcomp::error is an accepted outcome.
 template <class Codec>

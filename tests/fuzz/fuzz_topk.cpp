@@ -12,18 +12,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   switch (size > 0 ? (data[0] >> 1) & 3u : 0u) {
     case 0: fuzz::decode_both(f32, fuzz::message_from(data, size, f32.params_hash())); break;
     case 1: fuzz::decode_both(f64, fuzz::message_from(data, size, f64.params_hash())); break;
-    case 2: {
-      const std::vector<std::byte> m = fuzz::message_from(data, size, b16.params_hash());
-      fuzz::decode_both(b16, m);
-      fuzz::decode_both<float>(b16, m);
-      break;
-    }
-    default: {
-      const std::vector<std::byte> m = fuzz::message_from(data, size, h16.params_hash());
-      fuzz::decode_both(h16, m);
-      fuzz::decode_both<float>(h16, m);
-      break;
-    }
+    case 2: fuzz::decode_both_outputs(b16, fuzz::message_from(data, size, b16.params_hash())); break;
+    default: fuzz::decode_both_outputs(h16, fuzz::message_from(data, size, h16.params_hash())); break;
   }
   return 0;
 }

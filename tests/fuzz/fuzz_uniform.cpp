@@ -12,18 +12,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   switch (size > 0 ? (data[0] >> 1) & 3u : 0u) {
     case 0: fuzz::decode_both(q8, fuzz::message_from(data, size, q8.params_hash())); break;
     case 1: fuzz::decode_both(q4, fuzz::message_from(data, size, q4.params_hash())); break;
-    case 2: {
-      const std::vector<std::byte> m = fuzz::message_from(data, size, b8.params_hash());
-      fuzz::decode_both(b8, m);
-      fuzz::decode_both<float>(b8, m);
-      break;
-    }
-    default: {
-      const std::vector<std::byte> m = fuzz::message_from(data, size, h4.params_hash());
-      fuzz::decode_both(h4, m);
-      fuzz::decode_both<float>(h4, m);
-      break;
-    }
+    case 2: fuzz::decode_both_outputs(b8, fuzz::message_from(data, size, b8.params_hash())); break;
+    default: fuzz::decode_both_outputs(h4, fuzz::message_from(data, size, h4.params_hash())); break;
   }
   return 0;
 }

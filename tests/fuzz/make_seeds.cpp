@@ -108,6 +108,12 @@ int main(int argc, char** argv) {
                 {std::uint8_t{6}, std::uint8_t{7}});
     write_seeds(root / "threshold", "n" + size, threshold_sparsifier<float>({.target = {.density = 0.02}, .seed = 1}),
                 x);
+    write_seeds(root / "threshold", "bf16_n" + size,
+                threshold_sparsifier<bf16>({.target = {.density = 0.02}, .seed = 1}), half_of<bf16>(x),
+                {std::uint8_t{4}, std::uint8_t{5}});
+    write_seeds(root / "threshold", "fp16_n" + size,
+                threshold_sparsifier<fp16>({.target = {.density = 0.05}, .seed = 2}), half_of<fp16>(x),
+                {std::uint8_t{6}, std::uint8_t{7}});
     write_seeds(root / "randomk", "n" + size, randomk_sparsifier<float>({.amount = {.density = 0.05}, .seed = 42}), x);
     write_seeds(root / "randomk", "bf16_n" + size, randomk_sparsifier<bf16>({.amount = {.density = 0.05}, .seed = 42}),
                 half_of<bf16>(x), {std::uint8_t{4}, std::uint8_t{5}});
@@ -123,12 +129,20 @@ int main(int argc, char** argv) {
                 half_of<fp16>(x), {std::uint8_t{6}, std::uint8_t{7}});
     write_seeds(root / "sign", "f32_n" + size, sign_quantizer<float>({.block = 32}), x);
     write_seeds(root / "sign", "f64_n" + size, sign_quantizer<double>({.block = 16}), xd);
+    write_seeds(root / "sign", "bf16_n" + size, sign_quantizer<bf16>({.block = 32}), half_of<bf16>(x),
+                {std::uint8_t{4}, std::uint8_t{5}});
+    write_seeds(root / "sign", "fp16_n" + size, sign_quantizer<fp16>({.block = 16}), half_of<fp16>(x),
+                {std::uint8_t{6}, std::uint8_t{7}});
     write_seeds(root / "mpc", "d1_n" + size, mpc_codec({.dim = 1}), x);
     write_seeds(root / "mpc", "d3_n" + size, mpc_codec({.dim = 3}), x);
     write_seeds(root / "zfp_fixed_rate", "r8_n" + size, zfp_fixed_rate_codec({.rate_bits = 8}), x);
     write_seeds(root / "zfp_fixed_rate", "r3_n" + size, zfp_fixed_rate_codec({.rate_bits = 3}), x);
     write_seeds(root / "qsgd", "f32_n" + size, qsgd_quantizer<float>({.levels = 15, .bucket = 32, .seed = 3}), x);
     write_seeds(root / "qsgd", "f64_n" + size, qsgd_quantizer<double>({.levels = 1, .bucket = 16, .seed = 9}), xd);
+    write_seeds(root / "qsgd", "bf16_n" + size, qsgd_quantizer<bf16>({.levels = 7, .bucket = 32, .seed = 4}),
+                half_of<bf16>(x), {std::uint8_t{4}, std::uint8_t{5}});
+    write_seeds(root / "qsgd", "fp16_n" + size, qsgd_quantizer<fp16>({.levels = 15, .bucket = 16, .seed = 6}),
+                half_of<fp16>(x), {std::uint8_t{6}, std::uint8_t{7}});
     write_seeds(root / "shared_scale", "f32_n" + size,
                 shared_scale_quantizer<float>({.bits = 8, .block = 32, .headroom_bits = 2}), x);
     write_seeds(root / "shared_scale", "f64_n" + size,
@@ -138,6 +152,12 @@ int main(int argc, char** argv) {
     write_seeds(root / "pipeline", "topk_u8_n" + size,
                 pipeline(topk_sparsifier<float>(sparsity{.k = 30}), uniform_quantizer<float>({.bits = 8, .block = 16})),
                 x);
+    write_seeds(root / "pipeline", "topk_u8_bf16_n" + size,
+                pipeline(topk_sparsifier<bf16>(sparsity{.k = 30}), uniform_quantizer<bf16>({.bits = 8, .block = 16})),
+                half_of<bf16>(x), {std::uint8_t{4}, std::uint8_t{5}});
+    write_seeds(root / "pipeline", "topk_u8_fp16_n" + size,
+                pipeline(topk_sparsifier<fp16>(sparsity{.k = 30}), uniform_quantizer<fp16>({.bits = 8, .block = 16})),
+                half_of<fp16>(x), {std::uint8_t{6}, std::uint8_t{7}});
     write_seeds(root / "count_sketch", "f32_n" + size,
                 count_sketch<float>({.rows = 3, .columns = 64, .seed = 7, .heavy_hitters = {.k = 10}}), x);
     write_seeds(root / "count_sketch", "f64_n" + size,
