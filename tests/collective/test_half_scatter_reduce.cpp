@@ -74,11 +74,10 @@ std::vector<typename Codec::value_type> scatter_reduce_oracle(const Codec& codec
   using H = typename Codec::value_type;
   std::vector<float> decoded(n);
   for (int j = 0; j < P; ++j) {
-    const auto [offset, count] = rank_chunk(n, P, j);
+    const std::size_t offset = rank_chunk(n, P, j).first;
     const std::vector<H> owner_sum = rounded<H>(chunk_sum(codec, P, n, j), P, false);
     const auto chunk = reference_decoding(codec, std::span<const H>(owner_sum));
     std::copy(chunk.begin(), chunk.end(), decoded.begin() + static_cast<std::ptrdiff_t>(offset));
-    CHECK(chunk.size() == count);
   }
   return rounded<H>(decoded, P, average);
 }
