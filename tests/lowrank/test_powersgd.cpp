@@ -280,7 +280,7 @@ TEST_CASE("PowerSGD all-reduce: a rank's other shape, NaN or bad state, or a pla
     const std::string what = f.what;
     CAPTURE(what);
     std::vector<std::string> thrown(P);
-    std::vector<bool> unchanged(P, false);
+    std::vector<char> unchanged(P, 0);  // not vector<bool>: each rank's thread writes its own element
     in_process_group(P).run([&](in_process_transport& t) {
       matrix_shape shape{20, 30};
       powersgd_state<float> state;
