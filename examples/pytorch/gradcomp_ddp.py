@@ -144,7 +144,10 @@ class GradcompHookState:
     codec: a name of `codec_names()`, of `tagc_names()` (every parameter reduce-scattered through
            TAGC: dynamic sparsification, the LHC index all-reduce and sketch reduce-scatter, then
            the shards all-gathered), of `gravac_names()` (top-k + EF, the density chosen by
-           GraVAC for the whole model), of `powersgd_names()` (every parameter through gradcomp's
+           GraVAC for the whole model), of `gravac_ladder_names()` (GraVAC choosing a bit width
+           for the whole model: each bucket sent by the codec row of that width, with that row's
+           bucket states, kept for the candidate's and the safe level's widths only; a width that
+           stops being either drops its states), of `powersgd_names()` (every parameter through gradcomp's
            PowerSGD all-reduce as a matrix, its first dimension × the rest, a state per
            parameter; docs/lowrank.md), or "dense" (the process group's all-reduce).
     model: the module whose parameters DDP buckets (names key the states).
@@ -155,8 +158,8 @@ class GradcompHookState:
             are uncompressed all-reduces (a codec's through gradcomp's `dense` plan, after the
             ranks' agreement), every state untouched; 0 (the default): compress from the first step.
     print_decisions: GraVAC only: log the controller's decision whenever what it sends changes
-            (the path: candidate, safe or dense, or the density), with both gains, as the training
-            demo prints its timeline; every change is also kept in `gravac_trace`.
+            (the path: candidate, safe or dense, or the density or width), with both gains, as the
+            training demo prints its timeline; every change is also kept in `gravac_trace`.
     """
 
     def __init__(self, codec, model, process_group=None, extension=None, dense_below=0, record=None, log=print,
@@ -169,11 +172,16 @@ class GradcompHookState:
         self.tagc_state = self.tagc.make_state() if self.tagc is not None else None
         # GraVAC: one controller for the model and residuals keyed by parameter, inside the object.
         self.gravac = self.ext.Gravac(codec) if codec in self.ext.gravac_names() else None
+        # GraVAC over bit widths: one controller, and per width in use its codec row and bucket states.
+        self.ladder = self.ext.GravacLadder(codec) if codec in self.ext.gravac_ladder_names() else None
+        self.widths = {}  # bits -> (Codec, {key: (State, sizes)}, orphans)
+        self._observed = (0.0, 0.0, 0.0)  # the ladder's magnitudes of the step's buckets so far
         self.print_decisions = print_decisions
-        self.gravac_trace = []  # (first step, path, density sent or None, gain of the candidate, of the safe level)
+        # (first step, path, density or width sent or None, gain of the candidate, of the safe level)
+        self.gravac_trace = []
         # PowerSGD: a state per parameter (keyed by its index), inside the object.
         self.powersgd = self.ext.PowerSGD(codec) if codec in self.ext.powersgd_names() else None
-        scheme = self.tagc is not None or self.gravac is not None or self.powersgd is not None
+        scheme = any(x is not None for x in (self.tagc, self.gravac, self.ladder, self.powersgd))
         self.codec = None if codec == DENSE or scheme else self.ext.Codec(codec)
         self.ops = ProcessGroupOps(process_group)
         self.dense_below = dense_below
@@ -209,6 +217,10 @@ class GradcompHookState:
             states = {"tagc": self.tagc.save_state(self.tagc_state)}
         if self.gravac is not None:
             states = {"gravac": self.gravac.save()}
+        if self.ladder is not None:
+            states = {"gravac_ladder": self.ladder.save(),
+                      "widths": {bits: {key: (codec.save_bucket_state(s), sizes) for key, (s, sizes) in kept.items()}
+                                 for bits, (codec, kept, _) in self.widths.items()}}
         if self.powersgd is not None:
             states = {"powersgd": self.powersgd.save()}
         return {"format": 2, "codec": self.codec_name, "step": self.step, "relaid": self.relaid,
@@ -223,17 +235,26 @@ class GradcompHookState:
             self.tagc_state = self.tagc.load_state(saved["states"]["tagc"])
         elif self.gravac is not None:
             self.gravac.load(saved["states"]["gravac"])
+        elif self.ladder is not None:
+            self.ladder.load(saved["states"]["gravac_ladder"])
+            self.widths = {}
+            for bits, kept in saved["states"]["widths"].items():
+                codec, states, _ = self._width(bits)
+                states.update(self._loaded_states(codec, kept))
         elif self.powersgd is not None:
             self.powersgd.load(saved["states"]["powersgd"])
         else:
-            world, rank = self.ops.size(), self.ops.rank()
-            self.states = {key: (self.codec.load_bucket_state(blob, sum(sizes), world, rank), sizes)
-                           for key, (blob, sizes) in saved["states"].items()}
+            self.states = self._loaded_states(self.codec, saved["states"])
         self._orphans = {}
         self.step = saved["step"]
         self.relaid = saved["relaid"]
         self.server_values_dropped = saved["server_values_dropped"]
         self.skipped_steps = list(saved["skipped_steps"])
+
+    def _loaded_states(self, codec, saved):
+        world, rank = self.ops.size(), self.ops.rank()
+        return {key: (codec.load_bucket_state(blob, sum(sizes), world, rank), sizes)
+                for key, (blob, sizes) in saved.items()}
 
     # ---- per bucket --------------------------------------------------------------------------
     def _layout_of(self, bucket):
@@ -252,43 +273,54 @@ class GradcompHookState:
         self._parameters = [(e[0], e[1], e[4]) for e in entries]  # (index, name, shape), for TAGC and PowerSGD
         return (tuple(e[1] for e in entries), [e[2] for e in entries], [e[3] for e in entries])
 
-    def _state_for(self, key, sizes):
+    def _width(self, bits):
+        """The codec row of the ladder's width `bits`, its bucket states and their orphans (made
+        empty the first time)."""
+        if bits not in self.widths:
+            self.widths[bits] = (self.ext.Codec(self.ladder.row(bits)), {}, {})
+        return self.widths[bits]
+
+    def _state_for(self, key, sizes, codec=None, states=None, orphans=None):
         """The bucket state (gradcomp_torch.cpp, bucket_state.hpp: the plan `automatic_plan` picks
         and its chunk and server states) of the bucket of parameters `key`: its own, or one re-laid
-        from the states that hold its parameters, or a fresh one the first time any of them is seen."""
-        self._new_state = key not in self.states
+        from the states that hold its parameters, or a fresh one the first time any of them is seen.
+        codec, states, orphans: a ladder width's (default: the hook's codec's)."""
+        codec = self.codec if codec is None else codec
+        states = self.states if states is None else states
+        orphans = self._orphans if orphans is None else orphans
+        self._new_state = key not in states
         if not self._new_state:
-            return self.states[key][0]
+            return states[key][0]
         wanted = set(key)
         # Break up every state that holds one of this bucket's parameters.
-        for old in [k for k in self.states if wanted.intersection(k)]:
-            state, old_sizes = self.states.pop(old)
-            worker, server = self.codec.bucket_errors(state)
+        for old in [k for k in states if wanted.intersection(k)]:
+            state, old_sizes = states.pop(old)
+            worker, server = codec.bucket_errors(state)
             offset = 0
             for name, size in zip(old, old_sizes):
-                self._orphans[name] = (worker[offset:offset + size], server[offset:offset + size], state)
+                orphans[name] = (worker[offset:offset + size], server[offset:offset + size], state)
                 offset += size
         world, rank = self.ops.size(), self.ops.rank()
-        if not wanted.intersection(self._orphans):
-            state = self.codec.make_bucket_state(sum(sizes), world, rank)
+        if not wanted.intersection(orphans):
+            state = codec.make_bucket_state(sum(sizes), world, rank)
         else:
             workers, servers, like = [], [], None
             for name, size in zip(key, sizes):
-                if name in self._orphans:
-                    worker, server, like = self._orphans.pop(name)
+                if name in orphans:
+                    worker, server, like = orphans.pop(name)
                 else:
                     worker, server = torch.zeros(size), torch.zeros(size)
                 workers.append(worker)
                 servers.append(server)
-            state, dropped = self.codec.relaid_bucket_state(torch.cat(workers).contiguous(),
-                                                            torch.cat(servers).contiguous(), like, world, rank)
+            state, dropped = codec.relaid_bucket_state(torch.cat(workers).contiguous(),
+                                                       torch.cat(servers).contiguous(), like, world, rank)
             self.relaid += 1
             self.server_values_dropped += dropped
             if rank == 0 or dropped:
                 lost = f"; rank {rank} dropped {dropped} server-error values it no longer owns" if dropped else ""
                 self.log(f"gradcomp: step {self.step}: bucket of {len(key)} parameters re-laid from earlier "
                          f"buckets' states (error carried over, not reset{lost})")
-        self.states[key] = (state, sizes)
+        states[key] = (state, sizes)
         return state
 
     def _record(self, key, bucket_index, saved_state, before, after):
@@ -313,13 +345,19 @@ class GradcompHookState:
             self.step_skipped = False
             self.sent_bytes = 0
             self.dense_bytes = 0
+            if self.ladder is not None:
+                d = self.ladder.decision
+                for bits in set(self.widths) - {d["candidate_bits"], d["safe_bits"]}:
+                    del self.widths[bits]  # a width tried again starts afresh (gravac_ladder.hpp)
+                self._observed = (0.0, 0.0, 0.0)
 
     def _end_bucket(self, last):
         if last:
-            if self._orphans:
-                lost = sorted(self._orphans)
-                self._orphans = {}
-                self.log(f"gradcomp: step {self.step}: no bucket took the carried error of {lost}; dropped")
+            for orphans in [self._orphans] + [w[2] for w in self.widths.values()]:
+                if orphans:
+                    lost = sorted(orphans)
+                    orphans.clear()
+                    self.log(f"gradcomp: step {self.step}: no bucket took the carried error of {lost}; dropped")
             if self.step_skipped:
                 self.skipped_steps.append(self.step)
             self.step += 1
@@ -327,18 +365,50 @@ class GradcompHookState:
 
     def _trace_gravac(self):
         """Records (and with print_decisions logs) the decision for the next step when what it
-        sends differs from the last recorded one."""
-        d = self.gravac.decision
-        theta = {"candidate": d["candidate"], "safe": d["safe"], "dense": None}[d["send"]]
-        if self.gravac_trace and self.gravac_trace[-1][1:3] == (d["send"], theta):
+        sends differs from the last recorded one: the density sent (top-k GraVAC) or the width."""
+        ladder = self.ladder is not None
+        d = (self.ladder if ladder else self.gravac).decision
+        unit = "_bits" if ladder else ""
+        sent = {"candidate": d["candidate" + unit], "safe": d["safe" + unit], "dense": None}[d["send"]]
+        if self.gravac_trace and self.gravac_trace[-1][1:3] == (d["send"], sent):
             return
-        self.gravac_trace.append((self.step + 1, d["send"], theta, d["gain_candidate"], d["gain_safe"]))
+        self.gravac_trace.append((self.step + 1, d["send"], sent, d["gain_candidate"], d["gain_safe"]))
         if self.print_decisions:
             gains = ", ".join(f"{name} {g:.3f}" for name, g in (("candidate", d["gain_candidate"]),
                                                                  ("safe", d["gain_safe"])) if g is not None)
-            sent = "dense" if theta is None else f"top-k θ = {theta:g}"
-            self.log(f"GraVAC from step {self.step + 1}: {sent} ({d['send']}; gain {gains or 'not yet measured'}; "
-                     f"candidate θ = {d['candidate']:g}{', searching' if d['searching'] else ''})")
+            what = "dense" if sent is None else f"{sent}-bit" if ladder else f"top-k θ = {sent:g}"
+            candidate = f"{d['candidate_bits']} bits" if ladder else f"θ = {d['candidate']:g}"
+            self.log(f"GraVAC from step {self.step + 1}: {what} ({d['send']}; gain {gains or 'not yet measured'}; "
+                     f"candidate {candidate}{', searching' if d['searching'] else ''})")
+
+    def _reduce_ladder(self, data, key, sizes, bucket, dense):
+        """One bucket through the GraVAC ladder: its magnitudes measured, then sent as the
+        decision says (the width's codec row with its bucket states, or dense). Returns the bytes
+        sent; raises GradcompError non_finite_input on every rank alike for NaN/Inf."""
+        d = self.ladder.decision
+        observed = self.ladder.measure(data, sizes, self.step, bucket.index())
+        if d["send"] == "dense":
+            self.plans[bucket.index()] = "dense"
+            self._dense_mean(data)
+            sent = dense
+        else:
+            bits = d["candidate_bits"] if d["send"] == "candidate" else d["safe_bits"]
+            codec, states, orphans = self._width(bits)
+            state = self._state_for(key, sizes, codec, states, orphans)
+            self.plans[bucket.index()] = f"{codec.plan(data.numel(), self.ops.size())}, {bits} bits"
+            sent = codec.all_reduce_mean(self.ops, data, state, step=self.step, tensor_id=bucket.index())["sent_bytes"]
+        self._observed = tuple(a + b for a, b in zip(self._observed, observed))
+        return sent
+
+    def _dense_mean(self, data):
+        """`data` becomes its mean over the ranks by the process group's all-reduce; NaN/Inf on any
+        rank raises GradcompError non_finite_input on every rank."""
+        if not torch.isfinite(data).all():
+            data.fill_(float("nan"))  # every rank's sum turns NaN: caught below on every rank
+        self.ops.all_reduce_sum(data)
+        if not torch.isfinite(data).all():
+            raise self.ext.GradcompError("non_finite_input", "non_finite_input: a rank's bucket holds NaN or Inf")
+        data /= self.ops.size()
 
     def reduce(self, bucket):
         """The mean of `bucket` over the ranks, as a new CPU tensor (the hook's work)."""
@@ -360,6 +430,8 @@ class GradcompHookState:
                 self.sent_bytes += report["sent_bytes"]
                 if bucket.is_last():
                     self._trace_gravac()
+            elif self.ladder is not None and not warm_up:
+                self.sent_bytes += self._reduce_ladder(data, key, sizes, bucket, dense)
             elif self.powersgd is not None:
                 self.plans[bucket.index()] = "dense" if warm_up else "low_rank"
                 report = self.powersgd.all_reduce_mean(self.ops, data, self._parameters, self.step, self.dense_steps)
@@ -372,12 +444,7 @@ class GradcompHookState:
                     raise self.ext.GradcompError("non_finite_input", "non_finite_input: a rank's bucket holds NaN or Inf")
             elif self.codec is None or data.numel() < self.dense_below:
                 self.plans[bucket.index()] = "dense"
-                if not torch.isfinite(data).all():
-                    data.fill_(float("nan"))  # every rank's sum turns NaN: caught below on every rank
-                self.ops.all_reduce_sum(data)
-                if not torch.isfinite(data).all():
-                    raise self.ext.GradcompError("non_finite_input", "non_finite_input: a rank's bucket holds NaN or Inf")
-                data /= world
+                self._dense_mean(data)
                 self.sent_bytes += dense
             else:
                 state = self._state_for(key, sizes)
@@ -396,6 +463,10 @@ class GradcompHookState:
             self.step_skipped = True
         if self.record:
             self._record(key, bucket.index(), saved, before, data)
+        if self.ladder is not None and not warm_up and bucket.is_last() and not self.step_skipped:
+            # Every rank alike (the skip is agreed): the step's magnitudes over the ranks, the next decision.
+            self.ladder.end_step(self.ops, self._observed, self.sent_bytes)
+            self._trace_gravac()
         self._end_bucket(bucket.is_last())
         mean = torch.empty_like(data)
         position = 0

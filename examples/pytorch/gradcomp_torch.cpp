@@ -47,6 +47,12 @@
 //     .candidate (the density θ_cur the search tries), .decision (the coming step's: send
 //                                        "candidate", "safe" or "dense", both densities, both
 //                                        gains (None before observed), searching)
+//   gravac_ladder_names(), GravacLadder(name)   the GraVAC rows over bit widths (gravac_ladder.hpp):
+//                                        one controller, each width sent by a codec row
+//     .decision (as Gravac's, and candidate_bits, safe_bits), .row(bits) -> the codec row's name,
+//     .measure(data, sizes, step, tensor_id) -> (gradient, candidate, safe)   a bucket's magnitudes
+//     .end_step(ops, observed, sent_bytes)   the step's magnitudes aggregated, the controller moved on
+//     .save() -> bytes, .load(bytes)
 //   GradcompError(code, message)         every gradcomp::error, `code` its errc name
 //
 // Tensors are contiguous float32 on the CPU (the caller stages device buffers).
@@ -72,6 +78,7 @@
 #include "tagc_bucket.hpp"
 #include "bucket_state.hpp"
 #include "gravac_buckets.hpp"
+#include "gravac_ladder.hpp"
 #include "hook_codecs.hpp"
 #include "powersgd_buckets.hpp"
 
@@ -538,8 +545,16 @@ struct codec_rows {
   void gravac(const char* name, const gradcomp::gravac_options& options, std::size_t) {
     gravac_rows.emplace(name, [options] { return std::make_shared<gravac_buckets>(options); });
   }
+  void gravac_ladder(const char* name, const gradcomp::gravac_options& options, std::uint32_t block,
+                     const std::map<int, std::string>& widths) {
+    gravac_ladder_rows.emplace(name, [options, block, widths] {
+      return std::make_shared<gradcomp_torch::gravac_ladder>(options, block, widths);
+    });
+  }
   std::map<std::string, std::function<std::shared_ptr<tagc_scheme>()>> tagc_rows;
   std::map<std::string, std::function<std::shared_ptr<gravac_buckets>()>> gravac_rows;
+  // (The class, qualified: `gravac_ladder` here is the visitor's method.)
+  std::map<std::string, std::function<std::shared_ptr<gradcomp_torch::gravac_ladder>()>> gravac_ladder_rows;
   std::map<std::string, std::function<std::shared_ptr<powersgd_buckets>()>> powersgd_rows;
 };
 
@@ -550,6 +565,34 @@ inline const codec_rows& table() {
     return r;
   }();
   return rows;
+}
+
+/// The saved state of a scheme (GraVAC, its ladder, PowerSGD) as Python bytes.
+template <class Scheme>
+py::bytes saved_bytes(const Scheme& scheme) {
+  const std::vector<std::byte> bytes = scheme.save();
+  return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
+/// Restores a scheme's state from `saved_bytes`'s bytes (the scheme's `load` says what it refuses).
+template <class Scheme>
+void load_bytes(Scheme& scheme, const std::string& bytes) {
+  scheme.load(std::as_bytes(std::span<const char>(bytes)));
+}
+
+/// A GraVAC decision as Python sees it: the path sent ("candidate", "safe" or "dense"), both
+/// densities, both gains (None before observed), whether the search goes on.
+inline py::dict decision_dict(const gradcomp::gravac_decision& d) {
+  const auto gain = [](std::optional<double> v) { return v ? py::object(py::float_(*v)) : py::object(py::none()); };
+  static constexpr std::array<const char*, 3> paths{"candidate", "safe", "dense"};
+  py::dict out;
+  out["send"] = paths[static_cast<std::size_t>(d.send)];
+  out["candidate"] = d.current.density;
+  out["safe"] = d.safe.density;
+  out["gain_candidate"] = gain(d.gain_current);
+  out["gain_safe"] = gain(d.gain_safe);
+  out["searching"] = d.searching;
+  return out;
 }
 
 inline std::shared_ptr<codec_handle> codec_named(const std::string& name) {
@@ -570,6 +613,13 @@ inline std::shared_ptr<powersgd_buckets> powersgd_named(const std::string& name)
   const auto it = table().powersgd_rows.find(name);
   gradcomp::detail::require(it != table().powersgd_rows.end(), gradcomp::errc::invalid_argument,
                             [&] { return "no PowerSGD row named \"" + name + "\" (see powersgd_names())"; });
+  return it->second();
+}
+
+inline std::shared_ptr<gravac_ladder> gravac_ladder_named(const std::string& name) {
+  const auto it = table().gravac_ladder_rows.find(name);
+  gradcomp::detail::require(it != table().gravac_ladder_rows.end(), gradcomp::errc::invalid_argument,
+                            [&] { return "no GraVAC ladder row named \"" + name + "\" (see gravac_ladder_names())"; });
   return it->second();
 }
 
@@ -628,6 +678,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gravac_names", [] {
     std::vector<std::string> names;
     for (const auto& [name, make] : table().gravac_rows) names.push_back(name);
+    return names;
+  });
+
+  m.def("gravac_ladder_names", [] {
+    std::vector<std::string> names;
+    for (const auto& [name, make] : table().gravac_ladder_rows) names.push_back(name);
     return names;
   });
 
@@ -703,15 +759,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   py::class_<gravac_buckets, std::shared_ptr<gravac_buckets>>(m, "Gravac")
       .def(py::init(&gravac_named), py::arg("name"))
-      .def("save",
-           [](const gravac_buckets& g) {
-             const std::vector<std::byte> bytes = g.save();
-             return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-           })
-      .def(
-          "load",
-          [](gravac_buckets& g, const std::string& bytes) { g.load(std::as_bytes(std::span<const char>(bytes))); },
-          py::arg("saved"))
+      .def("save", &saved_bytes<gravac_buckets>)
+      .def("load", &load_bytes<gravac_buckets>, py::arg("saved"))
       .def_property_readonly("density",
                              [](const gravac_buckets& g) -> py::object {
                                const auto sent = g.controller().decision().sent();
@@ -720,21 +769,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("candidate",
                              [](const gravac_buckets& g) { return g.controller().decision().current.density; })
       .def_property_readonly("decision",
-                             [](const gravac_buckets& g) {
-                               const gradcomp::gravac_decision& d = g.controller().decision();
-                               const auto gain = [](std::optional<double> v) {
-                                 return v ? py::object(py::float_(*v)) : py::object(py::none());
-                               };
-                               static constexpr std::array<const char*, 3> paths{"candidate", "safe", "dense"};
-                               py::dict out;
-                               out["send"] = paths[static_cast<std::size_t>(d.send)];
-                               out["candidate"] = d.current.density;
-                               out["safe"] = d.safe.density;
-                               out["gain_candidate"] = gain(d.gain_current);
-                               out["gain_safe"] = gain(d.gain_safe);
-                               out["searching"] = d.searching;
-                               return out;
-                             })
+                             [](const gravac_buckets& g) { return decision_dict(g.controller().decision()); })
       .def(
           "all_reduce_mean",
           [key](gravac_buckets& g, py::object ops, const torch::Tensor& data,
@@ -749,17 +784,40 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           },
           py::arg("ops"), py::arg("data"), py::arg("params"), py::arg("step"), py::arg("tensor_id"), py::arg("last"));
 
+  py::class_<gravac_ladder, std::shared_ptr<gravac_ladder>>(m, "GravacLadder")
+      .def(py::init(&gravac_ladder_named), py::arg("name"))
+      .def("save", &saved_bytes<gravac_ladder>)
+      .def("load", &load_bytes<gravac_ladder>, py::arg("saved"))
+      .def_property_readonly("decision",
+                             [](const gravac_ladder& g) {
+                               const gradcomp::gravac_decision& d = g.controller().decision();
+                               py::dict out = decision_dict(d);
+                               out["candidate_bits"] = gravac_ladder::bits_of(d.current.density);
+                               out["safe_bits"] = gravac_ladder::bits_of(d.safe.density);
+                               return out;
+                             })
+      .def("row", &gravac_ladder::row_of, py::arg("bits"))
+      .def(
+          "measure",
+          [key](gravac_ladder& g, const torch::Tensor& data, const std::vector<std::size_t>& sizes, std::uint64_t step,
+                std::uint32_t tensor_id) {
+            const auto m = g.measure(floats_of(data, "the data"), sizes, key(step, tensor_id));
+            return std::make_tuple(m[0], m[1], m[2]);
+          },
+          py::arg("data"), py::arg("sizes"), py::arg("step"), py::arg("tensor_id"))
+      .def(
+          "end_step",
+          [](gravac_ladder& g, py::object ops, const std::tuple<double, double, double>& observed,
+             std::size_t sent_bytes) {
+            process_group_transport t(std::move(ops));
+            g.end_step(t, {std::get<0>(observed), std::get<1>(observed), std::get<2>(observed)}, sent_bytes);
+          },
+          py::arg("ops"), py::arg("observed"), py::arg("sent_bytes"));
+
   py::class_<powersgd_buckets, std::shared_ptr<powersgd_buckets>>(m, "PowerSGD")
       .def(py::init(&powersgd_named), py::arg("name"))
-      .def("save",
-           [](const powersgd_buckets& s) {
-             const std::vector<std::byte> bytes = s.save();
-             return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-           })
-      .def(
-          "load",
-          [](powersgd_buckets& s, const std::string& bytes) { s.load(std::as_bytes(std::span<const char>(bytes))); },
-          py::arg("saved"))
+      .def("save", &saved_bytes<powersgd_buckets>)
+      .def("load", &load_bytes<powersgd_buckets>, py::arg("saved"))
       .def(
           "all_reduce_mean",
           [](powersgd_buckets& s, py::object ops, const torch::Tensor& data,

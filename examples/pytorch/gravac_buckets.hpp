@@ -238,7 +238,7 @@ class gravac_buckets {
   // decoded = D(C(compensated)) with top-k at `amount`, this rank alone.
   void compress(gradcomp::sparsity amount, std::span<const float> compensated, std::span<float> decoded,
                 gradcomp::message_key key) {
-    train::topk_round_trip(gradcomp::topk_sparsifier<float>(amount), compensated, decoded, message_, workspace_, key);
+    train::round_trip(gradcomp::topk_sparsifier<float>(amount), compensated, decoded, message_, workspace_, key);
   }
 
   [[nodiscard]] double magnitude(std::span<const float> x) const {

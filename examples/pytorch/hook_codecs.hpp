@@ -4,12 +4,22 @@
 // ranks add with a SUM all-reduce instead of all-gathering them (the shared-scale 4-bit quantizer:
 // block maxima agreed by a MAX all-reduce, codes in 7-bit fields with 3 headroom bits, so up to 8
 // ranks), top-k 1% with decayed error feedback (β = 0.9), top-k 3% and 5% with error feedback, the variant for Adam-trained models
-// (docs/feedback.md §7), four 2-bit LoCo variants, batched PowerSGD, and GraVAC with its back-off.
+// (docs/feedback.md §7), 2-bit LoCo variants and 4- and 1-bit ones, batched PowerSGD, GraVAC with
+// its back-off, and GraVAC over bit widths.
 #include <gradcomp/gradcomp.hpp>
+
+#include <map>
+#include <string>
 
 #include "../train/codec_table.hpp"
 
 namespace gradcomp_torch {
+
+/// The name of the hook's row that sends `bits`-bit uniform codes, a scale per 64 values, with LoCo
+/// at β = 0.95: a width of the GraVAC ladder.
+inline std::string ladder_row(int bits) {
+  return "uniform " + std::to_string(bits) + "-bit, blocks of 64 + LoCo beta 0.95";
+}
 
 template <class Visitor>
 void visit_hook_codecs(Visitor& visitor) {
@@ -34,9 +44,11 @@ void visit_hook_codecs(Visitor& visitor) {
   // with a scale per 64 values, the row that keeps 2-bit LoCo within 5% at P = 16 (12.47×).
   visitor.codec("uniform 2-bit + LoCo beta 0.9",
                 gradcomp::loco(gradcomp::uniform_quantizer<float>({.bits = 2}), {.beta = 0.9f}));
-  visitor.codec("uniform 2-bit, blocks of 64 + LoCo beta 0.95",
-                gradcomp::loco(gradcomp::uniform_quantizer<float>({.bits = 2, .block = 64}),
-                               {.beta = 0.95f, .error_group = 64}));
+  // With the 4- and 1-bit rows alike, the widths of the GraVAC ladder below.
+  for (const int bits : {4, 2, 1})
+    visitor.codec(ladder_row(bits).c_str(),
+                  gradcomp::loco(gradcomp::uniform_quantizer<float>({.bits = bits, .block = 64}),
+                                 {.beta = 0.95f, .error_group = 64}));
   visitor.codec("uniform 2-bit SR + LoCo", gradcomp::loco(gradcomp::uniform_quantizer<float>(
                                                {.bits = 2, .round = gradcomp::rounding::stochastic, .seed = 3})));
   // PowerSGD as PyTorch's batched_powerSGD_hook: each bucket padded to one square matrix.
@@ -51,6 +63,20 @@ void visit_hook_codecs(Visitor& visitor) {
                                           .gain_input = gradcomp::gravac_gain_input::gradient,
                                           .back_off = true},
                  0);
+  // GraVAC over bit widths (gravac_ladder.hpp, docs/control.md §1.8): θ = bits/32 from 4 bits (the
+  // safe level) down to 1, each width sent by its row above (scatter_reduce, LoCo β = 0.95). The
+  // gain is the energy of g that Q_b(g) keeps; on the LM task 4 bits keep 0.99 of it, 2 bits
+  // 0.48-0.67 and 1 bit at most 0.02 (lm/gravac_ladder_gains.txt), so ε = 0.4 takes 2 bits and
+  // backs off from 1.
+  visitor.gravac_ladder("GraVAC uniform 4..1 bits, blocks of 64 + LoCo beta 0.95",
+                        gradcomp::gravac_options{.theta_min = 4.0 / 32,
+                                                 .theta_max = 1.0 / 32,
+                                                 .epsilon = 0.4,
+                                                 .window = 20,
+                                                 .measure = gradcomp::gravac_gain_measure::kept_energy,
+                                                 .gain_input = gradcomp::gravac_gain_input::gradient,
+                                                 .back_off = true},
+                        64, std::map<int, std::string>{{4, ladder_row(4)}, {2, ladder_row(2)}, {1, ladder_row(1)}});
 }
 
 }  // namespace gradcomp_torch

@@ -99,6 +99,7 @@ struct replayer {
   void sketched_sgd(const char*, const gradcomp::count_sketch<float>&) {}
   void tagc(const char*, const gradcomp::tagc_params&) {}
   void gravac(const char*, const gradcomp::gravac_options&, std::size_t) {}
+  void gravac_ladder(const char*, const gradcomp::gravac_options&, std::uint32_t, const std::map<int, std::string>&) {}
   void powersgd(const char*, const gradcomp::powersgd_params&, bool = false) {}
 
   template <class C>

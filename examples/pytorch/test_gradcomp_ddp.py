@@ -14,7 +14,9 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lm"))
 import gradcomp_ddp  # noqa: E402
+import gravac_gains  # noqa: E402  (the quantizer oracle of the ladder's gain)
 
 EXT = gradcomp_ddp.load_extension()
 
@@ -255,21 +257,23 @@ class HookStateTest(unittest.TestCase):
             self.hook("top-k 1% + EF", m).load_state_dict(saved)
 
     def test_non_finite_bucket_skips_the_step_and_keeps_the_state(self):
-        m = model()
-        hook = self.hook("top-k 1% + EF", m)
-        run_step(hook, m, [[3, 2, 1, 0]], 0)
-        before = hook.state_dict()
-        params = list(m.parameters())
-        grads = dyadic_gradients(m, 1)
-        grads[id(params[2])][0, 0] = float("nan")
-        mean = gradcomp_ddp.gradcomp_hook(hook, Bucket(0, params[::-1], grads, True)).wait()
-        self.assertTrue(hook.step_skipped)
-        self.assertEqual(hook.skipped_steps, [1])
-        self.assertTrue(torch.equal(mean, torch.zeros_like(mean)))
-        after = hook.state_dict()
-        self.assertEqual(after["states"], before["states"])
-        run_step(hook, m, [[3, 2, 1, 0]], 2)
-        self.assertFalse(hook.step_skipped)
+        # The GraVAC ladder too: its controller does not move, and its width's states stay.
+        for name in ["top-k 1% + EF", "GraVAC uniform 4..1 bits, blocks of 64 + LoCo beta 0.95"]:
+            m = model()
+            hook = self.hook(name, m)
+            run_step(hook, m, [[3, 2, 1, 0]], 0)
+            before = hook.state_dict()
+            params = list(m.parameters())
+            grads = dyadic_gradients(m, 1)
+            grads[id(params[2])][0, 0] = float("nan")
+            mean = gradcomp_ddp.gradcomp_hook(hook, Bucket(0, params[::-1], grads, True)).wait()
+            self.assertTrue(hook.step_skipped)
+            self.assertEqual(hook.skipped_steps, [1])
+            self.assertTrue(torch.equal(mean, torch.zeros_like(mean)))
+            after = hook.state_dict()
+            self.assertEqual(after["states"], before["states"], name)
+            run_step(hook, m, [[3, 2, 1, 0]], 2)
+            self.assertFalse(hook.step_skipped)
 
     def test_dense_below_sends_small_buckets_uncompressed(self):
         m = model()
@@ -364,6 +368,53 @@ class HookStateTest(unittest.TestCase):
         self.assertEqual(len(self.logged), 1)
         self.assertTrue(self.logged[0].startswith("GraVAC from step 1: dense (dense; gain candidate"), self.logged[0])
         self.check_state_follows_parameters(name, 45, sparse_weight=False)
+
+    def test_gravac_ladder_takes_2_bits_backs_off_from_1_and_resumes(self):
+        name = "GraVAC uniform 4..1 bits, blocks of 64 + LoCo beta 0.95"
+        self.assertEqual(EXT.gravac_ladder_names(), [name])
+        m = model()
+        hook = self.hook(name, m, print_decisions=True)
+        d = hook.ladder.decision
+        self.assertEqual((d["candidate_bits"], d["safe_bits"], d["send"]), (4, 4, "safe"))
+        # The first step's gain, against an oracle of the quantizer in torch (lm/gravac_gains.py):
+        # the energy of g that the 4-bit code of its one block of 53 values keeps.
+        _, grads = run_step(hook, m, [[3, 2, 1, 0]], 0)
+        g = torch.cat(grads)
+        sizes = [x.numel() for x in grads]
+        kept = gravac_gains.kept_energy(g, gravac_gains.uniform(g, 4), sizes) / float(g.square().sum())
+        self.assertAlmostEqual(hook.ladder.decision["gain_safe"], kept, delta=1e-5)
+        seen = [(1, hook.ladder.decision)]
+        for step in range(1, 81):
+            used = hook.ladder.decision
+            run_step(hook, m, [[3, 2, 1, 0]], step)
+            seen.append((step + 1, hook.ladder.decision))
+            # States only for the widths the step could send.
+            self.assertLessEqual(set(hook.widths), {used["candidate_bits"], used["safe_bits"]}, step)
+        # Uniform gradients in [-4, 4): 4 bits keep 0.99 of their energy, 2 bits about 0.75, 1 bit
+        # none (±4 for every value). Window 1 (steps 0-19) tries 4 bits, window 2 2 bits (sent
+        # from its second step, once measured), window 3 1 bit (below ε = 0.4: the safe 4 bits are
+        # sent); at its end (step 60) the back-off returns to 2 bits, where the search stops.
+        for step, d in seen:
+            candidate = 4 if step < 20 else 2 if step < 40 else 1 if step < 60 else 2
+            self.assertEqual(d["candidate_bits"], candidate, step)
+            self.assertEqual(d["safe_bits"], 4)
+            self.assertEqual(d["searching"], step < 60, step)
+            fresh = step in (20, 40, 60)  # the new candidate not yet measured
+            self.assertEqual(d["send"], "candidate" if candidate == 2 and not fresh else "safe", step)
+            self.assertGreater(d["gain_safe"], 0.95)
+            if not fresh and candidate == 2:
+                self.assertTrue(0.5 < d["gain_candidate"] < 0.95, (step, d))
+            if not fresh and candidate == 1:
+                self.assertLess(d["gain_candidate"], 0.4)
+        self.assertEqual([t[:3] for t in hook.gravac_trace],
+                         [(1, "safe", 4), (21, "candidate", 2), (40, "safe", 4), (61, "candidate", 2)])
+        self.assertEqual(len(self.logged), 4)
+        self.assertTrue(self.logged[1].startswith("GraVAC from step 21: 2-bit (candidate; gain candidate"), self.logged[1])
+        self.assertIn(", 2 bits", hook.plans[0])
+        self.check_state_follows_parameters(name, 45, sparse_weight=False)
+        with self.assertRaises(EXT.GradcompError) as caught:
+            hook.ladder.load(hook.ladder.save()[:-1])
+        self.assertEqual(caught.exception.args[0], "truncated")
 
     def test_powersgd_reproduces_and_resumes(self):
         self.assertEqual(EXT.powersgd_names(), ["PowerSGD r=1", "PowerSGD r=2", "PowerSGD r=4",

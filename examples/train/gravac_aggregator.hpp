@@ -60,18 +60,18 @@ inline void keep_error(std::span<const float> g, std::vector<float>& e, std::spa
   for (std::size_t i = 0; i < e.size(); ++i) e[i] = (g[i] + e[i]) - decoded[i];
 }
 
-/// Encodes `compensated` with `sparsifier` and decodes the message into `decoded`, on this worker
-/// alone (what GraVAC measures of a path); `message` and `workspace` are scratch, grown as needed.
-/// Returns the message's size.
-inline std::size_t topk_round_trip(const gradcomp::topk_sparsifier<float>& sparsifier,
-                                   std::span<const float> compensated, std::span<float> decoded,
-                                   std::vector<std::byte>& message, std::vector<std::byte>& workspace,
-                                   gradcomp::message_key key = {}) {
+/// Encodes `compensated` with the stateless `codec` (top-k, a quantizer) and decodes the message
+/// into `decoded`, on this worker alone (what GraVAC measures of a path); `message` and
+/// `workspace` are scratch, grown as needed. Returns the message's size.
+template <class Codec>
+std::size_t round_trip(const Codec& codec, std::span<const float> compensated, std::span<float> decoded,
+                       std::vector<std::byte>& message, std::vector<std::byte>& workspace,
+                       gradcomp::message_key key = {}) {
   const gradcomp::cpu_executor cpu;
-  message.resize(std::max(message.size(), sparsifier.max_encoded_bytes(compensated.size())));
-  workspace.resize(std::max(workspace.size(), sparsifier.workspace_bytes(cpu, compensated.size())));
-  const std::size_t bytes = sparsifier.encode(cpu, compensated, message, workspace, key);
-  sparsifier.decode(cpu, std::span<const std::byte>(message.data(), bytes), decoded, workspace);
+  message.resize(std::max(message.size(), codec.max_encoded_bytes(compensated.size())));
+  workspace.resize(std::max(workspace.size(), codec.workspace_bytes(cpu, compensated.size())));
+  const std::size_t bytes = codec.encode(cpu, compensated, message, workspace, key);
+  codec.decode(cpu, std::span<const std::byte>(message.data(), bytes), decoded, workspace);
   return bytes;
 }
 
@@ -82,7 +82,7 @@ inline std::size_t compress_path(const gradcomp::topk_sparsifier<float>& sparsif
                                  std::vector<float>& decoded, std::vector<std::byte>& message,
                                  std::vector<std::byte>& workspace) {
   std::transform(g.begin(), g.end(), e.begin(), compensated.begin(), std::plus<>());
-  return topk_round_trip(sparsifier, compensated, decoded, message, workspace);
+  return round_trip(sparsifier, compensated, decoded, message, workspace);
 }
 
 class gravac_aggregator final : public aggregator {

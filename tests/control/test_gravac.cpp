@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -229,6 +230,65 @@ TEST_CASE("gravac magnitude is the norm or the squared norm as the measure says"
   CHECK(gravac_controller({.measure = gravac_gain_measure::norm}).magnitude(16.0) == 4.0);
   CHECK(gravac_controller({.measure = gravac_gain_measure::squared_norm}).magnitude(16.0) == 16.0);
   CHECK(gravac_controller().magnitude(0.0) == 0.0);
+}
+
+TEST_CASE("gravac kept_energy: a path's magnitude is the energy its compression keeps, never below 0") {
+  // x = (3, −4, 1, 0.5) and its top-2 (3, −4, 0, 0): ‖x‖² = 26.25, ‖x − C(x)‖² = 1.25, and the kept
+  // energy 25 is ‖C(x)‖², what squared_norm measures of top-k.
+  CHECK(gravac_controller::kept_energy(26.25, 1.25) == 25.0);
+  CHECK(gravac_controller::kept_energy(16.0, 16.0) == 0.0);
+  CHECK(gravac_controller::kept_energy(16.0, 25.0) == 0.0);  // an error that outweighs the layer
+  CHECK(std::isnan(gravac_controller::kept_energy(std::numeric_limits<double>::quiet_NaN(), 1.0)));
+  // The gradient's magnitude is its squared norm.
+  CHECK(gravac_controller({.measure = gravac_gain_measure::kept_energy}).magnitude(16.0) == 16.0);
+  // The measure is part of the options a saved state must match.
+  const gravac_controller squared({.measure = gravac_gain_measure::squared_norm});
+  gravac_controller kept({.measure = gravac_gain_measure::kept_energy});
+  std::vector<std::byte> state(squared.saved_state_bytes());
+  state.resize(squared.save_state(state));
+  CHECK(thrown_by([&] { kept.load_state(state); }) == named(errc::parameter_mismatch));
+}
+
+TEST_CASE(
+    "gravac over a ladder of widths sends the width that keeps ε of the energy and backs off from one that does not") {
+  // θ = bits/32 from 4 bits (θ_min) down to 1 (θ_max), W = 3, ε = 0.4, ω = 0 (no plateau). Each
+  // step observes gradient energy 100 and the energies kept by the candidate's and the safe
+  // level's widths (4 bits 99, 2 bits 60, 1 bit 2); sending 2 bits takes 0.5 s, 4 bits 1 s (2 bits
+  // have the higher throughput: 0.6/0.5 against 0.99/1). Hand-derived: window 1 (steps 0-2) tries
+  // 4 bits; window 2 tries 2 bits, sent from step 4 once measured; window 3 tries 1 bit, below ε,
+  // so the safe 4 bits go; at its end the back-off returns to 2 bits and the search stops, and
+  // 2 bits are sent from step 10 on (step 9 measures the new candidate).
+  const gravac_options options{.theta_min = 4.0 / 32,
+                               .theta_max = 1.0 / 32,
+                               .epsilon = 0.4,
+                               .omega = 0.0,
+                               .window = 3,
+                               .measure = gravac_gain_measure::kept_energy,
+                               .gain_input = gravac_gain_input::gradient,
+                               .back_off = true};
+  const auto kept = [](int bits) { return bits == 4 ? 99.0 : bits == 2 ? 60.0 : 2.0; };
+  const auto bits_of = [](sparsity s) { return static_cast<int>(s.density * 32.0); };
+  gravac_controller controller(options);
+  std::vector<int> candidates;
+  std::vector<gravac_choice> sent;
+  for (int t = 0; t < 15; ++t) {
+    const gravac_decision d = controller.decision();
+    candidates.push_back(bits_of(d.current));
+    sent.push_back(d.send);
+    REQUIRE(d.send != gravac_choice::dense);
+    const int width = bits_of(d.send == gravac_choice::current ? d.current : d.safe);
+    controller.next({.gradient = 100.0,
+                     .current = kept(bits_of(d.current)),
+                     .safe = kept(bits_of(d.safe)),
+                     .seconds = width == 2 ? 0.5 : 1.0,
+                     .samples = 1});
+  }
+  const auto current = gravac_choice::current, safe = gravac_choice::safe;
+  CHECK(candidates == std::vector<int>{4, 4, 4, 2, 2, 2, 1, 1, 1, 2, 2, 2, 2, 2, 2});
+  CHECK(sent == std::vector<gravac_choice>{safe, safe, safe, safe, current, current, safe, safe, safe, safe, current,
+                                           current, current, current, current});
+  CHECK_FALSE(controller.decision().searching);
+  CHECK(*controller.decision().gain_current == doctest::Approx(0.6));
 }
 
 // Rank r's local statistics at step t: gradients and gains that differ by rank and by step, so

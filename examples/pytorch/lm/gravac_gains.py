@@ -16,10 +16,22 @@ hook):
 
     OMP_NUM_THREADS=1 nice -n 10 /usr/bin/python3 -s gravac_gains.py > gravac_gains.txt
 
+With --ladder it prints instead, for the uniform quantizer of each width b in 8, 4, 2, 1 bits with
+a scale per 64 values (round to nearest even, docs/quantizers.md §2; here in torch, independent of
+gradcomp's code), the gain of the ladder row (gain_input = gradient, measure kept_energy:
+docs/control.md §1.8) and, for comparison, the `norm` measure's ratio:
+
+    kept(Q_b(g))/g    sum over ranks and layers of max(0, ||g_l||^2 - ||g_l - Q_b(g)_l||^2) / sum ||g_l||^2
+    Q_b(g)/g          sum ||Q_b(g)_l|| / sum ||g_l||  (what the norm measure would compare)
+
+    OMP_NUM_THREADS=1 nice -n 10 /usr/bin/python3 -s gravac_gains.py --ladder > gravac_ladder_gains.txt
+
 The residuals follow the dense trajectory, not a compressed one, so the figures show what each
 gain measures, not a run's exact values. Top-k keeps round(θ·n) values (n = 137,216), ties by
 torch.topk.
 """
+
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +56,45 @@ def topk(x, density):
     return out
 
 
+WIDTHS, BLOCK = [8, 4, 2, 1], 64
+
+
+def uniform(x, bits):
+    """Q_b(x): per block of BLOCK values, m = max |x|, levels q·m/L (L = 2^(b-1) - 1, q in [-L, L],
+    round to nearest even) for b >= 2, and ±m (0 to +m) for b = 1."""
+    padded = torch.zeros((x.numel() + BLOCK - 1) // BLOCK * BLOCK)
+    padded[:x.numel()] = x
+    blocks = padded.view(-1, BLOCK)
+    m = blocks.abs().amax(1, keepdim=True)
+    if bits == 1:
+        out = torch.where(blocks < 0, -m, m)
+    else:
+        levels = 2 ** (bits - 1) - 1
+        s = m / levels
+        q = torch.where(s > 0, torch.round(blocks / torch.where(s > 0, s, 1.0)), 0.0).clamp(-levels, levels)
+        out = q * s
+    return out.reshape(-1)[:x.numel()]
+
+
+def kept_energy(g, q, sizes):
+    return sum(max(0.0, float(a.square().sum()) - float((a - b).square().sum()))
+               for a, b in zip(torch.split(g, sizes), torch.split(q, sizes)))
+
+
+def ladder_rows(grads, sizes):
+    energy = sum(float(g.square().sum()) for g in grads)
+    norms = sum(magnitude(g, sizes) for g in grads)
+    rows = []
+    for bits in WIDTHS:
+        quantized = [uniform(g, bits) for g in grads]
+        kept = sum(kept_energy(g, q, sizes) for g, q in zip(grads, quantized))
+        norm = sum(magnitude(q, sizes) for q in quantized)
+        rows.append(f"  {bits} bits   kept(Q_b(g))/g {kept / energy:.3f}   Q_b(g)/g {norm / norms:.3f}")
+    return rows
+
+
 def main():
+    ladder = "--ladder" in sys.argv[1:]
     torch.set_num_threads(1)
     train, _, _ = load_corpus()
     torch.manual_seed(SEED)
@@ -61,8 +111,8 @@ def main():
             F.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1)).backward()
             grads.append(torch.cat([p.grad.reshape(-1) for p in params]))
         g_total = sum(magnitude(g, sizes) for g in grads)
-        rows = []
-        for d in DENSITIES:
+        rows = ladder_rows(grads, sizes) if ladder and step in PRINTED else []
+        for d in [] if ladder else DENSITIES:
             raw = sent = compensated_total = 0.0
             for rank, g in enumerate(grads):
                 raw += magnitude(topk(g, d), sizes)

@@ -9,8 +9,8 @@ The task is the simulation harness's (simulate.py): the same model and initialis
 torch.manual_seed(seed)), the same minibatch per (seed, step, rank) (data.train_batch), Adam at
 lr 2e-3, betas (0.9, 0.999), eps 1e-8 (torch.optim.Adam), the same fixed validation set evaluated
 every --eval-every steps (rank 0, after the step). `--codec dense` is DDP's own all-reduce (no hook);
-any other name is a row of the extension's codec_names(), tagc_names(), gravac_names() or powersgd_names()
-(`--list` prints them). Every rank runs torch.set_num_threads(1).
+any other name is a row of the extension's codec_names(), tagc_names(), gravac_names(),
+gravac_ladder_names() or powersgd_names() (`--list` prints them). Every rank runs torch.set_num_threads(1).
 
 The JSON line: the arguments, the corpus digest, the final and per-evaluation validation loss (and
 the ranks' mean training loss at that step), bytes this rank sent per step (the hook's sent_bytes;
@@ -19,8 +19,8 @@ for dense the ring all-reduce's 2(P - 1)/P * 4n), the dense ring all-reduce's by
 ran (the set over all steps), for TAGC rank 0's bytes by part (Tagc.bytes_by_part: index, sketch, tail,
 padding, resent, dense, gather), the steps skipped for non-finite gradients, whether the ranks' final
 parameters are identical, and the wall time; for GraVAC, `gravac_trace`: every change of what the
-controller sends, as [first step, path, density (null: dense), gain of the candidate, of the safe
-level] (`--print-decisions` also prints them as they happen).
+controller sends, as [first step, path, density or bit width (null: dense), gain of the
+candidate, of the safe level] (`--print-decisions` also prints them as they happen).
 """
 
 import argparse
@@ -102,6 +102,9 @@ def worker(rank, args, result_path):
                       "seconds": time.monotonic() - started}
             if hook is not None and hook.gravac is not None:  # the density GraVAC chose for the coming step
                 record["gravac_density"] = hook.gravac.density
+            if hook is not None and hook.ladder is not None:  # the width GraVAC chose for the coming step
+                d = hook.ladder.decision
+                record["gravac_bits"] = {"candidate": d["candidate_bits"], "safe": d["safe_bits"]}.get(d["send"])
             history.append(record)
             if rank == 0 and args.progress:
                 print(json.dumps(record), file=sys.stderr, flush=True)
@@ -122,7 +125,7 @@ def worker(rank, args, result_path):
             "parameters_identical_on_all_ranks": identical,
             "seconds": time.monotonic() - started, "history": history,
         }
-        if hook is not None and hook.gravac is not None:  # every change of what GraVAC sent
+        if hook is not None and (hook.gravac is not None or hook.ladder is not None):  # every change of what GraVAC sent
             result["gravac_trace"] = hook.gravac_trace
         with open(result_path, "w") as f:
             json.dump(result, f)
@@ -198,7 +201,8 @@ def main():
         return 0
     ext = gradcomp_ddp.load_extension()  # build once, before the ranks start
     if args.list:
-        print("\n".join([gradcomp_ddp.DENSE] + ext.codec_names() + ext.tagc_names() + ext.gravac_names() + ext.powersgd_names()))
+        print("\n".join([gradcomp_ddp.DENSE] + ext.codec_names() + ext.tagc_names() + ext.gravac_names() +
+                        ext.gravac_ladder_names() + ext.powersgd_names()))
         return 0
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:

@@ -92,6 +92,12 @@ namespace gradcomp {
 enum class gravac_gain_measure : std::uint8_t {
   norm,          ///< Sums of per-layer L2 norms, Σ_l ‖x_l‖₂ (the reference code).
   squared_norm,  ///< Sums of per-layer squared L2 norms, Σ_l ‖x_l‖₂² (a variance ratio).
+  /// The energy a compression keeps, Σ_l max(0, ‖x_l‖₂² − ‖x_l − C(x_l)‖₂²) for a path and
+  /// Σ_l ‖g_l‖₂² for the gradient (`gravac_controller::kept_energy`). For a sparsifier that sends
+  /// the values it keeps (top-k), ‖x − C(x)‖² = ‖x‖² − ‖C(x)‖², so this is `squared_norm`. A
+  /// quantizer's output has about its input's norm at any bit width: only its error says what it
+  /// loses, which this measure counts (a ladder of bit widths, docs/control.md §1.8).
+  kept_energy,
 };
 
 /// Which error-feedback residuals a step updates.
@@ -168,7 +174,8 @@ struct gravac_options {
 
 /// The statistics of one step, summed over layers and aggregated over ranks
 /// (`aggregate_observation`). Magnitudes are Σ_l `gravac_controller::magnitude(‖x_l‖₂²)`: norms
-/// or squared norms as the options' `measure` says.
+/// or squared norms as the options' `measure` says; under `kept_energy` the paths' are
+/// Σ_l `gravac_controller::kept_energy(‖x_l‖₂², ‖x_l − C(x_l)‖₂²)`.
 struct gravac_observation {
   double gradient = 0.0;       ///< Magnitude of the gradient g (without residuals).
   double current = 0.0;  ///< Magnitude of C_cur at θ_cur, of g + e_cur or g as `gain_input` says.
@@ -314,9 +321,19 @@ class gravac_controller {
   [[nodiscard]] std::uint64_t steps() const noexcept { return steps_; }
 
   /// What one layer with squared L2 norm `squared_norm` adds to an observation's magnitude:
-  /// its norm, or the squared norm itself, as the options' `measure` says.
+  /// its norm, or the squared norm itself, as the options' `measure` says (`kept_energy`: the
+  /// squared norm, which is a gradient's magnitude, and a top-k path's; see `kept_energy`).
   [[nodiscard]] double magnitude(double squared_norm) const {
     return options_.measure == gravac_gain_measure::norm ? std::sqrt(squared_norm) : squared_norm;
+  }
+
+  /// What one layer adds to a compressed path's magnitude under `gravac_gain_measure::kept_energy`:
+  /// max(0, ‖x_l‖₂² − ‖x_l − C(x_l)‖₂²), from the layer's squared norm and its compression's
+  /// squared error. 0 when the error outweighs the layer (a 1-bit code of a block whose largest
+  /// value dominates can); NaN inputs give NaN, which `next` refuses.
+  [[nodiscard]] static double kept_energy(double squared_norm, double squared_error) noexcept {
+    const double kept = squared_norm - squared_error;
+    return kept > 0.0 || std::isnan(kept) ? kept : 0.0;
   }
 
   /// Bytes `save_state` writes.
