@@ -85,29 +85,30 @@ class gravac_ladder {
       const double nan = std::numeric_limits<double>::quiet_NaN();
       return {nan, nan, nan};
     }
+    std::size_t total = 0;
+    for (const std::size_t size : sizes) total += size;
+    gradcomp::detail::require(total == g.size(), gradcomp::errc::size_mismatch,
+                              "GraVAC ladder: the parameters' sizes do not add up to the bucket's");
     const gradcomp::gravac_decision& d = controller_.decision();
     const int candidate_bits = bits_of(d.current.density), safe_bits = bits_of(d.safe.density);
+    const bool one_width = candidate_bits == safe_bits;  // then the candidate is the safe level
     for (auto* v : {&candidate_, &safe_}) v->resize(g.size());
     round_trip(safe_bits, g, safe_, key);
-    if (candidate_bits == safe_bits) candidate_ = safe_;
-    else
-      round_trip(candidate_bits, g, candidate_, key);
+    if (!one_width) round_trip(candidate_bits, g, candidate_, key);
     std::array<double, 3> observed{};
     std::size_t offset = 0;
     for (const std::size_t size : sizes) {
       double squares = 0.0, candidate_error = 0.0, safe_error = 0.0;
       for (std::size_t i = offset; i < offset + size; ++i) {
         squares += static_cast<double>(g[i]) * g[i];
-        candidate_error += square(static_cast<double>(g[i]) - candidate_[i]);
         safe_error += square(static_cast<double>(g[i]) - safe_[i]);
+        if (!one_width) candidate_error += square(static_cast<double>(g[i]) - candidate_[i]);
       }
       observed[0] += controller_.magnitude(squares);
-      observed[1] += gradcomp::gravac_controller::kept_energy(squares, candidate_error);
+      observed[1] += gradcomp::gravac_controller::kept_energy(squares, one_width ? safe_error : candidate_error);
       observed[2] += gradcomp::gravac_controller::kept_energy(squares, safe_error);
       offset += size;
     }
-    gradcomp::detail::require(offset == g.size(), gradcomp::errc::size_mismatch,
-                              "GraVAC ladder: the parameters' sizes do not add up to the bucket's");
     return observed;
   }
 
