@@ -250,8 +250,9 @@ if [ -n "$test_bin" ]; then
   [ $dry_run -eq 0 ] || sed -n '/^\[doctest\] listing all/,/^\[doctest\] unskipped/{/^\[doctest\]/d;/^=/d;s/^/     /;p}' "$logs/list-all.txt"
 fi
 
-# Minimum seconds of the later steps: each sanitizer 30, bench 90, torch 30, nccl 15, summary 15.
-tests_cap=$(cap_for 240 210)
+# Minimum seconds of the later steps: each sanitizer 30, bench 45, torch 20, nccl 10, summary 10 (on
+# the H200 of docs/cuda.md §8.7 they took 1-17, 16, 4, 2 and under 1).
+tests_cap=$(cap_for 240 145)
 tests_end=$((SECONDS + tests_cap))
 for f in "${sources[@]}"; do
   if [ -z "$test_bin" ]; then
@@ -283,8 +284,8 @@ sanitize() {
   run_logged "$tool" "$cap" "$logs/$tool.log" env GRADCOMP_GOLDEN_FLIP_STRIDE=$sanitizer_stride "${on_path[@]}" \
     "$sanitizer" --tool "$tool" "${options[@]}" --print-limit 100 --error-exitcode 86 "$test_bin" "-tc=$filter" --duration=true
 }
-sanitize memcheck "$(cap_for 75 180)"
-sanitize racecheck "$(cap_for 75 150)"
+sanitize memcheck "$(cap_for 75 115)"
+sanitize racecheck "$(cap_for 75 85)"
 
 if [ -z "$bench_bin" ]; then
   skip bench missing "no gradcomp-bench-cuda"
@@ -299,7 +300,7 @@ elif [ $dry_run -eq 1 ]; then
   fi
 else
   bench_json="$out/gradcomp-bench-cuda-$(slug "${gpu_name:-unknown}").json"
-  run_logged bench "$(cap_for 150 60)" "$logs/bench.log" "${on_path[@]}" "$bench_bin" --json "$bench_json"
+  run_logged bench "$(cap_for 150 40)" "$logs/bench.log" "${on_path[@]}" "$bench_bin" --json "$bench_json"
   [ -s "$bench_json" ] || rm -f "$bench_json"
 fi
 
@@ -314,7 +315,7 @@ if [ $dry_run -eq 1 ]; then
     skip torch_topk dry-run "no --torch-json given"
   fi
 elif python3 -c 'import torch' >/dev/null 2>&1; then
-  run_logged torch_topk "$(cap_for 60 30)" "$logs/torch_topk.log" python3 bench/torch_topk.py "${torch_args[@]}" \
+  run_logged torch_topk "$(cap_for 60 20)" "$logs/torch_topk.log" python3 bench/torch_topk.py "${torch_args[@]}" \
     --json "$out/torch-topk-$(slug "${gpu_name:-unknown}").json"
 else
   skip torch_topk missing "python3 cannot import torch"
@@ -327,11 +328,11 @@ elif [ -z "$nccl_bin" ]; then
 elif [ $dry_run -eq 1 ]; then
   skip nccl_allreduce dry-run "$(grep -c 'libnccl.so.2 => /' "$logs/libraries.log") libnccl.so.2 found by the loader"
 else
-  run_logged nccl_allreduce "$(cap_for 45 15)" "$logs/nccl_allreduce.log" "${on_path[@]}" "$nccl_bin"
+  run_logged nccl_allreduce "$(cap_for 45 10)" "$logs/nccl_allreduce.log" "${on_path[@]}" "$nccl_bin"
 fi
 
-sanitize synccheck "$(cap_for 60 15)"
-sanitize initcheck "$(cap_for 60 15)"
+sanitize synccheck "$(cap_for 60 10)"
+sanitize initcheck "$(cap_for 60 10)"
 
 if [ $dry_run -eq 1 ]; then
   t0=$SECONDS

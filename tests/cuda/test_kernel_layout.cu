@@ -239,7 +239,7 @@ TEST_CASE("kernel layout: a decoder's quads lie in one word of one block, found 
         CHECK(layout.words() == (n + 32u / static_cast<unsigned>(bits) - 1) / (32u / static_cast<unsigned>(bits)));
         if (!layout.whole_words() || n > 20011) continue;
         const index_divisor word_block = layout.word_block();
-        for (std::uint64_t first = 0; first < n; first += quad_values) {  // decode_words::write_quad's mapping
+        for (std::uint64_t first = 0; first < n; first += quad_values) {  // decode_quads's mapping
           const std::uint64_t w = first * static_cast<unsigned>(bits) / 32;
           const std::uint64_t c = first & (layout.per_word() - 1);
           for (std::uint64_t i = first; i < first + quad_values && i < n; ++i) {
@@ -261,7 +261,7 @@ TEST_CASE("kernel layout: the check's items hold 2b code bytes, and their quads 
         CAPTURE(n);
         CAPTURE(block);
         const index_divisor word_block = layout.word_block();
-        for (std::uint64_t first = 0; first < n; first += item_values) {  // check_codes::check_item's mapping
+        for (std::uint64_t first = 0; first < n; first += item_values) {  // check_items's mapping
           // The item's codes are the 2b bytes from byte 2b·t: whole bytes, inside the packed array
           // unless the item is the last.
           const std::uint64_t t = first / item_values;

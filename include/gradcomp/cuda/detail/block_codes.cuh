@@ -10,12 +10,13 @@
 /// scales that sum the block in the documented order (sign, QSGD), by a warp per 32 blocks that
 /// stages them in shared memory and sums block b on lane b (tiles, cuda/detail/lane_layout.cuh); then
 /// one thread per 32-bit code word codes its 32/b values, each under its own block's scale
-/// (`encode_words`). A decoder checks every scale and code (`check_codes`: a thread per item of 16
-/// values, their 8 or 16 bytes of 4- or 8-bit codes read by the widest loads the codes' alignment
-/// allows, where each word lies in one block; else a thread per code word), and once the host has
-/// the verdict writes or adds each value (`decode_words`: a thread per quad of 4 values and 128-bit
-/// stores where each word lies in one block and the output is aligned). A codec supplies the
-/// per-value rule: its code, whether a code is valid under a scale, and the value it decodes to.
+/// (`encode_words`). A decoder checks every scale and code (`check_items`: a thread per item of 16
+/// values of 4- or 8-bit codes, the width a compile-time constant, where each word lies in one
+/// block; else `check_codes`, a thread per code word), and once the host has the verdict writes or
+/// adds each value (`decode_quads`: a thread per quad of 4 values and 128-bit stores where each
+/// word lies in one block and the output is aligned; else `decode_words`, a thread per code word).
+/// A codec supplies the per-value rule: its code, whether a code is valid under a scale, and the
+/// value it decodes to.
 
 #include <gradcomp/cuda/config.cuh>
 
@@ -381,148 +382,183 @@ struct encode_words {
   }
 };
 
-/// One thread per item: scale t (`rule.valid_scale`) and the codes of item t (`rule.valid_code` for
-/// each code, zero padding bits), recording failures. Where every word lies in one block and the
-/// codes are 4 or 8 bits (`wide`), an item is 16 values (`load_item_codes`), each quad's scale
-/// found once: on an H200 the 8-bit check of 2^28 codes took 201 µs, against 519 µs at a word
-/// per thread (docs/cuda.md §8.8). Otherwise an item is a code word (1- and 2-bit codes hold 32 and
-/// 16 values a word: the sign check took 149 µs by words, 263 µs by items of 16).
+/// What the block-code check and decoder kernels read: a message's scales and packed codes, their
+/// layout and the codec's per-value rule.
 template <class T, class Rule>
-struct check_codes {
+struct coded_blocks {
   block_layout layout;
   Rule rule;
   const T* scales;
   const std::byte* codes;
-  device_status* status;
   index_divisor word_block;  ///< layout.word_block().
   std::uint64_t blocks;      ///< layout.blocks(), divided once on the host.
-  bool wide;                 ///< Items of 16 values (see above).
-  unsigned align;            ///< code_alignment(codes).
 
-  /// The check of a layout's scales and codes.
-  static check_codes make(const block_layout& layout, const Rule& rule, const T* scales, const std::byte* codes,
-                          device_status* status) {
-    const bool wide = layout.whole_words() && layout.bits >= 4;
-    return {layout, rule, scales, codes, status, layout.word_block(), layout.blocks(), wide, code_alignment(codes)};
+  /// Records `bad_scale` where scale t (< blocks) fails `rule.valid_scale`: the checks run a
+  /// thread per item, and item t also checks scale t.
+  __device__ void check_scale(std::uint64_t t, device_status* status) const {
+    if (t < blocks && !rule.valid_scale(scales[t])) record_failure(status, errc::malformed_payload, t, bad_scale);
   }
+};
 
-  /// Items to check: the larger of the scale and item counts.
-  [[nodiscard]] std::uint64_t items() const {
-    const std::uint64_t coded = wide ? (layout.n + item_values - 1) / item_values : layout.words();
-    return coded > blocks ? coded : blocks;
-  }
+/// One thread per code word: scale t and the codes of word t (`rule.valid_code` for each, zero
+/// padding bits after the last), recording failures. The check of 1- and 2-bit codes (32 and 16
+/// values a word: the sign check took 149 µs by words, 263 µs by items of 16 on an H200), and of
+/// blocks that share words; 4- and 8-bit codes in whole words take check_items.
+template <class T, class Rule>
+struct check_codes {
+  coded_blocks<T, Rule> in;
+  device_status* status;
+
+  /// Items to check: the larger of the scale and word counts.
+  [[nodiscard]] std::uint64_t items() const { return std::max(in.layout.words(), in.blocks); }
 
   __device__ void operator()(std::uint64_t t) const {
-    if (t < blocks && !rule.valid_scale(scales[t])) record_failure(status, errc::malformed_payload, t, bad_scale);
-    if (wide) return check_item(t);
+    in.check_scale(t, status);
+    const block_layout& layout = in.layout;
     if (t >= layout.words()) return;
-    const std::uint32_t word = load_code_word(codes, t, layout.code_bytes);
+    const std::uint32_t word = load_code_word(in.codes, t, layout.code_bytes);
     unsigned used = 0;
     const auto check = [&](std::uint64_t i, unsigned c, T s) {
       used = c + 1;
-      if (!rule.valid_code(code_in_word(word, c, layout.bits), s))
+      if (!in.rule.valid_code(code_in_word(word, c, layout.bits), s))
         record_failure(status, errc::malformed_payload, i, bad_code);
     };
     if (layout.whole_words()) {
-      const T s = scales[word_block(t)];
-      layout.for_each_in_whole_word(t, word_block, [&](std::uint64_t i, unsigned c, std::uint64_t) { check(i, c, s); });
+      const T s = in.scales[in.word_block(t)];
+      layout.for_each_in_whole_word(t, in.word_block,
+                                    [&](std::uint64_t i, unsigned c, std::uint64_t) { check(i, c, s); });
     } else {
-      layout.for_each_in_word(t, [&](std::uint64_t i, unsigned c, std::uint64_t j) { check(i, c, scales[j]); });
+      layout.for_each_in_word(t, [&](std::uint64_t i, unsigned c, std::uint64_t j) { check(i, c, in.scales[j]); });
     }
     if (used < layout.per_word() && (word >> (used * static_cast<unsigned>(layout.bits))) != 0)
       record_failure(status, errc::malformed_payload, layout.n, bad_padding);
   }
+};
 
- private:
-  /// Item t of 16 values; the padding bits, all in the last byte, belong to the last item.
-  __device__ void check_item(std::uint64_t t) const {
+/// check_codes for `Bits`-bit codes (4 or 8, a compile-time constant) where every word lies in one
+/// block (`fits`): one thread per item of 16 values, whose 8 or 16 code bytes come by the widest
+/// loads their alignment allows (`load_item_codes`), each quad's scale found once, and its codes
+/// tested by constant shifts without a branch; the failing ones are looked for only when one
+/// fails. On an H200 the 8-bit check of 2^28 codes took 519 µs at a word per thread, 201 µs by
+/// items with the width read at run time (docs/cuda.md §8.8, §8.9).
+template <class T, class Rule, int Bits>
+struct check_items {
+  static_assert(Bits == 4 || Bits == 8);
+  coded_blocks<T, Rule> in;
+  device_status* status;
+  unsigned align;  ///< code_alignment(in.codes).
+
+  /// Whether `layout` is checked by items.
+  [[nodiscard]] static bool fits(const block_layout& layout) { return layout.bits == Bits && layout.whole_words(); }
+
+  /// Items to check: the larger of the scale and item counts.
+  [[nodiscard]] std::uint64_t items() const {
+    return std::max((in.layout.n + item_values - 1) / item_values, in.blocks);
+  }
+
+  /// Item t (values 16t … 16t + 15, fewer at the end); the padding bits, all in the last byte,
+  /// belong to the last item.
+  __device__ void operator()(std::uint64_t t) const {
+    in.check_scale(t, status);
     const std::uint64_t first = t * item_values;
-    if (first >= layout.n) return;
-    const auto count = static_cast<unsigned>(layout.n - first < item_values ? layout.n - first : item_values);
-    const item_codes c = load_item_codes(codes, t, layout.bits, align, layout.code_bytes);
+    const std::uint64_t n = in.layout.n;
+    if (first >= n) return;
+    const auto count = static_cast<unsigned>(n - first < item_values ? n - first : item_values);
+    const item_codes c = load_item_codes(in.codes, t, Bits, align, in.layout.code_bytes);
+    // The scale of value e's quad (e < count).
+    const auto scale = [&](unsigned e) {
+      return in.scales[in.word_block((first + e / quad_values * quad_values) * Bits / 32)];
+    };
+    bool all_valid = true;
 #pragma unroll
     for (unsigned q = 0; q < item_values / quad_values; ++q) {
       if (q * quad_values >= count) break;
-      const T s = scales[word_block((first + q * quad_values) * static_cast<unsigned>(layout.bits) / 32)];
+      const T s = scale(q * quad_values);
 #pragma unroll
       for (unsigned e = q * quad_values; e < (q + 1) * quad_values; ++e)
-        if (e < count && !rule.valid_code(c.code(e, layout.bits), s))
-          record_failure(status, errc::malformed_payload, first + e, bad_code);
+        all_valid &= e >= count || in.rule.valid_code(c.code(e, Bits), s);
     }
-    if (count < item_values && c.any_from(count * static_cast<unsigned>(layout.bits)))
-      record_failure(status, errc::malformed_payload, layout.n, bad_padding);
+    if (!all_valid)  // find them: a corrupted or hostile message
+      for (unsigned e = 0; e < count; ++e)
+        if (!in.rule.valid_code(c.code(e, Bits), scale(e)))
+          record_failure(status, errc::malformed_payload, first + e, bad_code);
+    if (count < item_values && c.any_from(count * Bits))
+      record_failure(status, errc::malformed_payload, n, bad_padding);
   }
 };
 
 /// `rule.value(code, scale)` of every element written into `out`, or added to it when
-/// `accumulate`. Where every word's values lie in one block (B·b a multiple of 32) and `out` is
-/// 16-byte aligned, one thread per quad of 4 values: it reads the code word holding them (the
-/// lanes sharing a word read it together), its block's scale, and writes the quad by one 128-bit
-/// store, so a warp's stores are 512 contiguous bytes whatever the code width (one thread per word
-/// of 1-bit codes would store 32 values, 128 bytes apart from its neighbours'). Otherwise (and for
-/// a partial last quad) one thread per code word, value by value.
+/// `accumulate`, one thread per code word, value by value: the decoder of blocks that share words
+/// and of outputs not 16-byte aligned; the others take decode_quads.
 template <class T, class Rule>
 struct decode_words {
-  block_layout layout;
-  Rule rule;
-  const T* scales;
-  const std::byte* codes;
+  coded_blocks<T, Rule> in;
   T* out;
   bool accumulate;
-  bool vector;               ///< One thread per quad, 128-bit stores (see above).
-  index_divisor word_block;  ///< layout.word_block().
 
-  /// The decoder of a layout into `out`.
-  static decode_words make(const block_layout& layout, const Rule& rule, const T* scales, const std::byte* codes,
-                           T* out, bool accumulate) {
-    const bool vector = layout.whole_words() && vector_aligned(out);
-    return {layout, rule, scales, codes, out, accumulate, vector, layout.word_block()};
-  }
-
-  /// Items to decode: quads where `vector`, else code words.
-  [[nodiscard]] std::uint64_t items() const {
-    return vector ? (layout.n + quad_values - 1) / quad_values : layout.words();
-  }
+  /// Items to decode: code words.
+  [[nodiscard]] std::uint64_t items() const { return in.layout.words(); }
 
   __device__ void operator()(std::uint64_t t) const {
-    if (vector) return write_quad(t);
-    const std::uint32_t word = load_code_word(codes, t, layout.code_bytes);
+    const block_layout& layout = in.layout;
+    const std::uint32_t word = load_code_word(in.codes, t, layout.code_bytes);
     const auto write = [&](std::uint64_t i, unsigned c, T s) {
-      const T v = rule.value(code_in_word(word, c, layout.bits), s);
+      const T v = in.rule.value(code_in_word(word, c, layout.bits), s);
       out[i] = accumulate ? out[i] + v : v;
     };
     if (layout.whole_words()) {
-      const T s = scales[word_block(t)];
-      layout.for_each_in_whole_word(t, word_block, [&](std::uint64_t i, unsigned c, std::uint64_t) { write(i, c, s); });
+      const T s = in.scales[in.word_block(t)];
+      layout.for_each_in_whole_word(t, in.word_block,
+                                    [&](std::uint64_t i, unsigned c, std::uint64_t) { write(i, c, s); });
     } else {
-      layout.for_each_in_word(t, [&](std::uint64_t i, unsigned c, std::uint64_t j) { write(i, c, scales[j]); });
+      layout.for_each_in_word(t, [&](std::uint64_t i, unsigned c, std::uint64_t j) { write(i, c, in.scales[j]); });
     }
   }
+};
 
- private:
+/// decode_words where every word's values lie in one block (B·b a multiple of 32) and `out` is
+/// 16-byte aligned (`fits`): one thread per quad of 4 values. It reads the code word holding them
+/// (the lanes sharing a word read it together), its block's scale, and writes the quad by one
+/// 128-bit store, so a warp's stores are 512 contiguous bytes whatever the code width (one thread
+/// per word of 1-bit codes would store 32 values, 128 bytes apart from its neighbours'). `Bits` is
+/// the code width where it is a compile-time constant (8 or 4), else 0 (read from the layout).
+template <class T, class Rule, int Bits>
+struct decode_quads {
+  coded_blocks<T, Rule> in;
+  T* out;
+  bool accumulate;
+
+  /// Whether `layout` decodes into `out` by quads.
+  [[nodiscard]] static bool fits(const block_layout& layout, const T* out) {
+    return layout.whole_words() && vector_aligned(out);
+  }
+
+  /// Items to decode: quads.
+  [[nodiscard]] std::uint64_t items() const { return (in.layout.n + quad_values - 1) / quad_values; }
+
   /// Quad q: elements 4q … 4q + 3 (fewer at the end), codes 4q mod (32/b) onwards of one word.
-  __device__ void write_quad(std::uint64_t q) const {
+  __device__ void operator()(std::uint64_t q) const {
+    const unsigned bits = Bits != 0 ? static_cast<unsigned>(Bits) : static_cast<unsigned>(in.layout.bits);
+    const std::uint64_t n = in.layout.n;
     const std::uint64_t first = q * quad_values;
     // 32/b codes per word (4, 8, 16 or 32: a power of two, a multiple of the quad).
-    const std::uint64_t w = first * static_cast<unsigned>(layout.bits) / 32;
-    const std::uint32_t word = load_code_word(codes, w, layout.code_bytes);
-    const auto c = static_cast<unsigned>(first & (layout.per_word() - 1));
-    const T s = scales[word_block(w)];
+    const std::uint64_t w = first * bits / 32;
+    const std::uint32_t word = load_code_word(in.codes, w, in.layout.code_bytes);
+    const auto c = static_cast<unsigned>(first & (32 / bits - 1));
+    const T s = in.scales[in.word_block(w)];
+    const auto value = [&](unsigned e) { return in.rule.value(code_in_word(word, c + e, static_cast<int>(bits)), s); };
     T* const at = out + first;
-    if (first + quad_values <= layout.n) {
+    if (first + quad_values <= n) {
       T v[quad_values]{};
       if (accumulate) load_quad(at, quad_values, true, v);
 #pragma unroll
-      for (unsigned e = 0; e < quad_values; ++e) {
-        const T value = rule.value(code_in_word(word, c + e, layout.bits), s);
-        v[e] = accumulate ? v[e] + value : value;
-      }
+      for (unsigned e = 0; e < quad_values; ++e) v[e] = accumulate ? v[e] + value(e) : value(e);
       store_quad(at, quad_values, true, v);
       return;
     }
-    for (std::uint64_t i = first; i < layout.n; ++i) {
-      const T value = rule.value(code_in_word(word, c + static_cast<unsigned>(i - first), layout.bits), s);
-      out[i] = accumulate ? out[i] + value : value;
+    for (std::uint64_t i = first; i < n; ++i) {
+      const T x = value(static_cast<unsigned>(i - first));
+      out[i] = accumulate ? out[i] + x : x;
     }
   }
 };
@@ -599,13 +635,25 @@ void decode_block_coded(const Codec& codec, const cuda_executor& exec, std::span
   const std::byte* const codes = codes_of<T>(message.data(), layout);
   const auto rule = rule_of(e.key);
   using rule_type = std::decay_t<decltype(rule)>;
-  const auto check = check_codes<T, rule_type>::make(layout, rule, scales, codes, op.status());
-  for_each_item(exec, check.items(), check);
+  const coded_blocks<T, rule_type> in{layout, rule, scales, codes, layout.word_block(), layout.blocks()};
+  const auto run = [&](const auto& kernel) { for_each_item(exec, kernel.items(), kernel); };
+  if (check_items<T, rule_type, 8>::fits(layout))
+    run(check_items<T, rule_type, 8>{in, op.status(), code_alignment(codes)});
+  else if (check_items<T, rule_type, 4>::fits(layout))
+    run(check_items<T, rule_type, 4>{in, op.status(), code_alignment(codes)});
+  else
+    run(check_codes<T, rule_type>{in, op.status()});
   op.finish([scale_name](errc, std::uint64_t position, std::uint32_t reason) {
     return describe_block_code_failure(position, reason, scale_name);
   });
-  const auto decode = decode_words<T, rule_type>::make(layout, rule, scales, codes, out.data(), accumulate);
-  for_each_item(exec, decode.items(), decode);
+  T* const to = out.data();
+  if (!decode_quads<T, rule_type, 0>::fits(layout, to)) run(decode_words<T, rule_type>{in, to, accumulate});
+  else if (layout.bits == 8)
+    run(decode_quads<T, rule_type, 8>{in, to, accumulate});
+  else if (layout.bits == 4)
+    run(decode_quads<T, rule_type, 4>{in, to, accumulate});
+  else
+    run(decode_quads<T, rule_type, 0>{in, to, accumulate});
 }
 
 }  // namespace gradcomp::detail::cuda
