@@ -3,6 +3,7 @@
 # ninja but no Debian packages and no network (docs/cuda.md §8). Run it here, on the CPU machine:
 #
 #   tools/gpu-carry.sh [deps] [build]      (no argument: both)
+#   tools/gpu-carry.sh variant REV [NAME]
 #
 #   deps     copies doctest and fmt from this machine's packages (headers, CMake package files,
 #            libfmt) into .gpu-carry/deps, relocatable: nothing in it names a path of this machine
@@ -10,6 +11,11 @@
 #            .gpu-carry/binaries.tar.gz, which gpu-check.sh unpacks, and writes the digest of the
 #            sources they were built from into .gpu-carry/manifest.txt (gpu-check.sh uses them only
 #            while it matches the tree)
+#   variant  gradcomp-bench-cuda built from git revision REV (a commit, branch or tag; its own
+#            checkout, so the tree may hold other changes) as .gpu-carry/variants/NAME.gz (NAME: REV's
+#            short hash unless given); gpu-check.sh times each variant against the carried bench,
+#            alternately, and its summary lists the records that changed (docs/cuda.md §8.10). `build`
+#            removes the variants: add them after it
 #   compile  configures the gpu-check preset (build/gpu-check-build) with the carried doctest and
 #            fmt only and builds gradcomp_cuda_tests, gradcomp-bench-cuda and, where NCCL is found
 #            (NCCL_INCLUDE_DIR and NCCL_LIBRARY in the environment name it), nccl_allreduce; what
@@ -75,7 +81,7 @@ compile() {
 build_binaries() {
   local started=$SECONDS
   compile
-  rm -rf "$carry/bin" "$carry/lib"
+  rm -rf "$carry/bin" "$carry/lib" "$carry/variants"
   mkdir -p "$carry/bin" "$carry/lib"
   cp "$build_dir/tests/gradcomp_cuda_tests" "$build_dir/bench/gradcomp-bench-cuda" "$carry/bin/"
   [ ! -x "$build_dir/examples/nccl_allreduce" ] || cp "$build_dir/examples/nccl_allreduce" "$carry/bin/"
@@ -101,12 +107,44 @@ build_binaries() {
   echo "gpu-carry: packed into $carry/binaries.tar.gz; .gpu-carry holds $(du -sh "$carry" | cut -f1)"
 }
 
+# The bench of revision $1, built in a checkout of its own (a temporary git worktree), as
+# .gpu-carry/variants/$2.gz.
+build_variant() {
+  local rev="$1" sha name scratch started=$SECONDS
+  sha="$(git -C "$root" rev-parse --short "$rev^{commit}")" || exit 2
+  name="${2:-$sha}"
+  [[ "$name" =~ ^[A-Za-z0-9._-]+$ ]] || { echo "gpu-carry: a variant's name takes letters, digits, '.', '_', '-'" >&2; exit 2; }
+  [ -f "$deps/include/doctest/doctest.h" ] || { echo "gpu-carry: no $deps: run 'tools/gpu-carry.sh deps' first" >&2; exit 1; }
+  scratch="$(mktemp -d "${TMPDIR:-/tmp}/gpu-variant.XXXXXX")"
+  git -C "$root" worktree add --detach "$scratch/src" "$sha" >/dev/null
+  if (cd "$scratch/src" && cmake --preset gpu-check -Ddoctest_DIR="$deps/lib/cmake/doctest" \
+        -Dfmt_DIR="$deps/lib/x86_64-linux-gnu/cmake/fmt" >"$scratch/configure.log" &&
+      nice -n 10 cmake --build build/gpu-check-build -j "$(nproc)" --target gradcomp-bench-cuda); then
+    mkdir -p "$carry/variants"
+    gzip -c "$scratch/src/build/gpu-check-build/bench/gradcomp-bench-cuda" >"$carry/variants/$name.gz"
+    echo "$name: $(git -C "$root" describe --always "$sha"), built $(date -u +%Y-%m-%dT%H:%MZ) in $((SECONDS - started)) s" \
+      >"$carry/variants/$name.txt"
+    echo "gpu-carry: variant $name ($sha) in $carry/variants/$name.gz"
+  else
+    cat "$scratch/configure.log" >&2
+    echo "gpu-carry: the bench of $rev did not build (a revision before the gpu-check preset?)" >&2
+  fi
+  git -C "$root" worktree remove --force "$scratch/src"
+  rm -rf "$scratch"
+  [ -f "$carry/variants/$name.gz" ]
+}
+
 [ $# -gt 0 ] || set -- deps build
+if [ "$1" = variant ]; then
+  [ $# -ge 2 ] && [ $# -le 3 ] || { echo "usage: tools/gpu-carry.sh variant REV [NAME]" >&2; exit 2; }
+  build_variant "$2" "${3:-}"
+  exit
+fi
 for what in "$@"; do
   case "$what" in
     deps) copy_deps ;;
     build) build_binaries ;;
     compile) compile ;;
-    *) echo "usage: tools/gpu-carry.sh [deps] [build] [compile]" >&2; exit 2 ;;
+    *) echo "usage: tools/gpu-carry.sh [deps] [build] [compile] | variant REV [NAME]" >&2; exit 2 ;;
   esac
 done

@@ -13,8 +13,10 @@
 #      file, with --duration=true; compute-sanitizer memcheck and racecheck (then synccheck and
 #      initcheck while time is left) on the GPU cases that fit about a minute each, chosen from
 #      the native durations (tools/gpu_check.py select); gradcomp-bench-cuda --json at n = 2^28;
-#      bench/torch_topk.py; nccl_allreduce;
-#   4. a summary table, last: tests passed/failed/skipped, sanitizer errors, each bench target.
+#      bench/torch_topk.py; nccl_allreduce; and, where bench builds of other revisions are carried
+#      (tools/gpu-carry.sh variant), each timed against the carried bench, alternately;
+#   4. a summary table, last: tests passed/failed/skipped, sanitizer errors, each bench target, and
+#      the records each variant changed.
 # GRADCOMP_REQUIRE_GPU=1 is set throughout, so a GPU case that would skip fails instead.
 #
 # OUT (default build/gpu-check) receives at most four files: summary.txt, the bench's and
@@ -329,6 +331,44 @@ elif [ $dry_run -eq 1 ]; then
   skip nccl_allreduce dry-run "$(grep -c 'libnccl.so.2 => /' "$logs/libraries.log") libnccl.so.2 found by the loader"
 else
   run_logged nccl_allreduce "$(cap_for 45 10)" "$logs/nccl_allreduce.log" "${on_path[@]}" "$nccl_bin"
+fi
+
+# ---- variants: the bench of other revisions (tools/gpu-carry.sh variant), run alternately with the
+# carried one: the bench step's run, each variant, the carried bench again, each variant again. One
+# run took 16 s on an H200. Informational, as the targets are (docs/cuda.md §8.10).
+variant_names=()
+for v in "$carry"/variants/*.gz; do
+  [ -f "$v" ] || continue
+  name="$(basename "$v" .gz)"
+  gunzip -c "$v" >"$work/bench-$name" && chmod +x "$work/bench-$name" && variant_names+=("$name")
+done
+if [ ${#variant_names[@]} -eq 0 ]; then
+  :
+elif [ -z "$bench_bin" ]; then
+  skip variants missing "no carried bench to time them against"
+elif [ $dry_run -eq 1 ]; then
+  broken=()
+  for name in "${variant_names[@]}"; do
+    "${on_path[@]}" "$work/bench-$name" --help >>"$logs/variants.log" 2>&1 || broken+=("$name")
+  done
+  if [ ${#broken[@]} -eq 0 ]; then skip variants dry-run "${#variant_names[@]} carried: ${variant_names[*]} (--help runs)"
+  else record variants fail 0 "--help fails: ${broken[*]} (logs/variants.log)"; fi
+else
+  mkdir -p "$logs/variants"
+  run_logged variants "$(cap_for 150 10)" "$logs/variants.log" "${on_path[@]}" bash -c '
+    work="$1" results="$2" main="$3"
+    shift 3
+    for round in 1 2; do
+      for name in "$@"; do
+        echo "== $name, run $round"
+        "$work/bench-$name" --json "$results/$name-$round.json" || exit 1
+      done
+      [ $round -eq 2 ] || { echo "== carried, run 2"; "$main" --json "$results/main-2.json" || exit 1; }
+    done' _ "$work" "$logs/variants" "$bench_bin" "${variant_names[@]}"
+  compare=(--main "$bench_json" "$logs/variants/main-2.json")
+  for name in "${variant_names[@]}"; do compare+=(--variant "$name" "$logs/variants/$name"-*.json); done
+  python3 tools/gpu_check.py compare "${compare[@]}" --out "$logs/variants.txt" >/dev/null
+  pack
 fi
 
 sanitize synccheck "$(cap_for 60 10)"

@@ -11,6 +11,10 @@
         the table that ends the check: steps, test counts, sanitizer errors, and every bench target
         of docs/cuda.md §7 judged from the JSON. Exit status 1 when a test, a sanitizer or a
         required step failed (bench targets are reported, as the bench reports them, not failed).
+    gpu_check.py compare --main JSON... [--variant NAME JSON...]... [--out FILE]
+        bench runs of other builds against the carried bench's, made alternately in one call
+        (gpu-check.sh's variants step): each record's ratio to its run's copy, the range over the
+        main runs against each variant's; the records whose ranges do not overlap, the rest counted.
     gpu_check.py kernels CSV [--top N]
         ncu's per-launch times (tools/gpu-profile.sh): the kernels by total time, then every launch
         in order, runs of one kernel folded.
@@ -303,6 +307,8 @@ def read_facts(logs):
 
 # Steps that run only while time is left: their absence fails nothing.
 OPTIONAL_STEPS = ("synccheck", "initcheck")
+# Steps whose outcome never fails the check: the variants' bench runs (reported, as targets are).
+INFORMATIONAL_STEPS = ("variants",)
 
 
 def ran(step):
@@ -399,7 +405,7 @@ def summarize(logs, bench_path, torch_path):
             row(name, status, step["seconds"], detail, bad)
         else:
             fine = ("ok", "dry-run") + (("no time", "missing") if name in OPTIONAL_STEPS else ())
-            row(name, status, step["seconds"], step["detail"], status not in fine)
+            row(name, status, step["seconds"], step["detail"], status not in fine and name not in INFORMATIONAL_STEPS)
 
     bench, torch_records = load_records(bench_path), load_records(torch_path)
     lines.append("")
@@ -414,6 +420,9 @@ def summarize(logs, bench_path, torch_path):
     else:
         met = "targets: no bench JSON"
         lines.append(met + (" (dry run: --bench-json FILE judges one)" if dry else ""))
+    compared = read(os.path.join(logs, "variants.txt"))
+    if compared:
+        lines += [""] + compared.rstrip("\n").splitlines()
     lines.append("")
     verdict = "FAIL" if problems else ("dry run passed" if dry else "PASS")
     failing_files = [p for p in problems if p.startswith("tests:")]
@@ -422,6 +431,54 @@ def summarize(logs, bench_path, torch_path):
                     if p == failing_files[0] or p not in failing_files]
     lines.append(f"verdict: {verdict}" + (f" ({', '.join(problems)})" if problems else "") + f"; {met}")
     return lines, verdict == "FAIL"
+
+
+# ---- variants: other builds' bench against the carried one (gpu-check.sh, docs/cuda.md §8.10) -----
+
+# The smallest change a comparison reports: two runs a side understate the spread (on the H200 of
+# docs/cuda.md §8.9 the same build's two runs differed by up to 2.8%, by 0.6% at the median).
+MIN_CHANGE = 0.03
+
+def ratio_ranges(runs):
+    """{record name: (smallest, largest ratio_to_copy)} over bench runs (lists of records) at n = 2^28."""
+    ranges = {}
+    for records in runs:
+        for r in records:
+            if r.get("n") != N_TARGET or r.get("ratio_to_copy") is None:
+                continue
+            low, high = ranges.get(r["name"], (r["ratio_to_copy"], r["ratio_to_copy"]))
+            ranges[r["name"]] = (min(low, r["ratio_to_copy"]), max(high, r["ratio_to_copy"]))
+    return ranges
+
+
+def compare_variants(main_runs, variants):
+    """Lines comparing each variant (name, runs) with the main runs: the records whose ranges of
+    ratio_to_copy do not overlap and whose midpoints differ by MIN_CHANGE or more (faster or
+    slower), then how many do not; records a side lacks are named."""
+    main = ratio_ranges(main_runs)
+    lines = [f"variants against the carried bench (runs: {sum(1 for r in main_runs if r)}; ratio to each run's "
+             f"copy, smallest..largest):"]
+    if not main:
+        return lines + ["  no main bench record at n = 2^28"]
+    for name, runs in variants:
+        other = ratio_ranges(runs)
+        changed, same = [], 0
+        for record in sorted(main.keys() & other.keys()):
+            (m_low, m_high), (v_low, v_high) = main[record], other[record]
+            change = (v_low + v_high) / (m_low + m_high) - 1
+            if abs(change) < MIN_CHANGE or m_low <= v_high and v_low <= m_high:
+                same += 1
+                continue
+            verdict = "faster" if change > 0 else "slower"
+            changed.append(f"    {verdict:<7}{record:<26} {m_low:.3f}..{m_high:.3f} -> {v_low:.3f}..{v_high:.3f} "
+                           f"({change:+.1%})")
+        lines.append(f"  {name} (runs: {sum(1 for r in runs if r)}): {len(changed)} records changed, "
+                     f"{same} within the runs' spread or {MIN_CHANGE:.0%}")
+        lines += changed
+        for side, missing in (("main", sorted(other.keys() - main.keys())), (name, sorted(main.keys() - other.keys()))):
+            if missing:
+                lines.append(f"    not in {side}: {some_names(missing, 4)}")
+    return lines
 
 
 # ---- kernel times (tools/gpu-profile.sh) --------------------------------------------------------
@@ -495,6 +552,10 @@ def main(argv):
     p.add_argument("--bench")
     p.add_argument("--torch")
     p.add_argument("--out")
+    p = sub.add_parser("compare")
+    p.add_argument("--main", nargs="+", required=True)
+    p.add_argument("--variant", nargs="+", action="append", default=[], metavar=("NAME", "JSON"))
+    p.add_argument("--out")
     p = sub.add_parser("kernels")
     p.add_argument("csv", help="ncu --csv --print-units base --metrics gpu__time_duration.sum output")
     p.add_argument("--top", type=int, default=40)
@@ -505,6 +566,14 @@ def main(argv):
         return 0
     if args.command == "kernels":
         print("\n".join(kernel_report(kernel_launches(read(args.csv) or ""), args.top)))
+        return 0
+    if args.command == "compare":
+        variants = [(v[0], [load_records(path) for path in v[1:]]) for v in args.variant]
+        text = "\n".join(compare_variants([load_records(path) for path in args.main], variants)) + "\n"
+        sys.stdout.write(text)
+        if args.out:
+            with open(args.out, "w", encoding="utf-8") as f:
+                f.write(text)
         return 0
     if args.command == "select":
         if args.listing:

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Tests of tools/gpu_check.py (run by tools/gpu-check.sh --dry-run): the parsers on doctest's and
 compute-sanitizer's output as they print it, the sanitizer case selection, every bench target's
-verdict on records whose verdicts are worked out by hand below, and the summary command end to
-end on a logs folder with a failing test and failing targets.
+verdict on records whose verdicts are worked out by hand below, the comparison of variant builds'
+bench runs, and the summary command end to end on a logs folder with a failing test and failing
+targets.
 
     test_gpu_check.py                         runs the tests
     test_gpu_check.py --write-fixture FOLDER  writes the made-up bench and torch JSON of the tests
@@ -281,6 +282,65 @@ class Summary(unittest.TestCase):
         rc, text = self.run_summary(steps, h200_records(), tests_log=passed, listing=listing)
         self.assertEqual(rc, 0, text)
         self.assertTrue(text.rstrip().endswith("verdict: PASS; targets: 9 of 16 met"), text)
+
+
+class Variants(unittest.TestCase):
+    """The comparison of variant builds' bench runs with the carried bench's (worked by hand)."""
+
+    @staticmethod
+    def runs(decode_gbps, encode_gbps, copy=2000.0):
+        return [record("copy/d2d", copy, copy=copy), record("uniform8_rtn/decode", decode_gbps, copy=copy),
+                record("uniform8_rtn/encode", encode_gbps, copy=copy)]
+
+    def test_changes_beyond_spread_and_floor(self):
+        main = [self.runs(1800, 2300), self.runs(1860, 2340)]  # decode 0.900..0.930, encode 1.150..1.170
+        slower = [self.runs(1400, 2320), self.runs(1440, 2280)]  # decode 0.700..0.720: -22.4%; encode overlaps
+        lines = gpu_check.compare_variants(main, [("old", slower)])
+        self.assertEqual(lines[1], "  old (runs: 2): 1 records changed, 2 within the runs' spread or 3%")
+        self.assertEqual(lines[2], "    slower uniform8_rtn/decode        0.900..0.930 -> 0.700..0.720 (-22.4%)")
+        self.assertEqual(len(lines), 3)
+
+    def test_small_change_outside_the_spread_is_not_reported(self):
+        main = [self.runs(1800, 2300), self.runs(1800, 2300)]
+        a_little = [self.runs(1840, 2300), self.runs(1840, 2300)]  # +2.2%: ranges apart, under the 3% floor
+        lines = gpu_check.compare_variants(main, [("v", a_little)])
+        self.assertEqual(lines[1:], ["  v (runs: 2): 0 records changed, 3 within the runs' spread or 3%"])
+
+    def test_faster_and_missing_records(self):
+        main = [self.runs(1400, 2300)]
+        new = [self.runs(1900, 2300)[:2] + [record("zfp8/encode", 400)]]
+        lines = gpu_check.compare_variants(main, [("new", new)])
+        self.assertIn("    faster uniform8_rtn/decode        0.700..0.700 -> 0.950..0.950 (+35.7%)", lines)
+        self.assertIn("    not in main: zfp8/encode", lines)
+        self.assertIn("    not in new: uniform8_rtn/encode", lines)
+
+    def test_no_main_run(self):
+        self.assertEqual(gpu_check.compare_variants([[]], [("v", [self.runs(1, 1)])])[1],
+                         "  no main bench record at n = 2^28")
+
+    def test_command_and_summary(self):
+        with tempfile.TemporaryDirectory() as folder:
+            paths = {}
+            for name, runs in (("m", self.runs(1800, 2300)), ("v", self.runs(1400, 2300))):
+                paths[name] = os.path.join(folder, name + ".json")
+                with open(paths[name], "w", encoding="utf-8") as f:
+                    json.dump(runs, f)
+            logs = os.path.join(folder, "logs")
+            os.mkdir(logs)
+            with open(os.path.join(logs, "toolchain.txt"), "w", encoding="utf-8") as f:
+                f.write("mode=carried\nbudget=450\ngpu=NVIDIA H200\n")
+            with open(os.path.join(logs, "steps.tsv"), "w", encoding="utf-8") as f:
+                f.write("variants\ttimeout\t150\texit 124\n")  # informational: never fails the check
+            done = subprocess.run([sys.executable, gpu_check.__file__, "compare", "--main", paths["m"], "--variant",
+                                   "old", paths["v"], os.path.join(folder, "absent.json"), "--out",
+                                   os.path.join(logs, "variants.txt")], capture_output=True, text=True, check=True)
+            self.assertIn("old (runs: 1): 1 records changed", done.stdout)  # the absent run counts for nothing
+            done = subprocess.run([sys.executable, gpu_check.__file__, "summary", "--logs", logs, "--bench", paths["m"]],
+                                  capture_output=True, text=True, check=False)
+            self.assertEqual(done.returncode, 0, done.stdout)
+            self.assertIn("\nvariants against the carried bench (runs: 1;", done.stdout)
+            self.assertIn("slower uniform8_rtn/decode", done.stdout)
+            self.assertIn("variants                           timeout", done.stdout)
 
 
 # ncu 2025.3's --csv --print-units base output of gpu__time_duration.sum, abridged to three launches.
