@@ -107,31 +107,32 @@ build_binaries() {
   echo "gpu-carry: packed into $carry/binaries.tar.gz; .gpu-carry holds $(du -sh "$carry" | cut -f1)"
 }
 
-# The bench of revision $1, built in a checkout of its own (a temporary git worktree), as
-# .gpu-carry/variants/$2.gz.
+# The bench of revision $1, built in a checkout of its own (a temporary git worktree, removed
+# whatever happens), as .gpu-carry/variants/$2.gz.
 build_variant() {
-  local rev="$1" sha name scratch started=$SECONDS
+  local rev="$1" sha name started=$SECONDS
   sha="$(git -C "$root" rev-parse --short "$rev^{commit}")" || exit 2
   name="${2:-$sha}"
-  [[ "$name" =~ ^[A-Za-z0-9._-]+$ ]] || { echo "gpu-carry: a variant's name takes letters, digits, '.', '_', '-'" >&2; exit 2; }
+  [[ "$name" =~ ^[A-Za-z0-9._-]+$ ]] && [ "$name" != carried ] ||
+    { echo "gpu-carry: a variant's name takes letters, digits, '.', '_', '-', and is not 'carried'" >&2; exit 2; }
   [ -f "$deps/include/doctest/doctest.h" ] || { echo "gpu-carry: no $deps: run 'tools/gpu-carry.sh deps' first" >&2; exit 1; }
+  rm -f "$carry/variants/$name.gz" "$carry/variants/$name.txt"
   scratch="$(mktemp -d "${TMPDIR:-/tmp}/gpu-variant.XXXXXX")"
+  trap 'git -C "$root" worktree remove --force "$scratch/src" 2>/dev/null; rm -rf "$scratch"; git -C "$root" worktree prune' EXIT
   git -C "$root" worktree add --detach "$scratch/src" "$sha" >/dev/null
-  if (cd "$scratch/src" && cmake --preset gpu-check -Ddoctest_DIR="$deps/lib/cmake/doctest" \
-        -Dfmt_DIR="$deps/lib/x86_64-linux-gnu/cmake/fmt" >"$scratch/configure.log" &&
-      nice -n 10 cmake --build build/gpu-check-build -j "$(nproc)" --target gradcomp-bench-cuda); then
-    mkdir -p "$carry/variants"
-    gzip -c "$scratch/src/build/gpu-check-build/bench/gradcomp-bench-cuda" >"$carry/variants/$name.gz"
-    echo "$name: $(git -C "$root" describe --always "$sha"), built $(date -u +%Y-%m-%dT%H:%MZ) in $((SECONDS - started)) s" \
-      >"$carry/variants/$name.txt"
-    echo "gpu-carry: variant $name ($sha) in $carry/variants/$name.gz"
-  else
+  if ! (cd "$scratch/src" && cmake --preset gpu-check -Ddoctest_DIR="$deps/lib/cmake/doctest" \
+          -Dfmt_DIR="$deps/lib/x86_64-linux-gnu/cmake/fmt" >"$scratch/configure.log" &&
+        nice -n 10 cmake --build build/gpu-check-build -j "$(nproc)" --target gradcomp-bench-cuda); then
     cat "$scratch/configure.log" >&2
     echo "gpu-carry: the bench of $rev did not build (a revision before the gpu-check preset?)" >&2
+    exit 1
   fi
-  git -C "$root" worktree remove --force "$scratch/src"
-  rm -rf "$scratch"
-  [ -f "$carry/variants/$name.gz" ]
+  mkdir -p "$carry/variants"
+  gzip -c "$scratch/src/build/gpu-check-build/bench/gradcomp-bench-cuda" >"$carry/variants/$name.gz.part"
+  mv "$carry/variants/$name.gz.part" "$carry/variants/$name.gz"
+  echo "$name: $(git -C "$root" describe --always "$sha"), built $(date -u +%Y-%m-%dT%H:%MZ) in $((SECONDS - started)) s" \
+    >"$carry/variants/$name.txt"
+  echo "gpu-carry: variant $name ($sha) in $carry/variants/$name.gz"
 }
 
 [ $# -gt 0 ] || set -- deps build

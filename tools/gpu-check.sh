@@ -336,13 +336,16 @@ fi
 # ---- variants: the bench of other revisions (tools/gpu-carry.sh variant), run alternately with the
 # carried one: the bench step's run, each variant, the carried bench again, each variant again. One
 # run took 16 s on an H200. Informational, as the targets are (docs/cuda.md §8.10).
-variant_names=()
+variant_names=() unpacked=()
 for v in "$carry"/variants/*.gz; do
   [ -f "$v" ] || continue
   name="$(basename "$v" .gz)"
-  gunzip -c "$v" >"$work/bench-$name" && chmod +x "$work/bench-$name" && variant_names+=("$name")
+  if gunzip -c "$v" >"$work/bench-$name" && chmod +x "$work/bench-$name"; then variant_names+=("$name")
+  else unpacked+=("$name"); fi
 done
-if [ ${#variant_names[@]} -eq 0 ]; then
+if [ ${#unpacked[@]} -gt 0 ]; then
+  record variants fail 0 "cannot unpack: ${unpacked[*]}"
+elif [ ${#variant_names[@]} -eq 0 ]; then
   :
 elif [ -z "$bench_bin" ]; then
   skip variants missing "no carried bench to time them against"
@@ -354,20 +357,26 @@ elif [ $dry_run -eq 1 ]; then
   if [ ${#broken[@]} -eq 0 ]; then skip variants dry-run "${#variant_names[@]} carried: ${variant_names[*]} (--help runs)"
   else record variants fail 0 "--help fails: ${broken[*]} (logs/variants.log)"; fi
 else
-  mkdir -p "$logs/variants"
+  # logs/variants/NAME/run-K.json; `carried` is no variant's name (gpu-carry.sh refuses it).
+  mkdir -p "$logs/variants/carried"
+  for name in "${variant_names[@]}"; do mkdir -p "$logs/variants/$name"; done
   run_logged variants "$(cap_for 150 10)" "$logs/variants.log" "${on_path[@]}" bash -c '
-    work="$1" results="$2" main="$3"
+    work="$1" results="$2" carried="$3" failed=0
     shift 3
     for round in 1 2; do
       for name in "$@"; do
         echo "== $name, run $round"
-        "$work/bench-$name" --json "$results/$name-$round.json" || exit 1
+        "$work/bench-$name" --json "$results/$name/run-$round.json" || failed=1
       done
-      [ $round -eq 2 ] || { echo "== carried, run 2"; "$main" --json "$results/main-2.json" || exit 1; }
-    done' _ "$work" "$logs/variants" "$bench_bin" "${variant_names[@]}"
-  compare=(--main "$bench_json" "$logs/variants/main-2.json")
-  for name in "${variant_names[@]}"; do compare+=(--variant "$name" "$logs/variants/$name"-*.json); done
-  python3 tools/gpu_check.py compare "${compare[@]}" --out "$logs/variants.txt" >/dev/null
+      [ $round -eq 2 ] || { echo "== carried, run 2"; "$carried" --json "$results/carried/run-2.json" || failed=1; }
+    done
+    exit $failed' _ "$work" "$logs/variants" "$bench_bin" "${variant_names[@]}"
+  compare=(--main "$bench_json" "$logs/variants/carried/run-2.json")
+  for name in "${variant_names[@]}"; do
+    compare+=(--variant "$name" "$logs/variants/$name/run-1.json" "$logs/variants/$name/run-2.json")
+  done
+  python3 tools/gpu_check.py compare "${compare[@]}" --out "$logs/variants.txt" >"$logs/compare.log" 2>&1 ||
+    echo "the comparison failed: logs/compare.log" >"$logs/variants.txt"
   pack
 fi
 

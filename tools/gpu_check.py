@@ -444,8 +444,8 @@ def ratio_ranges(runs):
     ranges = {}
     for records in runs:
         for r in records:
-            if r.get("n") != N_TARGET or r.get("ratio_to_copy") is None:
-                continue
+            if not isinstance(r, dict) or r.get("n") != N_TARGET or not r.get("ratio_to_copy"):
+                continue  # not a record, another n, or no ratio (none, or 0 from a failed copy)
             low, high = ranges.get(r["name"], (r["ratio_to_copy"], r["ratio_to_copy"]))
             ranges[r["name"]] = (min(low, r["ratio_to_copy"]), max(high, r["ratio_to_copy"]))
     return ranges

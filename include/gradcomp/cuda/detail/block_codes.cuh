@@ -541,10 +541,12 @@ struct decode_quads {
     const unsigned bits = Bits != 0 ? static_cast<unsigned>(Bits) : static_cast<unsigned>(in.layout.bits);
     const std::uint64_t n = in.layout.n;
     const std::uint64_t first = q * quad_values;
-    // 32/b codes per word (4, 8, 16 or 32: a power of two, a multiple of the quad).
+    // 32/b codes per word (4, 8, 16 or 32: a power of two, a multiple of the quad), not divided at
+    // run time.
+    const unsigned per_word = Bits != 0 ? 32u / Bits : static_cast<unsigned>(in.layout.per_word());
     const std::uint64_t w = first * bits / 32;
     const std::uint32_t word = load_code_word(in.codes, w, in.layout.code_bytes);
-    const auto c = static_cast<unsigned>(first & (32 / bits - 1));
+    const auto c = static_cast<unsigned>(first & (per_word - 1));
     const T s = in.scales[in.word_block(w)];
     const auto value = [&](unsigned e) { return in.rule.value(code_in_word(word, c + e, static_cast<int>(bits)), s); };
     T* const at = out + first;
