@@ -149,6 +149,13 @@ int main(int argc, char** argv) {
                 shared_scale_quantizer<double>(
                     {.bits = 2, .block = 16, .round = rounding::stochastic, .seed = 9, .headroom_bits = 0}),
                 xd);
+    write_seeds(root / "shared_scale", "bf16_n" + size,
+                shared_scale_quantizer<bf16>({.bits = 4, .block = 32, .headroom_bits = 2}), half_of<bf16>(x),
+                {std::uint8_t{4}, std::uint8_t{5}});
+    write_seeds(root / "shared_scale", "fp16_n" + size,
+                shared_scale_quantizer<fp16>(
+                    {.bits = 2, .block = 16, .round = rounding::stochastic, .seed = 5, .headroom_bits = 1}),
+                half_of<fp16>(x), {std::uint8_t{6}, std::uint8_t{7}});
     write_seeds(root / "pipeline", "topk_u8_n" + size,
                 pipeline(topk_sparsifier<float>(sparsity{.k = 30}), uniform_quantizer<float>({.bits = 8, .block = 16})),
                 x);

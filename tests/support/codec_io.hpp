@@ -58,17 +58,18 @@ std::vector<typename Codec::value_type> decode_values(const Codec& codec, std::s
 template <class Codec, class T>
 std::vector<std::vector<std::byte>> encode_shared_ranks(const Codec& codec, const std::vector<std::vector<T>>& x,
                                                         message_key key = {}) {
+  using M = compute_type<T>;  // the maxima's type: float32 for a 16-bit gradient
   const cpu_executor cpu;
   const std::size_t n = x.front().size();
-  std::vector<T> agreed(codec.block_count(n), T{0}), mine(agreed.size());
+  std::vector<M> agreed(codec.block_count(n), M{0}), mine(agreed.size());
   for (const std::vector<T>& g : x) {
-    codec.block_maxima(cpu, std::span<const T>(g), std::span<T>(mine));
+    codec.block_maxima(cpu, std::span<const T>(g), std::span<M>(mine));
     for (std::size_t j = 0; j < agreed.size(); ++j) agreed[j] = mine[j] > agreed[j] ? mine[j] : agreed[j];
   }
   std::vector<std::vector<std::byte>> messages;
   for (std::size_t r = 0; r < x.size(); ++r) {
     std::vector<std::byte> out(codec.max_encoded_bytes(n));
-    out.resize(codec.encode_shared(cpu, std::span<const T>(x[r]), std::span<const T>(agreed), out, {}, key,
+    out.resize(codec.encode_shared(cpu, std::span<const T>(x[r]), std::span<const M>(agreed), out, {}, key,
                                    static_cast<std::uint32_t>(r)));
     messages.push_back(std::move(out));
   }

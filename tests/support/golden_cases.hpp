@@ -113,6 +113,8 @@ void for_each_golden_half_codec(F&& f) {
   f("pipeline_topk_u8_bf16.bin",
     pipeline(topk_sparsifier<bf16>(sparsity{.k = 30}), uniform_quantizer<bf16>({.bits = 8, .block = 16})),
     golden_input<bf16>(1000), message_key{.step = 2, .tensor_id = 4});
+  f("shared_scale4_bf16.bin", shared_scale_quantizer<bf16>({.bits = 4, .block = 32, .headroom_bits = 2}),
+    golden_input<bf16>(100), message_key{.step = 6, .tensor_id = 2});
 }
 
 /// The codec of the shared-scale sum's golden file (three ranks' messages summed).

@@ -34,6 +34,18 @@ inline std::vector<cpu_executor> cpu_settings() {
 /// 256-value block, and a size with a ragged tail.
 inline constexpr std::size_t edge_sizes[] = {0, 1, 2, 7, 31, 32, 33, 255, 256, 257, 1000, 4099};
 
+/// Decodes `message` onto a copy of `before` (added to it with `accumulate`) on the reference and
+/// on the CPU: both must throw `code` and leave the output as it was.
+template <class Codec, class T>
+void check_decode_refused_untouched(const Codec& codec, const std::vector<std::byte>& message,
+                                    const std::vector<T>& before, errc code, bool accumulate = false) {
+  for (const auto& result : {decode_outcome_on(reference_executor{}, codec, message, before, accumulate),
+                             decode_outcome_on(cpu_executor{}, codec, message, before, accumulate)}) {
+    CHECK(result.status == named(code));
+    CHECK(bit_patterns(result.output) == bit_patterns(before));
+  }
+}
+
 /// Whether an encode that failed left a message that decodes (it must not).
 inline bool holds_valid_envelope(const std::vector<std::byte>& bytes) {
   return thrown_by([&] { (void)parse_envelope(bytes); }) == "no exception";

@@ -118,17 +118,27 @@ concept summable_encoding = codec<C> && C::is_homomorphic && requires(const C& c
 };
 
 /// A summable encoding whose ranks agree their block scales first (the shared-scale quantizer):
-/// `block_maxima` → MAX all-reduce → `encode_shared`; its summable region holds uint64 words.
+/// `block_maxima` → MAX all-reduce → `encode_shared`; its summable region holds uint64 words. The
+/// maxima are of the compute type (float32 for a 16-bit gradient).
 template <class C>
 concept agreed_scale_encoding =
     summable_encoding<C> &&
     requires(const C& c, const cpu_executor& e, std::uint64_t n, std::span<const typename C::value_type> grad,
-             std::span<typename C::value_type> maxima, std::span<const typename C::value_type> agreed,
-             std::span<std::byte> out, std::span<std::byte> ws, message_key key, std::uint32_t rank) {
+             std::span<compute_type<typename C::value_type>> maxima,
+             std::span<const compute_type<typename C::value_type>> agreed, std::span<std::byte> out,
+             std::span<std::byte> ws, message_key key, std::uint32_t rank) {
       { c.block_count(n) } -> std::same_as<std::uint64_t>;
       c.block_maxima(e, grad, maxima);
       { c.encode_shared(e, grad, agreed, out, ws, key, rank) } -> std::same_as<std::size_t>;
     };
+
+/// A summable encoding that can run `summed_encodings` for its value type: any, for float and
+/// double; for bf16 and fp16 only one whose summed region holds integers (the shared-scale
+/// quantizer's code fields), since 16-bit values summed in the messages would lose their low bits
+/// (docs/half-precision.md §3).
+template <class C>
+concept summed_in_messages =
+    summable_encoding<C> && (!half_precision<typename C::value_type> || agreed_scale_encoding<C>);
 
 /// The plan `automatic` picks for `codec` on n values over `ranks` ranks in a call that can keep a
 /// server state (collective/scatter_reduce.hpp): `summed_encodings` for a summable encoding; else
@@ -140,7 +150,7 @@ concept agreed_scale_encoding =
 /// every rank, so the PyTorch hook calls it too.
 template <class C>
 [[nodiscard]] all_reduce_plan automatic_plan(const C& codec, std::uint64_t n, int ranks, bool can_all_to_all) {
-  if constexpr (summable_encoding<C> && !half_precision<typename C::value_type>) {
+  if constexpr (summed_in_messages<C>) {
     return all_reduce_plan::summed_encodings;
   } else {
     const auto encoded = [&](std::uint64_t m) { return modelled_encoded_bytes(codec, m); };
@@ -163,8 +173,7 @@ namespace detail {
 /// The plan `automatic` resolves to for codec `C` in a call without a server state.
 template <class C>
 inline constexpr all_reduce_plan stateless_automatic =
-    summable_encoding<C> && !half_precision<typename C::value_type> ? all_reduce_plan::summed_encodings
-                                                                    : all_reduce_plan::gather_decode;
+    summed_in_messages<C> ? all_reduce_plan::summed_encodings : all_reduce_plan::gather_decode;
 
 /// How a call holds its codec state, which decides the plans it can run.
 enum class call_state : std::uint8_t {
@@ -187,10 +196,10 @@ template <class X, class C>
     case all_reduce_plan::scatter_reduce: ok = can_all_to_all<X> && state != call_state::single; break;
     default: break;
   }
-  if (ok && half_precision<typename C::value_type> && plan == all_reduce_plan::summed_encodings)
+  if (ok && !summed_in_messages<C> && plan == all_reduce_plan::summed_encodings)
     return {errc::invalid_argument,
             "compressed_all_reduce: bf16 and fp16 data are summed in float32 (docs/half-precision.md §3), not in "
-            "the messages by summed_encodings"};
+            "the messages by summed_encodings (only the shared-scale quantizer's integer fields are)"};
   if (ok) return {};
   return {errc::invalid_argument,
           "compressed_all_reduce: plan " + std::to_string(static_cast<int>(plan)) +
@@ -261,10 +270,12 @@ compressed_report gather_decode_all_reduce(X& t, frame_coder<C, E>& coder, std::
 }
 
 /// The `summed_encodings` plan: encodes (agreeing the scales first where the codec needs it),
-/// SUM-reduces the summable region in place in the message and decodes the sum into `data`.
-template <executor E, transport X, summable_encoding C>
+/// SUM-reduces the summable region in place in the message and decodes the sum into `data`
+/// (16-bit data: into float32, divided there by P with `average`, rounded once into `data`;
+/// other types are averaged by the caller).
+template <executor E, transport X, summed_in_messages C>
 compressed_report summed_all_reduce(const E& e, X& t, const C& codec, std::span<typename C::value_type> data,
-                                    message_key key) {
+                                    message_key key, bool average) {
   using T = typename C::value_type;
   using word = std::conditional_t<agreed_scale_encoding<C>, std::uint64_t, T>;
   const auto n = static_cast<std::uint64_t>(data.size());
@@ -276,12 +287,13 @@ compressed_report summed_all_reduce(const E& e, X& t, const C& codec, std::span<
   errc status{};
   std::size_t bytes = 0;
   if constexpr (agreed_scale_encoding<C>) {
-    collective_buffer<E, T> maxima(e, static_cast<std::size_t>(codec.block_count(n)));
+    using M = compute_type<T>;
+    collective_buffer<E, M> maxima(e, static_cast<std::size_t>(codec.block_count(n)));
     codec.block_maxima(e, std::span<const T>(data), maxima.span());
     t.all_reduce_max(maxima.span());
-    report.sent_bytes += ring_all_reduce_dense_bytes(maxima.size() * sizeof(T), ranks);
+    report.sent_bytes += ring_all_reduce_dense_bytes(maxima.size() * sizeof(M), ranks);
     try {
-      bytes = codec.encode_shared(e, std::span<const T>(data), std::span<const T>(maxima.span()), message.span(),
+      bytes = codec.encode_shared(e, std::span<const T>(data), std::span<const M>(maxima.span()), message.span(),
                                   ws.span(), key, static_cast<std::uint32_t>(t.rank()));
     } catch (const gradcomp::error& failure) {
       status = failure.code();
@@ -297,7 +309,17 @@ compressed_report summed_all_reduce(const E& e, X& t, const C& codec, std::span<
   const std::span<std::byte> region = message.span().subspan(codec.summable_offset(n), codec.summable_bytes(n));
   t.all_reduce_sum(std::span<word>(reinterpret_cast<word*>(region.data()), region.size() / sizeof(word)));
   report.sent_bytes += ring_all_reduce_dense_bytes(region.size(), ranks);
-  codec.decode(e, std::span<const std::byte>(message.span()).first(bytes), data, ws.span());
+  const std::span<const std::byte> sum = std::span<const std::byte>(message.span()).first(bytes);
+  if constexpr (half_precision<T>) {
+    // Every rank holds the same summed message, so a sum beyond the 16-bit range is
+    // `narrowing_overflow` on every rank alike.
+    collective_buffer<E, compute_type<T>> sums(e, data.size());
+    codec.decode(e, sum, sums.span(), ws.span());
+    narrow_sums(sums.span(), t.size(), average, data);
+  } else {
+    (void)average;
+    codec.decode(e, sum, data, ws.span());
+  }
   return report;
 }
 
@@ -316,9 +338,8 @@ compressed_report stateless_all_reduce(const E& e, X& t, const C& codec, server_
   compressed_report report;
   if (plan == all_reduce_plan::dense) return dense_all_reduce(e, t, data, options.average);
   if (plan == all_reduce_plan::summed_encodings) {
-    // 16-bit data: the agreement refused summed_encodings (plan_problem).
-    if constexpr (summable_encoding<C> && !half_precision<T>)
-      report = summed_all_reduce(e, t, codec, data, options.key);
+    // 16-bit data of another codec: the agreement refused summed_encodings (plan_problem).
+    if constexpr (summed_in_messages<C>) report = summed_all_reduce(e, t, codec, data, options.key, options.average);
   } else if (plan == all_reduce_plan::ring) {
     if constexpr (transport_with_point_to_point<X>)
       return ring_all_reduce_within(
@@ -380,8 +401,9 @@ compressed_report stateless_all_reduce(const E& e, X& t, const C& codec, server_
 /// from the codec's traits (this file's comment: `summed_encodings` or `gather_decode`; a
 /// requested `scatter_reduce` re-encodes the chunk sums plainly). `report.dense_bytes` is what an
 /// uncompressed ring all-reduce sends from this rank, 2(P − 1)/P · n · sizeof(T). bf16 and fp16
-/// data (host executors) run every plan but `summed_encodings`, summed in float32
-/// (docs/half-precision.md §3).
+/// data (host executors) run every plan, summed in float32 (docs/half-precision.md §3), but
+/// `summed_encodings`, which only the shared-scale quantizer runs for them (its summed fields are
+/// integers).
 /// @throws error on every rank alike, with `data` unchanged: `codec_mismatch`, `dtype_mismatch`,
 /// `parameter_mismatch` (codec parameters or plan), `size_mismatch` (n), `step_mismatch` (step or
 /// tensor id) when the ranks disagree; `non_finite_input` when any rank's gradient holds NaN or

@@ -4,7 +4,9 @@
 /// every check (maxima, this rank's own block maxima, NaN/Inf, the output size) runs before
 /// anything is written; then the scales, and the codes of the uniform quantizer's reference
 /// arithmetic packed into u64 field words 256 elements at a time, with the stochastic-rounding
-/// halves of a chunk drawn together. Decoders validate the whole message before writing.
+/// halves of a chunk drawn together (a bf16 or fp16 chunk widened to float32 first, on the
+/// stack). Decoders validate the whole message before writing; a 16-bit output is checked for
+/// overflow before its first value is narrowed.
 
 #include <algorithm>
 #include <cstddef>
@@ -23,6 +25,7 @@
 #include <gradcomp/core/rounded_product.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
+#include <gradcomp/cpu/detail/half_conversion.hpp>
 #include <gradcomp/cpu/detail/message.hpp>
 #include <gradcomp/cpu/detail/philox_simd.hpp>
 #include <gradcomp/quantize/shared_scale.hpp>
@@ -36,6 +39,7 @@ namespace gradcomp {
 template <gradient_value T>
 struct backend<shared_scale_quantizer<T>, cpu_executor> {
   using codec_type = shared_scale_quantizer<T>;
+  using C = compute_type<T>;  ///< The maxima's, scales' and arithmetic's type: float32 for a 16-bit T.
 
   /// The single-stage `encode` needs this rank's block maxima; `encode_shared` and the decoders
   /// need nothing.
@@ -46,7 +50,7 @@ struct backend<shared_scale_quantizer<T>, cpu_executor> {
   }
 
   static void block_maxima(const codec_type& codec, const cpu_executor& e, std::span<const T> grad,
-                           std::span<T> maxima) {
+                           std::span<C> maxima) {
     const std::uint64_t n = grad.size();
     detail::require(maxima.size() == codec.block_count(n), errc::size_mismatch, [&] {
       return "maxima hold " + std::to_string(maxima.size()) + " values, the gradient has " +
@@ -55,9 +59,10 @@ struct backend<shared_scale_quantizer<T>, cpu_executor> {
     const std::uint64_t block = codec.params().block;
     try {
       for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j)
-        maxima[j] = detail::cpu::max_magnitude(grad.data() + begin, grad.data() + std::min(n, begin + block), e.avx2());
+        maxima[j] =
+            widen(detail::cpu::max_magnitude(grad.data() + begin, grad.data() + std::min(n, begin + block), e.avx2()));
     } catch (const error&) {
-      std::fill(maxima.begin(), maxima.end(), std::numeric_limits<T>::infinity());
+      std::fill(maxima.begin(), maxima.end(), std::numeric_limits<C>::infinity());
       throw;
     }
   }
@@ -65,20 +70,21 @@ struct backend<shared_scale_quantizer<T>, cpu_executor> {
   static std::size_t encode(const codec_type& codec, const cpu_executor& e, std::span<const T> grad,
                             std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
     workspace_arena arena(ws);
-    const std::span<T> maxima = carve(arena, codec, grad.size());
+    const std::span<C> maxima = carve(arena, codec, grad.size());
     block_maxima(codec, e, grad, maxima);
     codec.validate_agreed_maxima(grad.size(), maxima);
     return write_message(codec, e, grad, maxima, out, key, 0);
   }
 
   static std::size_t encode_shared(const codec_type& codec, const cpu_executor& e, std::span<const T> grad,
-                                   std::span<const T> agreed, std::span<std::byte> out, std::span<std::byte>,
+                                   std::span<const C> agreed, std::span<std::byte> out, std::span<std::byte>,
                                    message_key key, std::uint32_t rank) {
     const std::uint64_t n = grad.size();
     codec.validate_agreed_maxima(n, agreed);
     const std::uint64_t block = codec.params().block;
     for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
-      const T m = detail::cpu::max_magnitude(grad.data() + begin, grad.data() + std::min(n, begin + block), e.avx2());
+      const C m =
+          widen(detail::cpu::max_magnitude(grad.data() + begin, grad.data() + std::min(n, begin + block), e.avx2()));
       detail::require(m <= agreed[j], errc::parameter_mismatch, [&] {
         return "agreed maximum of block " + std::to_string(j) +
                " is below this rank's own maximum: the maxima were not "
@@ -88,22 +94,30 @@ struct backend<shared_scale_quantizer<T>, cpu_executor> {
     return write_message(codec, e, grad, agreed, out, key, rank);
   }
 
-  static void decode(const codec_type& codec, const cpu_executor&, std::span<const std::byte> message, std::span<T> out,
+  /// Decodes into `out` of T, or (a 16-bit T) of float32; with `accumulate` adds instead. A
+  /// 16-bit output takes two passes over the fields: the results checked, then narrowed.
+  template <gradient_value O>
+  static void decode(const codec_type& codec, const cpu_executor&, std::span<const std::byte> message, std::span<O> out,
                      std::span<std::byte>, const decode_limits& limits, bool accumulate) {
     const std::uint64_t contributions = parse_checked(codec, message, out.size(), limits).contributions;
     const std::uint64_t n = out.size();
     const std::uint64_t block = codec.params().block;
     const int bits = codec.bits();
-    field_reader fields{message.data() + codec.summable_offset(n) + 8, codec.field_bits(), codec.fields_per_word()};
-    T* const dense = out.data();
-    for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
-      const std::uint64_t end = std::min(n, begin + block);
-      const T s = scale_at(message.data(), j);
-      for (std::uint64_t i = begin; i < end; ++i) {
-        const T v = mul_rn(static_cast<T>(shared_scale_level_sum(fields.next(), contributions, bits)), s);
-        dense[i] = accumulate ? dense[i] + v : v;
-      }
-    }
+    const std::byte* const words = message.data() + codec.summable_offset(n) + 8;
+    O* const dense = out.data();
+    detail::cpu::store_values(
+        [&](auto&& use) {
+          field_reader fields{words, codec.field_bits(), codec.fields_per_word()};
+          for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
+            const std::uint64_t end = std::min(n, begin + block);
+            const C s = scale_at(message.data(), j);
+            for (std::uint64_t i = begin; i < end; ++i) {
+              const C v = mul_rn(static_cast<C>(shared_scale_level_sum(fields.next(), contributions, bits)), s);
+              use(i, accumulate ? widen(dense[i]) + v : v);
+            }
+          }
+        },
+        dense);
   }
 
   /// The reference's sum (reference/shared_scale.hpp): u64 additions, nothing to vectorise.
@@ -166,13 +180,13 @@ struct backend<shared_scale_quantizer<T>, cpu_executor> {
   };
 
   /// The single-stage encoder's workspace: this rank's block maxima.
-  static std::span<T> carve(workspace_arena& arena, const codec_type& codec, std::uint64_t n) {
-    return arena.take<T>(static_cast<std::size_t>(codec.block_count(n)));
+  static std::span<C> carve(workspace_arena& arena, const codec_type& codec, std::uint64_t n) {
+    return arena.take<C>(static_cast<std::size_t>(codec.block_count(n)));
   }
 
-  [[nodiscard]] static T scale_at(const std::byte* message, std::uint64_t j) noexcept {
-    T s;
-    std::memcpy(&s, message + envelope::size + j * sizeof(T), sizeof s);
+  [[nodiscard]] static C scale_at(const std::byte* message, std::uint64_t j) noexcept {
+    C s;
+    std::memcpy(&s, message + envelope::size + j * sizeof(C), sizeof s);
     return s;
   }
 
@@ -180,7 +194,7 @@ struct backend<shared_scale_quantizer<T>, cpu_executor> {
   /// check of `out`, which comes first. Codes come from the uniform quantizer's reference
   /// arithmetic (detail::cpu::uniform_scalar_codes) with the agreed maxima, a chunk at a time.
   static std::size_t write_message(const codec_type& codec, const cpu_executor& e, std::span<const T> grad,
-                                   std::span<const T> maxima, std::span<std::byte> out, message_key key,
+                                   std::span<const C> maxima, std::span<std::byte> out, message_key key,
                                    std::uint32_t rank) {
     const std::uint64_t n = grad.size();
     const std::size_t size = codec.max_encoded_bytes(n);
@@ -197,17 +211,19 @@ struct backend<shared_scale_quantizer<T>, cpu_executor> {
     field_writer fields{out.data() + offset + 8, codec.field_bits(), codec.fields_per_word()};
     std::uint8_t codes[chunk];
     alignas(16) std::uint16_t random_halves[chunk + detail::philox_halves_slack];
+    alignas(64) C wide[half_precision<T> ? chunk : 1];
     for (std::uint64_t begin = 0, j = 0; begin < n; begin += block, ++j) {
       const std::uint64_t end = std::min(n, begin + block);
-      const T s = uniform_step(maxima[j], bits);
-      std::memcpy(out.data() + envelope::size + j * sizeof(T), &s, sizeof s);
+      const C s = uniform_step(maxima[j], bits);
+      std::memcpy(out.data() + envelope::size + j * sizeof(C), &s, sizeof s);
       for (std::uint64_t first = begin; first < end; first += chunk) {
         const std::uint64_t count = std::min(chunk, end - first);
         const std::uint16_t* const halves =
             p.round == rounding::stochastic
                 ? detail::philox_stream_halves(stream, first, count, random_halves, e.simd())
                 : nullptr;
-        detail::cpu::uniform_scalar_codes(grad.data() + first, count, maxima[j], s, bits, p.round, halves, codes);
+        detail::cpu::uniform_scalar_codes(detail::cpu::widened_run(grad.data() + first, count, wide), count, maxima[j],
+                                          s, bits, p.round, halves, codes);
         for (std::uint64_t c = 0; c < count; ++c) fields.put(codes[c]);
       }
     }
@@ -233,13 +249,13 @@ struct backend<shared_scale_quantizer<T>, cpu_executor> {
       return "contribution count " + std::to_string(contributions) + " is outside [1, " +
              std::to_string(codec.max_contributions()) + "]";
     });
-    const T largest = codec.largest_level_sum();
+    const C largest = codec.largest_level_sum();
     for (std::uint64_t j = 0; j < codec.block_count(n); ++j) {
-      const T s = scale_at(message.data(), j);
+      const C s = scale_at(message.data(), j);
       detail::require(sign_bit_of(s) == 0 && is_finite(s * largest), errc::malformed_payload,
                       [&] { return "scale of block " + std::to_string(j) + " is negative or too large"; });
     }
-    const std::size_t scales_end = envelope::size + static_cast<std::size_t>(codec.block_count(n)) * sizeof(T);
+    const std::size_t scales_end = envelope::size + static_cast<std::size_t>(codec.block_count(n)) * sizeof(C);
     detail::require(std::all_of(message.begin() + static_cast<std::ptrdiff_t>(scales_end),
                                 message.begin() + static_cast<std::ptrdiff_t>(offset),
                                 [](std::byte b) { return b == std::byte{0}; }),

@@ -112,17 +112,6 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
   /// `chunk`), in a float32 buffer on the stack (16 KiB).
   static constexpr std::uint64_t widened_stage = 4096;
 
-  /// x as C values: x itself, or (a 16-bit T) its `count` values widened into `wide`.
-  static const C* widened(const T* x, std::uint64_t count, C* wide) noexcept {
-    if constexpr (half_precision<T>) {
-      detail::cpu::widen_values(x, count, wide);
-      return wide;
-    } else {
-      (void)count, (void)wide;
-      return x;
-    }
-  }
-
   /// Writes `count` codes of `bits` bits for elements starting at `first` into the packed array
   /// (zeroed beforehand when bits < 8).
   static void store_codes(const std::uint8_t* chunk_codes, std::uint64_t count, std::uint64_t first, int bits,
@@ -161,7 +150,7 @@ struct backend<uniform_quantizer<T>, cpu_executor> {
             mode == rounding::stochastic
                 ? detail::philox_stream_halves(stream, first, count, random_halves, exec.simd())
                 : nullptr;
-        const C* const x = widened(grad.data() + first, count, wide);
+        const C* const x = detail::cpu::widened_run(grad.data() + first, count, wide);
         detail::cpu::uniform_scalar_codes(x, count, m, s, bits, mode, halves, chunk_codes);
         store_codes(chunk_codes, count, first, bits, codes);
       }

@@ -8,8 +8,8 @@
 ///
 /// Payload layout after the envelope (layout byte 0):
 ///
-///     ⌈n/B⌉ scales s (value dtype: float32 or float64), block j covering elements [jB, jB + B);
-///     identical on every rank, never summed
+///     ⌈n/B⌉ scales s (float64 for double gradients, float32 for float, bf16 and fp16 ones), block
+///     j covering elements [jB, jB + B); identical on every rank, never summed
 ///     zero bytes up to the next multiple of 8 of the message offset
 ///     the summable region, u64 words: the contribution count P (1 in a fresh encoding), then
 ///     ⌈n/F⌉ field words, F = ⌊64/w⌋ fields of w = b + k bits each, element i in bits
@@ -21,8 +21,16 @@
 /// A field holding the sum of P ≤ 2^k codes is at most 2^k·(2^b − 2) (b ≥ 2) or 2^k (b = 1),
 /// below 2^w, so words can be summed as unsigned integers. A message decodes to the sum over its
 /// contributors of q·s: the exact integer Σq (field − P·L for b ≥ 2, 2·field − P for b = 1),
-/// converted to T and multiplied by s. Divide by P for the mean. The message size depends only
-/// on n. The single-stage `encode` uses this rank's own maxima (a workspace of ⌈n/B⌉ values) and
+/// converted to the scales' type and multiplied by s. Divide by P for the mean. The message size
+/// depends only on n.
+///
+/// A bf16 or fp16 gradient is coded from its exact float32 widening, value by value inside the
+/// kernels (no float32 copy of the gradient): its block maxima, scales and codes are those of
+/// `shared_scale_quantizer<float>` on the widened values (the maxima are float32, and so is the MAX
+/// all-reduce that agrees them), and only the envelope's dtype and the parameter hash differ. The
+/// summed fields are integers, so a sum of 16-bit gradients' messages is exact whatever P; its
+/// decoder writes float32, or narrows to the 16-bit type (round to nearest even; a value beyond the
+/// type's range is `narrowing_overflow`, nothing written): docs/half-precision.md. The single-stage `encode` uses this rank's own maxima (a workspace of ⌈n/B⌉ values) and
 /// rank 0: a valid message on its own, summable only with messages of the same scales.
 ///
 /// Stochastic rounding of rank r draws u for element i as the uniform quantizer does (16-bit half i
@@ -65,11 +73,11 @@ inline constexpr int shared_scale_max_headroom = 24;
 
 /// Parameters of the shared-scale quantizer.
 struct shared_scale_params {
-  int bits = 8;                             ///< Bits per code: 1, 2, 4 or 8.
-  std::uint32_t block = 256;                ///< Values per scale (≥ 1); default 256.
+  int bits = 8;  ///< Bits per code: 1, 2, 4 or 8.
+  std::uint32_t block = 256;  ///< Values per scale (≥ 1); default 256.
   rounding round = rounding::nearest_even;  ///< Rounding of scaled values to levels.
-  std::uint64_t seed = 0;                   ///< Keys stochastic rounding with rank, step, tensor id and index.
-  int headroom_bits = 3;                    ///< k: fields of bits + k bits hold the sum of up to 2^k codes.
+  std::uint64_t seed = 0;  ///< Keys stochastic rounding with rank, step, tensor id and index.
+  int headroom_bits = 3;  ///< k: fields of bits + k bits hold the sum of up to 2^k codes.
 
   /// Throws `invalid_argument` for a width other than 1, 2, 4, 8, an empty block, or headroom
   /// outside [0, 24] (which keeps a field within 32 bits).
@@ -101,7 +109,7 @@ GRADCOMP_HOST_DEVICE constexpr std::int64_t shared_scale_level_sum(std::uint64_t
 }
 
 /// Uniform b-bit quantizer whose encodings of several ranks add up (homomorphic), once the ranks
-/// have agreed on the block maxima. For `float` or `double` gradients.
+/// have agreed on the block maxima. For `float`, `double`, `bf16` or `fp16` gradients.
 ///
 /// Protocol per tensor: `block_maxima` → MAX all-reduce of the maxima → `encode_shared` (with the
 /// rank) → SUM all-reduce of bytes [summable_offset(n), summable_offset(n) + summable_bytes(n)) as
@@ -109,9 +117,11 @@ GRADCOMP_HOST_DEVICE constexpr std::int64_t shared_scale_level_sum(std::uint64_t
 template <gradient_value T = float>
 class shared_scale_quantizer : public codec_interface<shared_scale_quantizer<T>, T> {
  public:
-  using value_type = T;                                     ///< Element type of the gradient.
+  using value_type = T;  ///< Element type of the gradient.
+  using scale_type = compute_type<T>;  ///< Type of the maxima, the scales and the arithmetic.
   static constexpr codec_id id = codec_id::uniform_shared;  ///< Wire identifier.
-  static constexpr bool is_homomorphic = true;              ///< Summed field words decode to the sum.
+  static constexpr bool is_homomorphic = true;  ///< Summed field words decode to the sum.
+  static constexpr bool takes_half_precision = true;  ///< bf16 and fp16 gradients are coded natively.
 
   /// @throws error `invalid_argument` for invalid parameters, or when `wire` asks for a payload
   ///         checksum (the SUM collective would leave it stale).
@@ -142,7 +152,7 @@ class shared_scale_quantizer : public codec_interface<shared_scale_quantizer<T>,
   /// Offset from the start of the message of its summable region (a multiple of 8): 56 plus the
   /// scales rounded up to 8 bytes.
   [[nodiscard]] std::size_t summable_offset(std::uint64_t n) const noexcept {
-    return static_cast<std::size_t>(envelope::size + (block_count(n) * sizeof(T) + 7) / 8 * 8);
+    return static_cast<std::size_t>(envelope::size + (block_count(n) * sizeof(scale_type) + 7) / 8 * 8);
   }
   /// Bytes of the summable region, which ends the message: the contribution count and the field
   /// words, 8·(1 + ⌈n/F⌉). A SUM collective adds these bytes as uint64 and nothing else.
@@ -163,10 +173,10 @@ class shared_scale_quantizer : public codec_interface<shared_scale_quantizer<T>,
     validate_fixed_payload(e, "shared-scale", e.payload_bytes / 8 * fields_per_word(),
                            [this](std::uint64_t n) { return payload_bytes(n); });
   }
-  /// Largest level sum a message may decode, 2^k·L (exact in T): a scale s is valid when
-  /// s·2^k·L is finite.
-  [[nodiscard]] T largest_level_sum() const noexcept {
-    return static_cast<T>(max_contributions() * static_cast<std::uint64_t>(uniform_levels(params_.bits)));
+  /// Largest level sum a message may decode, 2^k·L (exact in the scales' type): a scale s is valid
+  /// when s·2^k·L is finite.
+  [[nodiscard]] scale_type largest_level_sum() const noexcept {
+    return static_cast<scale_type>(max_contributions() * static_cast<std::uint64_t>(uniform_levels(params_.bits)));
   }
   /// Largest value of one field of a sum of P codes: P·(the largest code).
   [[nodiscard]] std::uint64_t largest_field(std::uint64_t contributions) const noexcept {
@@ -175,14 +185,14 @@ class shared_scale_quantizer : public codec_interface<shared_scale_quantizer<T>,
   /// Checks agreed maxima before they set scales (every host backend's encoder calls it): one per
   /// block, finite, non-negative, and small enough that a sum of 2^k contributions decodes
   /// finitely. @throws error `size_mismatch`, `non_finite_input`, `invalid_argument`.
-  void validate_agreed_maxima(std::uint64_t n, std::span<const T> maxima) const {
+  void validate_agreed_maxima(std::uint64_t n, std::span<const scale_type> maxima) const {
     detail::require(maxima.size() == block_count(n), errc::size_mismatch, [&] {
       return "agreed maxima hold " + std::to_string(maxima.size()) + " values, the gradient has " +
              std::to_string(block_count(n)) + " blocks";
     });
-    const T largest = largest_level_sum();
+    const scale_type largest = largest_level_sum();
     for (std::uint64_t j = 0; j < maxima.size(); ++j) {
-      const T m = maxima[j];
+      const scale_type m = maxima[j];
       detail::require(is_finite(m), errc::non_finite_input, [&] {
         return "agreed maximum of block " + std::to_string(j) + " is NaN or Inf (a rank's gradient held NaN or Inf)";
       });
@@ -208,15 +218,16 @@ class shared_scale_quantizer : public codec_interface<shared_scale_quantizer<T>,
   }
 
   /// Writes this rank's largest magnitude of each block of `grad` into `maxima` (block_count(n)
-  /// values), the input of the MAX all-reduce that agrees the scales. Non-negative floats order
-  /// like their bits read as unsigned integers, so a transport without a float MAX can reduce the
-  /// maxima as uint32 (float) or uint64 (double).
+  /// values; a 16-bit gradient's maxima widened to float32, exactly), the input of the MAX
+  /// all-reduce that agrees the scales. Non-negative floats order like their bits read as unsigned
+  /// integers, so a transport without a float MAX can reduce the maxima as uint32 (float32) or
+  /// uint64 (double).
   /// @throws error `size_mismatch` when `maxima` does not hold block_count(n) values (nothing is
   ///         written); `non_finite_input` on NaN or ±Inf in `grad`: every maximum is then set to
   ///         +Inf, so that a rank which still joins the all-reduce makes `encode_shared` fail on
   ///         every rank instead of encoding with a wrong scale.
   template <executor E>
-  void block_maxima(const E& e, std::span<const T> grad, std::span<T> maxima) const {
+  void block_maxima(const E& e, std::span<const T> grad, std::span<scale_type> maxima) const {
     backend<shared_scale_quantizer, E>::block_maxima(*this, e, grad, maxima);
   }
 
@@ -229,7 +240,7 @@ class shared_scale_quantizer : public codec_interface<shared_scale_quantizer<T>,
   ///         maximum), `parameter_mismatch` (a maximum below this rank's own block maximum),
   ///         `buffer_too_small`.
   template <executor E>
-  std::size_t encode_shared(const E& e, std::span<const T> grad, std::span<const T> agreed_maxima,
+  std::size_t encode_shared(const E& e, std::span<const T> grad, std::span<const scale_type> agreed_maxima,
                             std::span<std::byte> out, std::span<std::byte> ws, message_key key = {},
                             std::uint32_t rank = 0) const {
     return backend<shared_scale_quantizer, E>::encode_shared(*this, e, grad, agreed_maxima, out, ws, key, rank);

@@ -2,7 +2,7 @@
 /// @file
 /// Reference backend of the shared-scale quantizer (docs/quantizers.md §14, docs/wire-format.md
 /// §13): the specification the `cpu_executor` and `cuda_executor` backends are checked against,
-/// byte for byte.
+/// byte for byte; bf16 and fp16 gradients as docs/half-precision.md §2–§3 say.
 
 #include <algorithm>
 #include <cstddef>
@@ -11,6 +11,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <vector>
 
 #include <gradcomp/core/backend.hpp>
 #include <gradcomp/core/error.hpp>
@@ -32,18 +33,19 @@ namespace gradcomp {
 template <gradient_value T>
 struct backend<shared_scale_quantizer<T>, reference_executor> {
   using codec_type = shared_scale_quantizer<T>;
+  using C = compute_type<T>;  ///< The maxima's, scales' and arithmetic's type: float32 for a 16-bit T.
 
   /// The single-stage `encode` needs this rank's block maxima; the rest needs nothing.
   static std::size_t workspace_bytes(const codec_type& codec, const reference_executor&, std::uint64_t n) {
     workspace_arena arena = workspace_arena::measure();
-    (void)arena.take<T>(static_cast<std::size_t>(codec.block_count(n)));
+    (void)arena.take<C>(static_cast<std::size_t>(codec.block_count(n)));
     return arena.bytes_needed();
   }
 
   /// docs/quantizers.md §14.2 step 1: this rank's largest magnitude of each block (all +Inf when the gradient holds
   /// NaN or ±Inf, which is then rejected).
   static void block_maxima(const codec_type& codec, const reference_executor&, std::span<const T> grad,
-                           std::span<T> maxima) {
+                           std::span<C> maxima) {
     namespace ref = detail::reference;
     const std::uint64_t n = grad.size();
     detail::require(maxima.size() == codec.block_count(n), errc::size_mismatch, [&] {
@@ -53,7 +55,7 @@ struct backend<shared_scale_quantizer<T>, reference_executor> {
     try {
       ref::require_finite(grad);
     } catch (const error&) {
-      std::fill(maxima.begin(), maxima.end(), std::numeric_limits<T>::infinity());
+      std::fill(maxima.begin(), maxima.end(), std::numeric_limits<C>::infinity());
       throw;
     }
     const std::uint64_t block = codec.params().block;
@@ -65,7 +67,7 @@ struct backend<shared_scale_quantizer<T>, reference_executor> {
   static std::size_t encode(const codec_type& codec, const reference_executor& e, std::span<const T> grad,
                             std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
     workspace_arena arena(ws);
-    const std::span<T> maxima = arena.take<T>(static_cast<std::size_t>(codec.block_count(grad.size())));
+    const std::span<C> maxima = arena.take<C>(static_cast<std::size_t>(codec.block_count(grad.size())));
     block_maxima(codec, e, grad, maxima);
     codec.validate_agreed_maxima(grad.size(), maxima);
     return write_message(codec, grad, maxima, out, key, 0);
@@ -73,7 +75,7 @@ struct backend<shared_scale_quantizer<T>, reference_executor> {
 
   /// docs/quantizers.md §14.2 step 3: encode with the agreed maxima, each at least this rank's own.
   static std::size_t encode_shared(const codec_type& codec, const reference_executor&, std::span<const T> grad,
-                                   std::span<const T> agreed, std::span<std::byte> out, std::span<std::byte>,
+                                   std::span<const C> agreed, std::span<std::byte> out, std::span<std::byte>,
                                    message_key key, std::uint32_t rank) {
     namespace ref = detail::reference;
     const std::uint64_t n = grad.size();
@@ -92,19 +94,25 @@ struct backend<shared_scale_quantizer<T>, reference_executor> {
     return write_message(codec, grad, agreed, out, key, rank);
   }
 
+  /// Decodes into `out` of T, or (a 16-bit T) of float32; with `accumulate` adds instead.
+  template <gradient_value O>
   static void decode(const codec_type& codec, const reference_executor&, std::span<const std::byte> message,
-                     std::span<T> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
+                     std::span<O> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
     namespace ref = detail::reference;
     const std::uint64_t contributions = checked_contributions(codec, message, out.size(), limits);
     const std::uint64_t n = out.size();
     const std::byte* const scales = message.data() + envelope::size;
     const std::byte* const words = message.data() + codec.summable_offset(n) + 8;
-    // docs/quantizers.md §14.3: element i decodes to Σq·s, Σq the level sum of its field.
+    // docs/quantizers.md §14.3: element i decodes to Σq·s, Σq the level sum of its field, added to
+    // the output's value in C when accumulating; then written, narrowed to a 16-bit output
+    // (docs/half-precision.md §3), which must not overflow: every result is checked first.
+    std::vector<C> results(static_cast<std::size_t>(n));
     for (std::uint64_t i = 0; i < n; ++i) {
       const auto level_sum = shared_scale_level_sum(field(codec, words, i), contributions, codec.bits());
-      const T value = mul_rn(static_cast<T>(level_sum), ref::load_value<T>(scales, i / codec.params().block));
-      out[i] = accumulate ? out[i] + value : value;
+      const C value = mul_rn(static_cast<C>(level_sum), ref::load_value<C>(scales, i / codec.params().block));
+      results[i] = accumulate ? widen(out[i]) + value : value;
     }
+    ref::store_results(results, out);
   }
 
   /// The sum of two messages of the same scales and key: contribution counts and field words
@@ -138,7 +146,7 @@ struct backend<shared_scale_quantizer<T>, reference_executor> {
   }
 
   /// Writes the message of `grad` under validated maxima (docs/wire-format.md §13.1).
-  static std::size_t write_message(const codec_type& codec, std::span<const T> grad, std::span<const T> maxima,
+  static std::size_t write_message(const codec_type& codec, std::span<const T> grad, std::span<const C> maxima,
                                    std::span<std::byte> out, message_key key, std::uint32_t rank) {
     namespace ref = detail::reference;
     const std::uint64_t n = grad.size();
@@ -162,7 +170,7 @@ struct backend<shared_scale_quantizer<T>, reference_executor> {
     for (std::uint64_t i = 0; i < n; ++i) {
       const std::uint64_t j = i / p.block;
       const std::uint8_t code =
-          ref::uniform_value_code(grad[i], i, maxima[j], ref::load_value<T>(scales, j), p.bits, p.round, stream);
+          ref::uniform_value_code(widen(grad[i]), i, maxima[j], ref::load_value<C>(scales, j), p.bits, p.round, stream);
       std::byte* const word = words + 8 * (i / codec.fields_per_word());
       const auto shift = static_cast<int>(i % codec.fields_per_word()) * codec.field_bits();
       detail::store_le<std::uint64_t>(word, detail::load_le<std::uint64_t>(word) | std::uint64_t{code} << shift);
@@ -193,12 +201,12 @@ struct backend<shared_scale_quantizer<T>, reference_executor> {
     });
     // Every scale non-negative with 2^k·L·s finite.
     for (std::uint64_t j = 0; j < codec.block_count(n); ++j) {
-      const T s = ref::load_value<T>(message.data() + envelope::size, j);
+      const C s = ref::load_value<C>(message.data() + envelope::size, j);
       detail::require(sign_bit_of(s) == 0 && is_finite(s * codec.largest_level_sum()), errc::malformed_payload,
                       [&] { return "scale of block " + std::to_string(j) + " is negative or too large"; });
     }
     // Zero padding after the scales.
-    for (std::size_t b = envelope::size + static_cast<std::size_t>(codec.block_count(n)) * sizeof(T); b < offset; ++b)
+    for (std::size_t b = envelope::size + static_cast<std::size_t>(codec.block_count(n)) * sizeof(C); b < offset; ++b)
       detail::require(message[b] == std::byte{0}, errc::malformed_payload, "non-zero padding after the scales");
     // Every field at most P·(largest code).
     const std::byte* const words = message.data() + offset + 8;

@@ -39,6 +39,19 @@ inline void widen_values(const T* x, std::uint64_t count, float* wide) noexcept 
   for (; i < count; ++i) wide[i] = widen(x[i]);
 }
 
+/// x[0, count) in the compute type: x itself, or (a 16-bit T) its values widened into `wide`,
+/// which must hold `count` values; for the kernels that code a gradient a chunk at a time.
+template <gradient_value T>
+[[nodiscard]] const compute_type<T>* widened_run(const T* x, std::uint64_t count, compute_type<T>* wide) noexcept {
+  if constexpr (half_precision<T>) {
+    widen_values(x, count, wide);
+    return wide;
+  } else {
+    (void)count, (void)wide;
+    return x;
+  }
+}
+
 /// out[i] = narrow<T>(wide[i]) for i < count (round to nearest even).
 template <gradient_value T>
   requires half_precision<T>
