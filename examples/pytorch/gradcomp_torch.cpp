@@ -4,6 +4,8 @@
 // Python sees:
 //   codec_names()                        the codecs of hook_codecs.hpp: the training examples'
 //                                        table rows that are one codec, and a homomorphic one
+//   refused_rows() -> {name: why}        the table's rows the hook cannot run (the rings, sketched
+//                                        SGD): Codec(name) raises GradcompError saying why
 //   Codec(name)                          one of them
 //     .stateful                          error feedback and LoCo keep a State per tensor
 //     .encode(grad[, state], step=0, tensor_id=0) -> uint8 tensor   a message
@@ -37,6 +39,8 @@
 //     .make_state(), .save_state(state), .load_state(bytes)   one state for the whole model
 //     .all_reduce_mean(ops, data, state, params)   params: (index in the model, name, shape)
 //                                        of each parameter of `data`, in order; three collectives
+//     .owner_residuals(state) -> {bucket key: tensor}   the residuals of the shards this rank
+//                                        owns (the rows with a re-sparsified gather; else empty)
 //     .bytes_by_part()                   bytes sent so far: index, sketch, tail, padding, resent,
 //                                        dense, gather
 //   gravac_names(), Gravac(name)         the table's GraVAC rows (gravac_buckets.hpp): top-k + EF
@@ -444,37 +448,85 @@ class codec_of final : public codec_handle {
 
 /// A TAGC row of the table over the buckets of a DDP model: the parameters of a bucket that TAGC's
 /// layer policy compresses (by name and shape) go through one TAGC reduce-scatter, the others
-/// through one uncompressed reduce-scatter, and the shards of the mean are all-gathered losslessly
-/// (tagc_bucket.hpp). One state serves the whole model: its error feedback is keyed by the set of
-/// parameter ids of the bucket.
+/// through one uncompressed reduce-scatter, and the shards of the mean are all-gathered: losslessly,
+/// or, for a row with a gather zero fraction, the compressed part's re-sparsified by each owner
+/// with its own residual (tagc_bucket.hpp, `resparsified_gather`). One state serves the whole
+/// model: its error feedback, and the owners' residuals, are keyed by the set of parameter ids of
+/// the bucket.
+///
+/// Saved state (little-endian): u64 size and TAGC's saved state, u32 count of owner residuals,
+/// then per residual u32 bucket key, u64 count m and m float32 values.
 class tagc_scheme {
  public:
   /// A parameter of a bucket: its index in the model, its name and its shape.
   using parameter_info = std::tuple<std::uint32_t, std::string, std::vector<std::int64_t>>;
 
-  explicit tagc_scheme(gradcomp::tagc_params params) : tagc_(params) {}
+  /// TAGC with `params`; with `gather_zero_fraction`, the owners re-sparsify their shards for the
+  /// all-gather, sending 1 − that fraction of each.
+  explicit tagc_scheme(gradcomp::tagc_params params, std::optional<double> gather_zero_fraction = {})
+      : tagc_(params), gather_zero_fraction_(gather_zero_fraction) {}
 
   [[nodiscard]] std::shared_ptr<state_handle> make_state() const {
     return std::make_shared<state_of_scheme>(tagc_.make_state(cpu_));
   }
 
   [[nodiscard]] py::bytes save_state(const state_handle& handle) const {
-    const auto& s = state_in(handle);
-    std::string bytes(gradcomp::tagc<float>::saved_state_bytes(s), '\0');
-    bytes.resize(tagc_.save_state(cpu_, s, std::as_writable_bytes(std::span<char>(bytes))));
-    return py::bytes(bytes);
+    const state_of_scheme& s = scheme_state_in(handle);
+    std::string tagc_bytes(gradcomp::tagc<float>::saved_state_bytes(s.state), '\0');
+    tagc_bytes.resize(tagc_.save_state(cpu_, s.state, std::as_writable_bytes(std::span<char>(tagc_bytes))));
+    std::string out;
+    const auto put = [&out](const void* p, std::size_t size) { out.append(static_cast<const char*>(p), size); };
+    const std::uint64_t size = tagc_bytes.size();
+    put(&size, 8);
+    out += tagc_bytes;
+    const auto count = static_cast<std::uint32_t>(s.owner_residuals.size());
+    put(&count, 4);
+    for (const auto& [key, residual] : s.owner_residuals) {
+      const std::uint64_t m = residual.size();
+      put(&key, 4);
+      put(&m, 8);
+      put(residual.data(), m * sizeof(float));
+    }
+    return py::bytes(out);
   }
 
+  /// @throws gradcomp::error `truncated` / `trailing_bytes` when the bytes are not `save_state`'s,
+  /// or as TAGC's `load_state`.
   [[nodiscard]] std::shared_ptr<state_handle> load_state(const std::string& bytes) const {
+    std::size_t at = 0;
+    const auto take = [&](std::size_t size) {
+      gradcomp::detail::require(bytes.size() - at >= size, gradcomp::errc::truncated, "a saved TAGC state ends early");
+      const char* piece = bytes.data() + at;
+      at += size;
+      return piece;
+    };
+    std::uint64_t size = 0;
+    std::memcpy(&size, take(8), 8);
+    gradcomp::detail::require(size <= bytes.size() - at, gradcomp::errc::truncated, "a saved TAGC state ends early");
     auto s = std::make_shared<state_of_scheme>(tagc_.make_state(cpu_));
-    tagc_.load_state(cpu_, std::as_bytes(std::span<const char>(bytes)), s->state);
+    tagc_.load_state(cpu_, std::as_bytes(std::span<const char>(take(static_cast<std::size_t>(size)), size)), s->state);
+    std::uint32_t count = 0;
+    std::memcpy(&count, take(4), 4);
+    for (std::uint32_t r = 0; r < count; ++r) {
+      std::uint32_t key = 0;
+      std::uint64_t m = 0;
+      std::memcpy(&key, take(4), 4);
+      std::memcpy(&m, take(8), 8);
+      gradcomp::detail::require(m <= (bytes.size() - at) / sizeof(float), gradcomp::errc::truncated,
+                                "a saved TAGC state ends early");
+      std::vector<float>& residual = s->owner_residuals[key];
+      residual.resize(static_cast<std::size_t>(m));
+      std::memcpy(residual.data(), take(residual.size() * sizeof(float)), residual.size() * sizeof(float));
+    }
+    gradcomp::detail::require(at == bytes.size(), gradcomp::errc::trailing_bytes,
+                              "bytes after the end of a saved TAGC state");
     return s;
   }
 
   /// `data` (the bucket's parameters one after another, in the order of `params`) becomes the
   /// mean over the ranks, in three collectives (tagc_bucket.hpp): one TAGC reduce-scatter of the
   /// parameters TAGC's layer policy compresses, one uncompressed reduce-scatter of the others, one
-  /// lossless all-gather of the shards. The residuals are keyed by the bucket's parameter ids, so a
+  /// all-gather of the shards. The residuals are keyed by the bucket's parameter ids, so a
   /// bucket that DDP rebuilds with other parameters starts from zero residuals. Returns the bytes
   /// this rank sent, as ring collectives send them, and adds them by part to `bytes_by_part()`.
   std::size_t all_reduce_mean(process_group_transport& t, std::span<float> data, state_handle& handle,
@@ -494,10 +546,19 @@ class tagc_scheme {
       return "the bucket holds " + std::to_string(data.size()) + " values, its parameters " + std::to_string(offset);
     });
     const std::vector<bool> compressed = train::tagc_compressed_tensors(gradcomp::tagc_layer_policy(), layout);
-    const tagc_bucket_bytes bytes = tagc_bucket_all_reduce(t, tagc_, state_in(handle), layout, compressed, data,
-                                                           static_cast<std::uint32_t>(key ^ (key >> 32)));
+    const auto bucket_id = static_cast<std::uint32_t>(key ^ (key >> 32));
+    state_of_scheme& s = scheme_state_in(handle);
+    std::optional<resparsified_gather> gather;
+    if (gather_zero_fraction_) gather = resparsified_gather{*gather_zero_fraction_, &s.owner_residuals[bucket_id]};
+    const tagc_bucket_bytes bytes =
+        tagc_bucket_all_reduce(t, tagc_, s.state, layout, compressed, data, bucket_id, gather);
     totals_ += bytes;
     return bytes.total();
+  }
+
+  /// This rank's owner residuals (re-sparsified gather), by bucket key; empty for the lossless gather.
+  [[nodiscard]] static const std::map<std::uint32_t, std::vector<float>>& owner_residuals(const state_handle& handle) {
+    return scheme_state_in(handle).owner_residuals;
   }
 
   /// The bytes sent so far, by part (tagc_bucket_bytes).
@@ -508,18 +569,21 @@ class tagc_scheme {
     explicit state_of_scheme(gradcomp::tagc_state<float, gradcomp::cpu_executor> s) : state(std::move(s)) {}
     [[nodiscard]] std::uint64_t size() const override { return 0; }  // any bucket
     gradcomp::tagc_state<float, gradcomp::cpu_executor> state;
+    std::map<std::uint32_t, std::vector<float>> owner_residuals;  ///< By bucket key (re-sparsified gather).
   };
 
-  using state_type = gradcomp::tagc_state<float, gradcomp::cpu_executor>;
-  static state_type& state_in(state_handle& handle) {
+  static state_of_scheme& scheme_state_in(state_handle& handle) {
     auto* s = dynamic_cast<state_of_scheme*>(&handle);
     gradcomp::detail::require(s != nullptr, gradcomp::errc::invalid_argument,
                               "the state belongs to a codec, not to TAGC");
-    return s->state;
+    return *s;
   }
-  static const state_type& state_in(const state_handle& handle) { return state_in(const_cast<state_handle&>(handle)); }
+  static const state_of_scheme& scheme_state_in(const state_handle& handle) {
+    return scheme_state_in(const_cast<state_handle&>(handle));
+  }
 
   gradcomp::tagc<float> tagc_;
+  std::optional<double> gather_zero_fraction_;
   gradcomp::cpu_executor cpu_{};
   mutable tagc_bucket_bytes totals_;
 };
@@ -533,14 +597,28 @@ struct codec_rows {
   void codec(const char* name, C c) {
     rows.emplace(name, [c] { return std::make_shared<codec_of<C>>(c); });
   }
+  // The rows the hook cannot run are kept with the reason, so that asking for one says why
+  // (`refused`) instead of "no codec named".
   template <class C>
-  void ring(const char*, const C&) {}
-  void sketched_sgd(const char*, const gradcomp::count_sketch<float>&) {}
+  void ring(const char* name, const C&) {
+    refused.emplace(name,
+                    "runs the hybrid scheme's per-hop ring, which needs point-to-point messages; the hook's "
+                    "ProcessGroupOps has none (examples/train and mpi_train run it)");
+  }
+  void sketched_sgd(const char* name, const gradcomp::count_sketch<float>&) {
+    refused.emplace(name,
+                    "needs sketched SGD's second round (an exact all-reduce at the heavy hitters) and a "
+                    "server-side error, which the hook does not implement (examples/train and mpi_train run it)");
+  }
+  /// Rows of the table the hook cannot run, by name: why.
+  std::map<std::string, std::string> refused;
   void powersgd(const char* name, const gradcomp::powersgd_params& params, bool batched = false) {
     powersgd_rows.emplace(name, [params, batched] { return std::make_shared<powersgd_buckets>(params, batched); });
   }
-  void tagc(const char* name, const gradcomp::tagc_params& params) {
-    tagc_rows.emplace(name, [params] { return std::make_shared<tagc_scheme>(params); });
+  void tagc(const char* name, const gradcomp::tagc_params& params, std::optional<double> gather_zero_fraction = {}) {
+    tagc_rows.emplace(name, [params, gather_zero_fraction] {
+      return std::make_shared<tagc_scheme>(params, gather_zero_fraction);
+    });
   }
   void gravac(const char* name, const gradcomp::gravac_options& options, std::size_t) {
     gravac_rows.emplace(name, [options] { return std::make_shared<gravac_buckets>(options); });
@@ -596,6 +674,9 @@ inline py::dict decision_dict(const gradcomp::gravac_decision& d) {
 }
 
 inline std::shared_ptr<codec_handle> codec_named(const std::string& name) {
+  const auto why = table().refused.find(name);
+  gradcomp::detail::require(why == table().refused.end(), gradcomp::errc::invalid_argument,
+                            [&] { return "the row \"" + name + "\" " + why->second; });
   const auto it = table().rows.find(name);
   gradcomp::detail::require(it != table().rows.end(), gradcomp::errc::invalid_argument,
                             [&] { return "no codec named \"" + name + "\" (see codec_names())"; });
@@ -653,6 +734,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     for (const auto& [name, make] : table().rows) names.push_back(name);
     return names;
   });
+  m.def("refused_rows", [] { return table().refused; });
 
   m.def(
       "powersgd_initial_q",
@@ -846,6 +928,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             return out;
           },
           py::arg("ops"), py::arg("data"), py::arg("state"), py::arg("params"))
+      .def(
+          "owner_residuals",
+          [](const tagc_scheme&, const state_handle& state) {
+            py::dict out;
+            for (const auto& [key, residual] : tagc_scheme::owner_residuals(state))
+              out[py::int_(key)] = torch::tensor(torch::ArrayRef<float>(residual.data(), residual.size()));
+            return out;
+          },
+          py::arg("state"))
       .def("bytes_by_part", [](const tagc_scheme& s) {
         const tagc_bucket_bytes& b = s.bytes_by_part();
         py::dict out;

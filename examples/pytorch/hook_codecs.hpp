@@ -5,7 +5,7 @@
 // block maxima agreed by a MAX all-reduce, codes in 7-bit fields with 3 headroom bits, so up to 8
 // ranks), top-k 1% with decayed error feedback (β = 0.9), top-k 3% and 5% with error feedback, the variant for Adam-trained models
 // (docs/feedback.md §7), 2-bit LoCo variants and 4- and 1-bit ones, batched PowerSGD, GraVAC with
-// its back-off, and GraVAC over bit widths.
+// its back-off, GraVAC over bit widths, and TAGC with the shards' all-gather re-sparsified.
 #include <gradcomp/gradcomp.hpp>
 
 #include <map>
@@ -51,6 +51,11 @@ void visit_hook_codecs(Visitor& visitor) {
                                  {.beta = 0.95f, .error_group = 64}));
   visitor.codec("uniform 2-bit SR + LoCo", gradcomp::loco(gradcomp::uniform_quantizer<float>(
                                                {.bits = 2, .round = gradcomp::rounding::stochastic, .seed = 3})));
+  // TAGC at f* = 0.95 whose owners re-sparsify their shards of the mean to the same 5% for the
+  // all-gather, with a residual of their own (tagc_bucket.hpp): the lossless gather sends the union
+  // of the ranks' supports, which grows with P (docs/lm-hook-runs.md §2).
+  visitor.tagc("TAGC f*=0.95 (sharded), re-sparsified gather",
+               gradcomp::tagc_params{.sparsify = {.zero_fraction = 0.95}, .sketch = {.block = 128}}, 0.95);
   // PowerSGD as PyTorch's batched_powerSGD_hook: each bucket padded to one square matrix.
   visitor.powersgd("PowerSGD r=4, batched", gradcomp::powersgd_params{.rank = 4}, true);
   // The table's GraVAC row with the back-off (docs/control.md §1.1): the gain measured on the

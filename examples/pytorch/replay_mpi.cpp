@@ -28,6 +28,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <set>
 #include <span>
 #include <stdexcept>
@@ -97,7 +98,7 @@ struct replayer {
   template <class C>
   void ring(const char*, const C&) {}
   void sketched_sgd(const char*, const gradcomp::count_sketch<float>&) {}
-  void tagc(const char*, const gradcomp::tagc_params&) {}
+  void tagc(const char*, const gradcomp::tagc_params&, std::optional<double> = {}) {}
   void gravac(const char*, const gradcomp::gravac_options&, std::size_t) {}
   void gravac_ladder(const char*, const gradcomp::gravac_options&, std::uint32_t, const std::map<int, std::string>&) {}
   void powersgd(const char*, const gradcomp::powersgd_params&, bool = false) {}

@@ -2,9 +2,11 @@
 the codecs round-trip through Python, errors arrive as GradcompError with gradcomp's code, and the
 per-bucket states survive reordered and rebuilt buckets and checkpoints, on a world of one rank;
 and over gloo at P = 2, 3, 4 (ScatterReduceHookTest, spawned ranks) the hook's plans, bytes, means
-and states against gradcomp's scatter_reduce in process. Buckets here are stand-ins with DDP's
+and states against gradcomp's scatter_reduce in process, and TAGC's re-sparsified gather at P = 3
+(TagcGatherTest). Buckets here are stand-ins with DDP's
 GradBucket methods."""
 
+import math
 import os
 import sys
 import tempfile
@@ -101,6 +103,20 @@ class ExtensionTest(unittest.TestCase):
         names = EXT.codec_names()
         for name in ["top-k 1% + EF", "uniform 4-bit + LoCo", "QSGD 7 levels", "ZFP R=8"]:
             self.assertIn(name, names)
+
+    def test_rows_the_hook_cannot_run_are_refused_with_the_reason(self):
+        refused = EXT.refused_rows()
+        self.assertEqual(sorted(refused), ["MPC ring all-reduce (lossless)", "ZFP R=8 ring all-reduce",
+                                           "count sketch 3x512 + 5% exact + EF"])
+        for name, why in refused.items():
+            self.assertNotIn(name, EXT.codec_names())
+            with self.assertRaises(EXT.GradcompError) as caught:
+                EXT.Codec(name)
+            self.assertEqual(caught.exception.args[0], "invalid_argument")
+            self.assertIn(why, caught.exception.args[1])
+        with self.assertRaises(EXT.GradcompError) as caught:
+            EXT.Codec("no such row")
+        self.assertIn("no codec named", str(caught.exception))
 
     def test_round_trip_and_accumulate(self):
         x = torch.randn(1000, generator=torch.Generator().manual_seed(1))
@@ -330,6 +346,39 @@ class HookStateTest(unittest.TestCase):
     def test_tagc_reproduces_and_resumes(self):
         self.assertIn("TAGC f*=0.95 (sharded)", EXT.tagc_names())
         self.check_state_follows_parameters("TAGC f*=0.95 (sharded)", 8, sparse_weight=True)
+
+    def test_tagc_resparsified_gather_keeps_what_it_does_not_send(self):
+        # One rank: the owner's shard is the whole compressed part (the two weights, in the model's
+        # order, as the hook passes a bucket's parameters), and TAGC's own residuals do not depend on the gather, so the lossless row's mean
+        # is the shard the re-sparsified row starts from. That row sends the ⌈5%⌉ values of shard +
+        # residual of largest magnitude, exactly, and keeps the rest as the owner's residual.
+        name = "TAGC f*=0.95 (sharded), re-sparsified gather"
+        self.assertIn(name, EXT.tagc_names())
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 10))
+        lossless, resparsified = self.hook("TAGC f*=0.95 (sharded)", m), self.hook(name, m)
+        residual = torch.zeros(10 * 128 + 128 * 64)
+        for step in range(4):
+            shard, _ = run_step(lossless, m, [[3, 2, 1, 0]], step)
+            sent, _ = run_step(resparsified, m, [[3, 2, 1, 0]], step)
+            for i in (1, 3):  # the biases: dense, exact in both rows
+                self.assertTrue(torch.equal(shard[i], sent[i]))
+            a = torch.cat([shard[0], shard[2]]) + residual
+            s = torch.cat([sent[0], sent[2]])
+            kept = s != 0
+            self.assertEqual(int(kept.sum()), math.ceil(0.05 * a.numel()))
+            self.assertTrue(torch.equal(s[kept], a[kept]))
+            self.assertGreaterEqual(a[kept].abs().min().item(), a[~kept].abs().max().item())
+            residual = a - s
+            (carried,) = resparsified.tagc.owner_residuals(resparsified.tagc_state).values()
+            self.assertTrue(torch.equal(carried, residual), step)
+        self.assertEqual(lossless.tagc.owner_residuals(lossless.tagc_state), {})
+        saved = resparsified.state_dict()["states"]["tagc"]
+        for bad, code in [(saved[:-1], "truncated"), (saved + b"\0", "trailing_bytes")]:
+            with self.assertRaises(EXT.GradcompError) as caught:
+                resparsified.tagc.load_state(bad)
+            self.assertEqual(caught.exception.args[0], code)
+        self.check_state_follows_parameters(name, 8, sparse_weight=True)
 
     def test_gravac_searches_and_resumes(self):
         name = "GraVAC top-k 10%..0.1% + EF"
@@ -652,6 +701,57 @@ class ScatterReduceHookTest(unittest.TestCase):
             self.assertLess(four[name], 2 * one_message, name)
             self.assertLess(four[name], three[name] * 5 / 4, name)
             print(f"{name}: bytes per step P=3 {three[name]}, P=4 {four[name]}, one message {one_message}")
+
+
+def _tagc_worker(rank, world, port, out):
+    """One rank: TAGC at f* = 0.95 with the lossless and the re-sparsified gather, side by side on the
+    same gradients of WIDE_LAYOUT for STEPS steps; each step's means and the owner's residuals."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    m = wide_model()
+    hooks = [gradcomp_ddp.GradcompHookState(name, m, extension=EXT, log=lambda *_: None)
+             for name in ("TAGC f*=0.95 (sharded)", "TAGC f*=0.95 (sharded), re-sparsified gather")]
+    runs = {"lossless": [], "resparsified": [], "residuals": []}
+    for step in range(STEPS):
+        runs["lossless"].append(run_step(hooks[0], m, WIDE_LAYOUT, step, rank)[0])
+        runs["resparsified"].append(run_step(hooks[1], m, WIDE_LAYOUT, step, rank)[0])
+        runs["residuals"].append({k: v.clone() for k, v in hooks[1].tagc.owner_residuals(hooks[1].tagc_state).items()})
+    torch.save(runs, os.path.join(out, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+class TagcGatherTest(unittest.TestCase):
+    """TAGC's re-sparsified gather over Gloo at P = 3: every rank ends with the same bits; each owner
+    sends the ⌈5%⌉ largest values of its shard of the mean (the lossless row's, whose TAGC states
+    follow the same gradients) plus its residual, exactly, and keeps the rest."""
+
+    def test_owners_resparsify_and_keep_the_rest(self):
+        world = 3
+        with tempfile.TemporaryDirectory() as out:
+            torch.multiprocessing.spawn(_tagc_worker, args=(world, 29690, out), nprocs=world)
+            runs = [torch.load(os.path.join(out, f"rank{r}.pt")) for r in range(world)]
+        params = list(wide_model().parameters())
+        for bucket, (weight, bias) in enumerate(WIDE_LAYOUT):  # the weight compressed, the bias dense
+            n = params[weight].numel()
+            ms = -(-n // world)  # the sparse part padded with zeros to P equal shards
+            residual = [torch.zeros(ms) for _ in range(world)]
+            for step in range(STEPS):
+                for r in range(world):
+                    for i in (weight, bias):
+                        self.assertTrue(same_bits(runs[r]["resparsified"][step][i], runs[0]["resparsified"][step][i]))
+                    self.assertTrue(torch.equal(runs[r]["resparsified"][step][bias], runs[r]["lossless"][step][bias]))
+                padded = lambda v: torch.cat([v, torch.zeros(world * ms - n)])  # noqa: E731
+                mean = padded(runs[0]["lossless"][step][weight])
+                sent = padded(runs[0]["resparsified"][step][weight])
+                for r in range(world):
+                    a = mean[r * ms:(r + 1) * ms] + residual[r]
+                    s = sent[r * ms:(r + 1) * ms]
+                    kept = s != 0
+                    self.assertEqual(int(kept.sum()), math.ceil(0.05 * ms), (bucket, step, r))
+                    self.assertTrue(torch.equal(s[kept], a[kept]))
+                    self.assertGreaterEqual(a[kept].abs().min().item(), a[~kept].abs().max().item())
+                    residual[r] = a - s
+                    (carried,) = [v for v in runs[r]["residuals"][step].values() if v.numel() == ms]
+                    self.assertTrue(torch.equal(carried, residual[r]), (bucket, step, r))
 
 
 if __name__ == "__main__":
