@@ -64,7 +64,9 @@
 
 #include <gradcomp/gradcomp.hpp>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -74,6 +76,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -454,8 +457,10 @@ class codec_of final : public codec_handle {
 /// model: its error feedback, and the owners' residuals, are keyed by the set of parameter ids of
 /// the bucket.
 ///
-/// Saved state (little-endian): u64 size and TAGC's saved state, u32 count of owner residuals,
-/// then per residual u32 bucket key, u64 count m and m float32 values.
+/// Saved state (little-endian): the magic "GTHS", u16 version 1, u64 size and TAGC's saved state,
+/// u32 count of owner residuals, then per residual (keys ascending) u32 bucket key, u64 count m
+/// and m float32 values. A state saved before the owner residuals existed (TAGC's saved state
+/// alone, which starts with its own magic) loads as one without them.
 class tagc_scheme {
  public:
   /// A parameter of a bucket: its index in the model, its name and its shape.
@@ -474,8 +479,10 @@ class tagc_scheme {
     const state_of_scheme& s = scheme_state_in(handle);
     std::string tagc_bytes(gradcomp::tagc<float>::saved_state_bytes(s.state), '\0');
     tagc_bytes.resize(tagc_.save_state(cpu_, s.state, std::as_writable_bytes(std::span<char>(tagc_bytes))));
-    std::string out;
+    std::string out(saved_magic);
     const auto put = [&out](const void* p, std::size_t size) { out.append(static_cast<const char*>(p), size); };
+    const std::uint16_t version = 1;
+    put(&version, 2);
     const std::uint64_t size = tagc_bytes.size();
     put(&size, 8);
     out += tagc_bytes;
@@ -490,20 +497,30 @@ class tagc_scheme {
     return py::bytes(out);
   }
 
-  /// @throws gradcomp::error `truncated` / `trailing_bytes` when the bytes are not `save_state`'s,
-  /// or as TAGC's `load_state`.
+  /// @throws gradcomp::error `truncated` / `trailing_bytes` / `unsupported_version` /
+  /// `malformed_payload` (a key twice, a residual not finite) when the bytes are not `save_state`'s,
+  /// `invalid_argument` for owner residuals given to a row that keeps none, or as TAGC's
+  /// `load_state`.
   [[nodiscard]] std::shared_ptr<state_handle> load_state(const std::string& bytes) const {
-    std::size_t at = 0;
+    auto s = std::make_shared<state_of_scheme>(tagc_.make_state(cpu_));
+    if (bytes.compare(0, saved_magic.size(), saved_magic) != 0) {  // the format before the owner residuals
+      tagc_.load_state(cpu_, std::as_bytes(std::span<const char>(bytes)), s->state);
+      return s;
+    }
+    std::size_t at = saved_magic.size();
     const auto take = [&](std::size_t size) {
       gradcomp::detail::require(bytes.size() - at >= size, gradcomp::errc::truncated, "a saved TAGC state ends early");
       const char* piece = bytes.data() + at;
       at += size;
       return piece;
     };
+    std::uint16_t version = 0;
+    std::memcpy(&version, take(2), 2);
+    gradcomp::detail::require(version == 1, gradcomp::errc::unsupported_version,
+                              [&] { return "a saved TAGC hook state of version " + std::to_string(version); });
     std::uint64_t size = 0;
     std::memcpy(&size, take(8), 8);
     gradcomp::detail::require(size <= bytes.size() - at, gradcomp::errc::truncated, "a saved TAGC state ends early");
-    auto s = std::make_shared<state_of_scheme>(tagc_.make_state(cpu_));
     tagc_.load_state(cpu_, std::as_bytes(std::span<const char>(take(static_cast<std::size_t>(size)), size)), s->state);
     std::uint32_t count = 0;
     std::memcpy(&count, take(4), 4);
@@ -514,9 +531,17 @@ class tagc_scheme {
       std::memcpy(&m, take(8), 8);
       gradcomp::detail::require(m <= (bytes.size() - at) / sizeof(float), gradcomp::errc::truncated,
                                 "a saved TAGC state ends early");
-      std::vector<float>& residual = s->owner_residuals[key];
-      residual.resize(static_cast<std::size_t>(m));
+      gradcomp::detail::require(gather_zero_fraction_.has_value(), gradcomp::errc::invalid_argument,
+                                "the saved state holds owner residuals; this TAGC row gathers losslessly");
+      std::vector<float> residual(static_cast<std::size_t>(m));
       std::memcpy(residual.data(), take(residual.size() * sizeof(float)), residual.size() * sizeof(float));
+      gradcomp::detail::require(std::all_of(residual.begin(), residual.end(), [](float v) { return std::isfinite(v); }),
+                                gradcomp::errc::malformed_payload, [&] {
+                                  return "the owner residual of bucket " + std::to_string(key) + " is not finite";
+                                });
+      gradcomp::detail::require(s->owner_residuals.emplace(key, std::move(residual)).second,
+                                gradcomp::errc::malformed_payload,
+                                [&] { return "the saved state holds bucket " + std::to_string(key) + " twice"; });
     }
     gradcomp::detail::require(at == bytes.size(), gradcomp::errc::trailing_bytes,
                               "bytes after the end of a saved TAGC state");
@@ -548,10 +573,17 @@ class tagc_scheme {
     const std::vector<bool> compressed = train::tagc_compressed_tensors(gradcomp::tagc_layer_policy(), layout);
     const auto bucket_id = static_cast<std::uint32_t>(key ^ (key >> 32));
     state_of_scheme& s = scheme_state_in(handle);
+    // The owner residual is updated on a copy, kept only once the step succeeded.
     std::optional<resparsified_gather> gather;
-    if (gather_zero_fraction_) gather = resparsified_gather{*gather_zero_fraction_, &s.owner_residuals[bucket_id]};
+    std::vector<float> residual;
+    if (gather_zero_fraction_) {
+      if (const auto found = s.owner_residuals.find(bucket_id); found != s.owner_residuals.end())
+        residual = found->second;
+      gather = resparsified_gather{*gather_zero_fraction_, &residual};
+    }
     const tagc_bucket_bytes bytes =
         tagc_bucket_all_reduce(t, tagc_, s.state, layout, compressed, data, bucket_id, gather);
+    if (gather_zero_fraction_) s.owner_residuals[bucket_id] = std::move(residual);
     totals_ += bytes;
     return bytes.total();
   }
@@ -581,6 +613,9 @@ class tagc_scheme {
   static const state_of_scheme& scheme_state_in(const state_handle& handle) {
     return scheme_state_in(const_cast<state_handle&>(handle));
   }
+
+  /// The first bytes of `save_state`'s format.
+  static constexpr std::string_view saved_magic = "GTHS";
 
   gradcomp::tagc<float> tagc_;
   std::optional<double> gather_zero_fraction_;

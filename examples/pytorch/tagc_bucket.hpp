@@ -5,8 +5,9 @@
 // ONE uncompressed reduce-scatter; then the shards are all-gathered (every rank ends with the same
 // bits): the sparse part's as a top-k message keeping every non-zero, or, where the row asks for it,
 // re-sparsified by their owner with a second-level error feedback (`resparsified_gather`); the dense
-// part's in MPC frames. Each concatenation is padded with zeros to P equal shards. The bytes are counted as ring collectives send them, the basis of the dense baseline
-// (a ring all-reduce sends 2(P − 1)/P of the bucket).
+// part's in MPC frames. Each concatenation is padded with zeros to P equal shards. The bytes are
+// counted as ring collectives send them, the basis of the dense baseline (a ring all-reduce sends
+// 2(P − 1)/P of the bucket).
 #include <gradcomp/gradcomp.hpp>
 
 #include <algorithm>
@@ -48,7 +49,8 @@ struct tagc_bucket_bytes {
 /// docs/lm-hook-runs.md §2): the union of P ranks' kept values grows with P (1 − f*^P of the part for
 /// independent supports: 56% at P = 16 and f* = 0.95), so the lossless gather of the peeled shards
 /// costs more with every rank. Instead each owner adds its residual to its shard of the mean, sends
-/// the ⌈(1 − zero_fraction)·m⌉ values of largest magnitude (top-k, exactly) and keeps the rest as
+/// the k = m − ⌊zero_fraction·m⌋ values of largest magnitude (top-k, exactly; the dynamic
+/// sparsifier's count, with the product rounded to double before the floor) and keeps the rest as
 /// its residual: a second-level ("server") error feedback like the `scatter_reduce` plan's, so
 /// residual + what was sent = shard + previous residual, value for value.
 struct resparsified_gather {
@@ -110,7 +112,8 @@ tagc_bucket_bytes tagc_bucket_all_reduce(X& t, const gradcomp::tagc<float>& sche
     sent_from.assign(my_sparse.begin(), my_sparse.end());
     if (residual.size() == ms)
       for (std::size_t i = 0; i < ms; ++i) sent_from[i] += residual[i];
-    const auto k = static_cast<std::uint64_t>(std::ceil((1.0 - gather->zero_fraction) * static_cast<double>(ms)));
+    const auto dropped = static_cast<std::uint64_t>(std::floor(gather->zero_fraction * static_cast<double>(ms)));
+    const std::uint64_t k = ms - std::min<std::uint64_t>(dropped, ms);
     const gradcomp::topk_sparsifier<float> largest(gradcomp::sparsity{.k = std::max<std::uint64_t>(1, k)});
     bytes.gather += gradcomp::compressed_all_gather(cpu, t, largest, std::span<const float>(sent_from),
                                                     std::span<float>(all_sparse),

@@ -8,6 +8,7 @@ GradBucket methods."""
 
 import math
 import os
+import struct
 import sys
 import tempfile
 import unittest
@@ -349,15 +350,17 @@ class HookStateTest(unittest.TestCase):
 
     def test_tagc_resparsified_gather_keeps_what_it_does_not_send(self):
         # One rank: the owner's shard is the whole compressed part (the two weights, in the model's
-        # order, as the hook passes a bucket's parameters), and TAGC's own residuals do not depend on the gather, so the lossless row's mean
-        # is the shard the re-sparsified row starts from. That row sends the ⌈5%⌉ values of shard +
-        # residual of largest magnitude, exactly, and keeps the rest as the owner's residual.
+        # order, as the hook passes a bucket's parameters), and TAGC's own residuals do not depend on
+        # the gather, so the lossless row's mean is the shard the re-sparsified row starts from. That
+        # row sends the m − ⌊0.95·m⌋ values of shard + residual of largest magnitude, exactly, and
+        # keeps the rest as the owner's residual. m = 60·128 + 128·10 = 8,960, a multiple of 20:
+        # exactly 448 values (a k computed as ⌈(1 − 0.95)·m⌉ in doubles would be 449).
         name = "TAGC f*=0.95 (sharded), re-sparsified gather"
         self.assertIn(name, EXT.tagc_names())
         torch.manual_seed(0)
-        m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 10))
+        m = torch.nn.Sequential(torch.nn.Linear(60, 128), torch.nn.Linear(128, 10))
         lossless, resparsified = self.hook("TAGC f*=0.95 (sharded)", m), self.hook(name, m)
-        residual = torch.zeros(10 * 128 + 128 * 64)
+        residual = torch.zeros(10 * 128 + 128 * 60)
         for step in range(4):
             shard, _ = run_step(lossless, m, [[3, 2, 1, 0]], step)
             sent, _ = run_step(resparsified, m, [[3, 2, 1, 0]], step)
@@ -366,7 +369,7 @@ class HookStateTest(unittest.TestCase):
             a = torch.cat([shard[0], shard[2]]) + residual
             s = torch.cat([sent[0], sent[2]])
             kept = s != 0
-            self.assertEqual(int(kept.sum()), math.ceil(0.05 * a.numel()))
+            self.assertEqual(int(kept.sum()), 448)
             self.assertTrue(torch.equal(s[kept], a[kept]))
             self.assertGreaterEqual(a[kept].abs().min().item(), a[~kept].abs().max().item())
             residual = a - s
@@ -374,10 +377,26 @@ class HookStateTest(unittest.TestCase):
             self.assertTrue(torch.equal(carried, residual), step)
         self.assertEqual(lossless.tagc.owner_residuals(lossless.tagc_state), {})
         saved = resparsified.state_dict()["states"]["tagc"]
-        for bad, code in [(saved[:-1], "truncated"), (saved + b"\0", "trailing_bytes")]:
+        # The layout of gradcomp_torch.cpp's tagc_scheme: "GTHS", u16 version, u64 size of TAGC's
+        # state, that state, u32 count, then key (u32), m (u64) and m float32 per residual.
+        tagc_size = int.from_bytes(saved[6:14], "little")
+        residual_at = 14 + tagc_size + 4 + 4 + 8
+        nan = saved[:residual_at] + struct.pack("<f", float("nan")) + saved[residual_at + 4:]
+        entry = saved[14 + tagc_size + 4:]
+        twice = saved[:14 + tagc_size] + struct.pack("<I", 2) + entry + entry
+        for bad, code in [(saved[:-1], "truncated"), (saved + b"\0", "trailing_bytes"),
+                          (saved[:4] + b"\x02\x00" + saved[6:], "unsupported_version"),
+                          (nan, "malformed_payload"), (twice, "malformed_payload")]:
             with self.assertRaises(EXT.GradcompError) as caught:
                 resparsified.tagc.load_state(bad)
             self.assertEqual(caught.exception.args[0], code)
+        with self.assertRaises(EXT.GradcompError) as caught:  # owner residuals into the lossless row
+            lossless.tagc.load_state(saved)
+        self.assertEqual(caught.exception.args[0], "invalid_argument")
+        # A state saved before the owner residuals existed (TAGC's own saved state alone) loads.
+        before = lossless.state_dict()["states"]["tagc"]
+        restored = lossless.tagc.load_state(before[14:-4])  # without magic, version, size and count
+        self.assertEqual(lossless.tagc.save_state(restored), before)
         self.check_state_follows_parameters(name, 8, sparse_weight=True)
 
     def test_gravac_searches_and_resumes(self):
@@ -746,7 +765,7 @@ class TagcGatherTest(unittest.TestCase):
                     a = mean[r * ms:(r + 1) * ms] + residual[r]
                     s = sent[r * ms:(r + 1) * ms]
                     kept = s != 0
-                    self.assertEqual(int(kept.sum()), math.ceil(0.05 * ms), (bucket, step, r))
+                    self.assertEqual(int(kept.sum()), ms - math.floor(0.95 * ms), (bucket, step, r))
                     self.assertTrue(torch.equal(s[kept], a[kept]))
                     self.assertGreaterEqual(a[kept].abs().min().item(), a[~kept].abs().max().item())
                     residual[r] = a - s

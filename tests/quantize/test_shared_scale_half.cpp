@@ -234,3 +234,26 @@ TEST_CASE_TEMPLATE("compressed_all_reduce sums 16-bit shared-scale messages in p
     for (const std::vector<H>& r : results) CHECK(bit_patterns(r) == expected);
   }
 }
+
+TEST_CASE("compressed_all_reduce of fp16 shared-scale sums beyond 65504 throws narrowing_overflow everywhere") {
+  // 60000 on both ranks at one element: the float32 sum (about 120000) is beyond fp16, its mean is
+  // not. Without `average` every rank throws and keeps its data; with it every rank succeeds.
+  constexpr int P = 2;
+  constexpr std::size_t n = 100;
+  const shared_scale_quantizer<fp16> q({.bits = 8, .block = 16});
+  std::atomic<int> overflowed{0}, kept{0}, averaged{0};
+  in_process_group(P).run([&](in_process_transport& t) {
+    std::vector<fp16> data = make_half_input<fp16>(input_kind::normal, n, 40 + static_cast<std::uint64_t>(t.rank()));
+    data[9] = narrow<fp16>(60000.0f);
+    const std::vector<fp16> before = data;
+    if (thrown_by([&] { compressed_all_reduce(cpu_executor{}, t, q, std::span<fp16>(data)); }) ==
+        named(errc::narrowing_overflow))
+      ++overflowed;
+    if (bit_patterns(data) == bit_patterns(before)) ++kept;
+    compressed_all_reduce(cpu_executor{}, t, q, std::span<fp16>(data), {.average = true});
+    if (std::fabs(widen(data[9]) - 60000.0f) <= 60000.0f / 127) ++averaged;
+  });
+  CHECK(overflowed.load() == P);
+  CHECK(kept.load() == P);
+  CHECK(averaged.load() == P);
+}

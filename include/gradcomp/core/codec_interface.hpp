@@ -81,11 +81,10 @@ class codec_interface {
     backend<Codec, E>::decode(self(), e, message, acc, ws, limits, true);
   }
 
- private:
-  [[nodiscard]] const Codec& self() const noexcept { return static_cast<const Codec&>(*this); }
-
+ protected:
   /// A compile error, rather than a deep one, for a codec or an executor that does not take
-  /// 16-bit values yet (the host backends of the codecs that say so do).
+  /// 16-bit values yet (the host backends of the codecs that say so do); a codec's own entry points
+  /// beyond this interface's call it too.
   template <executor E>
   static constexpr void require_value_type() noexcept {
     static_assert(!half_precision<T> || takes_half_precision_values<Codec>,
@@ -94,6 +93,9 @@ class codec_interface {
     static_assert(!half_precision<T> || memory_space_of<E> == memory_space::host,
                   "the CUDA backend takes float and double gradients only so far (docs/half-precision.md §5)");
   }
+
+ private:
+  [[nodiscard]] const Codec& self() const noexcept { return static_cast<const Codec&>(*this); }
 };
 
 }  // namespace gradcomp

@@ -22,7 +22,8 @@
 /// below 2^w, so words can be summed as unsigned integers. A message decodes to the sum over its
 /// contributors of q·s: the exact integer Σq (field − P·L for b ≥ 2, 2·field − P for b = 1),
 /// converted to the scales' type and multiplied by s. Divide by P for the mean. The message size
-/// depends only on n.
+/// depends only on n. The single-stage `encode` uses this rank's own maxima (a workspace of ⌈n/B⌉
+/// values) and rank 0: a valid message on its own, summable only with messages of the same scales.
 ///
 /// A bf16 or fp16 gradient is coded from its exact float32 widening, value by value inside the
 /// kernels (no float32 copy of the gradient): its block maxima, scales and codes are those of
@@ -30,8 +31,7 @@
 /// all-reduce that agrees them), and only the envelope's dtype and the parameter hash differ. The
 /// summed fields are integers, so a sum of 16-bit gradients' messages is exact whatever P; its
 /// decoder writes float32, or narrows to the 16-bit type (round to nearest even; a value beyond the
-/// type's range is `narrowing_overflow`, nothing written): docs/half-precision.md. The single-stage `encode` uses this rank's own maxima (a workspace of ⌈n/B⌉ values) and
-/// rank 0: a valid message on its own, summable only with messages of the same scales.
+/// type's range is `narrowing_overflow`, nothing written): docs/half-precision.md.
 ///
 /// Stochastic rounding of rank r draws u for element i as the uniform quantizer does (16-bit half i
 /// of the stream), from the stream keyed by (shared_scale_stream_seed(seed, r), step, tensor id),
@@ -228,6 +228,7 @@ class shared_scale_quantizer : public codec_interface<shared_scale_quantizer<T>,
   ///         every rank instead of encoding with a wrong scale.
   template <executor E>
   void block_maxima(const E& e, std::span<const T> grad, std::span<scale_type> maxima) const {
+    this->template require_value_type<E>();
     backend<shared_scale_quantizer, E>::block_maxima(*this, e, grad, maxima);
   }
 
@@ -243,6 +244,7 @@ class shared_scale_quantizer : public codec_interface<shared_scale_quantizer<T>,
   std::size_t encode_shared(const E& e, std::span<const T> grad, std::span<const scale_type> agreed_maxima,
                             std::span<std::byte> out, std::span<std::byte> ws, message_key key = {},
                             std::uint32_t rank = 0) const {
+    this->template require_value_type<E>();
     return backend<shared_scale_quantizer, E>::encode_shared(*this, e, grad, agreed_maxima, out, ws, key, rank);
   }
 
@@ -254,6 +256,7 @@ class shared_scale_quantizer : public codec_interface<shared_scale_quantizer<T>,
   ///         untouched then.
   template <executor E>
   void accumulate_encoded(const E& e, std::span<std::byte> acc, std::span<const std::byte> other) const {
+    this->template require_value_type<E>();
     backend<shared_scale_quantizer, E>::accumulate_encoded(*this, e, acc, other);
   }
 
