@@ -547,17 +547,7 @@ TEST_CASE_TEMPLATE("every cpu_executor setting writes the reference's shared-sca
         // The single-stage encode (this rank's maxima, rank 0) on every input kind and edge size.
         check_inputs_same_as_reference(q);
         // encode_shared with agreed maxima above this rank's own, as rank 2.
-        const std::vector<T> x = make_input<T>(input_kind::normal, 1001, 14);
-        std::vector<T> agreed(q.block_count(x.size()));
-        q.block_maxima(reference_executor{}, std::span<const T>(x), std::span<T>(agreed));
-        for (T& m : agreed) m *= T{1.5};
-        const auto shared_on = [&](const auto& exec) {
-          std::vector<std::byte> out(q.max_encoded_bytes(x.size()));
-          q.encode_shared(exec, std::span<const T>(x), std::span<const T>(agreed), out, {}, {.step = 5}, 2);
-          return out;
-        };
-        const std::vector<std::byte> expected = shared_on(reference_executor{});
-        for (const cpu_executor& cpu : cpu_settings()) CHECK(shared_on(cpu) == expected);
+        check_encode_shared_same_as_reference(q, make_input<T>(input_kind::normal, 1001, 14));
       }
     }
   }

@@ -82,25 +82,10 @@ TEST_CASE_TEMPLATE(
     CAPTURE(p.bits);
     CAPTURE(p.block);
     const shared_scale_quantizer<H> q(p);
-    // The single-stage encode (this rank's maxima, rank 0).
-    for (const input_kind kind : all_input_kinds)
-      for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{33}, std::size_t{1001}}) {
-        CAPTURE(name(kind));
-        CAPTURE(n);
-        (void)check_same_as_reference(q, make_half_input<H>(kind, n, 100 + n), {.step = 3, .tensor_id = 7});
-      }
+    // The single-stage encode (this rank's maxima, rank 0) on every input kind and edge size.
+    check_inputs_same_as_reference(q);
     // encode_shared with float32 maxima above this rank's own, as rank 2.
-    const std::vector<H> x = make_half_input<H>(input_kind::normal, 1001, 14, 8.0f);
-    std::vector<float> agreed(q.block_count(x.size()));
-    q.block_maxima(reference_executor{}, std::span<const H>(x), std::span<float>(agreed));
-    for (float& m : agreed) m *= 1.5f;
-    const auto shared_on = [&](const auto& exec) {
-      std::vector<std::byte> out(q.max_encoded_bytes(x.size()));
-      q.encode_shared(exec, std::span<const H>(x), std::span<const float>(agreed), out, {}, {.step = 5}, 2);
-      return out;
-    };
-    const std::vector<std::byte> expected = shared_on(reference_executor{});
-    for (const cpu_executor& cpu : cpu_settings()) CHECK(shared_on(cpu) == expected);
+    check_encode_shared_same_as_reference(q, make_half_input<H>(input_kind::normal, 1001, 14, 8.0f));
   }
 }
 

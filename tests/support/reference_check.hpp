@@ -4,6 +4,7 @@
 // writes, fail with the same error where it fails, and decode the reference's message to the same
 // bits. One body per property, run over the executors.
 #include <gradcomp/core/cpu_executor.hpp>
+#include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/reference_executor.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 
@@ -12,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -87,7 +89,8 @@ std::vector<std::byte> check_same_as_reference(const Codec& codec, const std::ve
   return encoded ? expected.output : std::vector<std::byte>{};
 }
 
-/// check_same_as_reference over every input kind of support/data.hpp and every edge size.
+/// check_same_as_reference over every input kind of support/data.hpp and every edge size (a
+/// 16-bit codec's inputs rounded from the float32 ones, `make_half_input`).
 template <class Codec>
 void check_inputs_same_as_reference(const Codec& codec, message_key key = {.step = 3, .tensor_id = 7}) {
   using T = typename Codec::value_type;
@@ -95,9 +98,29 @@ void check_inputs_same_as_reference(const Codec& codec, message_key key = {.step
     for (const std::size_t n : edge_sizes) {
       CAPTURE(name(kind));
       CAPTURE(n);
-      (void)check_same_as_reference(codec, make_input<T>(kind, n, 1000 + n), key);
+      if constexpr (half_precision<T>) (void)check_same_as_reference(codec, make_half_input<T>(kind, n, 1000 + n), key);
+      else
+        (void)check_same_as_reference(codec, make_input<T>(kind, n, 1000 + n), key);
     }
   }
+}
+
+/// A shared-scale codec's `encode_shared` of x as rank 2, with agreed maxima 1.5 times x's own:
+/// every cpu_executor setting writes the reference's bytes.
+template <class Codec>
+void check_encode_shared_same_as_reference(const Codec& codec, const std::vector<typename Codec::value_type>& x) {
+  using T = typename Codec::value_type;
+  using M = compute_type<T>;
+  std::vector<M> agreed(codec.block_count(x.size()));
+  codec.block_maxima(reference_executor{}, std::span<const T>(x), std::span<M>(agreed));
+  for (M& m : agreed) m *= M{1.5};
+  const auto shared_on = [&](const auto& exec) {
+    std::vector<std::byte> out(codec.max_encoded_bytes(x.size()));
+    codec.encode_shared(exec, std::span<const T>(x), std::span<const M>(agreed), out, {}, {.step = 5}, 2);
+    return out;
+  };
+  const std::vector<std::byte> expected = shared_on(reference_executor{});
+  for (const cpu_executor& cpu : cpu_settings()) CHECK(shared_on(cpu) == expected);
 }
 
 /// NaN, +Inf and −Inf at the first, a middle and the last element: every executor rejects them
