@@ -1,7 +1,7 @@
 // replay_mpi: checks a DDP hook run against gradcomp's own collectives over MPI. Every rank reads
-// what gradcomp_ddp recorded on the same rank (DIR/rank<r>.bin: each bucket's input, its mean, and
+// what the gradcomp package's hook recorded on the same rank (DIR/rank<r>.bin: each bucket's input, its mean, and
 // the hook's saved bucket state before the call), runs gradcomp::compressed_all_reduce over MPI on
-// the same input with the same codec (by its name in hook_codecs.hpp), plan (bucket_state.hpp: the
+// the same input with the same codec (by its name in hook_codecs.hpp, or its spec: codec_spec.hpp), plan (bucket_state.hpp: the
 // library's `automatic_plan`, so `scatter_reduce` with its chunk and server states where that
 // sends less, as at P >= 3), message key and states, divides by P as the hook does, and compares
 // the mean bit for bit. The state is its
@@ -35,12 +35,13 @@
 #include <string>
 #include <vector>
 
-#include "bucket_state.hpp"
-#include "hook_codecs.hpp"
+#include "../../python/csrc/bucket_state.hpp"
+#include "../../python/csrc/codec_spec.hpp"
+#include "../../python/csrc/hook_codecs.hpp"
 
 namespace {
 
-/// One bucket call as gradcomp_ddp._record wrote it.
+/// One bucket call as GradcompHookState._record (python/gradcomp/ddp.py) wrote it.
 struct bucket_call {
   std::uint64_t step = 0;
   std::uint32_t bucket = 0;
@@ -84,7 +85,8 @@ std::vector<bucket_call> read_calls(const std::string& path) {
   return calls;
 }
 
-/// Replays the calls with the codec named `wanted` (visit_hook_codecs calls `codec` per row).
+/// Replays the calls with the codec named `wanted` (visit_hook_codecs calls `codec` per row, or
+/// visit_codec_spec once for a spec).
 struct replayer {
   std::string wanted;
   gradcomp::mpi_transport& t;
@@ -161,6 +163,7 @@ int main(int argc, char** argv) {
       if (most[0] != counts[0]) throw std::runtime_error("the ranks recorded different numbers of bucket calls");
       replayer r{argv[2], t, calls, false, 0, 0, {}};
       gradcomp_torch::visit_hook_codecs(r);
+      if (!r.found) gradcomp_torch::visit_codec_spec(argv[2], r);  // a typed constructor's spec
       if (!r.found) throw std::invalid_argument(std::string("no codec named \"") + argv[2] + "\"");
       std::array<std::uint64_t, 1> bad{r.mismatches};
       t.all_reduce_sum(std::span<std::uint64_t>(bad));

@@ -16,12 +16,12 @@ import unittest
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gradcomp
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lm"))
-import gradcomp_ddp  # noqa: E402
 import gravac_gains  # noqa: E402  (the quantizer oracle of the ladder's gain)
 
-EXT = gradcomp_ddp.load_extension()
+EXT = gradcomp.extension()
 
 
 class Bucket:
@@ -72,7 +72,7 @@ def run_step(hook, m, layout, step, rank=0):
     means = {}
     for index, positions in enumerate(layout):
         bucket = Bucket(index, [params[i] for i in positions], grads, index == len(layout) - 1)
-        mean = gradcomp_ddp.gradcomp_hook(hook, bucket).wait()
+        mean = gradcomp.gradcomp_hook(hook, bucket).wait()
         offset = 0
         for i in positions:
             means[i] = mean[offset:offset + params[i].numel()].clone()
@@ -117,7 +117,7 @@ class ExtensionTest(unittest.TestCase):
             self.assertIn(why, caught.exception.args[1])
         with self.assertRaises(EXT.GradcompError) as caught:
             EXT.Codec("no such row")
-        self.assertIn("no codec named", str(caught.exception))
+        self.assertIn("no codec row named", str(caught.exception))
 
     def test_round_trip_and_accumulate(self):
         x = torch.randn(1000, generator=torch.Generator().manual_seed(1))
@@ -200,7 +200,7 @@ class HookStateTest(unittest.TestCase):
 
     def hook(self, codec, m, **kwargs):
         self.logged = []
-        return gradcomp_ddp.GradcompHookState(codec, m, extension=EXT, log=self.logged.append, **kwargs)
+        return gradcomp.GradcompHookState(codec, m, extension=EXT, log=self.logged.append, **kwargs)
 
     def test_reordered_bucket_keeps_its_state(self):
         m = model()
@@ -283,7 +283,7 @@ class HookStateTest(unittest.TestCase):
             params = list(m.parameters())
             grads = dyadic_gradients(m, 1)
             grads[id(params[2])][0, 0] = float("nan")
-            mean = gradcomp_ddp.gradcomp_hook(hook, Bucket(0, params[::-1], grads, True)).wait()
+            mean = gradcomp.gradcomp_hook(hook, Bucket(0, params[::-1], grads, True)).wait()
             self.assertTrue(hook.step_skipped)
             self.assertEqual(hook.skipped_steps, [1])
             self.assertTrue(torch.equal(mean, torch.zeros_like(mean)))
@@ -520,12 +520,109 @@ class HookStateTest(unittest.TestCase):
         for step in range(3):
             grads = dyadic_gradients(m, step)
             mine = Bucket(0, params, grads, True)
-            mean = gradcomp_ddp.gradcomp_hook(ours, mine).wait()
+            mean = gradcomp.gradcomp_hook(ours, mine).wait()
             reference = Bucket(0, params, grads, True)
             expected = powersgd.powerSGD_hook(theirs, reference).wait()
             scale = float(expected.abs().max())
             self.assertLess(float((mean - expected).abs().max()), 1e-5 * scale, step)
             self.assertFalse(torch.equal(mean, torch.cat([grads[id(p)].flatten() for p in params])))  # compressed
+
+    def test_typed_constructors_are_the_presets(self):
+        # Each preset against the constructor call with its parameters: the same means, step for
+        # step over two bucket layouts, and each Codec's spec recorded in the checkpoint.
+        pairs = [("top-k 1% + EF", gradcomp.topk(0.01, error_feedback=True)),
+                 ("top-k 1% + EF decay 0.9", gradcomp.topk(0.01, error_feedback=True, ef_decay=0.9)),
+                 ("top-k 1% + 8-bit values + EF", gradcomp.topk(0.01, error_feedback=True, value_bits=8)),
+                 ("random-k 1% + EF", gradcomp.randomk(0.01, seed=7, scaled=False, error_feedback=True)),
+                 ("threshold 1% + EF", gradcomp.threshold(0.01, error_feedback=True)),
+                 ("uniform 4-bit + LoCo", gradcomp.uniform(4, loco=True)),
+                 ("uniform 2-bit + LoCo beta 0.9", gradcomp.uniform(2, loco=True, loco_beta=0.9)),
+                 ("uniform 4-bit SR + EF", gradcomp.uniform(4, stochastic=True, seed=3, error_feedback=True)),
+                 ("sign + EF", gradcomp.sign()),
+                 ("QSGD 7 levels", gradcomp.qsgd(7, seed=5)),
+                 ("ZFP R=8", gradcomp.zfp(8)),
+                 ("uniform 4-bit shared scale (summed)", gradcomp.shared_scale(4, headroom_bits=3)),
+                 ("TAGC f*=0.95 (sharded)", gradcomp.tagc(0.95)),
+                 ("TAGC f*=0.95 (sharded), re-sparsified gather", gradcomp.tagc(0.95, resparsify=True)),
+                 ("PowerSGD r=4, batched", gradcomp.powersgd(4, batched=True)),
+                 ("GraVAC top-k 10%..0.1% + EF, back-off", gradcomp.gravac(0.1, 0.001)),
+                 ("GraVAC uniform 4..1 bits, blocks of 64 + LoCo beta 0.95", gradcomp.gravac_bits(4, 1))]
+        for preset, codec in pairs:
+            with self.subTest(preset=preset):
+                m = model()
+                by_name, typed = self.hook(preset, m), self.hook(codec, m)
+                for step in range(4):
+                    layout = [[0, 1, 2, 3]] if step < 2 else [[0, 1], [2, 3]]
+                    a, _ = run_step(by_name, m, layout, step)
+                    b, _ = run_step(typed, m, layout, step)
+                    for i in a:
+                        self.assertTrue(torch.equal(a[i], b[i]), f"step {step}, parameter {i}")
+                self.assertEqual(typed.state_dict()["codec"], codec.spec)
+                resumed = self.hook(codec, m)
+                resumed.load_state_dict(typed.state_dict())
+                with self.assertRaises(ValueError):
+                    by_name.load_state_dict(typed.state_dict())  # another name: refused as another codec
+        self.assertEqual(gradcomp.topk(0.01, error_feedback=True), gradcomp.topk(density=0.01, error_feedback=True))
+        self.assertEqual(gradcomp.uniform(2, loco=True).spec,
+                         "uniform bits=2 block=256 loco=1 loco_beta=0.8 loco_group=256 loco_reset=1024 seed=0 "
+                         "stochastic=0")
+
+    def test_dense_constructor_is_the_process_groups_all_reduce(self):
+        m = model()
+        hook = self.hook(gradcomp.dense(), m)
+        means, grads = run_step(hook, m, [[0, 1, 2, 3]], 0)
+        self.assertIsNone(hook.codec)
+        self.assertEqual(hook.plans, {0: "dense"})
+        for i, g in enumerate(grads):
+            self.assertTrue(torch.equal(means[i].flatten(), g))
+
+    def test_constructor_arguments_are_checked_and_named(self):
+        bad = [(lambda: gradcomp.topk(0), ValueError, "density"),
+               (lambda: gradcomp.topk(1.5), ValueError, "density"),
+               (lambda: gradcomp.topk("1%"), TypeError, "density"),
+               (lambda: gradcomp.topk(0.01, value_bits=4), ValueError, "value_bits"),
+               (lambda: gradcomp.topk(0.01, ef_decay=0.9), ValueError, "ef_decay"),
+               (lambda: gradcomp.topk(0.01, error_feedback=True, ef_decay=0), ValueError, "ef_decay"),
+               (lambda: gradcomp.topk(0.01, error_feedback=1), TypeError, "error_feedback"),
+               (lambda: gradcomp.randomk(0.01, seed=-1), ValueError, "seed"),
+               (lambda: gradcomp.uniform(bits=3), ValueError, "bits"),
+               (lambda: gradcomp.uniform(block=0), ValueError, "block"),
+               (lambda: gradcomp.uniform(loco=True, loco_beta=1.0), ValueError, "loco_beta"),
+               (lambda: gradcomp.uniform(loco=True, error_feedback=True), ValueError, "loco"),
+               (lambda: gradcomp.qsgd(levels=128), ValueError, "levels"),
+               (lambda: gradcomp.shared_scale(headroom_bits=25), ValueError, "headroom_bits"),
+               (lambda: gradcomp.zfp(2), ValueError, "rate_bits"),
+               (lambda: gradcomp.tagc(float("nan")), ValueError, "zero_fraction"),
+               (lambda: gradcomp.powersgd(0), ValueError, "rank"),
+               (lambda: gradcomp.gravac(0.01, 0.1), ValueError, "theta_max"),
+               (lambda: gradcomp.gravac(window=0), ValueError, "window"),
+               (lambda: gradcomp.gravac_bits(2, 4), ValueError, "min_bits"),
+               (lambda: gradcomp.gravac_bits(3, 1), ValueError, "max_bits")]
+        for make, error, argument in bad:
+            with self.subTest(argument=argument):
+                with self.assertRaises(error) as caught:
+                    make()
+                self.assertIn(argument, str(caught.exception))
+        with self.assertRaises(TypeError):
+            self.hook(0.01, model())
+
+    def test_specs_the_extension_refuses_say_why(self):
+        # The specs' own checks (python/csrc/codec_spec.hpp), for text that did not come from a constructor.
+        for spec, why in [("topk", "needs density"), ("topk density=0.1 loco=1", "no parameter loco"),
+                          ("topk density=0.1 density=0.2", "names density twice"),
+                          ("uniform bits=3", "bits must be 1, 2, 4 or 8"), ("uniform bits=4 seed=-1", "seed=-1"),
+                          ("uniform bits=4 loco=1 error_feedback=1", "both error feedback and LoCo"),
+                          ("uniform bits=4 stochastic=2", "not 0 or 1"), ("qsgd levels=nan", "levels=nan"),
+                          ("tagc zero_fraction=2", "zero_fraction"), ("lzma level=9", "names no family"),
+                          ("top-k 7%", "not key=value")]:
+            with self.subTest(spec=spec):
+                with self.assertRaises(EXT.GradcompError) as caught:
+                    EXT.Codec(spec)
+                self.assertEqual(caught.exception.args[0], "invalid_argument")
+                self.assertIn(why, caught.exception.args[1])
+        with self.assertRaises(EXT.GradcompError) as caught:
+            EXT.Codec(gradcomp.tagc().spec)
+        self.assertIn("is not a codec", caught.exception.args[1])
 
     def test_foreign_parameter_is_refused(self):
         m = model()
@@ -533,7 +630,7 @@ class HookStateTest(unittest.TestCase):
         stranger = torch.nn.Parameter(torch.zeros(4))
         bucket = Bucket(0, [stranger], {id(stranger): torch.ones(4)}, True)
         with self.assertRaises(KeyError):
-            gradcomp_ddp.gradcomp_hook(hook, bucket)
+            gradcomp.gradcomp_hook(hook, bucket)
 
 
 # ---- several ranks over Gloo: the hook against gradcomp's scatter_reduce in process -------------
@@ -578,18 +675,19 @@ def _hook_worker(rank, world, port, codecs, out):
     results = {}
     for name in codecs:
         m = wide_model()
-        hook = gradcomp_ddp.GradcompHookState(name, m, extension=EXT, log=lambda *_: None)
-        runs = {"plans": [], "sent": [], "means": [], "states": [], "resumed_means": [], "resumed_states": []}
+        hook = gradcomp.GradcompHookState(name, m, extension=EXT, log=lambda *_: None)
+        runs = {"plans": [], "sent": [], "wire": [], "means": [], "states": [], "resumed_means": [], "resumed_states": []}
         saved = None
         for step in range(STEPS):
             means, _ = run_step(hook, m, WIDE_LAYOUT, step, rank)
             runs["means"].append(means)
             runs["plans"].append(dict(hook.plans))
             runs["sent"].append(hook.sent_bytes)
+            runs["wire"].append(hook.wire_bytes)
             runs["states"].append({k: hook.codec.save_bucket_state(s) for k, (s, _) in hook.states.items()})
             if step == RESUME_AT:
                 saved = hook.state_dict()
-        resumed = gradcomp_ddp.GradcompHookState(name, m, extension=EXT, log=lambda *_: None)
+        resumed = gradcomp.GradcompHookState(name, m, extension=EXT, log=lambda *_: None)
         resumed.load_state_dict(saved)
         for step in range(RESUME_AT + 1, STEPS):
             means, _ = run_step(resumed, m, WIDE_LAYOUT, step, rank)
@@ -636,6 +734,7 @@ class ScatterReduceHookTest(unittest.TestCase):
             # modelled_encoded_bytes) says rank 0, which sends the most, sends fewer bytes than
             # under gather_decode; and each rank sends what its plan's real messages take.
             model_frame = lambda m: 16 + codec.modelled_encoded_bytes(m)  # noqa: E731
+            wire = [0] * world
             for r in range(world):
                 expected = 0
                 for index, n in enumerate(sizes):
@@ -644,7 +743,22 @@ class ScatterReduceHookTest(unittest.TestCase):
                     wanted = "scatter_reduce" if model[1] < model[0] else "gather_decode"
                     self.assertEqual(runs[r]["plans"][0][index], wanted, (name, world, n))
                     expected += scatter if wanted == "scatter_reduce" else gather
+                    # On the wire, per rank: the 40-byte agreement record all-gathered, every
+                    # gather after an all-reduce of the P sizes (int64, a ring: 2(P - 1)/P of 8P
+                    # bytes) and padded to the longest block, an all-to-all after one of the sizes;
+                    # scatter_reduce also agrees on the owners' status (a MAX of one double) before
+                    # its gather.
+                    sizes_reduce = 2 * (world - 1) * 8 * world // world
+                    wire[r] += sizes_reduce + (world - 1) * 40
+                    if wanted == "scatter_reduce":
+                        chunks = [frame_bytes(codec, c) for c in ring_chunk_counts(n, world)]
+                        wire[r] += 8 * (world - 1) + sum(chunks) - chunks[r]
+                        wire[r] += 2 * (world - 1) * 8 // world
+                        wire[r] += sizes_reduce + (world - 1) * max(chunks)
+                    else:
+                        wire[r] += sizes_reduce + (world - 1) * frame_bytes(codec, n)
                 self.assertEqual(runs[r]["sent"], [expected] * STEPS, (name, world, r))
+                self.assertEqual(runs[r]["wire"], [wire[r]] * STEPS, (name, world, r))
             sent[name] = runs[0]["sent"][0]
             # The means and states against the library's scatter_reduce in process, bucket by bucket.
             references = {}
@@ -727,7 +841,7 @@ def _tagc_worker(rank, world, port, out):
     same gradients of WIDE_LAYOUT for STEPS steps; each step's means and the owner's residuals."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     m = wide_model()
-    hooks = [gradcomp_ddp.GradcompHookState(name, m, extension=EXT, log=lambda *_: None)
+    hooks = [gradcomp.GradcompHookState(name, m, extension=EXT, log=lambda *_: None)
              for name in ("TAGC f*=0.95 (sharded)", "TAGC f*=0.95 (sharded), re-sparsified gather")]
     runs = {"lossless": [], "resparsified": [], "residuals": []}
     for step in range(STEPS):

@@ -33,8 +33,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gradcomp_ddp  # noqa: E402
+import gradcomp  # the package: python3 -m pip install --no-build-isolation ./python
 
 FEATURES, HIDDEN, CLASSES = 64, 128, 10
 BATCH = 32
@@ -83,11 +82,10 @@ def worker(rank, args, codec, first_step, last_step, checkpoint_in, checkpoint_o
         model = make_model(args.seed)
         ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
         hook = None
-        if codec != gradcomp_ddp.DENSE:
-            extension = gradcomp_ddp.load_extension()
-            hook = gradcomp_ddp.GradcompHookState(codec, model, extension=extension, dense_below=args.dense_below,
-                                                  record=record, dense_steps=args.dense_steps)
-            ddp.register_comm_hook(hook, gradcomp_ddp.gradcomp_hook)
+        if codec != gradcomp.DENSE:
+            hook = gradcomp.GradcompHookState(codec, model, dense_below=args.dense_below, record=record,
+                                              dense_steps=args.dense_steps)
+            ddp.register_comm_hook(hook, gradcomp.gradcomp_hook)
         optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
         if checkpoint_in:
             saved = torch.load(checkpoint_in.format(rank=rank))
@@ -96,7 +94,7 @@ def worker(rank, args, codec, first_step, last_step, checkpoint_in, checkpoint_o
             if hook is not None:
                 hook.load_state_dict(saved["hook"])
         n = sum(p.numel() for p in model.parameters())
-        losses, sent, dense, skipped = [], 0, 0, []
+        losses, sent, wire, dense, skipped = [], 0, 0, 0, []
         for step in range(first_step, last_step):
             x, y = batch(args.seed, rank, step)
             if step == args.nan_at and rank == 1 % args.world:
@@ -118,6 +116,7 @@ def worker(rank, args, codec, first_step, last_step, checkpoint_in, checkpoint_o
             world = args.world
             dense_step = 2 * (world - 1) * n * 4 // world
             sent += hook.sent_bytes if hook is not None else dense_step
+            wire += hook.wire_bytes if hook is not None else dense_step
             dense += dense_step
             check_same_everywhere(parameter_digest(model), step)
             if args.log_every and step % args.log_every == 0 and rank == 0:
@@ -130,7 +129,7 @@ def worker(rank, args, codec, first_step, last_step, checkpoint_in, checkpoint_o
             steps = max(1, last_step - first_step)
             finite = [v for v in losses[-LOSS_WINDOW:] if math.isfinite(v)]
             with open(result_path, "w") as f:
-                json.dump({"codec": codec, "loss": sum(finite) / max(1, len(finite)), "sent": sent / steps,
+                json.dump({"codec": codec, "loss": sum(finite) / max(1, len(finite)), "sent": sent / steps, "wire": wire / steps,
                            "dense": dense / steps, "digest": parameter_digest(model).hex(), "skipped": skipped,
                            "relaid": hook.relaid if hook is not None else 0, "plan": plans_of(hook)}, f)
     finally:
@@ -160,7 +159,9 @@ def run(args, codec, first_step, last_step, checkpoint_in=None, checkpoint_out=N
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world", type=int, default=2)
-    parser.add_argument("--codec", action="append", help="'dense' or a name of codec_names() (repeatable)")
+    parser.add_argument("--codec", action="append",
+                        help="'dense', a preset of gradcomp.codec_names() or a codec's spec, the text of a "
+                             "gradcomp.Codec such as 'topk density=0.01 error_feedback=1' (repeatable)")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0)
@@ -176,10 +177,9 @@ def main():
     parser.add_argument("--list", action="store_true", help="print the codec names and exit")
     args = parser.parse_args()
     if args.list:
-        print("\n".join([gradcomp_ddp.DENSE] + gradcomp_ddp.load_extension().codec_names()))
+        print("\n".join(gradcomp.codec_names()))
         return 0
-    codecs = args.codec or [gradcomp_ddp.DENSE, "top-k 1% + EF", "uniform 4-bit + LoCo"]
-    gradcomp_ddp.load_extension()  # build once, before the ranks start
+    codecs = args.codec or [gradcomp.DENSE, "top-k 1% + EF", "uniform 4-bit + LoCo"]
     failures = []
     results = []
     started = time.monotonic()
@@ -194,7 +194,7 @@ def main():
         results.append(r)
         if args.nan_at >= 0 and r["skipped"] != [args.nan_at]:
             failures.append(f"[{codec}] skipped steps {r['skipped']}, expected [{args.nan_at}]")
-        if args.resume_at > 0 and codec != gradcomp_ddp.DENSE:
+        if args.resume_at > 0 and codec != gradcomp.DENSE:
             with tempfile.TemporaryDirectory() as tmp:
                 checkpoint = os.path.join(tmp, "rank{rank}.pt")
                 run(args, codec, 0, args.resume_at, checkpoint_out=checkpoint)
@@ -208,18 +208,20 @@ def main():
     width = max(len(r["codec"]) for r in results)
     print(f"\n{args.world} ranks, {args.steps} steps, gloo\n")
     plan_width = max(len(r["plan"]) for r in results)
-    print(f"{'codec':<{width}}  {'plan':<{plan_width}}  {'bytes/step':>10} {'ratio':>7} {'final loss':>10} "
+    print(f"{'codec':<{width}}  {'plan':<{plan_width}}  {'bytes/step':>10} {'ratio':>7} {'wire/step':>10} {'final loss':>10} "
           f"{'vs ' + base['codec']:>9}  {'re-laid':>7}  parameters")
     for r in results:
         gap = 100.0 * (r["loss"] - base["loss"]) / base["loss"]
-        print(f"{r['codec']:<{width}}  {r['plan']:<{plan_width}}  {r['sent']:>10.0f} {r['dense'] / r['sent']:>6.2f}x {r['loss']:>10.4f} "
+        print(f"{r['codec']:<{width}}  {r['plan']:<{plan_width}}  {r['sent']:>10.0f} {r['dense'] / r['sent']:>6.2f}x "
+              f"{r['wire']:>10.0f} {r['loss']:>10.4f} "
               f"{gap:>+8.1f}%  {r['relaid']:>7}  {r['digest'][:16]}")
         if args.max_loss_gap > 0 and r is not base and not gap <= args.max_loss_gap:
             failures.append(f"[{r['codec']}] ends {gap:+.1f}% from [{base['codec']}], over {args.max_loss_gap}%")
     print(f"\nplan: the buckets' plans in the last step (the library's automatic_plan; scatter_reduce sends about "
           f"2(P - 1)/P of one message whatever P, gather_decode P - 1 messages); bytes/step: what each rank sends per "
           f"step (report.sent_bytes: an all-gathered message counts P - 1 times); ratio: a ring all-reduce of the dense "
-          f"gradient over that. {time.monotonic() - started:.1f} s")
+          f"gradient over that; wire/step: every byte the process group moved per rank (hook.wire_bytes: agreement, "
+          f"sizes, padding). {time.monotonic() - started:.1f} s")
     for f in failures:
         print("FAILED:", f)
     return 1 if failures else 0

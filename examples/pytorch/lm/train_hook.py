@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """Trains the LM task (docs/lm-task.md on the ef-study branch; docs/lm-hook-runs.md) as P real
 processes: DistributedDataParallel over Gloo on localhost, each bucket reduced by gradcomp's PyTorch
-hook (examples/pytorch/gradcomp_ddp.py), and prints one JSON line of results.
+hook (the gradcomp package, python/gradcomp/ddp.py), and prints one JSON line of results.
 
-    OMP_NUM_THREADS=1 nice -n 10 /usr/bin/python3 -s train_hook.py --world 4 --codec "uniform 4-bit + LoCo" --seed 1
+    OMP_NUM_THREADS=1 nice -n 10 python3 train_hook.py --world 4 --codec "uniform 4-bit + LoCo" --seed 1
+
+(python3: one with torch and the package installed, `python3 -m pip install --no-build-isolation
+./python` from the repository's root; docs/pytorch.md §1.)
 
 The task is the simulation harness's (simulate.py): the same model and initialisation (ByteLM after
 torch.manual_seed(seed)), the same minibatch per (seed, step, rank) (data.train_batch), Adam at
@@ -14,7 +17,8 @@ gravac_ladder_names() or powersgd_names() (`--list` prints them). Every rank run
 
 The JSON line: the arguments, the corpus digest, the final and per-evaluation validation loss (and
 the ranks' mean training loss at that step), bytes this rank sent per step (the hook's sent_bytes;
-for dense the ring all-reduce's 2(P - 1)/P * 4n), the dense ring all-reduce's bytes and their ratio
+for dense the ring all-reduce's 2(P - 1)/P * 4n) and what the process group moved per rank (the
+hook's wire_bytes: agreement, sizes, padding too; `saved_on_the_wire`), the dense ring all-reduce's bytes and their ratio
 (traffic saved), also over the compressed steps only (after --dense-steps), the plans the buckets
 ran (the set over all steps), for TAGC rank 0's bytes by part (Tagc.bytes_by_part: index, sketch, tail,
 padding, resent, dense, gather), the steps skipped for non-finite gradients, whether the ranks' final
@@ -38,8 +42,7 @@ import torch.nn.functional as F
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)
-sys.path.insert(0, os.path.dirname(_HERE))
-import gradcomp_ddp  # noqa: E402
+import gradcomp  # noqa: E402
 from data import load_corpus, train_batch, validation_batches  # noqa: E402
 from model import VOCAB, ByteLM, validation_loss  # noqa: E402
 
@@ -69,16 +72,15 @@ def worker(rank, args, result_path):
     torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ["mask"])
     ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
     hook = None
-    if args.codec != gradcomp_ddp.DENSE:
-        hook = gradcomp_ddp.GradcompHookState(args.codec, model, extension=gradcomp_ddp.load_extension(),
-                                              dense_below=args.dense_below, dense_steps=args.dense_steps,
-                                              log=print if rank == 0 else (lambda *_: None),
-                                              print_decisions=args.print_decisions)
-        ddp.register_comm_hook(hook, gradcomp_ddp.gradcomp_hook)
+    if args.codec != gradcomp.DENSE:
+        hook = gradcomp.GradcompHookState(args.codec, model, dense_below=args.dense_below,
+                                          dense_steps=args.dense_steps, log=print if rank == 0 else (lambda *_: None),
+                                          print_decisions=args.print_decisions)
+        ddp.register_comm_hook(hook, gradcomp.gradcomp_hook)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, betas=BETAS, eps=EPS)
     P = args.world
     dense_ring = 2 * (P - 1) / P * 4 * n
-    sent, sent_compressed, plans, skipped, history = 0, 0, set(), [], []
+    sent, sent_compressed, wire, plans, skipped, history = 0, 0, 0, set(), [], []
     for step in range(args.steps):
         x, y = train_batch(train, args.seed, step, rank, args.batch, args.context)
         loss = F.cross_entropy(ddp(x).reshape(-1, VOCAB), y.reshape(-1))
@@ -90,6 +92,7 @@ def worker(rank, args, result_path):
             optimizer.step()
         step_bytes = hook.sent_bytes if hook is not None else dense_ring
         sent += step_bytes
+        wire += hook.wire_bytes if hook is not None else dense_ring
         if step >= args.dense_steps:
             sent_compressed += step_bytes
         plans.update(hook.plans.values() if hook is not None else ["ddp all-reduce"])
@@ -117,6 +120,8 @@ def worker(rank, args, result_path):
             "bytes_per_rank_step": sent / args.steps,
             "dense_ring_bytes": dense_ring,
             "saved": dense_ring * args.steps / sent,
+            "wire_bytes_per_rank_step": wire / args.steps,
+            "saved_on_the_wire": dense_ring * args.steps / wire,
             "bytes_per_rank_compressed_step": sent_compressed / compressed_steps if compressed_steps else None,
             "saved_compressed_steps": dense_ring * compressed_steps / sent_compressed if sent_compressed else None,
             "plans": sorted(plans), "skipped_steps": skipped,
@@ -142,7 +147,7 @@ def summarize(paths):
     time."""
     runs = [json.loads(line) for path in paths for line in open(path) if line.strip()]
     dense = {(r["args"]["world"], r["args"]["seed"], r["args"]["steps"], r["args"]["batch"]): r["final_val_loss"]
-             for r in runs if r["args"]["codec"] == gradcomp_ddp.DENSE}
+             for r in runs if r["args"]["codec"] == gradcomp.DENSE}
     rows = {}
     for r in runs:
         a = r["args"]
@@ -176,7 +181,8 @@ def summarize(paths):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world", type=int, default=4, help="P, the number of processes")
-    ap.add_argument("--codec", default=gradcomp_ddp.DENSE, help="'dense' (DDP's all-reduce) or a row name (--list)")
+    ap.add_argument("--codec", default=gradcomp.DENSE, help="'dense' (DDP's all-reduce), a row name (--list) or a codec's spec "
+                    "(the text of a gradcomp.Codec, e.g. 'uniform bits=2 block=64 loco=1 loco_beta=0.95')")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--dense-steps", type=int, default=0, help="warm-up: the hook's first steps go dense")
@@ -199,10 +205,8 @@ def main():
     if args.summarize:
         summarize(args.summarize)
         return 0
-    ext = gradcomp_ddp.load_extension()  # build once, before the ranks start
     if args.list:
-        print("\n".join([gradcomp_ddp.DENSE] + ext.codec_names() + ext.tagc_names() + ext.gravac_names() +
-                        ext.gravac_ladder_names() + ext.powersgd_names()))
+        print("\n".join(gradcomp.codec_names()))
         return 0
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,7 +1,7 @@
 #pragma once
 // GraVAC over DDP's buckets: top-k with error feedback whose density one gravac_controller chooses
 // for the whole model (docs/control.md §1; the demo's in-process version is
-// train/gravac_aggregator.hpp). A step is the buckets DDP hands over one after another:
+// examples/train/gravac_aggregator.hpp). A step is the buckets DDP hands over one after another:
 //
 //   first bucket   the step's decision d = controller.decision() (the same on every rank: the
 //                  controller only ever sees rank-aggregated statistics)
@@ -33,7 +33,7 @@
 #include <utility>
 #include <vector>
 
-#include "../train/gravac_aggregator.hpp"
+#include "../../examples/train/gravac_aggregator.hpp"
 
 namespace gradcomp_torch {
 

@@ -1,9 +1,9 @@
 """gradcomp codecs as a DistributedDataParallel communication hook.
 
-    import gradcomp_ddp
-    state = gradcomp_ddp.GradcompHookState("top-k 1% + EF", model)
+    import gradcomp
+    state = gradcomp.GradcompHookState("top-k 1% + EF", model)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
-    ddp.register_comm_hook(state, gradcomp_ddp.gradcomp_hook)
+    ddp.register_comm_hook(state, gradcomp.gradcomp_hook)
     ...
     loss.backward()
     if state.step_skipped:        # a gradient held NaN/Inf on some rank: every rank skips
@@ -11,7 +11,8 @@
     else:
         optimizer.step()
 
-Each bucket goes through gradcomp::compressed_all_reduce (C++, extension gradcomp_torch), whose
+Each bucket goes through gradcomp::compressed_all_reduce (C++, the extension gradcomp._gradcomp_torch
+built from python/csrc/ when the package was installed), whose
 collectives run on the process group through `ProcessGroupOps`: the ranks first all-gather a
 40-byte agreement record (codec, parameters, size, step, bucket, a non-finite flag), then run the
 plan the library's `automatic_plan` picks for the bucket (`hook.plans`): `scatter_reduce` (an
@@ -19,7 +20,10 @@ all-to-all of chunk messages, each owner sums and re-encodes its chunk with a se
 all-gather: about 2(P - 1)/P of one message per rank, whatever P) where it sends less than
 `gather_decode` (all-gather the messages, decode them in rank order), or `summed_encodings`. The
 bucket becomes the mean, the same bits on every rank and the same bits as gradcomp's own
-collectives give for the same inputs. `sent_bytes` is what this rank sent in the step.
+collectives give for the same inputs. `sent_bytes` is what this rank's messages took in the step
+(the library's report: frames, counted once per receiver); `wire_bytes` is every byte the process
+group moved for it, per rank (ProcessGroupOps: agreement, sizes, padding, gloo's all-reduce for a
+reduce-scatter, the ring algorithms' traffic).
 
 Every bucket keeps a bucket state (its plan's chunk states, server state or one state; see
 bucket_state.hpp), keyed by the names of the bucket's parameters; the hook compresses a bucket with
@@ -37,28 +41,29 @@ import os
 
 import torch
 import torch.distributed as dist
-from torch.utils.cpp_extension import load
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_INCLUDE = os.path.normpath(os.path.join(_HERE, "..", "..", "include"))
+from . import _gradcomp_torch
+from .codecs import Codec
 
 DENSE = "dense"
 
 
-def load_extension(build_directory=None, verbose=False):
-    """Builds the gradcomp_torch extension with torch.utils.cpp_extension (once: later calls
-    reuse the build in `build_directory`, default $GRADCOMP_TORCH_BUILD or ./gradcomp_torch_build)
-    and imports it."""
-    build_directory = build_directory or os.environ.get("GRADCOMP_TORCH_BUILD") or os.path.abspath("gradcomp_torch_build")
-    os.makedirs(build_directory, exist_ok=True)
-    return load(name="gradcomp_torch", sources=[os.path.join(_HERE, "gradcomp_torch.cpp")],
-                extra_include_paths=[_INCLUDE], extra_cflags=["-std=c++20", "-O2"],
-                build_directory=build_directory, verbose=verbose)
+def extension():
+    """The compiled extension (python/csrc/gradcomp_torch.cpp), built against this environment's torch
+    when the package was installed."""
+    return _gradcomp_torch
 
 
 class ProcessGroupOps:
     """The collectives gradcomp's transport concept names, run on a torch.distributed group, in
-    place. Buffers are CPU tensors; with NCCL each is staged through the current CUDA device."""
+    place. Buffers are CPU tensors; with NCCL each is staged through the current CUDA device.
+
+    `wire_bytes` counts what every call moves, per rank: the collective's bytes over all the ranks
+    divided by P, as the ring algorithms move them (all-reduce 2(P - 1)/P of the buffer,
+    reduce-scatter (P - 1)/P of the input, all-gather P - 1 times the padded block) and a tree
+    (reduce, broadcast: (P - 1)/P of the buffer); an all-to-all counts what this rank sends to the
+    others. Everything counts: the sizes exchanged before a gather or an all-to-all, the padding to
+    the longest rank's buffer, and gloo's reduce-scatter, which is an all-reduce (gloo has none)."""
 
     def __init__(self, group=None):
         self.group = group if group is not None else dist.group.WORLD
@@ -69,6 +74,11 @@ class ProcessGroupOps:
             self._global = list(range(self.size()))
         else:
             self._global = dist.get_process_group_ranks(self.group)
+        self.wire_bytes = 0
+
+    def _count(self, total):
+        """Adds a collective's bytes over all the ranks, divided by P (integer)."""
+        self.wire_bytes += int(total) // self.size()
 
     def rank(self):
         return dist.get_rank(self.group)
@@ -84,15 +94,19 @@ class ProcessGroupOps:
         run(on_device)
         t.copy_(on_device.cpu())
 
+    def _all_reduce(self, t, op):
+        self._count(2 * (self.size() - 1) * t.numel() * t.element_size())
+        self._staged(t, lambda x: dist.all_reduce(x, op=op, group=self.group))
+
     def all_reduce_sum(self, t):
-        self._staged(t, lambda x: dist.all_reduce(x, op=dist.ReduceOp.SUM, group=self.group))
+        self._all_reduce(t, dist.ReduceOp.SUM)
 
     def all_reduce_max(self, t):
-        self._staged(t, lambda x: dist.all_reduce(x, op=dist.ReduceOp.MAX, group=self.group))
+        self._all_reduce(t, dist.ReduceOp.MAX)
 
     def all_reduce_or(self, t):
         if not self.nccl:
-            dist.all_reduce(t, op=dist.ReduceOp.BOR, group=self.group)
+            self._all_reduce(t, dist.ReduceOp.BOR)
             return
         # NCCL has no bitwise OR: gather and OR here.
         parts = self.all_gather_bytes(t.clone())
@@ -100,15 +114,25 @@ class ProcessGroupOps:
             t.bitwise_or_(part)
 
     def reduce_sum(self, t, root):
+        self._count((self.size() - 1) * t.numel() * t.element_size())
         self._staged(t, lambda x: dist.reduce(x, dst=self._global[root], op=dist.ReduceOp.SUM, group=self.group))
 
     def reduce_scatter_sum(self, inp, out):
-        # Gloo has no reduce_scatter: all-reduce the P blocks and keep this rank's.
-        self.all_reduce_sum(inp)
         n = out.numel()
+        if self.nccl:
+            self._count((self.size() - 1) * inp.numel() * inp.element_size())
+            blocks = list(inp.to(self.device).split(n))
+            on_device = torch.empty_like(blocks[0])
+            dist.reduce_scatter(on_device, blocks, op=dist.ReduceOp.SUM, group=self.group)
+            out.copy_(on_device.cpu())
+            return
+        # Gloo has no reduce-scatter: all-reduce the P blocks and keep this rank's (counted as the
+        # all-reduce it is).
+        self.all_reduce_sum(inp)
         out.copy_(inp[self.rank() * n:(self.rank() + 1) * n])
 
     def broadcast(self, t, root):
+        self._count((self.size() - 1) * t.numel() * t.element_size())
         self._staged(t, lambda x: dist.broadcast(x, src=self._global[root], group=self.group))
 
     def all_gather_bytes(self, t):
@@ -120,6 +144,7 @@ class ProcessGroupOps:
         padded = torch.zeros(longest, dtype=torch.uint8, device=self.device)
         padded[:t.numel()] = t.to(self.device)
         gathered = [torch.empty(longest, dtype=torch.uint8, device=self.device) for _ in range(self.size())]
+        self._count(self.size() * (self.size() - 1) * longest)
         dist.all_gather(gathered, padded, group=self.group)
         return [g[:int(n)].cpu() for g, n in zip(gathered, sizes)]
 
@@ -129,6 +154,7 @@ class ProcessGroupOps:
         (Gloo has both)."""
         send_sizes = torch.tensor([b.numel() for b in buffers], dtype=torch.int64, device=self.device)
         recv_sizes = torch.empty(self.size(), dtype=torch.int64, device=self.device)
+        self.wire_bytes += 8 * (self.size() - 1) + sum(b.numel() for j, b in enumerate(buffers) if j != self.rank())
         dist.all_to_all_single(recv_sizes, send_sizes, group=self.group)
         splits = recv_sizes.cpu().tolist()
         sent = torch.cat(buffers).to(self.device)
@@ -141,15 +167,19 @@ class ProcessGroupOps:
 class GradcompHookState:
     """What `gradcomp_hook` needs across steps: the codec, the per-bucket states, the step.
 
-    codec: a name of `codec_names()`, of `tagc_names()` (every parameter reduce-scattered through
-           TAGC: dynamic sparsification, the LHC index all-reduce and sketch reduce-scatter, then
-           the shards all-gathered), of `gravac_names()` (top-k + EF, the density chosen by
-           GraVAC for the whole model), of `gravac_ladder_names()` (GraVAC choosing a bit width
-           for the whole model: each bucket sent by the codec row of that width, with that row's
-           bucket states, kept for the candidate's and the safe level's widths only; a width that
-           stops being either drops its states), of `powersgd_names()` (every parameter through gradcomp's
-           PowerSGD all-reduce as a matrix, its first dimension × the rest, a state per
-           parameter; docs/lowrank.md), or "dense" (the process group's all-reduce).
+    codec: a `gradcomp.Codec` from the typed constructors (codecs.py: `gradcomp.topk(...)`,
+           `gradcomp.uniform(...)`, ...), or a name of the docs' tables (`codec_names()`, the
+           presets the measurements used). A codec compresses each bucket with its own state;
+           `tagc(...)` (the `tagc_names()` rows) reduce-scatters every parameter through TAGC:
+           dynamic sparsification, the LHC index all-reduce and sketch reduce-scatter, then the
+           shards all-gathered; `gravac(...)` (`gravac_names()`) is top-k + EF, the density chosen
+           by GraVAC for the whole model; `gravac_bits(...)` (`gravac_ladder_names()`) is GraVAC
+           choosing a bit width for the whole model: each bucket sent by the codec of that width,
+           with its bucket states, kept for the candidate's and the safe level's widths only (a
+           width that stops being either drops its states); `powersgd(...)` (`powersgd_names()`)
+           sends every parameter through gradcomp's PowerSGD all-reduce as a matrix, its first
+           dimension × the rest, a state per parameter (docs/lowrank.md); `dense()` or "dense" is
+           the process group's all-reduce.
     model: the module whose parameters DDP buckets (names key the states).
     dense_below: buckets of fewer elements go dense (the message header would outweigh them).
     record: a directory; every bucket's input and mean are appended to rank<r>.bin (for
@@ -164,25 +194,25 @@ class GradcompHookState:
 
     def __init__(self, codec, model, process_group=None, extension=None, dense_below=0, record=None, log=print,
                  dense_steps=0, print_decisions=False):
-        self.codec_name = codec
-        self.ext = extension if extension is not None else load_extension()
-        # A TAGC row keeps one state for the whole model (keyed by parameter index), a codec one
+        self.ext = extension if extension is not None else _gradcomp_torch
+        kind, name = _kind_and_name(codec, self.ext)
+        self.codec_name = name
+        # A TAGC scheme keeps one state for the whole model (keyed by parameter index), a codec one
         # state per bucket.
-        self.tagc = self.ext.Tagc(codec) if codec in self.ext.tagc_names() else None
+        self.tagc = self.ext.Tagc(name) if kind == "tagc" else None
         self.tagc_state = self.tagc.make_state() if self.tagc is not None else None
         # GraVAC: one controller for the model and residuals keyed by parameter, inside the object.
-        self.gravac = self.ext.Gravac(codec) if codec in self.ext.gravac_names() else None
-        # GraVAC over bit widths: one controller, and per width in use its codec row and bucket states.
-        self.ladder = self.ext.GravacLadder(codec) if codec in self.ext.gravac_ladder_names() else None
+        self.gravac = self.ext.Gravac(name) if kind == "gravac" else None
+        # GraVAC over bit widths: one controller, and per width in use its codec and bucket states.
+        self.ladder = self.ext.GravacLadder(name) if kind == "gravac_bits" else None
         self.widths = {}  # bits -> (Codec, {key: (State, sizes)}, orphans)
         self._observed = (0.0, 0.0, 0.0)  # the ladder's magnitudes of the step's buckets so far
         self.print_decisions = print_decisions
         # (first step, path, density or width sent or None, gain of the candidate, of the safe level)
         self.gravac_trace = []
         # PowerSGD: a state per parameter (keyed by its index), inside the object.
-        self.powersgd = self.ext.PowerSGD(codec) if codec in self.ext.powersgd_names() else None
-        scheme = any(x is not None for x in (self.tagc, self.gravac, self.ladder, self.powersgd))
-        self.codec = None if codec == DENSE or scheme else self.ext.Codec(codec)
+        self.powersgd = self.ext.PowerSGD(name) if kind == "powersgd" else None
+        self.codec = self.ext.Codec(name) if kind == "codec" else None
         self.ops = ProcessGroupOps(process_group)
         self.dense_below = dense_below
         self.dense_steps = dense_steps
@@ -200,7 +230,9 @@ class GradcompHookState:
         self.plans = {}       # bucket index -> the plan of its last call (codec.plan, or "dense")
         self.skipped_steps = []
         self.step_skipped = False
-        self.sent_bytes = 0   # this rank, the current or last step
+        self.sent_bytes = 0   # this rank, the current or last step: the messages (the library's report)
+        self.wire_bytes = 0   # this rank, the current or last step: every byte the process group moved
+        self._wire_start = 0  # ops.wire_bytes when the step began
         self.dense_bytes = 0
         self._in_step = False
         self._new_state = False  # the last bucket's state was made (fresh or re-laid) for it
@@ -344,6 +376,8 @@ class GradcompHookState:
             self._in_step = True
             self.step_skipped = False
             self.sent_bytes = 0
+            self.wire_bytes = 0
+            self._wire_start = self.ops.wire_bytes
             self.dense_bytes = 0
             if self.ladder is not None:
                 d = self.ladder.decision
@@ -467,6 +501,7 @@ class GradcompHookState:
             # Every rank alike (the skip is agreed): the step's magnitudes over the ranks, the next decision.
             self.ladder.end_step(self.ops, self._observed, self.sent_bytes)
             self._trace_gravac()
+        self.wire_bytes = self.ops.wire_bytes - self._wire_start
         self._end_bucket(bucket.is_last())
         mean = torch.empty_like(data)
         position = 0
@@ -474,6 +509,23 @@ class GradcompHookState:
             mean[o:o + n] = data[position:position + n]
             position += n
         return mean
+
+
+def _kind_and_name(codec, ext):
+    """What GradcompHookState runs for `codec` (a gradcomp.Codec or a preset's name): its kind
+    ("dense", "codec", "tagc", "gravac", "gravac_bits", "powersgd") and the name the extension
+    builds it from (the Codec's spec, or the preset's name)."""
+    if isinstance(codec, Codec):
+        return codec.kind, codec.spec
+    if not isinstance(codec, str):
+        raise TypeError(f"codec must be a gradcomp.Codec (gradcomp.topk(...), ...) or a preset's name, got {codec!r}")
+    if codec == DENSE:
+        return "dense", DENSE
+    for kind, names in (("tagc", ext.tagc_names()), ("gravac", ext.gravac_names()),
+                        ("gravac_bits", ext.gravac_ladder_names()), ("powersgd", ext.powersgd_names())):
+        if codec in names:
+            return kind, codec
+    return "codec", codec  # a codec preset, or an error from the extension naming what is wrong
 
 
 def gradcomp_hook(state, bucket):

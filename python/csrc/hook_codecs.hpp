@@ -1,6 +1,6 @@
 #pragma once
-// The codecs the PyTorch example offers, for the extension and replay_mpi alike: the rows of the
-// training examples' table (train/codec_table.hpp), then a homomorphic codec, whose messages the
+// The codecs the PyTorch package offers, for the extension and replay_mpi alike: the rows of the
+// training examples' table (examples/train/codec_table.hpp), then a homomorphic codec, whose messages the
 // ranks add with a SUM all-reduce instead of all-gathering them (the shared-scale 4-bit quantizer:
 // block maxima agreed by a MAX all-reduce, codes in 7-bit fields with 3 headroom bits, so up to 8
 // ranks), top-k 1% with decayed error feedback (β = 0.9), top-k 3% and 5% with error feedback, the variant for Adam-trained models
@@ -11,7 +11,7 @@
 #include <map>
 #include <string>
 
-#include "../train/codec_table.hpp"
+#include "../../examples/train/codec_table.hpp"
 
 namespace gradcomp_torch {
 

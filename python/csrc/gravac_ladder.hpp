@@ -3,7 +3,7 @@
 // the model, whose densities stand for widths, θ = bits/32 (θ_min the safe level's width; each
 // window of the search halves θ, so halves the width, down to θ_max). Each width sends with a codec
 // row of the hook's table (a uniform quantizer of that width with LoCo), through that row's bucket
-// states and plan like any codec (gradcomp_ddp.py keeps them per width: `scatter_reduce` with chunk
+// states and plan like any codec (gradcomp/ddp.py keeps them per width: `scatter_reduce` with chunk
 // and server states where it sends less). This object measures and decides:
 //
 //   measure(g, sizes)     this rank's magnitudes of one bucket: Σ_l ‖g_l‖₂² for the gradient, and
@@ -33,7 +33,7 @@
 #include <utility>
 #include <vector>
 
-#include "../train/gravac_aggregator.hpp"
+#include "../../examples/train/gravac_aggregator.hpp"
 
 namespace gradcomp_torch {
 

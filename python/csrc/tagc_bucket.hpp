@@ -18,7 +18,7 @@
 #include <span>
 #include <vector>
 
-#include "../train/mlp.hpp"
+#include "../../examples/train/mlp.hpp"
 
 namespace gradcomp_torch {
 

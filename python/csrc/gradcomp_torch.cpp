@@ -1,5 +1,5 @@
-// gradcomp_torch: gradcomp's CPU codecs and compressed all-reduce as a PyTorch C++ extension,
-// built by torch.utils.cpp_extension (see gradcomp_ddp.py, which loads it).
+// gradcomp._gradcomp_torch: gradcomp's CPU codecs and compressed all-reduce as a PyTorch C++
+// extension, built by the package's setup.py (torch's BuildExtension) and used by gradcomp/ddp.py.
 //
 // Python sees:
 //   codec_names()                        the codecs of hook_codecs.hpp: the training examples'
@@ -27,7 +27,7 @@
 //                                        re-laid states (bucket_state.hpp says what is dropped)
 //     .all_reduce_mean(ops, data[, state], step, tensor_id, dense_steps=0) -> dict
 //                                        gradcomp::compressed_all_reduce over `ops` (a
-//                                        gradcomp_ddp.ProcessGroupOps; with a bucket state its
+//                                        gradcomp.ProcessGroupOps; with a bucket state its
 //                                        plan, else the plan from the codec's traits;
 //                                        uncompressed while step < dense_steps, the warm-up),
 //                                        then divided by P: `data` becomes the mean, the same
@@ -81,9 +81,10 @@
 #include <utility>
 #include <vector>
 
-#include "../train/tagc_aggregator.hpp"
+#include "../../examples/train/tagc_aggregator.hpp"
 #include "tagc_bucket.hpp"
 #include "bucket_state.hpp"
+#include "codec_spec.hpp"
 #include "gravac_buckets.hpp"
 #include "gravac_ladder.hpp"
 #include "hook_codecs.hpp"
@@ -114,7 +115,7 @@ torch::Tensor tensor_over(std::span<V> s) {
 }
 
 /// gradcomp's transport concept over torch.distributed: every collective calls the method of the
-/// same name of `ops` (gradcomp_ddp.ProcessGroupOps), which runs it on the process group, in place
+/// same name of `ops` (gradcomp.ProcessGroupOps), which runs it on the process group, in place
 /// on a tensor over gradcomp's buffer. A Python exception becomes `errc::transport_failed`.
 class process_group_transport {
  public:
@@ -623,7 +624,7 @@ class tagc_scheme {
   mutable tagc_bucket_bytes totals_;
 };
 
-/// Collects the rows of train/codec_table.hpp that run here: the rows that are one codec
+/// Collects the rows of examples/train/codec_table.hpp that run here: the rows that are one codec
 /// all-gathered, and the TAGC rows.
 struct codec_rows {
   std::map<std::string, std::function<std::shared_ptr<codec_handle>()>> rows;
@@ -708,42 +709,51 @@ inline py::dict decision_dict(const gradcomp::gravac_decision& d) {
   return out;
 }
 
-inline std::shared_ptr<codec_handle> codec_named(const std::string& name) {
+/// What `name` names in `rows` (one of codec_rows' maps, of things called `what`): the table's row
+/// of that name, else what the codec spec `name` builds (codec_spec.hpp: the typed constructors'
+/// text). Throws invalid_argument for a refused row, for a name that is neither a row nor a valid
+/// spec (saying both), and for a spec of another kind (a TAGC spec given to Codec).
+template <class Made>
+std::shared_ptr<Made> made_from(const std::string& name,
+                                std::map<std::string, std::function<std::shared_ptr<Made>()>> codec_rows::*rows,
+                                const char* what, const char* listing) {
   const auto why = table().refused.find(name);
   gradcomp::detail::require(why == table().refused.end(), gradcomp::errc::invalid_argument,
                             [&] { return "the row \"" + name + "\" " + why->second; });
-  const auto it = table().rows.find(name);
-  gradcomp::detail::require(it != table().rows.end(), gradcomp::errc::invalid_argument,
-                            [&] { return "no codec named \"" + name + "\" (see codec_names())"; });
-  return it->second();
+  const auto row = (table().*rows).find(name);
+  if (row != (table().*rows).end()) return row->second();
+  codec_rows from_spec;
+  try {
+    visit_codec_spec(name, from_spec);
+  } catch (const gradcomp::error& e) {
+    throw gradcomp::error(gradcomp::errc::invalid_argument, "no " + std::string(what) + " row named \"" + name +
+                                                                "\" (see " + listing +
+                                                                "), and not a codec spec: " + e.what());
+  }
+  const auto made = (from_spec.*rows).find(name);
+  gradcomp::detail::require(made != (from_spec.*rows).end(), gradcomp::errc::invalid_argument,
+                            [&] { return "the codec spec \"" + name + "\" is not a " + what; });
+  return made->second();
+}
+
+inline std::shared_ptr<codec_handle> codec_named(const std::string& name) {
+  return made_from(name, &codec_rows::rows, "codec", "codec_names()");
 }
 
 inline std::shared_ptr<tagc_scheme> tagc_named(const std::string& name) {
-  const auto it = table().tagc_rows.find(name);
-  gradcomp::detail::require(it != table().tagc_rows.end(), gradcomp::errc::invalid_argument,
-                            [&] { return "no TAGC row named \"" + name + "\" (see tagc_names())"; });
-  return it->second();
+  return made_from(name, &codec_rows::tagc_rows, "TAGC", "tagc_names()");
 }
 
 inline std::shared_ptr<powersgd_buckets> powersgd_named(const std::string& name) {
-  const auto it = table().powersgd_rows.find(name);
-  gradcomp::detail::require(it != table().powersgd_rows.end(), gradcomp::errc::invalid_argument,
-                            [&] { return "no PowerSGD row named \"" + name + "\" (see powersgd_names())"; });
-  return it->second();
+  return made_from(name, &codec_rows::powersgd_rows, "PowerSGD", "powersgd_names()");
 }
 
 inline std::shared_ptr<gravac_ladder> gravac_ladder_named(const std::string& name) {
-  const auto it = table().gravac_ladder_rows.find(name);
-  gradcomp::detail::require(it != table().gravac_ladder_rows.end(), gradcomp::errc::invalid_argument,
-                            [&] { return "no GraVAC ladder row named \"" + name + "\" (see gravac_ladder_names())"; });
-  return it->second();
+  return made_from(name, &codec_rows::gravac_ladder_rows, "GraVAC ladder", "gravac_ladder_names()");
 }
 
 inline std::shared_ptr<gravac_buckets> gravac_named(const std::string& name) {
-  const auto it = table().gravac_rows.find(name);
-  gradcomp::detail::require(it != table().gravac_rows.end(), gradcomp::errc::invalid_argument,
-                            [&] { return "no GraVAC row named \"" + name + "\" (see gravac_names())"; });
-  return it->second();
+  return made_from(name, &codec_rows::gravac_rows, "GraVAC", "gravac_names()");
 }
 
 }  // namespace gradcomp_torch
@@ -751,7 +761,7 @@ inline std::shared_ptr<gravac_buckets> gravac_named(const std::string& name) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
   using namespace gradcomp_torch;
-  m.doc() = "gradcomp's CPU codecs and compressed all-reduce for PyTorch (examples/pytorch)";
+  m.doc() = "gradcomp's CPU codecs and compressed all-reduce for PyTorch (the gradcomp package)";
 
   static py::exception<gradcomp::error> error_type(m, "GradcompError");
   py::register_exception_translator([](std::exception_ptr p) {
