@@ -32,6 +32,10 @@
 //                                        uncompressed while step < dense_steps, the warm-up),
 //                                        then divided by P: `data` becomes the mean, the same
 //                                        bits on every rank; {"sent_bytes", "dense_bytes"}
+//     .make_chunk_states(n, ranks), .reduce_scatter_mean(ops, data, out[, chunk_states], step,
+//                                        tensor_id, dense_steps=0)   gradcomp::compressed_reduce_scatter
+//                                        with `average`: `out`, this rank's chunk, becomes that chunk
+//                                        of the mean (the FSDP hook, gradcomp/fsdp.py)
 //     .in_process_scatter_reduce(data, states, step=0, tensor_id=0)   the tests' reference:
 //                                        the scatter_reduce plan over the in-process transport,
 //                                        rank r on data[r] with bucket state states[r]
@@ -39,6 +43,8 @@
 //     .make_state(), .save_state(state), .load_state(bytes)   one state for the whole model
 //     .all_reduce_mean(ops, data, state, params)   params: (index in the model, name, shape)
 //                                        of each parameter of `data`, in order; three collectives
+//     .reduce_scatter_mean(ops, data, out, state, step, tensor_id)   one TAGC reduce-scatter of a
+//                                        flat gradient into this rank's shard (the FSDP hook)
 //     .owner_residuals(state) -> {bucket key: tensor}   the residuals of the shards this rank
 //                                        owns (the rows with a re-sparsified gather; else empty)
 //     .bytes_by_part()                   bytes sent so far: index, sketch, tail, padding, resent,
@@ -236,6 +242,11 @@ class codec_handle {
       int rank) const = 0;
   virtual void in_process_scatter_reduce(const std::vector<torch::Tensor>& data,
                                          const std::vector<state_handle*>& states, gradcomp::message_key key) const = 0;
+  // The FSDP hook's reduce-scatter.
+  [[nodiscard]] virtual std::shared_ptr<state_handle> make_chunk_states(std::uint64_t n, int ranks) const = 0;
+  virtual gradcomp::compressed_report reduce_scatter(process_group_transport& t, std::span<const float> data,
+                                                     std::span<float> out, state_handle* chunk_states,
+                                                     gradcomp::message_key key, std::uint64_t dense_steps) const = 0;
 };
 
 template <class C>
@@ -342,6 +353,34 @@ class codec_of final : public codec_handle {
     }
   }
 
+  /// P states, one per chunk of n values (`make_chunk_states`): what a stateful codec keeps for
+  /// `reduce_scatter`.
+  [[nodiscard]] std::shared_ptr<state_handle> make_chunk_states(std::uint64_t n, int ranks) const override {
+    if constexpr (has_state)
+      return std::make_shared<chunks_of_codec>(gradcomp::make_chunk_states(cpu_, codec_, n, ranks), n);
+    else
+      throw gradcomp::error(gradcomp::errc::invalid_argument, "this codec keeps no state");
+  }
+
+  /// `out` (this rank's chunk, `ring_chunk_of`) becomes that chunk of the mean over the ranks:
+  /// `compressed_reduce_scatter` with `average`, its `all_to_all` plan with the P chunk states
+  /// for a stateful codec, its automatic plan for a stateless one; the warm-up's uncompressed
+  /// reduce-scatter while key.step < dense_steps.
+  gradcomp::compressed_report reduce_scatter(process_group_transport& t, std::span<const float> data,
+                                             std::span<float> out, state_handle* chunk_states,
+                                             gradcomp::message_key key, std::uint64_t dense_steps) const override {
+    const gradcomp::reduce_scatter_options options{.key = key, .average = true, .dense_steps = dense_steps};
+    if constexpr (has_state) {
+      auto* chunks = dynamic_cast<chunks_of_codec*>(chunk_states);
+      gradcomp::detail::require(chunks != nullptr && chunks->n == data.size(), gradcomp::errc::invalid_argument,
+                                "a stateful codec's reduce-scatter needs its chunk states for this many values");
+      return gradcomp::compressed_reduce_scatter(cpu_, t, codec_, std::span(chunks->states), data, out, options);
+    } else {
+      gradcomp::detail::require(chunk_states == nullptr, gradcomp::errc::invalid_argument, "this codec keeps no state");
+      return gradcomp::compressed_reduce_scatter(cpu_, t, codec_, data, out, options);
+    }
+  }
+
   [[nodiscard]] gradcomp::all_reduce_plan plan(std::uint64_t n, int ranks) const override {
     return bucket_plan(codec_, n, ranks);
   }
@@ -410,6 +449,14 @@ class codec_of final : public codec_handle {
   }
 
  private:
+  struct chunks_of_codec final : state_handle {
+    chunks_of_codec(std::vector<gradcomp::state_type_of<C, gradcomp::cpu_executor>> s, std::uint64_t count)
+        : states(std::move(s)), n(count) {}
+    [[nodiscard]] std::uint64_t size() const override { return n; }
+    std::vector<gradcomp::state_type_of<C, gradcomp::cpu_executor>> states;
+    std::uint64_t n;
+  };
+
   struct bucket_of_codec final : state_handle {
     explicit bucket_of_codec(bucket_state<C> s) : state(std::move(s)) {}
     [[nodiscard]] std::uint64_t size() const override { return state.n; }
@@ -587,6 +634,18 @@ class tagc_scheme {
     if (gather_zero_fraction_) s.owner_residuals[bucket_id] = std::move(residual);
     totals_ += bytes;
     return bytes.total();
+  }
+
+  /// FSDP's reduce-scatter (gradcomp/fsdp.py): `out`, this rank's shard of `data` (FSDP's flat
+  /// gradient of one unit, padded to P equal shards), becomes that shard of the mean by one TAGC
+  /// reduce-scatter of the whole of `data` with TAGC's residual keyed by `unit` (no layer policy:
+  /// a flat gradient does not say where its parameters lie). Returns report.sent_bytes.
+  std::size_t reduce_scatter_mean(process_group_transport& t, std::span<const float> data, std::span<float> out,
+                                  state_handle& handle, gradcomp::message_key key) const {
+    const gradcomp::tagc_report report =
+        gradcomp::compressed_reduce_scatter(cpu_, t, tagc_, scheme_state_in(handle).state, data, out,
+                                            {.key = key, .average = true});
+    return static_cast<std::size_t>(report.sent_bytes);
   }
 
   /// This rank's owner residuals (re-sparsified gather), by bucket key; empty for the lossless gather.
@@ -866,6 +925,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                 std::uint64_t step,
                 std::uint32_t tensor_id) { c.in_process_scatter_reduce(data, states, key(step, tensor_id)); },
           py::arg("data"), py::arg("states"), py::arg("step") = 0, py::arg("tensor_id") = 0)
+      .def("make_chunk_states", &codec_handle::make_chunk_states, py::arg("n"), py::arg("ranks"))
+      .def(
+          "reduce_scatter_mean",
+          [key](const codec_handle& c, py::object ops, const torch::Tensor& data, const torch::Tensor& out,
+                state_handle* chunk_states, std::uint64_t step, std::uint32_t tensor_id, std::uint64_t dense_steps) {
+            process_group_transport t(std::move(ops));
+            const std::span<float> in = floats_of(data, "the data");
+            const gradcomp::compressed_report report =
+                c.reduce_scatter(t, in, floats_of(out, "the output"), chunk_states, key(step, tensor_id), dense_steps);
+            py::dict result;
+            result["sent_bytes"] = report.sent_bytes;
+            result["dense_bytes"] = report.dense_bytes;
+            return result;
+          },
+          py::arg("ops"), py::arg("data"), py::arg("out"), py::arg("chunk_states") = nullptr, py::arg("step") = 0,
+          py::arg("tensor_id") = 0, py::arg("dense_steps") = 0)
       .def(
           "all_reduce_mean",
           [key](const codec_handle& c, py::object ops, const torch::Tensor& data, state_handle* state,
@@ -973,6 +1048,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             return out;
           },
           py::arg("ops"), py::arg("data"), py::arg("state"), py::arg("params"))
+      .def(
+          "reduce_scatter_mean",
+          [key](const tagc_scheme& s, py::object ops, const torch::Tensor& data, const torch::Tensor& out,
+                state_handle& state, std::uint64_t step, std::uint32_t tensor_id) {
+            process_group_transport t(std::move(ops));
+            py::dict result;
+            result["sent_bytes"] = s.reduce_scatter_mean(t, floats_of(data, "the data"), floats_of(out, "the output"),
+                                                         state, key(step, tensor_id));
+            return result;
+          },
+          py::arg("ops"), py::arg("data"), py::arg("out"), py::arg("state"), py::arg("step"), py::arg("tensor_id"))
       .def(
           "owner_residuals",
           [](const tagc_scheme&, const state_handle& state) {

@@ -5,7 +5,8 @@
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     ddp.register_comm_hook(hook, gradcomp.gradcomp_hook)
 
-The codecs come from typed constructors (codecs.py: topk, randomk, threshold, uniform, qsgd, sign,
+FSDP (FSDP1's register_comm_hook): `gradcomp.FSDPHookState(codec, fsdp_model)` and
+`gradcomp.fsdp_hook` (fsdp.py). The codecs come from typed constructors (codecs.py: topk, randomk, threshold, uniform, qsgd, sign,
 shared_scale, zfp, tagc, powersgd, gravac, gravac_bits, dense); `codec_names()` lists the presets
 the docs' measurements name. docs/pytorch.md is the guide. The C++ extension
 (gradcomp._gradcomp_torch) is compiled against this environment's torch when the package is
@@ -15,6 +16,7 @@ installed: `python3 -m pip install --no-build-isolation ./python` from a gradcom
 from .codecs import (Codec, dense, gravac, gravac_bits, powersgd, qsgd, randomk, shared_scale, sign, tagc, threshold,
                      topk, uniform, zfp)
 from .ddp import DENSE, GradcompHookState, ProcessGroupOps, extension, gradcomp_hook
+from .fsdp import FSDPHookState, fsdp_hook
 
 GradcompError = extension().GradcompError
 
@@ -33,6 +35,6 @@ def refused_rows():
     return extension().refused_rows()
 
 
-__all__ = ["DENSE", "Codec", "GradcompError", "GradcompHookState", "ProcessGroupOps", "codec_names", "dense",
-           "extension", "gradcomp_hook", "gravac", "gravac_bits", "powersgd", "qsgd", "randomk", "refused_rows",
+__all__ = ["DENSE", "Codec", "FSDPHookState", "GradcompError", "GradcompHookState", "ProcessGroupOps", "codec_names", "dense",
+           "extension", "fsdp_hook", "gradcomp_hook", "gravac", "gravac_bits", "powersgd", "qsgd", "randomk", "refused_rows",
            "shared_scale", "sign", "tagc", "threshold", "topk", "uniform", "zfp"]
