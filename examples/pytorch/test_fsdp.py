@@ -3,7 +3,8 @@ of an MLP in its own unit (three units). Checked per rank and call: with a lossl
 density 1) and with dense(), every shard the hook fills is exactly the mean of that shard over the
 ranks' flat gradients (dyadic gradients: every sum exact); then training on a synthetic 10-class
 problem with TAGC f* = 0.95 and top-k 1% + EF ends within 5% of FSDP's own reduce-scatter, every
-rank holding the same parameters, and a NaN in rank 1's step-12 batch skips step 12 on every rank.
+rank holding the same parameters, and a NaN in rank 1's step-12 batch skips step 12 on every rank;
+and a run resumed at step 15 from the hook's state_dict ends with the same bits as one that was not.
 
 Needs an FSDP that runs on CPU (torch 2.x; Debian's torch 1.13 cannot import it under Python 3.11
 and refuses CPU-only execution): skipped otherwise, with the reason. Not in CI (Debian's torch);
@@ -111,6 +112,34 @@ def worker(rank, world, port, out):
         results[name] = {"loss": sum(losses[-20:]) / 20, "skipped": skipped,
                          "same_everywhere": all(torch.equal(flat, other) for other in everyone),
                          "sent": hook.sent_bytes if hook else None, "wire": hook.wire_bytes if hook else None}
+    # 3. Checkpoint and resume: 30 steps straight, against 15 steps, the hook's state_dict and the
+    # parameters carried into a fresh model and hook, then 15 more (SGD keeps no optimizer state).
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    for name, codec in (("tagc", gradcomp.tagc(0.95)), ("topk", gradcomp.topk(0.01, error_feedback=True))):
+        finals = []
+        for resume_at in (None, 15):
+            model = wrapped(mlp())
+            hook = gradcomp.FSDPHookState(codec, model)
+            model.register_comm_hook(hook, gradcomp.fsdp_hook)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for step in range(30):
+                if step == resume_at:
+                    saved = hook.state_dict()
+                    fresh = wrapped(mlp())
+                    with FSDP.summon_full_params(model), FSDP.summon_full_params(fresh):
+                        for a, b in zip(fresh.parameters(), model.parameters()):
+                            a.data.copy_(b.data)
+                    model, hook = fresh, gradcomp.FSDPHookState(codec, fresh)
+                    hook.load_state_dict(saved)
+                    model.register_comm_hook(hook, gradcomp.fsdp_hook)
+                    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                x, y = batch(step, rank)
+                optimizer.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                optimizer.step()
+            with FSDP.summon_full_params(model):
+                finals.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+        results[name]["resumed_same"] = torch.equal(finals[0], finals[1])
     torch.save(results, os.path.join(out, f"rank{rank}.pt"))
     dist.destroy_process_group()
 
@@ -135,6 +164,7 @@ class FSDPHookTest(unittest.TestCase):
                 self.assertEqual(r[name]["skipped"], [12], name)
                 self.assertTrue(r[name]["same_everywhere"], name)
                 self.assertGreater(r[name]["wire"], 0)
+                self.assertTrue(r[name]["resumed_same"], name)
         print(f"\nP = {world}: final loss FSDP {ranks[0]['fsdp']['loss']:.4f}, "
               + ", ".join(f"{n} {ranks[0][n]['loss']:.4f} ({ranks[0][n]['sent']} bytes sent, "
                           f"{ranks[0][n]['wire']} on the wire in the last step)" for n in ("tagc", "topk")))

@@ -109,6 +109,35 @@ gradcomp::compressed_report bucket_all_reduce(const E& e, X& t, const C& codec, 
   }
 }
 
+/// Appends `state` (of `wrapper`, for m values) to `out`: its u64 size, then its saved bytes.
+template <class W, class S, class E>
+void append_saved_state(std::vector<std::byte>& out, const E& e, const W& wrapper, const S& state, std::uint64_t m) {
+  std::vector<std::byte> bytes(wrapper.saved_state_bytes(m));
+  bytes.resize(wrapper.save_state(e, state, bytes));
+  const std::uint64_t size = bytes.size();
+  const std::size_t at = out.size();
+  out.resize(at + 8 + bytes.size());
+  std::memcpy(out.data() + at, &size, 8);
+  std::memcpy(out.data() + at + 8, bytes.data(), bytes.size());
+}
+
+/// Reads the next `size` bytes of `bytes` from `at` (advanced past them). @throws gradcomp::error
+/// `truncated` when fewer are left.
+inline std::span<const std::byte> take_saved(std::span<const std::byte> bytes, std::size_t& at, std::size_t size) {
+  gradcomp::detail::require(bytes.size() - at >= size, gradcomp::errc::truncated, "a saved bucket state ends early");
+  const std::span<const std::byte> piece = bytes.subspan(at, size);
+  at += size;
+  return piece;
+}
+
+/// Loads into `state` (of `wrapper`) the state `append_saved_state` wrote at `at` (advanced past it).
+template <class W, class S, class E>
+void load_saved_state(std::span<const std::byte> bytes, std::size_t& at, const E& e, const W& wrapper, S& state) {
+  std::uint64_t size = 0;
+  std::memcpy(&size, take_saved(bytes, at, 8).data(), 8);
+  wrapper.load_state(e, take_saved(bytes, at, static_cast<std::size_t>(size)), state);
+}
+
 /// The saved states of `s` (format in this file's comment).
 template <class C, class E>
 [[nodiscard]] std::vector<std::byte> save_bucket_state(const E& e, const C& codec, const bucket_state<C, E>& s) {
@@ -116,13 +145,7 @@ template <class C, class E>
   const auto count = static_cast<std::uint32_t>(s.workers.size() + s.server.size());
   std::memcpy(out.data(), &count, 4);
   const auto append = [&](const auto& wrapper, const auto& state, std::uint64_t m) {
-    std::vector<std::byte> bytes(wrapper.saved_state_bytes(m));
-    bytes.resize(wrapper.save_state(e, state, bytes));
-    const std::uint64_t size = bytes.size();
-    const std::size_t at = out.size();
-    out.resize(at + 8 + bytes.size());
-    std::memcpy(out.data() + at, &size, 8);
-    std::memcpy(out.data() + at + 8, bytes.data(), bytes.size());
+    append_saved_state(out, e, wrapper, state, m);
   };
   const bool scatter = s.plan == gradcomp::all_reduce_plan::scatter_reduce;
   if constexpr (bucket_state<C, E>::has_state)
@@ -141,23 +164,13 @@ template <class C, class E>
                                                    std::uint64_t n, int ranks, int rank) {
   bucket_state<C, E> s = make_bucket_state(e, codec, n, ranks, rank);
   std::size_t at = 0;
-  const auto take = [&](std::size_t size) {
-    gradcomp::detail::require(bytes.size() - at >= size, gradcomp::errc::truncated, "a saved bucket state ends early");
-    const std::span<const std::byte> piece = bytes.subspan(at, size);
-    at += size;
-    return piece;
-  };
   std::uint32_t count = 0;
-  std::memcpy(&count, take(4).data(), 4);
+  std::memcpy(&count, take_saved(bytes, at, 4).data(), 4);
   gradcomp::detail::require(count == s.workers.size() + s.server.size(), gradcomp::errc::size_mismatch, [&] {
     return "a saved bucket state of " + std::to_string(count) + " states, the bucket's plan (" + plan_name(s.plan) +
            ") keeps " + std::to_string(s.workers.size() + s.server.size());
   });
-  const auto load = [&](const auto& wrapper, auto& state) {
-    std::uint64_t size = 0;
-    std::memcpy(&size, take(8).data(), 8);
-    wrapper.load_state(e, take(static_cast<std::size_t>(size)), state);
-  };
+  const auto load = [&](const auto& wrapper, auto& state) { load_saved_state(bytes, at, e, wrapper, state); };
   if constexpr (bucket_state<C, E>::has_state)
     for (auto& worker : s.workers) load(codec, worker);
   for (auto& server : s.server) load(gradcomp::server_codec_of(e, codec), server);

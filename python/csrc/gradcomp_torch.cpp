@@ -32,7 +32,8 @@
 //                                        uncompressed while step < dense_steps, the warm-up),
 //                                        then divided by P: `data` becomes the mean, the same
 //                                        bits on every rank; {"sent_bytes", "dense_bytes"}
-//     .make_chunk_states(n, ranks), .reduce_scatter_mean(ops, data, out[, chunk_states], step,
+//     .make_chunk_states(n, ranks), .save_chunk_states(states), .load_chunk_states(bytes, n, ranks),
+//     .reduce_scatter_mean(ops, data, out[, chunk_states], step,
 //                                        tensor_id, dense_steps=0)   gradcomp::compressed_reduce_scatter
 //                                        with `average`: `out`, this rank's chunk, becomes that chunk
 //                                        of the mean (the FSDP hook, gradcomp/fsdp.py)
@@ -244,6 +245,9 @@ class codec_handle {
                                          const std::vector<state_handle*>& states, gradcomp::message_key key) const = 0;
   // The FSDP hook's reduce-scatter.
   [[nodiscard]] virtual std::shared_ptr<state_handle> make_chunk_states(std::uint64_t n, int ranks) const = 0;
+  [[nodiscard]] virtual py::bytes save_chunk_states(const state_handle& states) const = 0;
+  [[nodiscard]] virtual std::shared_ptr<state_handle> load_chunk_states(const std::string& bytes, std::uint64_t n,
+                                                                        int ranks) const = 0;
   virtual gradcomp::compressed_report reduce_scatter(process_group_transport& t, std::span<const float> data,
                                                      std::span<float> out, state_handle* chunk_states,
                                                      gradcomp::message_key key, std::uint64_t dense_steps) const = 0;
@@ -362,6 +366,47 @@ class codec_of final : public codec_handle {
       throw gradcomp::error(gradcomp::errc::invalid_argument, "this codec keeps no state");
   }
 
+  /// The chunk states saved: a u32 count P, then per chunk its u64 size and gradcomp's saved state
+  /// (bucket_state.hpp's format).
+  [[nodiscard]] py::bytes save_chunk_states(const state_handle& handle) const override {
+    if constexpr (has_state) {
+      const chunks_of_codec& c = chunks_in(handle);
+      const auto ranks = static_cast<int>(c.states.size());
+      std::vector<std::byte> out(4);
+      const auto count = static_cast<std::uint32_t>(ranks);
+      std::memcpy(out.data(), &count, 4);
+      for (int j = 0; j < ranks; ++j)
+        append_saved_state(out, cpu_, codec_, c.states[static_cast<std::size_t>(j)],
+                           gradcomp::ring_chunk_of(c.n, ranks, j).count);
+      return py::bytes(reinterpret_cast<const char*>(out.data()), out.size());
+    } else {
+      throw gradcomp::error(gradcomp::errc::invalid_argument, "this codec keeps no state");
+    }
+  }
+
+  /// Chunk states of n values at P = `ranks` from `save_chunk_states`' bytes. @throws
+  /// gradcomp::error `truncated`, `trailing_bytes`, `size_mismatch` (another P), or as the codec's
+  /// `load_state`.
+  [[nodiscard]] std::shared_ptr<state_handle> load_chunk_states(const std::string& bytes, std::uint64_t n,
+                                                                int ranks) const override {
+    if constexpr (has_state) {
+      auto loaded = std::make_shared<chunks_of_codec>(gradcomp::make_chunk_states(cpu_, codec_, n, ranks), n);
+      const std::span<const std::byte> saved = std::as_bytes(std::span<const char>(bytes));
+      std::size_t at = 0;
+      std::uint32_t count = 0;
+      std::memcpy(&count, take_saved(saved, at, 4).data(), 4);
+      gradcomp::detail::require(count == static_cast<std::uint32_t>(ranks), gradcomp::errc::size_mismatch, [&] {
+        return "saved chunk states of " + std::to_string(count) + " chunks, P = " + std::to_string(ranks);
+      });
+      for (auto& state : loaded->states) load_saved_state(saved, at, cpu_, codec_, state);
+      gradcomp::detail::require(at == saved.size(), gradcomp::errc::trailing_bytes,
+                                "saved chunk states have trailing bytes");
+      return loaded;
+    } else {
+      throw gradcomp::error(gradcomp::errc::invalid_argument, "this codec keeps no state");
+    }
+  }
+
   /// `out` (this rank's chunk, `ring_chunk_of`) becomes that chunk of the mean over the ranks:
   /// `compressed_reduce_scatter` with `average`, its `all_to_all` plan with the P chunk states
   /// for a stateful codec, its automatic plan for a stateless one; the warm-up's uncompressed
@@ -371,10 +416,12 @@ class codec_of final : public codec_handle {
                                              gradcomp::message_key key, std::uint64_t dense_steps) const override {
     const gradcomp::reduce_scatter_options options{.key = key, .average = true, .dense_steps = dense_steps};
     if constexpr (has_state) {
-      auto* chunks = dynamic_cast<chunks_of_codec*>(chunk_states);
-      gradcomp::detail::require(chunks != nullptr && chunks->n == data.size(), gradcomp::errc::invalid_argument,
-                                "a stateful codec's reduce-scatter needs its chunk states for this many values");
-      return gradcomp::compressed_reduce_scatter(cpu_, t, codec_, std::span(chunks->states), data, out, options);
+      gradcomp::detail::require(chunk_states != nullptr, gradcomp::errc::invalid_argument,
+                                "a stateful codec's reduce-scatter needs its chunk states");
+      chunks_of_codec& chunks = chunks_in(*chunk_states);
+      gradcomp::detail::require(chunks.n == data.size(), gradcomp::errc::invalid_argument,
+                                "the chunk states are for another number of values");
+      return gradcomp::compressed_reduce_scatter(cpu_, t, codec_, std::span(chunks.states), data, out, options);
     } else {
       gradcomp::detail::require(chunk_states == nullptr, gradcomp::errc::invalid_argument, "this codec keeps no state");
       return gradcomp::compressed_reduce_scatter(cpu_, t, codec_, data, out, options);
@@ -456,6 +503,12 @@ class codec_of final : public codec_handle {
     std::vector<gradcomp::state_type_of<C, gradcomp::cpu_executor>> states;
     std::uint64_t n;
   };
+
+  static chunks_of_codec& chunks_in(const state_handle& handle) {
+    auto* c = dynamic_cast<chunks_of_codec*>(const_cast<state_handle*>(&handle));
+    gradcomp::detail::require(c != nullptr, gradcomp::errc::invalid_argument, "not chunk states of this codec");
+    return *c;
+  }
 
   struct bucket_of_codec final : state_handle {
     explicit bucket_of_codec(bucket_state<C> s) : state(std::move(s)) {}
@@ -926,6 +979,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                 std::uint32_t tensor_id) { c.in_process_scatter_reduce(data, states, key(step, tensor_id)); },
           py::arg("data"), py::arg("states"), py::arg("step") = 0, py::arg("tensor_id") = 0)
       .def("make_chunk_states", &codec_handle::make_chunk_states, py::arg("n"), py::arg("ranks"))
+      .def("save_chunk_states", &codec_handle::save_chunk_states, py::arg("states"))
+      .def("load_chunk_states", &codec_handle::load_chunk_states, py::arg("saved"), py::arg("n"), py::arg("ranks"))
       .def(
           "reduce_scatter_mean",
           [key](const codec_handle& c, py::object ops, const torch::Tensor& data, const torch::Tensor& out,

@@ -19,7 +19,8 @@ its flat gradient, checked at every call; a step is one call per unit. So every 
 gradient every step (FSDP does so for a unit with any trainable parameter). NaN or Inf in any rank's
 gradient raises non_finite_input on every rank alike: the shard is zeroed and `step_skipped` set,
 as in the DDP hook. Sharding strategies that reduce-scatter (FULL_SHARD, SHARD_GRAD_OP) call this
-hook; NO_SHARD calls it with one argument and is refused. Not checkpointed yet (docs/pytorch.md §7).
+hook; NO_SHARD calls it with one argument and is refused. `state_dict()` / `load_state_dict()`
+put the units' states in a checkpoint; a resumed run continues bit for bit.
 """
 
 import torch
@@ -65,6 +66,38 @@ class FSDPHookState:
         self.wire_bytes = 0   # this rank, the current or last step: every byte the process group moved
         self._wire_start = 0
 
+    # ---- checkpoints -------------------------------------------------------------------------
+    def state_dict(self):
+        """The hook's state, for a training checkpoint: the codec, the counters, each unit's size and
+        its chunk states (a stateful codec) or TAGC's state."""
+        if self.calls % self.units:
+            raise RuntimeError("state_dict() in the middle of a step")
+        states = {}
+        if self.codec is not None and self.codec.stateful:
+            states = {unit: self.codec.save_chunk_states(s) for unit, s in self.states.items()}
+        if self.tagc is not None:
+            states = {"tagc": self.tagc.save_state(self.tagc_state)}
+        return {"format": 1, "codec": self.codec_name, "units": self.units, "ranks": self.ops.size(),
+                "step": self.step, "sizes": dict(self.sizes), "skipped_steps": list(self.skipped_steps),
+                "states": states}
+
+    def load_state_dict(self, saved):
+        """Restores `state_dict()`'s state (of the same codec, number of units and P)."""
+        mine = (1, self.codec_name, self.units, self.ops.size())
+        theirs = (saved.get("format"), saved.get("codec"), saved.get("units"), saved.get("ranks"))
+        if theirs != mine:
+            raise ValueError(f"checkpoint of (format, codec, units, ranks) {theirs}, this hook has {mine}")
+        self.sizes = dict(saved["sizes"])
+        if self.tagc is not None:
+            self.tagc_state = self.tagc.load_state(saved["states"]["tagc"])
+        elif self.codec is not None and self.codec.stateful:
+            self.states = {unit: self.codec.load_chunk_states(blob, self.sizes[unit], self.ops.size())
+                           for unit, blob in saved["states"].items()}
+        self.step = saved["step"]
+        self.calls = self.step * self.units
+        self.skipped_steps = list(saved["skipped_steps"])
+
+    # ---- per unit ----------------------------------------------------------------------------
     def reduce_scatter(self, grad, output):
         """`output` (this rank's shard of `grad`) becomes that shard of the mean over the ranks."""
         unit = self.calls % self.units
