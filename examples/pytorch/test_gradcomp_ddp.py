@@ -624,6 +624,20 @@ class HookStateTest(unittest.TestCase):
             EXT.Codec(gradcomp.tagc().spec)
         self.assertIn("is not a codec", caught.exception.args[1])
 
+    def test_a_gradient_not_in_host_float32_is_copied_with_a_warning(self):
+        # No CUDA or 16-bit path yet: such a bucket is copied into float32 host memory, and the first
+        # copy in the process says so (a float64 bucket stands for a CUDA or bf16 one here).
+        m = model()
+        hook = self.hook(gradcomp.topk(1.0), m)  # lossless: on one rank the mean is the input
+        params = list(m.parameters())
+        grads = {id(p): g.double() for p, g in zip(params, dyadic_gradients(m, 0).values())}
+        gradcomp.ddp._staged_to_host.warned = False
+        with self.assertWarns(UserWarning) as caught:
+            mean = gradcomp.gradcomp_hook(hook, Bucket(0, params, grads, True)).wait()
+        self.assertIn("torch.float64 gradients on cpu are copied into float32 host memory", str(caught.warning))
+        self.assertEqual(mean.dtype, torch.float64)
+        self.assertTrue(torch.equal(mean, torch.cat([g.flatten() for g in grads.values()])))
+
     def test_foreign_parameter_is_refused(self):
         m = model()
         hook = self.hook("top-k 1% + EF", m)

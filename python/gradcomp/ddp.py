@@ -38,6 +38,7 @@ checkpoint; a restored run continues bit for bit.
 """
 
 import os
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -449,7 +450,7 @@ class GradcompHookState:
         self._begin_bucket()
         buffer = bucket.buffer().detach()
         key, sizes, offsets = self._layout_of(bucket)
-        data = torch.cat([buffer[o:o + n] for o, n in zip(offsets, sizes)]).to("cpu", torch.float32).contiguous()
+        data = _staged_to_host(torch.cat([buffer[o:o + n] for o, n in zip(offsets, sizes)]))
         before = data.clone() if self.record else None
         saved = b""
         self._new_state = False
@@ -509,6 +510,21 @@ class GradcompHookState:
             mean[o:o + n] = data[position:position + n]
             position += n
         return mean
+
+
+def _staged_to_host(tensor):
+    """`tensor` as a contiguous float32 CPU tensor. The extension has no CUDA backend yet, so a
+    CUDA (or non-float32) gradient is copied, and the first such copy in the process says so
+    (docs/pytorch.md §7): never a silent copy."""
+    if (tensor.is_cuda or tensor.dtype != torch.float32) and not _staged_to_host.warned:
+        _staged_to_host.warned = True
+        warnings.warn(f"gradcomp: {tensor.dtype} gradients on {tensor.device} are copied into float32 host memory "
+                      "for the CPU codecs and the mean copied back (no CUDA or 16-bit path in the PyTorch package yet)",
+                      stacklevel=3)
+    return tensor.to("cpu", torch.float32).contiguous()
+
+
+_staged_to_host.warned = False
 
 
 def _kind_and_name(codec, ext):

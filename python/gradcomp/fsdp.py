@@ -26,7 +26,7 @@ put the units' states in a checkpoint; a resumed run continues bit for bit.
 import torch
 
 from . import _gradcomp_torch
-from .ddp import ProcessGroupOps, _kind_and_name
+from .ddp import ProcessGroupOps, _kind_and_name, _staged_to_host
 
 
 class FSDPHookState:
@@ -111,7 +111,7 @@ class FSDPHookState:
                                "not called in the order this state expects (does every unit take a gradient?)")
         if output.numel() * world != n:
             raise ValueError(f"a shard of {output.numel()} values of a flat gradient of {n} at P = {world}")
-        data = grad.detach().to("cpu", torch.float32).contiguous()
+        data = _staged_to_host(grad.detach())
         out = torch.empty(output.numel(), dtype=torch.float32)
         warm_up = self.step < self.dense_steps
         try:
