@@ -14,6 +14,7 @@
 #include <gradcomp/quantize/qsgd.hpp>
 #include <gradcomp/quantize/sign.hpp>
 #include <gradcomp/quantize/uniform.hpp>
+#include <gradcomp/sketch/count_sketch.hpp>
 #include <gradcomp/sparsify/threshold.hpp>
 #include <gradcomp/sparsify/topk.hpp>
 
@@ -136,6 +137,8 @@ TEST_CASE_TEMPLATE("error feedback of 16-bit gradients keeps a float32 residual,
   check_half_error_feedback(sign_quantizer<H>({.block = 128}), n, 1.0);
   check_half_error_feedback(qsgd_quantizer<H>({.levels = 7, .bucket = 128, .seed = 2}), n, 1.0);
   check_half_error_feedback(threshold_sparsifier<H>({.target = {.density = 0.02}, .seed = 3}), n, 1.0);
+  check_half_error_feedback(count_sketch<H>({.rows = 3, .columns = 512, .seed = 6, .heavy_hitters = {.density = 0.02}}),
+                            n, 1.0);
   check_half_error_feedback(pipeline(topk_sparsifier<H>(sparsity{.density = 0.02}),
                                      uniform_quantizer<H>({.bits = 8, .block = 32})),
                             n, 1.0);

@@ -169,6 +169,12 @@ int main(int argc, char** argv) {
                 count_sketch<float>({.rows = 3, .columns = 64, .seed = 7, .heavy_hitters = {.k = 10}}), x);
     write_seeds(root / "count_sketch", "f64_n" + size,
                 count_sketch<double>({.rows = 2, .columns = 5, .seed = 1, .heavy_hitters = {.density = 0.1}}), xd);
+    write_seeds(root / "count_sketch", "bf16_n" + size,
+                count_sketch<bf16>({.rows = 3, .columns = 64, .seed = 7, .heavy_hitters = {.k = 10}}), half_of<bf16>(x),
+                {std::uint8_t{4}, std::uint8_t{5}});
+    write_seeds(root / "count_sketch", "fp16_n" + size,
+                count_sketch<fp16>({.rows = 3, .columns = 64, .seed = 7, .heavy_hitters = {.k = 10}}), half_of<fp16>(x),
+                {std::uint8_t{6}, std::uint8_t{7}});
     write_seeds(root / "envelope", "randomk_n" + size,
                 randomk_sparsifier<float>({.amount = {.density = 0.05}, .seed = 42}), x);
   }

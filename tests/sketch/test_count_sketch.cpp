@@ -40,33 +40,6 @@ static_assert(!sparsifier<count_sketch<float>>);
 namespace {
 
 template <class T>
-std::vector<T> oracle_table(const count_sketch_params& p, const std::vector<T>& x) {
-  std::vector<T> table(p.rows * p.columns, T{0});
-  for (std::size_t i = 0; i < x.size(); ++i)
-    for (std::uint32_t j = 0; j < p.rows; ++j) {
-      const std::uint32_t h = oracle_hash(p.seed, j, i);
-      table[j * p.columns + oracle_bucket(h, p.columns)] += (h >> 31) != 0 ? -x[i] : x[i];
-    }
-  return table;
-}
-
-template <class T>
-std::vector<T> oracle_estimates(const count_sketch_params& p, const std::vector<T>& table, std::size_t n) {
-  std::vector<T> est(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    std::vector<T> v;
-    for (std::uint32_t j = 0; j < p.rows; ++j) {
-      const std::uint32_t h = oracle_hash(p.seed, j, i);
-      const T cell = table[j * p.columns + oracle_bucket(h, p.columns)];
-      v.push_back((h >> 31) != 0 ? -cell : cell);
-    }
-    std::sort(v.begin(), v.end());
-    est[i] = p.rows % 2 == 1 ? v[p.rows / 2] : v[p.rows / 2 - 1] / T{2} + v[p.rows / 2] / T{2};
-  }
-  return est;
-}
-
-template <class T>
 std::vector<T> estimates_of(const count_sketch<T>& cs, const std::vector<std::byte>& message, std::size_t n) {
   std::vector<T> out(n);
   cs.estimate(cpu_executor{}, message, std::span<T>(out), {});

@@ -115,6 +115,8 @@ void for_each_golden_half_codec(F&& f) {
     golden_input<bf16>(1000), message_key{.step = 2, .tensor_id = 4});
   f("shared_scale4_bf16.bin", shared_scale_quantizer<bf16>({.bits = 4, .block = 32, .headroom_bits = 2}),
     golden_input<bf16>(100), message_key{.step = 6, .tensor_id = 2});
+  f("count_sketch_bf16.bin", count_sketch<bf16>({.rows = 3, .columns = 64, .seed = 7, .heavy_hitters = {.k = 10}}),
+    golden_input<bf16>(1000), message_key{.step = 5, .tensor_id = 3});
 }
 
 /// The codec of the shared-scale sum's golden file (three ranks' messages summed).

@@ -132,13 +132,37 @@ concept agreed_scale_encoding =
       { c.encode_shared(e, grad, agreed, out, ws, key, rank) } -> std::same_as<std::size_t>;
     };
 
-/// A summable encoding that can run `summed_encodings` for its value type: any, for float and
-/// double; for bf16 and fp16 only one whose summed region holds integers (the shared-scale
-/// quantizer's code fields), since 16-bit values summed in the messages would lose their low bits
-/// (docs/half-precision.md §3).
+namespace detail {
+
+/// The type whose values a summable encoding's region holds: uint64 words for an agreed-scale
+/// encoding, the codec's `cell_type` where it names one (the count sketch's cells, float32 for a
+/// 16-bit gradient), else its value type.
 template <class C>
-concept summed_in_messages =
-    summable_encoding<C> && (!half_precision<typename C::value_type> || agreed_scale_encoding<C>);
+struct summed_word {
+  using type = typename C::value_type;
+};
+template <class C>
+  requires requires { typename C::cell_type; }
+struct summed_word<C> {
+  using type = typename C::cell_type;
+};
+template <agreed_scale_encoding C>
+struct summed_word<C> {
+  using type = std::uint64_t;
+};
+
+}  // namespace detail
+
+/// The type a SUM collective adds the summable region of codec C's messages as.
+template <class C>
+using summed_word_t = typename detail::summed_word<C>::type;
+
+/// A summable encoding that can run `summed_encodings` for its value type: any whose summed region
+/// holds no 16-bit values (those would lose their low bits in the sum, docs/half-precision.md §3).
+/// For bf16 and fp16 gradients that is the shared-scale quantizer (integer code fields) and the
+/// count sketch (float32 cells).
+template <class C>
+concept summed_in_messages = summable_encoding<C> && !half_precision<summed_word_t<C>>;
 
 /// The plan `automatic` picks for `codec` on n values over `ranks` ranks in a call that can keep a
 /// server state (collective/scatter_reduce.hpp): `summed_encodings` for a summable encoding; else
@@ -199,7 +223,8 @@ template <class X, class C>
   if (ok && !summed_in_messages<C> && plan == all_reduce_plan::summed_encodings)
     return {errc::invalid_argument,
             "compressed_all_reduce: bf16 and fp16 data are summed in float32 (docs/half-precision.md §3), not in "
-            "the messages by summed_encodings (only the shared-scale quantizer's integer fields are)"};
+            "the messages by summed_encodings (only the shared-scale quantizer's integer fields and the count "
+            "sketch's float32 cells are)"};
   if (ok) return {};
   return {errc::invalid_argument,
           "compressed_all_reduce: plan " + std::to_string(static_cast<int>(plan)) +
@@ -277,7 +302,7 @@ template <executor E, transport X, summed_in_messages C>
 compressed_report summed_all_reduce(const E& e, X& t, const C& codec, std::span<typename C::value_type> data,
                                     message_key key, bool average) {
   using T = typename C::value_type;
-  using word = std::conditional_t<agreed_scale_encoding<C>, std::uint64_t, T>;
+  using word = summed_word_t<C>;
   const auto n = static_cast<std::uint64_t>(data.size());
   const auto ranks = static_cast<std::uint64_t>(t.size());
   collective_buffer<E, std::byte> message(e, codec.max_encoded_bytes(n));

@@ -19,7 +19,9 @@
 /// before the current batch's last cells, so the prefetches run ahead across batch boundaries too.
 /// Heavy hitters are chosen by radix selection on the estimates' magnitude keys
 /// (cpu/detail/radix_select.hpp), never by sorting. Cells are read and written through memcpy, so a
-/// message may start at any address.
+/// message may start at any address. A 16-bit gradient's values are widened as they are queued (its
+/// cells and estimates are float32); a decode into a 16-bit output checks every heavy hitter's
+/// result before writing the first.
 
 #include <algorithm>
 #include <bit>
@@ -35,6 +37,7 @@
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/murmur3.hpp>
+#include <gradcomp/core/narrowing.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
 #include <gradcomp/cpu/detail/message.hpp>
@@ -48,7 +51,8 @@ namespace gradcomp {
 template <gradient_value T>
 struct backend<count_sketch<T>, cpu_executor> {
   using codec_type = count_sketch<T>;
-  using key_type = typename float_traits<T>::bits_type;
+  using C = compute_type<T>;  ///< The cells' and estimates' type: float32 for a 16-bit T.
+  using key_type = typename float_traits<C>::bits_type;
 
   /// The larger of what encoding uses (its range queues, `encode_scratch`) and what decoding uses
   /// (the n estimates and the radix-selection histograms): both run in the same buffer.
@@ -76,7 +80,7 @@ struct backend<count_sketch<T>, cpu_executor> {
       walk(
           codec, e.avx2(), n, cells,
           [&](std::uint32_t, std::uint64_t i, std::byte* cell, std::uint32_t hash) {
-            store(cell, load(cell) + count_sketch_signed(hash, g[i]));
+            store(cell, load(cell) + count_sketch_signed(hash, C{widen(g[i])}));
           },
           [](std::uint64_t, std::size_t) {});
     }
@@ -87,22 +91,32 @@ struct backend<count_sketch<T>, cpu_executor> {
     return size;
   }
 
+  /// Decodes into `out` of T, or (a 16-bit T) of float32; with `accumulate` adds instead. A 16-bit
+  /// output's results are all checked to fit before the first is written.
+  template <gradient_value O>
   static void decode(const codec_type& codec, const cpu_executor& e, std::span<const std::byte> message,
-                     std::span<T> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
+                     std::span<O> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
     const std::uint64_t n = out.size();
     (void)detail::count_sketch_checked(codec, message, n, limits);
     workspace_arena arena(ws);
     const scratch s = carve(arena, n);
     if (n == 0) return;
     estimate_into(codec, e.avx2(), message.data() + envelope::size, s.estimates);
-    if (!accumulate) std::fill(out.begin(), out.end(), T{0});
-    const T* const estimates = s.estimates.data();
-    for_each_heavy_hitter(s, codec.heavy_hitter_count(n),
-                          [&](std::size_t i) { out[i] = accumulate ? out[i] + estimates[i] : estimates[i]; });
+    const C* const estimates = s.estimates.data();
+    const heavy_hitter_cut cut = select_heavy_hitters(s, codec.heavy_hitter_count(n));
+    const auto result = [&](std::size_t i) { return accumulate ? widen(out[i]) + estimates[i] : estimates[i]; };
+    if constexpr (half_precision<O>)
+      for_each_heavy_hitter(s, cut, [&](std::size_t i) { detail::require_narrows<O>(i, result(i)); });
+    if (!accumulate) std::fill(out.begin(), out.end(), O{0});
+    for_each_heavy_hitter(s, cut, [&](std::size_t i) {
+      if constexpr (half_precision<O>) out[i] = narrow<O>(result(i));
+      else
+        out[i] = result(i);
+    });
   }
 
   static void estimate(const codec_type& codec, const cpu_executor& e, std::span<const std::byte> message,
-                       std::span<T> out, std::span<std::byte>, const decode_limits& limits) {
+                       std::span<C> out, std::span<std::byte>, const decode_limits& limits) {
     (void)detail::count_sketch_checked(codec, message, out.size(), limits);
     estimate_into(codec, e.avx2(), message.data() + envelope::size, out);
   }
@@ -118,7 +132,7 @@ struct backend<count_sketch<T>, cpu_executor> {
     if (n == 0) return 0;
     estimate_into(codec, e.avx2(), message.data() + envelope::size, s.estimates);
     std::size_t written = 0;
-    for_each_heavy_hitter(s, k, [&](std::size_t i) { indices[written++] = i; });
+    for_each_heavy_hitter(s, select_heavy_hitters(s, k), [&](std::size_t i) { indices[written++] = i; });
     return written;
   }
 
@@ -132,9 +146,9 @@ struct backend<count_sketch<T>, cpu_executor> {
     const std::byte* const b = other.data() + envelope::size;
     const std::size_t cells = cell_count(codec);
     bool finite = true;
-    for (std::size_t m = 0; m < cells; ++m) finite &= is_finite(load(a + m * sizeof(T)) + load(b + m * sizeof(T)));
+    for (std::size_t m = 0; m < cells; ++m) finite &= is_finite(load(a + m * sizeof(C)) + load(b + m * sizeof(C)));
     detail::require(finite, errc::non_finite_input, "a summed cell overflows the value type");
-    for (std::size_t m = 0; m < cells; ++m) store(a + m * sizeof(T), load(a + m * sizeof(T)) + load(b + m * sizeof(T)));
+    for (std::size_t m = 0; m < cells; ++m) store(a + m * sizeof(C), load(a + m * sizeof(C)) + load(b + m * sizeof(C)));
   }
 
  private:
@@ -158,7 +172,7 @@ struct backend<count_sketch<T>, cpu_executor> {
   /// One element's update of a row: S[j][column] += value.
   struct update {
     std::uint32_t column;
-    T value;
+    C value;
   };
 
   /// How the queued encoder splits a row and the input: range r holds the columns
@@ -175,7 +189,7 @@ struct backend<count_sketch<T>, cpu_executor> {
   [[nodiscard]] static partitioning partitioning_of(const codec_type& codec, std::uint64_t n) noexcept {
     const std::uint64_t columns = codec.columns();
     const auto widest = static_cast<unsigned>(std::bit_width(columns - 1));  // bits of the last column
-    const unsigned shift = std::max(static_cast<unsigned>(std::countr_zero(range_cell_bytes / sizeof(T))),
+    const unsigned shift = std::max(static_cast<unsigned>(std::countr_zero(range_cell_bytes / sizeof(C))),
                                     widest > max_range_bits ? widest - max_range_bits : 0u);
     return {shift, static_cast<std::size_t>(((columns - 1) >> shift) + 1),
             static_cast<std::size_t>(std::min<std::uint64_t>(queue_bytes / sizeof(update), n)),
@@ -208,7 +222,7 @@ struct backend<count_sketch<T>, cpu_executor> {
   }
 
   /// S[j][h_j(i)] += σ_j(i)·g[i] for every row j and element i < n (n ≥ 1) into the zeroed `cells`,
-  /// through the range queues (see this file's comment).
+  /// through the range queues (see this file's comment); a 16-bit g[i] widened to float32.
   static void encode_queued(const codec_type& codec, bool avx2, const T* g, std::uint64_t n, std::byte* cells,
                             const encode_scratch& s) {
     const partitioning part = partitioning_of(codec, n);
@@ -216,13 +230,13 @@ struct backend<count_sketch<T>, cpu_executor> {
     update* const queues = s.queues.data();
     update** const ends = s.ends.data();
     for (std::uint32_t j = 0; j < codec.rows(); ++j) {
-      std::byte* const row = cells + j * columns * sizeof(T);
+      std::byte* const row = cells + j * columns * sizeof(C);
       // Adds range r's queued updates to their cells, in the order queued, and empties the queue.
       const auto apply = [&](std::size_t r) {
         update* const begin = queues + r * part.capacity;
         const update* const end = ends[r];
         for (const update* u = begin; u != end; ++u) {
-          std::byte* const cell = row + u->column * sizeof(T);
+          std::byte* const cell = row + u->column * sizeof(C);
           store(cell, load(cell) + u->value);
         }
         ends[r] = begin;
@@ -239,7 +253,7 @@ struct backend<count_sketch<T>, cpu_executor> {
         for (std::size_t b = 0; b < count; ++b) {
           const std::uint32_t hash = s.hashes[b];
           const auto column = static_cast<std::uint32_t>(count_sketch_bucket(hash, columns));
-          *ends[column >> part.shift]++ = {column, count_sketch_signed(hash, x[b])};
+          *ends[column >> part.shift]++ = {column, count_sketch_signed(hash, C{widen(x[b])})};
         }
       }
       for (std::size_t r = 0; r < part.ranges; ++r) apply(r);
@@ -248,7 +262,7 @@ struct backend<count_sketch<T>, cpu_executor> {
 
   /// Decoding's workspace: the estimates, and the histograms of radix selection.
   struct scratch {
-    std::span<T> estimates;
+    std::span<C> estimates;
     std::span<std::uint64_t> histogram;
     std::span<std::uint32_t> sub_histograms;
   };
@@ -256,7 +270,7 @@ struct backend<count_sketch<T>, cpu_executor> {
   static scratch carve(workspace_arena& arena, std::uint64_t n) {
     if (n == 0) return {};
     scratch s;
-    s.estimates = arena.take<T>(static_cast<std::size_t>(n));
+    s.estimates = arena.take<C>(static_cast<std::size_t>(n));
     s.histogram = arena.take<std::uint64_t>(detail::cpu::radix_buckets);
     s.sub_histograms = arena.take<std::uint32_t>(detail::cpu::histogram_scratch_counters);
     return s;
@@ -265,18 +279,18 @@ struct backend<count_sketch<T>, cpu_executor> {
   [[nodiscard]] static std::size_t cell_count(const codec_type& codec) noexcept {
     return static_cast<std::size_t>(codec.rows() * codec.columns());
   }
-  [[nodiscard]] static T load(const std::byte* at) noexcept {
-    T v;
+  [[nodiscard]] static C load(const std::byte* at) noexcept {
+    C v;
     std::memcpy(&v, at, sizeof v);
     return v;
   }
-  static void store(std::byte* at, T v) noexcept { std::memcpy(at, &v, sizeof v); }
+  static void store(std::byte* at, C v) noexcept { std::memcpy(at, &v, sizeof v); }
 
   /// Whether every one of the `count` cells at `cells` is finite.
   [[nodiscard]] static bool all_finite(const std::byte* cells, std::size_t count) noexcept {
     key_type largest = 0;
-    for (std::size_t m = 0; m < count; ++m) largest = std::max(largest, magnitude_key(load(cells + m * sizeof(T))));
-    return largest < float_traits<T>::infinity_key;
+    for (std::size_t m = 0; m < count; ++m) largest = std::max(largest, magnitude_key(load(cells + m * sizeof(C))));
+    return largest < float_traits<C>::infinity_key;
   }
 
   /// Calls visit(j, i, cell, H_j(i)) for every element i < n and row j, where `cell` points at
@@ -301,14 +315,14 @@ struct backend<count_sketch<T>, cpu_executor> {
       return count;
     };
     const auto cell_of = [columns](Byte* row, std::uint32_t hash) {
-      return row + count_sketch_bucket(hash, columns) * sizeof(T);
+      return row + count_sketch_bucket(hash, columns) * sizeof(C);
     };
     int current = 0;
     std::size_t count = hash_batch(0, hashes[0]);
     for (std::uint64_t first = 0; first < n; first += batch) {
       const std::size_t next_count = hash_batch(first + batch, hashes[current ^ 1]);
       for (std::uint32_t j = 0; j < rows; ++j) {
-        Byte* const row = cells + j * columns * sizeof(T);
+        Byte* const row = cells + j * columns * sizeof(C);
         const std::uint32_t* const h = hashes[current][j];
         const std::uint32_t* const h_next = hashes[current ^ 1][j];
         for (std::size_t b = 0; b < count; ++b) {
@@ -327,9 +341,9 @@ struct backend<count_sketch<T>, cpu_executor> {
 
   /// out[i] = x̂_i for every element of the sketched tensor (out.size() of them), from the cells of a
   /// validated message.
-  static void estimate_into(const codec_type& codec, bool avx2, const std::byte* cells, std::span<T> out) {
+  static void estimate_into(const codec_type& codec, bool avx2, const std::byte* cells, std::span<C> out) {
     const std::uint32_t rows = codec.rows();
-    T row_estimates[count_sketch_max_rows][batch];
+    C row_estimates[count_sketch_max_rows][batch];
     walk(
         codec, avx2, out.size(), cells,
         [&](std::uint32_t j, std::uint64_t i, const std::byte* cell, std::uint32_t hash) {
@@ -337,29 +351,36 @@ struct backend<count_sketch<T>, cpu_executor> {
         },
         [&](std::uint64_t first, std::size_t count) {
           for (std::size_t b = 0; b < count; ++b) {
-            T column[count_sketch_max_rows] = {};
+            C column[count_sketch_max_rows] = {};
             for (std::uint32_t j = 0; j < rows; ++j) column[j] = row_estimates[j][b];
             out[first + b] = count_sketch_median(column, rows);
           }
         });
   }
 
-  /// Calls f(i), in ascending order, for the k indices whose estimates have the largest magnitude
-  /// (ties to the lower index), 1 ≤ k ≤ n: the k-th largest magnitude key by radix selection over
-  /// all estimates, then one pass that takes every key above it and the first ties equal to it.
-  template <class F>
-  static void for_each_heavy_hitter(const scratch& s, std::uint64_t k, F&& f) {
-    const std::span<const T> estimates = s.estimates;
-    detail::cpu::magnitude_histogram<T>(estimates, s.histogram, s.sub_histograms);
+  /// The heavy hitters of k (1 ≤ k ≤ n) as a cut: the k-th largest magnitude key of the estimates,
+  /// by radix selection over all of them, and how many estimates equal to it are kept.
+  using heavy_hitter_cut = detail::cpu::kth_key<key_type>;
+
+  [[nodiscard]] static heavy_hitter_cut select_heavy_hitters(const scratch& s, std::uint64_t k) {
+    const std::span<const C> estimates = s.estimates;
+    detail::cpu::magnitude_histogram<C>(estimates, s.histogram, s.sub_histograms);
     const detail::cpu::bucket_choice choice = detail::cpu::choose_bucket(s.histogram, k);
-    const detail::cpu::kth_key<key_type> kth = detail::cpu::select_kth_largest<key_type>(
+    return detail::cpu::select_kth_largest<key_type>(
         [&](auto&& visit) {
-          for (const T v : estimates) visit(magnitude_key(v));
+          for (const C v : estimates) visit(magnitude_key(v));
         },
-        float_traits<T>::magnitude_bits, k - choice.above, static_cast<key_type>(choice.bucket),
+        float_traits<C>::magnitude_bits, k - choice.above, static_cast<key_type>(choice.bucket),
         detail::cpu::radix_digit_bits, s.histogram);
+  }
+
+  /// Calls f(i), in ascending order, for the indices of the heavy hitters `kth` (ties to the lower
+  /// index): one pass that takes every key above the cut and the first ties equal to it.
+  template <class F>
+  static void for_each_heavy_hitter(const scratch& s, const heavy_hitter_cut& kth, F&& f) {
+    const std::span<const C> estimates = s.estimates;
     std::uint64_t ties = kth.ties;
-    detail::cpu::for_each_at_least<T>(estimates, kth.key, [&](std::size_t i) {
+    detail::cpu::for_each_at_least<C>(estimates, kth.key, [&](std::size_t i) {
       if (magnitude_key(estimates[i]) > kth.key) {
         f(i);
       } else if (ties > 0) {

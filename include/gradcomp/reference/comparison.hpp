@@ -256,9 +256,10 @@ template <gradient_value T>
 template <gradient_value T>
 [[nodiscard]] message_field payload_field(const count_sketch<T>& c, std::span<const std::byte>, const envelope&,
                                           std::size_t p) {
-  const std::uint64_t cell = p / sizeof(T);
+  constexpr std::size_t v = sizeof(compute_type<T>);
+  const std::uint64_t cell = p / v;
   return {"cell " + std::to_string(cell % c.columns()) + " of row " + std::to_string(cell / c.columns()),
-          envelope::size + cell * sizeof(T), sizeof(T), 0, 0};
+          envelope::size + cell * v, v, 0, 0};
 }
 
 /// MPC (docs/wire-format.md §17): bitmap g covers the 32 elements of group g; kept word k belongs

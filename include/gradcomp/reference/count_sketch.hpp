@@ -3,7 +3,8 @@
 /// Reference backend of the count sketch (docs/sketches.md §1, docs/wire-format.md §16): the
 /// specification the `cpu_executor` backend is checked against, byte for byte and bit for bit.
 /// Every cell and estimate is one loop over the elements; the heavy hitters are chosen with
-/// `std::nth_element` on the estimates' magnitude keys.
+/// `std::nth_element` on the estimates' magnitude keys. A 16-bit gradient's values are widened to
+/// float32 cells; its decoded values are rounded into a 16-bit output after all are checked to fit.
 
 #include <algorithm>
 #include <cstddef>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <vector>
 
 #include <gradcomp/core/backend.hpp>
 #include <gradcomp/core/error.hpp>
@@ -29,13 +31,14 @@ namespace detail::reference {
 /// docs/sketches.md §1.3: x̂_i, the median over the rows of σ_j(i)·S[j][h_j(i)], for every element
 /// of `out`, from the cells of a checked message.
 template <gradient_value T>
-void count_sketch_estimates(const count_sketch<T>& codec, const std::byte* cells, std::span<T> out) {
+void count_sketch_estimates(const count_sketch<T>& codec, const std::byte* cells, std::span<compute_type<T>> out) {
+  using C = compute_type<T>;
   for (std::uint64_t i = 0; i < out.size(); ++i) {
-    T row_estimates[count_sketch_max_rows] = {};
+    C row_estimates[count_sketch_max_rows] = {};
     for (std::uint32_t j = 0; j < codec.rows(); ++j) {
       const std::uint32_t hash = count_sketch_hash(count_sketch_row_seed(codec.params().seed, j), i);
       const std::uint64_t cell = j * codec.columns() + count_sketch_bucket(hash, codec.columns());
-      row_estimates[j] = count_sketch_signed(hash, load_value<T>(cells, cell));
+      row_estimates[j] = count_sketch_signed(hash, load_value<C>(cells, cell));
     }
     out[i] = count_sketch_median(row_estimates, codec.rows());
   }
@@ -56,15 +59,16 @@ void for_each_heavy_hitter(std::span<const T> estimates, std::uint64_t k,
 /// The count sketch, written to be read.
 template <gradient_value T>
 struct backend<count_sketch<T>, reference_executor> {
-  using key_type = typename float_traits<T>::bits_type;
+  using C = compute_type<T>;  ///< The cells' and estimates' type: float32 for a 16-bit T.
+  using key_type = typename float_traits<C>::bits_type;
 
   /// The n estimates and n magnitude keys of `decode` and `heavy_hitters`.
   struct scratch {
-    std::span<T> estimates;
+    std::span<C> estimates;
     std::span<key_type> keys;
   };
   static scratch carve(workspace_arena& arena, std::uint64_t n) {
-    return {arena.take<T>(static_cast<std::size_t>(n)), arena.take<key_type>(static_cast<std::size_t>(n))};
+    return {arena.take<C>(static_cast<std::size_t>(n)), arena.take<key_type>(static_cast<std::size_t>(n))};
   }
 
   static std::size_t workspace_bytes(const count_sketch<T>&, const reference_executor&, std::uint64_t n) {
@@ -83,41 +87,50 @@ struct backend<count_sketch<T>, reference_executor> {
     detail::begin_host_message(out, size);
     std::byte* const cells = out.data() + envelope::size;
     std::memset(cells, 0, codec.summable_bytes(n));
-    // docs/sketches.md §1: S[j][h_j(i)] += σ_j(i)·x_i for every row j and element i, in ascending i.
+    // docs/sketches.md §1: S[j][h_j(i)] += σ_j(i)·x_i for every row j and element i, in ascending i
+    // (a 16-bit x_i widened to float32 exactly).
     for (std::uint32_t j = 0; j < codec.rows(); ++j) {
       const std::uint32_t row_seed = count_sketch_row_seed(codec.params().seed, j);
       for (std::uint64_t i = 0; i < n; ++i) {
         const std::uint32_t hash = count_sketch_hash(row_seed, i);
         const std::uint64_t cell = j * codec.columns() + count_sketch_bucket(hash, codec.columns());
-        ref::store_value(cells, cell, ref::load_value<T>(cells, cell) + count_sketch_signed(hash, grad[i]));
+        ref::store_value(cells, cell, ref::load_value<C>(cells, cell) + count_sketch_signed(hash, C{widen(grad[i])}));
       }
     }
     // docs/sketches.md §1.5: a cell sum that overflowed leaves the envelope zeroed.
     for (std::uint64_t m = 0; m < codec.rows() * codec.columns(); ++m)
-      detail::require(is_finite(ref::load_value<T>(cells, m)), errc::non_finite_input,
+      detail::require(is_finite(ref::load_value<C>(cells, m)), errc::non_finite_input,
                       "a cell sum overflows the value type (the gradient's magnitudes are too large to sketch)");
     detail::seal_host_message(
         out, {codec_id::count_sketch, dtype_of<T>, 0, 0, key, n, size - envelope::size, codec.params_hash(), 0}, false);
     return size;
   }
 
+  /// Decodes into `out` of T, or (a 16-bit T) of float32; with `accumulate` adds instead.
+  template <gradient_value O>
   static void decode(const count_sketch<T>& codec, const reference_executor&, std::span<const std::byte> message,
-                     std::span<T> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
+                     std::span<O> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
     namespace ref = detail::reference;
     const std::uint64_t n = out.size();
     (void)detail::count_sketch_checked(codec, message, n, limits);
     workspace_arena arena(ws);
     const scratch s = carve(arena, n);
     if (n == 0) return;
-    // docs/sketches.md §1.3: the estimates, then the heavy hitters' written (or added) over zeros.
+    // docs/sketches.md §1.3: the estimates, then the heavy hitters' written (or added) over zeros,
+    // in C (a 16-bit output narrowed after every result is checked to fit, docs/half-precision.md §3).
     ref::count_sketch_estimates(codec, message.data() + envelope::size, s.estimates);
-    if (!accumulate) std::fill(out.begin(), out.end(), T{0});
-    ref::for_each_heavy_hitter(std::span<const T>(s.estimates), codec.heavy_hitter_count(n), s.keys,
-                               [&](std::size_t i) { out[i] = accumulate ? out[i] + s.estimates[i] : s.estimates[i]; });
+    std::vector<C> results(static_cast<std::size_t>(n), C{0});
+    if (accumulate)
+      for (std::uint64_t i = 0; i < n; ++i) results[i] = widen(out[i]);
+    ref::for_each_heavy_hitter(std::span<const C>(s.estimates), codec.heavy_hitter_count(n), s.keys,
+                               [&](std::size_t i) {
+                                 results[i] = accumulate ? results[i] + s.estimates[i] : s.estimates[i];
+                               });
+    ref::store_results(results, out);
   }
 
   static void estimate(const count_sketch<T>& codec, const reference_executor&, std::span<const std::byte> message,
-                       std::span<T> out, std::span<std::byte>, const decode_limits& limits) {
+                       std::span<C> out, std::span<std::byte>, const decode_limits& limits) {
     namespace ref = detail::reference;
     (void)detail::count_sketch_checked(codec, message, out.size(), limits);
     ref::count_sketch_estimates(codec, message.data() + envelope::size, out);
@@ -136,7 +149,7 @@ struct backend<count_sketch<T>, reference_executor> {
     if (n == 0) return 0;
     ref::count_sketch_estimates(codec, message.data() + envelope::size, s.estimates);
     std::size_t written = 0;
-    ref::for_each_heavy_hitter(std::span<const T>(s.estimates), k, s.keys,
+    ref::for_each_heavy_hitter(std::span<const C>(s.estimates), k, s.keys,
                                [&](std::size_t i) { indices[written++] = i; });
     return written;
   }
@@ -155,10 +168,10 @@ struct backend<count_sketch<T>, reference_executor> {
     const std::byte* const b = other.data() + envelope::size;
     const std::uint64_t cells = codec.rows() * codec.columns();
     for (std::uint64_t m = 0; m < cells; ++m)
-      detail::require(is_finite(ref::load_value<T>(a, m) + ref::load_value<T>(b, m)), errc::non_finite_input,
+      detail::require(is_finite(ref::load_value<C>(a, m) + ref::load_value<C>(b, m)), errc::non_finite_input,
                       "a summed cell overflows the value type");
     for (std::uint64_t m = 0; m < cells; ++m)
-      ref::store_value(a, m, ref::load_value<T>(a, m) + ref::load_value<T>(b, m));
+      ref::store_value(a, m, ref::load_value<C>(a, m) + ref::load_value<C>(b, m));
   }
 };
 

@@ -1,9 +1,9 @@
 #pragma once
 /// @file
-/// The count sketch (docs/sketches.md §1, as in FetchSGD): r rows of c cells of the value type, into
-/// which element i adds σ_j(i)·x_i at cell h_j(i) of every row j. It is linear, so the cell-wise
-/// sum of the ranks' sketches is the sketch of the summed gradient: a plain float SUM collective
-/// aggregates the messages (`is_homomorphic`).
+/// The count sketch (docs/sketches.md §1, as in FetchSGD): r rows of c cells of the cell type (the
+/// value type; float32 for a bf16 or fp16 gradient), into which element i adds σ_j(i)·x_i at cell
+/// h_j(i) of every row j. It is linear, so the cell-wise sum of the ranks' sketches is the sketch of
+/// the summed gradient: a plain float SUM collective aggregates the messages (`is_homomorphic`).
 ///
 /// Hashing (computed on the fly, never stored). With `murmur3_32` (MurmurHash3_x86_32 of a 4-byte
 /// key, core/murmur3.hpp), lo32/hi32 the low and high 32 bits of a 64-bit value:
@@ -18,29 +18,35 @@
 /// high word changes the seed. Bucket (bits 0..30, by multiply-shift) and sign (bit 31) use
 /// disjoint bits. σ·x is x with its sign bit flipped when σ = −1: exact.
 ///
-/// Encoding: S[j][h_j(i)] += σ_j(i)·x_i in the value type, each cell summing its elements in
-/// ascending index order (deterministic, so equal inputs give equal bytes). The CUDA backend sums
+/// Encoding: S[j][h_j(i)] += σ_j(i)·x_i in the cell type, each cell summing its elements in
+/// ascending index order (deterministic, so equal inputs give equal bytes). A 16-bit gradient's
+/// values are widened to float32 exactly first, so its cells are byte for byte those of the float32
+/// sketch of the widened values (docs/half-precision.md §2): only the envelope's dtype and the
+/// parameter hash differ. The CUDA backend sums
 /// with atomic adds in no fixed order (float ones flush subnormals): its cells match these within
 /// rounding (docs/cuda.md §4).
 ///
 /// Payload layout after the envelope (layout byte 0), the whole of it summable:
 ///
-///     r·c cells (value dtype: float32 or float64), row-major: cell b of row j at payload offset
-///     (j·c + b)·sizeof(T)
+///     r·c cells (float64 for a float64 gradient, else float32), row-major: cell b of row j at
+///     payload offset (j·c + b)·sizeof(cell)
 ///
 /// Workspace (CPU executor): `workspace_bytes(n)` is the larger of what encoding and decoding use.
 /// Encoding queues each row's updates by column range (cpu/count_sketch.hpp): the hashes of 2048
 /// elements (8 KiB), then for each of the row's ranges (at most 16; ranges of 2^16 columns for
 /// float, 2^15 for double, wider when c > 2^20 or 2^19) a queue of min(n, 2^16) updates of 8 bytes
-/// for float, or min(n, 2^15) of 16 bytes for double: at most 8 MiB and a few KiB. Given less (an
-/// empty span, say), encoding updates the cells directly instead: the same bytes, slower. Decoding
-/// and `heavy_hitters` use n estimates of T and 48 KiB of histograms; `estimate` uses none.
+/// for float32 cells, or min(n, 2^15) of 16 bytes for double: at most 8 MiB and a few KiB. Given
+/// less (an empty span, say), encoding updates the cells directly instead: the same bytes, slower.
+/// Decoding and `heavy_hitters` use n estimates of the cell type and 48 KiB of histograms;
+/// `estimate` uses none.
 ///
 /// Estimate: x̂_i = median over rows of σ_j(i)·S[j][h_j(i)]; for even r, the mean of the two
-/// middle values, computed as a/2 + b/2 (no overflow). Decoding recovers the heavy hitters: the
-/// `heavy_hitter_count(n)` estimates of largest magnitude (ties to the lower index) are written at
-/// their indices, zeros elsewhere. `heavy_hitters` returns those indices, for a second round that
-/// fetches their exact values (FetchSGD).
+/// middle values, computed as a/2 + b/2 (no overflow). Estimates are of the cell type. Decoding
+/// recovers the heavy hitters: the `heavy_hitter_count(n)` estimates of largest magnitude (ties to
+/// the lower index) are written at their indices, zeros elsewhere; a 16-bit codec decodes into
+/// float32 or, rounded to nearest even, into its own type (a result beyond that type's range is
+/// `narrowing_overflow`, the output untouched). `heavy_hitters` returns those indices, for a second
+/// round that fetches their exact values (FetchSGD).
 ///
 /// Special values: a gradient holding NaN or ±Inf is rejected with `errc::non_finite_input` before
 /// anything is written. A finite gradient whose cell sums overflow (possible only when n·max|x|
@@ -142,19 +148,21 @@ GRADCOMP_HOST_DEVICE inline T count_sketch_median(T* v, std::uint32_t r) noexcep
   return r % 2 == 1 ? v[r / 2] : mul_rn(T{0.5}, v[r / 2 - 1]) + mul_rn(T{0.5}, v[r / 2]);
 }
 
-/// Count sketch of `float` or `double` gradients: a fixed-size, summable message of r·c cells,
-/// decoded by heavy-hitter recovery.
+/// Count sketch of `float`, `double`, `bf16` or `fp16` gradients: a fixed-size, summable message of
+/// r·c cells, decoded by heavy-hitter recovery.
 ///
 /// Protocol per tensor: `encode` → SUM all-reduce of bytes [summable_offset(n), summable_offset(n)
-/// + summable_bytes(n)) as T (or `accumulate_encoded`) → `decode` (the heavy hitters of the sum),
+/// + summable_bytes(n)) as `cell_type` (or `accumulate_encoded`) → `decode` (the heavy hitters of the sum),
 /// or `heavy_hitters` → an all-reduce of the exact gradient values at those indices
 /// (`gather_values`) → the exact sum at the heavy hitters.
 template <gradient_value T = float>
 class count_sketch : public codec_interface<count_sketch<T>, T> {
  public:
-  using value_type = T;  ///< Element type of the gradient and of the cells.
+  using value_type = T;  ///< Element type of the gradient.
+  using cell_type = compute_type<T>;  ///< Element type of the cells and estimates: float32 for bf16 and fp16.
   static constexpr codec_id id = codec_id::count_sketch;  ///< Wire identifier.
   static constexpr bool is_homomorphic = true;  ///< Summed cells are the sketch of the sum.
+  static constexpr bool takes_half_precision = true;  ///< bf16 and fp16: widened into float32 cells.
 
   /// @throws error `invalid_argument` for invalid parameters.
   explicit count_sketch(count_sketch_params params = {}) : params_(params) { params_.validate(); }
@@ -171,12 +179,12 @@ class count_sketch : public codec_interface<count_sketch<T>, T> {
   }
   /// Offset from the start of the message of its summable region: the envelope's 56 bytes.
   [[nodiscard]] std::size_t summable_offset(std::uint64_t) const noexcept { return envelope::size; }
-  /// Bytes of the summable region, which is the whole payload: r·c·sizeof(T). A SUM collective adds
-  /// them as T values.
+  /// Bytes of the summable region, which is the whole payload: r·c·sizeof(cell_type). A SUM
+  /// collective adds them as `cell_type` values.
   [[nodiscard]] std::size_t summable_bytes(std::uint64_t) const noexcept {
-    return static_cast<std::size_t>(params_.rows * params_.columns * sizeof(T));
+    return static_cast<std::size_t>(params_.rows * params_.columns * sizeof(cell_type));
   }
-  /// Exact size of every message, whatever n: 56 + r·c·sizeof(T).
+  /// Exact size of every message, whatever n: 56 + r·c·sizeof(cell_type).
   [[nodiscard]] std::size_t max_encoded_bytes(std::uint64_t n) const noexcept {
     return envelope::size + summable_bytes(n);
   }
@@ -189,12 +197,13 @@ class count_sketch : public codec_interface<count_sketch<T>, T> {
     return hasher.value();
   }
 
-  /// Writes the estimate x̂_i of every element of the sketched tensor into `out` (n values).
-  /// Everything is validated first; on error `out` is untouched.
+  /// Writes the estimate x̂_i of every element of the sketched tensor into `out` (n values of the
+  /// cell type). Everything is validated first; on error `out` is untouched.
   /// @throws error naming what is wrong with the message (as `decode`).
   template <executor E>
-  void estimate(const E& e, std::span<const std::byte> message, std::span<T> out, std::span<std::byte> ws,
+  void estimate(const E& e, std::span<const std::byte> message, std::span<cell_type> out, std::span<std::byte> ws,
                 decode_limits limits = {}) const {
+    this->template require_value_type<E>();
     backend<count_sketch, E>::estimate(*this, e, message, out, ws, limits);
   }
 
@@ -207,6 +216,7 @@ class count_sketch : public codec_interface<count_sketch<T>, T> {
   std::size_t heavy_hitters(const E& e, std::span<const std::byte> message, std::uint64_t n,
                             std::span<std::uint64_t> indices, std::span<std::byte> ws,
                             decode_limits limits = {}) const {
+    this->template require_value_type<E>();
     return backend<count_sketch, E>::heavy_hitters(*this, e, message, n, indices, ws, limits);
   }
 
@@ -216,6 +226,7 @@ class count_sketch : public codec_interface<count_sketch<T>, T> {
   ///         `non_finite_input` when a summed cell would overflow; `acc` is untouched then.
   template <executor E>
   void accumulate_encoded(const E& e, std::span<std::byte> acc, std::span<const std::byte> other) const {
+    this->template require_value_type<E>();
     backend<count_sketch, E>::accumulate_encoded(*this, e, acc, other);
   }
 
@@ -254,14 +265,15 @@ envelope count_sketch_checked(const count_sketch<T>& codec, std::span<const std:
            std::to_string(codec.summable_bytes(e.elements)) + " bytes of cells";
   });
   // The largest magnitude key over the cells, without an early exit, so that the loop vectorizes.
+  using C = compute_type<T>;
   const std::span<const std::byte> cells = payload_of(message);
-  typename float_traits<T>::bits_type largest = 0;
+  typename float_traits<C>::bits_type largest = 0;
   for (std::uint64_t m = 0; m < codec.rows() * codec.columns(); ++m) {
-    T cell;
-    std::memcpy(&cell, cells.data() + m * sizeof(T), sizeof cell);
+    C cell;
+    std::memcpy(&cell, cells.data() + m * sizeof(C), sizeof cell);
     largest = std::max(largest, magnitude_key(cell));
   }
-  require(largest < float_traits<T>::infinity_key, errc::malformed_payload,
+  require(largest < float_traits<C>::infinity_key, errc::malformed_payload,
           "a cell is NaN or Inf (a sum of sketches overflowed)");
   return e;
 }
