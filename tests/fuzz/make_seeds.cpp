@@ -51,7 +51,8 @@ std::vector<H> half_of(const std::vector<float>& x) {
 /// and the sketch of one rank's sparse gradient (every fourth value of `x` kept).
 template <class T>
 void write_lhc_seed(const std::filesystem::path& dir, const std::string& stem, std::uint8_t settings,
-                    const gradcomp::lhc_params& params, const std::vector<T>& x) {
+                    const gradcomp::lhc_params& params, const std::vector<T>& x, unsigned half = 0) {
+  using C = typename gradcomp::lossless_homomorphic<T>::cell_type;
   const gradcomp::cpu_executor cpu;
   const gradcomp::lossless_homomorphic<T> lhc(params);
   std::vector<T> sparse(x.size(), T{0});
@@ -59,15 +60,15 @@ void write_lhc_seed(const std::filesystem::path& dir, const std::string& stem, s
   std::vector<std::byte> index(static_cast<std::size_t>(lhc.index_bytes(x.size())));
   lhc.encode_index(cpu, std::span<const T>(sparse), index);
   const gradcomp::lhc_plan plan = lhc.plan(cpu, index, x.size(), 1);
-  std::vector<T> sketch(static_cast<std::size_t>(plan.sketch_values()));
-  lhc.encode_sketch(cpu, std::span<const T>(sparse), index, plan, std::span<T>(sketch));
+  std::vector<C> sketch(static_cast<std::size_t>(plan.sketch_values()));
+  lhc.encode_sketch(cpu, std::span<const T>(sparse), index, plan, std::span<C>(sketch));
   std::filesystem::create_directories(dir);
   std::ofstream out(dir / (stem + ".bin"), std::ios::binary);
   const std::uint8_t head[4] = {settings, static_cast<std::uint8_t>(x.size() & 0xFF),
-                                static_cast<std::uint8_t>(x.size() >> 8), 0};
+                                static_cast<std::uint8_t>((x.size() >> 8) | half << 4), 0};
   out.write(reinterpret_cast<const char*>(head), 4);
   out.write(reinterpret_cast<const char*>(index.data()), static_cast<std::streamsize>(index.size()));
-  out.write(reinterpret_cast<const char*>(sketch.data()), static_cast<std::streamsize>(sketch.size() * sizeof(T)));
+  out.write(reinterpret_cast<const char*>(sketch.data()), static_cast<std::streamsize>(sketch.size() * sizeof(C)));
 }
 
 }  // namespace
@@ -92,6 +93,13 @@ int main(int argc, char** argv) {
         lhc_params{.block = 64, .index = lhc_index_coding::sum8, .on_stall = lhc_stall_policy::median_estimate}, x);
     write_lhc_seed(root / "lhc", "reference_b16_n" + size, std::uint8_t{0x03 | 0x10 | (1u << 5)},
                    lhc_params{.block = 16, .reference_layout = true, .fixed_compress_ratio = 2}, x);
+    write_lhc_seed(root / "lhc", "bitmap_b32_bf16_n" + size, std::uint8_t{0x03 | (2u << 5)}, lhc_params{.block = 32},
+                   half_of<bf16>(x), 1);
+    write_lhc_seed(root / "lhc", "sum8_b64_median_fp16_n" + size, std::uint8_t{0x02 | 0x08 | (3u << 5)},
+                   lhc_params{.block = 64,
+                              .index = lhc_index_coding::sum8,
+                              .on_stall = lhc_stall_policy::median_estimate},
+                   half_of<fp16>(x), 2);
   }
   for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{64}, std::size_t{1000}}) {
     const std::vector<float> x = input(n);

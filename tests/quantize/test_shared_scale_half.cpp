@@ -59,13 +59,6 @@ std::vector<std::vector<H>> half_ranks(std::size_t ranks, std::size_t n, std::ui
   return x;
 }
 
-template <class H>
-std::vector<std::vector<float>> widened_ranks(const std::vector<std::vector<H>>& x) {
-  std::vector<std::vector<float>> w;
-  for (const std::vector<H>& g : x) w.push_back(widened(g));
-  return w;
-}
-
 // The messages' sum as a SUM collective forms it.
 template <class T>
 std::vector<std::byte> summed(const shared_scale_quantizer<T>& q, std::vector<std::vector<std::byte>> messages) {

@@ -89,6 +89,14 @@ std::vector<float> widened(const std::vector<H>& x) {
   return w;
 }
 
+/// The widened copies of every rank's 16-bit gradient.
+template <class H>
+std::vector<std::vector<float>> widened_ranks(const std::vector<std::vector<H>>& x) {
+  std::vector<std::vector<float>> w;
+  for (const std::vector<H>& g : x) w.push_back(widened(g));
+  return w;
+}
+
 /// Bit-exact equality of two vectors (distinguishes -0 from +0).
 template <class T>
 bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {

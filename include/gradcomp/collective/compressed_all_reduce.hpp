@@ -477,13 +477,16 @@ compressed_report compressed_all_reduce(const E& e, X& t, const C& codec, server
 /// `two_stage` plan, this file's comment) on executor `e`: `data` becomes the sum over ranks (the
 /// mean with `options.average`), the same bits on every rank; exact when the sums in the sketch
 /// cells are (docs/sketches.md §2.3), and the uncompressed rank-order sum after a stall, whatever
-/// `lhc`'s stall policy (median estimates would be a silently wrong sum). `report.sent_bytes`
-/// counts both stages as ring all-reduces (and the uncompressed sum after a stall).
+/// `lhc`'s stall policy (median estimates would be a silently wrong sum). 16-bit data (host
+/// executors) are sketched in float32 cells, decoded into float32, divided there by P with
+/// `average` and rounded once into `data` (docs/half-precision.md §3); after a stall, the `dense`
+/// plan's float32 sum. `report.sent_bytes` counts both stages as ring all-reduces (and the
+/// uncompressed sum after a stall).
 /// @throws error as the codec overload, on every rank alike, with `data` unchanged: the agreement's
 /// errors (LHC's parameters are hashed), `invalid_argument` for a plan other than `automatic` or
-/// `two_stage` or for more ranks than the index coding can sum, and LHC's own `too_large` and
-/// `non_finite_input` (a sum beyond the value type); `timeout` and `transport_failed` as the codec
-/// overload.
+/// `two_stage` or for more ranks than the index coding can sum, LHC's own `too_large` and
+/// `non_finite_input` (a sum beyond the cell type), and `narrowing_overflow` (16-bit data whose sum,
+/// or mean, is beyond the type's range); `timeout` and `transport_failed` as the codec overload.
 template <executor E, transport X, gradient_value T>
 compressed_report compressed_all_reduce(const E& e, X& t, const lossless_homomorphic<T>& lhc,
                                         std::type_identity_t<std::span<T>> data, all_reduce_options options = {}) {
@@ -510,6 +513,7 @@ compressed_report compressed_all_reduce(const E& e, X& t, const lossless_homomor
     staged_params.index = coding;
     staged_params.on_stall = lhc_stall_policy::report;  // a stall is resent uncompressed below
     const lossless_homomorphic<T> staged(staged_params);
+    using cell = typename lossless_homomorphic<T>::cell_type;
     const std::uint64_t n = data.size();
     const auto ranks = static_cast<std::uint64_t>(t.size());
     compressed_report report;
@@ -521,31 +525,35 @@ compressed_report compressed_all_reduce(const E& e, X& t, const lossless_homomor
     report.sent_bytes += ring_all_reduce_dense_bytes(index.size(), ranks);
     // Stage 2: the sketches, sized from the union alike on every rank, summed.
     const lhc_plan sizes = staged.plan(e, std::span<const std::byte>(index.span()), n, ranks);
-    collective_buffer<E, T> sketch(e, static_cast<std::size_t>(sizes.sketch_values()));
+    collective_buffer<E, cell> sketch(e, static_cast<std::size_t>(sizes.sketch_values()));
     try {
       staged.encode_sketch(e, std::span<const T>(data), std::span<const std::byte>(index.span()), sizes, sketch.span());
     } catch (const error&) {
       // Only a transport that corrupted the index gets here. Join the SUM with a poisoned sketch,
       // so that every rank's decode fails alike instead of the others waiting for this one.
-      memory::fill(e, sketch.span(), from_bits<T>(float_traits<T>::infinity_key | 1));
+      memory::fill(e, sketch.span(), from_bits<cell>(float_traits<cell>::infinity_key | 1));
     }
     t.all_reduce_sum(sketch.span());
-    report.sent_bytes += ring_all_reduce_dense_bytes(sketch.size() * sizeof(T), ranks);
+    report.sent_bytes += ring_all_reduce_dense_bytes(sketch.size() * sizeof(cell), ranks);
     collective_buffer<E, std::byte> ws(e, staged.workspace_bytes(e, sizes));
+    const std::span<const std::byte> aggregated(index.span());
     try {
-      staged.decode(e, std::span<const std::byte>(index.span()), sizes, std::span<const T>(sketch.span()), data,
-                    ws.span());
+      if constexpr (half_precision<T>) {
+        // Every rank holds the same sums, so a sum beyond the 16-bit range is `narrowing_overflow`
+        // on every rank alike.
+        collective_buffer<E, cell> sums(e, data.size());
+        staged.decode(e, aggregated, sizes, std::span<const cell>(sketch.span()), sums.span(), ws.span());
+        detail::narrow_sums(sums.span(), t.size(), options.average, data);
+      } else {
+        staged.decode(e, aggregated, sizes, std::span<const cell>(sketch.span()), data, ws.span());
+        detail::apply_average(e, t.size(), data, options.average);
+      }
     } catch (const error& failure) {
       if (failure.code() != errc::peeling_stalled) throw;
-      // Every rank stalled alike: the uncompressed sum instead, of a copy, so that a transport
-      // that fails or times out midway leaves `data` as it was.
-      collective_buffer<E, T> dense(e, data.size());
-      memory::copy(e, std::span<const T>(data), dense.span());
-      t.all_reduce_sum(dense.span());
-      memory::copy(e, std::span<const T>(dense.span()), data);
-      report.sent_bytes += report.dense_bytes;
+      // Every rank stalled alike: the uncompressed sum instead (`dense`, of a copy, so that a
+      // transport that fails or times out midway leaves `data` as it was).
+      report.sent_bytes += detail::dense_all_reduce(e, t, data, options.average).sent_bytes;
     }
-    detail::apply_average(e, t.size(), data, options.average);
     return report;
   });
 }

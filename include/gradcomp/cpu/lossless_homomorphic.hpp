@@ -28,6 +28,7 @@
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/narrowing.hpp>
 #include <gradcomp/core/workspace.hpp>
 #include <gradcomp/cpu/detail/staged_writer.hpp>
 #include <gradcomp/sketch/lossless_homomorphic.hpp>
@@ -133,7 +134,8 @@ inline void lhc_for_each_set(std::uint64_t n, Words&& words, Visit&& visit) {
 template <gradient_value T>
 struct backend<lossless_homomorphic<T>, cpu_executor> {
   using codec_type = lossless_homomorphic<T>;
-  using accumulator = lhc_accumulator_t<T>;
+  using C = compute_type<T>;  ///< The sketch's type: float32 for a 16-bit T.
+  using accumulator = lhc_accumulator_t<C>;
 
   static void encode_index(const codec_type& codec, const cpu_executor&, std::span<const T> grad,
                            std::span<std::byte> index) {
@@ -168,7 +170,7 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
   }
 
   static void encode_sketch(const codec_type& codec, const cpu_executor&, std::span<const T> grad,
-                            std::span<const std::byte> global_index, const lhc_plan& plan, std::span<T> sketch) {
+                            std::span<const std::byte> global_index, const lhc_plan& plan, std::span<C> sketch) {
     const std::uint64_t n = grad.size();
     require_size(n, plan.n, "elements");
     require_size(global_index.size(), codec.index_bytes(n), "index bytes");
@@ -177,7 +179,7 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     detail::require(plan == codec.plan_for(n, plan.union_nonzeros), errc::invalid_argument,
                     "the plan does not follow the sizing rule");
     // One pass: the checks of a word come with its writes, and a failure poisons the sketch.
-    if (!plan.dense) std::fill(sketch.begin(), sketch.end(), T{0});
+    if (!plan.dense) std::fill(sketch.begin(), sketch.end(), C{0});
     const lhc_index_coding coding = codec.params().index;
     block_cursor cursor(codec, plan);
     bool finite = true;
@@ -192,37 +194,46 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
       if ((nonzero & ~member) != 0 && first_outside == n)
         first_outside = first + static_cast<std::uint64_t>(std::countr_zero(nonzero & ~member));
       if (plan.dense) {
-        std::copy(grad.data() + first, grad.data() + first + count, sketch.data() + first);
+        for (std::uint64_t k = 0; k < count; ++k) sketch[first + k] = C{widen(grad[first + k])};
         continue;
       }
       for (std::uint64_t bits = nonzero & member; bits != 0; bits &= bits - 1) {
         const std::uint64_t i = first + static_cast<std::uint64_t>(std::countr_zero(bits));
         const lhc_cell_triple cells = cursor.cells_of(i);
-        const T x = grad[i];
+        const C x{widen(grad[i])};
         for (int j = 0; j < 3; ++j) sketch[cells.cell[j]] += cells.negative[j] ? -x : x;
       }
     }
     detail::lhc_finish_sketch(sketch, finite, first_outside, n, members, plan);
   }
 
+  /// Decodes into `out` of T, or (a 16-bit T) of float32; a 16-bit output's values are all checked
+  /// to fit before the first is written.
+  template <gradient_value O>
   static lhc_decode_result decode(const codec_type& codec, const cpu_executor& e,
                                   std::span<const std::byte> global_index, const lhc_plan& plan,
-                                  std::span<const T> summed_sketch, std::span<T> out, std::span<std::byte> ws) {
+                                  std::span<const C> summed_sketch, std::span<O> out, std::span<std::byte> ws) {
     const std::uint64_t n = out.size();
     require_plan(codec, global_index, plan, n);
     require_size(summed_sketch.size(), plan.sketch_values(), "sketch values");
     if (plan.dense) {
       require_finite(summed_sketch, 0);
-      for (std::uint64_t i = 0; i < n; ++i) out[i] = summed_sketch[i] + T{0};
+      if constexpr (half_precision<O>) {
+        for (std::uint64_t i = 0; i < n; ++i) detail::require_narrows<O>(i, summed_sketch[i]);
+        for (std::uint64_t i = 0; i < n; ++i) out[i] = narrow<O>(summed_sketch[i] + C{0});
+      } else {
+        for (std::uint64_t i = 0; i < n; ++i) out[i] = summed_sketch[i] + C{0};
+      }
       return {.recovered = plan.union_nonzeros};
     }
     if (plan.cells == 0) {
-      std::fill(out.begin(), out.end(), T{0});
+      std::fill(out.begin(), out.end(), O{0});
       return {};
     }
     lhc_decode_result result;
-    with_cell_types(codec, plan,
-                    [&]<class Cell>() { result = peel<Cell>(codec, e, global_index, plan, summed_sketch, out, ws); });
+    with_cell_types(codec, plan, [&]<class Cell>() {
+      result = peel<Cell, O>(codec, e, global_index, plan, summed_sketch, out, ws);
+    });
     return result;
   }
 
@@ -301,7 +312,7 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
   template <class Id>
   struct recovered_value {
     Id element;
-    T value;
+    C value;
   };
 
   /// A (block, hash) pair of a row: where the block's members land in the row, and which they are.
@@ -354,7 +365,7 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     std::span<std::uint64_t>
         span_first;  ///< ⌈n / output_span⌉ + 1: where span k's values start (its members before it).
     std::span<std::uint64_t> span_end;  ///< ⌈n / output_span⌉: where span k's next value goes.
-    std::span<T> scratch;  ///< One output span.
+    std::span<C> scratch;  ///< One output span (of C, or of a 16-bit output's values in its first half).
     std::span<std::uint64_t> recovered;
   };
 
@@ -378,7 +389,7 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     s.by_span = arena.take<recovered_value<typename Cell::id_type>>(members);
     s.span_first = arena.take<std::uint64_t>(spans + 1);
     s.span_end = arena.take<std::uint64_t>(spans);
-    s.scratch = arena.take<T>(static_cast<std::size_t>(std::min(plan.n, output_span)));
+    s.scratch = arena.take<C>(static_cast<std::size_t>(std::min(plan.n, output_span)));
     if (codec.params().on_stall == lhc_stall_policy::median_estimate)
       s.recovered =
           arena.take<std::uint64_t>(static_cast<std::size_t>((plan.n + detail::lhc_word - 1) / detail::lhc_word));
@@ -390,7 +401,7 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
   }
 
   /// Checks that `values`, the summed sketch from value `first` on, hold no NaN or ±Inf.
-  static void require_finite(std::span<const T> values, std::uint64_t first) {
+  static void require_finite(std::span<const C> values, std::uint64_t first) {
     for (std::uint64_t c = 0; c < values.size(); ++c)
       detail::require(is_finite(values[c]), errc::non_finite_input,
                       [&] { return detail::lhc_non_finite_message(first + c); });
@@ -511,7 +522,7 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
   /// XORs their indices, and queues the row's cells of count 1, pure in round 1. Returns how many
   /// it queued.
   template <class Cell>
-  static std::uint64_t count_rows(const geometry& where, const peel_state<Cell>& s, std::span<const T> summed_sketch) {
+  static std::uint64_t count_rows(const geometry& where, const peel_state<Cell>& s, std::span<const C> summed_sketch) {
     using id_type = typename Cell::id_type;
     constexpr std::uint64_t ahead = 8;  // prefetch distance, in pairs
     const std::uint64_t block = where.block;
@@ -528,7 +539,7 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
     std::uint64_t queued = 0;
     for (std::uint64_t r = 0, pair = 0; r < rows; ++r) {
       Cell* const row = s.cells.data() + r * block;
-      const T* const values = summed_sketch.data() + r * block;
+      const C* const values = summed_sketch.data() + r * block;
       bool finite = true;
       for (std::uint64_t column = 0; column < block; ++column) {
         finite &= is_finite(values[column]);
@@ -600,8 +611,8 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
         const int j = lhc_recovering_hash(pure0, pure1);
         if (cells.cell[j] != c) continue;  // recovered at its lowest pure hash, an entry of this round too
         const accumulator v = lhc_signed(cells.negative[j], s.cells[c].sum);
-        detail::require(lhc_fits<T>(v), errc::non_finite_input, [&] { return detail::lhc_range_message("sum", i); });
-        s.log[logged++] = {static_cast<id_type>(i), static_cast<T>(v) + T{0}};  // + 0: no −0 in the output
+        detail::require(lhc_fits<C>(v), errc::non_finite_input, [&] { return detail::lhc_range_message("sum", i); });
+        s.log[logged++] = {static_cast<id_type>(i), static_cast<C>(v) + C{0}};  // + 0: no −0 in the output
         for (int k = 0; k < 3; ++k) {  // queue the cells whose count falls to 1, without branches
           Cell& cell = s.cells[cells.cell[k]];
           cell.sum -= lhc_signed(cells.negative[k], v);
@@ -619,10 +630,10 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
 
   /// Peels a sparse plan with cell states of type `Cell` (see the file comment of the codec):
   /// `list_members`, `count_rows`, then `peel_rounds`, then the median estimates the stall policy
-  /// asks for, then `out`, front to back.
-  template <class Cell>
+  /// asks for, then (a 16-bit O: after checking that every value narrows) `out`, front to back.
+  template <class Cell, gradient_value O>
   static lhc_decode_result peel(const codec_type& codec, const cpu_executor& e, std::span<const std::byte> index,
-                                const lhc_plan& plan, std::span<const T> summed_sketch, std::span<T> out,
+                                const lhc_plan& plan, std::span<const C> summed_sketch, std::span<O> out,
                                 std::span<std::byte> ws) {
     workspace_arena arena(ws);
     const peel_state<Cell> s = carve<Cell>(arena, codec, plan);
@@ -651,23 +662,29 @@ struct backend<lossless_homomorphic<T>, cpu_executor> {
             // lhc_median_of_three, written out: GCC allocates this whole function differently around the call
             const accumulator median =
                 std::max(std::min(estimate[0], estimate[1]), std::min(std::max(estimate[0], estimate[1]), estimate[2]));
-            detail::require(lhc_fits<T>(median), errc::non_finite_input,
+            detail::require(lhc_fits<C>(median), errc::non_finite_input,
                             [&] { return detail::lhc_range_message("estimate", i); });
-            s.log[logged++] = {static_cast<typename Cell::id_type>(i), static_cast<T>(median) + T{0}};
+            s.log[logged++] = {static_cast<typename Cell::id_type>(i), static_cast<C>(median) + C{0}};
           });
       result.estimated = result.unrecovered;
     }
-    // The output span by span: the log grouped by span, then zeros and the span's values in the
-    // scratch span, written out.
+    if constexpr (half_precision<O>)
+      for (std::uint64_t q = 0; q < logged; ++q) detail::require_narrows<O>(s.log[q].element, s.log[q].value);
+    // The output span by span: the log grouped by span, then zeros and the span's values (rounded
+    // to a 16-bit O) in the scratch span, written out.
     for (std::uint64_t q = 0; q < logged; ++q) s.by_span[s.span_end[s.log[q].element / output_span]++] = s.log[q];
-    detail::cpu::staged_writer writer(reinterpret_cast<std::byte*>(out.data()), e.streams(n * sizeof(T)));
+    detail::cpu::staged_writer writer(reinterpret_cast<std::byte*>(out.data()), e.streams(n * sizeof(O)));
+    O* const scratch = reinterpret_cast<O*>(s.scratch.data());  // sizeof(O) ≤ sizeof(C)
     for (std::uint64_t k = 0; k < s.span_end.size(); ++k) {
       const std::uint64_t first = k * output_span;
       const std::uint64_t count = std::min(output_span, n - first);
-      std::fill(s.scratch.begin(), s.scratch.begin() + static_cast<std::ptrdiff_t>(count), T{0});
-      for (std::uint64_t q = s.span_first[k]; q < s.span_end[k]; ++q)
-        s.scratch[s.by_span[q].element - first] = s.by_span[q].value;
-      writer.write(reinterpret_cast<const std::byte*>(s.scratch.data()), count * sizeof(T));
+      std::fill(scratch, scratch + count, O{0});
+      for (std::uint64_t q = s.span_first[k]; q < s.span_end[k]; ++q) {
+        if constexpr (half_precision<O>) scratch[s.by_span[q].element - first] = narrow<O>(s.by_span[q].value);
+        else
+          scratch[s.by_span[q].element - first] = s.by_span[q].value;
+      }
+      writer.write(reinterpret_cast<const std::byte*>(scratch), count * sizeof(O));
     }
     writer.finish();
     return result;

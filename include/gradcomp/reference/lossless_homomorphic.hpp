@@ -7,7 +7,9 @@
 /// aggregated index, then peels in synchronous rounds exactly as the codec's file comment orders
 /// them: round 1's candidates are the cells of count 1 in cell order, a later round's the cells
 /// whose counts fell to 1 in the round before, in that order; an element is recovered at the entry
-/// of its lowest pure cell and subtracted from its three cells in the order of (entry, j).
+/// of its lowest pure cell and subtracted from its three cells in the order of (entry, j). A 16-bit
+/// gradient's values are widened into float32 cells; its decoded values are rounded into a 16-bit
+/// output after all are checked to fit.
 
 #include <algorithm>
 #include <bit>
@@ -18,12 +20,15 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <gradcomp/core/backend.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/narrowing.hpp>
 #include <gradcomp/core/reference_executor.hpp>
 #include <gradcomp/core/workspace.hpp>
+#include <gradcomp/reference/values.hpp>
 #include <gradcomp/sketch/lossless_homomorphic.hpp>
 
 namespace gradcomp {
@@ -32,7 +37,8 @@ namespace gradcomp {
 template <gradient_value T>
 struct backend<lossless_homomorphic<T>, reference_executor> {
   using codec_type = lossless_homomorphic<T>;
-  using accumulator = lhc_accumulator_t<T>;
+  using C = compute_type<T>;  ///< The sketch's type: float32 for a 16-bit T.
+  using accumulator = lhc_accumulator_t<C>;
 
   static void encode_index(const codec_type& codec, const reference_executor&, std::span<const T> grad,
                            std::span<std::byte> index) {
@@ -65,7 +71,7 @@ struct backend<lossless_homomorphic<T>, reference_executor> {
   }
 
   static void encode_sketch(const codec_type& codec, const reference_executor&, std::span<const T> grad,
-                            std::span<const std::byte> global_index, const lhc_plan& plan, std::span<T> sketch) {
+                            std::span<const std::byte> global_index, const lhc_plan& plan, std::span<C> sketch) {
     const std::uint64_t n = grad.size();
     detail::lhc_require_size(n, plan.n, "elements");
     detail::lhc_require_size(global_index.size(), codec.index_bytes(n), "index bytes");
@@ -74,8 +80,8 @@ struct backend<lossless_homomorphic<T>, reference_executor> {
     detail::require(plan == codec.plan_for(n, plan.union_nonzeros), errc::invalid_argument,
                     "the plan does not follow the sizing rule");
     // Dense: the values themselves. Otherwise S[c] = Σ σ_j(i)·x_i over the members i in ascending
-    // order (then j), in T from +0.
-    if (!plan.dense) std::fill(sketch.begin(), sketch.end(), T{0});
+    // order (then j), in C from +0 (a 16-bit x_i widened exactly).
+    if (!plan.dense) std::fill(sketch.begin(), sketch.end(), C{0});
     const lhc_params& p = codec.params();
     bool finite = true;
     std::uint64_t members = 0;
@@ -86,19 +92,22 @@ struct backend<lossless_homomorphic<T>, reference_executor> {
       members += member ? 1u : 0u;
       const bool nonzero = magnitude_key(grad[i]) != 0;
       if (nonzero && !member && first_outside == n) first_outside = i;
+      const C x{widen(grad[i])};
       if (plan.dense) {
-        sketch[i] = grad[i];
+        sketch[i] = x;
       } else if (nonzero && member) {
         const lhc_cell_triple cells = cells_of(p, plan, i);
-        for (int j = 0; j < 3; ++j) sketch[cells.cell[j]] += cells.negative[j] ? -grad[i] : grad[i];
+        for (int j = 0; j < 3; ++j) sketch[cells.cell[j]] += cells.negative[j] ? -x : x;
       }
     }
     detail::lhc_finish_sketch(sketch, finite, first_outside, n, members, plan);
   }
 
+  /// Decodes into `out` of T, or (a 16-bit T) of float32.
+  template <gradient_value O>
   static lhc_decode_result decode(const codec_type& codec, const reference_executor&,
                                   std::span<const std::byte> global_index, const lhc_plan& plan,
-                                  std::span<const T> summed_sketch, std::span<T> out, std::span<std::byte> ws) {
+                                  std::span<const C> summed_sketch, std::span<O> out, std::span<std::byte> ws) {
     const std::uint64_t n = out.size();
     detail::lhc_require_size(n, plan.n, "elements");
     detail::lhc_require_size(global_index.size(), codec.index_bytes(n), "index bytes");
@@ -107,11 +116,13 @@ struct backend<lossless_homomorphic<T>, reference_executor> {
     detail::lhc_require_size(summed_sketch.size(), plan.sketch_values(), "sketch values");
     if (plan.dense) {
       require_finite(summed_sketch);
-      for (std::uint64_t i = 0; i < n; ++i) out[i] = summed_sketch[i] + T{0};
+      std::vector<C> sums(static_cast<std::size_t>(n));
+      for (std::uint64_t i = 0; i < n; ++i) sums[i] = summed_sketch[i] + C{0};
+      detail::reference::store_results(sums, out);
       return {.recovered = plan.union_nonzeros};
     }
     if (plan.cells == 0) {
-      std::fill(out.begin(), out.end(), T{0});
+      std::fill(out.begin(), out.end(), O{0});
       return {};
     }
     workspace_arena arena(ws);
@@ -152,8 +163,8 @@ struct backend<lossless_homomorphic<T>, reference_executor> {
         const int j = lhc_recovering_hash(s.pure[cells.cell[0]] != 0, s.pure[cells.cell[1]] != 0);
         if (cells.cell[j] != entry.cell) continue;  // recovered at the entry of its lowest pure cell
         const accumulator v = lhc_signed(cells.negative[j], s.cells[entry.cell].sum);
-        detail::require(lhc_fits<T>(v), errc::non_finite_input, [&] { return detail::lhc_range_message("sum", i); });
-        s.log[logged++] = {i, static_cast<T>(v) + T{0}};  // + 0: no −0 in the output
+        detail::require(lhc_fits<C>(v), errc::non_finite_input, [&] { return detail::lhc_range_message("sum", i); });
+        s.log[logged++] = {i, static_cast<C>(v) + C{0}};  // + 0: no −0 in the output
         s.recovered[i] = 1;
         // Subtracted from its three cells in the order of j; a cell whose count falls to 1 is a
         // candidate of the next round.
@@ -178,15 +189,18 @@ struct backend<lossless_homomorphic<T>, reference_executor> {
         accumulator estimate[3];
         for (int j = 0; j < 3; ++j) estimate[j] = lhc_signed(cells.negative[j], s.cells[cells.cell[j]].sum);
         const accumulator median = lhc_median_of_three(estimate[0], estimate[1], estimate[2]);
-        detail::require(lhc_fits<T>(median), errc::non_finite_input,
+        detail::require(lhc_fits<C>(median), errc::non_finite_input,
                         [&] { return detail::lhc_range_message("estimate", i); });
-        s.log[logged++] = {i, static_cast<T>(median) + T{0}};
+        s.log[logged++] = {i, static_cast<C>(median) + C{0}};
       }
       result.estimated = result.unrecovered;
     }
+    // A 16-bit output: every logged value must narrow to a finite one.
+    if constexpr (half_precision<O>)
+      for (std::uint64_t q = 0; q < logged; ++q) detail::require_narrows<O>(s.log[q].element, s.log[q].value);
     // Everything is checked: zeros, then the logged values.
-    std::fill(out.begin(), out.end(), T{0});
-    for (std::uint64_t q = 0; q < logged; ++q) out[s.log[q].element] = s.log[q].value;
+    std::fill(out.begin(), out.end(), O{0});
+    for (std::uint64_t q = 0; q < logged; ++q) out[s.log[q].element] = detail::reference::to_output<O>(s.log[q].value);
     return result;
   }
 
@@ -202,7 +216,7 @@ struct backend<lossless_homomorphic<T>, reference_executor> {
   };
   struct logged_value {
     std::uint64_t element;
-    T value;
+    C value;
   };
   /// The decoder's workspace: the cells, their purity in the current round, the candidates of every
   /// round (each cell is queued at most once per fall to 1), the recovered values, and which
@@ -250,7 +264,7 @@ struct backend<lossless_homomorphic<T>, reference_executor> {
   }
 
   /// Checks that the summed sketch holds no NaN or ±Inf.
-  static void require_finite(std::span<const T> summed_sketch) {
+  static void require_finite(std::span<const C> summed_sketch) {
     for (std::uint64_t c = 0; c < summed_sketch.size(); ++c)
       detail::require(is_finite(summed_sketch[c]), errc::non_finite_input,
                       [&] { return detail::lhc_non_finite_message(c); });

@@ -43,7 +43,9 @@
 ///     of the reference CUDA code (seeds 0, 1, 2 when seed = 0). Rows may coincide: the element
 ///     then enters that cell twice (σ_j·x + σ_j'·x) and counts twice.
 /// The sketch of a rank is S[c] = Σ σ_j(i)·x_i over the (i, j) with cell_j(i) = c, accumulated in
-/// T in ascending i (then j) order, starting from +0.
+/// the cell type C in ascending i (then j) order, starting from +0. C is T for float and double,
+/// and float32 for bf16 and fp16, whose values are widened exactly (a dense plan's values too), so a
+/// 16-bit sketch is the float32 sketch of the widened values.
 ///
 /// Decoding: cell counters (how many (i ∈ U, j) land in each cell; 16-bit when no cell can exceed
 /// 65535, else 32-bit) and an XOR of element indices per cell are derived from the aggregated index
@@ -64,7 +66,10 @@
 /// its sums, |e_c| ≤ γ(d_c + P)·W_c, where d_c is the number of elements in c, W_c the sum of the
 /// magnitudes of all contributions to c over all ranks, u the unit roundoff of T and
 /// γ(m) = m·u / (1 − m·u); a recovered value is off by e_c plus the errors of the values subtracted
-/// from c before it (recursively), plus one rounding to T. Decoded zeros are +0.
+/// from c before it (recursively), plus one rounding to C. Decoded zeros are +0. A 16-bit codec
+/// decodes into float32 (the exact sum where the cells' sums are exact) or into its own type, the
+/// float32 value rounded once to nearest even; a value beyond the 16-bit range is then
+/// `narrowing_overflow`, with `out` untouched.
 ///
 /// Stalls: when the cells are too few (the union holds a non-empty 2-core), some elements remain.
 /// `lhc_stall_policy::report` throws `errc::peeling_stalled` (the message gives the counts) and
@@ -86,6 +91,7 @@
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/memory_space.hpp>
 #include <gradcomp/core/murmur3.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 
@@ -140,7 +146,7 @@ struct lhc_plan {
   std::uint64_t cells = 0;           ///< r·B sketch cells (0 when dense or |U| = 0).
   bool dense = false;                ///< The n values travel as they are (r·B would be ≥ n).
 
-  /// Values (of type T) each rank's sketch holds and the SUM reduction adds: n when dense, else
+  /// Values (of the cell type) each rank's sketch holds and the SUM reduction adds: n when dense, else
   /// `cells`.
   [[nodiscard]] constexpr std::uint64_t sketch_values() const noexcept { return dense ? n : cells; }
 
@@ -252,8 +258,6 @@ template <gradient_value T>
   return low < middle ? middle : low;
 }
 
-/// Lossless homomorphic compression of `float` or `double` gradients: an index and a count sketch
-/// whose sums over ranks decode, by peeling, to the exact sum of the gradients.
 namespace detail {
 
 /// Elements an index byte of `coding` covers: 8 (bitmap), 2 (sum4) or 1 (sum8).
@@ -362,10 +366,14 @@ GRADCOMP_HOST_DEVICE inline T lhc_cell_from_row(const T* x, std::uint64_t n, con
   return sum;
 }
 
+/// Lossless homomorphic compression of `float`, `double`, `bf16` or `fp16` gradients (the 16-bit
+/// ones on host executors): an index and a count sketch whose sums over ranks decode, by peeling,
+/// to the exact sum of the gradients.
 template <gradient_value T = float>
 class lossless_homomorphic {
  public:
-  using value_type = T;  ///< Element type of the gradient and of the sketch cells.
+  using value_type = T;  ///< Element type of the gradient.
+  using cell_type = compute_type<T>;  ///< Element type of the sketch: float32 for bf16 and fp16.
   /// Names the scheme in the compressed all-reduce's agreement (it writes no message of its own).
   static constexpr codec_id id = codec_id::lossless_homomorphic;
 
@@ -457,6 +465,7 @@ class lossless_homomorphic {
   ///         makes every decoder fail instead of producing a wrong sum).
   template <executor E>
   void encode_index(const E& e, std::span<const T> grad, std::span<std::byte> index) const {
+    require_value_type<E>();
     backend<lossless_homomorphic, E>::encode_index(*this, e, grad, index);
   }
 
@@ -467,6 +476,7 @@ class lossless_homomorphic {
   template <executor E>
   [[nodiscard]] lhc_plan plan(const E& e, std::span<const std::byte> global_index, std::uint64_t n,
                               std::uint64_t contributors) const {
+    require_value_type<E>();
     return backend<lossless_homomorphic, E>::plan(*this, e, global_index, n, contributors);
   }
 
@@ -475,6 +485,7 @@ class lossless_homomorphic {
   /// nothing for a dense or empty plan.
   template <executor E>
   [[nodiscard]] std::size_t workspace_bytes(const E& e, const lhc_plan& plan) const {
+    require_value_type<E>();
     return backend<lossless_homomorphic, E>::workspace_bytes(*this, e, plan);
   }
 
@@ -488,7 +499,8 @@ class lossless_homomorphic {
   ///         anyway makes every decoder fail with `non_finite_input`.
   template <executor E>
   void encode_sketch(const E& e, std::span<const T> grad, std::span<const std::byte> global_index, const lhc_plan& plan,
-                     std::span<T> sketch) const {
+                     std::span<cell_type> sketch) const {
+    require_value_type<E>();
     backend<lossless_homomorphic, E>::encode_sketch(*this, e, grad, global_index, plan, sketch);
   }
 
@@ -496,15 +508,35 @@ class lossless_homomorphic {
   /// summed sketch. Everything is checked before `out` is written.
   /// @throws error `size_mismatch` (index, sketch or out size), `invalid_argument` (`plan` is not
   ///         the plan of `global_index`), `non_finite_input` (NaN or ±Inf in the sketch, or a sum
-  ///         beyond the range of T), `malformed_payload` (index padding), `workspace_too_small`,
+  ///         beyond the range of the cell type), `narrowing_overflow` (a 16-bit codec's value beyond
+  ///         its type's range), `malformed_payload` (index padding), `workspace_too_small`,
   ///         `peeling_stalled` (policy `report` and elements left; `out` untouched).
   template <executor E>
   lhc_decode_result decode(const E& e, std::span<const std::byte> global_index, const lhc_plan& plan,
-                           std::span<const T> summed_sketch, std::span<T> out, std::span<std::byte> ws) const {
+                           std::span<const cell_type> summed_sketch, std::span<T> out, std::span<std::byte> ws) const {
+    require_value_type<E>();
+    return backend<lossless_homomorphic, E>::decode(*this, e, global_index, plan, summed_sketch, out, ws);
+  }
+
+  /// A 16-bit codec's `decode` into float32: the sums without narrowing.
+  template <executor E>
+  lhc_decode_result decode(const E& e, std::span<const std::byte> global_index, const lhc_plan& plan,
+                           std::span<const cell_type> summed_sketch, std::span<cell_type> out,
+                           std::span<std::byte> ws) const
+    requires half_precision<T>
+  {
+    require_value_type<E>();
     return backend<lossless_homomorphic, E>::decode(*this, e, global_index, plan, summed_sketch, out, ws);
   }
 
  private:
+  /// A compile error, rather than a deep one, for a 16-bit codec on the CUDA backend.
+  template <executor E>
+  static constexpr void require_value_type() noexcept {
+    static_assert(!half_precision<T> || memory_space_of<E> == memory_space::host,
+                  "the CUDA backend takes float and double gradients only so far (docs/half-precision.md §5)");
+  }
+
   lhc_params params_;
 };
 
