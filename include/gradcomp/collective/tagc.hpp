@@ -34,6 +34,12 @@
 /// doubles; a call that fails after sparsifying restores every residual it changed. Every call has
 /// a deadline, `options.timeout` from its start (collective/call_deadline.hpp): a rank that stops
 /// calling makes the others throw `timeout`, with `out` and every residual as before the call.
+///
+/// bf16 and fp16 gradients (host executors): the sparsifier keeps float32 residuals and passes on
+/// float32 values (sparsify/dynamic.hpp), which are sketched in float32 cells, and the tails travel
+/// widened to float32, so every message is the float32 scheme's on the widened gradient; the owner's
+/// float32 chunk (divided by P there with `average`) is rounded once into `out`, and a value beyond
+/// the 16-bit range is `narrowing_overflow` on every rank (docs/half-precision.md §3).
 
 #include <algorithm>
 #include <cstddef>
@@ -96,20 +102,24 @@ struct tagc_report : compressed_report {
 /// and buffers in E's memory reused across calls.
 template <gradient_value T, executor E>
 struct tagc_state {
+  using value_type = compute_type<T>;  ///< Type of the residuals and of every buffer: float32 for bf16 and fp16.
   typename dynamic_sparsifier<T>::template state_on<E> feedback;  ///< Residuals keyed by `tagc<T>::residual_key`.
-  collective_buffer<E, T> sparse;  ///< The last call's sparsified chunks (block-aligned parts, in chunk order).
+  collective_buffer<E, value_type>
+      sparse;  ///< The last call's sparsified chunks (block-aligned parts, in chunk order).
   collective_buffer<E, std::byte> indexes;  ///< The P indexes, local then aggregated.
-  collective_buffer<E, T> segments;  ///< Sketch-and-tail segments.
-  collective_buffer<E, T> received;  ///< This rank's summed segment.
-  collective_buffer<E, T> chunk;  ///< This rank's chunk of the result, copied to `out` once every collective is done.
+  collective_buffer<E, value_type> segments;  ///< Sketch-and-tail segments.
+  collective_buffer<E, value_type> received;  ///< This rank's summed segment.
+  collective_buffer<E, value_type>
+      chunk;  ///< This rank's chunk of the result, copied to `out` once every collective is done.
   collective_buffer<E, std::byte> workspace;  ///< Sparsifier and decoder workspace.
-  collective_buffer<E, T> saved_residuals;  ///< The residuals before a call, to undo it.
+  collective_buffer<E, value_type> saved_residuals;  ///< The residuals before a call, to undo it.
   std::vector<bool> had_residual;  ///< Which chunks had a residual before it.
   std::uint64_t saved_steps = 0;  ///< The sparsifier's step count before it.
 };
 
-/// TAGC's scheme for float or double gradients: its parameters, its state and checkpoints. Pass it
-/// to `compressed_reduce_scatter` (this file's comment).
+/// TAGC's scheme for float, double, bf16 or fp16 gradients (the 16-bit ones on host executors):
+/// its parameters, its state and checkpoints. Pass it to `compressed_reduce_scatter` (this file's
+/// comment).
 template <gradient_value T = float>
 class tagc {
  public:
@@ -231,9 +241,10 @@ template <class T, executor E, transport X>
 class tagc_call {
  public:
   using memory = collective_memory<E>;
+  using C = compute_type<T>;  ///< The sparsified values', sketches' and result's type.
 
   tagc_call(const E& e, X& t, const tagc<T>& scheme, tagc_state<T, E>& state, lhc_index_coding coding,
-            std::span<const T> data, std::span<T> out, message_key key)
+            std::span<const T> data, std::span<T> out, message_key key, bool average)
       : e_(e),
         t_(t),
         scheme_(scheme),
@@ -242,14 +253,24 @@ class tagc_call {
         layout_(data.size(), t.size(), lhc_),
         data_(data),
         out_(out),
-        key_(key) {}
+        key_(key),
+        average_(average) {}
 
-  /// Runs the scheme; on error every residual and `out` are as they were.
+  /// Runs the scheme; on error every residual and `out` are as they were. Float and double results
+  /// are copied to `out` as they are (the caller averages them); a 16-bit result is divided by P
+  /// with `average` and rounded once, after every rank has found its chunk in range.
   tagc_report run() {
     save_residuals();
     try {
       tagc_report report = reduce_scatter();
-      memory::copy(e_, std::span<const T>(result()), out_);
+      if constexpr (half_precision<T>) {
+        collective_buffer<E, T> narrowed(e_, out_.size());
+        agree_on_status(t_, static_cast<errc>(narrowing_status(result(), ranks(), average_, narrowed.span())),
+                        "compressed_reduce_scatter (tagc)");
+        memory::copy(e_, std::span<const T>(narrowed.span()), out_);
+      } else {
+        memory::copy(e_, std::span<const T>(result()), out_);
+      }
       return report;
     } catch (...) {
       restore_residuals();
@@ -263,7 +284,7 @@ class tagc_call {
 
   [[nodiscard]] int ranks() const { return t_.size(); }
   [[nodiscard]] std::uint64_t key_of(int s) const { return tagc<T>::residual_key(key_.tensor_id, ranks(), s); }
-  [[nodiscard]] std::span<T> sparse_of(int s) {
+  [[nodiscard]] std::span<C> sparse_of(int s) {
     const auto i = static_cast<std::size_t>(s);
     return state_.sparse.span().subspan(layout_.sparse_offset[i], layout_.aligned[i]);
   }
@@ -276,8 +297,8 @@ class tagc_call {
     return data_.subspan(static_cast<std::size_t>(c.offset), static_cast<std::size_t>(c.count));
   }
   /// This rank's chunk of the result, assembled here until every collective of the call is done.
-  [[nodiscard]] std::span<T> result() { return state_.chunk.span().first(out_.size()); }
-  [[nodiscard]] std::span<T> saved_of(int s) {
+  [[nodiscard]] std::span<C> result() { return state_.chunk.span().first(out_.size()); }
+  [[nodiscard]] std::span<C> saved_of(int s) {
     const auto i = static_cast<std::size_t>(s);
     return state_.saved_residuals.span().subspan(layout_.sparse_offset[i], layout_.aligned[i]);
   }
@@ -296,7 +317,7 @@ class tagc_call {
       const auto found = state_.feedback.residuals.find(key_of(s));
       if (found == state_.feedback.residuals.end()) continue;
       state_.had_residual[static_cast<std::size_t>(s)] = true;
-      memory::copy(e_, std::span<const T>(residual_span(found->second)), saved_of(s));
+      memory::copy(e_, std::span<const C>(residual_span(found->second)), saved_of(s));
     }
     state_.saved_steps = state_.feedback.steps;
   }
@@ -308,20 +329,26 @@ class tagc_call {
         if (found != state_.feedback.residuals.end()) state_.feedback.residuals.erase(found);
         continue;
       }
-      memory::copy(e_, std::span<const T>(saved_of(s)), residual_span(found->second));
+      memory::copy(e_, std::span<const C>(saved_of(s)), residual_span(found->second));
     }
     state_.feedback.steps = state_.saved_steps;
   }
 
+  /// Copies gradient values into C values: as they are, or (16-bit, host memory) widened.
+  void widen_into(std::span<const T> from, std::span<C> to) {
+    if constexpr (half_precision<T>) std::transform(from.begin(), from.end(), to.begin(), [](T v) { return widen(v); });
+    else
+      memory::copy(e_, from, to);
+  }
+
   /// Chunk s's segment: its sketch under `plan`, its tail, zeros up to the segment's size.
-  void fill_segment(int s, const lhc_plan& plan, std::span<T> segment) {
+  void fill_segment(int s, const lhc_plan& plan, std::span<C> segment) {
     const auto sketch_values = static_cast<std::size_t>(plan.sketch_values());
     const std::size_t tail = layout_.tail(s);
-    lhc_.encode_sketch(e_, std::span<const T>(sparse_of(s)), std::span<const std::byte>(index_of(s)), plan,
+    lhc_.encode_sketch(e_, std::span<const C>(sparse_of(s)), std::span<const std::byte>(index_of(s)), plan,
                        segment.first(sketch_values));
-    memory::copy(e_, chunk_of(s).subspan(layout_.aligned[static_cast<std::size_t>(s)]),
-                 segment.subspan(sketch_values, tail));
-    memory::fill(e_, segment.subspan(sketch_values + tail), T{0});
+    widen_into(chunk_of(s).subspan(layout_.aligned[static_cast<std::size_t>(s)]), segment.subspan(sketch_values, tail));
+    memory::fill(e_, segment.subspan(sketch_values + tail), C{0});
   }
 
   [[nodiscard]] lhc_plan plan_of(int s) {
@@ -343,7 +370,7 @@ class tagc_call {
                          .sparsify(e_, state_.feedback, key_of(s), chunk_of(s).first(aligned), sparse_of(s),
                                    state_.workspace.span())
                          .kept;
-      lhc_.encode_index(e_, std::span<const T>(sparse_of(s)), index_of(s));
+      lhc_.encode_index(e_, std::span<const C>(sparse_of(s)), index_of(s));
     }
     report.index_bytes = layout_.index_total;
 
@@ -355,13 +382,13 @@ class tagc_call {
         const std::size_t length = static_cast<std::size_t>(plan.sketch_values()) + layout_.tail(s);
         state_.segments.resize(e_, length);
         fill_segment(s, plan, state_.segments.span());
-        report.sketch_bytes += plan.sketch_values() * sizeof(T);
-        report.tail_bytes += layout_.tail(s) * sizeof(T);
+        report.sketch_bytes += plan.sketch_values() * sizeof(C);
+        report.tail_bytes += layout_.tail(s) * sizeof(C);
         t_.reduce_sum(state_.segments.span(), s);
         if (s != rank) continue;
         own_plan = plan;
         state_.received.resize(e_, length);
-        memory::copy(e_, std::span<const T>(state_.segments.span()), state_.received.span());
+        memory::copy(e_, std::span<const C>(state_.segments.span()), state_.received.span());
       }
     } else {
       aggregate_lhc_index(t_, lhc_.params().index, state_.indexes.span());
@@ -376,27 +403,27 @@ class tagc_call {
       for (int s = 0; s < ranks(); ++s) {
         const lhc_plan& plan = plans[static_cast<std::size_t>(s)];
         fill_segment(s, plan, state_.segments.span().subspan(static_cast<std::size_t>(s) * longest, longest));
-        report.sketch_bytes += plan.sketch_values() * sizeof(T);
-        report.tail_bytes += layout_.tail(s) * sizeof(T);
+        report.sketch_bytes += plan.sketch_values() * sizeof(C);
+        report.tail_bytes += layout_.tail(s) * sizeof(C);
         report.padding_bytes +=
-            (longest - static_cast<std::size_t>(plan.sketch_values()) - layout_.tail(s)) * sizeof(T);
+            (longest - static_cast<std::size_t>(plan.sketch_values()) - layout_.tail(s)) * sizeof(C);
       }
       state_.received.resize(e_, longest);
-      t_.reduce_scatter_sum(std::span<const T>(state_.segments.span()), state_.received.span());
+      t_.reduce_scatter_sum(std::span<const C>(state_.segments.span()), state_.received.span());
       own_plan = plans[static_cast<std::size_t>(rank)];
     }
 
     const auto sketch_values = static_cast<std::size_t>(own_plan.sketch_values());
     const std::size_t aligned = layout_.aligned[static_cast<std::size_t>(rank)];
     reserve(state_.chunk, out_.size());
-    const std::span<T> chunk = result();
-    const lossless_homomorphic<T> peeler(with_stall_policy(lhc_.params(), lhc_stall_policy::median_estimate));
+    const std::span<C> chunk = result();
+    const lossless_homomorphic<C> peeler(with_stall_policy(lhc_.params(), lhc_stall_policy::median_estimate));
     reserve(state_.workspace, peeler.workspace_bytes(e_, own_plan));
     lhc_decode_result peeled{};
     chunk_outcome outcome = chunk_outcome::peeled;
     try {
       peeled = peeler.decode(e_, std::span<const std::byte>(index_of(rank)), own_plan,
-                             std::span<const T>(state_.received.span()).first(sketch_values), chunk.first(aligned),
+                             std::span<const C>(state_.received.span()).first(sketch_values), chunk.first(aligned),
                              state_.workspace.span());
       if (peeled.unrecovered > 0 && scheme_.params().sketch.on_stall == lhc_stall_policy::report)
         outcome = chunk_outcome::stalled;
@@ -404,7 +431,7 @@ class tagc_call {
       if (failure.code() != errc::non_finite_input) throw;
       outcome = chunk_outcome::overflowed;  // the sum does not fit T: every rank must learn it
     }
-    memory::copy(e_, std::span<const T>(state_.received.span()).subspan(sketch_values, layout_.tail(rank)),
+    memory::copy(e_, std::span<const C>(state_.received.span()).subspan(sketch_values, layout_.tail(rank)),
                  chunk.subspan(aligned));
     report.resent_shards = settle_outcomes(outcome, report);
     report.sent_bytes =
@@ -439,12 +466,12 @@ class tagc_call {
       const std::size_t aligned = layout_.aligned[static_cast<std::size_t>(s)];
       const std::span<const T> chunk = chunk_of(s);
       state_.segments.resize(e_, chunk.size());
-      const std::span<T> segment = state_.segments.span();
-      memory::copy(e_, std::span<const T>(sparse_of(s)), segment.first(aligned));
-      memory::copy(e_, chunk.subspan(aligned), segment.subspan(aligned));
+      const std::span<C> segment = state_.segments.span();
+      memory::copy(e_, std::span<const C>(sparse_of(s)), segment.first(aligned));
+      widen_into(chunk.subspan(aligned), segment.subspan(aligned));
       t_.reduce_sum(segment, s);
-      report.resent_bytes += chunk.size() * sizeof(T);
-      if (s == t_.rank()) memory::copy(e_, std::span<const T>(segment), result());
+      report.resent_bytes += chunk.size() * sizeof(C);
+      if (s == t_.rank()) memory::copy(e_, std::span<const C>(segment), result());
     }
     return resent;
   }
@@ -463,11 +490,12 @@ class tagc_call {
   X& t_;
   const tagc<T>& scheme_;
   tagc_state<T, E>& state_;
-  lossless_homomorphic<T> lhc_;
+  lossless_homomorphic<C> lhc_;
   tagc_layout layout_;
   std::span<const T> data_;
   std::span<T> out_;
   message_key key_;
+  bool average_;
 };
 
 /// What a rank found wrong with its TAGC call before any collective (empty: nothing): a plan
@@ -513,11 +541,18 @@ template <class T, executor E, class State>
         data.subspan(static_cast<std::size_t>(c.offset), static_cast<std::size_t>(c.count));
     const std::size_t aligned = layout.aligned[static_cast<std::size_t>(s)];
     const auto found = state.feedback.residuals.find(tagc<T>::residual_key(tensor_id, ranks, s));
-    const std::span<const T> residual = found == state.feedback.residuals.end()
-                                            ? std::span<const T>()
-                                            : std::span<const T>(residual_span(found->second));
-    if (!memory::all_finite(e, chunk.first(aligned), residual) || !memory::all_finite(e, chunk.subspan(aligned)))
+    using C = compute_type<T>;
+    const std::span<const C> residual = found == state.feedback.residuals.end()
+                                            ? std::span<const C>()
+                                            : std::span<const C>(residual_span(found->second));
+    if constexpr (half_precision<T>) {  // host memory: widen(g) + R in float32, as the sparsifier forms it
+      for (std::size_t i = 0; i < residual.size(); ++i)
+        if (!is_finite(C{widen(chunk[i])} + residual[i])) return false;
+      if (!memory::all_finite(e, chunk)) return false;
+    } else if (!memory::all_finite(e, chunk.first(aligned), residual) ||
+               !memory::all_finite(e, chunk.subspan(aligned))) {
       return false;
+    }
   }
   return true;
 }
@@ -566,10 +601,10 @@ tagc_report compressed_reduce_scatter(const E& e, X& t, const tagc<T>& scheme, t
                   detail::record_of(scheme, data.size(), detail::agreement_plan(reduce_scatter_plan::tagc), options.key,
                                     !finite),
                   problem, "compressed_reduce_scatter (tagc)");
-    tagc_report report =
-        detail::tagc_call<T, E, X>(e, t, scheme, state, scheme.template index_coding<X>(ranks), data, out, options.key)
-            .run();
-    detail::apply_average(e, ranks, out, options.average);
+    tagc_report report = detail::tagc_call<T, E, X>(e, t, scheme, state, scheme.template index_coding<X>(ranks), data,
+                                                    out, options.key, options.average)
+                             .run();
+    detail::apply_average(e, ranks, out, options.average);  // 16-bit results were averaged in float32
     return report;
   });
 }

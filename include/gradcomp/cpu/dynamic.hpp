@@ -45,13 +45,15 @@
 
 namespace gradcomp {
 
-/// The dynamic sparsifier on the CPU.
+/// The dynamic sparsifier on the CPU. A 16-bit gradient's values are widened as a = g + R is
+/// formed: a, the residuals, ã and the threshold are float32 (C).
 template <gradient_value T>
 struct backend<dynamic_sparsifier<T>, cpu_executor> {
+  using C = compute_type<T>;  ///< The type of a, the residuals and ã.
   using sparsifier = dynamic_sparsifier<T>;
-  using state_type = dynamic_state<T>;
-  using key_type = typename float_traits<T>::bits_type;
-  static constexpr int key_bits = float_traits<T>::magnitude_bits;
+  using state_type = dynamic_state<C>;
+  using key_type = typename float_traits<C>::bits_type;
+  static constexpr int key_bits = float_traits<C>::magnitude_bits;
   static constexpr int first_shift = key_bits - detail::cpu::radix_digit_bits;
 
   /// Keys the bucket list holds: an eighth of n (a bucket of N(0, σ) data at f* = 0.8 holds about
@@ -88,14 +90,14 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
     return arena.bytes_needed();
   }
 
-  static T threshold(const sparsifier& sp, const cpu_executor&, std::span<const T> a, std::span<std::byte> ws) {
+  static C threshold(const sparsifier& sp, const cpu_executor&, std::span<const T> a, std::span<std::byte> ws) {
     const T* const v = a.data();
-    return from_bits<T>(threshold_key(
-        sp, a.size(), [v](std::size_t i) { return v[i]; }, ws));
+    return from_bits<C>(threshold_key(
+        sp, a.size(), [v](std::size_t i) { return C{widen(v[i])}; }, ws));
   }
 
-  static dynamic_result<T> sparsify(const sparsifier& sp, const cpu_executor&, state_type& state,
-                                    std::uint64_t tensor_id, std::span<const T> grad, std::span<T> out,
+  static dynamic_result<C> sparsify(const sparsifier& sp, const cpu_executor&, state_type& state,
+                                    std::uint64_t tensor_id, std::span<const T> grad, std::span<C> out,
                                     std::span<std::byte> ws) {
     const std::size_t n = grad.size();
     const auto found = detail::find_dynamic_residual(state.residuals, tensor_id, n, out.size());
@@ -103,22 +105,22 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
     const T* const g = grad.data();
     key_type tau = 0;
     if (known) {
-      const T* const r = found->second.data();
+      const C* const r = found->second.data();
       tau = threshold_key(
-          sp, n, [g, r](std::size_t i) { return g[i] + r[i]; }, ws);
+          sp, n, [g, r](std::size_t i) { return C{widen(g[i])} + r[i]; }, ws);
     } else {
       // A new id's residual is n zeros: a = g + 0, exactly as the stored zeros will give next step.
       tau = threshold_key(
-          sp, n, [g](std::size_t i) { return g[i] + T{0}; }, ws);
+          sp, n, [g](std::size_t i) { return C{widen(g[i])} + C{0}; }, ws);
     }
     // Nothing can fail past this point but the allocation of a new id's residual, which changes
     // nothing if it throws.
-    std::vector<T>& residual =
-        known ? found->second : state.residuals.emplace(tensor_id, std::vector<T>(n, T{0})).first->second;
+    std::vector<C>& residual =
+        known ? found->second : state.residuals.emplace(tensor_id, std::vector<C>(n, C{0})).first->second;
     const std::uint64_t kept = apply(grad, residual, out, tau);
     ++state.steps;
     const double zero_fraction = n == 0 ? 0.0 : static_cast<double>(n - kept) / static_cast<double>(n);
-    return {from_bits<T>(tau), kept, zero_fraction};
+    return {from_bits<C>(tau), kept, zero_fraction};
   }
 
   static std::size_t save_state(const sparsifier& sp, const cpu_executor&, const state_type& state,
@@ -136,7 +138,7 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
   template <class ValueAt>
   static key_type threshold_key(const sparsifier& sp, std::size_t n, ValueAt&& value_at, std::span<std::byte> ws) {
     if (sp.params().mode == dynamic_threshold_mode::tagc_table)
-      return detail::dynamic_table_key<T>(sp.params().zero_fraction, n, value_at);
+      return detail::dynamic_table_key<C>(sp.params().zero_fraction, n, value_at);
     workspace_arena arena(ws);
     const scratch s = carve(arena, n);
     const std::uint64_t z = sp.zeroed_count(n);
@@ -145,7 +147,7 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
       const window_pass w = collect_window(n, value_at, window.lo, window.hi, s.list);
       if (w.non_finite) {
         std::uint64_t count = 0;
-        for (std::size_t i = 0; i < n; ++i) count += is_finite<T>(value_at(i)) ? 0u : 1u;
+        for (std::size_t i = 0; i < n; ++i) count += is_finite<C>(value_at(i)) ? 0u : 1u;
         detail::require_dynamic_finite(count, n);
       }
       // τ* is the (z − below)-th smallest key of the window (0-based) when the window holds it.
@@ -157,9 +159,9 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
                               static_cast<key_type>(window.lo >> (key_bits - known)), known);
       }
     }
-    detail::cpu::magnitude_histogram<T>(n, value_at, s.histogram, s.sub_histograms);
-    detail::require_dynamic_finite(detail::cpu::non_finite_count<T>(s.histogram), n);
-    if (z == n) return float_traits<T>::infinity_key;
+    detail::cpu::magnitude_histogram<C>(n, value_at, s.histogram, s.sub_histograms);
+    detail::require_dynamic_finite(detail::cpu::non_finite_count<C>(s.histogram), n);
+    if (z == n) return float_traits<C>::infinity_key;
 
     // The z-th smallest key (0-based) is the (n − z)-th largest. The chosen bucket ends at or
     // below +Inf's key, since the histogram holds no NaN or ±Inf.
@@ -173,7 +175,7 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
     }
     return detail::cpu::select_kth_largest<key_type>(
                [&](auto&& visit) {
-                 for (std::size_t i = 0; i < n; ++i) visit(magnitude_key<T>(value_at(i)));
+                 for (std::size_t i = 0; i < n; ++i) visit(magnitude_key<C>(value_at(i)));
                },
                key_bits, rank, bucket, detail::cpu::radix_digit_bits, s.histogram)
         .key;
@@ -206,7 +208,7 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
     key_type* const sample = s.sample.data();
     for (std::size_t c = 0; c < sample_chunks; ++c)
       for (std::size_t j = 0; j < sample_chunk; ++j)
-        sample[c * sample_chunk + j] = magnitude_key<T>(value_at(c * stride + j));
+        sample[c * sample_chunk + j] = magnitude_key<C>(value_at(c * stride + j));
     const double p = static_cast<double>(z) / static_cast<double>(n);
     // Products rounded apart from the sums (`mul_rn`), so the window is the same under any flags.
     const double middle = mul_rn(p, static_cast<double>(sample_size));
@@ -220,7 +222,7 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
                  key_bits, sample_size - rank, key_type{0}, 0, s.histogram)
           .key;
     };
-    sampled_window w{0, float_traits<T>::infinity_key};
+    sampled_window w{0, float_traits<C>::infinity_key};
     if (middle - margin > 0.0) w.lo = std::min(sampled(static_cast<std::size_t>(middle - margin)), w.hi);
     if (middle + margin < static_cast<double>(sample_size - 1)) {
       const key_type top = sampled(static_cast<std::size_t>(middle + margin));
@@ -258,7 +260,7 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
     constexpr std::size_t block = 16;
     window_pass w;
     key_type* const out = list.data();
-    const auto list_hits = [&](const T* v, std::uint32_t in) {
+    const auto list_hits = [&](const C* v, std::uint32_t in) {
       if (w.count + block > list.size()) {
         w.overflow = w.overflow || in != 0;
         return;
@@ -271,28 +273,28 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
       for (; in != 0; in &= in - 1) [[unlikely]]
         out[w.count++] = magnitude_key(v[std::countr_zero(in)]);
     };
-    const auto take = [&](const T* v, std::uint32_t valid) {
+    const auto take = [&](const C* v, std::uint32_t valid) {
       const std::uint32_t at_least_lo = detail::cpu::at_least_mask16(v, lo) & valid;
       w.below += bits_set16(valid & ~at_least_lo);
-      w.non_finite = w.non_finite || (detail::cpu::at_least_mask16(v, float_traits<T>::infinity_key) & valid) != 0;
+      w.non_finite = w.non_finite || (detail::cpu::at_least_mask16(v, float_traits<C>::infinity_key) & valid) != 0;
       list_hits(v, at_least_lo & ~detail::cpu::at_least_mask16(v, hi));
     };
     std::size_t i = 0;
 #if defined(__SSE2__)
-    if constexpr (std::is_same_v<T, float>) {
+    if constexpr (std::is_same_v<C, float>) {
       // Keys have no sign bit, so signed 32-bit comparisons order them. Lane counters of keys
       // below lo are flushed every 2^24 blocks, long before they could overflow.
       const __m128i magnitude = _mm_set1_epi32(0x7fffffff);
       const __m128i lo_key = _mm_set1_epi32(static_cast<int>(lo));
       const __m128i lo_less_one = _mm_set1_epi32(static_cast<int>(lo) - 1);
       const __m128i hi_key = _mm_set1_epi32(static_cast<int>(hi));
-      const __m128i finite_max = _mm_set1_epi32(static_cast<int>(float_traits<T>::infinity_key) - 1);
+      const __m128i finite_max = _mm_set1_epi32(static_cast<int>(float_traits<C>::infinity_key) - 1);
       __m128i non_finite = _mm_setzero_si128();
       while (i + block <= n) {
         __m128i below = _mm_setzero_si128();
         const std::size_t end = i + std::min<std::size_t>((n - i) / block, std::size_t{1} << 24) * block;
         for (; i < end; i += block) {
-          T v[block];
+          C v[block];
           for (std::size_t j = 0; j < block; ++j) v[j] = value_at(i + j);
           std::uint32_t in = 0;
           for (int q = 0; q < 4; ++q) {
@@ -312,12 +314,12 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
     }
 #endif
     for (; i + block <= n; i += block) {
-      T v[block];
+      C v[block];
       for (std::size_t j = 0; j < block; ++j) v[j] = value_at(i + j);
       take(v, 0xffffu);
     }
     if (i < n) {
-      T v[block] = {};  // the last partial block, zero-padded; padding lanes are masked off
+      C v[block] = {};  // the last partial block, zero-padded; padding lanes are masked off
       for (std::size_t j = 0; i + j < n; ++j) v[j] = value_at(i + j);
       take(v, (std::uint32_t{1} << (n - i)) - 1);
     }
@@ -326,12 +328,13 @@ struct backend<dynamic_sparsifier<T>, cpu_executor> {
 
   /// out = ã and residual = a − ã with a = grad + residual, element by element (`dynamic_split`).
   /// Returns the kept count.
-  static std::uint64_t apply(std::span<const T> grad, std::vector<T>& residual, std::span<T> out, key_type tau) {
+  static std::uint64_t apply(std::span<const T> grad, std::vector<C>& residual, std::span<C> out, key_type tau) {
     const T* const g = grad.data();
-    T* const r = residual.data();
-    T* const o = out.data();
+    C* const r = residual.data();
+    C* const o = out.data();
     std::uint64_t kept = 0;
-    for (std::size_t i = 0; i < grad.size(); ++i) kept += dynamic_split(g[i] + r[i], tau, o[i], r[i]) ? 1u : 0u;
+    for (std::size_t i = 0; i < grad.size(); ++i)
+      kept += dynamic_split(C{widen(g[i])} + r[i], tau, o[i], r[i]) ? 1u : 0u;
     return kept;
   }
 };

@@ -33,6 +33,12 @@
 /// zero residual of a_i's sign, a dropped one writes a zero of a_i's sign to ã. So ã + R_new
 /// equals a = g + R_old bit for bit, −0 included.
 ///
+/// bf16 and fp16 gradients (host executors): a = widen(g) + R is formed in float32, the residuals
+/// are float32 (a 16-bit residual would drop what is below the gradient's resolution, as for error
+/// feedback: docs/feedback.md), and ã and τ* are float32 too: ã is the float32 input of TAGC's
+/// sketch, never rounded to 16 bits, so ã + R_new = a still holds bit for bit. Such a step is the
+/// float32 sparsifier's step on the widened gradient.
+///
 /// Special values: a step whose a holds NaN or ±Inf (g + R may overflow) throws
 /// `errc::non_finite_input` and leaves the state bit-identical. Subnormals are magnitudes like
 /// any other. A failed step leaves `out` unspecified (it is not used as scratch, but may be the
@@ -46,13 +52,15 @@
 /// | 0 | 4 | magic "GCDS" |
 /// | 4 | 2 | format version (1) |
 /// | 6 | 2 | codec field, 0 |
-/// | 8 | 1 | `value_dtype` |
+/// | 8 | 1 | `value_dtype` of the gradient |
 /// | 9 | 8 | N, total residual elements of all tensors |
 /// | 17 | 8 | m, number of tensors |
 /// | 25 | 8 | steps taken |
 /// | 33 | 4 | CRC-32C of bytes 0..32 |
-/// | 37 | 16·m + N·sizeof(T) | m entries in ascending id order: u64 id, u64 n_id, n_id residual values |
-/// | 37 + 16·m + N·sizeof(T) | 4 | CRC-32C of the entries |
+/// | 37 | 16·m + N·v | m entries in ascending id order: u64 id, u64 n_id, n_id residual values |
+/// | 37 + 16·m + N·v | 4 | CRC-32C of the entries |
+///
+/// v = 8 for a float64 gradient, else 4: the residuals of a bf16 or fp16 gradient are float32.
 ///
 /// `load_state` checks, in this order, and throws the named `errc` before touching the state:
 /// length of the header (`truncated`), magic (`bad_magic`), version (`unsupported_version`),
@@ -77,6 +85,7 @@
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/memory_space.hpp>
 #include <gradcomp/core/saved_state.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 
@@ -224,13 +233,15 @@ struct dynamic_saved_format : detail::saved_state_frame {
 static_assert(dynamic_saved_format::header_bytes == 37 && dynamic_saved_format::entry_head_bytes == 16,
               "the table in this file's comment");
 
-/// TAGC's dynamic sparsifier with error feedback keyed by tensor id, for `float` or `double`.
+/// TAGC's dynamic sparsifier with error feedback keyed by tensor id, for `float`, `double`, `bf16`
+/// or `fp16` (the 16-bit types on host executors, with float32 residuals and output).
 template <gradient_value T = float>
 class dynamic_sparsifier {
  public:
   using value_type = T;  ///< Element type of the gradient.
-  using state_type = dynamic_state<T>;  ///< Residuals carried across steps on the CPU.
-  using result_type = dynamic_result<T>;  ///< What a step reports.
+  using residual_type = compute_type<T>;  ///< Element type of a, the residuals and ã: float32 for bf16 and fp16.
+  using state_type = dynamic_state<residual_type>;  ///< Residuals carried across steps on the CPU.
+  using result_type = dynamic_result<residual_type>;  ///< What a step reports.
   /// The state on executor E: `dynamic_state<T>` on the CPU, `cuda_dynamic_state<T>` on the GPU.
   template <executor E>
   using state_on = typename backend<dynamic_sparsifier, E>::state_type;
@@ -258,6 +269,7 @@ class dynamic_sparsifier {
   /// both modes, so the mode may change between steps).
   template <executor E>
   [[nodiscard]] std::size_t workspace_bytes(const E& e, std::uint64_t n) const {
+    require_value_type<E>();
     return backend<dynamic_sparsifier, E>::workspace_bytes(*this, e, n);
   }
 
@@ -267,10 +279,11 @@ class dynamic_sparsifier {
     return state_on<E>{};
   }
 
-  /// τ* of `a` under the current rule, with no state involved.
+  /// τ* of `a` under the current rule, with no state involved (a 16-bit a widened).
   /// @throws error `non_finite_input` (NaN or ±Inf in a), `workspace_too_small`.
   template <executor E>
-  [[nodiscard]] T threshold(const E& e, std::span<const T> a, std::span<std::byte> ws) const {
+  [[nodiscard]] residual_type threshold(const E& e, std::span<const T> a, std::span<std::byte> ws) const {
+    require_value_type<E>();
     return backend<dynamic_sparsifier, E>::threshold(*this, e, a, ws);
   }
 
@@ -282,7 +295,8 @@ class dynamic_sparsifier {
   ///         `non_finite_input`, `workspace_too_small`.
   template <executor E>
   result_type sparsify(const E& e, state_on<E>& state, std::uint64_t tensor_id, std::span<const T> grad,
-                       std::span<T> out, std::span<std::byte> ws) const {
+                       std::span<residual_type> out, std::span<std::byte> ws) const {
+    require_value_type<E>();
     return backend<dynamic_sparsifier, E>::sparsify(*this, e, state, tensor_id, grad, out, ws);
   }
 
@@ -291,25 +305,27 @@ class dynamic_sparsifier {
   [[nodiscard]] static std::size_t saved_state_bytes(const State& state) noexcept {
     std::size_t size = dynamic_saved_format::header_bytes + dynamic_saved_format::checksum_bytes;
     for (const auto& [id, residual] : state.residuals)
-      size += dynamic_saved_format::entry_head_bytes + residual.size() * sizeof(T);
+      size += dynamic_saved_format::entry_head_bytes + residual.size() * sizeof(residual_type);
     return size;
   }
   /// Writes `state` into `bytes` (at least `saved_state_bytes(state)`). @returns bytes written.
   /// @throws error `buffer_too_small`.
   template <executor E>
   std::size_t save_state(const E& e, const state_on<E>& state, std::span<std::byte> bytes) const {
+    require_value_type<E>();
     return backend<dynamic_sparsifier, E>::save_state(*this, e, state, bytes);
   }
   /// Replaces `state` by the saved one, checking everything before touching it.
   /// @throws error naming what is wrong with the bytes (order in this file's comment).
   template <executor E>
   void load_state(const E& e, std::span<const std::byte> bytes, state_on<E>& state) const {
+    require_value_type<E>();
     backend<dynamic_sparsifier, E>::load_state(*this, e, bytes, state);
   }
 
   /// Writes the saved state of `host`, residuals in host memory (every backend's `save_state`;
   /// format in this file's comment). @returns bytes written. @throws error `buffer_too_small`.
-  std::size_t write_saved_state(const dynamic_state<T>& host, std::span<std::byte> bytes) const {
+  std::size_t write_saved_state(const state_type& host, std::span<std::byte> bytes) const {
     using format = dynamic_saved_format;
     const std::size_t size = saved_state_bytes(host);
     detail::require_state_room(bytes, size);
@@ -323,7 +339,7 @@ class dynamic_sparsifier {
     for (const auto& [id, residual] : host.residuals) {
       format::entry_id.store(q, id);
       format::entry_count.store(q, residual.size());
-      q = std::ranges::copy(std::as_bytes(std::span<const T>(residual)), q + format::entry_head_bytes).out;
+      q = std::ranges::copy(std::as_bytes(std::span<const residual_type>(residual)), q + format::entry_head_bytes).out;
     }
     detail::seal_state<format>(p, static_cast<std::size_t>(q - (p + format::header_bytes)));
     return size;
@@ -332,12 +348,13 @@ class dynamic_sparsifier {
   /// Checks saved bytes in the order of this file's comment and returns the state they hold, in
   /// host memory (every backend's `load_state`, before it touches its state).
   /// @throws error naming what is wrong with the bytes.
-  [[nodiscard]] dynamic_state<T> read_saved_state(std::span<const std::byte> bytes) const {
+  [[nodiscard]] state_type read_saved_state(std::span<const std::byte> bytes) const {
     using format = dynamic_saved_format;
+    using R = residual_type;
     const std::uint64_t total = detail::check_state_head<format>(bytes, format::codec, dtype_of<T>, "GCDS");
     const std::byte* const p = bytes.data();
     const std::uint64_t tensors = format::tensors.load(p);
-    detail::require(tensors <= bytes.size() / format::entry_head_bytes && total <= bytes.size() / sizeof(T),
+    detail::require(tensors <= bytes.size() / format::entry_head_bytes && total <= bytes.size() / sizeof(R),
                     errc::truncated, [&] {
                       return "saved state of " + std::to_string(bytes.size()) + " bytes cannot hold the " +
                              std::to_string(tensors) + " tensors and " + std::to_string(total) +
@@ -345,9 +362,9 @@ class dynamic_sparsifier {
                     });
     const std::span<const std::byte> entries =
         detail::check_state_body<format>(bytes, static_cast<std::size_t>(tensors * format::entry_head_bytes +
-                                                                         total * sizeof(T)));
+                                                                         total * sizeof(R)));
 
-    dynamic_state<T> loaded;
+    state_type loaded;
     std::size_t at = 0;
     for (std::uint64_t j = 0; j < tensors; ++j) {
       detail::require(entries.size() - at >= format::entry_head_bytes, errc::malformed_payload, [&] {
@@ -360,14 +377,14 @@ class dynamic_sparsifier {
         return "saved tensor ids are not strictly ascending: " + std::to_string(id) + " follows " +
                std::to_string(loaded.residuals.rbegin()->first);
       });
-      detail::require(count <= (entries.size() - at) / sizeof(T), errc::malformed_payload, [&] {
+      detail::require(count <= (entries.size() - at) / sizeof(R), errc::malformed_payload, [&] {
         return "saved tensor " + std::to_string(id) + " declares " + std::to_string(count) +
                " values, more than the entries hold";
       });
-      std::vector<T> residual(static_cast<std::size_t>(count));
-      std::ranges::copy(entries.subspan(at, residual.size() * sizeof(T)),
-                        std::as_writable_bytes(std::span<T>(residual)).begin());
-      at += residual.size() * sizeof(T);
+      std::vector<R> residual(static_cast<std::size_t>(count));
+      std::ranges::copy(entries.subspan(at, residual.size() * sizeof(R)),
+                        std::as_writable_bytes(std::span<R>(residual)).begin());
+      at += residual.size() * sizeof(R);
       loaded.residuals.emplace_hint(loaded.residuals.end(), id, std::move(residual));
     }
     detail::require(at == entries.size(), errc::malformed_payload, [&] {
@@ -379,6 +396,13 @@ class dynamic_sparsifier {
   }
 
  private:
+  /// A compile error, rather than a deep one, for a 16-bit sparsifier on the CUDA backend.
+  template <executor E>
+  static constexpr void require_value_type() noexcept {
+    static_assert(!half_precision<T> || memory_space_of<E> == memory_space::host,
+                  "the CUDA backend takes float and double gradients only so far (docs/half-precision.md §5)");
+  }
+
   dynamic_params params_;
 };
 
