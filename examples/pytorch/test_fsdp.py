@@ -111,7 +111,8 @@ def worker(rank, world, port, out):
         dist.all_gather(everyone, flat)
         results[name] = {"loss": sum(losses[-20:]) / 20, "skipped": skipped,
                          "same_everywhere": all(torch.equal(flat, other) for other in everyone),
-                         "sent": hook.sent_bytes if hook else None, "wire": hook.wire_bytes if hook else None}
+                         "sent": hook.sent_bytes if hook else None, "wire": hook.wire_bytes if hook else None,
+                         "seconds": (hook.codec_seconds, hook.wire_seconds) if hook else None}
     # 3. Checkpoint and resume: 30 steps straight, against 15 steps, the hook's state_dict and the
     # parameters carried into a fresh model and hook, then 15 more (SGD keeps no optimizer state).
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -164,10 +165,13 @@ class FSDPHookTest(unittest.TestCase):
                 self.assertEqual(r[name]["skipped"], [12], name)
                 self.assertTrue(r[name]["same_everywhere"], name)
                 self.assertGreater(r[name]["wire"], 0)
+                self.assertGreater(min(r[name]["seconds"]), 0.0, name)  # time in the codec and on the wire
                 self.assertTrue(r[name]["resumed_same"], name)
         print(f"\nP = {world}: final loss FSDP {ranks[0]['fsdp']['loss']:.4f}, "
               + ", ".join(f"{n} {ranks[0][n]['loss']:.4f} ({ranks[0][n]['sent']} bytes sent, "
-                          f"{ranks[0][n]['wire']} on the wire in the last step)" for n in ("tagc", "topk")))
+                          f"{ranks[0][n]['wire']} on the wire in the last step, its seconds in the codec and on "
+                          f"the wire {ranks[0][n]['seconds'][0]:.4f}, {ranks[0][n]['seconds'][1]:.4f})"
+                          for n in ("tagc", "topk")))
 
     def test_two_ranks(self):
         self.check(2)

@@ -11,6 +11,7 @@ import os
 import struct
 import sys
 import tempfile
+import time
 import unittest
 
 import torch
@@ -690,10 +691,13 @@ def _hook_worker(rank, world, port, codecs, out):
     for name in codecs:
         m = wide_model()
         hook = gradcomp.GradcompHookState(name, m, extension=EXT, log=lambda *_: None)
-        runs = {"plans": [], "sent": [], "wire": [], "means": [], "states": [], "resumed_means": [], "resumed_states": []}
+        runs = {"plans": [], "sent": [], "wire": [], "seconds": [], "means": [], "states": [], "resumed_means": [],
+                "resumed_states": []}
         saved = None
         for step in range(STEPS):
+            start = time.perf_counter()
             means, _ = run_step(hook, m, WIDE_LAYOUT, step, rank)
+            runs["seconds"].append((hook.codec_seconds, hook.wire_seconds, time.perf_counter() - start))
             runs["means"].append(means)
             runs["plans"].append(dict(hook.plans))
             runs["sent"].append(hook.sent_bytes)
@@ -773,6 +777,11 @@ class ScatterReduceHookTest(unittest.TestCase):
                         wire[r] += sizes_reduce + (world - 1) * frame_bytes(codec, n)
                 self.assertEqual(runs[r]["sent"], [expected] * STEPS, (name, world, r))
                 self.assertEqual(runs[r]["wire"], [wire[r]] * STEPS, (name, world, r))
+                # The step's time in the codec and in the process group: both spent, within the step's.
+                for codec_seconds, wire_seconds, step_seconds in runs[r]["seconds"]:
+                    self.assertGreater(codec_seconds, 0.0, (name, world, r))
+                    self.assertGreater(wire_seconds, 0.0, (name, world, r))
+                    self.assertLess(codec_seconds + wire_seconds, step_seconds, (name, world, r))
             sent[name] = runs[0]["sent"][0]
             # The means and states against the library's scatter_reduce in process, bucket by bucket.
             references = {}

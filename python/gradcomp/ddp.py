@@ -37,7 +37,9 @@ longer owns goes into a stateful codec's worker error, and is dropped and counte
 checkpoint; a restored run continues bit for bit.
 """
 
+import functools
 import os
+import time
 import warnings
 
 import torch
@@ -55,6 +57,22 @@ def extension():
     return _gradcomp_torch
 
 
+def _timed(collective):
+    """A ProcessGroupOps collective whose wall-clock time is added to `wire_seconds`, unless
+    another collective called it (then its caller's time holds it)."""
+    @functools.wraps(collective)
+    def timed(self, *args, **kwargs):
+        self._depth += 1
+        start = time.perf_counter()
+        try:
+            return collective(self, *args, **kwargs)
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self.wire_seconds += time.perf_counter() - start
+    return timed
+
+
 class ProcessGroupOps:
     """The collectives gradcomp's transport concept names, run on a torch.distributed group, in
     place. Buffers are CPU tensors; with NCCL each is staged through the current CUDA device.
@@ -64,7 +82,11 @@ class ProcessGroupOps:
     reduce-scatter (P - 1)/P of the input, all-gather P - 1 times the padded block) and a tree
     (reduce, broadcast: (P - 1)/P of the buffer); an all-to-all counts what this rank sends to the
     others. Everything counts: the sizes exchanged before a gather or an all-to-all, the padding to
-    the longest rank's buffer, and gloo's reduce-scatter, which is an all-reduce (gloo has none)."""
+    the longest rank's buffer, and gloo's reduce-scatter, which is an all-reduce (gloo has none).
+
+    `wire_seconds` adds up the wall-clock time spent in these calls (including the staging copies
+    of NCCL buffers and the waits for the other ranks); a call made by another (the sizes'
+    all-reduce of a gather) is counted once, inside its caller."""
 
     def __init__(self, group=None):
         self.group = group if group is not None else dist.group.WORLD
@@ -76,6 +98,8 @@ class ProcessGroupOps:
         else:
             self._global = dist.get_process_group_ranks(self.group)
         self.wire_bytes = 0
+        self.wire_seconds = 0.0
+        self._depth = 0  # calls in progress: only the outermost is timed
 
     def _count(self, total):
         """Adds a collective's bytes over all the ranks, divided by P (integer)."""
@@ -99,12 +123,15 @@ class ProcessGroupOps:
         self._count(2 * (self.size() - 1) * t.numel() * t.element_size())
         self._staged(t, lambda x: dist.all_reduce(x, op=op, group=self.group))
 
+    @_timed
     def all_reduce_sum(self, t):
         self._all_reduce(t, dist.ReduceOp.SUM)
 
+    @_timed
     def all_reduce_max(self, t):
         self._all_reduce(t, dist.ReduceOp.MAX)
 
+    @_timed
     def all_reduce_or(self, t):
         if not self.nccl:
             self._all_reduce(t, dist.ReduceOp.BOR)
@@ -114,10 +141,12 @@ class ProcessGroupOps:
         for part in parts:
             t.bitwise_or_(part)
 
+    @_timed
     def reduce_sum(self, t, root):
         self._count((self.size() - 1) * t.numel() * t.element_size())
         self._staged(t, lambda x: dist.reduce(x, dst=self._global[root], op=dist.ReduceOp.SUM, group=self.group))
 
+    @_timed
     def reduce_scatter_sum(self, inp, out):
         n = out.numel()
         if self.nccl:
@@ -132,10 +161,12 @@ class ProcessGroupOps:
         self.all_reduce_sum(inp)
         out.copy_(inp[self.rank() * n:(self.rank() + 1) * n])
 
+    @_timed
     def broadcast(self, t, root):
         self._count((self.size() - 1) * t.numel() * t.element_size())
         self._staged(t, lambda x: dist.broadcast(x, src=self._global[root], group=self.group))
 
+    @_timed
     def all_gather_bytes(self, t):
         """Every rank's uint8 buffer, in rank order (sizes may differ: padded to the longest)."""
         sizes = torch.zeros(self.size(), dtype=torch.int64)
@@ -149,6 +180,7 @@ class ProcessGroupOps:
         dist.all_gather(gathered, padded, group=self.group)
         return [g[:int(n)].cpu() for g, n in zip(gathered, sizes)]
 
+    @_timed
     def all_to_all_bytes(self, buffers):
         """buffers[j] (uint8) goes to rank j; returns the P buffers the ranks sent this one, in
         rank order: the sizes by one all_to_all_single, then the bytes by another with split sizes
@@ -234,6 +266,12 @@ class GradcompHookState:
         self.sent_bytes = 0   # this rank, the current or last step: the messages (the library's report)
         self.wire_bytes = 0   # this rank, the current or last step: every byte the process group moved
         self._wire_start = 0  # ops.wire_bytes when the step began
+        # This rank, the current or last step: seconds in the process group's calls (waits for the
+        # other ranks included), and in the buckets' reductions outside them (gradcomp's encoding,
+        # decoding, sums and states).
+        self.wire_seconds = 0.0
+        self.codec_seconds = 0.0
+        self._wire_seconds_start = 0.0
         self.dense_bytes = 0
         self._in_step = False
         self._new_state = False  # the last bucket's state was made (fresh or re-laid) for it
@@ -379,6 +417,9 @@ class GradcompHookState:
             self.sent_bytes = 0
             self.wire_bytes = 0
             self._wire_start = self.ops.wire_bytes
+            self.wire_seconds = 0.0
+            self.codec_seconds = 0.0
+            self._wire_seconds_start = self.ops.wire_seconds
             self.dense_bytes = 0
             if self.ladder is not None:
                 d = self.ladder.decision
@@ -457,6 +498,7 @@ class GradcompHookState:
         world = self.ops.size()
         dense = 2 * (world - 1) * data.numel() * 4 // world
         warm_up = self.step < self.dense_steps
+        start, wire_before = time.perf_counter(), self.ops.wire_seconds
         try:
             if self.gravac is not None and not warm_up:
                 params = [(index, size) for (index, _, _), size in zip(self._parameters, sizes)]
@@ -496,6 +538,7 @@ class GradcompHookState:
             # this bucket sends nothing and every rank skips the step.
             data.zero_()
             self.step_skipped = True
+        self.codec_seconds += time.perf_counter() - start - (self.ops.wire_seconds - wire_before)
         if self.record:
             self._record(key, bucket.index(), saved, before, data)
         if self.ladder is not None and not warm_up and bucket.is_last() and not self.step_skipped:
@@ -503,6 +546,7 @@ class GradcompHookState:
             self.ladder.end_step(self.ops, self._observed, self.sent_bytes)
             self._trace_gravac()
         self.wire_bytes = self.ops.wire_bytes - self._wire_start
+        self.wire_seconds = self.ops.wire_seconds - self._wire_seconds_start
         self._end_bucket(bucket.is_last())
         mean = torch.empty_like(data)
         position = 0

@@ -23,6 +23,8 @@ hook; NO_SHARD calls it with one argument and is refused. `state_dict()` / `load
 put the units' states in a checkpoint; a resumed run continues bit for bit.
 """
 
+import time
+
 import torch
 
 from . import _gradcomp_torch
@@ -65,6 +67,11 @@ class FSDPHookState:
         self.sent_bytes = 0   # this rank, the current or last step: the messages
         self.wire_bytes = 0   # this rank, the current or last step: every byte the process group moved
         self._wire_start = 0
+        # This rank, the current or last step: seconds in the process group's calls and in the
+        # units' reductions outside them (as GradcompHookState's).
+        self.wire_seconds = 0.0
+        self.codec_seconds = 0.0
+        self._wire_seconds_start = 0.0
 
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict(self):
@@ -105,6 +112,8 @@ class FSDPHookState:
             self.step_skipped = False
             self.sent_bytes = 0
             self._wire_start = self.ops.wire_bytes
+            self.codec_seconds = 0.0
+            self._wire_seconds_start = self.ops.wire_seconds
         n, world = grad.numel(), self.ops.size()
         if self.sizes.setdefault(unit, n) != n:
             raise RuntimeError(f"FSDP unit {unit} reduced {n} values, {self.sizes[unit]} before: the units were "
@@ -114,6 +123,7 @@ class FSDPHookState:
         data = _staged_to_host(grad.detach())
         out = torch.empty(output.numel(), dtype=torch.float32)
         warm_up = self.step < self.dense_steps
+        start, wire_before = time.perf_counter(), self.ops.wire_seconds
         try:
             if self.tagc is not None and not warm_up:
                 report = self.tagc.reduce_scatter_mean(self.ops, data, out, self.tagc_state, self.step, unit)
@@ -133,8 +143,10 @@ class FSDPHookState:
                 raise
             out.zero_()  # every rank raised it in the same call: every rank skips the step
             self.step_skipped = True
+        self.codec_seconds += time.perf_counter() - start - (self.ops.wire_seconds - wire_before)
         output.copy_(out)
         self.wire_bytes = self.ops.wire_bytes - self._wire_start
+        self.wire_seconds = self.ops.wire_seconds - self._wire_seconds_start
         self.calls += 1
         if self.calls % self.units == 0:
             if self.step_skipped:
