@@ -39,7 +39,7 @@ struct both_chunks {
 /// states, on P in-process ranks; checks after every step that the residuals and byte counts agree
 /// and that each 16-bit chunk is the float32 chunk rounded once.
 template <class H>
-void check_against_float(const tagc_params& params, int P, std::size_t n, bool average) {
+void check_tagc_against_float(const tagc_params& params, int P, std::size_t n, bool average) {
   const tagc<H> scheme(params);
   const tagc<float> wide_scheme(params);
   std::vector<tagc_state<H, cpu_executor>> states;
@@ -143,10 +143,10 @@ TEST_CASE_TEMPLATE("16-bit TAGC is the float32 scheme on the widened gradients, 
         p.sparsify.zero_fraction = 0.9;
         p.sketch.block = 64;
         p.schedule = schedule;
-        check_against_float<H>(p, P, 10'007, average);  // ragged chunks with tails
+        check_tagc_against_float<H>(p, P, 10'007, average);  // ragged chunks with tails
         // One cell per non-zero: owners stall and their chunks are summed again uncompressed.
         p.sketch.cells_per_nonzero = 1.0;
-        check_against_float<H>(p, P, 10'007, average);
+        check_tagc_against_float<H>(p, P, 10'007, average);
       }
     }
   }

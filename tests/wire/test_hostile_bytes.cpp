@@ -21,11 +21,11 @@ using namespace gradcomp::test;
 
 namespace {
 
-enum class outcome { rejected, decoded };
+enum class verdict { rejected, decoded };
 
 /// Decodes a message of n elements (with caps `limits`) into an output pre-filled with a
 /// sentinel; checks that a rejection leaves the sentinel and a success yields finite values.
-using decoder = std::function<outcome(std::span<const std::byte> message, std::size_t n, decode_limits limits)>;
+using decoder = std::function<verdict(std::span<const std::byte> message, std::size_t n, decode_limits limits)>;
 
 /// The decoder of a golden codec, which keeps its output and workspace across the hundreds of
 /// thousands of calls below.
@@ -51,7 +51,7 @@ decoder decoder_of(const Codec& codec) {
       bool untouched = true;
       for (const T v : b->out) untouched = untouched && to_bits(v) == to_bits(seven);
       CHECK(untouched);
-      return outcome::rejected;
+      return verdict::rejected;
     }
     if constexpr (requires { requires Codec::may_decode_infinity; }) {  // ZFP: a corrupted exponent may give ±Inf
       bool no_nan = true;
@@ -62,7 +62,7 @@ decoder decoder_of(const Codec& codec) {
       for (const T v : b->out) finite = finite && is_finite(v);
       CHECK(finite);
     }
-    return outcome::decoded;
+    return verdict::decoded;
   };
 }
 
@@ -84,7 +84,7 @@ const decoder& decoder_for(const std::string& file) {
   return decoders.emplace(file, std::move(d)).first->second;
 }
 
-outcome try_decode(const std::string& file, std::span<const std::byte> message, std::size_t n,
+verdict try_decode(const std::string& file, std::span<const std::byte> message, std::size_t n,
                    decode_limits limits = {}) {
   return decoder_for(file)(message, n, limits);
 }
@@ -95,16 +95,16 @@ TEST_CASE("every truncation of a valid message is rejected and leaves the output
   for (const golden_case& c : golden_cases()) {
     CAPTURE(c.file);
     const std::vector<std::byte> message = read_golden(c.file);
-    REQUIRE(try_decode(c.file, message, c.elements) == outcome::decoded);
+    REQUIRE(try_decode(c.file, message, c.elements) == verdict::decoded);
     for (std::size_t length = 0; length < message.size(); ++length) {
       CAPTURE(length);
       // A copy of exactly `length` bytes, so ASan sees any read past the end.
       const std::vector<std::byte> prefix(message.begin(), message.begin() + static_cast<std::ptrdiff_t>(length));
-      CHECK(try_decode(c.file, prefix, c.elements) == outcome::rejected);
+      CHECK(try_decode(c.file, prefix, c.elements) == verdict::rejected);
     }
     std::vector<std::byte> longer = message;
     longer.push_back(std::byte{0});
-    CHECK(try_decode(c.file, longer, c.elements) == outcome::rejected);
+    CHECK(try_decode(c.file, longer, c.elements) == verdict::rejected);
   }
 }
 
@@ -117,11 +117,11 @@ TEST_CASE("every single-bit flip gives a named error or a valid tensor, and enve
     for (std::size_t bit = 0; bit < message.size() * 8; ++bit) {
       std::vector<std::byte> flipped = message;
       flipped[bit / 8] ^= static_cast<std::byte>(1u << (bit % 8));
-      const outcome result = try_decode(c.file, flipped, c.elements);
-      if (bit < envelope::size * 8) envelope_escapes += result == outcome::decoded ? 1u : 0u;
+      const verdict result = try_decode(c.file, flipped, c.elements);
+      if (bit < envelope::size * 8) envelope_escapes += result == verdict::decoded ? 1u : 0u;
       else
-        payload_rejections += result == outcome::rejected ? 1u : 0u;
-      if (checksummed) CHECK(result == outcome::rejected);
+        payload_rejections += result == verdict::rejected ? 1u : 0u;
+      if (checksummed) CHECK(result == verdict::rejected);
     }
     CHECK(envelope_escapes == 0);
     MESSAGE(c.file, ": ", payload_rejections, " of ", (message.size() - envelope::size) * 8,
@@ -141,7 +141,7 @@ TEST_CASE("every pair of bit flips in the first 64 bytes gives a named error or 
       for (std::size_t b = a + 1; b < bits; ++b) {
         flipped[a / 8] ^= static_cast<std::byte>(1u << (a % 8));
         flipped[b / 8] ^= static_cast<std::byte>(1u << (b % 8));
-        const bool accepted = try_decode(c.file, flipped, c.elements) == outcome::decoded;
+        const bool accepted = try_decode(c.file, flipped, c.elements) == verdict::decoded;
         decoded += accepted ? 1u : 0u;
         header_escapes += accepted && b < 52 * 8 ? 1u : 0u;
         flipped[a / 8] = message[a / 8];
@@ -163,7 +163,7 @@ TEST_CASE("seeded garbage and garbage behind a valid envelope are rejected") {
     for (int trial = 0; trial < 200; ++trial) {
       std::vector<std::byte> garbage(engine() % (message.size() * 2));
       for (std::byte& b : garbage) b = static_cast<std::byte>(engine());
-      CHECK(try_decode(c.file, garbage, c.elements) == outcome::rejected);
+      CHECK(try_decode(c.file, garbage, c.elements) == verdict::rejected);
       // Keep the valid envelope but scramble the payload: a named error or a valid tensor.
       std::vector<std::byte> scrambled = message;
       for (std::size_t i = envelope::size; i < scrambled.size(); ++i)
@@ -177,9 +177,9 @@ TEST_CASE("decoders enforce the caller's element cap and buffer size before writ
   for (const golden_case& c : golden_cases()) {
     CAPTURE(c.file);
     const std::vector<std::byte> message = read_golden(c.file);
-    CHECK(try_decode(c.file, message, c.elements, {.max_elements = c.elements - 1}) == outcome::rejected);
-    CHECK(try_decode(c.file, message, c.elements, {.max_elements = c.elements}) == outcome::decoded);
-    CHECK(try_decode(c.file, message, c.elements + 1) == outcome::rejected);
-    CHECK(try_decode(c.file, message, c.elements - 1) == outcome::rejected);
+    CHECK(try_decode(c.file, message, c.elements, {.max_elements = c.elements - 1}) == verdict::rejected);
+    CHECK(try_decode(c.file, message, c.elements, {.max_elements = c.elements}) == verdict::decoded);
+    CHECK(try_decode(c.file, message, c.elements + 1) == verdict::rejected);
+    CHECK(try_decode(c.file, message, c.elements - 1) == verdict::rejected);
   }
 }
