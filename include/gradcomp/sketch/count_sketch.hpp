@@ -119,7 +119,8 @@ GRADCOMP_HOST_DEVICE constexpr std::uint64_t count_sketch_bucket(std::uint32_t h
 template <gradient_value T>
 GRADCOMP_HOST_DEVICE inline T count_sketch_signed(std::uint32_t hash, T value) noexcept {
   using bits_type = typename float_traits<T>::bits_type;
-  return from_bits<T>(to_bits(value) ^ (static_cast<bits_type>(hash >> 31) << (8 * sizeof(T) - 1)));
+  return from_bits<T>(
+      static_cast<bits_type>(to_bits(value) ^ (static_cast<bits_type>(hash >> 31) << (8 * sizeof(T) - 1))));
 }
 
 /// The median of three row estimates: max(min(a, b), min(max(a, b), c)), each min and max taking
