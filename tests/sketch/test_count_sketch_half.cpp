@@ -11,6 +11,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <span>
@@ -127,6 +128,47 @@ TEST_CASE_TEMPLATE("16-bit count sketch: a result beyond the 16-bit range is ref
     std::vector<float> f(2);
     one.decode(cpu_executor{}, m, std::span<float>(f), ws);
     CHECK(std::fabs(f[0]) == 120000.0f);
+  }
+}
+
+TEST_CASE_TEMPLATE("16-bit count sketch: accumulating touches only the heavy hitters; the second round widens", H, bf16,
+                   fp16) {
+  // An accumulator holding Inf and NaN away from the heavy hitters: they stay as they were, on the
+  // reference as on the CPU, and the heavy hitters get the float32 sums rounded once.
+  const count_sketch<H> cs({.rows = 3, .columns = 128, .seed = 3, .heavy_hitters = {.k = 5}});
+  constexpr std::size_t n = 600;
+  const std::vector<H> x = make_half_input<H>(input_kind::normal, n, 21);
+  const std::vector<std::byte> m = encode_bytes(cs, x);
+  std::vector<std::uint64_t> hitters(5);
+  std::vector<std::byte> ws(cs.workspace_bytes(cpu_executor{}, n));
+  REQUIRE(cs.heavy_hitters(cpu_executor{}, m, n, std::span<std::uint64_t>(hitters), ws) == 5);
+  std::vector<H> acc = make_half_input<H>(input_kind::normal, n, 22);
+  const auto not_hit = [&](std::uint64_t i) { return std::find(hitters.begin(), hitters.end(), i) == hitters.end(); };
+  std::uint64_t inf_at = 0, nan_at = 1;
+  while (!not_hit(inf_at)) ++inf_at;
+  while (nan_at == inf_at || !not_hit(nan_at)) ++nan_at;
+  acc[inf_at] = H{float_traits<H>::infinity_key};
+  acc[nan_at] = H{static_cast<std::uint16_t>(float_traits<H>::infinity_key + 1)};
+  std::vector<float> estimates(n);
+  cs.estimate(cpu_executor{}, m, std::span<float>(estimates), {});
+  const auto check_on = [&](const auto& exec) {
+    const std::vector<H> got = decode_on(exec, cs, m, acc, true);
+    bool as_documented = true;
+    for (std::size_t i = 0; i < n; ++i)
+      as_documented =
+          as_documented && got[i].bits == (not_hit(i) ? acc[i].bits : narrow<H>(widen(acc[i]) + estimates[i]).bits);
+    CHECK(as_documented);
+  };
+  check_on(reference_executor{});
+  for (const cpu_executor& cpu : cpu_settings()) check_on(cpu);
+  // The second round's values: as they are, or widened into float32.
+  std::vector<H> same(5);
+  std::vector<float> wide(5);
+  gather_values(std::span<const H>(x), std::span<const std::uint64_t>(hitters), std::span<H>(same));
+  gather_values(std::span<const H>(x), std::span<const std::uint64_t>(hitters), std::span<float>(wide));
+  for (std::size_t q = 0; q < 5; ++q) {
+    CHECK(same[q].bits == x[hitters[q]].bits);
+    CHECK(wide[q] == widen(x[hitters[q]]));
   }
 }
 

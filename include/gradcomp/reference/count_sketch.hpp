@@ -17,6 +17,7 @@
 #include <gradcomp/core/backend.hpp>
 #include <gradcomp/core/error.hpp>
 #include <gradcomp/core/float_bits.hpp>
+#include <gradcomp/core/narrowing.hpp>
 #include <gradcomp/core/reference_executor.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
@@ -116,17 +117,18 @@ struct backend<count_sketch<T>, reference_executor> {
     workspace_arena arena(ws);
     const scratch s = carve(arena, n);
     if (n == 0) return;
-    // docs/sketches.md §1.3: the estimates, then the heavy hitters' written (or added) over zeros,
-    // in C (a 16-bit output narrowed after every result is checked to fit, docs/half-precision.md §3).
+    // docs/sketches.md §1.3: the estimates, then the heavy hitters' written (or added, in C) over
+    // zeros; a 16-bit output narrowed after every heavy hitter's result is checked to fit
+    // (docs/half-precision.md §3). The other elements are zeroed, or left as they are.
     ref::count_sketch_estimates(codec, message.data() + envelope::size, s.estimates);
-    std::vector<C> results(static_cast<std::size_t>(n), C{0});
-    if (accumulate)
-      for (std::uint64_t i = 0; i < n; ++i) results[i] = widen(out[i]);
+    std::vector<std::size_t> kept;
     ref::for_each_heavy_hitter(std::span<const C>(s.estimates), codec.heavy_hitter_count(n), s.keys,
-                               [&](std::size_t i) {
-                                 results[i] = accumulate ? results[i] + s.estimates[i] : s.estimates[i];
-                               });
-    ref::store_results(results, out);
+                               [&](std::size_t i) { kept.push_back(i); });
+    const auto result = [&](std::size_t i) { return accumulate ? C{widen(out[i])} + s.estimates[i] : s.estimates[i]; };
+    if constexpr (half_precision<O>)
+      for (const std::size_t i : kept) detail::require_narrows<O>(i, result(i));
+    if (!accumulate) std::fill(out.begin(), out.end(), O{0});
+    for (const std::size_t i : kept) out[i] = ref::to_output<O>(result(i));
   }
 
   static void estimate(const count_sketch<T>& codec, const reference_executor&, std::span<const std::byte> message,

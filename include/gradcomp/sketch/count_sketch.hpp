@@ -56,6 +56,7 @@
 /// No payload checksum: a SUM collective of the cells would leave it stale.
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -236,11 +237,13 @@ class count_sketch : public codec_interface<count_sketch<T>, T> {
 };
 
 /// values[m] = grad[indices[m]] for every m: this rank's exact values at the heavy hitters, the
-/// input of the second round's SUM all-reduce.
+/// input of the second round's SUM all-reduce. A 16-bit gradient's values may be gathered widened
+/// into float32 `values`, so that the SUM adds float32 (docs/half-precision.md §3).
 /// @throws error `size_mismatch` when the spans differ in length, `invalid_argument` for an index
 ///         outside `grad` (nothing is written then).
-template <gradient_value T>
-void gather_values(std::span<const T> grad, std::span<const std::uint64_t> indices, std::span<T> values) {
+template <gradient_value T, gradient_value V>
+  requires std::same_as<V, T> || std::same_as<V, compute_type<T>>
+void gather_values(std::span<const T> grad, std::span<const std::uint64_t> indices, std::span<V> values) {
   detail::require(values.size() == indices.size(), errc::size_mismatch, [&] {
     return std::to_string(indices.size()) + " indices, " + std::to_string(values.size()) + " values";
   });
@@ -248,7 +251,12 @@ void gather_values(std::span<const T> grad, std::span<const std::uint64_t> indic
     detail::require(i < grad.size(), errc::invalid_argument, [&] {
       return "index " + std::to_string(i) + " lies outside the " + std::to_string(grad.size()) + " values";
     });
-  for (std::size_t m = 0; m < indices.size(); ++m) values[m] = grad[static_cast<std::size_t>(indices[m])];
+  for (std::size_t m = 0; m < indices.size(); ++m) {
+    const T v = grad[static_cast<std::size_t>(indices[m])];
+    if constexpr (std::same_as<V, T>) values[m] = v;
+    else
+      values[m] = widen(v);
+  }
 }
 
 namespace detail {
