@@ -316,7 +316,7 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
 
   const auto size = static_cast<std::size_t>(n);
   const auto k = static_cast<std::size_t>(topk.k(n));
-  const mpc_codec mpc;
+  const mpc_codec<float> mpc;
   const std::size_t message_bytes =
       std::max({topk.max_encoded_bytes(n), randomk.max_encoded_bytes(n), threshold.max_encoded_bytes(n),
                 uniform8.max_encoded_bytes(n), sign.max_encoded_bytes(n), qsgd.max_encoded_bytes(n),
@@ -820,7 +820,7 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
   std::fflush(stderr);
   for (const std::uint32_t rate : {8u, 16u}) {
     const std::string name = fmt::format("zfp{}", rate);
-    record& r = round_trip_records(zfp_fixed_rate_codec({.rate_bits = rate}), gradient, name);
+    record& r = round_trip_records(zfp_fixed_rate_codec<float>({.rate_bits = rate}), gradient, name);
     double worst = 0.0, largest_error = 0.0;
     for (std::size_t b = 0; b < size; b += 4) {
       float largest = 0.0f;
@@ -838,7 +838,7 @@ void run_size(std::uint64_t n, const options& opt, std::vector<record>& records,
     r.max_error = largest_error;
     r.error_to_bound = worst;
     require_check(worst <= 1.0, fmt::format("{} decoded outside its error bound (ratio {})", name, worst));
-    reference_records(zfp_fixed_rate_codec({.rate_bits = rate}), name, true);
+    reference_records(zfp_fixed_rate_codec<float>({.rate_bits = rate}), name, true);
   }
 
   // PowerSGD at rank 4 on the gradient viewed as a matrix (4096 × 4096 at n = 2^24): one step of its

@@ -432,9 +432,9 @@ void run(const options& opt) {
     check_against_cpu("uniform4_rtn", uniform_quantizer<float>({.bits = 4}), head);
     check_against_cpu("sign", sign_quantizer<float>(), head);
     check_against_cpu("qsgd", qsgd_quantizer<float>({.seed = 1}), head);
-    check_against_cpu("mpc", mpc_codec(), head);
-    check_against_cpu("zfp8", zfp_fixed_rate_codec({.rate_bits = 8}), head);
-    check_against_cpu("zfp16", zfp_fixed_rate_codec({.rate_bits = 16}), head);
+    check_against_cpu("mpc", mpc_codec<float>(), head);
+    check_against_cpu("zfp8", zfp_fixed_rate_codec<float>({.rate_bits = 8}), head);
+    check_against_cpu("zfp16", zfp_fixed_rate_codec<float>({.rate_bits = 16}), head);
   }
 
   cudaStream_t stream = nullptr;
@@ -507,9 +507,9 @@ void run(const options& opt) {
   bench.codec_records("count_sketch", count_sketch<float>({.rows = 3, .columns = sketch_columns}), true, errors.data());
   for (record& r : records)
     if (r.name == "count_sketch/encode") r.baseline = "atomics3/add";
-  bench.codec_records("mpc", mpc_codec(), true, errors.data());
-  bench.codec_records("zfp8", zfp_fixed_rate_codec({.rate_bits = 8}), true, errors.data());
-  bench.codec_records("zfp16", zfp_fixed_rate_codec({.rate_bits = 16}), true, errors.data());
+  bench.codec_records("mpc", mpc_codec<float>(), true, errors.data());
+  bench.codec_records("zfp8", zfp_fixed_rate_codec<float>({.rate_bits = 8}), true, errors.data());
+  bench.codec_records("zfp16", zfp_fixed_rate_codec<float>({.rate_bits = 16}), true, errors.data());
   {
     const dynamic_sparsifier<float> dynamic({.zero_fraction = 0.8});
     const cuda_executor exec{.stream = stream};

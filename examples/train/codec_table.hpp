@@ -52,9 +52,9 @@ void visit_codecs(Visitor& visitor, std::size_t batch) {
   // The hybrid scheme's float codecs: ZFP fixed rate (8 bits per value) all-gathered (each
   // gradient encoded once), and the ring all-reduce (decode, add, re-encode at every hop) with
   // MPC (lossless) and ZFP (the error of P encodings per chunk).
-  visitor.codec("ZFP R=8", zfp_fixed_rate_codec(zfp_params{.rate_bits = 8}));
-  visitor.ring("MPC ring all-reduce (lossless)", mpc_codec());
-  visitor.ring("ZFP R=8 ring all-reduce", zfp_fixed_rate_codec(zfp_params{.rate_bits = 8}));
+  visitor.codec("ZFP R=8", zfp_fixed_rate_codec<float>(zfp_params{.rate_bits = 8}));
+  visitor.ring("MPC ring all-reduce (lossless)", mpc_codec<float>());
+  visitor.ring("ZFP R=8 ring all-reduce", zfp_fixed_rate_codec<float>(zfp_params{.rate_bits = 8}));
   // GraVAC searches top-k densities from 10% down to 0.1%, one window of 20 steps each, and
   // sends the most aggressive one whose gain (‖C(g)‖ / ‖g‖, EWMA) stays above 0.75. Both
   // paths keep their residuals every step (the reference's choice): with `sent_path_only`

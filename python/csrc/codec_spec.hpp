@@ -222,7 +222,7 @@ void visit_codec_spec(const std::string& text, Visitor& visitor) {
   } else if (family == "zfp") {
     const zfp_params p{.rate_bits = spec.whole32("rate_bits", 8)};
     spec.finish();
-    visitor.codec(name, zfp_fixed_rate_codec(p));
+    visitor.codec(name, zfp_fixed_rate_codec<float>(p));
   } else if (family == "tagc") {
     tagc_params p{};
     p.sparsify.zero_fraction = spec.real("zero_fraction", 0.95);

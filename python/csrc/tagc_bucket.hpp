@@ -131,8 +131,8 @@ tagc_bucket_bytes tagc_bucket_all_reduce(X& t, const gradcomp::tagc<float>& sche
             .sent_bytes;
   }
   if (md > 0)
-    bytes.gather += gradcomp::compressed_all_gather(cpu, t, gradcomp::mpc_codec{}, std::span<const float>(my_dense),
-                                                    std::span<float>(all_dense),
+    bytes.gather += gradcomp::compressed_all_gather(cpu, t, gradcomp::mpc_codec<float>{},
+                                                    std::span<const float>(my_dense), std::span<float>(all_dense),
                                                     {.key = {.tensor_id = bucket_id}, .measure_error = false})
                         .sent_bytes;
   // The owner's new residual: what it did not send (its own block of the gather, decoded exactly).

@@ -244,7 +244,7 @@ std::vector<scenario_outcome> run_agreement_scenarios(X& t) {
   });
   scenario("plan", errc::parameter_mismatch, [&](std::span<float> d) {
     const auto plan = differs ? all_reduce_plan::summed_encodings : all_reduce_plan::gather_decode;
-    compressed_all_reduce(cpu_executor{}, t, mpc_codec(), d, {.plan = plan});
+    compressed_all_reduce(cpu_executor{}, t, mpc_codec<float>(), d, {.plan = plan});
   });
   for (const std::size_t cut : {std::size_t{1}, std::size_t{30}}) {
     scenario("truncated message (" + std::to_string(cut) + " bytes cut)", errc::truncated, [&](std::span<float> d) {
@@ -264,7 +264,7 @@ std::vector<scenario_outcome> run_agreement_scenarios(X& t) {
   });
   // After all of that, the group still works.
   scenario("a normal call afterwards", errc{},
-           [&](std::span<float> d) { compressed_all_reduce(cpu_executor{}, t, mpc_codec(), d); });
+           [&](std::span<float> d) { compressed_all_reduce(cpu_executor{}, t, mpc_codec<float>(), d); });
   return outcomes;
 }
 
@@ -283,7 +283,7 @@ void check_agreement_scenarios(X& t) {
 /// gradients, give the uncompressed rank-order sum bit for bit (collective).
 template <transport X>
 void check_lossless_sums(X& t) {
-  const mpc_codec mpc;
+  const mpc_codec<float> mpc;
   const int P = t.size();
   const lossless_homomorphic<float> lhc({.block = 256});
   for (const double density : {0.0, 0.02, 0.3}) {

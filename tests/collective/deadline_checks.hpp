@@ -233,7 +233,7 @@ deadline_outcome run_deadline_case(stalling_transport<X>& t, deadline_case c) {
   const tagc<float> scheme;
   auto tagc_state = scheme.make_state(cpu);
   const topk_sparsifier<float> topk(sparsity{.density = 0.05});
-  const mpc_codec mpc;
+  const mpc_codec<float> mpc;
   const count_sketch<float> sketch;
   const lossless_homomorphic<float> lhc;
 

@@ -53,8 +53,8 @@ void every_collective(const E& e, X& t, std::span<float> data, std::span<const f
   every_stateless_collective(e, t, qsgd_quantizer<float>(), data, in);
   every_stateless_collective(e, t, shared_scale_quantizer<float>(), data, in);
   every_stateless_collective(e, t, count_sketch<float>(), data, in);
-  every_stateless_collective(e, t, mpc_codec(), data, in);
-  every_stateless_collective(e, t, zfp_fixed_rate_codec(), data, in);
+  every_stateless_collective(e, t, mpc_codec<float>(), data, in);
+  every_stateless_collective(e, t, zfp_fixed_rate_codec<float>(), data, in);
   every_stateless_collective(e, t, pipeline<topk_sparsifier<float>, uniform_quantizer<float>>(), data, in);
   const ef_topk ef;
   (void)compressed_all_reduce(e, t, ef, states.ef, data);

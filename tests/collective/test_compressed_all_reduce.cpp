@@ -50,7 +50,7 @@ std::vector<std::vector<float>> on_ranks(int P, Body body) {
 }  // namespace
 
 TEST_CASE("compressed_all_reduce with a lossless codec gives the rank-order sum bit for bit on every rank") {
-  const mpc_codec mpc;
+  const mpc_codec<float> mpc;
   for (int P : {1, 2, 3, 4, 8}) {
     for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{4097}}) {
       CAPTURE(P);

@@ -164,7 +164,7 @@ TEST_CASE("ring_chunk_of cuts n values into P chunks in order, the first n mod P
 }
 
 TEST_CASE("ring with a lossless codec (MPC) gives the uncompressed ring's sums bit for bit") {
-  const mpc_codec mpc;
+  const mpc_codec<float> mpc;
   for (int P : {1, 2, 3, 4, 5, 8}) {
     for (std::size_t n : {std::size_t{0}, std::size_t{3}, std::size_t{1000}, std::size_t{4099}}) {
       CAPTURE(P);
@@ -227,7 +227,7 @@ TEST_CASE("ring with a lossy codec re-encodes every hop: the replayed ring bit f
 }
 
 TEST_CASE("ring with ZFP fixed rate: the replayed ring bit for bit on every rank, error within the bound") {
-  const zfp_fixed_rate_codec zfp(zfp_params{.rate_bits = 8});
+  const zfp_fixed_rate_codec<float> zfp(zfp_params{.rate_bits = 8});
   constexpr std::size_t n = 4103;
   for (int P : {2, 4, 5}) {
     CAPTURE(P);
@@ -348,7 +348,7 @@ TEST_CASE("ring failures reach every rank with the same error and leave the data
 
 TEST_CASE("compressed_all_gather decodes every block from the same bytes on every rank") {
   constexpr std::size_t m = 777;
-  const mpc_codec mpc;
+  const mpc_codec<float> mpc;
   for (int P : {1, 2, 4}) {
     CAPTURE(P);
     std::vector<std::vector<float>> lossless(static_cast<std::size_t>(P)), lossy(static_cast<std::size_t>(P));
@@ -402,7 +402,7 @@ TEST_CASE("compressed_all_gather decodes every block from the same bytes on ever
 TEST_CASE(
     "compressed_send and compressed_recv: exact with MPC, bounded with a lossy codec, failures reach the receiver") {
   constexpr std::size_t n = 1500;
-  const mpc_codec mpc;
+  const mpc_codec<float> mpc;
   in_process_group(2).run([&](in_process_transport& t) {
     if (t.rank() == 0) {
       const auto data = values_of(0, n);

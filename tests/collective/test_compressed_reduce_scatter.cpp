@@ -61,7 +61,7 @@ static_assert(detail::resolved_plan<collectives_only<in_process_transport>>(redu
 }  // namespace
 
 TEST_CASE("compressed_reduce_scatter with a lossless codec: each rank's chunk of the rank-order sum, bit for bit") {
-  const mpc_codec mpc;
+  const mpc_codec<float> mpc;
   for (int P : {1, 2, 3, 5}) {
     for (std::size_t n : {std::size_t{0}, std::size_t{2}, std::size_t{1001}}) {
       CAPTURE(P);

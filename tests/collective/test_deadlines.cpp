@@ -66,7 +66,7 @@ TEST_CASE("deadline: none, after a timeout, already passed, the earlier of two, 
   in_process_group(1).run([](in_process_transport& t) {
     std::vector<float> data(8, 1.0f);
     CHECK(thrown_by([&] {
-            compressed_all_reduce(cpu_executor{}, t, mpc_codec(), std::span<float>(data), {.timeout = -5ms});
+            compressed_all_reduce(cpu_executor{}, t, mpc_codec<float>(), std::span<float>(data), {.timeout = -5ms});
           }) == named(errc::invalid_argument));
   });
 }
@@ -158,7 +158,7 @@ TEST_CASE("in-process: a slow rank within the deadline, or any delay without one
     in_process_group(3).run([&](in_process_transport& t) {
       if (t.rank() == 2) std::this_thread::sleep_for(300ms);
       std::vector<float> data(64, static_cast<float>(t.rank() + 1));
-      compressed_all_reduce(cpu_executor{}, t, mpc_codec(), std::span<float>(data), {.timeout = timeout});
+      compressed_all_reduce(cpu_executor{}, t, mpc_codec<float>(), std::span<float>(data), {.timeout = timeout});
       if (data == std::vector<float>(64, 6.0f)) ++exact;
       CHECK(t.current_deadline().infinite());  // the call gave the transport's deadline back
     });
@@ -174,7 +174,7 @@ TEST_CASE("a collective keeps an earlier deadline the caller set on the transpor
     std::vector<float> data(16, 1.0f);
     if (t.rank() == 1) {
       std::this_thread::sleep_for(1500ms);  // arrives after rank 0's deadline
-      CHECK(thrown_by([&] { compressed_all_reduce(cpu_executor{}, t, mpc_codec(), std::span<float>(data)); }) ==
+      CHECK(thrown_by([&] { compressed_all_reduce(cpu_executor{}, t, mpc_codec<float>(), std::span<float>(data)); }) ==
             named(errc::peer_failed));
       both_done.arrive_and_wait();
       return;
@@ -182,7 +182,7 @@ TEST_CASE("a collective keeps an earlier deadline the caller set on the transpor
     const auto start = clock_type::now();
     std::string what;
     try {
-      compressed_all_reduce(cpu_executor{}, t, mpc_codec(), std::span<float>(data),
+      compressed_all_reduce(cpu_executor{}, t, mpc_codec<float>(), std::span<float>(data),
                             {.key = {.step = 2, .tensor_id = 5}});
     } catch (const error& e) {
       what = e.what();

@@ -146,7 +146,7 @@ TEST_CASE("automatic picks scatter_reduce exactly where the cost model says it s
 }
 
 TEST_CASE("scatter_reduce with a lossless codec: the rank-order sum bit for bit on every rank, any P and n") {
-  const mpc_codec mpc;
+  const mpc_codec<float> mpc;
   for (int P : {1, 2, 3, 4, 5, 8, 16}) {
     for (std::size_t n : {std::size_t{0}, std::size_t{3}, std::size_t{1001}}) {
       CAPTURE(P);
@@ -512,7 +512,7 @@ TEST_CASE("dense warm-up: the first K steps are an uncompressed SUM all-reduce, 
         (void)compressed_all_reduce(cpu, t, ef, single, std::span<float>(got[2]), options);
         (void)compressed_all_reduce(cpu, t, ef, std::span(chunks), server, std::span<float>(got[3]), options);
         (void)compressed_all_reduce(
-            cpu, t, mpc_codec(), std::span<float>(got[4]),
+            cpu, t, mpc_codec<float>(), std::span<float>(got[4]),
             {.key = {.step = s}, .plan = all_reduce_plan::ring, .average = average, .dense_steps = K});
         for (const auto& g : got)
           if (!same_bits<float>(g, reference)) ++failures;

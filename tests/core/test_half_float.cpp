@@ -3,6 +3,7 @@
 // narrowing picks the nearest 16-bit value, ties to the even pattern, found by searching the
 // sorted table of all finite 16-bit values, at every rounding boundary (each value, the midpoints
 // between neighbours and one float ulp either side) and at random floats; NaN and ±Inf are kept;
+// exact narrowing gives back every pattern widening made (NaN payloads too) and no other float;
 // the CPU's bulk conversions give the scalar conversions' bits.
 #include <gradcomp/core/float_bits.hpp>
 #include <gradcomp/core/half_float.hpp>
@@ -18,6 +19,7 @@
 #include <limits>
 #include <random>
 #include <type_traits>
+#include <unordered_set>
 #include <vector>
 
 using namespace gradcomp;
@@ -190,6 +192,47 @@ TEST_CASE_TEMPLATE("NaN stays NaN with its sign, infinities stay, and every othe
     CAPTURE(b);
     CHECK(narrow<H>(widen(h)).bits == b);
   }
+}
+
+// The float32 bit patterns that are 16-bit values, from the formats' definitions: each finite or
+// infinite pattern's field value as a float32 (exact), each NaN pattern with its payload moved to
+// the top of float32's mantissa.
+template <class H>
+std::unordered_set<std::uint32_t> widened_patterns() {
+  std::unordered_set<std::uint32_t> set;
+  for (std::uint32_t b = 0; b <= 0xffffu; ++b) {
+    const double v = field_value<H>(static_cast<std::uint16_t>(b));
+    if (!std::isnan(v)) {
+      set.insert(bits_of(static_cast<float>(v)));
+      continue;
+    }
+    constexpr int mantissa_bits = layout<H>::mantissa_bits;
+    const std::uint32_t payload = b & ((1u << mantissa_bits) - 1u);
+    set.insert((b & 0x8000u) << 16 | 0x7f800000u | payload << (23 - mantissa_bits));
+  }
+  return set;
+}
+
+TEST_CASE_TEMPLATE("exact narrowing inverts widening bit for bit, NaN payloads included, and nothing else", H, bf16,
+                   fp16) {
+  const std::unordered_set<std::uint32_t> patterns = widened_patterns<H>();
+  REQUIRE(patterns.size() == 0x10000u);
+  for (std::uint32_t b = 0; b <= 0xffffu; ++b) {
+    const H h{static_cast<std::uint16_t>(b)};
+    CAPTURE(b);
+    CHECK(patterns.count(bits_of(widen(h))) == 1);
+    CHECK(narrows_exactly<H>(widen(h)));
+    CHECK(exact_narrow<H>(widen(h)).bits == b);
+  }
+  std::mt19937 engine(11);
+  for (int trial = 0; trial < 300000; ++trial) {
+    std::uint32_t u = static_cast<std::uint32_t>(engine());
+    if (trial % 3 == 0)
+      u = bits_of(widen(H{static_cast<std::uint16_t>(u)})) + static_cast<std::uint32_t>(trial % 7) - 3u;
+    CAPTURE(u);
+    CHECK(narrows_exactly<H>(float_of(u)) == (patterns.count(u) == 1));
+  }
+  static_assert(narrows_exactly<float>(0.1f) && exact_narrow<float>(0.1f) == 0.1f);
 }
 
 TEST_CASE("the conversions are constant expressions") {

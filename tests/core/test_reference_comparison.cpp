@@ -88,8 +88,8 @@ TEST_CASE("compare_encoding: the CPU backend's messages are the reference's, for
   same(count_sketch<double>({.rows = 4, .columns = 50, .seed = 3}), xd);
   same(pipeline(topk_sparsifier<float>(sparsity{.density = 0.05}), uniform_quantizer<float>(uniform_params{.bits = 4})),
        x);
-  same(mpc_codec(mpc_params{.dim = 3}), x);
-  same(zfp_fixed_rate_codec(zfp_params{.rate_bits = 7}), x);
+  same(mpc_codec<float>(mpc_params{.dim = 3}), x);
+  same(zfp_fixed_rate_codec<float>(zfp_params{.rate_bits = 7}), x);
 }
 
 TEST_CASE("compare_encoding: the uniform quantizer's envelope fields, scales, codes, truncation and overlong bytes") {
@@ -235,7 +235,7 @@ TEST_CASE("compare_encoding: MPC's bitmaps and kept words name their group, ZFP'
   // MPC, n = 100: 4 groups (the last of 4 elements), bitmaps at payload words 0..3, then the kept
   // words group after group (docs/wire-format.md §17).
   const std::vector<float> x = make_input<float>(input_kind::normal, 100, 9);
-  const mpc_codec mpc;
+  const mpc_codec<float> mpc;
   const std::vector<std::byte> m = cpu_message(mpc, x);
   std::uint32_t bitmap[4];
   std::memcpy(bitmap, m.data() + 56, 16);
@@ -246,7 +246,7 @@ TEST_CASE("compare_encoding: MPC's bitmaps and kept words name their group, ZFP'
 
   // ZFP at R = 7: 28 bits per block of 4; payload byte 7 holds stream bits 56..63, all of block 2
   // (bits 56..83); byte 10 holds bits 80..87, blocks 2 and 3 (docs/wire-format.md §18).
-  const zfp_fixed_rate_codec zfp(zfp_params{.rate_bits = 7});
+  const zfp_fixed_rate_codec<float> zfp(zfp_params{.rate_bits = 7});
   const std::vector<std::byte> z = cpu_message(zfp, x);
   expect_field(zfp, x, flipped(z, 56 + 7), 63, "stream bits of block 2", 63, 1, 8, 4);
   expect_field(zfp, x, flipped(z, 56 + 10), 66, "stream bits of blocks 2..3", 66, 1, 8, 8);

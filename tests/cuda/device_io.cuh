@@ -46,9 +46,9 @@ inline constexpr bool has_cuda_backend<threshold_sparsifier<T>> = true;
 template <class T>
 inline constexpr bool has_cuda_backend<count_sketch<T>> = true;
 template <>
-inline constexpr bool has_cuda_backend<zfp_fixed_rate_codec> = true;
+inline constexpr bool has_cuda_backend<zfp_fixed_rate_codec<float>> = true;
 template <>
-inline constexpr bool has_cuda_backend<mpc_codec> = true;
+inline constexpr bool has_cuda_backend<mpc_codec<float>> = true;
 template <class S, class Q>
 inline constexpr bool has_cuda_backend<pipeline<S, Q>> = has_cuda_backend<S> && has_cuda_backend<Q>;
 

@@ -197,8 +197,8 @@ GRADCOMP_CUDA_TEST_CASE(
                     count_sketch_params{.rows = 3, .columns = 1024, .seed = 5, .heavy_hitters = {.density = 0.02}}),
                 true);
   }
-  SUBCASE("MPC") { check_codec(mpc_codec()); }
-  SUBCASE("ZFP fixed rate") { check_codec(zfp_fixed_rate_codec(zfp_params{.rate_bits = 8})); }
+  SUBCASE("MPC") { check_codec(mpc_codec<float>()); }
+  SUBCASE("ZFP fixed rate") { check_codec(zfp_fixed_rate_codec<float>(zfp_params{.rate_bits = 8})); }
   SUBCASE("pipeline top-k + uniform 8-bit") {
     check_codec(pipeline(topk_sparsifier<float>(sparsity{.density = 0.05}),
                          uniform_quantizer<float>(uniform_params{.bits = 8})));
@@ -294,7 +294,7 @@ GRADCOMP_CUDA_TEST_CASE(
     check_same_as_cpu(
         P, false, n, false, [&](int r) { return static_cast<std::size_t>(ring_chunk_of(n, P, r).count); },
         [&](const auto& e, auto& t, std::span<float> data, std::span<float> out) {
-          (void)ring_reduce_scatter(e, t, mpc_codec(), std::span<const float>(data), out, {.average = true});
+          (void)ring_reduce_scatter(e, t, mpc_codec<float>(), std::span<const float>(data), out, {.average = true});
         });
     check_same_as_cpu(
         P, false, n, false, [&](int) { return n * static_cast<std::size_t>(P); },
@@ -419,10 +419,10 @@ TEST_CASE("cuda: a cuda_executor on another stream than its device transport is 
   in_process_group(1).run([&](in_process_transport& host) {
     staged_in_process t(host, stream_of(0x10));
     const cuda_executor gpu{.stream = stream_of(0x20)};
-    CHECK(thrown_by([&] { (void)compressed_all_reduce(gpu, t, mpc_codec(), std::span<float>()); }) ==
+    CHECK(thrown_by([&] { (void)compressed_all_reduce(gpu, t, mpc_codec<float>(), std::span<float>()); }) ==
           named(errc::invalid_argument));
     CHECK(thrown_by([&] {
-            (void)compressed_reduce_scatter(gpu, t, mpc_codec(), std::span<const float>(), std::span<float>());
+            (void)compressed_reduce_scatter(gpu, t, mpc_codec<float>(), std::span<const float>(), std::span<float>());
           }) == named(errc::invalid_argument));
   });
 }

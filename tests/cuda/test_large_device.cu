@@ -343,7 +343,8 @@ GRADCOMP_CUDA_TEST_CASE("large: random-k over 2^31 + 5 elements sends g at the k
 
 GRADCOMP_CUDA_TEST_CASE(
     "large: ZFP at rate 8 over 2^31 + 5 elements gives the CPU's bytes and values on sampled blocks") {
-  check_block_local_codec(zfp_fixed_rate_codec({.rate_bits = 8}), 4, 1024, 3, {.step = 1, .tensor_id = 4}, zfp8_ranges);
+  check_block_local_codec(zfp_fixed_rate_codec<float>({.rate_bits = 8}), 4, 1024, 3, {.step = 1, .tensor_id = 4},
+                          zfp8_ranges);
 }
 
 GRADCOMP_CUDA_TEST_CASE("large: count sketch over 2^31 + 5 elements gives the oracle's cells and estimates") {

@@ -53,7 +53,7 @@ void check_decodes_alike(const Codec& codec, const std::vector<std::byte>& messa
 }
 
 const auto zfp_bad_input_changes_nothing = [](const auto& exec) {
-  const zfp_fixed_rate_codec codec({.rate_bits = 5});
+  const zfp_fixed_rate_codec<float> codec({.rate_bits = 5});
   for (const float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
     std::vector<float> x = make_input<float>(input_kind::normal, 999, 3);
     x[998] = bad;
@@ -72,7 +72,7 @@ const auto zfp_bad_input_changes_nothing = [](const auto& exec) {
 };
 
 const auto mpc_bad_payload_changes_nothing = [](const auto& exec) {
-  const mpc_codec codec({.dim = 3});
+  const mpc_codec<float> codec({.dim = 3});
   const std::vector<float> x = make_input<float>(input_kind::normal, 1000, 6);  // 1000 = 31·32 + 8
   const std::vector<std::byte> message = encode_on(reference_executor{}, codec, x);
   const std::vector<float> start(1000, -1.5f);
@@ -83,7 +83,7 @@ const auto mpc_bad_payload_changes_nothing = [](const auto& exec) {
   // One bit more in a bitmap than the payload carries words for.
   std::vector<std::byte> marked = message;
   bool added = false;
-  for (std::size_t g = 0; g < mpc_codec::group_count(x.size()) && !added; ++g) {
+  for (std::size_t g = 0; g < mpc_codec<float>::group_count(x.size()) && !added; ++g) {
     std::uint32_t bitmap = 0;
     std::memcpy(&bitmap, marked.data() + envelope::size + 4 * g, 4);
     if (bitmap == ~std::uint32_t{0}) continue;
@@ -111,7 +111,7 @@ std::vector<float> random_bits(std::size_t n, std::uint64_t seed) {
 
 GRADCOMP_CUDA_TEST_CASE("MPC messages and decodings equal the reference's bit for bit") {
   for (std::uint32_t dim = 1; dim <= 32; ++dim) {
-    const mpc_codec codec({.dim = dim});
+    const mpc_codec<float> codec({.dim = dim});
     for (const std::size_t n : {0u, 1u, 31u, 32u, 33u, 1023u, 1024u, 1025u, 5000u, 70001u}) {
       CAPTURE(dim);
       CAPTURE(n);
@@ -124,19 +124,19 @@ GRADCOMP_CUDA_TEST_CASE("MPC messages and decodings equal the reference's bit fo
       check_decodes_alike(codec, message, n, dim);
       // Damaged: a flipped bit in each of a few kept words (the padding check or other values).
       std::vector<std::byte> damaged = message;
-      for (std::size_t b = envelope::size + 4 * mpc_codec::group_count(n); b < damaged.size(); b += 97)
+      for (std::size_t b = envelope::size + 4 * mpc_codec<float>::group_count(n); b < damaged.size(); b += 97)
         damaged[b] ^= std::byte{0x10};
       check_decodes_alike(codec, damaged, n, dim + 1);
     }
   }
-  check_matches_reference(mpc_codec(), std::size_t{1} << 22, input_kind::normal, 8);
-  check_matches_reference(mpc_codec({.dim = 5}, {.payload_checksum = true}), (std::size_t{1} << 21) + 17,
+  check_matches_reference(mpc_codec<float>(), std::size_t{1} << 22, input_kind::normal, 8);
+  check_matches_reference(mpc_codec<float>({.dim = 5}, {.payload_checksum = true}), (std::size_t{1} << 21) + 17,
                           input_kind::ties, 9);
 }
 
 GRADCOMP_CUDA_TEST_CASE("ZFP fixed-rate messages and decodings equal the reference's bit for bit") {
   for (unsigned rate = 3; rate <= 32; ++rate) {
-    const zfp_fixed_rate_codec codec({.rate_bits = rate});
+    const zfp_fixed_rate_codec<float> codec({.rate_bits = rate});
     for (const std::size_t n : {1u, 2u, 3u, 4u, 5u, 1003u, 4099u}) {
       CAPTURE(rate);
       for (const input_kind kind : all_input_kinds) check_matches_reference(codec, n, kind, 100 * rate + n);
@@ -157,8 +157,8 @@ GRADCOMP_CUDA_TEST_CASE("ZFP fixed-rate messages and decodings equal the referen
     }
   }
   // Large enough for many blocks per thread.
-  check_matches_reference(zfp_fixed_rate_codec({.rate_bits = 8}), std::size_t{1} << 22, input_kind::normal, 5);
-  check_matches_reference(zfp_fixed_rate_codec({.rate_bits = 16}, {.payload_checksum = true}),
+  check_matches_reference(zfp_fixed_rate_codec<float>({.rate_bits = 8}), std::size_t{1} << 22, input_kind::normal, 5);
+  check_matches_reference(zfp_fixed_rate_codec<float>({.rate_bits = 16}, {.payload_checksum = true}),
                           (std::size_t{1} << 21) + 3, input_kind::normal, 6);
 }
 

@@ -85,6 +85,26 @@ void decode_both_outputs(const Codec& codec, std::span<const std::byte> message)
   decode_both<float>(codec, message);
 }
 
+/// decode_both of a codec's messages into every output it has: its own type, and float32 too for a
+/// 16-bit codec.
+template <class Codec>
+void decode_every_output(const Codec& codec, std::span<const std::byte> message) {
+  if constexpr (half_precision<typename Codec::value_type>) decode_both_outputs(codec, message);
+  else
+    decode_both(codec, message);
+}
+
+/// Calls `f(std::type_identity<T>{})` with the value type that bits 3-4 of the mode byte name for
+/// the float32 codecs that also take 16-bit gradients (MPC, ZFP): 1 bf16, 2 fp16, else float.
+template <class F>
+void with_float_codec_dtype(std::uint8_t mode, F&& f) {
+  switch ((mode >> 3) & 3u) {
+    case 1: f(std::type_identity<bf16>{}); break;
+    case 2: f(std::type_identity<fp16>{}); break;
+    default: f(std::type_identity<float>{}); break;
+  }
+}
+
 /// Runs accumulate_encoded of `message` into a copy of itself (homomorphic codecs); any
 /// gradcomp::error is an accepted outcome.
 template <class Codec>

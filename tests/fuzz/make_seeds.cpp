@@ -141,10 +141,18 @@ int main(int argc, char** argv) {
                 {std::uint8_t{4}, std::uint8_t{5}});
     write_seeds(root / "sign", "fp16_n" + size, sign_quantizer<fp16>({.block = 16}), half_of<fp16>(x),
                 {std::uint8_t{6}, std::uint8_t{7}});
-    write_seeds(root / "mpc", "d1_n" + size, mpc_codec({.dim = 1}), x);
-    write_seeds(root / "mpc", "d3_n" + size, mpc_codec({.dim = 3}), x);
-    write_seeds(root / "zfp_fixed_rate", "r8_n" + size, zfp_fixed_rate_codec({.rate_bits = 8}), x);
-    write_seeds(root / "zfp_fixed_rate", "r3_n" + size, zfp_fixed_rate_codec({.rate_bits = 3}), x);
+    write_seeds(root / "mpc", "d1_n" + size, mpc_codec<float>({.dim = 1}), x);
+    write_seeds(root / "mpc", "d3_n" + size, mpc_codec<float>({.dim = 3}), x);
+    write_seeds(root / "zfp_fixed_rate", "r8_n" + size, zfp_fixed_rate_codec<float>({.rate_bits = 8}), x);
+    write_seeds(root / "zfp_fixed_rate", "r3_n" + size, zfp_fixed_rate_codec<float>({.rate_bits = 3}), x);
+    write_seeds(root / "mpc", "d1_bf16_n" + size, mpc_codec<bf16>({.dim = 1}), half_of<bf16>(x),
+                {std::uint8_t{8}, std::uint8_t{9}});
+    write_seeds(root / "mpc", "d3_fp16_n" + size, mpc_codec<fp16>({.dim = 3}), half_of<fp16>(x),
+                {std::uint8_t{18}, std::uint8_t{19}});
+    write_seeds(root / "zfp_fixed_rate", "r8_bf16_n" + size, zfp_fixed_rate_codec<bf16>({.rate_bits = 8}),
+                half_of<bf16>(x), {std::uint8_t{8}, std::uint8_t{9}});
+    write_seeds(root / "zfp_fixed_rate", "r17_fp16_n" + size, zfp_fixed_rate_codec<fp16>({.rate_bits = 17}),
+                half_of<fp16>(x), {std::uint8_t{20}, std::uint8_t{21}});
     write_seeds(root / "qsgd", "f32_n" + size, qsgd_quantizer<float>({.levels = 15, .bucket = 32, .seed = 3}), x);
     write_seeds(root / "qsgd", "f64_n" + size, qsgd_quantizer<double>({.levels = 1, .bucket = 16, .seed = 9}), xd);
     write_seeds(root / "qsgd", "bf16_n" + size, qsgd_quantizer<bf16>({.levels = 7, .bucket = 32, .seed = 4}),

@@ -1,5 +1,5 @@
 // MPC lossless float32 codec: the payload equals, byte for byte, a literal transcription of the
-// reference's four steps (per-bit transpose loop included) written in this file; every bit
+// reference's four steps (per-bit transpose loop included: support/mpc_oracle.hpp); every bit
 // pattern round-trips (NaN payloads, −0, subnormals, ±Inf); sizes stay within the worst case,
 // which adversarial data reaches; smooth data compresses; bad messages get named errors with
 // the output untouched; the golden file pins the bytes.
@@ -22,54 +22,18 @@
 #include "support/data.hpp"
 #include "support/errors.hpp"
 #include "support/golden_cases.hpp"
+#include "support/mpc_oracle.hpp"
 #include "support/reference_check.hpp"
 
 using namespace gradcomp;
 using namespace gradcomp::test;
 
-static_assert(codec_for<mpc_codec, cpu_executor>);
-static_assert(mpc_codec::id == codec_id::mpc && static_cast<int>(codec_id::mpc) == 48);
-static_assert(std::is_same_v<mpc_codec::value_type, float>);
+static_assert(codec_for<mpc_codec<float>, cpu_executor>);
+static_assert(mpc_codec<float>::id == codec_id::mpc && static_cast<int>(codec_id::mpc) == 48);
+static_assert(std::is_same_v<mpc_codec<float>::value_type, float>);
 
 namespace {
 
-
-// The reference (MPC_float_12.cu) for one tensor, without its magic and length words and without
-// words of groups past n: per chunk of 1024 words (zero past n), subtract the word dim back where
-// the index is below n, transpose each warp of 32 words bit by bit as its shuffle loop does,
-// subtract the previous word across the chunk, then per group a ballot of non-zero words. The
-// payload is all bitmaps, then all kept words, as little-endian uint32.
-std::vector<std::byte> mpc_oracle_payload(const std::vector<float>& x, std::uint32_t dim) {
-  const std::size_t n = x.size();
-  std::vector<std::uint32_t> bitmaps, words;
-  for (std::size_t base = 0; base < n; base += 1024) {
-    std::vector<std::uint32_t> v(1024, 0), a(1024), w(1024), d(1024);
-    for (std::size_t t = 0; t < 1024; ++t)
-      if (base + t < n) v[t] = std::bit_cast<std::uint32_t>(x[base + t]);
-    for (std::size_t t = 0; t < 1024; ++t) a[t] = (t >= dim && base + t < n) ? v[t] - v[t - dim] : v[t];
-    for (std::size_t tid = 0; tid < 1024; ++tid) {
-      const std::size_t lane = tid % 32, warp = tid - lane;
-      std::uint32_t v2 = 0;
-      for (int i = 31; i >= 0; --i) v2 = (v2 << 1) + ((a[warp + static_cast<std::size_t>(i)] >> lane) & 1u);
-      w[tid] = v2;
-    }
-    for (std::size_t tid = 0; tid < 1024; ++tid) d[tid] = tid > 0 ? w[tid] - w[tid - 1] : w[tid];
-    for (std::size_t g = 0; g < 32 && base + 32 * g < n; ++g) {
-      std::uint32_t bitmap = 0;
-      for (std::size_t lane = 0; lane < 32; ++lane) {
-        if (d[32 * g + lane] == 0) continue;
-        bitmap |= 1u << lane;
-        words.push_back(d[32 * g + lane]);
-      }
-      bitmaps.push_back(bitmap);
-    }
-  }
-  std::vector<std::byte> payload;
-  for (const std::vector<std::uint32_t>* part : {&bitmaps, &words})
-    for (const std::uint32_t word : *part)
-      for (int b = 0; b < 4; ++b) payload.push_back(static_cast<std::byte>((word >> (8 * b)) & 0xFFu));
-  return payload;
-}
 
 std::vector<float> from_words(const std::vector<std::uint32_t>& words) {
   std::vector<float> x(words.size());
@@ -108,7 +72,7 @@ std::vector<float> smooth(std::size_t n) {
   return x;
 }
 
-std::vector<std::byte> encode_on(const mpc_codec& q, const cpu_executor& cpu, const std::vector<float>& x) {
+std::vector<std::byte> encode_on(const mpc_codec<float>& q, const cpu_executor& cpu, const std::vector<float>& x) {
   std::vector<std::byte> out(q.max_encoded_bytes(x.size()));
   out.resize(q.encode(cpu, std::span<const float>(x), out, {}, {.step = 3}));
   return out;
@@ -133,7 +97,7 @@ TEST_CASE("mpc payloads equal the reference transform byte for byte on every ker
   const cpu_executor fast;
   const cpu_executor baseline{.max_simd = cpu_simd::baseline};
   for (const std::uint32_t dim : dims) {
-    const mpc_codec q({.dim = dim});
+    const mpc_codec<float> q({.dim = dim});
     for (const std::size_t n : mpc_sizes) {
       for (int kind = 0; kind < 3; ++kind) {
         CAPTURE(dim);
@@ -162,7 +126,7 @@ TEST_CASE("mpc payloads equal the reference transform byte for byte on every ker
 TEST_CASE("mpc round trips every bit pattern on both kernels, for every size and dimensionality") {
   const cpu_executor baseline{.max_simd = cpu_simd::baseline};
   for (const std::uint32_t dim : {1u, 2u, 3u, 4u, 32u}) {
-    const mpc_codec q({.dim = dim});
+    const mpc_codec<float> q({.dim = dim});
     for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{31}, std::size_t{32}, std::size_t{33},
                                 std::size_t{1023}, std::size_t{1024}, std::size_t{1025}, (std::size_t{1} << 20) + 3}) {
       CAPTURE(dim);
@@ -189,7 +153,7 @@ TEST_CASE("mpc decodes with non-temporal stores into 32-byte aligned memory to t
   // output; the words around the destination stay as they were.
   const cpu_executor streaming{.streaming_store_bytes = 0};
   for (const std::uint32_t dim : {1u, 3u, 32u}) {
-    const mpc_codec q({.dim = dim});
+    const mpc_codec<float> q({.dim = dim});
     for (const std::size_t n : {std::size_t{1}, std::size_t{1025}, std::size_t{5000}, std::size_t{70001}}) {
       CAPTURE(dim);
       CAPTURE(n);
@@ -212,7 +176,7 @@ TEST_CASE("mpc decodes with non-temporal stores into 32-byte aligned memory to t
 }
 
 TEST_CASE("mpc messages stay within max_encoded_bytes and data without zero differences reaches it") {
-  const mpc_codec q;
+  const mpc_codec<float> q;
   for (const std::size_t n : mpc_sizes) {
     CAPTURE(n);
     const std::size_t groups = (n + 31) / 32;
@@ -227,8 +191,8 @@ TEST_CASE("mpc messages stay within max_encoded_bytes and data without zero diff
   CHECK(encode_bytes(q, from_words({0x55555555u})).size() == q.max_encoded_bytes(1));
   // The size arithmetic is 64-bit: n past 2^32, and saturation where size_t cannot hold it.
   const std::uint64_t big = (std::uint64_t{1} << 33) + 5;
-  CHECK(mpc_codec::group_count(big) == (std::uint64_t{1} << 28) + 1);
-  CHECK(mpc_codec::max_payload_bytes(big) == ((std::uint64_t{1} << 28) + 1) * 132);
+  CHECK(mpc_codec<float>::group_count(big) == (std::uint64_t{1} << 28) + 1);
+  CHECK(mpc_codec<float>::max_payload_bytes(big) == ((std::uint64_t{1} << 28) + 1) * 132);
   if constexpr (sizeof(std::size_t) == 8)
     CHECK(q.max_encoded_bytes(big) == envelope_bytes + ((std::size_t{1} << 28) + 1) * 132);
   CHECK(q.max_encoded_bytes(UINT64_MAX) == std::numeric_limits<std::size_t>::max());
@@ -236,7 +200,7 @@ TEST_CASE("mpc messages stay within max_encoded_bytes and data without zero diff
 
 TEST_CASE("mpc compresses smooth data and reports its ratio on normal gradients") {
   const std::size_t n = std::size_t{1} << 20;
-  const mpc_codec q;
+  const mpc_codec<float> q;
   const double smooth_ratio = 4.0 * static_cast<double>(n) / static_cast<double>(encode_bytes(q, smooth(n)).size());
   const double normal_ratio = 4.0 * static_cast<double>(n) /
                               static_cast<double>(encode_bytes(q, make_input<float>(input_kind::normal, n, 1)).size());
@@ -247,11 +211,11 @@ TEST_CASE("mpc compresses smooth data and reports its ratio on normal gradients"
   std::vector<float> xyz(3 * (n / 4));
   for (std::size_t i = 0; i < xyz.size(); ++i)
     xyz[i] = static_cast<float>(static_cast<double>(i % 3 + 1) * 100.0 + std::sin(1e-3 * static_cast<double>(i / 3)));
-  CHECK(encode_bytes(mpc_codec({.dim = 3}), xyz).size() < encode_bytes(q, xyz).size());
+  CHECK(encode_bytes(mpc_codec<float>({.dim = 3}), xyz).size() < encode_bytes(q, xyz).size());
 }
 
 TEST_CASE("mpc decode_accumulate adds the decoded floats, NaN propagating as IEEE addition does") {
-  const mpc_codec q({.dim = 2}, wire_options{.payload_checksum = true});
+  const mpc_codec<float> q({.dim = 2}, wire_options{.payload_checksum = true});
   std::vector<float> x = make_input<float>(input_kind::normal, 2000, 4);
   x[17] = std::numeric_limits<float>::quiet_NaN();
   x[18] = std::numeric_limits<float>::infinity();
@@ -267,7 +231,7 @@ TEST_CASE("mpc decode_accumulate adds the decoded floats, NaN propagating as IEE
 }
 
 TEST_CASE("mpc decoders reject short, long and inconsistent payloads and leave the output untouched") {
-  const mpc_codec q;
+  const mpc_codec<float> q;
   const std::size_t n = 1000;  // 32 groups, the last holding 8 elements
   const std::vector<float> x = make_input<float>(input_kind::normal, n, 9);
   const std::vector<std::byte> good = encode_bytes(q, x);
@@ -333,12 +297,12 @@ TEST_CASE("mpc decoders reject short, long and inconsistent payloads and leave t
   e.layout = 1;
   write_envelope(e, layout);
   CHECK(rejects(layout, errc::malformed_payload));
-  CHECK(thrown_by([&] { decode_values(mpc_codec({.dim = 2}), good, n); }) == named(errc::parameter_mismatch));
+  CHECK(thrown_by([&] { decode_values(mpc_codec<float>({.dim = 2}), good, n); }) == named(errc::parameter_mismatch));
   CHECK(thrown_by([&] { decode_values(q, good, n - 1); }) == named(errc::size_mismatch));
   CHECK(thrown_by([&] { decode_values(q, good, n, {.max_elements = n - 1}); }) == named(errc::too_large));
-  CHECK(thrown_by([] { mpc_codec bad({.dim = 0}); }) == named(errc::invalid_argument));
-  CHECK(thrown_by([] { mpc_codec bad({.dim = 33}); }) == named(errc::invalid_argument));
-  CHECK(mpc_codec({.dim = 1}).params_hash() != mpc_codec({.dim = 2}).params_hash());
+  CHECK(thrown_by([] { mpc_codec<float> bad({.dim = 0}); }) == named(errc::invalid_argument));
+  CHECK(thrown_by([] { mpc_codec<float> bad({.dim = 33}); }) == named(errc::invalid_argument));
+  CHECK(mpc_codec<float>({.dim = 1}).params_hash() != mpc_codec<float>({.dim = 2}).params_hash());
   std::vector<std::byte> small(q.max_encoded_bytes(n) - 1);
   CHECK(thrown_by([&] { q.encode(cpu_executor{}, std::span<const float>(x), small, {}); }) ==
         named(errc::buffer_too_small));
@@ -346,7 +310,7 @@ TEST_CASE("mpc decoders reject short, long and inconsistent payloads and leave t
 
 TEST_CASE("golden mpc file reproduces byte for byte and decodes to the known input's bits") {
   const std::vector<float> x = golden_input<float>(1000);
-  const mpc_codec q({.dim = 1});
+  const mpc_codec<float> q({.dim = 1});
   const std::vector<std::byte> fresh = encode_bytes(q, x, {.step = 9, .tensor_id = 4});
   const std::vector<std::byte> m = golden_bytes("mpc_f32.bin", fresh);
   REQUIRE(!m.empty());
@@ -357,7 +321,7 @@ TEST_CASE("golden mpc file reproduces byte for byte and decodes to the known inp
 TEST_CASE("mpc on every cpu setting equals the reference, which equals the literal transcription") {
   for (const std::uint32_t dim : {1u, 3u, 32u}) {
     CAPTURE(dim);
-    const mpc_codec q({.dim = dim});
+    const mpc_codec<float> q({.dim = dim});
     check_inputs_same_as_reference(q);
     for (const std::size_t n : mpc_sizes) {
       CAPTURE(n);
@@ -369,7 +333,7 @@ TEST_CASE("mpc on every cpu setting equals the reference, which equals the liter
 }
 
 TEST_CASE("mpc decoders reject what the reference rejects: bitmaps against words, padding, truncation") {
-  const mpc_codec q;
+  const mpc_codec<float> q;
   const std::vector<float> x = make_input<float>(input_kind::normal, 1000, 4);  // a partial last group
   const std::vector<std::byte> good = encode_on(reference_executor{}, q, x);
   CHECK(decode_status_everywhere(q, good, 1000) == "no exception");

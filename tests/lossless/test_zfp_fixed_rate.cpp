@@ -31,10 +31,11 @@
 using namespace gradcomp;
 using namespace gradcomp::test;
 
-static_assert(codec_for<zfp_fixed_rate_codec, cpu_executor>);
-static_assert(zfp_fixed_rate_codec::id == codec_id::zfp_fixed_rate && static_cast<int>(codec_id::zfp_fixed_rate) == 49);
-static_assert(std::is_same_v<zfp_fixed_rate_codec::value_type, float>);
-static_assert(!zfp_fixed_rate_codec::is_lossless && !zfp_fixed_rate_codec::is_homomorphic);
+static_assert(codec_for<zfp_fixed_rate_codec<float>, cpu_executor>);
+static_assert(zfp_fixed_rate_codec<float>::id == codec_id::zfp_fixed_rate &&
+              static_cast<int>(codec_id::zfp_fixed_rate) == 49);
+static_assert(std::is_same_v<zfp_fixed_rate_codec<float>::value_type, float>);
+static_assert(!zfp_fixed_rate_codec<float>::is_lossless && !zfp_fixed_rate_codec<float>::is_homomorphic);
 
 namespace {
 
@@ -310,7 +311,7 @@ TEST_CASE("zfp payloads equal the transcribed zfp coder bit for bit and decode t
   const cpu_executor fast;
   const cpu_executor baseline{.max_simd = cpu_simd::baseline};
   for (unsigned rate = 3; rate <= 32; ++rate) {
-    const zfp_fixed_rate_codec q({.rate_bits = rate});
+    const zfp_fixed_rate_codec<float> q({.rate_bits = rate});
     for (const std::size_t n : oracle_sizes()) {
       for (int kind = 0; kind < test_input_kinds; ++kind) {
         CAPTURE(rate);
@@ -341,7 +342,7 @@ TEST_CASE("zfp portable kernels write the same stream and decode to the same flo
   // The codec runs detail::cpu::zfp_detail::fast_kernels (SSE2 on x86-64); the scalar twins must agree.
   using namespace gradcomp::detail::cpu::zfp_detail;
   for (const unsigned rate : {3u, 5u, 8u, 13u, 16u, 17u, 24u, 32u}) {
-    const zfp_fixed_rate_codec q({.rate_bits = rate});
+    const zfp_fixed_rate_codec<float> q({.rate_bits = rate});
     for (const std::size_t n : {std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{17}, std::size_t{1003}}) {
       for (int kind = 0; kind < test_input_kinds; ++kind) {
         CAPTURE(rate);
@@ -375,7 +376,7 @@ TEST_CASE("zfp on every cpu setting equals the reference (zfp_block, one block a
   // length, random ones (hostile bits) included, to the same floats, at both ends of the float range.
   std::mt19937_64 engine(77);
   for (unsigned rate = 3; rate <= 32; ++rate) {
-    const zfp_fixed_rate_codec q({.rate_bits = rate});
+    const zfp_fixed_rate_codec<float> q({.rate_bits = rate});
     for (const std::size_t n :
          {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{4}, std::size_t{1003}}) {
       for (int kind = 0; kind <= test_input_kinds; ++kind) {
@@ -387,7 +388,7 @@ TEST_CASE("zfp on every cpu setting equals the reference (zfp_block, one block a
         std::vector<std::byte> m = check_same_as_reference(q, x, {.step = 3});
         REQUIRE(m.size() == q.max_encoded_bytes(n));
         for (std::size_t i = envelope::size; i < m.size(); ++i) m[i] = static_cast<std::byte>(engine());
-        if (zfp_fixed_rate_codec::block_count(n) % 2 == 1 && rate % 2 == 1) m.back() &= std::byte{0x0F};
+        if (zfp_fixed_rate_codec<float>::block_count(n) % 2 == 1 && rate % 2 == 1) m.back() &= std::byte{0x0F};
         const std::vector<float> expected = decode_on(reference_executor{}, q, m, std::vector<float>(n));
         for (const cpu_executor& cpu : cpu_settings())
           CHECK(bit_patterns(decode_on(cpu, q, m, std::vector<float>(n))) == bit_patterns(expected));
@@ -397,8 +398,8 @@ TEST_CASE("zfp on every cpu setting equals the reference (zfp_block, one block a
 }
 
 TEST_CASE("zfp rejects what the reference rejects: NaN and Inf, and stray bits after the last block") {
-  check_non_finite_same_as_reference(zfp_fixed_rate_codec({.rate_bits = 8}));
-  const zfp_fixed_rate_codec odd({.rate_bits = 7});
+  check_non_finite_same_as_reference(zfp_fixed_rate_codec<float>({.rate_bits = 8}));
+  const zfp_fixed_rate_codec<float> odd({.rate_bits = 7});
   // Three blocks of 28 bits end in the middle of the 11th byte.
   std::vector<std::byte> m = encode_on(reference_executor{}, odd, make_input<float>(input_kind::normal, 9, 1));
   CHECK(decode_status_everywhere(odd, m, 9) == "no exception");
@@ -412,7 +413,7 @@ TEST_CASE("zfp coders on every executor setting write the same stream and decode
   const cpu_executor fast;
   const cpu_executor baseline{.max_simd = cpu_simd::baseline};
   for (unsigned rate = 3; rate <= 17; ++rate) {
-    const zfp_fixed_rate_codec q({.rate_bits = rate});
+    const zfp_fixed_rate_codec<float> q({.rate_bits = rate});
     for (const std::size_t n : {std::size_t{32}, std::size_t{4099}}) {
       for (int kind = 0; kind < test_input_kinds; ++kind) {
         CAPTURE(rate);
@@ -436,7 +437,7 @@ TEST_CASE("zfp coders on every executor setting write the same stream and decode
 
 TEST_CASE("zfp messages take exactly max_encoded_bytes, 4R bits per block of 4 values") {
   for (unsigned rate = 3; rate <= 32; ++rate) {
-    const zfp_fixed_rate_codec q({.rate_bits = rate});
+    const zfp_fixed_rate_codec<float> q({.rate_bits = rate});
     for (const std::size_t n :
          {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{4}, std::size_t{5},
           std::size_t{8}, std::size_t{9}, std::size_t{63}, std::size_t{64}, std::size_t{1000}, std::size_t{4099}}) {
@@ -455,11 +456,11 @@ TEST_CASE("zfp messages take exactly max_encoded_bytes, 4R bits per block of 4 v
     }
   }
   // 64-bit size arithmetic: n past 2^32, and saturation where the size does not fit.
-  const zfp_fixed_rate_codec q32({.rate_bits = 32});
+  const zfp_fixed_rate_codec<float> q32({.rate_bits = 32});
   const std::uint64_t big = (std::uint64_t{1} << 34) + 1;  // 2^32 + 1 blocks, 16 bytes each
-  CHECK(zfp_fixed_rate_codec::block_count(big) == (std::uint64_t{1} << 32) + 1);
+  CHECK(zfp_fixed_rate_codec<float>::block_count(big) == (std::uint64_t{1} << 32) + 1);
   CHECK(q32.payload_bytes(big) == ((std::uint64_t{1} << 32) + 1) * 16);
-  CHECK(zfp_fixed_rate_codec({.rate_bits = 3}).payload_bytes(big) == ((std::uint64_t{1} << 32) + 1) * 3 / 2 + 1);
+  CHECK(zfp_fixed_rate_codec<float>({.rate_bits = 3}).payload_bytes(big) == ((std::uint64_t{1} << 32) + 1) * 3 / 2 + 1);
   CHECK(q32.payload_bytes(UINT64_MAX) == UINT64_MAX);
   CHECK(q32.max_encoded_bytes(UINT64_MAX) == std::numeric_limits<std::size_t>::max());
 }
@@ -467,7 +468,7 @@ TEST_CASE("zfp messages take exactly max_encoded_bytes, 4R bits per block of 4 v
 TEST_CASE("zfp error stays within the documented bound and shrinks as the rate grows") {
   // The bound for every rate and input kind.
   for (unsigned rate = 3; rate <= 32; ++rate) {
-    const zfp_fixed_rate_codec q({.rate_bits = rate});
+    const zfp_fixed_rate_codec<float> q({.rate_bits = rate});
     for (int kind = 0; kind < test_input_kinds; ++kind) {
       CAPTURE(rate);
       CAPTURE(kind);
@@ -480,7 +481,7 @@ TEST_CASE("zfp error stays within the documented bound and shrinks as the rate g
   const std::vector<float> x = zfp_test_input(zfp_input::normal, n, 2024);
   double previous = std::numeric_limits<double>::infinity();
   for (const unsigned rate : {4u, 8u, 12u, 16u, 24u, 32u}) {
-    const zfp_fixed_rate_codec q({.rate_bits = rate});
+    const zfp_fixed_rate_codec<float> q({.rate_bits = rate});
     const std::vector<float> g = decode_values(q, encode_bytes(q, x), n);
     double worst = 0.0, squares = 0.0;
     for (std::size_t i = 0; i < n; ++i) {
@@ -499,7 +500,7 @@ TEST_CASE("zfp error stays within the documented bound and shrinks as the rate g
 TEST_CASE("zfp zeros, negative zeros, subnormals and magnitudes below 2^-98 round-trip") {
   for (const unsigned rate : {3u, 8u, 16u, 32u}) {
     CAPTURE(rate);
-    const zfp_fixed_rate_codec q({.rate_bits = rate});
+    const zfp_fixed_rate_codec<float> q({.rate_bits = rate});
     // Blocks of ±0 are one 0 bit: they decode to +0 exactly.
     const std::vector<float> zeros = {0.0f, -0.0f, -0.0f, 0.0f, -0.0f, -0.0f, -0.0f, -0.0f, 0.0f};
     const std::vector<std::byte> m = encode_bytes(q, zeros);
@@ -528,13 +529,13 @@ TEST_CASE("zfp zeros, negative zeros, subnormals and magnitudes below 2^-98 roun
     CHECK(worst_bound_ratio(tiny, decode_values(q, encode_bytes(q, tiny), tiny.size()), rate) <= 1.0);
   }
   // A constant block codes exactly: one significant coefficient needs few planes.
-  const zfp_fixed_rate_codec q16({.rate_bits = 16});
+  const zfp_fixed_rate_codec<float> q16({.rate_bits = 16});
   const std::vector<float> constant(12, -0.25f);
   CHECK(same_bits(decode_values(q16, encode_bytes(q16, constant), 12), constant));
 }
 
 TEST_CASE("zfp reports NaN and Inf without touching the output") {
-  const zfp_fixed_rate_codec q;
+  const zfp_fixed_rate_codec<float> q;
   for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
                           -std::numeric_limits<float>::infinity(), std::bit_cast<float>(0x7f800001u)}) {
     for (const std::size_t at : {std::size_t{0}, std::size_t{5}, std::size_t{998}}) {
@@ -553,7 +554,7 @@ TEST_CASE("zfp reports NaN and Inf without touching the output") {
 }
 
 TEST_CASE("zfp decode_accumulate adds the decoded floats") {
-  const zfp_fixed_rate_codec q({.rate_bits = 12}, wire_options{.payload_checksum = true});
+  const zfp_fixed_rate_codec<float> q({.rate_bits = 12}, wire_options{.payload_checksum = true});
   const std::vector<float> x = zfp_test_input(zfp_input::mixed, 2001, 4);
   const std::vector<std::byte> m = encode_bytes(q, x);
   const std::vector<float> g = decode_values(q, m, x.size(), {.require_checksum = true});
@@ -565,13 +566,13 @@ TEST_CASE("zfp decode_accumulate adds the decoded floats") {
 }
 
 TEST_CASE("zfp decoders reject short, long and inconsistent payloads and leave the output untouched") {
-  const zfp_fixed_rate_codec q({.rate_bits = 9});
+  const zfp_fixed_rate_codec<float> q({.rate_bits = 9});
   const std::size_t n = 1001;  // 251 blocks of 36 bits: the stream ends 4 bits into its last byte
   const std::vector<float> x = zfp_test_input(zfp_input::normal, n, 9);
   const std::vector<std::byte> good = encode_bytes(q, x);
   const std::vector<std::byte> payload = payload_of(good);
   REQUIRE(payload.size() == (251 * 36 + 4) / 8);
-  const auto rejects = [&](const zfp_fixed_rate_codec& codec, const std::vector<std::byte>& m, errc want) {
+  const auto rejects = [&](const zfp_fixed_rate_codec<float>& codec, const std::vector<std::byte>& m, errc want) {
     std::vector<float> out(n, 7.0f);
     const std::string got = thrown_by([&] { codec.decode(cpu_executor{}, m, std::span<float>(out), {}); });
     std::vector<float> acc(n, 7.0f);
@@ -618,23 +619,23 @@ TEST_CASE("zfp decoders reject short, long and inconsistent payloads and leave t
   e.layout = 1;
   write_envelope(e, layout);
   CHECK(rejects(q, layout, errc::malformed_payload));
-  CHECK(rejects(zfp_fixed_rate_codec({.rate_bits = 8}), good, errc::parameter_mismatch));
+  CHECK(rejects(zfp_fixed_rate_codec<float>({.rate_bits = 8}), good, errc::parameter_mismatch));
   CHECK(thrown_by([&] { decode_values(q, good, n - 1); }) == named(errc::size_mismatch));
   CHECK(thrown_by([&] { decode_values(q, good, n, {.max_elements = n - 1}); }) == named(errc::too_large));
   for (const std::uint32_t rate : {0u, 1u, 2u, 33u}) {
     CAPTURE(rate);
-    CHECK(thrown_by([&] { zfp_fixed_rate_codec bad({.rate_bits = rate}); }) == named(errc::invalid_argument));
+    CHECK(thrown_by([&] { zfp_fixed_rate_codec<float> bad({.rate_bits = rate}); }) == named(errc::invalid_argument));
   }
   for (std::uint32_t rate = 3; rate < 32; ++rate)
-    CHECK(zfp_fixed_rate_codec({.rate_bits = rate}).params_hash() !=
-          zfp_fixed_rate_codec({.rate_bits = rate + 1}).params_hash());
-  CHECK(zfp_fixed_rate_codec({.rate_bits = 8}).params_hash() == 0x69EA68CD1317EFF7ull);  // wire-format.md §2
+    CHECK(zfp_fixed_rate_codec<float>({.rate_bits = rate}).params_hash() !=
+          zfp_fixed_rate_codec<float>({.rate_bits = rate + 1}).params_hash());
+  CHECK(zfp_fixed_rate_codec<float>({.rate_bits = 8}).params_hash() == 0x69EA68CD1317EFF7ull);  // wire-format.md §2
 }
 
 TEST_CASE("zfp decodes any payload of the right length without NaN, hostile exponents at most to Inf") {
   std::mt19937_64 engine(77);
   for (const unsigned rate : {3u, 8u, 13u, 16u, 32u}) {
-    const zfp_fixed_rate_codec q({.rate_bits = rate});
+    const zfp_fixed_rate_codec<float> q({.rate_bits = rate});
     const std::size_t n = 257;
     const std::vector<std::byte> good = encode_bytes(q, zfp_test_input(zfp_input::normal, n, rate));
     for (int trial = 0; trial < 50; ++trial) {
@@ -653,7 +654,7 @@ TEST_CASE("zfp decodes any payload of the right length without NaN, hostile expo
 
 TEST_CASE("golden zfp file reproduces byte for byte and decodes to the transcribed coder's floats") {
   const std::vector<float> x = golden_input<float>(1000);
-  const zfp_fixed_rate_codec q({.rate_bits = 8});
+  const zfp_fixed_rate_codec<float> q({.rate_bits = 8});
   const std::vector<std::byte> fresh = encode_bytes(q, x, {.step = 9, .tensor_id = 5});
   const std::vector<std::byte> m = golden_bytes("zfp_fixed_rate_r8_f32.bin", fresh);
   REQUIRE(m.size() == envelope_bytes + 1000);  // 250 blocks of 32 bits

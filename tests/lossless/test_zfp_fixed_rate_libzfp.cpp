@@ -3,7 +3,8 @@
 // zfp_compress's output byte for byte (libzfp with 8-bit stream words, as Debian builds it; with
 // 64-bit words libzfp appends zero bytes up to a whole word, which is checked too), and the
 // decoded floats equal zfp_decompress's bit for bit. The golden file's payload is libzfp's
-// output for its input. Blocks below 2^−98, where libzfp's cast overflows (zfp issue #119), are
+// output for its input; a bf16 or fp16 gradient's payload is libzfp's stream of its widened
+// values. Blocks below 2^−98, where libzfp's cast overflows (zfp issue #119), are
 // the documented difference and do not occur in these inputs.
 #include <gradcomp/lossless/zfp_fixed_rate.hpp>
 
@@ -77,7 +78,7 @@ TEST_CASE("libzfp: zfp payloads equal zfp_compress's stream and decode to zfp_de
   for (std::size_t n = 1; n <= 17; ++n) sizes.push_back(n);  // libzfp does not take an empty field
   sizes.push_back(1003);
   for (unsigned rate = 3; rate <= 32; ++rate) {
-    const zfp_fixed_rate_codec q({.rate_bits = rate});
+    const zfp_fixed_rate_codec<float> q({.rate_bits = rate});
     for (const zfp_input kind : all_zfp_inputs) {
       for (const std::size_t n : sizes) {
         CAPTURE(rate);
@@ -98,5 +99,24 @@ TEST_CASE("libzfp: the golden zfp file's payload is libzfp's stream for its inpu
   REQUIRE(m.size() > envelope::size);
   const libzfp_result reference = libzfp_round_trip(golden_input<float>(1000), 8);
   CHECK(payload_matches(std::span<const std::byte>(m).subspan(envelope::size), reference.stream));
-  CHECK(same_bits(decode_values(zfp_fixed_rate_codec({.rate_bits = 8}), m, 1000), reference.values));
+  CHECK(same_bits(decode_values(zfp_fixed_rate_codec<float>({.rate_bits = 8}), m, 1000), reference.values));
+}
+
+TEST_CASE_TEMPLATE("libzfp: a 16-bit gradient's payload is zfp_compress's stream of its widened values", H, bf16,
+                   fp16) {
+  // 1537 values: three of the CPU encoder's 512-value stages and a partial block.
+  for (const unsigned rate : {3u, 8u, 12u, 17u, 32u}) {
+    CAPTURE(rate);
+    const std::vector<H> x = make_half_input<H>(input_kind::normal, 1537, rate, 50.0f);
+    const libzfp_result reference = libzfp_round_trip(widened(x), rate);
+    const zfp_fixed_rate_codec<H> q({.rate_bits = rate});
+    const std::vector<std::byte> m = encode_bytes(q, x);
+    CHECK(payload_matches(std::span<const std::byte>(m).subspan(envelope::size), reference.stream));
+    std::vector<float> as_float(x.size());
+    q.decode(cpu_executor{}, m, std::span<float>(as_float), {});
+    CHECK(same_bits(as_float, reference.values));
+  }
+  const std::vector<std::byte> golden = read_golden("zfp_fixed_rate_r12_fp16.bin");
+  CHECK(payload_matches(std::span<const std::byte>(golden).subspan(envelope::size),
+                        libzfp_round_trip(widened(golden_input<fp16>(1000)), 12).stream));
 }

@@ -86,8 +86,8 @@ void for_each_golden_codec(F&& f) {
     golden_input<double>(50), message_key{.step = 6, .tensor_id = 2});
   f("count_sketch_f32.bin", count_sketch<float>({.rows = 3, .columns = 64, .seed = 7, .heavy_hitters = {.k = 10}}),
     golden_input<float>(1000), message_key{.step = 5, .tensor_id = 3});
-  f("mpc_f32.bin", mpc_codec({.dim = 1}), golden_input<float>(1000), message_key{.step = 9, .tensor_id = 4});
-  f("zfp_fixed_rate_r8_f32.bin", zfp_fixed_rate_codec({.rate_bits = 8}), golden_input<float>(1000),
+  f("mpc_f32.bin", mpc_codec<float>({.dim = 1}), golden_input<float>(1000), message_key{.step = 9, .tensor_id = 4});
+  f("zfp_fixed_rate_r8_f32.bin", zfp_fixed_rate_codec<float>({.rate_bits = 8}), golden_input<float>(1000),
     message_key{.step = 9, .tensor_id = 5});
 }
 
@@ -117,6 +117,9 @@ void for_each_golden_half_codec(F&& f) {
     golden_input<bf16>(100), message_key{.step = 6, .tensor_id = 2});
   f("count_sketch_bf16.bin", count_sketch<bf16>({.rows = 3, .columns = 64, .seed = 7, .heavy_hitters = {.k = 10}}),
     golden_input<bf16>(1000), message_key{.step = 5, .tensor_id = 3});
+  f("mpc_bf16.bin", mpc_codec<bf16>({.dim = 1}), golden_input<bf16>(1000), message_key{.step = 9, .tensor_id = 4});
+  f("zfp_fixed_rate_r12_fp16.bin", zfp_fixed_rate_codec<fp16>({.rate_bits = 12}), golden_input<fp16>(1000),
+    message_key{.step = 9, .tensor_id = 6});
 }
 
 /// The codec of the shared-scale sum's golden file (three ranks' messages summed).

@@ -196,9 +196,9 @@ TEST_CASE("fingerprints: sparsifiers and lossless codecs") {
   round_trip("threshold_f64", threshold_sparsifier<double>({.target = {.density = 0.01}, .seed = 2}), y);
   round_trip("randomk_scaled_f32", randomk_sparsifier<float>({.amount = {.density = 0.01}, .seed = 2}), x);
   round_trip("randomk_scaled_f64", randomk_sparsifier<double>({.amount = {.density = 0.03}, .seed = 2}), y);
-  round_trip("mpc_f32", mpc_codec({.dim = 2}), x);
-  round_trip("zfp8_f32", zfp_fixed_rate_codec({.rate_bits = 8}), x);
-  round_trip("zfp16_f32", zfp_fixed_rate_codec({.rate_bits = 16}), x);
+  round_trip("mpc_f32", mpc_codec<float>({.dim = 2}), x);
+  round_trip("zfp8_f32", zfp_fixed_rate_codec<float>({.rate_bits = 8}), x);
+  round_trip("zfp16_f32", zfp_fixed_rate_codec<float>({.rate_bits = 16}), x);
 }
 
 // ---- stateful wrappers -----------------------------------------------------------------------------

@@ -8,8 +8,8 @@
 /// data-parallel gradients, lossless MPC for the rest) and `z_hybrid_policy` (ZFP everywhere at a
 /// rate per class).
 ///
-/// A trainer maps `mpc(d)` to `mpc_codec(mpc_params{d})` and `zfp(R)` to
-/// `zfp_fixed_rate_codec(zfp_params{R})`. The paper's rates are not known (its tables are not
+/// A trainer maps `mpc(d)` to `mpc_codec<T>(mpc_params{d})` and `zfp(R)` to
+/// `zfp_fixed_rate_codec<T>(zfp_params{R})` (T: the tensor's float, bf16 or fp16). The paper's rates are not known (its tables are not
 /// readable here): the defaults below are placeholders to tune, not published values.
 
 #include <array>
@@ -24,11 +24,11 @@ namespace gradcomp {
 
 /// The classes of message of 3D-parallel training (data, tensor and pipeline parallelism, ZeRO).
 enum class message_class : std::uint8_t {
-  dp_gradient,       ///< Data-parallel gradient all-reduce / reduce-scatter.
-  tp_activation,     ///< Tensor-parallel activation all-reduce / all-gather.
-  pp_activation,     ///< Pipeline-parallel activation (and activation gradient) send / receive.
+  dp_gradient,  ///< Data-parallel gradient all-reduce / reduce-scatter.
+  tp_activation,  ///< Tensor-parallel activation all-reduce / all-gather.
+  pp_activation,  ///< Pipeline-parallel activation (and activation gradient) send / receive.
   parameter_gather,  ///< ZeRO parameter all-gather.
-  optimizer_state,   ///< Optimizer-state exchange.
+  optimizer_state,  ///< Optimizer-state exchange.
 };
 
 /// Number of message classes.
@@ -44,15 +44,15 @@ inline constexpr std::array<message_class, message_class_count> all_message_clas
 /// Which codec family a message uses.
 enum class message_codec_kind : std::uint8_t {
   none,  ///< Sent uncompressed.
-  mpc,   ///< MPC lossless float32 (`mpc_codec`, dimensionality `mpc_dim`).
-  zfp,   ///< ZFP fixed-rate lossy float32 at `zfp_rate_bits` bits per value (`zfp_fixed_rate_codec`).
+  mpc,  ///< MPC lossless float32 (`mpc_codec<T>`, dimensionality `mpc_dim`).
+  zfp,  ///< ZFP fixed-rate lossy float32 at `zfp_rate_bits` bits per value (`zfp_fixed_rate_codec<T>`).
 };
 
 /// A codec choice, described by value. Fields that the kind does not use keep their defaults.
 struct message_codec {
   message_codec_kind kind = message_codec_kind::none;  ///< Codec family.
-  std::uint32_t zfp_rate_bits = 0;                     ///< ZFP: bits per value, 3..32 (`zfp_params::rate_bits`).
-  std::uint32_t mpc_dim = 1;                           ///< MPC: dimensionality, 1..32 (`mpc_params::dim`).
+  std::uint32_t zfp_rate_bits = 0;  ///< ZFP: bits per value, 3..32 (`zfp_params::rate_bits`).
+  std::uint32_t mpc_dim = 1;  ///< MPC: dimensionality, 1..32 (`mpc_params::dim`).
 
   /// Uncompressed.
   [[nodiscard]] static constexpr message_codec uncompressed() noexcept { return {}; }
@@ -137,11 +137,11 @@ class message_policy {
 /// ZFP rates of ZHybrid, in bits per value, per class: low for data-parallel gradients, high
 /// (mild) for the rest. The defaults are placeholders.
 struct z_hybrid_rates {
-  std::uint32_t dp_gradient = 8;        ///< Data-parallel gradients.
-  std::uint32_t tp_activation = 16;     ///< Tensor-parallel activations.
-  std::uint32_t pp_activation = 16;     ///< Pipeline-parallel activations.
+  std::uint32_t dp_gradient = 8;  ///< Data-parallel gradients.
+  std::uint32_t tp_activation = 16;  ///< Tensor-parallel activations.
+  std::uint32_t pp_activation = 16;  ///< Pipeline-parallel activations.
   std::uint32_t parameter_gather = 16;  ///< ZeRO parameter all-gathers.
-  std::uint32_t optimizer_state = 16;   ///< Optimizer states.
+  std::uint32_t optimizer_state = 16;  ///< Optimizer states.
 };
 
 /// ZHybrid: ZFP for every class, at the class's rate.

@@ -120,6 +120,32 @@ GRADCOMP_HOST_DEVICE constexpr T narrow(float x) noexcept {
     return x;
 }
 
+/// The 16-bit value whose widening is bit for bit the float32 `x`, when there is one
+/// (`narrows_exactly<T>(x)`): every finite value, ±Inf and NaN of T, a NaN's payload and quiet bit
+/// included, comes back from `widen` unchanged. A lossless codec's decoder gives back a 16-bit
+/// gradient this way. For any other x the result is unspecified; float gives x itself.
+template <class T>
+GRADCOMP_HOST_DEVICE constexpr T exact_narrow(float x) noexcept {
+  static_assert(std::is_same_v<T, bf16> || std::is_same_v<T, fp16> || std::is_same_v<T, float>,
+                "exact_narrow<T> makes a bf16, an fp16 or a float");
+  const std::uint32_t u = detail::float_bits_of(x);
+  if constexpr (std::is_same_v<T, bf16>) {
+    return bf16{static_cast<std::uint16_t>(u >> 16)};
+  } else if constexpr (std::is_same_v<T, fp16>) {
+    if ((u & 0x7fffffffu) > 0x7f800000u)  // NaN: the payload's top 10 bits as they are, not quieted
+      return fp16{static_cast<std::uint16_t>(((u >> 16) & 0x8000u) | 0x7c00u | ((u >> 13) & 0x3ffu))};
+    return fp16{detail::fp16_bits_rn(x)};
+  } else {
+    return x;
+  }
+}
+
+/// Whether the float32 `x` is, bit for bit, the widening of a T (always for float).
+template <class T>
+GRADCOMP_HOST_DEVICE constexpr bool narrows_exactly(float x) noexcept {
+  return detail::float_bits_of(widen(exact_narrow<T>(x))) == detail::float_bits_of(x);
+}
+
 /// Whether a finite float32 stays finite when narrowed to T (for fp16: |x| < 65520; for bf16:
 /// below float32's largest finite value's rounding threshold; always for float).
 template <class T>

@@ -5,6 +5,9 @@
 /// AVX2 where the executor allows it) and writes bitmaps and non-zero words branch-free; the
 /// decoder first checks the bitmaps against the payload length and
 /// the padding of the last group (decoding the last chunk first), and only then writes the output.
+/// A 16-bit gradient is widened a chunk at a time into the stack buffer the encoder codes; its
+/// decoder runs twice over the chunks, first to check every word (a widened 16-bit value, and each
+/// sum of an accumulation into a 16-bit output finite when rounded), then to write.
 
 #include <algorithm>
 #include <cstddef>
@@ -16,8 +19,11 @@
 #include <gradcomp/core/backend.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/error.hpp>
+#include <gradcomp/core/half_float.hpp>
+#include <gradcomp/core/narrowing.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/cpu/detail/bit_transpose.hpp>
+#include <gradcomp/cpu/detail/half_conversion.hpp>
 #include <gradcomp/cpu/detail/message.hpp>
 #include <gradcomp/cpu/detail/staged_writer.hpp>
 #include <gradcomp/lossless/mpc.hpp>
@@ -30,8 +36,8 @@ namespace gradcomp {
 
 namespace detail::cpu::mpc_detail {
 
-inline constexpr std::size_t chunk = mpc_codec::chunk;
-inline constexpr std::size_t group = mpc_codec::group;
+inline constexpr std::size_t chunk = mpc_codec<>::chunk;
+inline constexpr std::size_t group = mpc_codec<>::group;
 /// Words before a chunk buffer's first word: w[−1] = 0 lets step 3 read w[t − 1] at t = 0, and the
 /// AVX2 kernels load eight words from there.
 inline constexpr std::size_t lead = 8;
@@ -376,11 +382,13 @@ inline void add_values(const std::uint32_t* v, std::size_t count, float* out) no
 }  // namespace detail::cpu::mpc_detail
 
 /// MPC on the CPU.
-template <>
-struct backend<mpc_codec, cpu_executor> {
-  static std::size_t workspace_bytes(const mpc_codec&, const cpu_executor&, std::uint64_t) noexcept { return 0; }
+template <gradient_value T>
+struct backend<mpc_codec<T>, cpu_executor> {
+  using codec_type = mpc_codec<T>;
 
-  static std::size_t encode(const mpc_codec& codec, const cpu_executor& exec, std::span<const float> grad,
+  static std::size_t workspace_bytes(const codec_type&, const cpu_executor&, std::uint64_t) noexcept { return 0; }
+
+  static std::size_t encode(const codec_type& codec, const cpu_executor& exec, std::span<const T> grad,
                             std::span<std::byte> out, std::span<std::byte>, message_key key) {
     using namespace detail::cpu::mpc_detail;
     const std::uint64_t n = grad.size();
@@ -388,30 +396,33 @@ struct backend<mpc_codec, cpu_executor> {
     const bool avx2 = exec.avx2();
     const std::size_t dim = codec.params().dim;
     std::byte* const bitmaps = out.data() + envelope::size;
-    std::byte* const words = bitmaps + 4 * mpc_codec::group_count(n);
+    std::byte* const words = bitmaps + 4 * codec_type::group_count(n);
     std::byte* end = words;
-    const auto* const v = reinterpret_cast<const std::byte*>(grad.data());
     alignas(32) std::uint32_t buffer[lead + chunk] = {};
     std::uint32_t* const w = buffer + lead;
+    alignas(32) float wide[half_precision<T> ? chunk : 1];  // a 16-bit chunk's widened values
     for (std::uint64_t base = 0; base < n; base += chunk) {
       const auto count = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, n - base));
-      forward_chunk(v + 4 * base, count, dim, avx2, w);
+      const float* const values = detail::cpu::widened_run(grad.data() + base, count, wide);
+      forward_chunk(reinterpret_cast<const std::byte*>(values), count, dim, avx2, w);
       end = finish_chunk(w, (count + group - 1) / group, avx2, bitmaps + 4 * (base / group), end);
     }
     const auto payload = static_cast<std::uint64_t>(end - bitmaps);
-    detail::cpu::seal_message(out, {codec_id::mpc, value_dtype::float32, 0, 0, key, n, payload, codec.params_hash(), 0},
+    detail::cpu::seal_message(out, {codec_id::mpc, dtype_of<T>, 0, 0, key, n, payload, codec.params_hash(), 0},
                               codec.wire().payload_checksum);
     return static_cast<std::size_t>(envelope::size + payload);
   }
 
-  static void decode(const mpc_codec& codec, const cpu_executor& exec, std::span<const std::byte> message,
-                     std::span<float> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
+  /// Into T, or (a 16-bit T) into float32.
+  template <gradient_value O>
+  static void decode(const codec_type& codec, const cpu_executor& exec, std::span<const std::byte> message,
+                     std::span<O> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
     using namespace detail::cpu::mpc_detail;
     const envelope e = parse_envelope(message);
-    validate_envelope(e, {codec_id::mpc, value_dtype::float32, out.size(), codec.params_hash()}, limits);
-    const std::uint64_t carried = mpc_codec::carried_words(e);
+    validate_envelope(e, {codec_id::mpc, dtype_of<T>, out.size(), codec.params_hash()}, limits);
+    const std::uint64_t carried = codec_type::carried_words(e);
     const std::uint64_t n = e.elements;
-    const std::uint64_t groups = mpc_codec::group_count(n);
+    const std::uint64_t groups = codec_type::group_count(n);
     const std::byte* const bitmaps = message.data() + envelope::size;
     const std::byte* const words = bitmaps + 4 * groups;
     const std::byte* const words_end = words + 4 * carried;
@@ -437,11 +448,25 @@ struct backend<mpc_codec, cpu_executor> {
                                             last_count, dim, avx2, last, reinterpret_cast<std::byte*>(last));
     detail::require(tail.padding_clear, errc::malformed_payload,
                     "the last group's transposed words have bits set for elements past the tensor's end");
+    if constexpr (half_precision<T>) {
+      decode_widened(bitmaps, words, words_end, n, dim, avx2, out.data(), accumulate);
+    } else {
+      decode_words(bitmaps, words, words_end, n, dim, avx2, exec, last, out.data(), accumulate);
+    }
+  }
+
+ private:
+  /// The float32 decoder's writes, chunk by chunk, the last chunk (already decoded) from `last`.
+  static void decode_words(const std::byte* bitmaps, const std::byte* words, const std::byte* words_end,
+                           std::uint64_t n, std::size_t dim, bool avx2, const cpu_executor& exec,
+                           const std::uint32_t* last, float* dense, bool accumulate) {
+    using namespace detail::cpu::mpc_detail;
+    const std::uint64_t last_base = (n - 1) / chunk * chunk;
+    const auto last_count = static_cast<std::size_t>(n - last_base);
 
     // Decoding writes the values' bits straight into `out` (a large plain decode into 32-byte
     // aligned memory with non-temporal stores, as the uniform decoder does); accumulating goes
     // through `values`.
-    float* const dense = out.data();
     const bool streaming =
         avx2 && !accumulate && exec.streams(n * sizeof(float)) && reinterpret_cast<std::uintptr_t>(dense) % 32 == 0;
     alignas(32) std::uint32_t scratch[chunk], values[chunk];
@@ -457,6 +482,48 @@ struct backend<mpc_codec, cpu_executor> {
     if (accumulate) add_values(last, last_count, dense + last_base);
     else
       std::memcpy(dense + last_base, last, 4 * last_count);
+  }
+
+  /// The 16-bit decoder: a first run over the chunks checks that every word is a widened T (and,
+  /// accumulating into a 16-bit output, that every sum narrows to a finite value), a second writes
+  /// the values (the 16-bit patterns themselves, or their widenings) or adds them.
+  template <gradient_value O>
+  static void decode_widened(const std::byte* bitmaps, const std::byte* words, const std::byte* words_end,
+                             std::uint64_t n, std::size_t dim, bool avx2, O* out, bool accumulate) {
+    using namespace detail::cpu::mpc_detail;
+    alignas(32) std::uint32_t scratch[chunk], values[chunk];
+    const auto for_each_chunk = [&](auto&& use) {
+      const std::byte* next = words;
+      for (std::uint64_t base = 0; base < n; base += chunk) {
+        const auto count = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, n - base));
+        next = inverse_chunk(bitmaps + 4 * (base / group), next, words_end, count, dim, avx2, scratch,
+                             reinterpret_cast<std::byte*>(values))
+                   .next;
+        use(base, count);
+      }
+    };
+    const auto value = [&](std::size_t t) { return detail::float_of_bits(values[t]); };
+    for_each_chunk([&](std::uint64_t base, std::size_t count) {
+      for (std::size_t t = 0; t < count; ++t)
+        detail::require(narrows_exactly<T>(value(t)), errc::malformed_payload,
+                        [&] { return "decoded word " + std::to_string(base + t) + " is not a widened 16-bit value"; });
+      if constexpr (half_precision<O>)
+        if (accumulate)
+          for (std::size_t t = 0; t < count; ++t) detail::require_narrows<O>(base + t, widen(out[base + t]) + value(t));
+    });
+    for_each_chunk([&](std::uint64_t base, std::size_t count) {
+      O* const to = out + base;
+      if constexpr (half_precision<O>) {
+        if (accumulate)
+          for (std::size_t t = 0; t < count; ++t) to[t] = narrow<O>(widen(to[t]) + value(t));
+        else
+          for (std::size_t t = 0; t < count; ++t) to[t] = exact_narrow<O>(value(t));
+      } else if (accumulate) {
+        add_values(values, count, to);
+      } else {
+        std::memcpy(to, values, 4 * count);
+      }
+    });
   }
 };
 

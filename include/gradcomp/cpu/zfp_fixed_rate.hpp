@@ -23,7 +23,10 @@
 ///    takes the four-block path.
 ///
 /// `portable_kernels` are the scalar twins of `sse2_kernels` and compute the same bits (tested);
-/// they run where SSE2 is missing. Nothing is allocated, and no workspace is used.
+/// they run where SSE2 is missing. Nothing is allocated, and no workspace is used. A 16-bit
+/// gradient is widened 512 values at a time into a stack buffer that the float32 coder codes; a
+/// 16-bit output is decoded the same way, twice (`store_values`: every result checked, then
+/// written).
 
 #include <algorithm>
 #include <array>
@@ -38,7 +41,9 @@
 #include <gradcomp/core/backend.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
 #include <gradcomp/core/error.hpp>
+#include <gradcomp/core/half_float.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
+#include <gradcomp/cpu/detail/half_conversion.hpp>
 #include <gradcomp/cpu/detail/message.hpp>
 #include <gradcomp/lossless/zfp_block.hpp>
 #include <gradcomp/lossless/zfp_fixed_rate.hpp>
@@ -430,7 +435,7 @@ template <class Kernels, class Word>
   for (; k >= 0 && length < budget; k -= 8, length += 32)  // n = 4: each plane its 4 bits
     coded |= static_cast<Word>(Kernels::eight_planes(Kernels::shift_left(lanes, static_cast<unsigned>(31 - k))))
              << length;
-  return static_cast<Word>(2 * biased + 1) | coded << zfp_fixed_rate_codec::header_bits;
+  return static_cast<Word>(2 * biased + 1) | coded << zfp_fixed_rate_codec<>::header_bits;
 }
 
 #if defined(GRADCOMP_HAVE_AVX2)
@@ -544,7 +549,7 @@ GRADCOMP_TARGET_AVX2 inline void code_eight_blocks_avx2(const float* values, uns
   for (unsigned b = 0; b < 8; ++b)
     streams[b] = biased[b] == 0 ? 0
                                 : (2 * std::uint64_t{biased[b]} + 1) | (std::uint64_t{highs[b]} << 32 | lows[b])
-                                                                           << zfp_fixed_rate_codec::header_bits;
+                                                                           << zfp_fixed_rate_codec<>::header_bits;
 }
 #endif
 
@@ -554,7 +559,7 @@ GRADCOMP_TARGET_AVX2 inline void code_eight_blocks_avx2(const float* values, uns
 template <class Kernels, class Word>
 void encode_blocks(const float* values, std::size_t count, unsigned rate, bool avx2, std::byte* out) noexcept {
   const unsigned block_bits = 4 * rate;
-  const unsigned budget = block_bits - zfp_fixed_rate_codec::header_bits;
+  const unsigned budget = block_bits - zfp_fixed_rate_codec<>::header_bits;
   const Word mask = block_bits == 8 * sizeof(Word) ? ~Word{0} : (Word{1} << block_bits) - 1;
   bit_writer writer(out);
   std::uint32_t u[16], biased[4];
@@ -630,7 +635,7 @@ template <class Kernels, class Word>
     return 0;
   }
   const auto header = static_cast<std::uint32_t>(stream & 0x1FFu);
-  stream >>= zfp_fixed_rate_codec::header_bits;
+  stream >>= zfp_fixed_rate_codec<>::header_bits;
   // Empty planes push zero bits, which the final shift supplies.
   unsigned consumed = std::min({trailing_zeros(stream), budget, 32u});
   stream >>= consumed;
@@ -736,9 +741,9 @@ struct eight_block_decoder {
     const __m256i coded = _mm256_cmpeq_epi32(_mm256_and_si256(lo, one), one);  // blocks that are not all zero
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(headers),
                         _mm256_and_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0x1FF)), coded));
-    lo = _mm256_or_si256(_mm256_srli_epi32(lo, zfp_fixed_rate_codec::header_bits),
-                         _mm256_slli_epi32(hi, 32 - zfp_fixed_rate_codec::header_bits));
-    hi = _mm256_srli_epi32(hi, zfp_fixed_rate_codec::header_bits);
+    lo = _mm256_or_si256(_mm256_srli_epi32(lo, zfp_fixed_rate_codec<>::header_bits),
+                         _mm256_slli_epi32(hi, 32 - zfp_fixed_rate_codec<>::header_bits));
+    hi = _mm256_srli_epi32(hi, zfp_fixed_rate_codec<>::header_bits);
     // Trailing zeros of the low half, from the float exponent of its lowest set bit; 32 for none.
     const __m256i lowest = _mm256_and_si256(lo, _mm256_sub_epi32(zero, lo));
     const __m256i exponent = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(lowest)), 23),
@@ -893,7 +898,7 @@ template <class Kernels, class Word>
 void decode_blocks(const std::byte* payload, const std::byte* end, std::size_t n, unsigned rate, bool accumulate,
                    bool avx2, float* out) noexcept {
   const unsigned block_bits = 4 * rate;
-  const unsigned budget = block_bits - zfp_fixed_rate_codec::header_bits;
+  const unsigned budget = block_bits - zfp_fixed_rate_codec<>::header_bits;
   std::size_t first = 0;
 #if defined(GRADCOMP_HAVE_AVX2)
   if constexpr (sizeof(Word) == 8 && std::is_same_v<Kernels, sse2_kernels>)
@@ -936,13 +941,13 @@ void decode_blocks(const std::byte* payload, const std::byte* end, std::size_t n
 }  // namespace detail::cpu::zfp_detail
 
 /// ZFP fixed rate on the CPU.
-template <>
-struct backend<zfp_fixed_rate_codec, cpu_executor> {
-  static std::size_t workspace_bytes(const zfp_fixed_rate_codec&, const cpu_executor&, std::uint64_t) noexcept {
-    return 0;
-  }
+template <gradient_value T>
+struct backend<zfp_fixed_rate_codec<T>, cpu_executor> {
+  using codec_type = zfp_fixed_rate_codec<T>;
 
-  static std::size_t encode(const zfp_fixed_rate_codec& codec, const cpu_executor& exec, std::span<const float> grad,
+  static std::size_t workspace_bytes(const codec_type&, const cpu_executor&, std::uint64_t) noexcept { return 0; }
+
+  static std::size_t encode(const codec_type& codec, const cpu_executor& exec, std::span<const T> grad,
                             std::span<std::byte> out, std::span<std::byte>, message_key key) {
     using namespace detail::cpu::zfp_detail;
     const std::uint64_t n = grad.size();
@@ -957,36 +962,80 @@ struct backend<zfp_fixed_rate_codec, cpu_executor> {
 
     const std::uint32_t rate = codec.params().rate_bits;
     std::byte* const payload = out.data() + envelope::size;
-    if (rate <= 16) encode_blocks<fast_kernels, std::uint64_t>(grad.data(), grad.size(), rate, exec.avx2(), payload);
-    else
-      encode_blocks<fast_kernels, wide_word>(grad.data(), grad.size(), rate, exec.avx2(), payload);
+    if constexpr (half_precision<T>) {
+      // A stage of values at a time, widened into a stack buffer: its blocks end on a byte
+      // boundary of the stream (stage·R bits), where the next stage's coding continues.
+      alignas(32) float wide[stage];
+      for (std::uint64_t base = 0; base < n; base += stage) {
+        const auto count = static_cast<std::size_t>(std::min<std::uint64_t>(stage, n - base));
+        detail::cpu::widen_values(grad.data() + base, count, wide);
+        encode_run(wide, count, rate, exec.avx2(), payload + base / 8 * rate);
+      }
+    } else {
+      encode_run(grad.data(), grad.size(), rate, exec.avx2(), payload);
+    }
     detail::cpu::seal_message(out,
-                              {codec_id::zfp_fixed_rate, value_dtype::float32, 0, 0, key, n, codec.payload_bytes(n),
+                              {codec_id::zfp_fixed_rate, dtype_of<T>, 0, 0, key, n, codec.payload_bytes(n),
                                codec.params_hash(), 0},
                               codec.wire().payload_checksum);
     return size;
   }
 
-  static void decode(const zfp_fixed_rate_codec& codec, const cpu_executor& exec, std::span<const std::byte> message,
-                     std::span<float> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
+  /// Into T, or (a 16-bit T) into float32.
+  template <gradient_value O>
+  static void decode(const codec_type& codec, const cpu_executor& exec, std::span<const std::byte> message,
+                     std::span<O> out, std::span<std::byte>, const decode_limits& limits, bool accumulate) {
     using namespace detail::cpu::zfp_detail;
     const envelope e = parse_envelope(message);
-    validate_envelope(e, {codec_id::zfp_fixed_rate, value_dtype::float32, out.size(), codec.params_hash()}, limits);
+    validate_envelope(e, {codec_id::zfp_fixed_rate, dtype_of<T>, out.size(), codec.params_hash()}, limits);
     codec.check_layout(e);
     const std::uint64_t n = e.elements;
     if (n == 0) return;
     const std::byte* const payload = message.data() + envelope::size;
     const std::byte* const end = payload + e.payload_bytes;
-    const std::uint64_t blocks = zfp_fixed_rate_codec::block_count(n);
+    const std::uint64_t blocks = codec_type::block_count(n);
     if (ends_mid_byte(blocks, codec.params().rate_bits))
       detail::require((static_cast<unsigned>(end[-1]) >> 4) == 0, errc::malformed_payload,
                       "the 4 bits after the last block are not zero");
 
     const std::uint32_t rate = codec.params().rate_bits;
-    if (rate <= 16)
-      decode_blocks<fast_kernels, std::uint64_t>(payload, end, out.size(), rate, accumulate, exec.avx2(), out.data());
+    if constexpr (half_precision<O>) {
+      // A stage at a time into a stack buffer, twice: every result checked to narrow to a finite
+      // value, then each rounded into the output.
+      alignas(32) float wide[stage];
+      const auto for_each_result = [&](auto&& use) {
+        for (std::uint64_t base = 0; base < n; base += stage) {
+          const auto count = static_cast<std::size_t>(std::min<std::uint64_t>(stage, n - base));
+          decode_run(payload + base / 8 * rate, end, count, rate, false, exec.avx2(), wide);
+          for (std::size_t i = 0; i < count; ++i) use(base + i, accumulate ? widen(out[base + i]) + wide[i] : wide[i]);
+        }
+      };
+      detail::cpu::store_values(for_each_result, out.data());
+    } else {
+      decode_run(payload, end, out.size(), rate, accumulate, exec.avx2(), out.data());
+    }
+  }
+
+ private:
+  /// Values a 16-bit gradient is widened in at a time: a multiple of 8 blocks, so that a stage
+  /// takes a whole number of stream bytes (stage·R / 8).
+  static constexpr std::size_t stage = 512;
+
+  /// `encode_blocks` of `count` floats, with the stream word that holds 4R bits.
+  static void encode_run(const float* values, std::size_t count, std::uint32_t rate, bool avx2, std::byte* at) {
+    using namespace detail::cpu::zfp_detail;
+    if (rate <= 16) encode_blocks<fast_kernels, std::uint64_t>(values, count, rate, avx2, at);
     else
-      decode_blocks<fast_kernels, wide_word>(payload, end, out.size(), rate, accumulate, exec.avx2(), out.data());
+      encode_blocks<fast_kernels, wide_word>(values, count, rate, avx2, at);
+  }
+
+  /// `decode_blocks` of `count` values from the stream bytes at `at` (the stream ends at `end`).
+  static void decode_run(const std::byte* at, const std::byte* end, std::size_t count, std::uint32_t rate,
+                         bool accumulate, bool avx2, float* out) {
+    using namespace detail::cpu::zfp_detail;
+    if (rate <= 16) decode_blocks<fast_kernels, std::uint64_t>(at, end, count, rate, accumulate, avx2, out);
+    else
+      decode_blocks<fast_kernels, wide_word>(at, end, count, rate, accumulate, avx2, out);
   }
 };
 

@@ -57,12 +57,13 @@ struct mpc_layout {
   /// The layout of an n-word stream whose payload starts at `payload` (4-byte aligned).
   static mpc_layout of(std::byte* payload, std::uint64_t n, unsigned dim) noexcept {
     auto* const bitmaps = reinterpret_cast<std::uint32_t*>(payload);
-    return {n, (n + mpc_codec::chunk - 1) / mpc_codec::chunk, bitmaps, bitmaps + mpc_codec::group_count(n), dim};
+    return {n, (n + mpc_codec<float>::chunk - 1) / mpc_codec<float>::chunk, bitmaps,
+            bitmaps + mpc_codec<float>::group_count(n), dim};
   }
   /// Groups of chunk c.
   __device__ unsigned groups_of(std::uint64_t c) const {
-    const std::uint64_t left = n - c * mpc_codec::chunk;
-    return left >= mpc_codec::chunk ? 32u : static_cast<unsigned>((left + 31) / 32);
+    const std::uint64_t left = n - c * mpc_codec<float>::chunk;
+    return left >= mpc_codec<float>::chunk ? 32u : static_cast<unsigned>((left + 31) / 32);
   }
 };
 
@@ -93,7 +94,7 @@ __device__ std::uint64_t mpc_forward_chunk(const std::uint32_t* x, const mpc_lay
   std::uint32_t previous_last = 0;
   std::uint64_t kept = 0;
   for (unsigned g = 0; g < groups; ++g) {
-    const std::uint64_t index = c * mpc_codec::chunk + 32 * g + lane;
+    const std::uint64_t index = c * mpc_codec<float>::chunk + 32 * g + lane;
     const bool valid = index < layout.n;
     const std::uint32_t value = valid ? x[index] : 0u;
     // Step 1: a[t] = v[t] − v[t − d] (t ≥ d in the chunk), v[t] for t < d, 0 past n.
@@ -172,7 +173,7 @@ __device__ inline void mpc_inverse_chunk(const mpc_layout& layout, std::uint64_t
     }
     w += previous_last;
     previous_last = __shfl_sync(0xFFFFFFFFu, w, 31);
-    const std::uint64_t first = c * mpc_codec::chunk + 32 * g;
+    const std::uint64_t first = c * mpc_codec<float>::chunk + 32 * g;
     if (const std::uint64_t r = layout.n - first; r < 32) {  // a partial last group: its padding must be zero
       if (__ballot_sync(0xFFFFFFFFu, (w >> r) != 0) != 0 && lane == 0)
         record_failure(status, errc::malformed_payload, first);
@@ -220,7 +221,7 @@ struct mpc_scratch {
   std::span<std::byte> scan_temp;
 
   static mpc_scratch carve(workspace_arena& arena, std::uint64_t n) {
-    const std::uint64_t entries = (n + mpc_codec::chunk - 1) / mpc_codec::chunk + 1;
+    const std::uint64_t entries = (n + mpc_codec<float>::chunk - 1) / mpc_codec<float>::chunk + 1;
     std::size_t temp_bytes = 0;
     GRADCOMP_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, temp_bytes,
                                                       static_cast<const unsigned long long*>(nullptr),
@@ -249,15 +250,15 @@ struct mpc_scratch {
 
 /// MPC on the GPU.
 template <>
-struct backend<mpc_codec, cuda_executor> {
-  static std::size_t workspace_bytes(const mpc_codec&, const cuda_executor&, std::uint64_t n) {
+struct backend<mpc_codec<float>, cuda_executor> {
+  static std::size_t workspace_bytes(const mpc_codec<float>&, const cuda_executor&, std::uint64_t n) {
     return detail::cuda::operation::workspace_bytes([n](workspace_arena& arena) {
       (void)detail::cuda::crc_scratch::carve(arena);
       (void)detail::cuda::mpc_scratch::carve(arena, n);
     });
   }
 
-  static std::size_t encode(const mpc_codec& codec, const cuda_executor& exec, std::span<const float> grad,
+  static std::size_t encode(const mpc_codec<float>& codec, const cuda_executor& exec, std::span<const float> grad,
                             std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
     namespace cd = detail::cuda;
     const std::uint64_t n = grad.size();
@@ -276,7 +277,7 @@ struct backend<mpc_codec, cuda_executor> {
     if (layout.chunks > 0)
       cd::launch(exec, cd::grid_for(layout.chunks, cd::block_warps), cd::block_threads, cd::mpc_write_kernel<>, x,
                  layout, static_cast<const unsigned long long*>(s.offsets.data()));
-    const std::uint64_t payload = 4 * (mpc_codec::group_count(n) + kept);
+    const std::uint64_t payload = 4 * (mpc_codec<float>::group_count(n) + kept);
     cd::seal_message(exec, out.data(),
                      {codec_id::mpc, value_dtype::float32, 0, 0, key, n, payload, codec.params_hash(), 0}, crc, op);
     op.finish_encode(
@@ -284,7 +285,7 @@ struct backend<mpc_codec, cuda_executor> {
     return static_cast<std::size_t>(envelope::size + payload);
   }
 
-  static void decode(const mpc_codec& codec, const cuda_executor& exec, std::span<const std::byte> message,
+  static void decode(const mpc_codec<float>& codec, const cuda_executor& exec, std::span<const std::byte> message,
                      std::span<float> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
     namespace cd = detail::cuda;
     workspace_arena arena(ws);
@@ -293,7 +294,7 @@ struct backend<mpc_codec, cuda_executor> {
     const envelope e =
         cd::read_envelope(exec, message, {codec_id::mpc, value_dtype::float32, out.size(), codec.params_hash()}, limits,
                           crc);
-    const std::uint64_t carried = mpc_codec::carried_words(e);
+    const std::uint64_t carried = mpc_codec<float>::carried_words(e);
     const std::uint64_t n = e.elements;
     const cd::mpc_scratch s = cd::mpc_scratch::carve(arena, n);
     // mpc_layout takes a writable pointer; the decoder only reads through it.
@@ -309,7 +310,7 @@ struct backend<mpc_codec, cuda_executor> {
     });
     if (n == 0) return;
     const auto* const offsets = static_cast<const unsigned long long*>(s.offsets.data());
-    if (n % mpc_codec::group != 0) {
+    if (n % mpc_codec<float>::group != 0) {
       cd::launch(exec, 1, 32, cd::mpc_padding_kernel<>, layout, offsets, op.status());
       op.finish([](errc, std::uint64_t, std::uint32_t) {
         return std::string("the last group's transposed words have bits set for elements past the tensor's end");

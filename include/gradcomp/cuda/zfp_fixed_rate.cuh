@@ -46,8 +46,9 @@ struct zfp_geometry {
   unsigned block_bits;
   unsigned budget;
 
-  static zfp_geometry of(const zfp_fixed_rate_codec& codec, std::uint64_t n) noexcept {
-    return {n, zfp_fixed_rate_codec::block_count(n), codec.block_bits(), codec.block_bits() - zfp_block::header_bits};
+  static zfp_geometry of(const zfp_fixed_rate_codec<float>& codec, std::uint64_t n) noexcept {
+    return {n, zfp_fixed_rate_codec<float>::block_count(n), codec.block_bits(),
+            codec.block_bits() - zfp_block::header_bits};
   }
   /// Values of block b (4, or fewer for the last).
   __device__ unsigned values_of(std::uint64_t b) const { return static_cast<unsigned>(n - 4 * b < 4 ? n - 4 * b : 4); }
@@ -110,15 +111,16 @@ __global__ void zfp_decode_kernel(const std::byte* payload, std::uint64_t payloa
 
 /// ZFP fixed rate on the GPU.
 template <>
-struct backend<zfp_fixed_rate_codec, cuda_executor> {
+struct backend<zfp_fixed_rate_codec<float>, cuda_executor> {
   /// The status and, for checksummed messages and every decode, the CRC scratch (about 270 KB,
   /// whatever n is).
-  static std::size_t workspace_bytes(const zfp_fixed_rate_codec&, const cuda_executor&, std::uint64_t) {
+  static std::size_t workspace_bytes(const zfp_fixed_rate_codec<float>&, const cuda_executor&, std::uint64_t) {
     return detail::cuda::status_and_crc_bytes();
   }
 
-  static std::size_t encode(const zfp_fixed_rate_codec& codec, const cuda_executor& exec, std::span<const float> grad,
-                            std::span<std::byte> out, std::span<std::byte> ws, message_key key) {
+  static std::size_t encode(const zfp_fixed_rate_codec<float>& codec, const cuda_executor& exec,
+                            std::span<const float> grad, std::span<std::byte> out, std::span<std::byte> ws,
+                            message_key key) {
     namespace cd = detail::cuda;
     const std::uint64_t n = grad.size();
     const std::size_t size = codec.max_encoded_bytes(n);
@@ -144,8 +146,9 @@ struct backend<zfp_fixed_rate_codec, cuda_executor> {
     return size;
   }
 
-  static void decode(const zfp_fixed_rate_codec& codec, const cuda_executor& exec, std::span<const std::byte> message,
-                     std::span<float> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
+  static void decode(const zfp_fixed_rate_codec<float>& codec, const cuda_executor& exec,
+                     std::span<const std::byte> message, std::span<float> out, std::span<std::byte> ws,
+                     const decode_limits& limits, bool accumulate) {
     namespace cd = detail::cuda;
     workspace_arena arena(ws);
     const cd::operation op(exec, arena);

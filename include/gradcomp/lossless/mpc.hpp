@@ -39,6 +39,15 @@
 /// there a NaN or Inf propagates as IEEE addition does (a NaN's payload and quiet bit then follow
 /// the CPU's rules, not the message).
 ///
+/// A 16-bit gradient (`mpc_codec<bf16>`, `mpc_codec<fp16>`) is coded as the float32 tensor of its
+/// exactly widened values: the payload is byte for byte that of `mpc_codec<float>` on them (the
+/// envelope's dtype and the parameter hash name the 16-bit type). A bf16's low 16 bits, and an
+/// fp16's low 13, are zero in every widened word, so their transposed words vanish in step 4: the
+/// payload costs about what a 16-bit MPC would (docs/lossless.md §1.8). Decoders give back the 16-bit
+/// patterns bit for bit (`exact_narrow`), or their float32 widenings; a message of a 16-bit
+/// dtype whose decoded words are not all widened 16-bit values is `malformed_payload`, checked
+/// before the output is touched.
+///
 /// Size: K ≤ 32·G, so a message takes at most 56 + 4·(G + 32·G) bytes (n + ⌈n/32⌉ words when n is
 /// a multiple of 32, at most 31 more words otherwise), which `max_encoded_bytes` returns; `encode`
 /// returns the actual size, which the envelope's payload length records.
@@ -47,6 +56,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <type_traits>
 
 #include <gradcomp/core/codec_interface.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
@@ -70,13 +80,20 @@ struct mpc_params {
   friend constexpr bool operator==(const mpc_params&, const mpc_params&) = default;
 };
 
-/// MPC lossless codec for float32 tensors: exact round trip of every bit pattern.
-class mpc_codec : public codec_interface<mpc_codec, float> {
+/// MPC lossless codec for float32 tensors, and for bf16 and fp16 ones through their float32
+/// widening: exact round trip of every bit pattern.
+template <gradient_value T = float>
+class mpc_codec : public codec_interface<mpc_codec<T>, T> {
+  static_assert(!std::is_same_v<T, double>,
+                "MPC is defined on float32 bit patterns (and takes bf16 and fp16 "
+                "through their float32 widening); docs/lossless.md §1");
+
  public:
-  using value_type = float;                       ///< Element type (float32 only).
+  using value_type = T;                           ///< Element type: float32, bf16 or fp16.
   static constexpr codec_id id = codec_id::mpc;   ///< Wire identifier.
   static constexpr bool is_homomorphic = false;   ///< Encodings do not add.
   static constexpr bool is_lossless = true;       ///< Decoding gives back every input bit, NaN and Inf included.
+  static constexpr bool takes_half_precision = true;  ///< bf16 and fp16: coded as their float32 widening.
   static constexpr std::uint64_t chunk = 1024;    ///< Words per chunk (steps 1 and 3 restart at each).
   static constexpr std::uint64_t group = 32;      ///< Words per transposed group and per bitmap.
 
@@ -118,7 +135,7 @@ class mpc_codec : public codec_interface<mpc_codec, float> {
   }
   /// Hash of the parameters, carried in every message and checked by decoders.
   [[nodiscard]] std::uint64_t params_hash() const noexcept {
-    return params_hasher{}.add(id).add(value_dtype::float32).add(params_.dim).value();
+    return params_hasher{}.add(id).add(dtype_of<T>).add(params_.dim).value();
   }
 
  private:

@@ -41,6 +41,13 @@
 /// libzfp's decoder gives 0 (emax < −119). Everywhere else the bit streams and the decoded floats
 /// are identical.
 ///
+/// A 16-bit gradient (`zfp_fixed_rate_codec<bf16>`, `<fp16>`) is coded as the float32 tensor of its
+/// exactly widened values: the payload is byte for byte that of `zfp_fixed_rate_codec<float>` on
+/// them (the envelope's dtype and the parameter hash name the 16-bit type), so R counts bits per
+/// 16-bit value and the codec's error is the float32 codec's. Decoders write float32, or round each
+/// value once into a 16-bit output (an accumulation: the float32 sum), after every result is
+/// checked to narrow to a finite value (`narrowing_overflow` otherwise, the output untouched).
+///
 /// NaN and ±Inf cannot be represented: the encoder reports them (`non_finite_input`) and writes
 /// nothing. A decoded value is at most 2^(emax + 1) in magnitude, so it is finite in every block
 /// whose largest magnitude is below 2^126; a block from 2^126 up (emax ≥ 127) can decode to ±Inf
@@ -51,6 +58,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <type_traits>
 
 #include <gradcomp/core/codec_interface.hpp>
 #include <gradcomp/core/cpu_executor.hpp>
@@ -76,16 +84,23 @@ struct zfp_params {
   friend constexpr bool operator==(const zfp_params&, const zfp_params&) = default;
 };
 
-/// ZFP fixed-rate lossy codec for float32 tensors: exactly R bits per value, libzfp's bit stream.
-class zfp_fixed_rate_codec : public codec_interface<zfp_fixed_rate_codec, float> {
+/// ZFP fixed-rate lossy codec for float32 tensors, and for bf16 and fp16 ones through their
+/// float32 widening: exactly R bits per value, libzfp's bit stream.
+template <gradient_value T = float>
+class zfp_fixed_rate_codec : public codec_interface<zfp_fixed_rate_codec<T>, T> {
+  static_assert(!std::is_same_v<T, double>,
+                "ZFP's fixed-rate stream is defined on float32 (and takes bf16 and "
+                "fp16 through their float32 widening); docs/lossless.md §2");
+
  public:
-  using value_type = float;                               ///< Element type (float32 only).
+  using value_type = T;                                   ///< Element type: float32, bf16 or fp16.
   static constexpr codec_id id = codec_id::zfp_fixed_rate;  ///< Wire identifier.
   static constexpr bool is_homomorphic = false;           ///< Encodings do not add.
   static constexpr bool is_lossless = false;              ///< Decoding gives back R bits' worth of each block.
   /// Decoded values can be ±Inf (never NaN): in blocks whose largest magnitude is at least 2^126,
   /// as in libzfp, or whose exponent field was corrupted.
   static constexpr bool may_decode_infinity = true;
+  static constexpr bool takes_half_precision = true;      ///< bf16 and fp16: coded as their float32 widening.
   static constexpr std::uint64_t block = 4;               ///< Values per block.
   static constexpr std::uint32_t header_bits = zfp_block::header_bits;  ///< Bits of a non-zero block's header.
 
@@ -132,7 +147,7 @@ class zfp_fixed_rate_codec : public codec_interface<zfp_fixed_rate_codec, float>
   }
   /// Hash of the parameters, carried in every message and checked by decoders.
   [[nodiscard]] std::uint64_t params_hash() const noexcept {
-    return params_hasher{}.add(id).add(value_dtype::float32).add(params_.rate_bits).value();
+    return params_hasher{}.add(id).add(dtype_of<T>).add(params_.rate_bits).value();
   }
 
  private:

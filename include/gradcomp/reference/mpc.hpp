@@ -4,8 +4,8 @@
 /// and `cuda_executor` backends are checked against, byte for byte. The encoder runs the four
 /// steps of docs/lossless.md §1.2 on each chunk of 1024 words, one loop per step; the decoder
 /// checks the bitmaps against the payload, undoes the steps chunk by chunk into its workspace
-/// (which lets it check the last group's padding before it touches the output), then writes or
-/// adds the values.
+/// (which lets it check the last group's padding, and for a 16-bit dtype that every word is a
+/// widened 16-bit value, before it touches the output), then writes or adds the values.
 
 #include <algorithm>
 #include <bit>
@@ -17,6 +17,8 @@
 
 #include <gradcomp/core/backend.hpp>
 #include <gradcomp/core/error.hpp>
+#include <gradcomp/core/half_float.hpp>
+#include <gradcomp/core/narrowing.hpp>
 #include <gradcomp/core/reference_executor.hpp>
 #include <gradcomp/core/wire_envelope.hpp>
 #include <gradcomp/core/workspace.hpp>
@@ -25,31 +27,33 @@
 namespace gradcomp {
 
 /// MPC, written to be read.
-template <>
-struct backend<mpc_codec, reference_executor> {
-  static constexpr std::uint64_t chunk = mpc_codec::chunk;
-  static constexpr std::uint64_t group = mpc_codec::group;
+template <gradient_value T>
+struct backend<mpc_codec<T>, reference_executor> {
+  using codec_type = mpc_codec<T>;
+  static constexpr std::uint64_t chunk = codec_type::chunk;
+  static constexpr std::uint64_t group = codec_type::group;
 
   /// The decoder's n words; the encoder needs none.
-  static std::size_t workspace_bytes(const mpc_codec&, const reference_executor&, std::uint64_t n) {
+  static std::size_t workspace_bytes(const codec_type&, const reference_executor&, std::uint64_t n) {
     workspace_arena arena = workspace_arena::measure();
     (void)arena.take<std::uint32_t>(static_cast<std::size_t>(n));
     return arena.bytes_needed();
   }
 
-  static std::size_t encode(const mpc_codec& codec, const reference_executor&, std::span<const float> grad,
+  static std::size_t encode(const codec_type& codec, const reference_executor&, std::span<const T> grad,
                             std::span<std::byte> out, std::span<std::byte>, message_key key) {
     const std::uint64_t n = grad.size();
     detail::begin_host_message(out, codec.max_encoded_bytes(n));
     std::byte* const bitmaps = out.data() + envelope::size;
-    std::byte* const words = bitmaps + 4 * mpc_codec::group_count(n);
+    std::byte* const words = bitmaps + 4 * codec_type::group_count(n);
     std::uint64_t kept = 0;
     const std::uint64_t d = codec.params().dim;
     for (std::uint64_t base = 0; base < n; base += chunk) {
       const std::uint64_t c = std::min(chunk, n - base);
       const std::uint64_t padded = (c + group - 1) / group * group;
       std::uint32_t v[chunk], a[chunk] = {}, w[chunk], b[chunk];
-      for (std::uint64_t t = 0; t < c; ++t) v[t] = std::bit_cast<std::uint32_t>(grad[base + t]);
+      // The 32-bit patterns of the values (of a 16-bit value's exact float32 widening).
+      for (std::uint64_t t = 0; t < c; ++t) v[t] = std::bit_cast<std::uint32_t>(widen(grad[base + t]));
       // 1. a[t] = v[t] − v[t − d] (v[t] for t < d); the padding up to a whole group stays 0.
       for (std::uint64_t t = 0; t < c; ++t) a[t] = t < d ? v[t] : v[t] - v[t - d];
       // 2. Each group of 32 words transposed as a 32×32 bit matrix.
@@ -68,24 +72,26 @@ struct backend<mpc_codec, reference_executor> {
       }
     }
     // The envelope last (docs/wire-format.md §17).
-    const std::uint64_t payload = 4 * (mpc_codec::group_count(n) + kept);
-    detail::seal_host_message(out, {codec_id::mpc, value_dtype::float32, 0, 0, key, n, payload, codec.params_hash(), 0},
+    const std::uint64_t payload = 4 * (codec_type::group_count(n) + kept);
+    detail::seal_host_message(out, {codec_id::mpc, dtype_of<T>, 0, 0, key, n, payload, codec.params_hash(), 0},
                               codec.wire().payload_checksum);
     return static_cast<std::size_t>(envelope::size + payload);
   }
 
-  static void decode(const mpc_codec& codec, const reference_executor&, std::span<const std::byte> message,
-                     std::span<float> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
+  /// Into T, or (a 16-bit T) into float32.
+  template <gradient_value O>
+  static void decode(const codec_type& codec, const reference_executor&, std::span<const std::byte> message,
+                     std::span<O> out, std::span<std::byte> ws, const decode_limits& limits, bool accumulate) {
     // docs/wire-format.md §17: the envelope, whole words holding the bitmaps, and as many words
     // carried as the bitmaps mark.
     const envelope e = parse_envelope(message);
-    validate_envelope(e, {codec_id::mpc, value_dtype::float32, out.size(), codec.params_hash()}, limits);
-    const std::uint64_t carried = mpc_codec::carried_words(e);
+    validate_envelope(e, {codec_id::mpc, dtype_of<T>, out.size(), codec.params_hash()}, limits);
+    const std::uint64_t carried = codec_type::carried_words(e);
     const std::uint64_t n = e.elements;
     const std::byte* const bitmaps = message.data() + envelope::size;
-    const std::byte* const words = bitmaps + 4 * mpc_codec::group_count(n);
+    const std::byte* const words = bitmaps + 4 * codec_type::group_count(n);
     std::uint64_t marked = 0;
-    for (std::uint64_t g = 0; g < mpc_codec::group_count(n); ++g)
+    for (std::uint64_t g = 0; g < codec_type::group_count(n); ++g)
       marked += static_cast<std::uint64_t>(std::popcount(word_at(bitmaps, g)));
     detail::require(marked == carried, errc::malformed_payload, [&] {
       return "bitmaps mark " + std::to_string(marked) + " words, the payload carries " + std::to_string(carried);
@@ -115,9 +121,25 @@ struct backend<mpc_codec, reference_executor> {
       // 1. v[t] = a[t] + v[t − d].
       for (std::uint64_t t = 0; t < c; ++t) v[base + t] = t < d ? a[t] : a[t] + v[base + t - d];
     }
-    for (std::uint64_t i = 0; i < n; ++i) {
-      const float x = std::bit_cast<float>(v[i]);
-      out[i] = accumulate ? out[i] + x : x;
+    // A 16-bit tensor's words are the widenings of its values (docs/lossless.md §1.8).
+    for (std::uint64_t i = 0; i < n; ++i)
+      detail::require(narrows_exactly<T>(std::bit_cast<float>(v[i])), errc::malformed_payload,
+                      [&] { return "decoded word " + std::to_string(i) + " is not a widened 16-bit value"; });
+    if constexpr (half_precision<O>) {
+      // A 16-bit output: the values themselves, bit for bit; or the float32 sums, each checked to
+      // fit before the first is rounded into the output.
+      if (!accumulate) {
+        for (std::uint64_t i = 0; i < n; ++i) out[i] = exact_narrow<O>(std::bit_cast<float>(v[i]));
+        return;
+      }
+      const auto sum = [&](std::uint64_t i) { return widen(out[i]) + std::bit_cast<float>(v[i]); };
+      for (std::uint64_t i = 0; i < n; ++i) detail::require_narrows<O>(i, sum(i));
+      for (std::uint64_t i = 0; i < n; ++i) out[i] = narrow<O>(sum(i));
+    } else {
+      for (std::uint64_t i = 0; i < n; ++i) {
+        const float x = std::bit_cast<float>(v[i]);
+        out[i] = accumulate ? out[i] + x : x;
+      }
     }
   }
 
