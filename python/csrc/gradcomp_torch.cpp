@@ -848,6 +848,14 @@ std::shared_ptr<Made> made_from(const std::string& name,
   return made->second();
 }
 
+/// The names of one kind of the table's rows.
+template <class Rows>
+std::vector<std::string> row_names(const Rows& rows) {
+  std::vector<std::string> names;
+  for (const auto& [name, make] : rows) names.push_back(name);
+  return names;
+}
+
 inline std::shared_ptr<codec_handle> codec_named(const std::string& name) {
   return made_from(name, &codec_rows::rows, "codec", "codec_names()");
 }
@@ -886,11 +894,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     }
   });
 
-  m.def("codec_names", [] {
-    std::vector<std::string> names;
-    for (const auto& [name, make] : table().rows) names.push_back(name);
-    return names;
-  });
+  m.def("codec_names", [] { return row_names(table().rows); });
   m.def("refused_rows", [] { return table().refused; });
 
   m.def(
@@ -902,29 +906,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       py::arg("cols"), py::arg("rank"), py::arg("seed"), py::arg("step"), py::arg("tensor_id"));
 
-  m.def("powersgd_names", [] {
-    std::vector<std::string> names;
-    for (const auto& [name, make] : table().powersgd_rows) names.push_back(name);
-    return names;
-  });
+  m.def("powersgd_names", [] { return row_names(table().powersgd_rows); });
 
-  m.def("tagc_names", [] {
-    std::vector<std::string> names;
-    for (const auto& [name, make] : table().tagc_rows) names.push_back(name);
-    return names;
-  });
+  m.def("tagc_names", [] { return row_names(table().tagc_rows); });
 
-  m.def("gravac_names", [] {
-    std::vector<std::string> names;
-    for (const auto& [name, make] : table().gravac_rows) names.push_back(name);
-    return names;
-  });
+  m.def("gravac_names", [] { return row_names(table().gravac_rows); });
 
-  m.def("gravac_ladder_names", [] {
-    std::vector<std::string> names;
-    for (const auto& [name, make] : table().gravac_ladder_rows) names.push_back(name);
-    return names;
-  });
+  m.def("gravac_ladder_names", [] { return row_names(table().gravac_ladder_rows); });
 
   py::class_<state_handle, std::shared_ptr<state_handle>>(m, "State")
       .def_property_readonly("size", &state_handle::size);

@@ -55,8 +55,8 @@ void decode_both_into(const Codec& codec, std::span<const std::byte> message, st
   try {
     codec.decode(cpu, message, std::span<T>(out), ws, limits);
     if constexpr (requires { requires Codec::may_decode_infinity; }) {  // ZFP: a corrupted exponent may give ±Inf
-      for (const T v : out)
-        if (magnitude_key(v) > float_traits<T>::infinity_key) __builtin_trap();  // but never NaN
+      for (const T v : out)  // but never NaN, and a 16-bit output refuses ±Inf (narrowing_overflow)
+        if (magnitude_key(v) > float_traits<T>::infinity_key || (half_precision<T> && !is_finite(v))) __builtin_trap();
     } else if constexpr (!requires { requires Codec::is_lossless; }) {  // lossless codecs carry NaN and Inf
       for (const T v : out)
         if (!is_finite(v)) __builtin_trap();  // a lossy decoder must never produce NaN or Inf

@@ -7,6 +7,7 @@
 // refused with the output untouched; a wrong dtype is refused; the golden files pin the bytes.
 #include <gradcomp/lossless/mpc.hpp>
 #include <gradcomp/lossless/zfp_fixed_rate.hpp>
+#include <gradcomp/reference/comparison.hpp>
 
 #include <doctest/doctest.h>
 
@@ -160,6 +161,13 @@ TEST_CASE_TEMPLATE("16-bit MPC: words that are not widened 16-bit values are ref
   check_decode_refused_untouched(codec, m, before, errc::malformed_payload, true);
   check_decode_refused_untouched(codec, m, widened(before), errc::malformed_payload);
   check_decode_refused_untouched(codec, m, widened(before), errc::malformed_payload, true);
+  // A sum beyond the type in the first chunk and a word that is no widened value in the second:
+  // every word is checked before any sum, on every backend.
+  std::vector<float> late = odd;
+  const H largest{static_cast<std::uint16_t>(float_traits<H>::infinity_key - 1)};
+  late[0] = widen(largest);
+  const std::vector<std::byte> both = labelled(encode_bytes(mpc_codec<float>(), late));
+  check_decode_refused_untouched(codec, both, std::vector<H>(n, largest), errc::malformed_payload, true);
   // The same labelling of the widened values themselves decodes.
   const std::vector<std::byte> good = labelled(encode_bytes(mpc_codec<float>(), widened(before)));
   CHECK(bit_patterns(decode_values(codec, good, n)) == bit_patterns(before));
@@ -196,19 +204,22 @@ TEST_CASE_TEMPLATE("16-bit ZFP: the float32 codec's stream of the widened values
 
 TEST_CASE_TEMPLATE("16-bit ZFP and MPC: a result beyond the 16-bit range is refused with the output untouched", H, bf16,
                    fp16) {
-  // Accumulated onto the largest value, a positive decoded value takes the float32 sum beyond the
-  // type (bf16: to +Inf in float32 itself); the same accumulation into float32 succeeds.
+  // Accumulated onto the largest value, the decoded largest values of four elements past the CPU
+  // decoders' first stage and chunk take the float32 sum beyond the type (bf16: to +Inf in float32
+  // itself); every other sum fits. The same accumulation into float32 succeeds.
   const H largest{static_cast<std::uint16_t>(float_traits<H>::infinity_key - 1)};
-  const std::vector<H> x(40, largest);
-  const std::vector<H> before(40, largest);
+  std::vector<H> x(1500, H{0});
+  std::fill(x.begin() + 1400, x.begin() + 1404, largest);
+  const std::vector<H> before(x.size(), largest);
   for (const auto& message :
        {encode_bytes(zfp_fixed_rate_codec<H>({.rate_bits = 16}), x), encode_bytes(mpc_codec<H>(), x)}) {
     const auto check_with = [&](const auto& codec) {
       check_decode_refused_untouched(codec, message, before, errc::narrowing_overflow, true);
-      std::vector<float> onto(40, 1.0f);
-      std::vector<std::byte> ws(codec.workspace_bytes(cpu_executor{}, 40));
+      std::vector<float> onto(x.size(), 1.0f);
+      std::vector<std::byte> ws(codec.workspace_bytes(cpu_executor{}, x.size()));
       codec.decode_accumulate(cpu_executor{}, message, std::span<float>(onto), ws);
-      CHECK(onto[0] > 0.9f * widen(largest));
+      CHECK(onto[1400] > 0.9f * widen(largest));
+      CHECK(onto[0] == 1.0f);
     };
     if (parse_envelope(message).codec == codec_id::mpc) check_with(mpc_codec<H>());
     else
@@ -241,4 +252,20 @@ TEST_CASE("the golden bf16 MPC and fp16 ZFP files hold the float32 codecs' paylo
   CHECK(parse_envelope(zfp).dtype == value_dtype::float16);
   const zfp_fixed_rate_codec<float> f({.rate_bits = 12});
   CHECK(float_codec_payload(zfp) == float_codec_payload(encode_bytes(f, widened(xh), {.step = 9, .tensor_id = 6})));
+}
+
+TEST_CASE_TEMPLATE("16-bit MPC and ZFP messages compare with the reference's field by field", H, bf16, fp16) {
+  static_assert(comparable_with_reference<mpc_codec<H>> && comparable_with_reference<zfp_fixed_rate_codec<H>>);
+  const std::vector<H> x = make_half_input<H>(input_kind::normal, 700, 41);
+  const auto check_codec = [&](const auto& codec) {
+    std::vector<std::byte> m = encode_bytes(codec, x, {.step = 2});
+    CHECK(compare_encoding(codec, std::span<const H>(x), {.step = 2}, m).same);
+    m[envelope_bytes + 200] ^= std::byte{0x10};
+    const encoding_comparison c = compare_encoding(codec, std::span<const H>(x), {.step = 2}, m);
+    CHECK_FALSE(c.same);
+    CHECK(c.first_difference == envelope_bytes + 200);
+    CHECK(c.field.elements > 0);
+  };
+  check_codec(mpc_codec<H>());
+  check_codec(zfp_fixed_rate_codec<H>({.rate_bits = 9}));
 }

@@ -37,7 +37,8 @@
 /// (quiet or signalling), ±Inf, −0, subnormals — decodes to the identical bits. Nothing is rejected
 /// as non-finite. `decode_accumulate` adds the decoded floats into the accumulator in float, so
 /// there a NaN or Inf propagates as IEEE addition does (a NaN's payload and quiet bit then follow
-/// the CPU's rules, not the message).
+/// the CPU's rules, not the message); into a 16-bit accumulator a sum that is not finite in its type
+/// is `narrowing_overflow` instead (below).
 ///
 /// A 16-bit gradient (`mpc_codec<bf16>`, `mpc_codec<fp16>`) is coded as the float32 tensor of its
 /// exactly widened values: the payload is byte for byte that of `mpc_codec<float>` on them (the

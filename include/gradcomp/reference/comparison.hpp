@@ -264,9 +264,10 @@ template <gradient_value T>
 
 /// MPC (docs/wire-format.md §17): bitmap g covers the 32 elements of group g; kept word k belongs
 /// to the group whose bitmap marks it (the transforms spread each word over its whole group).
-[[nodiscard]] inline message_field payload_field(const mpc_codec<float>&, std::span<const std::byte> message,
-                                                 const envelope& e, std::size_t p) {
-  const std::uint64_t n = e.elements, groups = mpc_codec<float>::group_count(n);
+template <gradient_value T>
+[[nodiscard]] message_field payload_field(const mpc_codec<T>&, std::span<const std::byte> message, const envelope& e,
+                                          std::size_t p) {
+  const std::uint64_t n = e.elements, groups = mpc_codec<T>::group_count(n);
   const std::uint64_t word = p / 4;
   const auto group_elements = [&](std::uint64_t g) { return std::min<std::uint64_t>(32, n - 32 * g); };
   if (word < groups)
@@ -286,9 +287,10 @@ template <gradient_value T>
 
 /// ZFP fixed rate (docs/wire-format.md §18): block b of four elements takes stream bits
 /// [b·4R, (b + 1)·4R); a byte names the blocks whose bits it holds.
-[[nodiscard]] inline message_field payload_field(const zfp_fixed_rate_codec<float>& c, std::span<const std::byte>,
-                                                 const envelope& e, std::size_t p) {
-  const std::uint64_t bits = c.block_bits(), blocks = zfp_fixed_rate_codec<float>::block_count(e.elements);
+template <gradient_value T>
+[[nodiscard]] message_field payload_field(const zfp_fixed_rate_codec<T>& c, std::span<const std::byte>,
+                                          const envelope& e, std::size_t p) {
+  const std::uint64_t bits = c.block_bits(), blocks = zfp_fixed_rate_codec<T>::block_count(e.elements);
   const std::uint64_t first = p * 8 / bits;
   if (first >= blocks) return {"padding bits after the last block", envelope::size + p, 1, 0, 0};
   const std::uint64_t last = std::min(blocks - 1, (p * 8 + 7) / bits);
