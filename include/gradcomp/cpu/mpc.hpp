@@ -6,7 +6,7 @@
 /// decoder first checks the bitmaps against the payload length and
 /// the padding of the last group (decoding the last chunk first), and only then writes the output.
 /// A 16-bit gradient is widened a chunk at a time into the stack buffer the encoder codes; its
-/// decoder runs over the chunks to check every word (a widened 16-bit value), again to check each
+/// decoder runs over the chunks twice: first to check every word (a widened 16-bit value) and each
 /// sum of an accumulation into a 16-bit output (finite when rounded), then to write.
 
 #include <algorithm>
@@ -485,8 +485,8 @@ struct backend<mpc_codec<T>, cpu_executor> {
   }
 
   /// The 16-bit decoder: a first run over the chunks checks that every word is a widened T (and,
-  /// accumulating into a 16-bit output, a second that every sum narrows to a finite value), a last
-  /// writes the values (the 16-bit patterns themselves, or their widenings) or adds them.
+  /// accumulating into a 16-bit output, that every sum narrows to a finite value), a second writes
+  /// the values (the 16-bit patterns themselves, or their widenings) or adds them.
   template <gradient_value O>
   static void decode_widened(const std::byte* bitmaps, const std::byte* words, const std::byte* words_end,
                              std::uint64_t n, std::size_t dim, bool avx2, O* out, bool accumulate) {
@@ -503,17 +503,15 @@ struct backend<mpc_codec<T>, cpu_executor> {
       }
     };
     const auto value = [&](std::size_t t) { return detail::float_of_bits(values[t]); };
+    // Element by element, as the reference: the word, then (accumulating into 16 bits) the sum.
     for_each_chunk([&](std::uint64_t base, std::size_t count) {
-      for (std::size_t t = 0; t < count; ++t)
+      for (std::size_t t = 0; t < count; ++t) {
         detail::require(narrows_exactly<T>(value(t)), errc::malformed_payload,
                         [&] { return "decoded word " + std::to_string(base + t) + " is not a widened 16-bit value"; });
+        if constexpr (half_precision<O>)
+          if (accumulate) detail::require_narrows<O>(base + t, widen(out[base + t]) + value(t));
+      }
     });
-    // The sums only after every word (the reference's order of checks: the same error wins).
-    if constexpr (half_precision<O>)
-      if (accumulate)
-        for_each_chunk([&](std::uint64_t base, std::size_t count) {
-          for (std::size_t t = 0; t < count; ++t) detail::require_narrows<O>(base + t, widen(out[base + t]) + value(t));
-        });
     for_each_chunk([&](std::uint64_t base, std::size_t count) {
       O* const to = out + base;
       if constexpr (half_precision<O>) {

@@ -121,20 +121,20 @@ struct backend<mpc_codec<T>, reference_executor> {
       // 1. v[t] = a[t] + v[t − d].
       for (std::uint64_t t = 0; t < c; ++t) v[base + t] = t < d ? a[t] : a[t] + v[base + t - d];
     }
-    // A 16-bit tensor's words are the widenings of its values (docs/lossless.md §1.8).
-    for (std::uint64_t i = 0; i < n; ++i)
+    // A 16-bit tensor's words are the widenings of its values (docs/lossless.md §1.8); an
+    // accumulation into a 16-bit output needs each sum to fit. Element by element, the first
+    // element that fails names the error.
+    const auto sum = [&](std::uint64_t i) { return widen(out[i]) + std::bit_cast<float>(v[i]); };
+    for (std::uint64_t i = 0; i < n; ++i) {
       detail::require(narrows_exactly<T>(std::bit_cast<float>(v[i])), errc::malformed_payload,
                       [&] { return "decoded word " + std::to_string(i) + " is not a widened 16-bit value"; });
+      if constexpr (half_precision<O>)
+        if (accumulate) detail::require_narrows<O>(i, sum(i));
+    }
     if constexpr (half_precision<O>) {
-      // A 16-bit output: the values themselves, bit for bit; or the float32 sums, each checked to
-      // fit before the first is rounded into the output.
-      if (!accumulate) {
-        for (std::uint64_t i = 0; i < n; ++i) out[i] = exact_narrow<O>(std::bit_cast<float>(v[i]));
-        return;
-      }
-      const auto sum = [&](std::uint64_t i) { return widen(out[i]) + std::bit_cast<float>(v[i]); };
-      for (std::uint64_t i = 0; i < n; ++i) detail::require_narrows<O>(i, sum(i));
-      for (std::uint64_t i = 0; i < n; ++i) out[i] = narrow<O>(sum(i));
+      // A 16-bit output: the values themselves, bit for bit; or the float32 sums rounded once.
+      for (std::uint64_t i = 0; i < n; ++i)
+        out[i] = accumulate ? narrow<O>(sum(i)) : exact_narrow<O>(std::bit_cast<float>(v[i]));
     } else {
       for (std::uint64_t i = 0; i < n; ++i) {
         const float x = std::bit_cast<float>(v[i]);
